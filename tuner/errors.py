@@ -1,0 +1,57 @@
+"""The few errors tuner raises. Each message says what to do next.
+
+`UsageError` (exit status 2) is bad input from the user; `TunerError` (exit status 1) is a
+runtime failure the user can act on. Anything else is a bug and shows a traceback.
+"""
+
+from __future__ import annotations
+
+
+class TunerError(Exception):
+    """A runtime error with a message that names the fix. CLI exit status 1."""
+
+    exit_code = 1
+
+
+class UsageError(TunerError):
+    """Bad input: an unknown name, a malformed file, an impossible layout. CLI exit status 2."""
+
+    exit_code = 2
+
+
+class SpecError(UsageError):
+    """A model, cluster or search-space file is malformed or names unknown keys."""
+
+
+class InvalidLayout(UsageError):
+    """A layout breaks a rule for the workload; the message is the rule it breaks."""
+
+
+class StudyExists(UsageError):
+    """A study of that name is already in the store."""
+
+    def __init__(self, name: str):
+        super().__init__(f"study '{name}' exists: continue it with `tuner resume {name}`, "
+                         "or pick another name with --study")
+        self.name = name
+
+
+class UnknownStudy(UsageError):
+    """No study of that name is in the store."""
+
+    def __init__(self, name: str, known: list[str]):
+        shown = ", ".join(known[:20]) + (" ..." if len(known) > 20 else "")
+        hint = f"known studies: {shown}" if known else "the store has no studies yet: start one with `tuner search`"
+        super().__init__(f"no study named '{name}'; {hint}")
+        self.name = name
+
+
+class StoreError(TunerError):
+    """The results store cannot be reached or has the wrong schema."""
+
+
+class MissingExtra(UsageError):
+    """An optional dependency is not installed; the message gives the pip command."""
+
+    def __init__(self, module: str, extra: str):
+        super().__init__(f"{module} is not installed: pip install 'tuner[{extra}]'")

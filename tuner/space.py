@@ -1,0 +1,170 @@
+"""Search spaces: named dimensions with their choices and named constraints, from TOML.
+
+Pure: `enumerate_layouts` lists every valid layout of a workload; `why_invalid` says why one is not.
+Constraints are small expressions evaluated by a restricted evaluator (no Python eval).
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import operator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.errors import SpecError
+from tuner.layout import Layout, micro_batches_per_pipeline, why_invalid as layout_why_invalid
+from tuner.specs import Workload, read_toml
+
+SPACE_DIR = Path(__file__).parent / "search_spaces"
+DIMENSIONS = ("tp", "pp", "micro_batch", "zero_stage", "activation_checkpointing")
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
+        ast.Mod: operator.mod, ast.Div: operator.truediv, ast.Lt: operator.lt, ast.LtE: operator.le,
+        ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Eq: operator.eq, ast.NotEq: operator.ne,
+        ast.USub: operator.neg, ast.Not: operator.not_}
+NAMES = ("tp", "pp", "dp", "micro_batch", "zero_stage", "activation_checkpointing", "gpus", "nodes",
+         "gpus_per_node", "num_layers", "hidden_size", "num_attention_heads", "global_batch", "m")
+
+
+def _eval(node: ast.AST, env: dict):
+    if isinstance(node, ast.Expression):
+        return _eval(node.body, env)
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, bool)):
+        return node.value
+    if isinstance(node, ast.Name):
+        return env[node.id]
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_eval(node.left, env), _eval(node.right, env))
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_eval(node.operand, env))
+    if isinstance(node, ast.BoolOp):
+        vals = (_eval(v, env) for v in node.values)
+        return all(vals) if isinstance(node.op, ast.And) else any(vals)
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, env)
+        for op, comp in zip(node.ops, node.comparators):
+            right = _eval(comp, env)
+            if not _OPS[type(op)](left, right):
+                return False
+            left = right
+        return True
+    raise ValueError(f"unsupported expression element {type(node).__name__}")
+
+
+def _compile(name: str, expr: str, where: str) -> ast.Expression:
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError as exc:
+        raise SpecError(f"{where}: constraint '{name}' is not an expression: {exc.msg}") from None
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and n.id not in NAMES:
+            raise SpecError(f"{where}: constraint '{name}' uses unknown name '{n.id}'; names: {', '.join(NAMES)}")
+        allowed = (ast.Expression, ast.Constant, ast.Name, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare,
+                   ast.Load, ast.And, ast.Or, *_OPS)
+        if not isinstance(n, allowed):
+            raise SpecError(f"{where}: constraint '{name}' uses unsupported {type(n).__name__}")
+    return tree
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    name: str
+    dimensions: dict          # name -> list of choices, or "divisors:<model key>"
+    constraints: dict         # name -> expression text
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "space") -> "SearchSpace":
+        unknown = set(data) - {"dimensions", "constraints"}
+        if unknown:
+            raise SpecError(f"{where}: unknown table(s) {', '.join(sorted(unknown))}; valid: dimensions, constraints")
+        dims = data.get("dimensions", {})
+        bad = set(dims) - set(DIMENSIONS)
+        if bad:
+            raise SpecError(f"{where}: unknown dimension(s) {', '.join(sorted(bad))}; valid: {', '.join(DIMENSIONS)}")
+        for k, v in dims.items():
+            if isinstance(v, str):
+                if not (v.startswith("divisors:") and v.split(":", 1)[1] in ("num_layers", "num_attention_heads",
+                                                                              "hidden_size", "global_batch")):
+                    raise SpecError(f"{where}: dimension '{k}' = {v!r}: use a list or \"divisors:num_layers\"")
+            elif not (isinstance(v, list) and v):
+                raise SpecError(f"{where}: dimension '{k}' must be a non-empty list of choices")
+        cons = data.get("constraints", {})
+        for k, v in cons.items():
+            if not isinstance(v, str):
+                raise SpecError(f"{where}: constraint '{k}' must be a string expression")
+            _compile(k, v, where)
+        return cls(Path(where).stem, dims, cons)
+
+    def choices(self, dim: str, workload: Workload) -> list:
+        v = self.dimensions.get(dim)
+        if v is None:
+            return {"zero_stage": [1], "activation_checkpointing": [True], "micro_batch": [1]}.get(dim, [1])
+        if isinstance(v, str):
+            key = v.split(":", 1)[1]
+            n = workload.global_batch if key == "global_batch" else getattr(workload.model, key)
+            return [d for d in range(1, n + 1) if n % d == 0]
+        return list(v)
+
+    def _env(self, layout: Layout, w: Workload) -> dict:
+        return {**layout.as_dict(), "gpus": w.gpus, "nodes": w.nodes, "gpus_per_node": w.cluster.gpus_per_node,
+                "num_layers": w.model.num_layers, "hidden_size": w.model.hidden_size,
+                "num_attention_heads": w.model.num_attention_heads, "global_batch": w.global_batch,
+                "m": micro_batches_per_pipeline(layout, w.global_batch) if layout.dp else 0}
+
+    def why_invalid(self, layout: Layout, workload: Workload) -> str | None:
+        reason = layout_why_invalid(layout, workload)
+        if reason:
+            return reason
+        for dim in DIMENSIONS:
+            if dim in self.dimensions and getattr(layout, dim) not in self.choices(dim, workload):
+                return f"{dim}={getattr(layout, dim)} is not among the space's choices"
+        env = self._env(layout, workload)
+        for name, expr in self.constraints.items():
+            if not _eval(_compile(name, expr, self.name), env):
+                return f"constraint '{name}' ({expr}) does not hold"
+        return None
+
+    def enumerate_layouts(self, workload: Workload) -> list[Layout]:
+        """Every valid layout of the space for the workload, in a stable order."""
+        compiled = [_compile(k, v, self.name) for k, v in self.constraints.items()]
+        out = []
+        for tp, pp, mb, z, ac in itertools.product(*(self.choices(d, workload) for d in DIMENSIONS)):
+            if workload.gpus % (tp * pp):
+                continue
+            lay = Layout(tp=tp, pp=pp, dp=workload.gpus // (tp * pp), micro_batch=mb, zero_stage=z,
+                         activation_checkpointing=bool(ac))
+            if layout_why_invalid(lay, workload):
+                continue
+            env = self._env(lay, workload)
+            if all(_eval(c, env) for c in compiled):
+                out.append(lay)
+        return sorted(out)
+
+
+def load_space(name: str | None = None) -> SearchSpace:
+    """A space by path, or by name from the working directory's or the package's search_spaces/."""
+    name = name or "default"
+    candidates = [Path(name)] if (name.endswith(".toml") or "/" in name) else []
+    candidates += [Path("search_spaces") / f"{name}.toml", SPACE_DIR / f"{name}.toml", SPACE_DIR / Path(name).name]
+    for p in candidates:
+        if p.is_file():
+            return SearchSpace.from_dict(read_toml(p), str(p))
+    known = sorted(p.stem for p in SPACE_DIR.glob("*.toml"))
+    raise SpecError(f"search space '{name}' not found; shipped spaces: {', '.join(known)}; or give a path to a TOML file")
+
+
+def no_layout_reason(space: SearchSpace, workload: Workload) -> str:
+    """Why a workload has no valid layout: the most common refusal among the candidates."""
+    counts: dict[str, int] = {}
+    for tp, pp in itertools.product(space.choices("tp", workload), space.choices("pp", workload)):
+        dp = workload.gpus // (tp * pp) if workload.gpus % (tp * pp) == 0 else 0
+        if not dp:
+            continue
+        for mb in space.choices("micro_batch", workload):
+            r = space.why_invalid(Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, zero_stage=min(
+                space.choices("zero_stage", workload)), activation_checkpointing=True), workload)
+            if r:
+                counts[r.split("(")[0].strip()] = counts.get(r.split("(")[0].strip(), 0) + 1
+    if not counts:
+        return f"no tp*pp among the space's choices divides {workload.gpus} GPUs"
+    return max(counts, key=counts.get)

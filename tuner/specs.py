@@ -1,0 +1,233 @@
+"""Model, cluster and workload specs, loaded from TOML with unknown keys rejected.
+
+A spec is named by a preset name (`gpt-175b`, alias `175b`; `frontier`) or by a path to a TOML file.
+Names are looked up first in ./workloads/{models,clusters}/ of the working directory (so a file written
+by `tuner calibrate` wins), then in the presets shipped inside the package. Pure apart from reading
+those files.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import SpecError, UsageError
+
+PRESET_DIR = Path(__file__).parent / "workloads"
+MODEL_ALIASES = {"1.4b": "gpt-1.4b", "22b": "gpt-22b", "175b": "gpt-175b", "1t": "gpt-1t"}
+
+# key -> (type, default); a default of ... means required.
+MODEL_KEYS: dict[str, tuple[type, Any]] = {
+    "name": (str, ...),
+    "num_layers": (int, ...),
+    "hidden_size": (int, ...),
+    "num_attention_heads": (int, ...),
+    "seq_length": (int, ...),
+    "vocab_size": (int, ...),
+    "ffn_hidden_size": (int, None),
+    "global_batch": (int, None),
+}
+
+# Every hardware constant the performance model uses lives here, with its documented default.
+CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
+    "name": (str, ...),
+    "gpus_per_node": (int, ...),
+    "peak_tflops": (float, ...),                 # dense bf16/fp16 per GPU
+    "memory_gb": (float, ...),                   # per GPU
+    "hbm_bandwidth_gbps": (float, ...),          # per GPU
+    "intra_node_bandwidth_gbps": (float, ...),   # per GPU, per direction, whole-node groups
+    "inter_node_bandwidth_gbps": (float, ...),   # per node injection, per direction
+    "matmul_efficiency": (float, 0.75),          # fraction of peak that large GEMMs reach
+    "latency_us": (float, 10.0),                 # per step of a collective / p2p message
+    "gemm_knee_gflop": (float, 4.0),             # per-GEMM work at which efficiency is half of max
+    "attention_efficiency": (float, 0.35),       # fraction of peak reached by (flash) attention
+    "memory_bandwidth_efficiency": (float, 0.7),  # fraction of HBM bandwidth element-wise kernels reach
+    "network_efficiency": (float, 0.8),          # fraction of link bandwidth collectives reach
+    "microbatch_overhead_ms": (float, 1.0),      # fixed cost per micro-batch per stage (launch, p2p sync)
+    "memory_reserved_gb": (float, 3.0),          # allocator, communication buffers, workspaces
+    "flash_attention": (bool, True),             # whether attention keeps no s^2 scores
+    "group_bandwidth_gbps": (dict, None),        # {"2": 200.0, ...} per-GPU bandwidth of an intra-node group
+    "slurm": (dict, None),                       # the [slurm] table used by the Slurm runner
+}
+
+
+def _check(kind: str, path: str, data: dict, keys: dict[str, tuple[type, Any]]) -> dict:
+    unknown = sorted(set(data) - set(keys))
+    if unknown:
+        raise SpecError(f"{path}: unknown {kind} key(s) {', '.join(unknown)}; valid keys: {', '.join(keys)}")
+    missing = [k for k, (_, d) in keys.items() if d is ... and k not in data]
+    if missing:
+        raise SpecError(f"{path}: missing {kind} key(s) {', '.join(missing)}; valid keys: {', '.join(keys)}")
+    out = {}
+    for k, (typ, default) in keys.items():
+        if k not in data:
+            out[k] = default
+            continue
+        v = data[k]
+        ok = isinstance(v, typ) and not (typ is int and isinstance(v, bool))
+        if typ is float and isinstance(v, int) and not isinstance(v, bool):
+            v, ok = float(v), True
+        if not ok:
+            raise SpecError(f"{path}: {kind} key '{k}' must be {typ.__name__}, got {type(v).__name__} ({v!r})")
+        if typ in (int, float) and v <= 0:
+            raise SpecError(f"{path}: {kind} key '{k}' must be > 0, got {v}")
+        out[k] = v
+    return out
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    seq_length: int
+    vocab_size: int
+    ffn_hidden_size: int = 0
+    global_batch: int | None = None
+
+    def __post_init__(self):
+        if not self.ffn_hidden_size:
+            object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
+
+    @property
+    def num_parameters(self) -> int:
+        """L(4h^2 + 2hf + 9h) + Vh + sh (reference/formulas.md)."""
+        L, h, f = self.num_layers, self.hidden_size, self.ffn_hidden_size
+        return L * (4 * h * h + 2 * h * f + 9 * h) + self.vocab_size * h + self.seq_length * h
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "model") -> "ModelSpec":
+        d = _check("model", where, data, MODEL_KEYS)
+        if d["hidden_size"] % d["num_attention_heads"]:
+            raise SpecError(f"{where}: hidden_size {d['hidden_size']} is not divisible by "
+                            f"num_attention_heads {d['num_attention_heads']}")
+        return cls(**{**d, "ffn_hidden_size": d["ffn_hidden_size"] or 0})
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    gpus_per_node: int
+    peak_tflops: float
+    memory_gb: float
+    hbm_bandwidth_gbps: float
+    intra_node_bandwidth_gbps: float
+    inter_node_bandwidth_gbps: float
+    matmul_efficiency: float = 0.75
+    latency_us: float = 10.0
+    gemm_knee_gflop: float = 4.0
+    attention_efficiency: float = 0.35
+    memory_bandwidth_efficiency: float = 0.7
+    network_efficiency: float = 0.8
+    microbatch_overhead_ms: float = 1.0
+    memory_reserved_gb: float = 3.0
+    flash_attention: bool = True
+    group_bandwidth_gbps: dict | None = None
+    slurm: dict | None = None
+
+    def intra_group_bandwidth(self, size: int) -> float:
+        """Per-GPU bandwidth (GB/s) of a collective group of `size` GPUs inside one node."""
+        table = self.group_bandwidth_gbps or {}
+        if str(size) in table:
+            return float(table[str(size)])
+        return self.intra_node_bandwidth_gbps
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "cluster") -> "ClusterSpec":
+        d = _check("cluster", where, data, CLUSTER_KEYS)
+        for k, v in (d["group_bandwidth_gbps"] or {}).items():
+            if not (k.isdigit() and isinstance(v, (int, float)) and v > 0):
+                raise SpecError(f"{where}: group_bandwidth_gbps entries are \"<group size>\" = <GB/s>, got {k} = {v!r}")
+        for k in ("matmul_efficiency", "attention_efficiency", "memory_bandwidth_efficiency", "network_efficiency"):
+            if d[k] > 1:
+                raise SpecError(f"{where}: {k} is a fraction of peak and must be <= 1, got {d[k]}")
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a study tunes for: a model on `nodes` nodes of a cluster at a global batch."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    nodes: int
+    global_batch: int
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.cluster.gpus_per_node
+
+    def as_dict(self) -> dict:
+        return {"model": self.model.as_dict(), "cluster": self.cluster.as_dict(),
+                "nodes": self.nodes, "global_batch": self.global_batch}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Workload":
+        return cls(ModelSpec.from_dict(d["model"]), ClusterSpec.from_dict(d["cluster"]),
+                   int(d["nodes"]), int(d["global_batch"]))
+
+
+def read_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: malformed TOML: {exc}") from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def presets(kind: str) -> list[str]:
+    """Names of the shipped and local presets of `kind` ('models' or 'clusters')."""
+    names = {p.stem for p in (PRESET_DIR / kind).glob("*.toml")}
+    names |= {p.stem for p in (Path("workloads") / kind).glob("*.toml")}
+    return sorted(names)
+
+
+def find_spec_file(kind: str, name: str) -> Path:
+    if name.endswith(".toml") or "/" in name:
+        p = Path(name)
+        if not p.is_file():
+            raise SpecError(f"{kind[:-1]} file {name} does not exist")
+        return p
+    name = MODEL_ALIASES.get(name.lower(), name) if kind == "models" else name
+    for base in (Path("workloads") / kind, PRESET_DIR / kind):
+        p = base / f"{name}.toml"
+        if p.is_file():
+            return p
+    aliases = f" (aliases: {', '.join(MODEL_ALIASES)})" if kind == "models" else ""
+    raise SpecError(f"unknown {kind[:-1]} '{name}'; presets: {', '.join(presets(kind))}{aliases}; "
+                    "or give a path to a TOML file")
+
+
+def load_model(name: str) -> ModelSpec:
+    path = find_spec_file("models", name)
+    return ModelSpec.from_dict(read_toml(path), str(path))
+
+
+def load_cluster(name: str) -> ClusterSpec:
+    path = find_spec_file("clusters", name)
+    return ClusterSpec.from_dict(read_toml(path), str(path))
+
+
+def make_workload(model: str | ModelSpec, nodes: int, cluster: str | ClusterSpec = "frontier",
+                  global_batch: int | None = None) -> Workload:
+    m = load_model(model) if isinstance(model, str) else model
+    c = load_cluster(cluster) if isinstance(cluster, str) else cluster
+    if nodes is None or nodes < 1:
+        raise UsageError(f"--nodes must be >= 1 (got {nodes})")
+    gb = global_batch if global_batch is not None else m.global_batch
+    if gb is None:
+        raise UsageError(f"model '{m.name}' has no default global batch: pass --global-batch")
+    if gb < 1:
+        raise UsageError(f"--global-batch must be >= 1 (got {gb})")
+    return Workload(m, c, nodes, gb)
