@@ -1,0 +1,45 @@
+"""The simulator runner: the performance model's prediction as the measurement.
+
+Seeded noise is drawn from (seed, layout), so a resumed study sees the same numbers as an
+uninterrupted one. A layout the memory model says cannot fit comes back as OOM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+
+from tuner.perfmodel import predict
+from tuner.trial import Status, TrialResult, TrialSpec
+
+
+class SimRunner:
+    name = "sim"
+    measured = False
+
+    def __init__(self, noise: float = 0.0, delay: float = 0.0, seed: int = 0):
+        if noise < 0 or delay < 0:
+            raise ValueError("noise and delay must be >= 0")
+        self.noise, self.delay, self.seed = noise, delay, seed
+        self._stop = threading.Event()
+
+    def _factor(self, key: str) -> float:
+        if not self.noise:
+            return 1.0
+        digest = hashlib.sha256(f"{self.seed}:{key}".encode()).digest()
+        return max(0.05, 1.0 + random.Random(digest).gauss(0.0, self.noise))
+
+    def run(self, trial: TrialSpec) -> TrialResult:
+        if self.delay and self._stop.wait(self.delay):
+            return TrialResult(Status.INTERRUPTED, message="cancelled")
+        p = predict(trial.layout, trial.workload)
+        if not p.fits:
+            return TrialResult(Status.OOM, peak_memory_gb=p.memory_gb, message=f"simulated OOM: {p.reason}")
+        f = self._factor(trial.layout.key())
+        return TrialResult(Status.OK, tflops_per_gpu=p.tflops_per_gpu * f, peak_fraction=p.peak_fraction * f,
+                           samples_per_second=p.samples_per_second * f, peak_memory_gb=p.memory_gb,
+                           message="simulated (predicted, not measured)")
+
+    def cancel(self) -> None:
+        self._stop.set()
