@@ -1,0 +1,52 @@
+"""The `tuner` command line: parse, call, format. Errors are one line; --debug shows tracebacks."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from tuner import __version__
+from tuner.errors import TunerError
+
+FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
+                             show_default=True, help="Output format.")
+DB_OPTION = click.option("--db", envvar="TUNER_DB", default=None,
+                         help="Results store URL (default sqlite:///results/tuner.db; env TUNER_DB).")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="tuner")
+@click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
+@click.pass_context
+def cli(ctx, debug):
+    """Find the fastest parallel layout (TP, PP, DP, micro-batch, ZeRO, checkpointing) for LLM training."""
+    ctx.obj = {"debug": debug}
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv
+    try:
+        cli.main(args=argv, prog_name="tuner", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:   # usage errors: bad option, missing value
+        exc.show()
+        sys.exit(exc.exit_code)
+    except (click.Abort, KeyboardInterrupt):
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except TunerError as exc:
+        if debug:
+            raise
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except Exception as exc:  # a bug: one line unless --debug
+        if debug:
+            raise
+        click.echo(f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", err=True)
+        sys.exit(1)
+
+
+from tuner.cli import plan, query, study  # noqa: E402,F401  (registers the commands)

@@ -1,0 +1,102 @@
+"""`tuner predict` and `tuner plan`: the performance model's answers, no trials."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from tuner.cli import FORMAT_OPTION, cli
+from tuner.cli.render import flat_layout, render
+from tuner.errors import UsageError
+from tuner.layout import Layout, validate
+from tuner.perfmodel import predict as model_predict, rank
+from tuner.space import load_space, no_layout_reason
+from tuner.specs import make_workload
+
+WORKLOAD_OPTIONS = [
+    click.option("--model", required=True, help="Model preset (gpt-1.4b, 22b, 175b, 1t, tiny, small) or TOML path."),
+    click.option("--nodes", required=True, type=click.IntRange(min=1), help="Number of nodes."),
+    click.option("--cluster", default="frontier", show_default=True, help="Cluster preset or TOML path."),
+    click.option("--global-batch", type=click.IntRange(min=1), default=None,
+                 help="Global batch in samples (default: the model's recipe)."),
+]
+
+
+def workload_options(fn):
+    for opt in reversed(WORKLOAD_OPTIONS):
+        fn = opt(fn)
+    return fn
+
+
+def prediction_row(p) -> dict:
+    return {**flat_layout(p.layout.as_dict()), "tflops": p.tflops_per_gpu, "peak_%": 100 * p.peak_fraction,
+            "mfu_%": 100 * p.mfu, "step_s": p.step_time_s, "mem_gb": p.memory_gb, "fits": p.fits}
+
+
+@cli.command()
+@workload_options
+@click.option("--tp", type=click.IntRange(min=1), required=True)
+@click.option("--pp", type=click.IntRange(min=1), required=True)
+@click.option("--dp", type=click.IntRange(min=1), default=None, help="Default: GPUs / (tp * pp).")
+@click.option("--micro-batch", type=click.IntRange(min=1), required=True)
+@click.option("--zero-stage", type=click.IntRange(0, 3), default=1, show_default=True)
+@click.option("--activation-checkpointing/--no-activation-checkpointing", default=True, show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def predict(model, nodes, cluster, global_batch, tp, pp, dp, micro_batch, zero_stage, activation_checkpointing, fmt):
+    """Predict throughput and memory of one layout.
+
+    Example: tuner predict --model 175b --nodes 16 --tp 4 --pp 16 --micro-batch 1
+    """
+    w = make_workload(model, nodes, cluster, global_batch)
+    if dp is None:
+        if w.gpus % (tp * pp):
+            raise UsageError(f"tp*pp = {tp * pp} does not divide {w.gpus} GPUs; pick tp and pp that do, or pass --dp")
+        dp = w.gpus // (tp * pp)
+    lay = validate(Layout(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero_stage=zero_stage,
+                          activation_checkpointing=activation_checkpointing), w)
+    p = model_predict(lay, w)
+    if fmt == "json":
+        click.echo(render([], "json", json_obj=p.as_dict()))
+        return
+    click.echo(f"{w.model.name} on {w.nodes} x {w.cluster.name} node(s) = {w.gpus} GPUs, global batch "
+               f"{w.global_batch}, layout {lay.key()}")
+    click.echo(f"  {p.tflops_per_gpu:.1f} TFLOPS/GPU = {100 * p.peak_fraction:.2f} % of peak (MFU "
+               f"{100 * p.mfu:.2f} %), step {p.step_time_s:.3f} s, {p.samples_per_second:.2f} samples/s")
+    fit = "fits" if p.fits else f"DOES NOT FIT: {p.reason}"
+    click.echo(f"  memory {p.memory_gb:.1f} GB of {w.cluster.memory_gb:.0f} GB per GPU ({fit})")
+    for title, table in (("memory (GB)", p.memory_breakdown), ("time (s per step)", p.time_breakdown)):
+        click.echo(f"  {title}: " + ", ".join(f"{k} {v:.3g}" for k, v in table.items()))
+
+
+@cli.command()
+@workload_options
+@click.option("--space", default="default", show_default=True, help="Search space name or TOML path.")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--all", "show_all", is_flag=True, help="Include layouts that do not fit in memory.")
+@FORMAT_OPTION
+def plan(model, nodes, cluster, global_batch, space, top, show_all, fmt):
+    """Rank every valid layout by the performance model (a planner answer in seconds).
+
+    Example: tuner plan --model 175b --nodes 128 --top 5
+    """
+    w = make_workload(model, nodes, cluster, global_batch)
+    sp = load_space(space)
+    layouts = sp.enumerate_layouts(w)
+    if not layouts:
+        raise UsageError(f"no valid layout for {w.model.name} on {nodes} node(s) ({w.gpus} GPUs): "
+                         f"{no_layout_reason(sp, w)}")
+    t0 = time.perf_counter()
+    ranked = rank(layouts, w)
+    dt = time.perf_counter() - t0
+    fitting = [p for p in ranked if p.fits]
+    if not fitting and not show_all:
+        worst = min(ranked, key=lambda p: p.memory_gb)
+        raise UsageError(f"none of {len(ranked)} valid layouts fits in {w.cluster.memory_gb:g} GB per GPU "
+                         f"(smallest needs {worst.memory_gb:.1f} GB: {worst.layout.key()}); use more nodes")
+    shown = (ranked if show_all else fitting)[:top]
+    rows = [{"rank": i + 1, **prediction_row(p)} for i, p in enumerate(shown)]
+    click.echo(render(rows, fmt, json_obj=[{"rank": i + 1, **p.as_dict()} for i, p in enumerate(shown)]))
+    if fmt == "table":
+        click.echo(f"\n{len(ranked)} valid layouts, {len(fitting)} fit in memory; ranked in {dt * 1000:.0f} ms "
+                   f"({len(ranked) / max(dt, 1e-9):,.0f} layouts/s)")

@@ -1,0 +1,169 @@
+"""`tuner search` and `tuner resume`: run a study through the driver."""
+
+from __future__ import annotations
+
+import random
+import re
+import sys
+from pathlib import Path
+
+import click
+
+from tuner.cli import DB_OPTION, FORMAT_OPTION, cli
+from tuner.cli.plan import workload_options
+from tuner.cli.progress import ProgressView
+from tuner.cli.query import best_rows, top_rows
+from tuner.cli.render import render
+from tuner.driver import Driver
+from tuner.errors import UsageError
+from tuner.executors import make_executor
+from tuner.runners import RUNNERS, make_runner
+from tuner.search import SEARCHERS, make_searcher
+from tuner.space import SearchSpace, load_space, no_layout_reason
+from tuner.specs import Workload, make_workload
+from tuner.store import StudyRecord, open_store
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
+ADJECTIVES = ("brisk", "calm", "eager", "keen", "lucid", "nimble", "quiet", "rapid", "steady", "swift", "vivid")
+NOUNS = ("otter", "falcon", "lynx", "heron", "marten", "orca", "puffin", "raven", "tapir", "wren", "yak")
+
+
+def check_study_name(name: str) -> str:
+    if not NAME_RE.match(name) or ".." in name:
+        raise UsageError(f"study name {name!r} is not allowed: use letters, digits, '.', '_' and '-' "
+                         "(at most 80, starting with a letter or digit)")
+    return name
+
+
+def generated_name(model: str, nodes: int, taken: set[str]) -> str:
+    rng = random.Random()
+    while True:
+        name = f"{model}-{nodes}n-{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}-{rng.randint(100, 999)}"
+        if name not in taken:
+            return name
+
+
+def runner_for(name: str, opts: dict, workload: Workload, seed: int, results_dir: Path):
+    """The runner of a study, from the options stored with it."""
+    if name == "sim":
+        return make_runner("sim", noise=opts.get("noise", 0.0), delay=opts.get("sim_delay", 0.0), seed=seed)
+    common = {"trial_timeout": opts.get("trial_timeout"), "results_dir": results_dir}
+    if name == "command":
+        if not opts.get("command"):
+            raise UsageError("--runner command needs --command \"CMD ...\" (the training command to run per trial)")
+        return make_runner("command", command=opts["command"], **common)
+    if name == "local":
+        return make_runner("local", gpus=opts.get("gpus") or workload.gpus, **common)
+    if name == "slurm":
+        return make_runner("slurm", cluster=workload.cluster, template=opts.get("template") or "harness", **common)
+    return make_runner(name)
+
+
+def run_study(store, rec: StudyRecord, fmt: str, budget: int | None = None) -> None:
+    s = rec.settings
+    workload = Workload.from_dict(rec.workload)
+    space = SearchSpace.from_dict({k: v for k, v in rec.space.items() if k != "name"}, rec.space.get("name", "space"))
+    candidates = space.enumerate_layouts(workload)
+    if not candidates:
+        raise UsageError(f"no valid layout for {workload.model.name} on {workload.nodes} node(s) "
+                         f"({workload.gpus} GPUs): {no_layout_reason(space, workload)}")
+    results_dir = Path(s.get("results_dir", "results"))
+    runner = runner_for(rec.runner, s.get("runner_options", {}), workload, s.get("seed", 0), results_dir)
+    searcher = make_searcher(rec.searcher, candidates, seed=s.get("seed", 0), workload=workload,
+                             parallel=s.get("parallel", 1))
+    executor = make_executor(s.get("executor", "thread"), s.get("parallel", 1), **s.get("executor_options", {}))
+    view = ProgressView(rec.name, budget or s["budget"], sys.stderr)
+    driver = Driver(store=store, study=rec.name, workload=workload, space=space, searcher=searcher, runner=runner,
+                    executor=executor, budget=budget or s["budget"], parallel=s.get("parallel", 1),
+                    time_limit=s.get("time_limit"), prune=s.get("prune", True), results_dir=results_dir,
+                    on_progress=view.update)
+    store.set_study_state(rec.name, "running")
+    with view:
+        outcome = driver.run()
+    executor.shutdown()
+    store.set_study_state(rec.name, "done")
+    rows = top_rows(store, rec.name, 5)
+    if fmt == "json":
+        click.echo(render([], "json", json_obj={"study": rec.name, "ran": outcome.ran, "pruned": outcome.pruned,
+                                                "stopped_by": outcome.reason, "top": best_rows(store.trials(rec.name), 5)}))
+        return
+    click.echo(render(rows, fmt))
+    if fmt == "table":
+        why = {"budget": "budget reached", "exhausted": "search space exhausted", "time-limit": "time limit reached"}
+        click.echo(f"\nstudy {rec.name}: {outcome.ran} trial(s) ran, {outcome.pruned} pruned "
+                   f"({why[outcome.reason]}). Best: tuner best --model {workload.model.name} --nodes {workload.nodes}"
+                   f" --cluster {workload.cluster.name}")
+
+
+@cli.command()
+@workload_options
+@click.option("--space", default="default", show_default=True, help="Search space name or TOML path.")
+@click.option("--runner", type=click.Choice(RUNNERS), default="sim", show_default=True)
+@click.option("--searcher", type=click.Choice(SEARCHERS), default=SEARCHERS[0], show_default=True)
+@click.option("--budget", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Trials to run (pruned layouts cost nothing).")
+@click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True, help="Trials in flight.")
+@click.option("--study", default=None, help="Study name (default: a readable generated one).")
+@DB_OPTION
+@click.option("--seed", type=int, default=0, show_default=True)
+@FORMAT_OPTION
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds; no new trials after it.")
+@click.option("--no-prune", is_flag=True, help="Launch layouts the memory model says cannot fit.")
+@click.option("--noise", type=click.FloatRange(min=0), default=0.0, show_default=True, help="sim: relative noise.")
+@click.option("--sim-delay", type=click.FloatRange(min=0), default=0.0, show_default=True, help="sim: seconds per trial.")
+@click.option("--command", "command", default=None, help="command runner: the training command per trial.")
+@click.option("--gpus", type=click.IntRange(min=1), default=None, help="local runner: devices per trial.")
+@click.option("--trial-timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds per trial.")
+@click.option("--template", type=click.Choice(["harness", "megatron"]), default=None, help="slurm: launch template.")
+@click.option("--executor", type=click.Choice(["thread", "ray"]), default="thread", show_default=True)
+@click.option("--ray-address", default=None, help="Ray cluster address for --executor ray (default: start a local one).")
+@click.option("--results-dir", default="results", show_default=True, help="Where trial directories go.")
+def search(model, nodes, cluster, global_batch, space, runner, searcher, budget, parallel, study, db, seed, fmt,
+           time_limit, no_prune, noise, sim_delay, command, gpus, trial_timeout, template, executor, ray_address,
+           results_dir):
+    """Start a study: propose layouts, run trials, store every result.
+
+    Example: tuner search --model 175b --nodes 128 --budget 30
+    """
+    w = make_workload(model, nodes, cluster, global_batch)
+    sp = load_space(space)
+    store = open_store(db)
+    name = check_study_name(study) if study else generated_name(w.model.name, nodes, set(store.study_names()))
+    if runner == "local" and gpus and gpus != w.gpus:
+        raise UsageError(f"--gpus {gpus} but {w.model.name} on {nodes} x {w.cluster.name} node(s) is {w.gpus} "
+                         f"GPUs: use --cluster local with --nodes 1, or --gpus {w.gpus}")
+    settings = {"seed": seed, "budget": budget, "parallel": parallel, "time_limit": time_limit,
+                "prune": not no_prune, "executor": executor, "results_dir": results_dir,
+                "executor_options": {"address": ray_address} if executor == "ray" else {},
+                "runner_options": {k: v for k, v in {"noise": noise, "sim_delay": sim_delay, "command": command,
+                                   "gpus": gpus, "trial_timeout": trial_timeout, "template": template}.items() if v}}
+    rec = StudyRecord(name=name, workload=w.as_dict(), space={"name": sp.name, "dimensions": sp.dimensions,
+                      "constraints": sp.constraints}, searcher=searcher, runner=runner, settings=settings)
+    runner_for(runner, settings["runner_options"], w, seed, Path(results_dir))  # bad runner input fails before storing
+    store.create_study(rec)
+    click.echo(f"study {name}: {w.model.name} on {nodes} x {w.cluster.name} ({w.gpus} GPUs), searcher {searcher}, "
+               f"runner {runner}, store {store.url}", err=True)
+    run_study(store, store.get_study(name), fmt)
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--budget", type=click.IntRange(min=1), default=None, help="New total trial budget for the study.")
+@click.option("--join", is_flag=True, help="Another driver is live on this study: leave its running trials alone.")
+@DB_OPTION
+@FORMAT_OPTION
+def resume(name, budget, join, db, fmt):
+    """Continue an interrupted or finished study; nothing is lost or measured twice.
+
+    Example: tuner resume my-study --budget 80
+    """
+    store = open_store(db)
+    rec = store.get_study(name)
+    if not join:
+        n = store.mark_interrupted(name)
+        if n:
+            click.echo(f"{n} trial(s) left running by a stopped driver will run again", err=True)
+    if budget:
+        store.update_study_settings(name, {"budget": budget})
+        rec = store.get_study(name)
+    run_study(store, rec, fmt)

@@ -1,0 +1,218 @@
+"""The search loop: ask -> record -> run -> finish -> tell. Resume = replay the store.
+
+The store is the single source of truth: on start the driver replays every finished trial into the
+searcher, re-runs trials a dead driver left interrupted, and never runs a finished layout again.
+A trial's failure is a result; only driver bugs and store failures raise.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from tuner.errors import TunerError, UsageError
+from tuner.layout import Layout
+from tuner.perfmodel import predict
+from tuner.space import SearchSpace, no_layout_reason
+from tuner.specs import Workload
+from tuner.trial import Status, TrialResult, TrialSpec
+
+MAX_INFRA_RETRIES = 1
+
+
+class Interrupted(TunerError):
+    """Ctrl-C: running trials are marked interrupted; the message says how to resume."""
+
+    exit_code = 130
+
+
+@dataclass
+class Progress:
+    """What the CLI shows while a study runs."""
+
+    study: str
+    budget: int
+    ran: int = 0
+    pruned: int = 0
+    running: int = 0
+    best: object = None          # the best TrialRecord-like (layout, peak_fraction, tflops_per_gpu, number)
+    last: object = None          # the trial that just finished
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Outcome:
+    study: str
+    ran: int
+    pruned: int
+    reason: str                  # budget | exhausted | time-limit
+
+
+def result_of(record) -> TrialResult:
+    """The TrialResult a stored trial stands for (used to replay it into a searcher)."""
+    return TrialResult(record.status, tflops_per_gpu=record.tflops_per_gpu, peak_fraction=record.peak_fraction,
+                       samples_per_second=record.samples_per_second, peak_memory_gb=record.peak_memory_gb,
+                       message=record.message or "")
+
+
+class Driver:
+    def __init__(self, *, store, study: str, workload: Workload, space: SearchSpace, searcher, runner, executor,
+                 budget: int, parallel: int = 1, time_limit: float | None = None, prune: bool = True,
+                 results_dir: Path = Path("results"), on_progress: Callable[[Progress], None] | None = None):
+        if budget < 1 or parallel < 1:
+            raise UsageError("--budget and --parallel must be >= 1")
+        self.store, self.study, self.workload, self.space = store, study, workload, space
+        self.searcher, self.runner, self.executor = searcher, runner, executor
+        self.budget, self.parallel, self.time_limit, self.prune = budget, parallel, time_limit, prune
+        self.results_dir = Path(results_dir)
+        self.on_progress = on_progress or (lambda p: None)
+        self.progress = Progress(study, budget)
+        self._inflight: dict[Future, tuple[int, Layout, int]] = {}
+
+    # -- replay -------------------------------------------------------------------------------
+    def _replay(self) -> list[tuple[int, Layout]]:
+        """Tell the searcher every finished trial; return the interrupted ones to run again."""
+        again = []
+        for rec in self.store.trials(self.study):
+            if rec.status == Status.RUNNING:
+                continue  # another live driver owns it (a dead one's were marked interrupted by resume)
+            if rec.status == Status.INTERRUPTED:
+                again.append((rec.number, rec.layout))
+                continue
+            self.searcher.tell(rec.layout, result_of(rec))
+            if rec.status == Status.PRUNED:
+                self.progress.pruned += 1
+            else:
+                self.progress.ran += 1
+            self._update_best(rec)
+        return again
+
+    def _update_best(self, rec) -> None:
+        if rec.status == Status.OK and rec.peak_fraction is not None and (
+                self.progress.best is None or rec.peak_fraction > self.progress.best.peak_fraction):
+            self.progress.best = rec
+
+    # -- one trial ----------------------------------------------------------------------------
+    def _spec(self, number: int, layout: Layout) -> TrialSpec:
+        return TrialSpec(self.study, number, layout, self.workload,
+                         self.results_dir / "trials" / self.study / str(number))
+
+    def _launch(self, number: int, layout: Layout, attempt: int = 0) -> None:
+        fut = self.executor.submit(self.runner.run, self._spec(number, layout))
+        self._inflight[fut] = (number, layout, attempt)
+
+    def _propose(self, n: int) -> list[tuple[int, Layout]]:
+        """Up to n claimed (number, layout) pairs; pruned layouts are recorded on the way."""
+        out: list[tuple[int, Layout]] = []
+        while len(out) < n:
+            layouts = self.searcher.ask(n - len(out))
+            if not layouts:
+                break
+            for lay in layouts:
+                pred = predict(lay, self.workload)
+                if self.prune and not pred.fits:
+                    res = TrialResult(Status.PRUNED, peak_memory_gb=pred.memory_gb, message=pred.reason)
+                    if self.store.record_trial(self.study, lay, pred, res, self.runner.name) is not None:
+                        self.progress.pruned += 1
+                    self.searcher.tell(lay, res)
+                    continue
+                number = self.store.claim_trial(self.study, lay, pred, self.runner.name)
+                if number is not None:      # None: another driver already has this layout
+                    out.append((number, lay))
+        return out
+
+    def _finish(self, fut: Future) -> None:
+        number, layout, attempt = self._inflight.pop(fut)
+        result = fut.result()  # a runner that raises is a driver bug: let it propagate
+        if result.status == Status.INTERRUPTED:
+            self.store.mark_interrupted(self.study, [number])
+            return
+        if result.retryable and attempt < MAX_INFRA_RETRIES:
+            self._launch(number, layout, attempt + 1)
+            return
+        self.store.finish_trial(self.study, number, result)
+        self.searcher.tell(layout, result)
+        self.progress.ran += 1
+        self.progress.last = _Finished(number, layout, result)
+        if result.status == Status.OK:
+            self._update_best(self.progress.last)
+
+    # -- the loop -----------------------------------------------------------------------------
+    def run(self) -> Outcome:
+        candidates_exist = bool(self.space.enumerate_layouts(self.workload))
+        if not candidates_exist:
+            raise UsageError(f"no valid layout for {self.workload.model.name} on {self.workload.nodes} node(s) "
+                             f"({self.workload.gpus} GPUs): {no_layout_reason(self.space, self.workload)}")
+        deadline = time.monotonic() + self.time_limit if self.time_limit else None
+        reruns = self._replay()
+        self.on_progress(self.progress)
+        reason = "budget"
+        try:
+            while True:
+                free = min(self.parallel - len(self._inflight), self.budget - self.progress.ran - len(self._inflight))
+                if deadline and time.monotonic() >= deadline:
+                    reason = "time-limit"
+                    free = 0
+                if free > 0:
+                    batch = [reruns.pop(0) for _ in range(min(free, len(reruns)))]
+                    for number, lay in batch:
+                        if self.store.claim_trial(self.study, lay, predict(lay, self.workload), self.runner.name) is None:
+                            continue
+                        self._launch(number, lay)
+                    if len(batch) < free:
+                        for number, lay in self._propose(free - len(batch)):
+                            self._launch(number, lay)
+                self.progress.running = len(self._inflight)
+                if not self._inflight:
+                    if reason != "time-limit" and self.progress.ran < self.budget:
+                        reason = "exhausted"
+                    break
+                timeout = max(0.0, deadline - time.monotonic()) if deadline else None
+                done, _ = wait(list(self._inflight), timeout=timeout, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    self._finish(fut)
+                    self.on_progress(self.progress)
+                if deadline and time.monotonic() >= deadline and self._inflight:
+                    # let running trials finish; propose nothing new
+                    reason = "time-limit"
+        except KeyboardInterrupt:
+            self._interrupt()
+            raise Interrupted(f"interrupted: {len(self._inflight)} running trial(s) marked interrupted; "
+                              f"continue with `tuner resume {self.study}`") from None
+        self.progress.running = 0
+        self.on_progress(self.progress)
+        return Outcome(self.study, self.progress.ran, self.progress.pruned, reason)
+
+    def _interrupt(self) -> None:
+        cancel = getattr(self.runner, "cancel", None)
+        if cancel:
+            cancel()
+        numbers = [n for n, _, _ in self._inflight.values()]
+        if numbers:
+            self.store.mark_interrupted(self.study, numbers)
+        self.store.set_study_state(self.study, "interrupted")
+        self.executor.shutdown()
+
+
+@dataclass
+class _Finished:
+    """A finished trial as the progress display sees it (same fields as a TrialRecord)."""
+
+    number: int
+    layout: Layout
+    result: TrialResult
+
+    @property
+    def status(self):
+        return self.result.status
+
+    @property
+    def peak_fraction(self):
+        return self.result.peak_fraction
+
+    @property
+    def tflops_per_gpu(self):
+        return self.result.tflops_per_gpu
