@@ -1,0 +1,449 @@
+"""The results store: the single source of truth for studies and trials (SQLite or PostgreSQL).
+
+One short transaction (one session) per call, so one Store serves many threads. Writes on SQLite take
+the write lock up front (BEGIN IMMEDIATE, WAL, 30 s busy timeout); on PostgreSQL a claim locks its study
+row and any race is caught by unique (study_id, layout_key) and retried, so two drivers never claim the
+same layout. Lost PostgreSQL connections are retried with backoff, then reported as a StoreError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterable, TypeVar
+
+from sqlalchemy import Engine, create_engine, event, func, inspect, select, update
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import StaticPool
+
+from tuner.errors import StoreError, StudyExists, UnknownStudy
+from tuner.layout import Layout
+from tuner.perfmodel.prediction import Prediction
+from tuner.store.models import (MEASURED, PREDICTED, SCHEMA_VERSION, STUDY_STATES, Base, MetaRow, StudyRecord,
+                                StudyRow, TrialRecord, TrialRow, scrub, utcnow)
+from tuner.trial import Status, TrialResult
+
+DEFAULT_URL = "sqlite:///results/tuner.db"
+URL_HINT = "check --db or TUNER_DB; expected sqlite:///path or postgresql+psycopg://user:pass@host/db"
+BUSY_TIMEOUT_S = 30
+RECONNECT_DELAYS_S = (0.25, 0.5, 1.0, 2.0, 4.0)   # then give up with a StoreError
+CONFLICT_RETRIES = 100
+T = TypeVar("T")
+
+
+def redact(url: str | URL) -> str:
+    """The URL with its password replaced by ***."""
+    if isinstance(url, URL):
+        return url.render_as_string(hide_password=True)
+    return scrub(str(url))
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of the driver's message, password-free and short."""
+    orig = getattr(exc, "orig", None) or exc
+    lines = [ln.strip() for ln in str(orig).splitlines() if ln.strip()]
+    text = scrub(lines[0] if lines else type(orig).__name__)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    return getattr(getattr(exc, "orig", None), "sqlstate", None)
+
+
+def _parse(raw: str) -> URL:
+    shown = redact(raw)
+    try:
+        url = make_url(raw)
+    except ArgumentError:
+        raise StoreError(f"malformed database URL '{shown}': {URL_HINT}") from None
+    backend = url.get_backend_name()
+    if backend in ("postgresql", "postgres"):
+        return url.set(drivername="postgresql+psycopg")   # the only PostgreSQL driver tuner ships with
+    if backend != "sqlite" or url.drivername not in ("sqlite", "sqlite+pysqlite"):
+        raise StoreError(f"unsupported database URL '{shown}' (backend '{url.drivername}'): {URL_HINT}")
+    return url
+
+
+def _sqlite_memory(url: URL) -> bool:
+    db = url.database or ""
+    return db in ("", ":memory:") or "mode=memory" in db or url.query.get("mode") == "memory"
+
+
+def _sqlite_path(url: URL) -> Path:
+    db = url.database or ""
+    if db.startswith("file:"):
+        db = db[5:].split("?", 1)[0]
+    return Path(db)
+
+
+def _check_sqlite_file(url: URL) -> None:
+    """A clear error before anything runs: the directory must exist and the file must be writable."""
+    path = _sqlite_path(url)
+    parent = path.parent if str(path.parent) else Path(".")
+    fix = "create it, or point --db / TUNER_DB at another sqlite:///path"
+    if not parent.is_dir():
+        raise StoreError(f"cannot open SQLite database {path}: directory {parent} does not exist; {fix}")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise StoreError(f"SQLite database {path} is read-only: make it writable (chmod u+w {path}) or copy it")
+    if not os.access(parent, os.W_OK):
+        raise StoreError(f"cannot write in {parent} (SQLite needs it for {path.name}-wal): "
+                         "make the directory writable or move the database")
+
+
+def _make_engine(url: URL) -> Engine:
+    if url.get_backend_name() == "postgresql":
+        return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10,
+                             connect_args={"connect_timeout": 5, "application_name": "tuner"})
+    memory = _sqlite_memory(url)
+    if memory:
+        engine = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False})
+    else:
+        _check_sqlite_file(url)
+        engine = create_engine(url, pool_size=8, max_overflow=16,
+                               connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):
+        dbapi_conn.isolation_level = None          # we emit BEGIN ourselves (below)
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
+        cur.execute("PRAGMA foreign_keys = ON")
+        if not memory:
+            cur.execute("PRAGMA journal_mode = WAL")
+            cur.execute("PRAGMA synchronous = NORMAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("tuner_write") else "BEGIN")
+
+    return engine
+
+
+def _read_version(conn) -> int | None:
+    """The stored schema version; 0 for tuner tables without one; None for an empty database."""
+    names = set(inspect(conn).get_table_names())
+    if "meta" in names:
+        row = conn.execute(select(MetaRow.value).where(MetaRow.key == "schema_version")).scalar()
+        if row is not None:
+            return int(row)
+    return 0 if names & {"studies", "trials"} else None
+
+
+def _migrate_to_1(conn) -> None:
+    Base.metadata.create_all(conn, checkfirst=True)
+
+
+MIGRATIONS: dict[int, Callable] = {1: _migrate_to_1}
+
+
+def _apply_migrations(conn, start: int) -> None:
+    for version in range(start + 1, SCHEMA_VERSION + 1):
+        MIGRATIONS[version](conn)
+    updated = conn.execute(update(MetaRow).where(MetaRow.key == "schema_version")
+                           .values(value=str(SCHEMA_VERSION))).rowcount
+    if not updated:
+        conn.execute(MetaRow.__table__.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
+
+
+def _verify(conn) -> None:
+    insp = inspect(conn)
+    for table in Base.metadata.sorted_tables:
+        have = {c["name"] for c in insp.get_columns(table.name)}
+        missing = sorted({c.name for c in table.columns} - have)
+        if missing:
+            raise StoreError(f"table {table.name} lacks column(s) {', '.join(missing)}: "
+                             "this is not a tuner results store, or it was edited by hand; use another --db")
+
+
+def _newer_error(shown: str, version: int) -> StoreError:
+    return StoreError(f"the results store at {shown} has schema version {version}, newer than this tuner "
+                      f"understands ({SCHEMA_VERSION}): upgrade tuner (`pip install -U tuner`)")
+
+
+class Store:
+    """Studies and trials in one database. Create with `open_store`."""
+
+    def __init__(self, engine: Engine, url: URL):
+        self.engine = engine
+        self.url = redact(url)
+        self._sqlite = url.get_backend_name() == "sqlite"
+        self._writer = engine.execution_options(tuner_write=True)
+        # A memory database is one shared connection: serialise its transactions.
+        self._lock = threading.RLock() if isinstance(engine.pool, StaticPool) else contextlib.nullcontext()
+        self._pid = os.getpid()
+        self._study_ids: dict[str, int] = {}
+
+    # ---- plumbing -----------------------------------------------------------------------------
+    def _error(self, exc: BaseException, doing: str) -> StoreError:
+        reason = _reason(exc)
+        if self._sqlite and "readonly" in reason.replace("-", "").replace(" ", "").lower():
+            return StoreError(f"SQLite database at {self.url} is read-only ({reason}): make the file and its "
+                              "directory writable, or use another --db")
+        if self._sqlite and "locked" in reason:
+            return StoreError(f"SQLite database at {self.url} stayed locked for {BUSY_TIMEOUT_S} s while {doing}: "
+                              "another process holds it; retry, or use PostgreSQL for many drivers")
+        return StoreError(f"results store at {self.url} failed while {doing} ({reason}): {URL_HINT}")
+
+    def _disconnected(self, exc: DBAPIError) -> bool:
+        if self._sqlite:
+            return False
+        state = _sqlstate(exc)
+        return exc.connection_invalidated or state is None or state.startswith("08") or state in (
+            "57P01", "57P02", "57P03")
+
+    def _tx(self, fn: Callable[[Session], T], doing: str, write: bool = False, retry_conflicts: bool = False,
+            reconnect: bool = True) -> T:
+        """Run fn in one transaction; retry conflicts and lost connections, map failures to StoreError."""
+        if os.getpid() != self._pid:          # forked: never share pooled connections with the parent
+            self.engine.dispose(close=False)
+            self._pid = os.getpid()
+        conflicts, reconnects = 0, 0
+        while True:
+            try:
+                with self._lock, Session(self._writer if write else self.engine, expire_on_commit=False) as s:
+                    with s.begin():
+                        return fn(s)
+            except IntegrityError:
+                conflicts += 1
+                if not retry_conflicts or conflicts > CONFLICT_RETRIES:
+                    raise
+                time.sleep(random.uniform(0, 0.002 * min(conflicts, 20)))
+            except DBAPIError as exc:
+                if _sqlstate(exc) in ("40001", "40P01") and conflicts < CONFLICT_RETRIES:
+                    conflicts += 1
+                    time.sleep(random.uniform(0, 0.01))
+                elif reconnect and self._disconnected(exc) and reconnects < len(RECONNECT_DELAYS_S):
+                    time.sleep(RECONNECT_DELAYS_S[reconnects])
+                    reconnects += 1
+                else:
+                    raise self._error(exc, doing) from None
+            except SQLAlchemyError as exc:
+                raise self._error(exc, doing) from None
+
+    def _open(self) -> None:
+        """Create a fresh schema, check the version, and prove we can write. No retries: fail fast."""
+        def init(s: Session) -> None:
+            conn = s.connection()
+            version = _read_version(conn)
+            if version is None:
+                _apply_migrations(conn, 0)
+            elif version < SCHEMA_VERSION:
+                raise StoreError(f"the results store at {self.url} has schema version {version}, this tuner needs "
+                                 f"{SCHEMA_VERSION}: run `tuner db upgrade --db {self.url}`")
+            elif version > SCHEMA_VERSION:
+                raise _newer_error(self.url, version)
+            elif self._sqlite:   # a read-only file fails here, before any work starts
+                conn.execute(update(MetaRow).where(MetaRow.key == "schema_version").values(value=MetaRow.value))
+        for attempt in range(5):
+            try:
+                return self._tx(init, "opening it", write=True, reconnect=False)
+            except IntegrityError:   # another process created the schema at the same moment
+                if attempt == 4:
+                    raise
+            except StoreError as exc:   # concurrent CREATE TABLE on PostgreSQL: look again
+                if "already exists" not in str(exc) or attempt == 4:
+                    raise
+
+    def _study_id(self, s: Session, name: str, lock: bool = False) -> int:
+        sid = self._study_ids.get(name)
+        if sid is None or lock:
+            q = select(StudyRow.id).where(StudyRow.name == name)
+            sid = s.execute(q.with_for_update(key_share=True) if lock else q).scalar()
+            if sid is None:
+                raise UnknownStudy(name, list(s.execute(select(StudyRow.name).order_by(StudyRow.name)).scalars()))
+            self._study_ids[name] = sid
+        return sid
+
+    # ---- studies ------------------------------------------------------------------------------
+    def create_study(self, rec: StudyRecord) -> None:
+        if rec.state not in STUDY_STATES:
+            raise ValueError(f"study state must be one of {STUDY_STATES}, got {rec.state!r}")
+        def add(s: Session) -> None:
+            if s.execute(select(StudyRow.id).where(StudyRow.name == rec.name)).first():
+                raise StudyExists(rec.name)
+            s.add(rec.to_row())
+        try:
+            self._tx(add, f"creating study '{rec.name}'", write=True)
+        except IntegrityError:
+            raise StudyExists(rec.name) from None
+
+    def get_study(self, name: str) -> StudyRecord:
+        def get(s: Session) -> StudyRecord:
+            row = s.execute(select(StudyRow).where(StudyRow.name == name)).scalar()
+            if row is None:
+                raise UnknownStudy(name, list(s.execute(select(StudyRow.name).order_by(StudyRow.name)).scalars()))
+            return StudyRecord.from_row(row)
+        return self._tx(get, f"reading study '{name}'")
+
+    def list_studies(self) -> list[StudyRecord]:
+        return self._tx(lambda s: [StudyRecord.from_row(r) for r in s.execute(
+            select(StudyRow).order_by(StudyRow.created, StudyRow.id)).scalars()], "listing studies")
+
+    def study_names(self) -> list[str]:
+        return self._tx(lambda s: list(s.execute(select(StudyRow.name).order_by(StudyRow.name)).scalars()),
+                        "listing studies")
+
+    def set_study_state(self, name: str, state: str) -> None:
+        if state not in STUDY_STATES:
+            raise ValueError(f"study state must be one of {STUDY_STATES}, got {state!r}")
+        def set_state(s: Session) -> None:
+            s.execute(update(StudyRow).where(StudyRow.id == self._study_id(s, name)).values(state=state))
+        self._tx(set_state, f"updating study '{name}'", write=True)
+
+    def update_study_settings(self, name: str, settings: dict) -> None:
+        def merge(s: Session) -> None:
+            row = s.execute(select(StudyRow).where(StudyRow.id == self._study_id(s, name))
+                            .with_for_update()).scalar_one()
+            row.settings = {**(row.settings or {}), **scrub(dict(settings))}
+        self._tx(merge, f"updating study '{name}'", write=True)
+
+    # ---- trials -------------------------------------------------------------------------------
+    def _claim(self, s: Session, study: str, layout: Layout, prediction: Prediction | None, runner: str) -> int | None:
+        sid = self._study_id(s, study, lock=True)     # serialises claims on one study (PostgreSQL)
+        key = layout.key()
+        row = s.execute(select(TrialRow).where(TrialRow.study_id == sid, TrialRow.layout_key == key)).scalar()
+        now = utcnow()
+        if row is not None:
+            reclaimed = s.execute(update(TrialRow).where(TrialRow.id == row.id, TrialRow.status == Status.INTERRUPTED.value)
+                                  .values(status=Status.RUNNING.value, attempts=TrialRow.attempts + 1, runner=runner,
+                                          started_at=now, ended_at=None, message="")).rowcount
+            return row.number if reclaimed == 1 else None
+        number = (s.execute(select(func.max(TrialRow.number)).where(TrialRow.study_id == sid)).scalar() or 0) + 1
+        predicted = {col: (getattr(prediction, attr) if prediction is not None else None)
+                     for col, attr in PREDICTED.items()}
+        s.add(TrialRow(study_id=sid, number=number, layout_key=key, **layout.as_dict(), status=Status.RUNNING.value,
+                       **predicted, message="", runner=runner, started_at=now, attempts=1, extra={}))
+        s.flush()
+        return number
+
+    def _finish(self, s: Session, sid: int, number: int, result: TrialResult, extra: dict | None) -> None:
+        row = s.execute(select(TrialRow).where(TrialRow.study_id == sid, TrialRow.number == number)).scalar()
+        if row is None:
+            raise StoreError(f"trial {number} is not in this study: claim it with claim_trial first")
+        for name in MEASURED:
+            setattr(row, name, getattr(result, name))
+        row.status = Status(result.status).value
+        row.message = scrub(result.message or "")
+        row.log_path = result.log_path
+        row.ended_at = utcnow()
+        if extra:
+            row.extra = {**(row.extra or {}), **scrub(dict(extra))}
+
+    def claim_trial(self, study: str, layout: Layout, prediction: Prediction | None, runner: str) -> int | None:
+        """Mark `layout` running in `study` and return its trial number, or None if another has it."""
+        return self._tx(lambda s: self._claim(s, study, layout, prediction, runner),
+                        f"claiming {layout.key()} in study '{study}'", write=True, retry_conflicts=True)
+
+    def record_trial(self, study: str, layout: Layout, prediction: Prediction | None, result: TrialResult,
+                     runner: str) -> int | None:
+        """Claim and finish in one transaction (a layout pruned without running)."""
+        def record(s: Session) -> int | None:
+            number = self._claim(s, study, layout, prediction, runner)
+            if number is not None:
+                self._finish(s, self._study_id(s, study), number, result, None)
+            return number
+        return self._tx(record, f"recording {layout.key()} in study '{study}'", write=True, retry_conflicts=True)
+
+    def finish_trial(self, study: str, number: int, result: TrialResult, extra: dict | None = None) -> None:
+        self._tx(lambda s: self._finish(s, self._study_id(s, study), number, result, extra),
+                 f"finishing trial {number} of study '{study}'", write=True)
+
+    def trials(self, study: str, statuses: Iterable[Status] | None = None) -> list[TrialRecord]:
+        def get(s: Session) -> list[TrialRecord]:
+            srow = s.get(StudyRow, self._study_id(s, study))
+            q = select(TrialRow).where(TrialRow.study_id == srow.id).order_by(TrialRow.number)
+            if statuses is not None:
+                q = q.where(TrialRow.status.in_([Status(x).value for x in statuses]))
+            return [TrialRecord.from_row(t, srow) for t in s.execute(q).scalars()]
+        return self._tx(get, f"reading trials of study '{study}'")
+
+    def mark_interrupted(self, study: str, numbers: Iterable[int] | None = None) -> int:
+        """Running trials -> interrupted (all of the study's, or those numbers); returns how many."""
+        nums = None if numbers is None else list(numbers)
+        def mark(s: Session) -> int:
+            q = update(TrialRow).where(TrialRow.study_id == self._study_id(s, study),
+                                       TrialRow.status == Status.RUNNING.value)
+            if nums is not None:
+                q = q.where(TrialRow.number.in_(nums))
+            return s.execute(q.values(status=Status.INTERRUPTED.value, ended_at=utcnow())).rowcount
+        return 0 if nums == [] else self._tx(mark, f"marking trials of study '{study}' interrupted", write=True)
+
+    def best(self, model: str, cluster: str, nodes: int, k: int = 1, study: str | None = None) -> list[TrialRecord]:
+        """The k best ok trials, by peak fraction, of every study of that model, cluster and node count."""
+        q = (select(TrialRow, StudyRow).join(StudyRow, StudyRow.id == TrialRow.study_id)
+             .where(StudyRow.model_name == model, StudyRow.cluster_name == cluster, StudyRow.nodes == int(nodes),
+                    TrialRow.status == Status.OK.value, TrialRow.peak_fraction.is_not(None))
+             .order_by(TrialRow.peak_fraction.desc(), StudyRow.id, TrialRow.number).limit(max(int(k), 0)))
+        if study is not None:
+            q = q.where(StudyRow.name == study)
+        return self._tx(lambda s: [TrialRecord.from_row(t, st) for t, st in s.execute(q).tuples()],
+                        "finding the best trials")
+
+    def counts(self, study: str) -> dict[str, int]:
+        def count(s: Session) -> dict[str, int]:
+            q = (select(TrialRow.status, func.count()).where(TrialRow.study_id == self._study_id(s, study))
+                 .group_by(TrialRow.status))
+            return {status: n for status, n in s.execute(q).tuples()}
+        return self._tx(count, f"counting trials of study '{study}'")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+
+def _engine_for(url: str | None) -> tuple[Engine, URL]:
+    raw = url or os.environ.get("TUNER_DB") or DEFAULT_URL
+    if raw == DEFAULT_URL:
+        Path("results").mkdir(exist_ok=True)
+    parsed = _parse(raw)
+    return _make_engine(parsed), parsed
+
+
+def open_store(url: str | None = None) -> Store:
+    """The store at `url`, else $TUNER_DB, else results/tuner.db in the working directory."""
+    engine, parsed = _engine_for(url)
+    store = Store(engine, parsed)
+    try:
+        store._open()
+    except BaseException:
+        engine.dispose()
+        raise
+    return store
+
+
+def upgrade(url: str | None = None) -> str:
+    """Bring the schema at `url` to SCHEMA_VERSION (creating it if empty); return what was done."""
+    engine, parsed = _engine_for(url)
+    store = Store(engine, parsed)
+    def run(s: Session) -> str:
+        conn = s.connection()
+        version = _read_version(conn)
+        if version is not None and version > SCHEMA_VERSION:
+            raise _newer_error(store.url, version)
+        if version == SCHEMA_VERSION:
+            _verify(conn)
+            return f"results store at {store.url} is up to date (schema version {SCHEMA_VERSION})"
+        _apply_migrations(conn, version or 0)
+        _verify(conn)
+        if version is None:
+            return f"created the results store at {store.url} (schema version {SCHEMA_VERSION})"
+        return f"upgraded the results store at {store.url} from schema version {version} to {SCHEMA_VERSION}"
+    try:
+        return store._tx(run, "upgrading its schema", write=True, reconnect=False)
+    finally:
+        engine.dispose()
