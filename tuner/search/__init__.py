@@ -1,0 +1,48 @@
+"""Searchers behind one ask/tell interface (see base.py for the contract).
+
+`make_searcher(name, candidates, seed=..., workload=..., parallel=...)` builds one by name. A searcher
+module registers itself with `register(name, factory)`; the heavy ones import DeepHyper or Optuna only
+when built, so `import tuner.search` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Callable
+
+from tuner.errors import UsageError
+from tuner.search.base import BaseSearcher, Searcher, objective
+
+if TYPE_CHECKING:
+    from tuner.layout import Layout
+    from tuner.specs import Workload
+
+__all__ = ["SEARCHERS", "Searcher", "BaseSearcher", "make_searcher", "register", "objective"]
+
+# name -> "module:Class" (imported on use) or a factory callable (registered at run time)
+_REGISTRY: dict[str, str | Callable[..., Searcher]] = {
+    "cbo": "tuner.search.cbo:CBOSearcher",
+    "tpe": "tuner.search.tpe:TPESearcher",
+    "random": "tuner.search.rand:RandomSearcher",
+    "grid": "tuner.search.grid:GridSearcher",
+}
+SEARCHERS: tuple[str, ...] = tuple(_REGISTRY)
+
+
+def register(name: str, factory: str | Callable[..., Searcher]) -> None:
+    """Add a searcher: `factory(candidates, seed=, workload=, parallel=)` or "module:Class"."""
+    global SEARCHERS
+    _REGISTRY[name] = factory
+    SEARCHERS = tuple(_REGISTRY)
+
+
+def make_searcher(name: str, candidates: list["Layout"], *, seed: int = 0, workload: "Workload | None" = None,
+                  parallel: int = 1) -> Searcher:
+    """The searcher `name` over `candidates` (every valid layout of the space)."""
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise UsageError(f"unknown searcher '{name}'; searchers: {', '.join(_REGISTRY)}")
+    if isinstance(factory, str):
+        module, cls = factory.split(":")
+        factory = getattr(importlib.import_module(module), cls)
+    return factory(list(candidates), seed=seed, workload=workload, parallel=parallel)

@@ -1,0 +1,201 @@
+"""The Searcher protocol and what every searcher shares: bookkeeping, failure memory, candidate mapping.
+
+Contract (tests/test_searchers.py checks it for every registered searcher):
+- `ask(n)` returns up to n distinct layouts, all members of `candidates`, none asked or told before;
+  [] once every candidate has been asked or told.
+- `tell(layout, result)` takes a finished result of its own ask or a replayed one it never asked
+  (resume); a told layout is never proposed afterwards.
+- A status other than ok is a failure: never proposed again, and its neighbourhood is deferred. An
+  out-of-memory or pruned (does not fit) layout makes every layout of the same (tp, pp, dp) that needs
+  at least as much memory -- a micro-batch as large or larger, checkpointing off where it was on, a
+  ZeRO stage as low or lower -- "deferred": proposed only after every other unproposed candidate.
+Pure: no I/O, no threads; the driver serialises calls.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from tuner.layout import Layout
+from tuner.trial import Status, TrialResult
+
+#: The dimensions a searcher chooses; dp follows from tp * pp * dp = GPUs.
+DIMS = ("tp", "pp", "micro_batch", "zero_stage", "activation_checkpointing")
+#: Failures that say "this does not fit in memory".
+MEMORY_FAILURES = frozenset({Status.OOM, Status.PRUNED})
+_DEFERRED_PENALTY = 1e6   # added to a deferred candidate's distance so that it comes after the rest
+
+
+@runtime_checkable
+class Searcher(Protocol):
+    name: str
+
+    def ask(self, n: int) -> list[Layout]: ...
+
+    def tell(self, layout: Layout, result: TrialResult) -> None: ...
+
+
+def objective(result: TrialResult) -> float | None:
+    """The value searchers maximise (fraction of peak), or None when the trial is a failure."""
+    if result.status == Status.OK and result.peak_fraction is not None:
+        return float(result.peak_fraction)
+    return None
+
+
+def needs_more_memory(a: Layout, b: Layout) -> bool:
+    """Whether `a` needs at least as much memory per GPU as `b` (same tp, pp, dp; a != b)."""
+    return (a != b and (a.tp, a.pp, a.dp) == (b.tp, b.pp, b.dp) and a.micro_batch >= b.micro_batch
+            and a.zero_stage <= b.zero_stage and a.activation_checkpointing <= b.activation_checkpointing)
+
+
+class BaseSearcher:
+    """Bookkeeping shared by all searchers. Subclasses implement `_propose` and may hook `_observe`.
+
+    `_propose(n)` returns candidate indices or raw proposals (dicts of DIMS values); `ask` maps each
+    raw or already-used proposal to the nearest unused candidate, drops duplicates and fills up to n
+    from a seeded fallback order, non-deferred candidates first.
+    """
+
+    name = "base"
+
+    def __init__(self, candidates: list[Layout], *, seed: int = 0, **_ignored):
+        self.seed = int(seed)
+        self.candidates: list[Layout] = sorted(set(candidates))
+        self.index = {lay: i for i, lay in enumerate(self.candidates)}
+        n = len(self.candidates)
+        # choices per dimension, from the candidates themselves
+        self.choices = {d: sorted({getattr(c, d) for c in self.candidates}) for d in DIMS}
+        self.X = np.array([self.encode(c.as_dict()) for c in self.candidates]).reshape(n, len(DIMS))
+        self.used = np.zeros(n, dtype=bool)        # asked or told
+        self.deferred = np.zeros(n, dtype=bool)    # dominated by a memory failure
+        self.told: dict[Layout, TrialResult] = {}
+        self.asked: set[Layout] = set()
+        self.failures: list[tuple[Layout, Status]] = []
+        self._groups: dict[tuple[int, int, int], list[int]] = {}
+        for i, c in enumerate(self.candidates):
+            self._groups.setdefault((c.tp, c.pp, c.dp), []).append(i)
+        self._by_dims = {tuple(getattr(c, d) for d in DIMS): i for i, c in enumerate(self.candidates)}
+        self._fallback = np.random.default_rng([self.seed, 7]).permutation(n)
+
+    # ---- encoding -------------------------------------------------------------------------------
+    def encode(self, values: dict) -> list[float]:
+        """A point in [0, 1]^5: log2 of tp, pp and micro-batch over their ranges, ZeRO stage, ckpt."""
+        out = []
+        for d in DIMS:
+            v, ch = float(values[d]), self.choices.get(d) or [values[d]]
+            if d in ("tp", "pp", "micro_batch"):
+                lo, hi = np.log2(max(ch[0], 1)), np.log2(max(ch[-1], 1))
+                out.append((np.log2(max(v, 1)) - lo) / (hi - lo) if hi > lo else 0.0)
+            else:
+                lo, hi = float(ch[0]), float(ch[-1])
+                out.append((v - lo) / (hi - lo) if hi > lo else 0.0)
+        return out
+
+    # ---- the protocol ---------------------------------------------------------------------------
+    @property
+    def remaining(self) -> int:
+        return int((~self.used).sum())
+
+    def ask(self, n: int) -> list[Layout]:
+        n = min(int(n), self.remaining)
+        if n <= 0:
+            return []
+        out: list[int] = []
+        for p in self._propose(n)[:n]:
+            i = self._resolve(p)
+            if i is not None:
+                self.used[i] = True
+                out.append(i)
+        if len(out) < n:
+            for i in self._priority(self._fallback):
+                if len(out) == n:
+                    break
+                self.used[i] = True
+                out.append(int(i))
+        layouts = [self.candidates[i] for i in out]
+        self.asked.update(layouts)
+        return layouts
+
+    def tell(self, layout: Layout, result: TrialResult) -> None:
+        if not result.status.finished:
+            raise ValueError(f"tell() takes a finished result; {layout.key()} is {result.status} "
+                             "(the driver runs interrupted trials again and tells their new result)")
+        first = layout not in self.told
+        self.told[layout] = result
+        i = self.index.get(layout)
+        if i is not None:
+            self.used[i] = True
+        if objective(result) is None and first:
+            self.failures.append((layout, result.status))
+            if result.status in MEMORY_FAILURES:
+                for j in self._groups.get((layout.tp, layout.pp, layout.dp), ()):
+                    if needs_more_memory(self.candidates[j], layout):
+                        self.deferred[j] = True
+        if first:
+            self._observe(layout, result, asked=layout in self.asked)
+
+    # ---- hooks ----------------------------------------------------------------------------------
+    def _propose(self, n: int) -> list:
+        return []
+
+    def _observe(self, layout: Layout, result: TrialResult, asked: bool) -> None:
+        pass
+
+    # ---- helpers for subclasses -----------------------------------------------------------------
+    def _priority(self, order: np.ndarray) -> list[int]:
+        """The unused indices of `order`, non-deferred first, each tier in `order`'s order."""
+        order = order[~self.used[order]]
+        late = self.deferred[order]
+        return [int(i) for i in order[~late]] + [int(i) for i in order[late]]
+
+    def _resolve(self, p) -> int | None:
+        """An unused candidate index for proposal `p` (an index or a dict of DIMS values)."""
+        if self.remaining == 0:
+            return None
+        if isinstance(p, (int, np.integer)):
+            i, values = int(p), self.candidates[int(p)].as_dict()
+        else:
+            values = p
+            i = self._by_dims.get(tuple(values[d] for d in DIMS))
+        if i is not None and not self.used[i] and (not self.deferred[i] or self.deferred[~self.used].all()):
+            return i
+        return self.nearest(values)
+
+    def nearest(self, values: dict) -> int | None:
+        """The unused candidate closest to `values` (non-deferred first; ties to the lowest index)."""
+        free = np.flatnonzero(~self.used)
+        if free.size == 0:
+            return None
+        d = ((self.X[free] - np.asarray(self.encode(values))) ** 2).sum(axis=1)
+        d = d + _DEFERRED_PENALTY * self.deferred[free]
+        return int(free[int(np.argmin(d))])
+
+
+class OrderedSearcher(BaseSearcher):
+    """Proposes candidates in a fixed order (a permutation of indices), deferred ones last.
+
+    The next proposals depend only on the seed and the set of used candidates, so a process that
+    replays the same tells proposes the same layouts.
+    """
+
+    def __init__(self, candidates: list[Layout], order: np.ndarray, **kw):
+        super().__init__(candidates, **kw)
+        self.order = np.asarray(order, dtype=int)
+        self._start = 0   # every entry before it is used
+
+    def _propose(self, n: int) -> list:
+        while self._start < len(self.order) and self.used[self.order[self._start]]:
+            self._start += 1
+        out: list[int] = []
+        rest = self.order[self._start:]
+        for i in rest[~self.used[rest] & ~self.deferred[rest]]:
+            if len(out) == n:
+                return out
+            out.append(int(i))
+        for i in rest[~self.used[rest] & self.deferred[rest]]:
+            if len(out) == n:
+                break
+            out.append(int(i))
+        return out
