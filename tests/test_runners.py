@@ -1,0 +1,299 @@
+"""The runner contract, run against every runner, and the command runner's protocol in detail.
+
+No mocks: the command runner starts the real scripts in tests/fixtures, the local runner real
+DeepSpeed trials (marked slow). Orphans are checked with psutil.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tuner.layout import Layout
+from tuner.runners import make_runner
+from tuner.specs import load_cluster, make_workload
+from tuner.trial import Status, TrialResult, TrialSpec
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PY = sys.executable
+
+
+def fixture_cmd(name: str, *args: str) -> str:
+    return " ".join([PY, str(FIXTURES / name), *args])
+
+
+def workload(gpus: int = 2, model: str = "tiny"):
+    cluster = dataclasses.replace(load_cluster("frontier"), name="test", gpus_per_node=gpus)
+    return make_workload(model, nodes=1, cluster=cluster)
+
+
+def spec(study: str = "s", number: int = 0, trial_dir: Path | None = None, gpus: int = 2,
+         model: str = "tiny", **layout) -> TrialSpec:
+    lay = Layout(**{"tp": 1, "pp": 1, "dp": gpus, "micro_batch": 2, **layout})
+    return TrialSpec(study, number, lay, workload(gpus, model), trial_dir)
+
+
+def no_orphans(pids, wait: float = 5.0) -> list[int]:
+    """The pids still running (zombies excepted) after up to `wait` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+# --------------------------------------------------------------------------------------------
+# The contract: every runner
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Case:
+    """How to drive one runner through the contract: a runner factory and trials for each outcome."""
+    make: object            # (tmp_path, timeout | None) -> runner
+    ok: TrialSpec
+    bad: TrialSpec          # a trial that fails (any failure status)
+    slow: TrialSpec | None  # a trial that runs long: times out under a short timeout, cancel() stops it
+    timeout: float | None   # the short timeout, None when the runner has none
+    slow_make: object = None
+
+
+def sim_case() -> Case:
+    return Case(make=lambda tmp, timeout: make_runner("sim"),
+                ok=spec(), bad=spec(model="gpt-175b", gpus=2, micro_batch=8),
+                slow=spec(), timeout=None,
+                slow_make=lambda tmp, timeout: make_runner("sim", delay=30))
+
+
+def command_case() -> Case:
+    return Case(make=lambda tmp, timeout: make_runner("command", command=fixture_cmd("fake_trainer.py"),
+                                                      trial_timeout=timeout, results_dir=tmp, kill_grace=1.0),
+                ok=spec("contract-ok"), bad=spec("contract-fail"), slow=spec("contract-hang"), timeout=1.5)
+
+
+def local_case() -> Case:
+    def make(tmp, timeout):
+        return make_runner("local", gpus=2, trial_timeout=timeout, results_dir=tmp, steps=2, warmup=1)
+    return Case(make=make, ok=spec("local-ok"), bad=spec("local-bad", tp=2, dp=2),
+                slow=spec("local-slow"), timeout=2.0)
+
+
+CASES = {"sim": sim_case, "command": command_case,
+         "local": pytest.param(local_case, marks=[pytest.mark.slow, pytest.mark.timeout(900)])}
+
+
+def _local_available() -> None:
+    try:
+        import deepspeed  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(f"the local runner needs pip install 'tuner[deepspeed]': {exc}")
+
+
+@pytest.fixture(params=list(CASES.values()), ids=list(CASES))
+def case(request) -> Case:
+    if request.node.callspec.id == "local":
+        _local_available()
+    return request.param()
+
+
+class TestRunnerContract:
+    def test_success(self, case, tmp_path):
+        runner = case.make(tmp_path, None)
+        r = runner.run(case.ok)
+        assert isinstance(r, TrialResult)
+        assert r.status == Status.OK, r.message
+        assert r.tflops_per_gpu > 0 and 0 < r.peak_fraction
+        assert r.objective == r.peak_fraction
+        assert isinstance(runner.measured, bool) and runner.name
+
+    def test_failure_is_a_result(self, case, tmp_path):
+        r = case.make(tmp_path, None).run(case.bad)
+        assert isinstance(r, TrialResult)
+        assert r.status in (Status.FAILED, Status.OOM), r
+        assert r.message and r.objective is None
+
+    def test_timeout_is_a_result(self, case, tmp_path):
+        if case.timeout is None:
+            pytest.skip("this runner has no trial timeout (the simulator predicts instantly)")
+        t0 = time.monotonic()
+        r = case.make(tmp_path, case.timeout).run(case.slow)
+        assert r.status == Status.TIMEOUT, r
+        assert "trial-timeout" in r.message
+        assert time.monotonic() - t0 < case.timeout + 15
+
+    def test_cancel_interrupts_live_runs(self, case, tmp_path):
+        runner = (case.slow_make or case.make)(tmp_path, None)
+        out = []
+        t = threading.Thread(target=lambda: out.append(runner.run(case.slow)))
+        t.start()
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        runner.cancel()
+        t.join(30)
+        assert not t.is_alive(), "run() did not return after cancel()"
+        assert out[0].status == Status.INTERRUPTED, out[0]
+        assert time.monotonic() - t0 < 15
+        assert runner.run(case.ok).status == Status.INTERRUPTED   # cancelled runners start nothing
+
+
+# --------------------------------------------------------------------------------------------
+# The command runner's protocol
+# --------------------------------------------------------------------------------------------
+
+def command(tmp_path, cmd: str, **kw):
+    return make_runner("command", command=cmd, results_dir=tmp_path, kill_grace=1.0, **kw)
+
+
+def test_trial_dir_json_env_and_logs(tmp_path):
+    r = command(tmp_path, fixture_cmd("fake_trainer.py")).run(spec("st", 7, zero_stage=0,
+                                                                    activation_checkpointing=False))
+    d = tmp_path / "trials" / "st" / "7"
+    assert r.status == Status.OK and r.log_path == str(d.resolve())
+    assert r.tflops_per_gpu == 52.0 and r.samples_per_second == 12.5 and r.peak_memory_gb == 7.5
+    assert r.peak_fraction == pytest.approx(52.0 / load_cluster("frontier").peak_tflops)
+    trial = json.loads((d / "trial.json").read_text())
+    assert trial == spec("st", 7, zero_stage=0, activation_checkpointing=False).as_json()
+    assert set(trial) == {"study", "trial", "layout", "model", "cluster", "nodes", "gpus", "global_batch"}
+    assert set(trial["layout"]) == {"tp", "pp", "dp", "micro_batch", "zero_stage", "activation_checkpointing"}
+    env = json.loads((d / "env.json").read_text())
+    assert env["TUNER_TRIAL_JSON"] == str(d.resolve() / "trial.json")
+    assert env["TUNER_RESULT_JSON"] == str(d.resolve() / "result.json")
+    assert env["TUNER_TRIAL_DIR"] == str(d.resolve())
+    assert {k: env[k] for k in ("TUNER_TP", "TUNER_PP", "TUNER_DP", "TUNER_MICRO_BATCH", "TUNER_ZERO_STAGE",
+                                "TUNER_ACTIVATION_CHECKPOINTING", "TUNER_GLOBAL_BATCH", "TUNER_NODES",
+                                "TUNER_GPUS")} == {
+        "TUNER_TP": "1", "TUNER_PP": "1", "TUNER_DP": "2", "TUNER_MICRO_BATCH": "2", "TUNER_ZERO_STAGE": "0",
+        "TUNER_ACTIVATION_CHECKPOINTING": "0", "TUNER_GLOBAL_BATCH": "16", "TUNER_NODES": "1", "TUNER_GPUS": "2"}
+    assert float(env["TUNER_PEAK_TFLOPS"]) == load_cluster("frontier").peak_tflops
+    assert (d / "cwd.txt").read_text() == str(d.resolve())
+    assert "trial 7 layout" in (d / "stdout.log").read_text()
+    assert (d / "stderr.log").exists()
+
+
+def test_driver_trial_dir_and_user_env(tmp_path):
+    d = tmp_path / "elsewhere" / "3"
+    r = command(tmp_path, fixture_cmd("fake_trainer.py"), env={"FAKE_STEPS": 5}).run(spec(trial_dir=d))
+    assert r.status == Status.OK and r.log_path == str(d)
+    assert len((d / "progress.jsonl").read_text().splitlines()) == 5
+
+
+def test_stale_result_of_a_resumed_trial_is_not_read(tmp_path):
+    d = tmp_path / "trials" / "s" / "0"
+    d.mkdir(parents=True)
+    (d / "result.json").write_text('{"status": "ok", "tflops_per_gpu": 1}')
+    r = command(tmp_path, fixture_cmd("exit_nonzero.py")).run(spec())
+    assert r.status == Status.FAILED
+
+
+@pytest.mark.parametrize("args,status,words", [
+    ((), Status.FAILED, ["exit status 3", "the model exploded"]),
+    (("--oom",), Status.OOM, ["CUDA out of memory"]),
+    (("--signal",), Status.FAILED, ["killed by SIGKILL"]),
+])
+def test_exit_without_result(tmp_path, args, status, words):
+    r = command(tmp_path, fixture_cmd("exit_nonzero.py", *args)).run(spec())
+    assert r.status == status, r
+    for w in words:
+        assert w in r.message
+
+
+def test_missing_command_is_failed_with_reason(tmp_path):
+    r = command(tmp_path, "no-such-trainer-xyz --flag").run(spec())
+    assert r.status == Status.FAILED
+    assert "command not found: 'no-such-trainer-xyz'" in r.message and "PATH" in r.message
+
+
+def test_exit_zero_without_result(tmp_path):
+    r = command(tmp_path, "true").run(spec())
+    assert r.status == Status.FAILED and "TUNER_RESULT_JSON" in r.message
+
+
+@pytest.mark.parametrize("args,words", [((), "not valid JSON"), (("--no-status",), "has no 'status'")])
+def test_bad_result_file_is_failed_naming_it(tmp_path, args, words):
+    r = command(tmp_path, fixture_cmd("bad_json.py", *args)).run(spec())
+    assert r.status == Status.FAILED
+    assert words in r.message and str(tmp_path / "trials" / "s" / "0" / "result.json") in r.message
+
+
+def test_no_shell(tmp_path):
+    marker = tmp_path / "injected"
+    r = command(tmp_path, f"echo hi; touch {marker}").run(spec())
+    assert not marker.exists()
+    assert r.status == Status.FAILED        # echo ran with the literal arguments and wrote no result
+    r = command(tmp_path, f"bash -c 'touch {marker}'").run(spec())   # a shell only when asked for
+    assert marker.exists()
+
+
+def test_timeout_kills_the_whole_tree(tmp_path):
+    runner = command(tmp_path, fixture_cmd("spawn_child_hang.py"), trial_timeout=2.0)
+    r = runner.run(spec())
+    assert r.status == Status.TIMEOUT
+    pids = json.loads((tmp_path / "trials" / "s" / "0" / "pids.json").read_text())
+    assert no_orphans(pids.values()) == [], f"orphans left: {pids}"
+
+
+def test_sigterm_ignored_escalates_to_sigkill(tmp_path):
+    t0 = time.monotonic()
+    r = command(tmp_path, fixture_cmd("hang.py", "--ignore-term"), trial_timeout=1.0).run(spec())
+    assert r.status == Status.TIMEOUT and time.monotonic() - t0 < 6
+
+
+def test_concurrent_runs_and_cancel(tmp_path):
+    runner = command(tmp_path, fixture_cmd("spawn_child_hang.py"))
+    out = {}
+    threads = [threading.Thread(target=lambda i=i: out.setdefault(i, runner.run(spec(number=i))))
+               for i in range(3)]
+    for t in threads:
+        t.start()
+    dirs = [tmp_path / "trials" / "s" / str(i) for i in range(3)]
+    deadline = time.monotonic() + 20
+    while not all((d / "pids.json").exists() for d in dirs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    runner.cancel()
+    for t in threads:
+        t.join(20)
+    assert [out[i].status for i in range(3)] == [Status.INTERRUPTED] * 3
+    pids = [p for d in dirs for p in json.loads((d / "pids.json").read_text()).values()]
+    assert no_orphans(pids) == []
+
+
+def test_early_stop_hook(tmp_path):
+    seen = []
+
+    def stop(progress):
+        seen.append(len(progress))
+        return len(progress) >= 2
+
+    runner = command(tmp_path, fixture_cmd("fake_trainer.py"), env={"FAKE_STEPS": 50, "FAKE_STEP_SECONDS": 0.2},
+                     early_stop=stop, poll_interval=0.1)
+    r = runner.run(spec())
+    assert r.status == Status.STOPPED and seen and seen[-1] >= 2
+
+
+def test_study_name_cannot_escape_results(tmp_path):
+    r = command(tmp_path, fixture_cmd("fake_trainer.py")).run(spec("../../etc"))
+    assert r.status == Status.FAILED and "outside" in r.message
+    assert not (tmp_path.parent.parent / "etc" / "0").exists()
+
+
+def test_bad_options_are_usage_errors(tmp_path):
+    from tuner.errors import UsageError
+    with pytest.raises(UsageError, match="--command"):
+        make_runner("command", command="  ")
+    with pytest.raises(UsageError, match="--trial-timeout"):
+        make_runner("command", command="true", trial_timeout=0)

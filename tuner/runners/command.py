@@ -1,0 +1,345 @@
+"""The command runner: any user training command, driven through a small file-and-environment protocol.
+
+For each trial the runner creates the trial directory (results/trials/<study>/<number>/), writes
+`trial.json` (TrialSpec.as_json) and runs the command there as an argv list (shlex-split, never
+through a shell unless the command itself is `bash -c ...`) in a new session, so the whole process
+group can be killed. The command reads TUNER_* environment variables or trial.json and writes its
+result JSON to $TUNER_RESULT_JSON:
+
+    {"status": "ok" | "oom" | "failed", "tflops_per_gpu": .., "samples_per_second": ..,
+     "peak_memory_gb": .., "peak_fraction": .. (optional), "message": ".."}
+
+Outcomes: a valid result -> its status; past `trial_timeout` -> SIGTERM, then SIGKILL to the process
+group and every descendant seen -> timeout; `cancel()` -> interrupted; `early_stop(progress)` true
+-> stopped; no result -> oom if stderr shows an out-of-memory marker, else failed with the exit
+status or signal and the stderr tail. `run` never raises for a trial's own failure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import psutil
+
+from tuner.errors import UsageError
+from tuner.trial import Status, TrialResult, TrialSpec, failed
+
+RESULT_STATUSES = {"ok": Status.OK, "oom": Status.OOM, "failed": Status.FAILED}
+NUMBER_FIELDS = ("tflops_per_gpu", "peak_fraction", "samples_per_second", "peak_memory_gb")
+OOM_MARKERS = ("out of memory", "outofmemoryerror", "can't allocate memory", "cannot allocate memory",
+               "std::bad_alloc", "memoryerror")
+# Failures of the launcher, not of the layout: worth one more try (issue 8).
+RETRY_MARKERS = ("address already in use", "eaddrinuse", "rendezvous", "connection refused")
+TAIL_BYTES = 2000
+
+EarlyStop = Callable[[list], bool]
+
+
+def trial_env(trial: TrialSpec, result_path: Path) -> dict[str, str]:
+    """The TUNER_* variables a trial command receives (README, "Command runner")."""
+    lay, w = trial.layout, trial.workload
+    trial_dir = result_path.parent
+    return {
+        "TUNER_TRIAL_JSON": str(trial_dir / "trial.json"), "TUNER_RESULT_JSON": str(result_path),
+        "TUNER_TRIAL_DIR": str(trial_dir), "TUNER_STUDY": trial.study, "TUNER_TRIAL": str(trial.number),
+        "TUNER_TP": str(lay.tp), "TUNER_PP": str(lay.pp), "TUNER_DP": str(lay.dp),
+        "TUNER_MICRO_BATCH": str(lay.micro_batch), "TUNER_ZERO_STAGE": str(lay.zero_stage),
+        "TUNER_ACTIVATION_CHECKPOINTING": "1" if lay.activation_checkpointing else "0",
+        "TUNER_GLOBAL_BATCH": str(w.global_batch), "TUNER_NODES": str(w.nodes), "TUNER_GPUS": str(w.gpus),
+        "TUNER_PEAK_TFLOPS": repr(float(w.cluster.peak_tflops)),
+    }
+
+
+def tail(path: Path, n: int = TAIL_BYTES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - n))
+            return f.read().decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def parse_result(path: Path, peak_tflops: float) -> TrialResult:
+    """Read a result JSON; anything malformed is a failed result that names the file and the fix."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        return failed(f"result file {path} is not valid JSON ({exc}); the command must write a JSON "
+                      "object with a 'status' of ok, oom or failed")
+    except (OSError, UnicodeDecodeError) as exc:
+        return failed(f"result file {path} cannot be read: {exc}")
+    if not isinstance(data, dict) or "status" not in data:
+        return failed(f"result file {path} has no 'status'; the command must write a JSON object "
+                      "with a 'status' of ok, oom or failed")
+    status = RESULT_STATUSES.get(str(data["status"]).lower())
+    if status is None:
+        return failed(f"result file {path}: status {data['status']!r} is not one of ok, oom, failed")
+    values = {}
+    for key in NUMBER_FIELDS:
+        v = data.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            return failed(f"result file {path}: '{key}' must be a finite number >= 0, got {v!r}")
+        values[key] = float(v)
+    if status == Status.OK and not values.get("tflops_per_gpu"):
+        return failed(f"result file {path}: status ok needs 'tflops_per_gpu' > 0 (the searchers maximise "
+                      "tflops_per_gpu / cluster peak)")
+    if values.get("tflops_per_gpu") and "peak_fraction" not in values and peak_tflops > 0:
+        values["peak_fraction"] = values["tflops_per_gpu"] / peak_tflops
+    return TrialResult(status, message=str(data.get("message") or "")[-2000:], **values)
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+class _Run:
+    """One live trial: its process, and every descendant seen, for killing the lot."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.seen: dict[int, psutil.Process] = {}
+        self.reason: Status | None = None   # why we killed it (TIMEOUT, INTERRUPTED, STOPPED)
+        self.lock = threading.Lock()
+        self.track()
+
+    def track(self) -> None:
+        """Remember descendants now, so ones that leave the process group (torchrun's workers call
+        setsid) or are orphaned when their parent dies are still killed."""
+        try:
+            kids = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return
+        with self.lock:
+            for k in kids:
+                self.seen.setdefault(k.pid, k)
+
+    def signal_all(self, sig: int) -> None:
+        self.track()
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        with self.lock:
+            procs = list(self.seen.values())
+        for p in procs:
+            try:
+                p.send_signal(sig)   # psutil checks the pid was not reused
+            except psutil.Error:
+                pass
+
+    def alive(self) -> list[psutil.Process]:
+        with self.lock:
+            procs = list(self.seen.values())
+        out = []
+        for p in procs:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+            except psutil.Error:
+                pass
+        return out
+
+    def kill(self, reason: Status | None, grace: float) -> None:
+        """SIGTERM everything, wait up to `grace` seconds, then SIGKILL what is left."""
+        if reason is not None and self.reason is None:
+            self.reason = reason
+        self.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None and not self.alive():
+                break
+            time.sleep(0.05)
+        self.signal_all(signal.SIGKILL)
+
+
+class CommandRunner:
+    """Runs `command` once per trial; see the module docstring for the protocol."""
+
+    name = "command"
+    measured = True
+
+    def __init__(self, command: str | Sequence[str], trial_timeout: float | None = None,
+                 results_dir: Path | str = Path("results"), env: dict[str, str] | None = None,
+                 early_stop: EarlyStop | None = None, kill_grace: float = 5.0, poll_interval: float = 0.5):
+        argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+        if not argv:
+            raise UsageError("the command runner needs a command: --command \"python train.py\"")
+        if trial_timeout is not None and trial_timeout <= 0:
+            raise UsageError(f"--trial-timeout must be > 0 seconds (got {trial_timeout})")
+        self.argv, self.trial_timeout, self.results_dir = argv, trial_timeout, Path(results_dir)
+        self.env = {str(k): str(v) for k, v in (env or {}).items()}
+        self.early_stop, self.kill_grace, self.poll_interval = early_stop, kill_grace, poll_interval
+        self._live: set[_Run] = set()
+        self._lock = threading.Lock()
+        self._cancelled = threading.Event()
+
+    # -- the protocol -------------------------------------------------------------------------
+    def trial_dir(self, trial: TrialSpec) -> Path:
+        if trial.trial_dir is not None:
+            return Path(trial.trial_dir)
+        base = (self.results_dir / "trials").resolve()
+        d = (base / trial.study / str(trial.number)).resolve()
+        if base not in d.parents or not trial.study or trial.study.startswith("."):
+            raise UsageError(f"study name {trial.study!r} would put its trials outside {base}; "
+                             "use letters, digits, '-', '_' and '.'")
+        return d
+
+    def run(self, trial: TrialSpec, argv: Sequence[str] | None = None,
+            extra_env: dict[str, str] | None = None, timeout: float | None = None) -> TrialResult:
+        """Run one trial. `argv`, `extra_env` and `timeout` let a wrapping runner (local) adapt the
+        command; users leave them unset."""
+        try:
+            d = self.trial_dir(trial)
+        except UsageError as exc:
+            return failed(str(exc))
+        result = self._run(trial, d, list(argv or self.argv), extra_env or {},
+                           self.trial_timeout if timeout is None else timeout)
+        result.log_path = str(d)
+        return result
+
+    def cancel(self) -> None:
+        """Kill every live trial (its whole process group); those runs return INTERRUPTED, and so
+        does every later call to run."""
+        self._cancelled.set()
+        with self._lock:
+            live = list(self._live)
+        threads = [threading.Thread(target=r.kill, args=(Status.INTERRUPTED, self.kill_grace)) for r in live]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    # -- the work -----------------------------------------------------------------------------
+    def _run(self, trial: TrialSpec, d: Path, argv: list[str], extra_env: dict[str, str],
+             timeout: float | None) -> TrialResult:
+        if self._cancelled.is_set():
+            return TrialResult(Status.INTERRUPTED, message="cancelled before it started")
+        result_path = d / "result.json"
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            for stale in ("result.json", "progress.jsonl"):   # a resumed trial must not read old files
+                (d / stale).unlink(missing_ok=True)
+            (d / "trial.json").write_text(json.dumps(trial.as_json(), indent=2) + "\n")
+        except OSError as exc:
+            return failed(f"cannot prepare trial directory {d}: {exc.strerror or exc}; check that "
+                          "--results-dir is writable")
+        env = {**os.environ, **self.env, **extra_env, **trial_env(trial, result_path)}
+        stdout_path, stderr_path = d / "stdout.log", d / "stderr.log"
+        try:
+            with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+                proc = subprocess.Popen(argv, cwd=d, env=env, stdout=out, stderr=err,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        except FileNotFoundError:
+            return failed(f"command not found: {argv[0]!r}; check --command and PATH "
+                          "(the command runs without a shell)")
+        except PermissionError:
+            return failed(f"command {argv[0]!r} is not executable: chmod +x it or run it through its "
+                          "interpreter (python script.py)")
+        except OSError as exc:
+            return failed(f"cannot start {argv[0]!r}: {exc.strerror or exc}")
+        run = _Run(proc)
+        with self._lock:
+            self._live.add(run)
+        try:
+            if self._cancelled.is_set():        # cancel() ran between the check above and add()
+                run.kill(Status.INTERRUPTED, self.kill_grace)
+            started = time.monotonic()
+            self._wait(run, d, started, timeout)
+            elapsed = time.monotonic() - started
+        finally:
+            run.kill(None, min(self.kill_grace, 1.0))   # reap stragglers left behind by the command
+            proc.wait()
+            with self._lock:
+                self._live.discard(run)
+        return self._classify(trial, run, result_path, stderr_path, elapsed, timeout)
+
+    def _wait(self, run: _Run, d: Path, started: float, timeout: float | None) -> None:
+        progress, offset = [], 0
+        while True:
+            try:
+                run.proc.wait(self.poll_interval)
+                return
+            except subprocess.TimeoutExpired:
+                pass
+            if run.reason is not None:          # cancel() is killing it
+                continue
+            run.track()
+            if timeout is not None and time.monotonic() - started > timeout:
+                run.kill(Status.TIMEOUT, self.kill_grace)
+            elif self.early_stop is not None:
+                offset = _read_progress(d / "progress.jsonl", offset, progress)
+                if progress and _ask(self.early_stop, progress):
+                    run.kill(Status.STOPPED, self.kill_grace)
+
+    def _classify(self, trial: TrialSpec, run: _Run, result_path: Path, stderr_path: Path,
+                  elapsed: float, timeout: float | None) -> TrialResult:
+        rc = run.proc.returncode
+        peak = trial.workload.cluster.peak_tflops
+        if run.reason == Status.INTERRUPTED:
+            return TrialResult(Status.INTERRUPTED, message="cancelled: the driver stopped while it ran")
+        if run.reason == Status.STOPPED:
+            return TrialResult(Status.STOPPED, message=f"stopped early after {elapsed:.1f}s: clearly worse "
+                               "than the best so far")
+        if run.reason == Status.TIMEOUT:
+            if result_path.exists():
+                r = parse_result(result_path, peak)
+                if r.status != Status.FAILED:
+                    r.message = (r.message + "; " if r.message else "") + "hung after writing its result: killed"
+                    return r
+            return TrialResult(Status.TIMEOUT, message=f"ran past --trial-timeout {timeout:g}s: killed its "
+                               f"process group; raise --trial-timeout if the layout is just slow. stderr tail: "
+                               f"{tail(stderr_path, 500)}"[-2000:])
+        if result_path.exists():
+            r = parse_result(result_path, peak)
+            if rc != 0 and r.status == Status.OK:
+                r.message = (r.message + "; " if r.message else "") + f"exit status {rc} after writing the result"
+            return r
+        err = tail(stderr_path)
+        if any(m in err.lower() for m in OOM_MARKERS):
+            return failed(f"out of memory (exit status {rc}, no result): {err}", status=Status.OOM)
+        if rc < 0:
+            return failed(f"killed by {_signal_name(-rc)} (no result written); stderr tail: {err}")
+        if rc == 0:
+            return failed(f"exited 0 but wrote no result to {result_path}: the command must write its result "
+                          "JSON to $TUNER_RESULT_JSON. stderr tail: " + err)
+        retry = any(m in err.lower() for m in RETRY_MARKERS)
+        return failed(f"exit status {rc} (no result written); stderr tail: {err}", retryable=retry)
+
+
+def _read_progress(path: Path, offset: int, records: list) -> int:
+    """Append the complete new lines of progress.jsonl to `records`; return the new offset."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+    except OSError:
+        return offset
+    end = chunk.rfind(b"\n") + 1
+    for line in chunk[:end].splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return offset + end
+
+
+def _ask(early_stop: EarlyStop, progress: list) -> bool:
+    try:
+        return bool(early_stop(list(progress)))
+    except Exception:     # a searcher's bug must not kill a healthy trial; the driver will see it on tell
+        return False
