@@ -1,0 +1,172 @@
+"""Megatron-DeepSpeed's `pretrain_gpt.py`: its arguments from a layout, and its iteration log parsed. Pure.
+
+`pretrain_args` and `deepspeed_config` come from the same layout, so the micro-batch Megatron uses and
+the one DeepSpeed is told about cannot disagree (the Frontier study's micro-batch-4-vs-1 bug, which
+made one log print 149 TFLOPs). `parse_log` still cross-checks the TFLOPs a log prints against the
+samples the run really processed, for logs of runs tuner did not launch.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass
+
+from tuner.layout import Layout
+from tuner.perfmodel.flops import megatron_flops
+from tuner.specs import ModelSpec, Workload
+
+PRECISIONS = ("fp16", "bf16")
+MISMATCH_TOLERANCE = 0.10
+
+
+def deepspeed_config(layout: Layout, workload: Workload, *, precision: str = "bf16") -> dict:
+    """The DeepSpeed config (ds_config.json) for one trial: batch sizes, ZeRO stage, precision."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    gb = workload.global_batch
+    return {
+        "train_batch_size": gb,
+        "train_micro_batch_size_per_gpu": layout.micro_batch,
+        "gradient_accumulation_steps": gb // (layout.micro_batch * layout.dp),
+        "steps_per_print": 1,
+        "gradient_clipping": 1.0,
+        "prescale_gradients": False,
+        "zero_optimization": {"stage": layout.zero_stage},
+        # Dynamic loss scaling for fp16, as the study ran it.
+        "fp16": {"enabled": precision == "fp16", "loss_scale": 0, "loss_scale_window": 500,
+                 "hysteresis": 2, "min_loss_scale": 1, "initial_scale_power": 12},
+        "bf16": {"enabled": precision == "bf16"},
+        "wall_clock_breakdown": False,
+    }
+
+
+def pretrain_args(layout: Layout, workload: Workload, *, deepspeed_config_path: str = "ds_config.json",
+                  precision: str = "bf16", iterations: int = 10, extra: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """The argv (after `pretrain_gpt.py`) for one trial. `extra` (data paths, tokenizer files) is appended."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    m = workload.model
+    args = [
+        "--tensor-model-parallel-size", str(layout.tp),
+        "--pipeline-model-parallel-size", str(layout.pp),
+        "--num-layers", str(m.num_layers),
+        "--hidden-size", str(m.hidden_size),
+        "--ffn-hidden-size", str(m.ffn_hidden_size),
+        "--num-attention-heads", str(m.num_attention_heads),
+        "--seq-length", str(m.seq_length),
+        "--max-position-embeddings", str(m.seq_length),
+        "--micro-batch-size", str(layout.micro_batch),
+        "--global-batch-size", str(workload.global_batch),
+        "--train-iters", str(iterations),
+        "--log-interval", "1",
+        "--eval-iters", "0",
+        "--lr", "1.0e-4",
+        "--min-lr", "1.0e-5",
+        "--lr-decay-style", "cosine",
+        "--weight-decay", "0.1",
+        "--adam-beta1", "0.9",
+        "--adam-beta2", "0.95",
+        "--clip-grad", "1.0",
+        "--init-method-std", "0.006",
+        f"--{precision}",
+    ]
+    if layout.activation_checkpointing:
+        args += ["--checkpoint-activations", "--deepspeed-activation-checkpointing"]
+    args += ["--deepspeed", "--deepspeed_config", deepspeed_config_path, "--zero-stage", str(layout.zero_stage)]
+    if layout.pp == 1:
+        args.append("--no-pipeline-parallel")   # DeepSpeed's plain engine (ZeRO-2/3 need it)
+    return args + [str(a) for a in extra]
+
+
+# ---------------------------------------------------------------------------------------------- log
+
+_ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)$")
+_MAX_ALLOC = re.compile(r"max allocated:\s*([0-9.]+)")
+OOM_PATTERNS = ("out of memory", "outofmemoryerror", "hipErrorOutOfMemory".lower(), "cuda error: out of memory")
+
+
+@dataclass(frozen=True)
+class IterationLog:
+    """What a Megatron-DeepSpeed log says about its post-warm-up iterations (medians)."""
+
+    iterations: int                      # post-warm-up iterations the medians are over
+    time_ms: float                       # elapsed time per iteration
+    samples_per_second: float | None
+    tflops_logged: float | None          # what the log printed (per GPU)
+    tflops: float                        # recomputed from the samples processed and the measured time
+    samples_per_iteration: float
+    peak_memory_gb: float | None = None  # largest "max allocated" of any rank, if the log has it
+    mismatch: str | None = None          # why the logged TFLOPs (or batch) cannot be trusted, if so
+
+
+def _fields(rest: str) -> dict[str, float]:
+    out = {}
+    for part in rest.split("|"):
+        key, sep, value = part.rpartition(":")
+        if not sep:
+            continue
+        try:
+            out[key.strip().lower()] = float(value.strip())
+        except ValueError:
+            pass
+    return out
+
+
+def looks_oom(text: str) -> bool:
+    low = text.lower()
+    return any(p in low for p in OOM_PATTERNS)
+
+
+def parse_log(text: str, model: ModelSpec, gpus: int, *, recompute: bool, global_batch: int | None = None,
+              warmup: int = 1, tolerance: float = MISMATCH_TOLERANCE) -> IterationLog | None:
+    """Medians over iterations numbered > `warmup`; None when the log has no such iteration.
+
+    Samples processed per iteration come from the growth of "consumed samples" (what Megatron really
+    fed), else the logged "global batch size", else `global_batch`. TFLOPs are recomputed from them
+    with `megatron_flops`; a logged figure more than `tolerance` away is reported in `mismatch`.
+    """
+    rows: list[tuple[int, dict[str, float]]] = []
+    for line in text.splitlines():
+        m = _ITER.search(line)
+        if m:
+            rows.append((int(m.group(1)), _fields(m.group(3))))
+    if not rows:
+        return None
+    consumed = {i: f["consumed samples"] for i, f in rows if "consumed samples" in f}
+    post = [(i, f) for i, f in rows if i > warmup and "elapsed time per iteration (ms)" in f]
+    if not post:
+        return None
+
+    per_iter: list[float] = []
+    for i, f in post:
+        if i in consumed and (i - 1) in consumed:
+            per_iter.append(consumed[i] - consumed[i - 1])
+        elif "global batch size" in f:
+            per_iter.append(f["global batch size"])
+    if per_iter:
+        samples = statistics.median(per_iter)
+    elif global_batch is not None:
+        samples = float(global_batch)
+    else:
+        return None
+
+    time_ms = statistics.median(f["elapsed time per iteration (ms)"] for _, f in post)
+    sps = [f["samples per second"] for _, f in post if "samples per second" in f]
+    logged = [f[k] for _, f in post for k in ("tflops", "tflops per gpu") if k in f]
+    tflops = megatron_flops(model, samples, recompute) / (time_ms / 1e3 * gpus * 1e12) if samples else 0.0
+    tflops_logged = statistics.median(logged) if logged else None
+
+    problems = []
+    if global_batch is not None and samples and abs(samples - global_batch) > 0.5:
+        problems.append(f"processed {samples:g} samples per iteration but the layout's global batch is {global_batch}")
+    if tflops_logged is not None and tflops > 0 and abs(tflops_logged - tflops) / tflops > tolerance:
+        problems.append(f"logged {tflops_logged:.1f} TFLOPs but {samples:g} samples per {time_ms:.1f} ms on "
+                        f"{gpus} GPUs is {tflops:.1f} TFLOPs ({tflops_logged / tflops:.2f}x)")
+    peaks = [float(x) for x in _MAX_ALLOC.findall(text)]
+    return IterationLog(
+        iterations=len(post), time_ms=time_ms,
+        samples_per_second=statistics.median(sps) if sps else samples / (time_ms / 1e3),
+        tflops_logged=tflops_logged, tflops=tflops, samples_per_iteration=samples,
+        peak_memory_gb=max(peaks) / 1024 if peaks else None,   # Megatron reports MB
+        mismatch="; ".join(problems) or None)

@@ -1,0 +1,245 @@
+"""The sbatch script of one trial, rendered from the trial and the cluster's [slurm] table. Pure: no I/O.
+
+Security: every value that reaches the shell body is quoted with `shlex.quote`; values that reach
+`#SBATCH` directives (parsed by sbatch, not the shell) must match a plain character set, and no value
+may hold a newline there (a newline would end the comment and start a shell line). `setup` lines are
+the table author's own shell, copied verbatim.
+
+Templates:
+- `harness`: the bundled harness, `python -m tuner.runners.harness.train`, one rank per task;
+- `megatron`: Megatron-DeepSpeed's `pretrain_gpt.py` from `megatron_dir`, with a DeepSpeed config
+  written next to the script; the runner parses its log;
+- `command`: any argv (a command trial under srun), used by tests and for custom launchers.
+Every rank gets torch.distributed's env:// variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
+LOCAL_RANK) from Slurm's, and the command-runner protocol's TUNER_* variables.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+from tuner.errors import UsageError
+from tuner.runners import megatron
+from tuner.trial import TrialSpec
+
+TEMPLATES = ("harness", "megatron", "command")
+
+# key -> (accepted types, default, what it is); shown in errors and in `slurm_keys_help`.
+SLURM_KEYS: dict[str, tuple[tuple[type, ...], object, str]] = {
+    "account": ((str,), None, "#SBATCH --account"),
+    "partition": ((str,), None, "#SBATCH --partition"),
+    "qos": ((str,), None, "#SBATCH --qos"),
+    "time_limit": ((str, int), None, "#SBATCH --time: minutes or [D-]HH:MM:SS"),
+    "modules": ((list,), [], "`module load` each, in order"),
+    "env": ((dict,), {}, "variables exported before srun"),
+    "extra_sbatch": ((list,), [], "more #SBATCH lines, e.g. \"--exclusive\""),
+    "tasks_per_node": ((int,), None, "ranks per node (default: the cluster's gpus_per_node)"),
+    "gpus_per_node": ((int,), None, "--gpus-per-node (omit on CPU clusters)"),
+    "gpu_bind": ((str,), None, "srun --gpu-bind"),
+    "cpus_per_task": ((int,), None, "--cpus-per-task"),
+    "srun_args": ((list,), [], "more srun arguments"),
+    "setup": ((list,), [], "shell lines run before srun (verbatim)"),
+    "megatron_dir": ((str,), None, "Megatron-DeepSpeed checkout (template megatron)"),
+    "megatron_args": ((list,), [], "more pretrain_gpt.py arguments: data, tokenizer"),
+    "precision": ((str,), "bf16", "fp16 or bf16 (template megatron)"),
+    "iterations": ((int,), 10, "training iterations per trial (template megatron)"),
+    "master_port": ((int,), None, "rendezvous port (default 20000 + job id % 20000)"),
+}
+
+_PLAIN = re.compile(r"^[A-Za-z0-9_.,:@%+=/-]+$")          # safe inside an #SBATCH directive
+_TIME = re.compile(r"^(\d+|(\d+-)?\d{1,2}(:\d{2}){1,2})$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RANK_WRAPPER = ('export RANK="$SLURM_PROCID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_RANK="$SLURM_LOCALID"; '
+                 'exec "$@"')
+HARNESS_MODULE = "tuner.runners.harness.train"
+
+
+def slurm_keys_help() -> str:
+    return "; ".join(f"{k} ({desc})" for k, (_, _, desc) in SLURM_KEYS.items())
+
+
+def missing_table_message(cluster: str) -> str:
+    return (f"cluster '{cluster}' has no [slurm] table: add one to its TOML, e.g. [slurm] partition = \"batch\", "
+            f"account = \"abc123\", time_limit = \"00:30:00\", tasks_per_node = 8, gpus_per_node = 8; "
+            f"valid keys: {', '.join(SLURM_KEYS)}")
+
+
+def _fail(where: str, key: str, msg: str) -> UsageError:
+    return UsageError(f"{where}: slurm key '{key}' {msg}")
+
+
+def validate_slurm(table: dict | None, where: str = "[slurm]") -> dict:
+    """The [slurm] table with defaults filled in, or UsageError naming the bad key and the valid ones."""
+    if table is None:
+        raise UsageError(f"{where}: no [slurm] table; valid keys: {', '.join(SLURM_KEYS)}")
+    unknown = sorted(set(table) - set(SLURM_KEYS))
+    if unknown:
+        raise UsageError(f"{where}: unknown slurm key(s) {', '.join(unknown)}; valid keys: {', '.join(SLURM_KEYS)}")
+    out = {}
+    for key, (types, default, _) in SLURM_KEYS.items():
+        v = table.get(key, default)
+        if v is None:
+            out[key] = None
+            continue
+        if not isinstance(v, types) or isinstance(v, bool):
+            names = " or ".join(t.__name__ for t in types)
+            raise _fail(where, key, f"must be {names}, got {type(v).__name__} ({v!r})")
+        if isinstance(v, int) and v <= 0:
+            raise _fail(where, key, f"must be > 0, got {v}")
+        if isinstance(v, list):
+            if not all(isinstance(x, str) for x in v):
+                raise _fail(where, key, f"must be a list of strings, got {v!r}")
+            v = list(v)
+        if isinstance(v, str) and "\n" in v or isinstance(v, list) and any("\n" in x for x in v):
+            raise _fail(where, key, "must not contain a newline")
+        out[key] = v
+    for key in ("account", "partition", "qos", "gpu_bind"):
+        if out[key] is not None and not _PLAIN.match(out[key]):
+            raise _fail(where, key, f"has characters sbatch would misread: {out[key]!r}")
+    if out["time_limit"] is not None:
+        out["time_limit"] = str(out["time_limit"])
+        if not _TIME.match(out["time_limit"]):
+            raise _fail(where, "time_limit", f"must be minutes or [D-]HH:MM[:SS], got {out['time_limit']!r}")
+    env = {}
+    for name, value in out["env"].items():
+        if not _ENV_NAME.match(name):
+            raise _fail(where, "env", f"has a name that is not a shell variable: {name!r}")
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise _fail(where, "env", f"value of {name} must be a string or number, got {value!r}")
+        env[name] = str(value)
+    out["env"] = env
+    extra = []
+    for line in out["extra_sbatch"]:
+        line = line.strip()
+        line = line[len("#SBATCH"):].strip() if line.startswith("#SBATCH") else line
+        if not line.startswith("-"):
+            raise _fail(where, "extra_sbatch", f"lines are sbatch options like \"--exclusive\", got {line!r}")
+        extra.append(line)
+    out["extra_sbatch"] = extra
+    if out["precision"] not in megatron.PRECISIONS:
+        raise _fail(where, "precision", f"must be one of {', '.join(megatron.PRECISIONS)}, got {out['precision']!r}")
+    return out
+
+
+def job_name(trial: TrialSpec) -> str:
+    """tuner-<study>-<number>, reduced to characters sbatch and squeue show as they are."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"tuner-{trial.study}-{trial.number}")[:120]
+
+
+def time_limit_for(timeout_s: float | None) -> str | None:
+    """A Slurm --time backstop for a runner-side timeout: the timeout rounded up, plus a minute."""
+    if not timeout_s:
+        return None
+    return str(int(-(-timeout_s // 60)) + 1)
+
+
+def trial_env(trial: TrialSpec, trial_dir: str) -> dict[str, str]:
+    """The command-runner protocol's variables (see tuner/runners/command.py)."""
+    lay, w = trial.layout, trial.workload
+    d = trial_dir.rstrip("/")
+    return {
+        "TUNER_TRIAL_DIR": d,
+        "TUNER_TRIAL_JSON": f"{d}/trial.json",
+        "TUNER_RESULT_JSON": f"{d}/result.json",
+        "TUNER_STUDY": trial.study,
+        "TUNER_TRIAL": str(trial.number),
+        "TUNER_MODEL": w.model.name,
+        "TUNER_TP": str(lay.tp),
+        "TUNER_PP": str(lay.pp),
+        "TUNER_DP": str(lay.dp),
+        "TUNER_MICRO_BATCH": str(lay.micro_batch),
+        "TUNER_ZERO_STAGE": str(lay.zero_stage),
+        "TUNER_ACTIVATION_CHECKPOINTING": str(int(lay.activation_checkpointing)),
+        "TUNER_GLOBAL_BATCH": str(w.global_batch),
+        "TUNER_NODES": str(w.nodes),
+        "TUNER_GPUS": str(w.gpus),
+    }
+
+
+def _q(value: object) -> str:
+    return shlex.quote(str(value))
+
+
+def render_sbatch(trial: TrialSpec, slurm: dict, *, template: str = "harness", python: str = "python3",
+                  trial_dir: str | Path | None = None, time_limit: str | None = None,
+                  command: list[str] | None = None, pythonpath: str | None = None) -> str:
+    """The sbatch script for `trial`. `slurm` is the cluster's [slurm] table (validated here);
+    `trial_dir` defaults to trial.trial_dir; `time_limit` overrides the table's; `command` is the argv
+    of the `command` template; `pythonpath` is prepended to PYTHONPATH (where tuner is, if not installed)."""
+    if template not in TEMPLATES:
+        raise UsageError(f"unknown Slurm template '{template}'; templates: {', '.join(TEMPLATES)}")
+    s = validate_slurm(slurm)
+    d = trial_dir if trial_dir is not None else trial.trial_dir
+    if d is None:
+        raise UsageError("render_sbatch needs a trial directory (trial.trial_dir or trial_dir=)")
+    d = str(d)
+    lay, w = trial.layout, trial.workload
+    tasks = s["tasks_per_node"] or w.cluster.gpus_per_node
+    if w.nodes * tasks != lay.gpus:
+        raise UsageError(f"the [slurm] table starts {w.nodes} nodes x {tasks} tasks = {w.nodes * tasks} ranks "
+                         f"but layout {lay.key()} needs tp*pp*dp = {lay.gpus}: set tasks_per_node = "
+                         f"{w.cluster.gpus_per_node} (one rank per GPU)")
+    limit = time_limit if time_limit is not None else s["time_limit"]
+    if limit is not None and not _TIME.match(str(limit)):
+        raise UsageError(f"time limit must be minutes or [D-]HH:MM[:SS], got {limit!r}")
+
+    lines = ["#!/bin/bash",
+             f"# tuner trial {trial.number} of study {json.dumps(trial.study)}: {lay.key()}, "
+             f"model {json.dumps(w.model.name)}, {w.nodes} node(s), template {template}",
+             f"#SBATCH --job-name={job_name(trial)}",
+             f"#SBATCH --nodes={w.nodes}",
+             f"#SBATCH --ntasks-per-node={tasks}"]
+    for key, opt in (("gpus_per_node", "gpus-per-node"), ("cpus_per_task", "cpus-per-task"),
+                     ("account", "account"), ("partition", "partition"), ("qos", "qos")):
+        if s[key] is not None:
+            lines.append(f"#SBATCH --{opt}={s[key]}")
+    if limit is not None:
+        lines.append(f"#SBATCH --time={limit}")
+    lines += ["#SBATCH --output=slurm-%j.out", "#SBATCH --open-mode=append"]
+    lines += [f"#SBATCH {x}" for x in s["extra_sbatch"]]
+
+    lines += ["", "set -uo pipefail", f"cd {_q(d)} || exit 1"]
+    lines += [f"module load {_q(m)}" for m in s["modules"]]
+    lines += [f"export {k}={_q(v)}" for k, v in s["env"].items()]
+    lines += [f"export {k}={_q(v)}" for k, v in trial_env(trial, d).items()]
+    if pythonpath:
+        lines.append(f'export PYTHONPATH={_q(pythonpath)}"${{PYTHONPATH:+:$PYTHONPATH}}"')
+    lines += ['export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+              f"export MASTER_PORT={s['master_port']}" if s["master_port"]
+              else 'export MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"']
+    lines += s["setup"]
+
+    if template == "harness":
+        argv = [python, "-m", HARNESS_MODULE]
+    elif template == "megatron":
+        if not s["megatron_dir"]:
+            raise UsageError("template 'megatron' needs megatron_dir = \"/path/to/Megatron-DeepSpeed\" in [slurm]")
+        ds = json.dumps(megatron.deepspeed_config(lay, w, precision=s["precision"]), sort_keys=True)
+        lines += ["cat > ds_config.json <<'TUNER_DS_CONFIG_EOF'", ds, "TUNER_DS_CONFIG_EOF"]
+        argv = [python, f"{s['megatron_dir'].rstrip('/')}/pretrain_gpt.py",
+                *megatron.pretrain_args(lay, w, deepspeed_config_path="ds_config.json", precision=s["precision"],
+                                        iterations=s["iterations"], extra=s["megatron_args"])]
+    else:
+        if not command:
+            raise UsageError("template 'command' needs a command (an argv list)")
+        argv = list(command)
+
+    srun = ["srun", f"--nodes={w.nodes}", f"--ntasks-per-node={tasks}"]
+    if s["gpus_per_node"] is not None:
+        srun.append(f"--gpus-per-node={s['gpus_per_node']}")
+    if s["gpu_bind"] is not None:
+        srun.append(f"--gpu-bind={s['gpu_bind']}")
+    if s["cpus_per_task"] is not None:
+        srun.append(f"--cpus-per-task={s['cpus_per_task']}")
+    srun += ["--kill-on-bad-exit=1", *s["srun_args"]]
+    launch = " ".join(_q(a) for a in srun) + f" bash -c {_q(_RANK_WRAPPER)} tuner-rank"
+    lines += ["", "echo \"tuner: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, $SLURM_NTASKS ranks, "
+                  "master $MASTER_ADDR:$MASTER_PORT\"",
+              launch + " \\", "    " + " ".join(_q(a) for a in argv),
+              "rc=$?",
+              "printf '%s\\n' \"$rc\" > exit_status.tmp && mv exit_status.tmp exit_status",
+              "exit \"$rc\"", ""]
+    return "\n".join(lines)
