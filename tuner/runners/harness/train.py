@@ -1,0 +1,277 @@
+"""Run one trial: train the GPT of trial.json with its layout on DeepSpeed and write the result JSON.
+
+Launch one process per rank (tp*pp*dp of them), e.g.
+    torchrun --standalone --nproc_per_node 2 -m tuner.runners.harness.train
+    deepspeed --num_gpus 2 --module tuner.runners.harness.train
+Device: CUDA when available (nccl, bf16), else CPU (gloo, fp32, DS_ACCELERATOR=cpu).
+
+Environment:
+    TUNER_TRIAL_JSON      path of trial.json (required): {"layout": {...}, "model": {...},
+                          "global_batch", "cluster", "nodes", "gpus", "study", "trial"}
+    TUNER_RESULT_JSON     where the result goes (default: result.json in the trial directory)
+    TUNER_TRIAL_DIR       trial directory: progress.jsonl is appended there (default: cwd)
+    TUNER_WARMUP_STEPS    untimed iterations first (default 1)
+    TUNER_STEPS           timed iterations (default 3)
+    TUNER_SEED            seed of weights and synthetic data (default 1234)
+    TUNER_PEAK_TFLOPS     per-device peak for peak_fraction (default: the cluster preset's, if any)
+    TUNER_PRECISION       fp32 / bf16 / fp16 (default: bf16 on CUDA, fp32 on CPU)
+    TUNER_MEMORY_LIMIT_GB caps this process's address space growth (RLIMIT_AS) before the model
+                          is built, so an oversized layout fails as `oom` on CPU (default: none)
+    TUNER_COLLECTIVE_TIMEOUT_S  timeout of a stuck collective, so a failure never hangs (default 600)
+
+Result JSON (written by rank 0 on success, by the first failing rank otherwise):
+    status ok|oom|failed, tflops_per_gpu (Megatron count, with recompute when checkpointing),
+    model_tflops_per_gpu (c = 3), peak_fraction (when a peak is known), samples_per_second,
+    tokens_per_second, peak_memory_gb (max over ranks), message, losses (one per iteration,
+    warm-up included), step_times, samples (really processed in the timed steps), startup_s
+    (process start to end of the first iteration), device, precision, world_size, ds_config.
+The process exits 0 on `ok` and 1 otherwise (so the launcher tears down the other ranks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+from tuner.dsconfig import render_ds_config
+from tuner.layout import Layout
+from tuner.perfmodel.flops import megatron_flops
+from tuner.specs import ClusterSpec, ModelSpec, Workload
+
+OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "std::bad_alloc")
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def synthetic_batch(step: int, global_batch: int, seq: int, vocab: int, seed: int) -> torch.Tensor:
+    """Token ids [global_batch, seq + 1] of iteration `step`: the same for every layout of a seed.
+    Zipf-like unigram distribution, so the loss has something to learn."""
+    gen = torch.Generator().manual_seed(seed * 7919 + step)
+    probs = 1.0 / (torch.arange(vocab, dtype=torch.float64) + 10.0)
+    return torch.multinomial(probs.expand(global_batch, vocab), seq + 1, replacement=True, generator=gen)
+
+
+def micro_batches(step, layout, par, spec, global_batch, seed, device):
+    """This replica's micro-batches of iteration `step` as (tokens, labels) on `device`."""
+    data = synthetic_batch(step, global_batch, spec.seq_length, spec.vocab_size, seed)
+    mb = layout.micro_batch
+    per_replica = global_batch // layout.dp
+    mine = data[par.dp_rank * per_replica:(par.dp_rank + 1) * per_replica]
+    for j in range(per_replica // mb):
+        chunk = mine[j * mb:(j + 1) * mb].to(device)
+        yield chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
+
+
+def classify(exc: BaseException) -> str:
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return "oom"
+    text = str(exc).lower()
+    return "oom" if any(m in text for m in OOM_MARKERS) else "failed"
+
+
+def write_json(path: Path, data: dict, exclusive: bool = False) -> None:
+    """Write `data`; with exclusive, only if nobody wrote it first (the first failure wins)."""
+    text = json.dumps(data, indent=2, default=str)
+    if exclusive:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return
+    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9   # ru_maxrss is KiB
+
+
+def cap_memory(limit_gb: float) -> None:
+    """Let the address space grow by at most limit_gb from here (CPU OOM classification)."""
+    with open("/proc/self/statm") as f:
+        vm_bytes = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    cap = vm_bytes + int(limit_gb * 1e9)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+
+def peak_tflops(trial: dict) -> float | None:
+    if os.environ.get("TUNER_PEAK_TFLOPS"):
+        return float(os.environ["TUNER_PEAK_TFLOPS"])
+    try:
+        from tuner.specs import load_cluster
+        return load_cluster(str(trial.get("cluster"))).peak_tflops
+    except Exception:
+        return None
+
+
+def workload_of(trial: dict, spec: ModelSpec, world: int) -> Workload:
+    """The workload the config renderer needs; the cluster is a placeholder carrying its name."""
+    cluster = ClusterSpec(name=str(trial.get("cluster", "local")), gpus_per_node=world, peak_tflops=1.0,
+                          memory_gb=1.0, hbm_bandwidth_gbps=1.0, intra_node_bandwidth_gbps=1.0,
+                          inter_node_bandwidth_gbps=1.0)
+    gb = trial.get("global_batch") or spec.global_batch
+    return Workload(spec, cluster, 1, int(gb))
+
+
+def train(trial: dict, device: torch.device, precision: str, progress: Path, t_start: float) -> dict:
+    import deepspeed
+    import torch.distributed as dist
+
+    from tuner.runners.harness import model as gpt, topology
+
+    layout = Layout.from_dict(trial["layout"])
+    spec = ModelSpec.from_dict(trial["model"], "trial.json model")
+    world = dist.get_world_size()
+    workload = workload_of(trial, spec, world)
+    seed = _env_int("TUNER_SEED", 1234)
+    warmup, steps = _env_int("TUNER_WARMUP_STEPS", 1), _env_int("TUNER_STEPS", 3)
+    config = render_ds_config(layout, workload, precision=precision)
+    if device.type == "cpu":
+        config["optimizer"]["params"]["torch_adam"] = True   # FusedAdam is a CUDA kernel
+
+    par = topology.build(layout.tp, layout.pp, layout.dp)
+    if os.environ.get("TUNER_MEMORY_LIMIT_GB"):
+        cap_memory(float(os.environ["TUNER_MEMORY_LIMIT_GB"]))
+    module = gpt.build_model(spec, seed, layout.activation_checkpointing)
+    engine, _, _, _ = deepspeed.initialize(model=module, config=config, mpu=par.grid,
+                                           model_parameters=[p for p in module.parameters() if p.requires_grad])
+    counts_samples = par.first_stage and par.tp_rank == 0
+    rank0 = dist.get_rank() == 0
+    losses, step_times, samples = [], [], 0
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dist.barrier()
+
+    sync()
+    t_timed = None
+    startup_s = None
+    for step in range(warmup + steps):
+        if step == warmup:
+            sync()
+            t_timed = time.perf_counter()
+        t0 = time.perf_counter()
+        n_samples = 0
+        batches = micro_batches(step, layout, par, spec, workload.global_batch, seed, device)
+        if layout.pp > 1:
+            def counted(it):
+                nonlocal n_samples
+                for tokens, labels in it:
+                    n_samples += tokens.shape[0]
+                    yield tokens, labels
+            loss = float(engine.train_batch(data_iter=counted(batches)))
+        else:
+            total = 0.0
+            count = 0
+            for tokens, labels in batches:
+                n_samples += tokens.shape[0]
+                micro_loss = engine(tokens, labels)
+                engine.backward(micro_loss)
+                engine.step()
+                total, count = total + float(micro_loss), count + 1
+            t = torch.tensor([total / count], dtype=torch.float64, device=device)
+            if layout.dp > 1:
+                dist.all_reduce(t, group=par.dp_group)
+            loss = float(t) / layout.dp
+        dt = time.perf_counter() - t0
+        losses.append(loss)
+        step_times.append(dt)
+        if startup_s is None:
+            startup_s = time.time() - t_start
+        if step >= warmup and counts_samples:
+            samples += n_samples
+        if rank0:
+            sps = workload.global_batch / dt
+            tf = megatron_flops(spec, workload.global_batch, layout.activation_checkpointing) / (dt * world * 1e12)
+            with open(progress, "a") as f:
+                f.write(json.dumps({"step": step + 1, "warmup": step < warmup, "loss": loss, "step_time": dt,
+                                    "elapsed": time.time() - t_start, "samples_per_second": sps,
+                                    "tflops_per_gpu": tf}) + "\n")
+    sync()
+    timed = time.perf_counter() - t_timed
+    stats = torch.tensor([float(samples), peak_memory_gb(device)], dtype=torch.float64, device=device)
+    summed = stats.clone()
+    dist.all_reduce(summed)
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+    real_samples = int(summed[0])
+    tflops = megatron_flops(spec, real_samples, layout.activation_checkpointing) / (timed * world * 1e12)
+    model_tflops = megatron_flops(spec, real_samples, False) / (timed * world * 1e12)
+    result = {"status": "ok", "tflops_per_gpu": tflops, "model_tflops_per_gpu": model_tflops,
+              "samples_per_second": real_samples / timed,
+              "tokens_per_second": real_samples * spec.seq_length / timed,
+              "peak_memory_gb": float(stats[1]), "message": "", "losses": losses, "step_times": step_times,
+              "samples": real_samples, "timed_steps": steps, "warmup_steps": warmup,
+              "startup_s": startup_s, "device": str(device), "precision": precision,
+              "world_size": world, "layout": layout.as_dict(), "ds_config": config}
+    peak = peak_tflops(trial)
+    if peak:
+        result["peak_fraction"] = tflops / peak
+    return result
+
+
+def main() -> int:
+    t_start = time.time()
+    try:
+        import psutil
+        t_start = psutil.Process().create_time()
+    except Exception:
+        pass
+    trial_dir = Path(os.environ.get("TUNER_TRIAL_DIR") or os.getcwd())
+    result_path = Path(os.environ.get("TUNER_RESULT_JSON") or trial_dir / "result.json")
+    rank = int(os.environ.get("RANK", "0"))
+    on_cuda = torch.cuda.is_available()
+    if not on_cuda:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if on_cuda else torch.device("cpu")
+    precision = os.environ.get("TUNER_PRECISION") or ("bf16" if on_cuda else "fp32")
+    initialized = False
+    try:
+        trial = json.loads(Path(os.environ["TUNER_TRIAL_JSON"]).read_text())
+        if on_cuda:
+            torch.cuda.set_device(device)
+        import deepspeed
+        import torch.distributed as dist
+        deepspeed.init_distributed(dist_backend="nccl" if on_cuda else "gloo", verbose=False,
+                                   timeout=timedelta(seconds=_env_int("TUNER_COLLECTIVE_TIMEOUT_S", 600)))
+        initialized = True
+        result = train(trial, device, precision, trial_dir / "progress.jsonl", t_start)
+        if dist.get_rank() == 0:
+            write_json(result_path, result)
+        code = 0
+    except BaseException as exc:   # a trial's failure is a result, never a hang
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        status = classify(exc)
+        message = f"{type(exc).__name__}: {exc}".strip()
+        print(f"[rank {rank}] trial {status}: {message}\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        write_json(result_path, {"status": status, "message": message[-2000:], "rank": rank}, exclusive=True)
+        code = 1
+    if initialized:
+        try:
+            import torch.distributed as dist
+            if code == 0:
+                dist.barrier()
+            dist.destroy_process_group()
+        except Exception:
+            pass
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
