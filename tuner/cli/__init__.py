@@ -50,3 +50,4 @@ def main(argv=None) -> None:
 
 
 from tuner.cli import plan, query, study  # noqa: E402,F401  (registers the commands)
+from tuner.cli import report  # noqa: E402,F401  (report, export, launch)

@@ -1,0 +1,205 @@
+"""`tuner report`, `tuner export`, `tuner launch`: a study's page, its trials as a file, the launch files."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from tuner.cli import DB_OPTION, cli
+from tuner.cli.render import to_csv
+from tuner.errors import MissingExtra, TunerError, UsageError
+from tuner.launch import LAUNCH_FILES, Source, launch_files
+from tuner.report import EXPORT_COLUMNS, build_report, export_rows, ok_trials
+from tuner.specs import Workload, load_cluster, load_model, make_workload
+from tuner.store import open_store
+
+EXPORT_FORMATS = ("csv", "json", "parquet")
+
+
+def check_out_dir(out: Path, force: bool) -> None:
+    """Refuse a path that is a file, or a directory that exists and is not empty, unless --force."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a directory: choose another --out")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise UsageError(f"--out {out} exists and is not empty: choose another --out, or pass --force to "
+                         "overwrite the files tuner writes there")
+
+
+def write_files(out: Path, files: dict[str, bytes | str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        path = out / name
+        if isinstance(data, str):
+            path.write_text(data)
+        else:
+            path.write_bytes(data)
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Directory for index.html and the PNGs (default results/reports/NAME).")
+@click.option("--force", is_flag=True, help="Write into an --out directory that is not empty.")
+@DB_OPTION
+def report(name, out, force, db):
+    """Write a study's HTML report: best so far, TP x PP heatmap, model error, status counts, top ten.
+
+    index.html embeds its figures, so that one file is the whole report; the PNGs are written beside it.
+
+    Example: tuner report my-study --out report/ && xdg-open report/index.html
+    """
+    t0 = time.perf_counter()
+    store = open_store(db)
+    rec = store.get_study(name)
+    out = out or Path("results") / "reports" / name
+    check_out_dir(out, force)
+    trials = store.trials(name)
+    rep = build_report(rec, trials)
+    write_files(out, rep.files())
+    dt = time.perf_counter() - t0
+    if not rep.finished:
+        click.echo(f"study {name} has no finished trials yet: the report says so and has no plots", err=True)
+    click.echo(f"wrote {out / 'index.html'} ({len(trials)} trial(s), {rep.finished} finished, {rep.ok} ok, "
+               f"{len(rep.figures)} figure(s)) in {dt:.2f} s")
+
+
+def parquet_bytes(rows: list[dict]) -> bytes:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise MissingExtra("pyarrow", "report") from None
+    import io
+    from datetime import datetime
+    types = {"study": pa.string(), "trial": pa.int64(), "layout_key": pa.string(), "tp": pa.int64(),
+             "pp": pa.int64(), "dp": pa.int64(), "micro_batch": pa.int64(), "zero_stage": pa.int64(),
+             "activation_checkpointing": pa.bool_(), "status": pa.string(), "runner": pa.string(),
+             "attempts": pa.int64(), "started": pa.timestamp("us", tz="UTC"), "ended": pa.timestamp("us", tz="UTC"),
+             "message": pa.string(), "log_path": pa.string()}
+    schema = pa.schema([(c, types.get(c, pa.float64())) for c in EXPORT_COLUMNS])
+    stamp = lambda v: None if v is None else datetime.fromisoformat(v)
+    cols = {c: [stamp(r[c]) if c in ("started", "ended") else r[c] for r in rows] for c in EXPORT_COLUMNS}
+    buf = io.BytesIO()
+    pq.write_table(pa.table(cols, schema=schema), buf)
+    return buf.getvalue()
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--format", "fmt", type=click.Choice(EXPORT_FORMATS), default="csv", show_default=True,
+              help="csv and json (records) print to stdout without --out; parquet needs the 'report' extra.")
+@click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="File to write (default stdout; required for parquet).")
+@click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
+@DB_OPTION
+def export(name, fmt, out, force, db):
+    """Export every trial of a study: layout, status, measured and predicted metrics.
+
+    Read back with pandas: pd.read_csv(f), pd.read_json(f), pd.read_parquet(f).
+
+    Example: tuner export my-study --format parquet --out trials.parquet
+    """
+    if fmt == "parquet" and out is None:
+        raise UsageError("--format parquet is binary: pass --out FILE.parquet")
+    if out is not None and out.exists() and not force:
+        raise UsageError(f"--out {out} exists: choose another file, or pass --force to overwrite it")
+    store = open_store(db)
+    store.get_study(name)
+    rows = export_rows(store.trials(name))
+    if fmt == "parquet":
+        data: bytes | str = parquet_bytes(rows)
+    elif fmt == "json":
+        data = json.dumps(rows, indent=1) + "\n"
+    else:
+        data = to_csv(rows, EXPORT_COLUMNS) or ",".join(EXPORT_COLUMNS) + "\n"
+    if out is None:
+        click.echo(data, nl=False)
+        return
+    if out.parent and not out.parent.is_dir():
+        raise UsageError(f"--out {out}: directory {out.parent} does not exist")
+    out.write_bytes(data) if isinstance(data, bytes) else out.write_text(data)
+    click.echo(f"wrote {len(rows)} trial(s) of study {name} to {out} ({fmt})", err=True)
+
+
+def pick_layout(store, name, model, nodes, cluster):
+    """(layout, workload, source) from a study, else from the store's best, else from the model."""
+    if name:
+        rec = store.get_study(name)
+        ok = ok_trials(store.trials(name))
+        if not ok:
+            w = rec.workload
+            raise TunerError(f"study '{name}' has no successful trial to launch: continue it with `tuner resume "
+                             f"{name}`, or take the model's best with `tuner launch --model {w['model']['name']} "
+                             f"--nodes {w['nodes']} --cluster {w['cluster']['name']} --out DIR`")
+        t = ok[0]
+        return t.layout, Workload.from_dict(rec.workload), Source(
+            "study", t.study, t.number, t.runner, t.tflops_per_gpu, t.peak_fraction)
+    m, c = load_model(model), load_cluster(cluster)
+    found = store.best(m.name, c.name, nodes, k=1)
+    if found:
+        t = found[0]
+        rec = store.get_study(t.study)
+        return t.layout, Workload.from_dict(rec.workload), Source(
+            "store", t.study, t.number, t.runner, t.tflops_per_gpu, t.peak_fraction)
+    from tuner.perfmodel import rank
+    from tuner.space import load_space, no_layout_reason
+    w = make_workload(m, nodes, c)
+    sp = load_space("default")
+    layouts = sp.enumerate_layouts(w)
+    fitting = [p for p in rank(layouts, w) if p.fits] if layouts else []
+    if not fitting:
+        why = no_layout_reason(sp, w) if not layouts else f"none of {len(layouts)} valid layouts fits in memory"
+        raise TunerError(f"nothing stored for {m.name} on {nodes} x {c.name} node(s) and the model has no layout "
+                         f"to offer: {why}; try more nodes")
+    p = fitting[0]
+    return p.layout, w, Source("model", tflops_per_gpu=p.tflops_per_gpu, peak_fraction=p.peak_fraction)
+
+
+@cli.command()
+@click.argument("name", required=False)
+@click.option("--model", default=None, help="Without NAME: model preset or TOML path.")
+@click.option("--nodes", type=click.IntRange(min=1), default=None, help="Without NAME: number of nodes.")
+@click.option("--cluster", default="frontier", show_default=True, help="Without NAME: cluster preset.")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Directory for the launch files.")
+@click.option("--force", is_flag=True, help="Write into an --out directory that is not empty.")
+@click.option("--megatron-dir", default=None, help="Megatron-DeepSpeed checkout on the cluster "
+              "(default: the cluster's [slurm] megatron_dir, else ./Megatron-DeepSpeed beside the files).")
+@click.option("--account", default=None, help="Slurm account (overrides the cluster's [slurm] table).")
+@click.option("--time", "time_limit", default=None, help="Slurm time limit, minutes or [D-]HH:MM:SS.")
+@click.option("--precision", type=click.Choice(["bf16", "fp16"]), default=None, help="Default: the [slurm] table's, else bf16.")
+@click.option("--train-iters", type=click.IntRange(min=1), default=None, help="Default: the [slurm] table's, else 10.")
+@DB_OPTION
+def launch(name, model, nodes, cluster, out, force, megatron_dir, account, time_limit, precision, train_iters, db):
+    """Write ds_config.json, megatron_args.txt and launch.sbatch for the best layout.
+
+    With NAME: the best trial of that study. With --model and --nodes: the best trial in the store for that
+    model, cluster and node count, or, when none is stored, the performance model's top-ranked layout.
+
+    Example: tuner launch --model 175b --nodes 16 --out launch/ && sbatch launch/launch.sbatch
+    """
+    if bool(name) == bool(model or nodes):
+        raise UsageError("give a study NAME, or --model and --nodes (not both): "
+                         "e.g. `tuner launch my-study --out launch/` or `tuner launch --model 175b --nodes 16 --out launch/`")
+    if not name and not (model and nodes):
+        raise UsageError("--model and --nodes go together: e.g. `tuner launch --model 175b --nodes 16 --out launch/`")
+    check_out_dir(out, force)
+    store = open_store(db)
+    layout, w, src = pick_layout(store, name, model, nodes, cluster)
+    files = launch_files(layout, w, out.resolve(), source=src, study=src.study or "launch", trial=src.trial or 0,
+                         megatron_dir=megatron_dir, account=account, time_limit=time_limit, precision=precision,
+                         train_iters=train_iters)
+    write_files(out, files)
+    (out / "launch.sbatch").chmod(0o755)
+    batch = json.loads(files["layout.json"])
+    click.echo(f"layout {layout.key()} for {w.model.name} on {w.nodes} x {w.cluster.name} ({w.gpus} GPUs): "
+               f"{src.describe()}")
+    click.echo(f"micro-batch {batch['micro_batch']} x {batch['gradient_accumulation_steps']} accumulation steps x "
+               f"dp {batch['dp']} = global batch {batch['global_batch']}")
+    click.echo(f"wrote {', '.join(str(out / f) for f in LAUNCH_FILES)}")
+    if not (megatron_dir or (w.cluster.slurm or {}).get("megatron_dir")):
+        click.echo(f"note: pretrain_gpt.py is taken from {batch['megatron_dir']}/ beside the files: pass "
+                   "--megatron-dir to point at your checkout", err=True)
+    click.echo(f"submit: {batch['submit']}")

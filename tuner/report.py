@@ -1,0 +1,329 @@
+"""A study's report: rows, figure data, PNG figures and one self-contained HTML page. Pure.
+
+Nothing here touches the store or the file system: the CLI (`tuner report`, `tuner export`) reads the
+trials, calls these functions and writes what they return. Figures are drawn with matplotlib's Agg
+backend into PNG bytes; the page embeds them as base64 data URIs, so `index.html` alone is the report.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from tuner.layout import LAYOUT_FIELDS
+from tuner.trial import Status
+
+STATUS_ORDER = [s.value for s in Status]
+STATUS_COLORS = {"ok": "#2e7d32", "oom": "#c62828", "timeout": "#ef6c00", "failed": "#6a1b9a",
+                 "pruned": "#9e9e9e", "stopped": "#1565c0", "running": "#00838f", "interrupted": "#795548"}
+EXPORT_COLUMNS = ["study", "trial", "layout_key", *LAYOUT_FIELDS, "status", "tflops_per_gpu", "peak_fraction",
+                  "samples_per_second", "peak_memory_gb", "predicted_tflops_per_gpu", "predicted_peak_fraction",
+                  "predicted_memory_gb", "predicted_step_time_s", "runner", "attempts", "started", "ended",
+                  "duration_s", "message", "log_path"]
+FIGURES = ("best_so_far.png", "tp_pp_heatmap.png", "model_error.png", "status_counts.png")
+
+
+# ------------------------------------------------------------------------------------------- rows
+
+def _iso(t: datetime | None) -> str | None:
+    return None if t is None else t.astimezone(timezone.utc).isoformat()
+
+
+def export_row(t) -> dict:
+    """One trial as a flat row: layout, status, measured and predicted metrics (EXPORT_COLUMNS)."""
+    dur = (t.ended - t.started).total_seconds() if t.started and t.ended else None
+    return {"study": t.study, "trial": t.number, "layout_key": t.layout.key(), **t.layout.as_dict(),
+            "status": str(t.status), "tflops_per_gpu": t.tflops_per_gpu, "peak_fraction": t.peak_fraction,
+            "samples_per_second": t.samples_per_second, "peak_memory_gb": t.peak_memory_gb,
+            "predicted_tflops_per_gpu": t.predicted_tflops_per_gpu,
+            "predicted_peak_fraction": t.predicted_peak_fraction, "predicted_memory_gb": t.predicted_memory_gb,
+            "predicted_step_time_s": t.predicted_step_time_s, "runner": t.runner, "attempts": t.attempts,
+            "started": _iso(t.started), "ended": _iso(t.ended), "duration_s": dur,
+            "message": t.message or "", "log_path": t.log_path}
+
+
+def export_rows(trials) -> list[dict]:
+    return [export_row(t) for t in sorted(trials, key=lambda t: t.number)]
+
+
+def ok_trials(trials) -> list:
+    """Successful trials with a measured fraction of peak, best first (ties: lower trial number)."""
+    ok = [t for t in trials if t.status == Status.OK and t.peak_fraction is not None]
+    return sorted(ok, key=lambda t: (-t.peak_fraction, t.number))
+
+
+def top_rows(trials, k: int = 10) -> list[dict]:
+    """The `k` best layouts as table rows (percentages, not fractions)."""
+    pct = lambda v: None if v is None else 100 * v
+    return [{"rank": i + 1, "trial": t.number, "tp": t.layout.tp, "pp": t.layout.pp, "dp": t.layout.dp,
+             "mb": t.layout.micro_batch, "zero": t.layout.zero_stage, "ckpt": t.layout.activation_checkpointing,
+             "tflops": t.tflops_per_gpu, "peak_%": pct(t.peak_fraction), "pred_%": pct(t.predicted_peak_fraction),
+             "mem_gb": t.peak_memory_gb, "pred_mem_gb": t.predicted_memory_gb, "samples_s": t.samples_per_second}
+            for i, t in enumerate(ok_trials(trials)[:k])]
+
+
+def status_counts(trials) -> dict[str, int]:
+    """Trials per status, in Status order, statuses with no trial left out."""
+    counts = {s: 0 for s in STATUS_ORDER}
+    for t in trials:
+        counts[str(t.status)] += 1
+    return {s: n for s, n in counts.items() if n}
+
+
+def best_so_far(trials) -> tuple[list[int], list[float], list[int], list[float]]:
+    """(numbers, running best, ok numbers, ok values) of the fraction of peak over launched trials.
+
+    Pruned trials were never launched and are left out; the running best starts at the first success.
+    """
+    launched = sorted((t for t in trials if t.status not in (Status.PRUNED, Status.RUNNING)), key=lambda t: t.number)
+    xs, ys, ok_x, ok_y, best = [], [], [], [], None
+    for t in launched:
+        if t.status == Status.OK and t.peak_fraction is not None:
+            ok_x.append(t.number)
+            ok_y.append(t.peak_fraction)
+            best = t.peak_fraction if best is None else max(best, t.peak_fraction)
+        if best is not None:
+            xs.append(t.number)
+            ys.append(best)
+    return xs, ys, ok_x, ok_y
+
+
+def tp_pp_grid(trials) -> tuple[list[int], list[int], list[list[float | None]]]:
+    """(tps, pps, grid[pp index][tp index]): the best fraction of peak of each TP x PP over the other dims."""
+    best: dict[tuple[int, int], float] = {}
+    for t in ok_trials(trials):
+        key = (t.layout.tp, t.layout.pp)
+        best[key] = max(best.get(key, 0.0), t.peak_fraction)
+    tps = sorted({tp for tp, _ in best})
+    pps = sorted({pp for _, pp in best})
+    return tps, pps, [[best.get((tp, pp)) for tp in tps] for pp in pps]
+
+
+def pairs(trials, measured: str, predicted: str) -> tuple[list[float], list[float]]:
+    """(predicted, measured) of the successful trials that have both."""
+    got = [(getattr(t, predicted), getattr(t, measured)) for t in trials if t.status == Status.OK]
+    got = [(p, m) for p, m in got if p is not None and m is not None]
+    return [p for p, _ in got], [m for _, m in got]
+
+
+def model_error(predicted: list[float], measured: list[float]) -> dict | None:
+    """Mean absolute and mean signed relative error of the prediction against the measurement."""
+    rel = [(p - m) / m for p, m in zip(predicted, measured) if m]
+    if not rel:
+        return None
+    return {"n": len(rel), "mape": sum(abs(r) for r in rel) / len(rel), "bias": sum(rel) / len(rel)}
+
+
+# ---------------------------------------------------------------------------------------- figures
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    _plt().close(fig)
+    return buf.getvalue()
+
+
+def fig_best_so_far(trials) -> bytes | None:
+    xs, ys, ok_x, ok_y = best_so_far(trials)
+    if not ok_x:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    ax.scatter(ok_x, [100 * v for v in ok_y], s=14, color="#90a4ae", label="trial (ok)", zorder=2)
+    ax.step(xs, [100 * v for v in ys], where="post", color="#1565c0", lw=2, label="best so far", zorder=3)
+    ax.set_xlabel("trial number")
+    ax.set_ylabel("fraction of peak (%)")
+    ax.set_title("Best so far")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    return _png(fig)
+
+
+def fig_tp_pp_heatmap(trials) -> bytes | None:
+    tps, pps, grid = tp_pp_grid(trials)
+    if not tps:
+        return None
+    plt = _plt()
+    import numpy as np
+    data = np.array([[math.nan if v is None else 100 * v for v in row] for row in grid])
+    fig, ax = plt.subplots(figsize=(1.3 * len(tps) + 2.6, 0.55 * len(pps) + 1.8))
+    im = ax.imshow(np.ma.masked_invalid(data), cmap="viridis", aspect="auto", origin="lower")
+    ax.set_xticks(range(len(tps)), [str(v) for v in tps])
+    ax.set_yticks(range(len(pps)), [str(v) for v in pps])
+    ax.set_xlabel("TP")
+    ax.set_ylabel("PP")
+    ax.set_title("Fraction of peak (%) by TP x PP (best over DP, micro-batch, ZeRO, ckpt)", fontsize=9)
+    finite = data[~np.isnan(data)]
+    mid = (finite.min() + finite.max()) / 2 if finite.size else 0
+    for i in range(len(pps)):
+        for j in range(len(tps)):
+            v = data[i, j]
+            ax.text(j, i, "-" if math.isnan(v) else f"{v:.1f}", ha="center", va="center", fontsize=8,
+                    color="#9e9e9e" if math.isnan(v) else ("black" if v > mid else "white"))
+    fig.colorbar(im, ax=ax, label="% of peak")
+    return _png(fig)
+
+
+def fig_model_error(trials, memory_capacity_gb: float | None = None) -> bytes | None:
+    tf_p, tf_m = pairs(trials, "tflops_per_gpu", "predicted_tflops_per_gpu")
+    mem_p, mem_m = pairs(trials, "peak_memory_gb", "predicted_memory_gb")
+    oom_pred = [t.predicted_memory_gb for t in trials if t.status == Status.OOM and t.predicted_memory_gb is not None]
+    if not tf_p and not mem_p:
+        return None
+    plt = _plt()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4.2))
+    for ax, p, m, what, unit in ((a1, tf_p, tf_m, "TFLOPS per GPU", ""), (a2, mem_p, mem_m, "peak memory", " (GB)")):
+        ax.set_title(f"Measured vs predicted {what}")
+        ax.set_xlabel(f"predicted{unit}")
+        ax.set_ylabel(f"measured{unit}")
+        ax.grid(alpha=0.3)
+        if not p:
+            ax.text(0.5, 0.5, "no trial with both values", ha="center", va="center", transform=ax.transAxes)
+            continue
+        ax.scatter(p, m, s=16, color="#1565c0", alpha=0.8, label="ok trial", zorder=3)
+        lo, hi = min(p + m), max(p + m)
+        if ax is a2 and memory_capacity_gb:
+            hi = max(hi, memory_capacity_gb, *oom_pred) if oom_pred else max(hi, memory_capacity_gb)
+            ax.axhline(memory_capacity_gb, color="#c62828", ls=":", lw=1, label="GPU memory")
+            if oom_pred:
+                ax.scatter(oom_pred, [memory_capacity_gb] * len(oom_pred), marker="x", color="#c62828",
+                           label="oom (at capacity)", zorder=3)
+        pad = 0.05 * (hi - lo or 1)
+        ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="black", lw=1, ls="--", label="y = x", zorder=2)
+        err = model_error(p, m)
+        if err:
+            ax.text(0.03, 0.97, f"n={err['n']}  MAPE {100 * err['mape']:.1f} %  bias {100 * err['bias']:+.1f} %",
+                    transform=ax.transAxes, va="top", fontsize=8)
+        ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def fig_status_counts(trials) -> bytes | None:
+    counts = status_counts(trials)
+    if not counts:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    names = list(counts)
+    bars = ax.bar(names, [counts[n] for n in names], color=[STATUS_COLORS.get(n, "#607d8b") for n in names])
+    ax.bar_label(bars)
+    ax.set_ylabel("trials")
+    ax.set_title("Trials by status")
+    ax.margins(y=0.15)
+    return _png(fig)
+
+
+def figures(trials, memory_capacity_gb: float | None = None) -> dict[str, bytes | None]:
+    """Every figure as PNG bytes, None where there is nothing to draw (keys: FIGURES)."""
+    return dict(zip(FIGURES, (fig_best_so_far(trials), fig_tp_pp_heatmap(trials),
+                              fig_model_error(trials, memory_capacity_gb), fig_status_counts(trials))))
+
+
+# ------------------------------------------------------------------------------------------- page
+
+@dataclass
+class Report:
+    """What `tuner report` writes: index.html (self-contained) and the same figures as PNG files."""
+
+    html: str
+    figures: dict[str, bytes] = field(default_factory=dict)
+    finished: int = 0
+    ok: int = 0
+
+    def files(self) -> dict[str, bytes]:
+        return {"index.html": self.html.encode(), **self.figures}
+
+
+CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;
+color:#212121;padding:0 1em}h1{margin-bottom:.2em}.meta{color:#616161}table{border-collapse:collapse;margin:1em 0}
+td,th{border:1px solid #ddd;padding:4px 8px;font-variant-numeric:tabular-nums}th{background:#f5f5f5}
+td.n{text-align:right}.note{background:#fff8e1;border-left:4px solid #ffb300;padding:.6em 1em}
+.best{background:#e8f5e9;border-left:4px solid #2e7d32;padding:.6em 1em}figure{margin:1.2em 0}
+figure img{max-width:100%;border:1px solid #eee}code{background:#f5f5f5;padding:1px 4px}"""
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.1f}" if abs(v) >= 10 else f"{v:.3g}"
+    return str(v)
+
+
+def html_table(rows: list[dict]) -> str:
+    if not rows:
+        return "<p>(none)</p>"
+    e = html.escape
+    head = "".join(f"<th>{e(c)}</th>" for c in rows[0])
+    body = "".join("<tr>" + "".join(
+        f"<td class='n'>{e(_fmt(v))}</td>" if isinstance(v, (int, float)) and not isinstance(v, bool)
+        else f"<td>{e(_fmt(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _img(name: str, png: bytes | None, alt: str, missing: str) -> str:
+    if png is None:
+        return f"<p class='note'>{html.escape(missing)}</p>"
+    data = base64.b64encode(png).decode()
+    return f"<figure><img src='data:image/png;base64,{data}' alt='{html.escape(alt)}' data-file='{name}'></figure>"
+
+
+def build_report(study, trials, *, generated: datetime | None = None) -> Report:
+    """The report of `study` (a StudyRecord) from its `trials` (TrialRecords)."""
+    e = html.escape
+    w = study.workload
+    cluster = w.get("cluster", {})
+    gpus = int(w["nodes"]) * int(cluster.get("gpus_per_node", 0) or 0)
+    finished = [t for t in trials if t.status.finished]
+    ok = ok_trials(trials)
+    counts = status_counts(trials)
+    stamp = (generated or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M UTC")
+    parts = [f"<h1>Study {e(study.name)}</h1>",
+             f"<p class='meta'>{e(study.model)} on {study.nodes} x {e(study.cluster)} node(s) = {gpus} GPUs, "
+             f"global batch {study.global_batch}; searcher {e(study.searcher)}, runner {e(study.runner)}, "
+             f"state {e(study.state)}; {len(trials)} trial(s): "
+             + e(", ".join(f"{n} {s}" for s, n in counts.items()) or "none") + f". Generated {stamp}.</p>"]
+    figs: dict[str, bytes] = {}
+    if not finished:
+        parts.append("<p class='note'>This study has no finished trials yet, so there is nothing to plot. "
+                     f"Run some with <code>tuner resume {e(study.name)}</code> and report again.</p>")
+    else:
+        drawn = figures(trials, cluster.get("memory_gb"))
+        figs = {k: v for k, v in drawn.items() if v is not None}
+        if ok:
+            b = ok[0]
+            kind = "predicted by the simulator" if b.runner == "sim" else "measured"
+            parts.append(f"<p class='best'><b>Best layout</b> (trial {b.number}, {kind}): <code>{e(b.layout.key())}"
+                         f"</code> at {_fmt(b.tflops_per_gpu)} TFLOPS per GPU = {100 * b.peak_fraction:.2f} % of "
+                         f"peak. Launch files: <code>tuner launch {e(study.name)} --out launch/</code></p>")
+        else:
+            parts.append(f"<p class='note'>None of the {len(finished)} finished trial(s) succeeded, so there is no "
+                         "best layout, no best-so-far curve, no heatmap and no model-error plot; see the status "
+                         "counts below and the trials' messages (<code>tuner trials "
+                         f"{e(study.name)}</code>).</p>")
+        none = "no successful trial yet"
+        parts += ["<h2>Best so far</h2>", _img(FIGURES[0], drawn[FIGURES[0]], "best so far by trial number", none),
+                  "<h2>Fraction of peak by TP x PP</h2>",
+                  _img(FIGURES[1], drawn[FIGURES[1]], "fraction of peak by TP and PP", none),
+                  "<h2>The model's error: measured vs predicted</h2>",
+                  _img(FIGURES[2], drawn[FIGURES[2]], "measured vs predicted TFLOPS and memory",
+                       "no successful trial has both a measurement and a prediction"),
+                  "<h2>Trials by status</h2>", _img(FIGURES[3], drawn[FIGURES[3]], "trial status counts", none),
+                  "<h2>Top ten layouts</h2>", html_table(top_rows(trials, 10))]
+    page = (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>tuner report: {e(study.name)}"
+            f"</title><style>{CSS}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")
+    return Report(html=page, figures=figs, finished=len(finished), ok=len(ok))
