@@ -57,6 +57,23 @@ def no_orphans(pids, wait: float = 5.0) -> list[int]:
         time.sleep(0.1)
 
 
+def trial_processes(results_dir: Path, wait: float = 5.0) -> list[str]:
+    """Live processes (any depth, any session) whose TUNER_TRIAL_DIR lies under `results_dir`."""
+    root = str(results_dir.resolve())
+    deadline = time.monotonic() + wait
+    while True:
+        found = []
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE and p.environ().get("TUNER_TRIAL_DIR", "").startswith(root):
+                    found.append(f"{p.pid}: {' '.join(p.info['cmdline'] or [])}")
+            except psutil.Error:
+                continue
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
 # --------------------------------------------------------------------------------------------
 # The contract: every runner
 # --------------------------------------------------------------------------------------------
@@ -70,6 +87,7 @@ class Case:
     slow: TrialSpec | None  # a trial that runs long: times out under a short timeout, cancel() stops it
     timeout: float | None   # the short timeout, None when the runner has none
     slow_make: object = None
+    cancel_after: float = 1.0
 
 
 def sim_case() -> Case:
@@ -89,7 +107,7 @@ def local_case() -> Case:
     def make(tmp, timeout):
         return make_runner("local", gpus=2, trial_timeout=timeout, results_dir=tmp, steps=2, warmup=1)
     return Case(make=make, ok=spec("local-ok"), bad=spec("local-bad", tp=2, dp=2),
-                slow=spec("local-slow"), timeout=2.0)
+                slow=spec("local-slow"), timeout=8.0, cancel_after=8.0)
 
 
 CASES = {"sim": sim_case, "command": command_case,
@@ -135,19 +153,21 @@ class TestRunnerContract:
         assert r.status == Status.TIMEOUT, r
         assert "trial-timeout" in r.message
         assert time.monotonic() - t0 < case.timeout + 15
+        assert trial_processes(tmp_path) == []
 
     def test_cancel_interrupts_live_runs(self, case, tmp_path):
         runner = (case.slow_make or case.make)(tmp_path, None)
         out = []
         t = threading.Thread(target=lambda: out.append(runner.run(case.slow)))
         t.start()
-        time.sleep(1.0)
+        time.sleep(case.cancel_after)
         t0 = time.monotonic()
         runner.cancel()
         t.join(30)
         assert not t.is_alive(), "run() did not return after cancel()"
         assert out[0].status == Status.INTERRUPTED, out[0]
         assert time.monotonic() - t0 < 15
+        assert trial_processes(tmp_path) == []
         assert runner.run(case.ok).status == Status.INTERRUPTED   # cancelled runners start nothing
 
 
@@ -297,3 +317,28 @@ def test_bad_options_are_usage_errors(tmp_path):
         make_runner("command", command="  ")
     with pytest.raises(UsageError, match="--trial-timeout"):
         make_runner("command", command="true", trial_timeout=0)
+
+
+# --------------------------------------------------------------------------------------------
+# The local runner's own rules (real DeepSpeed on CPU)
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_local_memory_cap_turns_a_runaway_trial_into_oom(tmp_path):
+    _local_available()
+    runner = make_runner("local", gpus=2, results_dir=tmp_path, memory_gb=0.02, steps=1, warmup=0,
+                         trial_timeout=300)
+    r = runner.run(spec("local-oom"))
+    assert r.status == Status.OOM, r
+    assert trial_processes(tmp_path) == []
+
+
+def test_local_runner_checks_the_device_count(tmp_path):
+    _local_available()
+    r = make_runner("local", gpus=2, results_dir=tmp_path).run(spec(gpus=4))
+    assert r.status == Status.FAILED and "--gpus 4" in r.message and not (tmp_path / "trials").exists()
+    from tuner.errors import UsageError
+    with pytest.raises(UsageError, match="--gpus"):
+        make_runner("local", gpus=0)
+    with pytest.raises(UsageError, match="launchers: torchrun, deepspeed"):
+        make_runner("local", gpus=1, launcher="mpirun")

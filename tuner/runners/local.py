@@ -1,0 +1,163 @@
+"""The local runner: real DeepSpeed trials of the bundled GPT harness on G devices of this machine.
+
+Each trial is the command-runner protocol (trial.json, TUNER_* environment, result.json, logs in the
+trial directory) with the command
+
+    python -m torch.distributed.run --standalone --nproc_per_node G -m tuner.runners.harness.train
+
+(or `deepspeed --num_gpus G --module ...` with launcher="deepspeed"). On CPU that is G processes
+(DS_ACCELERATOR=cpu, gloo, OMP_NUM_THREADS=1 each); with G visible CUDA devices, G GPUs (nccl).
+One trial runs at a time per device set, however many threads call `run`.
+
+Memory cap on CPU: `memory_gb` (default 80 % of this machine's RAM) is shared by the G ranks; each
+rank's address space may grow by memory_gb / G after start-up (TUNER_MEMORY_LIMIT_GB, enforced by the
+harness with RLIMIT_AS), and as a backstop every process of the trial starts under a soft RLIMIT_AS
+of memory_gb / G + 4 GB (start-up needs ~1 GB of address space). A runaway layout becomes `oom`.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import threading
+from pathlib import Path
+from typing import Sequence
+
+from tuner.errors import MissingExtra, UsageError
+from tuner.runners.command import CommandRunner, EarlyStop
+from tuner.trial import Status, TrialResult, TrialSpec, failed
+
+HARNESS = "tuner.runners.harness.train"
+LAUNCHERS = ("torchrun", "deepspeed")
+VA_HEADROOM_GB = 4.0          # address space a rank maps beyond its data (libraries, thread arenas)
+DEFAULT_MEMORY_FRACTION = 0.8
+
+_DEVICE_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def _device_lock(key: str) -> threading.Lock:
+    with _LOCKS_GUARD:
+        return _DEVICE_LOCKS.setdefault(key, threading.Lock())
+
+
+def default_memory_gb() -> float:
+    """80 % of this machine's RAM: what all ranks of one CPU trial may use together."""
+    import psutil
+    return round(psutil.virtual_memory().total * DEFAULT_MEMORY_FRACTION / 1e9, 1)
+
+
+def launch_argv(gpus: int, launcher: str = "torchrun") -> list[str]:
+    """The launcher command for G ranks of the harness (pure)."""
+    if launcher == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(gpus),
+                "-m", HARNESS]
+    if launcher == "deepspeed":
+        return [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(gpus), "--master_addr",
+                "127.0.0.1", "--master_port", str(_free_port()), "--module", HARNESS]
+    raise UsageError(f"unknown launcher '{launcher}'; launchers: {', '.join(LAUNCHERS)}")
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _detect_device(device: str, gpus: int) -> str:
+    try:
+        import torch
+    except ImportError:
+        raise MissingExtra("torch", "deepspeed") from None
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device == "auto":
+        return "cuda" if cuda >= gpus else "cpu"
+    if device == "cuda" and cuda < gpus:
+        raise UsageError(f"--gpus {gpus} on CUDA but {cuda} CUDA device(s) are visible: lower --gpus or "
+                         "run on CPU (device 'cpu')")
+    if device not in ("cpu", "cuda"):
+        raise UsageError(f"unknown device '{device}'; devices: auto, cpu, cuda")
+    return device
+
+
+class LocalRunner:
+    name = "local"
+    measured = True
+
+    def __init__(self, gpus: int = 1, trial_timeout: float | None = None, results_dir: Path | str = Path("results"),
+                 memory_gb: float | None = None, device: str = "auto", launcher: str = "torchrun",
+                 steps: int | None = None, warmup: int | None = None, env: dict[str, str] | None = None,
+                 early_stop: EarlyStop | None = None, kill_grace: float = 5.0):
+        if not isinstance(gpus, int) or gpus < 1:
+            raise UsageError(f"--gpus must be an integer >= 1 (got {gpus!r})")
+        if memory_gb is not None and memory_gb <= 0:
+            raise UsageError(f"--memory-gb must be > 0 (got {memory_gb})")
+        for name, v in (("--steps", steps), ("--warmup", warmup)):
+            if v is not None and (not isinstance(v, int) or v < (1 if name == "--steps" else 0)):
+                raise UsageError(f"{name} must be an integer >= {1 if name == '--steps' else 0} (got {v!r})")
+        self.gpus, self.device = gpus, _detect_device(device, gpus)
+        self.argv = launch_argv(gpus, launcher)
+        self.launcher = launcher
+        extra = dict(env or {})
+        # the harness must import this tuner, even from a checkout that is not pip-installed
+        root = str(Path(__file__).resolve().parents[2])
+        extra["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
+        if steps is not None:
+            extra["TUNER_STEPS"] = str(steps)
+        if warmup is not None:
+            extra["TUNER_WARMUP_STEPS"] = str(warmup)
+        if self.device == "cpu":
+            self.memory_gb = memory_gb if memory_gb is not None else default_memory_gb()
+            per_rank = self.memory_gb / gpus
+            extra.update(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
+                         TUNER_MEMORY_LIMIT_GB=f"{per_rank:.3f}")
+            self.argv = [sys.executable, "-m", "tuner.runners.local", "--soft-as",
+                         str(int((per_rank + VA_HEADROOM_GB) * 1e9)), "--", *self.argv]
+            self._lock_key = "cpu"
+        else:
+            self.memory_gb = memory_gb
+            self._lock_key = "cuda:" + os.environ.get("CUDA_VISIBLE_DEVICES", "all")
+        self._cmd = CommandRunner(self.argv, trial_timeout=trial_timeout, results_dir=results_dir, env=extra,
+                                  early_stop=early_stop, kill_grace=kill_grace)
+        self._cancelled = threading.Event()
+
+    def run(self, trial: TrialSpec) -> TrialResult:
+        lay = trial.layout
+        if lay.gpus != self.gpus:
+            return failed(f"layout {lay.key()} uses tp*pp*dp = {lay.gpus} devices but the local runner has "
+                          f"--gpus {self.gpus}; the workload has {trial.workload.gpus} GPUs "
+                          f"({trial.workload.nodes} x {trial.workload.cluster.gpus_per_node} of cluster "
+                          f"'{trial.workload.cluster.name}'): use --gpus {lay.gpus} or a cluster file "
+                          f"with gpus_per_node = {self.gpus} (`tuner calibrate --gpus {self.gpus}`)")
+        lock = _device_lock(self._lock_key)
+        while not lock.acquire(timeout=0.2):
+            if self._cancelled.is_set():
+                return TrialResult(Status.INTERRUPTED, message="cancelled while waiting for the devices")
+        try:
+            return self._cmd.run(trial)
+        finally:
+            lock.release()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        self._cmd.cancel()
+
+
+def _exec_with_soft_limit(argv: Sequence[str]) -> None:
+    """`python -m tuner.runners.local --soft-as BYTES -- CMD ...`: exec CMD under a soft RLIMIT_AS.
+    Soft only, so the harness may set its own tighter cap; a wrapper, because preexec_fn is unsafe
+    in the driver's threads."""
+    if len(argv) < 4 or argv[0] != "--soft-as" or argv[2] != "--":
+        sys.exit("usage: python -m tuner.runners.local --soft-as BYTES -- CMD ...")
+    soft = int(argv[1])
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    os.execvp(argv[3], list(argv[3:]))
+
+
+if __name__ == "__main__":
+    _exec_with_soft_limit(sys.argv[1:])
