@@ -53,9 +53,9 @@ def needs_more_memory(a: Layout, b: Layout) -> bool:
 class BaseSearcher:
     """Bookkeeping shared by all searchers. Subclasses implement `_propose` and may hook `_observe`.
 
-    `_propose(n)` returns candidate indices or raw proposals (dicts of DIMS values); `ask` maps each
-    raw or already-used proposal to the nearest unused candidate, drops duplicates and fills up to n
-    from a seeded fallback order, non-deferred candidates first.
+    `_propose(n)` returns candidate indices or raw proposals (dicts of DIMS values), or calls
+    `_take(p)` itself; `ask` maps each non-candidate, used or (while others remain) deferred proposal
+    to the nearest unused candidate and fills up to n from a seeded fallback order, deferred last.
     """
 
     name = "base"
@@ -102,19 +102,15 @@ class BaseSearcher:
         n = min(int(n), self.remaining)
         if n <= 0:
             return []
-        out: list[int] = []
-        for p in self._propose(n)[:n]:
-            i = self._resolve(p)
-            if i is not None:
-                self.used[i] = True
-                out.append(i)
-        if len(out) < n:
-            for i in self._priority(self._fallback):
-                if len(out) == n:
-                    break
-                self.used[i] = True
-                out.append(int(i))
-        layouts = [self.candidates[i] for i in out]
+        self._batch: list[int] = []
+        for p in self._propose(n):
+            if len(self._batch) == n:
+                break
+            self._take(p)
+        if len(self._batch) < n:
+            for i in self._priority(self._fallback)[:n - len(self._batch)]:
+                self._take(i)
+        layouts = [self.candidates[i] for i in self._batch]
         self.asked.update(layouts)
         return layouts
 
@@ -149,6 +145,14 @@ class BaseSearcher:
         order = order[~self.used[order]]
         late = self.deferred[order]
         return [int(i) for i in order[~late]] + [int(i) for i in order[late]]
+
+    def _take(self, p) -> int | None:
+        """Resolve proposal `p` to an unused candidate, mark it used and add it to this ask's batch."""
+        i = self._resolve(p)
+        if i is not None:
+            self.used[i] = True
+            self._batch.append(i)
+        return i
 
     def _resolve(self, p) -> int | None:
         """An unused candidate index for proposal `p` (an index or a dict of DIMS values)."""
