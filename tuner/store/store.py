@@ -383,14 +383,14 @@ class Store:
              .order_by(TrialRow.peak_fraction.desc(), StudyRow.id, TrialRow.number).limit(max(int(k), 0)))
         if study is not None:
             q = q.where(StudyRow.name == study)
-        return self._tx(lambda s: [TrialRecord.from_row(t, st) for t, st in s.execute(q).tuples()],
+        return self._tx(lambda s: [TrialRecord.from_row(t, st) for t, st in s.execute(q)],
                         "finding the best trials")
 
     def counts(self, study: str) -> dict[str, int]:
         def count(s: Session) -> dict[str, int]:
             q = (select(TrialRow.status, func.count()).where(TrialRow.study_id == self._study_id(s, study))
                  .group_by(TrialRow.status))
-            return {status: n for status, n in s.execute(q).tuples()}
+            return {status: n for status, n in s.execute(q)}
         return self._tx(count, f"counting trials of study '{study}'")
 
     def close(self) -> None:
