@@ -39,16 +39,16 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
     "hbm_bandwidth_gbps": (float, ...),          # per GPU
     "intra_node_bandwidth_gbps": (float, ...),   # per GPU, per direction, whole-node groups
     "inter_node_bandwidth_gbps": (float, ...),   # per node injection, per direction
-    "matmul_efficiency": (float, 0.75),          # fraction of peak that large GEMMs reach
-    "latency_us": (float, 10.0),                 # per step of a collective / p2p message
-    "gemm_knee_gflop": (float, 4.0),             # per-GEMM work at which efficiency is half of max
-    "attention_efficiency": (float, 0.35),       # fraction of peak reached by (flash) attention
+    "matmul_efficiency": (float, 0.7),           # eta_max: fraction of peak that large training GEMMs sustain
+    "latency_us": (float, 10.0),                 # per ring step of a collective / per p2p message
+    "gemm_knee_gflop": (float, 20.0),            # per-GPU GEMM work (GFLOP) at which efficiency is eta_max / 2
+    "attention_efficiency": (float, 0.35),       # fraction of peak on the attention FLOPs Megatron counts (full s^2)
     "memory_bandwidth_efficiency": (float, 0.7),  # fraction of HBM bandwidth element-wise kernels reach
-    "network_efficiency": (float, 0.8),          # fraction of link bandwidth collectives reach
-    "microbatch_overhead_ms": (float, 1.0),      # fixed cost per micro-batch per stage (launch, p2p sync)
-    "memory_reserved_gb": (float, 3.0),          # allocator, communication buffers, workspaces
-    "flash_attention": (bool, True),             # whether attention keeps no s^2 scores
-    "group_bandwidth_gbps": (dict, None),        # {"2": 200.0, ...} per-GPU bandwidth of an intra-node group
+    "network_efficiency": (float, 0.8),          # collective bus bandwidth / link bandwidth for large messages
+    "microbatch_overhead_ms": (float, 1.0),      # fixed cost per micro-batch per stage (dispatch, p2p sync)
+    "memory_reserved_gb": (float, 3.0),          # context, communication buffers, workspaces, allocator slack
+    "flash_attention": (bool, True),             # whether attention keeps no s^2 scores (and runs fused)
+    "group_bandwidth_gbps": (dict, None),        # {"2": 200.0, ...} per-GPU bandwidth of an aligned intra-node block
     "slurm": (dict, None),                       # the [slurm] table used by the Slurm runner
 }
 
@@ -119,9 +119,9 @@ class ClusterSpec:
     hbm_bandwidth_gbps: float
     intra_node_bandwidth_gbps: float
     inter_node_bandwidth_gbps: float
-    matmul_efficiency: float = 0.75
+    matmul_efficiency: float = 0.7
     latency_us: float = 10.0
-    gemm_knee_gflop: float = 4.0
+    gemm_knee_gflop: float = 20.0
     attention_efficiency: float = 0.35
     memory_bandwidth_efficiency: float = 0.7
     network_efficiency: float = 0.8

@@ -1,0 +1,115 @@
+"""The analytic performance and memory model: predict(layout, workload) -> Prediction.
+
+Pure and fast (no I/O, no numpy): `tuner plan` ranks every valid layout with it. Memory comes from
+memory.py, per-micro-batch compute from compute.py, communication from comm.py; every hardware
+constant comes from the workload's ClusterSpec, so the same code predicts any cluster file.
+
+Step time of one iteration, DeepSpeed's 1F1B pipeline without interleaving:
+
+    step = (m + p - 1) * t_stage(slowest) + t_dp + t_embedding_sync + t_optimizer
+
+t_stage = compute (GEMMs, attention, element-wise) + TP all-reduces + blocking p2p + a fixed
+per-micro-batch overhead; the slowest stage is the first or last (embedding / LM head and loss).
+DP/ZeRO collectives run after gradient accumulation and are not overlapped with the pipeline.
+"""
+
+from __future__ import annotations
+
+from tuner.layout import Layout, micro_batches_per_pipeline
+from tuner.perfmodel import comm, compute, memory
+from tuner.perfmodel.flops import megatron_flops, model_flops
+from tuner.perfmodel.prediction import Prediction
+from tuner.specs import Workload
+
+__all__ = ["predict", "rank", "Prediction", "stage_times"]
+
+
+def stage_times(layout: Layout, workload: Workload) -> tuple[dict, dict]:
+    """Seconds per micro-batch of (first stage, last stage), each a breakdown by component.
+    With pp = 1 both are the single stage that holds everything."""
+    model, cluster = workload.model, workload.cluster
+    t, p, b, ckpt = layout.tp, layout.pp, layout.micro_batch, layout.activation_checkpointing
+    layers = model.num_layers // p
+    lay = compute.layer_times(model, cluster, b, t, ckpt)
+    ar_bytes = 2.0 * model.seq_length * b * model.hidden_size
+    ar = comm.tp_allreduce_time(cluster, t, ar_bytes)
+    base = {
+        "gemm": layers * lay["gemm"],
+        "attention": layers * lay["attention"],
+        "elementwise": layers * lay["elementwise"],
+        "tp_comm": layers * comm.tp_allreduces_per_layer(ckpt) * ar,
+        "p2p": comm.pipeline_p2p_time(cluster, t, layout.dp, p, ar_bytes),
+        "microbatch_overhead": cluster.microbatch_overhead_ms * 1e-3,
+    }
+    first, last = dict(base), dict(base)
+    emb = compute.embedding_times(model, cluster, b)
+    first["elementwise"] += emb["elementwise"]
+    first["tp_comm"] += ar                    # the vocabulary-parallel embedding's forward all-reduce
+    head = compute.lm_head_times(model, cluster, b, t)
+    last["gemm"] += head["gemm"]
+    last["elementwise"] += head["elementwise"]
+    last["tp_comm"] += ar                     # the LM head's input-gradient all-reduce
+    if p == 1:
+        first["gemm"], first["elementwise"] = last["gemm"], last["elementwise"] + emb["elementwise"]
+        first["tp_comm"] += ar
+        return first, first
+    return first, last
+
+
+def predict(layout: Layout, workload: Workload) -> Prediction:
+    """Predicted throughput, step time and per-GPU peak memory of a valid `layout` on `workload`."""
+    model, cluster = workload.model, workload.cluster
+    t, p, d = layout.tp, layout.pp, layout.dp
+    m = micro_batches_per_pipeline(layout, workload.global_batch)
+    ckpt = layout.activation_checkpointing
+
+    # ---- memory
+    worst_stage, mem = memory.peak_memory(layout, workload, m)
+    fits = mem["total"] <= cluster.memory_gb
+    reason = memory.fit_reason(mem, cluster.memory_gb, worst_stage)
+
+    # ---- time
+    first, last = stage_times(layout, workload)
+    slow = last if sum(last.values()) >= sum(first.values()) else first
+    t_stage = sum(slow.values())
+    params_gpu = max(memory.stage_params(model, t, p, 0), memory.stage_params(model, t, p, p - 1))
+    dp = comm.dp_time(cluster, t, d, layout.zero_stage, params_gpu, m, ckpt)
+    sync = comm.embedding_sync_time(cluster, t, d, p, memory.embedding_params(model, t))
+    owned = params_gpu / d if layout.zero_stage >= 1 else params_gpu
+    t_opt = compute.optimizer_time(cluster, owned)
+
+    time = {k: m * v for k, v in slow.items()}
+    time["bubble"] = (p - 1) * t_stage
+    time["dp_grad_reduce"] = dp["grad_reduce"]
+    time["dp_param_gather"] = dp["param_gather"]
+    time["embedding_sync"] = sync
+    time["optimizer"] = t_opt
+    step = sum(time.values())
+
+    gpus = workload.gpus
+    tflops = megatron_flops(model, workload.global_batch, ckpt) / (step * gpus * 1e12)
+    mfu = model_flops(model, workload.global_batch) / (step * gpus * cluster.peak_tflops * 1e12)
+    mem_out = {k: v for k, v in mem.items() if k != "total"}
+    mem_out["stage"] = worst_stage
+    return Prediction(
+        layout=layout,
+        tflops_per_gpu=tflops,
+        peak_fraction=tflops / cluster.peak_tflops,
+        mfu=mfu,
+        step_time_s=step,
+        samples_per_second=workload.global_batch / step,
+        memory_gb=mem["total"],
+        fits=fits,
+        memory_breakdown=mem_out,
+        time_breakdown=time,
+        reason=reason,
+    )
+
+
+def rank(layouts, workload: Workload) -> list[Prediction]:
+    """Predictions for `layouts`, best first: layouts that fit before those that do not, then by
+    throughput (shortest step time for the workload's global batch, i.e. highest MFU and model-FLOPs
+    TFLOPS), then by lower peak memory. Megatron's TFLOPS count recompute, so ordering by them would
+    reward activation checkpointing for the work it repeats; step time compares like with like."""
+    preds = [predict(lay, workload) for lay in layouts]
+    return sorted(preds, key=lambda pr: (not pr.fits, pr.step_time_s, pr.memory_gb))

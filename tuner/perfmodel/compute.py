@@ -1,0 +1,102 @@
+"""Compute time of one pipeline stage for one micro-batch: GEMMs, attention, element-wise work.
+
+Pure functions (reference/formulas.md). Every rate comes from the ClusterSpec:
+- GEMMs run at peak * eta(F), eta(F) = matmul_efficiency * F / (F + gemm_knee_gflop), F the FLOPs of
+  one GEMM on one GPU (GFLOP): small per-GPU matrices (small b*s, large t, small h) run slower.
+- Attention (the s^2 part) runs at peak * attention_efficiency, measured on the FLOPs Megatron counts
+  (4*b*s^2*h/t forward). Without FlashAttention the s^2 scores also stream through HBM.
+- Element-wise kernels (layer norms, bias + GeLU, dropout, residual adds, the loss) are bound by HBM
+  bandwidth: bytes / (hbm_bandwidth * memory_bandwidth_efficiency).
+Passes per micro-batch: forward 1, backward 2 (data and weight gradients), and one more forward of
+every layer with full activation recompute. The LM head is not recomputed.
+"""
+
+from __future__ import annotations
+
+from tuner.specs import ClusterSpec, ModelSpec
+
+# Element-wise HBM traffic of one layer's forward pass, in bytes per s*b*h element (fp16):
+# replicated across TP ranks (no sequence parallelism): two layer norms (read + write: 4 each) and two
+# fused bias-dropout-residual adds (read 2 inputs, write the sum and a 1-byte mask: 7 each) = 22;
+# split by t: FlashAttention reading Q, K, V and writing its output (8) and bias + GeLU on the 4h
+# activations (read + write: 16) = 24.
+ELEMENTWISE_REPLICATED = 22.0
+ELEMENTWISE_SPLIT = 24.0
+# Without FlashAttention, per score element (a*s^2*b/t) forward: write scores, softmax read + write,
+# dropout read + write + mask, read for the value product (2+4+5+2 bytes).
+SCORE_BYTES = 13.0
+BACKWARD_TRAFFIC = 2.0          # backward kernels read saved inputs and incoming gradients, write gradients
+FLASH_BACKWARD_FLOPS = 2.5      # FlashAttention's backward recomputes the scores: 2.5x forward FLOPs
+
+
+def gemm_efficiency(cluster: ClusterSpec, gflop: float) -> float:
+    """eta(F) = eta_max * F / (F + F_knee): the fraction of peak one GEMM of `gflop` GFLOP reaches."""
+    return cluster.matmul_efficiency * gflop / (gflop + cluster.gemm_knee_gflop)
+
+
+def gemm_time(cluster: ClusterSpec, flops: float) -> float:
+    """Seconds for one GEMM of `flops` FLOPs on one GPU."""
+    if flops <= 0:
+        return 0.0
+    return flops / (cluster.peak_tflops * 1e12 * gemm_efficiency(cluster, flops / 1e9))
+
+
+def layer_gemm_flops(model: ModelSpec, micro_batch: int, tp: int) -> tuple[float, float, float, float]:
+    """Forward FLOPs per GPU of the four GEMMs of a layer: QKV, attention projection, fc1, fc2.
+    Their sum is 2*b*s*(4h^2 + 2hf)/t."""
+    bs2 = 2.0 * micro_batch * model.seq_length
+    h, f = model.hidden_size, model.ffn_hidden_size
+    return (bs2 * h * 3 * h / tp, bs2 * h * h / tp, bs2 * h * f / tp, bs2 * f * h / tp)
+
+
+def attention_flops(model: ModelSpec, micro_batch: int, tp: int) -> float:
+    """Forward FLOPs per GPU of the score and value products: 4*b*s^2*h/t."""
+    return 4.0 * micro_batch * model.seq_length ** 2 * model.hidden_size / tp
+
+
+def elementwise_bytes(model: ModelSpec, micro_batch: int, tp: int, flash_attention: bool) -> float:
+    """HBM bytes of one layer's element-wise kernels in a forward pass, per GPU."""
+    sbh = model.seq_length * micro_batch * model.hidden_size
+    n = sbh * (ELEMENTWISE_REPLICATED + ELEMENTWISE_SPLIT / tp)
+    if not flash_attention:
+        n += SCORE_BYTES * model.num_attention_heads * model.seq_length ** 2 * micro_batch / tp
+    return n
+
+
+def layer_times(model: ModelSpec, cluster: ClusterSpec, micro_batch: int, tp: int,
+                checkpointing: bool) -> dict:
+    """Seconds of one layer on one GPU for one micro-batch (forward + backward [+ recompute])."""
+    fwd_passes = 2.0 if checkpointing else 1.0      # forward, plus the recompute forward
+    gemm_fwd = sum(gemm_time(cluster, f) for f in layer_gemm_flops(model, micro_batch, tp))
+    attn_fwd = attention_flops(model, micro_batch, tp) / (cluster.peak_tflops * 1e12 * cluster.attention_efficiency)
+    attn_bwd = attn_fwd * (FLASH_BACKWARD_FLOPS if cluster.flash_attention else 2.0)
+    hbm = cluster.hbm_bandwidth_gbps * 1e9 * cluster.memory_bandwidth_efficiency
+    elem_fwd = elementwise_bytes(model, micro_batch, tp, cluster.flash_attention) / hbm
+    return {"gemm": gemm_fwd * (fwd_passes + 2.0),
+            "attention": attn_fwd * fwd_passes + attn_bwd,
+            "elementwise": elem_fwd * (fwd_passes + BACKWARD_TRAFFIC)}
+
+
+def lm_head_times(model: ModelSpec, cluster: ClusterSpec, micro_batch: int, tp: int) -> dict:
+    """Seconds of the last stage's extra work per micro-batch: the LM head GEMM (2*b*s*h*V/t forward,
+    backward twice that, never recomputed), the final layer norm and the fp32 cross-entropy
+    (about 20 bytes per logit forward + backward)."""
+    s, b, h, V = model.seq_length, micro_batch, model.hidden_size, model.vocab_size
+    head = gemm_time(cluster, 2.0 * b * s * h * V / tp) * 3.0
+    hbm = cluster.hbm_bandwidth_gbps * 1e9 * cluster.memory_bandwidth_efficiency
+    loss = (20.0 * s * b * V / tp + 3 * 4.0 * s * b * h) / hbm
+    return {"gemm": head, "elementwise": loss}
+
+
+def embedding_times(model: ModelSpec, cluster: ClusterSpec, micro_batch: int) -> dict:
+    """Seconds of the first stage's extra work per micro-batch: embedding lookup, position add and
+    dropout forward, and the gradient scatter-add backward (about 12 bytes per s*b*h element)."""
+    hbm = cluster.hbm_bandwidth_gbps * 1e9 * cluster.memory_bandwidth_efficiency
+    return {"elementwise": 12.0 * model.seq_length * micro_batch * model.hidden_size / hbm}
+
+
+def optimizer_time(cluster: ClusterSpec, params_owned: float) -> float:
+    """Fused Adam over the parameters this GPU updates; memory-bound: about 32 bytes per parameter
+    (read and write fp32 master, momentum and variance, read the gradient, write the fp16 copy)."""
+    hbm = cluster.hbm_bandwidth_gbps * 1e9 * cluster.memory_bandwidth_efficiency
+    return 32.0 * params_owned / hbm

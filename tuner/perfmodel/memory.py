@@ -1,0 +1,141 @@
+"""Per-GPU memory of a layout: model states per ZeRO stage, activations under 1F1B, logits, overhead.
+
+Pure functions (reference/formulas.md; Rajbhandari et al. 2020; Korthikanti et al. 2022). Mixed
+precision with Adam: fp16/bf16 weights (2 bytes) and gradients (2), fp32 master weights, momentum and
+variance (12). Sizes are in bytes unless a name says GB.
+"""
+
+from __future__ import annotations
+
+from tuner.layout import Layout
+from tuner.specs import ModelSpec, Workload
+
+GB = 1e9
+
+
+# ----------------------------------------------------------------------------------- parameters
+def layer_params(model: ModelSpec, tp: int) -> float:
+    """Parameters of one transformer layer held by one TP rank.
+
+    QKV, projection, fc1 and fc2 weights and the QKV and fc1 biases are split by t; the projection and
+    fc2 biases and the two layer norms (6h) are replicated."""
+    h, f = model.hidden_size, model.ffn_hidden_size
+    return (4 * h * h + 2 * h * f + 3 * h + f) / tp + 6 * h
+
+
+def embedding_params(model: ModelSpec, tp: int) -> float:
+    """The vocabulary-parallel word embedding (V*h/t) held by one TP rank."""
+    return model.vocab_size * model.hidden_size / tp
+
+
+def stage_params(model: ModelSpec, tp: int, pp: int, stage: int) -> float:
+    """Parameters one GPU holds on pipeline stage `stage`: its layers, plus the word and position
+    embeddings on the first stage, the tied LM head (a copy of the word embedding, as DeepSpeed's
+    TiedLayerSpec keeps it) and the final layer norm on the last."""
+    n = model.num_layers // pp * layer_params(model, tp)
+    if stage == 0:
+        n += embedding_params(model, tp) + model.seq_length * model.hidden_size
+    if stage == pp - 1:
+        n += 2 * model.hidden_size
+        if pp > 1:
+            n += embedding_params(model, tp)
+    return n
+
+
+def model_state_bytes_per_param(zero_stage: int, dp: int) -> dict:
+    """Bytes per parameter for weights, gradients and optimizer states under a ZeRO stage.
+
+    ZeRO-0: 2 + 2 + 12 = 16; ZeRO-1: 4 + 12/d; ZeRO-2: 2 + 14/d; ZeRO-3: 16/d."""
+    d = max(1, dp)
+    weights = 2.0 / d if zero_stage >= 3 else 2.0
+    grads = 2.0 / d if zero_stage >= 2 else 2.0
+    optim = 12.0 / d if zero_stage >= 1 else 12.0
+    return {"weights": weights, "gradients": grads, "optimizer": optim}
+
+
+# ----------------------------------------------------------------------------------- activations
+def activation_bytes_per_layer(model: ModelSpec, micro_batch: int, tp: int, flash_attention: bool) -> float:
+    """Activations one layer stores for backward, per micro-batch, no sequence parallelism:
+    s*b*h*(10 + 24/t + 5*a*s/(h*t)); FlashAttention keeps no s^2 scores and drops the last term."""
+    s, b, h, a = model.seq_length, micro_batch, model.hidden_size, model.num_attention_heads
+    per = 10.0 + 24.0 / tp
+    if not flash_attention:
+        per += 5.0 * a * s / (h * tp)
+    return s * b * h * per
+
+
+def checkpoint_bytes_per_layer(model: ModelSpec, micro_batch: int) -> float:
+    """With full recompute a layer keeps only its fp16 input: 2*s*b*h."""
+    return 2.0 * model.seq_length * micro_batch * model.hidden_size
+
+
+def in_flight(stage: int, pp: int, m: int) -> int:
+    """1F1B: stage i holds up to min(p - i, m) micro-batches whose backward has not run yet."""
+    return max(1, min(pp - stage, m))
+
+
+def stage_activation_bytes(model: ModelSpec, layout: Layout, stage: int, m: int, flash_attention: bool) -> float:
+    """Activation memory of stage `stage` at its peak.
+
+    Each in-flight micro-batch keeps, per layer, its checkpoint (full recompute) or its full
+    activations, plus the stage's output tensor (2*s*b*h) that the pipeline engine keeps until the
+    backward pass. With checkpointing, one layer's full activations are live during its recompute."""
+    layers = model.num_layers // layout.pp
+    b, t = layout.micro_batch, layout.tp
+    full = activation_bytes_per_layer(model, b, t, flash_attention)
+    boundary = checkpoint_bytes_per_layer(model, b) if layout.pp > 1 else 0.0
+    if layout.activation_checkpointing:
+        per_mb = layers * checkpoint_bytes_per_layer(model, b) + boundary
+        working = full
+    else:
+        per_mb = layers * full + boundary
+        working = 0.0
+    return in_flight(stage, layout.pp, m) * per_mb + working
+
+
+def logits_bytes(model: ModelSpec, micro_batch: int, tp: int) -> float:
+    """fp32 logits for the loss on the last stage: 4 * s*b*V/t."""
+    return 4.0 * model.seq_length * micro_batch * model.vocab_size / tp
+
+
+def zero3_gather_bytes(model: ModelSpec, tp: int, dp: int, zero_stage: int) -> float:
+    """ZeRO-3 working buffers: about two layers' fp16 parameters gathered (current + prefetch)."""
+    if zero_stage < 3 or dp <= 1:
+        return 0.0
+    return 2 * 2.0 * layer_params(model, tp) * (1.0 - 1.0 / dp)
+
+
+# ----------------------------------------------------------------------------------- per stage
+def stage_memory(layout: Layout, workload: Workload, stage: int, m: int) -> dict:
+    """Memory breakdown (GB) of one GPU on pipeline stage `stage`; 'total' is the peak."""
+    model, cluster = workload.model, workload.cluster
+    params = stage_params(model, layout.tp, layout.pp, stage)
+    per = model_state_bytes_per_param(layout.zero_stage, layout.dp)
+    out = {k: params * v / GB for k, v in per.items()}
+    out["activations"] = stage_activation_bytes(model, layout, stage, m, cluster.flash_attention) / GB
+    out["logits"] = logits_bytes(model, layout.micro_batch, layout.tp) / GB if stage == layout.pp - 1 else 0.0
+    out["zero3_buffers"] = zero3_gather_bytes(model, layout.tp, layout.dp, layout.zero_stage) / GB
+    out["reserved"] = cluster.memory_reserved_gb
+    out["total"] = sum(out.values())
+    out["params_billion"] = params / 1e9
+    return out
+
+
+def peak_memory(layout: Layout, workload: Workload, m: int) -> tuple[int, dict]:
+    """The worst stage and its breakdown. Stage 0 holds the most micro-batches in flight and the
+    embedding; the last stage holds the LM head and the logits; middle stages are never worse."""
+    first = stage_memory(layout, workload, 0, m)
+    if layout.pp == 1:
+        return 0, first
+    last = stage_memory(layout, workload, layout.pp - 1, m)
+    return (0, first) if first["total"] >= last["total"] else (layout.pp - 1, last)
+
+
+def fit_reason(breakdown: dict, capacity_gb: float, stage: int) -> str:
+    """Why a stage does not fit, naming its largest consumers; '' when it fits."""
+    if breakdown["total"] <= capacity_gb:
+        return ""
+    parts = sorted(((v, k) for k, v in breakdown.items() if k not in ("total", "params_billion")), reverse=True)
+    top = ", ".join(f"{k} {v:.1f}" for v, k in parts[:3])
+    return (f"needs {breakdown['total']:.1f} GB per GPU on stage {stage} but the GPU has {capacity_gb:.0f} GB "
+            f"(largest: {top} GB)")
