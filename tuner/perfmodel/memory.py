@@ -79,14 +79,15 @@ def stage_activation_bytes(model: ModelSpec, layout: Layout, stage: int, m: int,
 
     Each in-flight micro-batch keeps, per layer, its checkpoint (full recompute) or its full
     activations, plus the stage's output tensor (2*s*b*h) that the pipeline engine keeps until the
-    backward pass. With checkpointing, one layer's full activations are live during its recompute."""
+    backward pass. With checkpointing, one layer's full activations are live during its recompute;
+    that layer's checkpoint (its input) is one of them, so it is not counted twice."""
     layers = model.num_layers // layout.pp
     b, t = layout.micro_batch, layout.tp
     full = activation_bytes_per_layer(model, b, t, flash_attention)
     boundary = checkpoint_bytes_per_layer(model, b) if layout.pp > 1 else 0.0
     if layout.activation_checkpointing:
         per_mb = layers * checkpoint_bytes_per_layer(model, b) + boundary
-        working = full
+        working = full - checkpoint_bytes_per_layer(model, b)
     else:
         per_mb = layers * full + boundary
         working = 0.0

@@ -1,0 +1,282 @@
+"""The analytic performance and memory model: hand-computed formulas, properties, study layouts."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from tuner.layout import Layout, micro_batches_per_pipeline, why_invalid
+from tuner.perfmodel import Prediction, comm, compute, memory, predict, rank
+from tuner.perfmodel.flops import megatron_flops
+from tuner.space import load_space
+from tuner.specs import load_cluster, load_model, make_workload
+
+FRONTIER = load_cluster("frontier")
+A100 = load_cluster("a100")
+
+
+def lay(tp, pp, dp, mb=1, z=1, ac=True):
+    return Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, zero_stage=z, activation_checkpointing=ac)
+
+
+# ------------------------------------------------------------------------ hand-computed formulas
+@pytest.mark.parametrize("zero, dp, expected", [
+    (0, 8, 16.0),            # 2 + 2 + 12
+    (1, 2, 4.0 + 12 / 2),    # ZeRO-1: 4 + 12/d
+    (2, 4, 2.0 + 14 / 4),    # ZeRO-2: 2 + 14/d
+    (3, 8, 16 / 8),          # ZeRO-3: 16/d
+    (3, 1, 16.0),
+])
+def test_bytes_per_param_per_zero_stage(zero, dp, expected):
+    assert sum(memory.model_state_bytes_per_param(zero, dp).values()) == pytest.approx(expected)
+
+
+def test_activation_bytes_per_layer():
+    m = load_model("gpt-175b")     # s 2048, h 12288, a 96
+    sbh = 2048 * 12288
+    # s*b*h*(10 + 24/t + 5*a*s/(h*t)) with t = 4: 10 + 6 + 5*96*2048/(12288*4) = 16 + 20
+    assert memory.activation_bytes_per_layer(m, 1, 4, flash_attention=False) == pytest.approx(36 * sbh)
+    assert memory.activation_bytes_per_layer(m, 1, 4, flash_attention=True) == pytest.approx(16 * sbh)
+    assert memory.activation_bytes_per_layer(m, 2, 4, flash_attention=True) == pytest.approx(32 * sbh)
+    assert memory.checkpoint_bytes_per_layer(m, 1) == 2 * sbh
+
+
+def test_in_flight_1f1b_rule():
+    assert memory.in_flight(0, 16, 320) == 16
+    assert memory.in_flight(15, 16, 320) == 1
+    assert memory.in_flight(0, 16, 4) == 4
+    assert memory.in_flight(0, 1, 10) == 1
+
+
+def test_stage_activation_bytes_hand_computed():
+    m = load_model("gpt-175b")
+    sbh = 2048 * 12288
+    layout = lay(4, 16, 2)
+    # stage 0: 16 in flight x (6 layer checkpoints + 1 output buffer) x 2sbh + one layer's working set
+    # (16 sbh, of which its own 2 sbh checkpoint is already counted)
+    expected = 16 * 7 * 2 * sbh + (16 - 2) * sbh
+    assert memory.stage_activation_bytes(m, layout, 0, 320, True) == pytest.approx(expected)
+    no_ckpt = lay(4, 16, 2, ac=False)
+    assert memory.stage_activation_bytes(m, no_ckpt, 15, 320, True) == pytest.approx(6 * 16 * sbh + 2 * sbh)
+
+
+def test_logits_and_params():
+    m = load_model("gpt-175b")
+    assert memory.logits_bytes(m, 1, 4) == pytest.approx(4 * 2048 * 50688 / 4)
+    h = 12288
+    assert memory.layer_params(m, 4) == pytest.approx((12 * h * h + 7 * h) / 4 + 6 * h)
+    middle = memory.stage_params(m, 4, 16, 5)
+    assert middle == pytest.approx(6 * memory.layer_params(m, 4))
+    assert middle / 1e9 == pytest.approx(2.72, abs=0.01)          # the authors' log: 2.72 B per GCD
+    first = memory.stage_params(m, 4, 16, 0)
+    assert first - middle == pytest.approx(50688 * h / 4 + 2048 * h)
+    whole = sum(memory.stage_params(m, 1, 1, 0) for _ in range(1))
+    assert whole == pytest.approx(m.num_parameters, rel=0.01)
+
+
+def test_ring_allreduce_time():
+    c = dataclasses.replace(FRONTIER, network_efficiency=0.8, latency_us=10.0)
+    # 2(g-1)/g * n / bw + 2(g-1) * alpha: 2*3/4 * 1e9 / 80e9 + 6 * 1e-5
+    assert comm.allreduce_time(1e9, 4, 100.0, c) == pytest.approx(0.01875 + 6e-5)
+    assert comm.reduce_scatter_time(1e9, 4, 100.0, c) == pytest.approx((0.01875 + 6e-5) / 2)
+    assert comm.allreduce_time(1e9, 1, 100.0, c) == 0.0
+    assert comm.p2p_time(1e9, 100.0, c) == pytest.approx(1e9 / 80e9 + 1e-5)
+
+
+def test_group_bandwidth_follows_rank_order_and_links():
+    assert comm.group_bandwidth(FRONTIER, 2, 1) == 200.0      # one MI250X
+    assert comm.group_bandwidth(FRONTIER, 4, 1) == 100.0
+    assert comm.group_bandwidth(FRONTIER, 8, 1) == 50.0
+    # TP=16 leaves the node: 8 ranks per node share the node's 100 GB/s, and the ring still crosses the
+    # slowest in-node link (50)
+    assert comm.group_bandwidth(FRONTIER, 16, 1) == 50.0
+    assert comm.crosses_nodes(FRONTIER, 16, 1) and not comm.crosses_nodes(FRONTIER, 8, 1)
+    # DP with tp = 8: one rank per node, 8 groups share the injection bandwidth
+    assert comm.group_bandwidth(FRONTIER, 4, 8) == pytest.approx(100.0 / 8)
+    # DP with tp = 2 across nodes: 4 ranks per node -> 100 * 4/8
+    assert comm.group_bandwidth(FRONTIER, 16, 2) == pytest.approx(50.0)
+    assert comm.group_bandwidth(A100, 8, 1) == 300.0
+    assert comm.group_bandwidth(A100, 6, 8) == pytest.approx(200.0 / 8)
+    assert comm.pipeline_p2p_bandwidth(FRONTIER, 4, 2, 16) == pytest.approx(100.0 / 8)
+
+
+def test_gemm_efficiency_curve():
+    c = FRONTIER
+    assert compute.gemm_efficiency(c, c.gemm_knee_gflop) == pytest.approx(c.matmul_efficiency / 2)
+    assert compute.gemm_efficiency(c, 1e6) == pytest.approx(c.matmul_efficiency, rel=1e-3)
+    assert compute.gemm_efficiency(c, 1.0) < compute.gemm_efficiency(c, 100.0)
+    m = load_model("gpt-175b")
+    assert sum(compute.layer_gemm_flops(m, 1, 4)) == pytest.approx(2 * 2048 * 12 * 12288 ** 2 / 4)
+    assert compute.attention_flops(m, 1, 4) == pytest.approx(4 * 2048 ** 2 * 12288 / 4)
+
+
+def test_bubble_fraction_is_p_minus_1_over_m():
+    w = make_workload("gpt-175b", 16, FRONTIER, 640)
+    pr = predict(lay(4, 16, 2), w)
+    tb = pr.time_breakdown
+    per_mb = sum(tb[k] for k in ("gemm", "attention", "elementwise", "tp_comm", "p2p", "microbatch_overhead"))
+    assert tb["bubble"] / per_mb == pytest.approx(15 / 320)
+    assert sum(tb.values()) == pytest.approx(pr.step_time_s)
+
+
+def test_tflops_mfu_and_memory_are_consistent():
+    w = make_workload("gpt-22b", 2, FRONTIER, 640)
+    pr = predict(lay(1, 8, 2), w)
+    assert isinstance(pr, Prediction)
+    assert pr.tflops_per_gpu * pr.step_time_s * 16 * 1e12 == pytest.approx(megatron_flops(w.model, 640, True))
+    assert pr.mfu == pytest.approx(pr.tflops_per_gpu * 3 / 4 / FRONTIER.peak_tflops)
+    assert pr.peak_fraction == pytest.approx(pr.tflops_per_gpu / FRONTIER.peak_tflops)
+    mem = {k: v for k, v in pr.memory_breakdown.items() if k not in ("params_billion", "stage")}
+    assert sum(mem.values()) == pytest.approx(pr.memory_gb)
+    assert pr.samples_per_second == pytest.approx(640 / pr.step_time_s)
+    d = pr.as_dict()
+    assert d["breakdown"]["time_s"] and d["breakdown"]["memory_gb"]
+
+
+# ------------------------------------------------------------------------ the study and its findings
+STUDY = [("gpt-22b", 2, 640, lay(1, 8, 2), 73.5), ("gpt-175b", 16, 640, lay(4, 16, 2), 69.2),
+         ("gpt-1t", 128, 1024, lay(4, 128, 2), 61.2)]
+
+
+@pytest.mark.parametrize("model, nodes, gb, layout, study", STUDY)
+def test_study_layouts_fit_and_are_close(model, nodes, gb, layout, study):
+    w = make_workload(model, nodes, FRONTIER, gb)
+    assert why_invalid(layout, w) is None
+    pr = predict(layout, w)
+    assert pr.fits and pr.reason == ""
+    assert pr.tflops_per_gpu == pytest.approx(study, rel=0.05)
+
+
+def test_175b_stage0_memory_close_to_measured():
+    pr = predict(lay(4, 16, 2), make_workload("gpt-175b", 16, FRONTIER, 640))
+    assert pr.memory_breakdown["stage"] == 0
+    assert pr.memory_gb == pytest.approx(33.9, rel=0.15)
+
+
+def test_tp_across_nodes_is_slower_than_tp_in_node():
+    for model in ("gpt-1.4b", "gpt-22b", "gpt-175b"):
+        for cluster in (FRONTIER, A100):
+            w = make_workload(model, 2, cluster, 64)
+            tp16 = predict(lay(16, 1, 1), w)
+            tp8 = predict(lay(8, 1, 2), w)
+            assert tp16.step_time_s > tp8.step_time_s, (model, cluster.name)
+
+
+def test_tp2_is_the_fastest_tp_group_on_frontier():
+    w = make_workload("gpt-175b", 32, FRONTIER, 64 * 8)
+    times = {t: predict(lay(t, 16, 256 // (16 * t)), make_workload("gpt-175b", 32, FRONTIER, 64 * 256 // (16 * t)))
+             for t in (2, 4, 8, 16)}
+    assert max(times, key=lambda t: times[t].tflops_per_gpu) == 2
+    assert w.gpus == 256
+    # the same physics on a flat NVSwitch-like node removes TP=2's edge in bandwidth
+    flat = dataclasses.replace(FRONTIER, group_bandwidth_gbps=None, intra_node_bandwidth_gbps=200.0)
+    assert comm.group_bandwidth(flat, 2, 1) == comm.group_bandwidth(flat, 8, 1)
+
+
+def test_bubbles_shrink_with_more_micro_batches():
+    shares = []
+    for gb in (32, 64, 128, 640):
+        pr = predict(lay(4, 16, 2), make_workload("gpt-175b", 16, FRONTIER, gb))
+        shares.append(pr.time_breakdown["bubble"] / pr.step_time_s)
+    assert shares == sorted(shares, reverse=True)
+
+
+def test_weak_scaling_175b():
+    base = predict(lay(4, 16, 2), make_workload("gpt-175b", 16, FRONTIER, 640)).tflops_per_gpu
+    big = predict(lay(4, 16, 16), make_workload("gpt-175b", 128, FRONTIER, 320 * 16)).tflops_per_gpu
+    assert big / base >= 0.95
+
+
+def test_not_fitting_has_a_reason():
+    pr = predict(lay(1, 1, 16), make_workload("gpt-175b", 2, FRONTIER, 64))
+    assert not pr.fits and "GB" in pr.reason and "stage 0" in pr.reason
+
+
+def test_other_clusters_predict_from_their_files():
+    for name in ("a100", "h100", "local"):
+        c = load_cluster(name)
+        w = make_workload("tiny" if name == "local" else "gpt-1.4b", 1, c, 16 if name == "local" else 512)
+        pr = predict(lay(1, 1, c.gpus_per_node), w)
+        assert pr.step_time_s > 0 and 0 < pr.mfu < 1 and pr.fits
+
+
+def test_rank_puts_fitting_and_faster_first():
+    w = make_workload("gpt-175b", 16, FRONTIER, 640)
+    preds = rank(load_space().enumerate_layouts(w), w)
+    fits = [p.fits for p in preds]
+    assert fits == sorted(fits, reverse=True)
+    ok = [p.step_time_s for p in preds if p.fits]
+    assert ok == sorted(ok)
+
+
+# ------------------------------------------------------------------------ properties
+WORKLOADS = [("tiny", "local", 1, 16), ("small", "frontier", 1, 32), ("gpt-1.4b", "frontier", 4, 320),
+             ("gpt-22b", "a100", 4, 512), ("gpt-175b", "frontier", 16, 640), ("gpt-175b", "h100", 32, 1536)]
+
+
+@functools.lru_cache(maxsize=None)
+def _space(i):
+    model, cluster, nodes, gb = WORKLOADS[i]
+    w = make_workload(model, nodes, cluster, gb)
+    return w, load_space().enumerate_layouts(w)
+
+
+layouts_st = st.integers(0, len(WORKLOADS) - 1).flatmap(
+    lambda i: st.sampled_from(_space(i)[1]).map(lambda lay_: (i, lay_)))
+
+
+def _variant(layout, **kw):
+    return Layout(**{**layout.as_dict(), **kw})
+
+
+@settings(max_examples=150, deadline=None)
+@given(layouts_st)
+def test_prediction_is_sane(case):
+    i, layout = case
+    w = _space(i)[0]
+    pr = predict(layout, w)
+    assert math.isfinite(pr.step_time_s) and pr.step_time_s > 0
+    assert 0 < pr.mfu < 1 and pr.tflops_per_gpu > 0
+    assert pr.memory_gb > 0 and pr.fits == (pr.memory_gb <= w.cluster.memory_gb)
+    assert all(v >= 0 for v in pr.time_breakdown.values())
+
+
+@settings(max_examples=150, deadline=None)
+@given(layouts_st)
+def test_memory_grows_with_micro_batch(case):
+    i, layout = case
+    w = _space(i)[0]
+    bigger = _variant(layout, micro_batch=layout.micro_batch * 2)
+    if why_invalid(bigger, w):
+        return
+    assert predict(bigger, w).memory_gb >= predict(layout, w).memory_gb - 1e-9
+
+
+@settings(max_examples=150, deadline=None)
+@given(layouts_st)
+def test_zero_stages_order_memory(case):
+    i, layout = case
+    w = _space(i)[0]
+    mems = []
+    for z in (0, 1, 2, 3):
+        v = _variant(layout, zero_stage=z)
+        if why_invalid(v, w) is None:
+            mems.append(predict(v, w).memory_gb)
+    assert mems == sorted(mems, reverse=True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(layouts_st)
+def test_checkpointing_lowers_activation_memory(case):
+    i, layout = case
+    w = _space(i)[0]
+    m = micro_batches_per_pipeline(layout, w.global_batch)
+    on, off = _variant(layout, activation_checkpointing=True), _variant(layout, activation_checkpointing=False)
+    for stage in (0, layout.pp - 1):
+        a_on = memory.stage_activation_bytes(w.model, on, stage, m, w.cluster.flash_attention)
+        a_off = memory.stage_activation_bytes(w.model, off, stage, m, w.cluster.flash_attention)
+        assert a_on <= a_off + 1e-6
