@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tuner.errors import UsageError
 from tuner.runners import megatron
+from tuner.runners.command import trial_env as command_env
 from tuner.trial import TrialSpec
 
 TEMPLATES = ("harness", "megatron", "command")
@@ -137,26 +138,10 @@ def time_limit_for(timeout_s: float | None) -> str | None:
 
 
 def trial_env(trial: TrialSpec, trial_dir: str) -> dict[str, str]:
-    """The command-runner protocol's variables (see tuner/runners/command.py)."""
-    lay, w = trial.layout, trial.workload
-    d = trial_dir.rstrip("/")
-    return {
-        "TUNER_TRIAL_DIR": d,
-        "TUNER_TRIAL_JSON": f"{d}/trial.json",
-        "TUNER_RESULT_JSON": f"{d}/result.json",
-        "TUNER_STUDY": trial.study,
-        "TUNER_TRIAL": str(trial.number),
-        "TUNER_MODEL": w.model.name,
-        "TUNER_TP": str(lay.tp),
-        "TUNER_PP": str(lay.pp),
-        "TUNER_DP": str(lay.dp),
-        "TUNER_MICRO_BATCH": str(lay.micro_batch),
-        "TUNER_ZERO_STAGE": str(lay.zero_stage),
-        "TUNER_ACTIVATION_CHECKPOINTING": str(int(lay.activation_checkpointing)),
-        "TUNER_GLOBAL_BATCH": str(w.global_batch),
-        "TUNER_NODES": str(w.nodes),
-        "TUNER_GPUS": str(w.gpus),
-    }
+    """The command-runner protocol's TUNER_* variables (tuner/runners/command.py), plus TUNER_MODEL."""
+    env = command_env(trial, Path(trial_dir) / "result.json")
+    env["TUNER_MODEL"] = trial.workload.model.name
+    return env
 
 
 def _q(value: object) -> str:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from tuner.errors import UsageError
 from tuner.runners import megatron
+from tuner.runners.command import OOM_MARKERS, parse_result
 from tuner.runners.sbatch import (job_name, missing_table_message, render_sbatch, time_limit_for,
                                   validate_slurm, TEMPLATES)
 from tuner.specs import ClusterSpec
@@ -78,10 +79,10 @@ class SlurmRunner:
     def __init__(self, cluster: ClusterSpec, template: str = "harness", results_dir: Path | str = Path("results"),
                  trial_timeout: float | None = None, poll_interval: float = 2.0, python: str = sys.executable,
                  command: list[str] | None = None, node_fail_retries: int = 1, warmup: int = 1):
-        if shutil.which("sbatch") is None or shutil.which("squeue") is None:
-            raise UsageError(NO_SBATCH)
         if not cluster.slurm:
             raise UsageError(missing_table_message(cluster.name))
+        if shutil.which("sbatch") is None or shutil.which("squeue") is None:
+            raise UsageError(NO_SBATCH)
         if template not in TEMPLATES:
             raise UsageError(f"unknown Slurm template '{template}'; templates: {', '.join(TEMPLATES)}")
         if template == "command" and not command:
@@ -171,7 +172,9 @@ class SlurmRunner:
 
     # ---------------------------------------------------------------------------------- effects
     def _submit(self, d: Path) -> tuple[str | None, str]:
-        cmd = ["sbatch", "--parsable", f"--chdir={d}", f"--output={d}/slurm-%j.out", str(d / "job.sbatch")]
+        # --no-requeue: a node failure comes back to the runner, which resubmits it once itself.
+        cmd = ["sbatch", "--parsable", "--no-requeue", f"--chdir={d}", f"--output={d}/slurm-%j.out",
+               str(d / "job.sbatch")]
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -285,7 +288,8 @@ class SlurmRunner:
         log_path = str(log)
         tail = _tail(log)
         if job.reason == "timeout":
-            return failed(f"timed out after {self.trial_timeout:g} s of running; cancelled", Status.TIMEOUT,
+            return failed(f"ran past --trial-timeout of {self.trial_timeout:g} s (from the job's start); scancelled",
+                          Status.TIMEOUT,
                           log_path=log_path)
         if job.reason == "squeue":
             return failed(f"squeue failed for {SQUEUE_GIVE_UP_S:g} s; job state unknown", retryable=True,
@@ -298,11 +302,11 @@ class SlurmRunner:
             return failed(f"Slurm state {job.state}; {tail}", status, retryable=retryable, log_path=log_path)
         if self.template == "megatron":
             return self._megatron_result(trial, job, log_path)
-        res = _read_result(job.trial_dir / "result.json", self.cluster.peak_tflops)
-        if res is not None:
+        if (job.trial_dir / "result.json").exists():
+            res = parse_result(job.trial_dir / "result.json", self.cluster.peak_tflops)
             res.log_path = log_path
             return res
-        if megatron.looks_oom(tail):
+        if megatron.looks_oom(tail) or any(m in tail.lower() for m in OOM_MARKERS):
             return failed(f"out of memory: {tail}", Status.OOM, log_path=log_path)
         return failed(f"Slurm state {job.state}, no result.json; {tail}", log_path=log_path)
 
@@ -322,24 +326,6 @@ class SlurmRunner:
                            peak_fraction=parsed.tflops / self.cluster.peak_tflops,
                            samples_per_second=parsed.samples_per_second, peak_memory_gb=parsed.peak_memory_gb,
                            message=msg, log_path=log_path)
-
-
-def _read_result(path: Path, peak_tflops: float) -> TrialResult | None:
-    """result.json of the command-runner protocol, or None when absent or unreadable."""
-    try:
-        data = json.loads(path.read_text())
-        status = Status(str(data.get("status", "failed")))
-    except (OSError, ValueError):
-        return None
-    nums = {}
-    for k in ("tflops_per_gpu", "samples_per_second", "peak_memory_gb", "peak_fraction"):
-        v = data.get(k)
-        nums[k] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-    if nums["peak_fraction"] is None and nums["tflops_per_gpu"] is not None:
-        nums["peak_fraction"] = nums["tflops_per_gpu"] / peak_tflops
-    if status == Status.OK and nums["tflops_per_gpu"] is None:
-        return failed(f"result.json says ok but has no tflops_per_gpu: {json.dumps(data)[:300]}")
-    return TrialResult(status, message=str(data.get("message", ""))[:2000], **nums)
 
 
 def _tail(path: Path, n: int = 1500) -> str:
