@@ -194,11 +194,17 @@ def fig_model_error(trials, memory_capacity_gb: float | None = None) -> bytes | 
         ax.scatter(p, m, s=16, color="#1565c0", alpha=0.8, label="ok trial", zorder=3)
         lo, hi = min(p + m), max(p + m)
         if ax is a2 and memory_capacity_gb:
-            hi = max(hi, memory_capacity_gb, *oom_pred) if oom_pred else max(hi, memory_capacity_gb)
+            hi = max(hi, memory_capacity_gb)
+            edge = 1.5 * hi                      # OOMs predicted far beyond are drawn at the edge, not to scale
             ax.axhline(memory_capacity_gb, color="#c62828", ls=":", lw=1, label="GPU memory")
             if oom_pred:
-                ax.scatter(oom_pred, [memory_capacity_gb] * len(oom_pred), marker="x", color="#c62828",
-                           label="oom (at capacity)", zorder=3)
+                beyond = sum(v > edge for v in oom_pred)
+                ax.scatter([min(v, edge) for v in oom_pred], [memory_capacity_gb] * len(oom_pred), marker="x",
+                           color="#c62828", label="oom (at capacity)", zorder=3)
+                hi = max(hi, min(max(oom_pred), edge))
+                if beyond:
+                    ax.text(0.03, 0.90, f"{beyond} oom predicted > {edge:.0f} GB, drawn at the right edge",
+                            transform=ax.transAxes, va="top", fontsize=7, color="#c62828")
         pad = 0.05 * (hi - lo or 1)
         ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="black", lw=1, ls="--", label="y = x", zorder=2)
         err = model_error(p, m)
@@ -251,7 +257,7 @@ color:#212121;padding:0 1em}h1{margin-bottom:.2em}.meta{color:#616161}table{bord
 td,th{border:1px solid #ddd;padding:4px 8px;font-variant-numeric:tabular-nums}th{background:#f5f5f5}
 td.n{text-align:right}.note{background:#fff8e1;border-left:4px solid #ffb300;padding:.6em 1em}
 .best{background:#e8f5e9;border-left:4px solid #2e7d32;padding:.6em 1em}figure{margin:1.2em 0}
-figure img{max-width:100%;border:1px solid #eee}code{background:#f5f5f5;padding:1px 4px}"""
+figure img{max-width:100%;border:1px solid #eee}.row{display:flex;flex-wrap:wrap;gap:0 2em}.row>div{flex:1 1 45%;min-width:320px}code{background:#f5f5f5;padding:1px 4px}"""
 
 
 def _fmt(v) -> str:
@@ -316,14 +322,16 @@ def build_report(study, trials, *, generated: datetime | None = None) -> Report:
                          "counts below and the trials' messages (<code>tuner trials "
                          f"{e(study.name)}</code>).</p>")
         none = "no successful trial yet"
-        parts += ["<h2>Best so far</h2>", _img(FIGURES[0], drawn[FIGURES[0]], "best so far by trial number", none),
+        parts += ["<div class='row'><div><h2>Best so far</h2>",
+                  _img(FIGURES[0], drawn[FIGURES[0]], "best so far by trial number", none),
+                  "</div><div><h2>Trials by status</h2>",
+                  _img(FIGURES[3], drawn[FIGURES[3]], "trial status counts", none), "</div></div>",
+                  "<h2>Top ten layouts</h2>", html_table(top_rows(trials, 10)),
                   "<h2>Fraction of peak by TP x PP</h2>",
                   _img(FIGURES[1], drawn[FIGURES[1]], "fraction of peak by TP and PP", none),
                   "<h2>The model's error: measured vs predicted</h2>",
                   _img(FIGURES[2], drawn[FIGURES[2]], "measured vs predicted TFLOPS and memory",
-                       "no successful trial has both a measurement and a prediction"),
-                  "<h2>Trials by status</h2>", _img(FIGURES[3], drawn[FIGURES[3]], "trial status counts", none),
-                  "<h2>Top ten layouts</h2>", html_table(top_rows(trials, 10))]
+                       "no successful trial has both a measurement and a prediction")]
     page = (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>tuner report: {e(study.name)}"
             f"</title><style>{CSS}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")
     return Report(html=page, figures=figs, finished=len(finished), ok=len(ok))
