@@ -130,8 +130,7 @@ def test_tflops_mfu_and_memory_are_consistent():
     assert pr.tflops_per_gpu * pr.step_time_s * 16 * 1e12 == pytest.approx(megatron_flops(w.model, 640, True))
     assert pr.mfu == pytest.approx(pr.tflops_per_gpu * 3 / 4 / FRONTIER.peak_tflops)
     assert pr.peak_fraction == pytest.approx(pr.tflops_per_gpu / FRONTIER.peak_tflops)
-    mem = {k: v for k, v in pr.memory_breakdown.items() if k not in ("params_billion", "stage")}
-    assert sum(mem.values()) == pytest.approx(pr.memory_gb)
+    assert sum(pr.memory_breakdown.values()) == pytest.approx(pr.memory_gb)
     assert pr.samples_per_second == pytest.approx(640 / pr.step_time_s)
     d = pr.as_dict()
     assert d["breakdown"]["time_s"] and d["breakdown"]["memory_gb"]
@@ -153,7 +152,7 @@ def test_study_layouts_fit_and_are_close(model, nodes, gb, layout, study):
 
 def test_175b_stage0_memory_close_to_measured():
     pr = predict(lay(4, 16, 2), make_workload("gpt-175b", 16, FRONTIER, 640))
-    assert pr.memory_breakdown["stage"] == 0
+    assert pr.memory_stage == 0 and pr.as_dict()["memory_stage"] == 0
     assert pr.memory_gb == pytest.approx(33.9, rel=0.15)
 
 

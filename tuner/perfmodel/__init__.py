@@ -89,8 +89,7 @@ def predict(layout: Layout, workload: Workload) -> Prediction:
     gpus = workload.gpus
     tflops = megatron_flops(model, workload.global_batch, ckpt) / (step * gpus * 1e12)
     mfu = model_flops(model, workload.global_batch) / (step * gpus * cluster.peak_tflops * 1e12)
-    mem_out = {k: v for k, v in mem.items() if k != "total"}
-    mem_out["stage"] = worst_stage
+    mem_out = {k: v for k, v in mem.items() if k not in ("total", "params_billion")}
     return Prediction(
         layout=layout,
         tflops_per_gpu=tflops,
@@ -103,6 +102,7 @@ def predict(layout: Layout, workload: Workload) -> Prediction:
         memory_breakdown=mem_out,
         time_breakdown=time,
         reason=reason,
+        memory_stage=worst_stage,
     )
 
 
