@@ -1,0 +1,69 @@
+"""`tuner calibrate`: the pure fitting and rendering, and one real 2-rank measurement (< 60 s on 2 cores)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.calibrate import calibrate, cluster_from_measurements, fit_gemm, render_toml
+from tuner.errors import UsageError
+from tuner.specs import CLUSTER_KEYS, ClusterSpec, load_cluster
+
+
+def fake_measurements(gpus=2):
+    ranks = [{"rank": i, "baseline_gb": 0.25, "matmul": [[128, 0.01], [256, 0.02], [512, 0.04], [1024, 0.05]],
+              "attention_tflops": 0.02, "copy_gbps": 8.0 + i, "allreduce_big_s": 0.02,
+              "allreduce_small_s": 1e-4} for i in range(gpus)]
+    return {"ranks": ranks, "gpus": gpus, "device": "cpu", "dtype": "fp32", "backend": "gloo",
+            "memory_gb": 11.5, "allreduce_big_bytes": 16 << 20, "host": "h", "torch": "2", "seconds": 3.0}
+
+
+def test_fit_gemm_puts_the_points_on_the_curve():
+    peak = 100.0
+    eff, knee = 0.9, 2.0
+    points = [(f, peak * eff * f / (f + knee)) for f in (0.5, 2.0, 8.0, 64.0)]
+    e, k = fit_gemm(points, peak)
+    assert e == pytest.approx(eff * 64 / 66, rel=1e-3)
+    assert e * 0.5 / (0.5 + k) == pytest.approx(eff * 0.5 / 2.5, rel=1e-3)   # smallest size on the curve
+    assert fit_gemm([(1.0, 50.0), (8.0, 40.0)], 50.0) == (0.8, 1e-4)            # noisy, non-monotone: sane
+    assert fit_gemm([], 1.0) == (1.0, 1e-4)
+
+
+def test_cluster_from_measurements_is_a_valid_cluster(tmp_path):
+    m = fake_measurements()
+    c = cluster_from_measurements(m, 2)
+    assert set(c) <= set(CLUSTER_KEYS)
+    assert c["name"] == "local" and c["gpus_per_node"] == 2 and c["peak_tflops"] == 0.05
+    assert c["hbm_bandwidth_gbps"] == 8.0                       # slowest rank
+    assert c["intra_node_bandwidth_gbps"] == pytest.approx(2 * 1 / 2 * (16 << 20) / 0.02 / 1e9, rel=1e-3)
+    assert c["latency_us"] == pytest.approx(50.0)
+    path = tmp_path / "local.toml"
+    path.write_text(render_toml(c, m))
+    spec = load_cluster(str(path))
+    assert spec == ClusterSpec.from_dict(c)
+    one = cluster_from_measurements({**fake_measurements(1)}, 1)
+    assert ClusterSpec.from_dict(one).gpus_per_node == 1
+
+
+def test_refuses_to_overwrite_without_force(tmp_path):
+    out = tmp_path / "local.toml"
+    out.write_text("keep me")
+    with pytest.raises(UsageError, match="--force"):
+        calibrate(out, gpus=2)
+    assert out.read_text() == "keep me"
+    with pytest.raises(UsageError, match="--gpus"):
+        calibrate(tmp_path / "x.toml", gpus=0)
+
+
+@pytest.mark.timeout(120)
+def test_calibrate_two_ranks_writes_a_loadable_cluster(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "workloads" / "clusters" / "local.toml"
+    out.parent.mkdir(parents=True)
+    out.write_text("old")
+    r = calibrate(out, gpus=2, quick=True, force=True)            # --force overwrites
+    assert r["seconds"] < 60
+    spec = load_cluster(str(out))
+    assert spec.name == "local" and spec.gpus_per_node == 2
+    assert spec.peak_tflops > 0 and spec.intra_node_bandwidth_gbps > 0 and spec.hbm_bandwidth_gbps > 0
+    assert r["cluster"]["peak_tflops"] == spec.peak_tflops
+    assert "measured" in out.read_text().lower()

@@ -1,0 +1,263 @@
+"""`tuner calibrate`: measure this machine and write a cluster file the performance model can use.
+
+G ranks (processes, spawned with torch.multiprocessing, talking over 127.0.0.1 only) run at once, as
+the G ranks of a local trial do: on CPU one thread each (fp32, gloo), on GPUs one device each (bf16,
+nccl). Each rank measures
+- matmul TFLOPS at a few sizes: peak_tflops is the best sustained rate (mean over ranks of each
+  rank's best); matmul_efficiency / gemm_knee_gflop place the sizes on eta(F) = eff * F / (F + knee);
+- attention TFLOPS (causal scaled_dot_product_attention, Megatron's 4*b*s^2*h count): attention_efficiency;
+- memory bandwidth (a large tensor copy, read + write): hbm_bandwidth_gbps;
+- all-reduce time of a large and a small tensor: intra_node_bandwidth_gbps (ring bus bandwidth,
+  2(G-1)/G * bytes / time) and latency_us (small all-reduce time / 2(G-1) steps).
+The measured figures are sustained rates, so network_efficiency and memory_bandwidth_efficiency are
+written as 1.0. One machine is one node: inter_node_bandwidth_gbps repeats the intra-node figure.
+
+Pure parts (fit_gemm, cluster_from_measurements, render_toml) are unit-tested; `measure` starts the
+ranks; `calibrate(out, gpus)` is what the CLI calls.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+from tuner.errors import MissingExtra, UsageError
+from tuner.specs import CLUSTER_KEYS, ClusterSpec, read_toml
+
+CPU_SIZES = (128, 256, 512, 1024)
+CUDA_SIZES = (1024, 2048, 4096, 8192)
+
+
+# ---- pure -----------------------------------------------------------------------------------
+def fit_gemm(points: list[tuple[float, float]], peak_tflops: float) -> tuple[float, float]:
+    """Fit eta(F) = eff * F / (F + knee) to (GFLOP per GEMM, TFLOPS) points; return (eff, knee).
+    eff is the best rate of the larger half of the sizes over peak (what large GEMMs reach); knee then
+    puts the smallest size on the curve. Robust to noisy, non-monotone points (a shared machine)."""
+    pts = sorted((f, t / peak_tflops) for f, t in points if f > 0 and t > 0)
+    if not pts:
+        return 1.0, 1e-4
+    eff = min(1.0, max(0.05, max(e for _, e in pts[len(pts) // 2:])))
+    f_small, eta_small = pts[0]
+    knee = f_small * (eff / eta_small - 1.0) if eta_small < eff else 0.0
+    return round(eff, 4), float(f"{max(knee, 1e-4):.4g}")
+
+
+def cluster_from_measurements(m: dict, gpus: int, name: str = "local") -> dict:
+    """The cluster dict (keys of CLUSTER_KEYS) from the ranks' measurements (see `measure`)."""
+    ranks = m["ranks"]
+    best = [max(t for _, t in r["matmul"]) for r in ranks]
+    peak = sum(best) / len(best)
+    points = [(2.0 * n ** 3 / 1e9, sum(dict(r["matmul"])[n] for r in ranks) / len(ranks))
+              for n, _ in ranks[0]["matmul"]]
+    eff, knee = fit_gemm(points, peak)
+    copy = min(r["copy_gbps"] for r in ranks)
+    attention = sum(r["attention_tflops"] for r in ranks) / len(ranks)
+    if gpus > 1:
+        t_big = max(r["allreduce_big_s"] for r in ranks)
+        t_small = max(r["allreduce_small_s"] for r in ranks)
+        bus = 2.0 * (gpus - 1) / gpus * m["allreduce_big_bytes"] / t_big / 1e9
+        latency_us = t_small / (2.0 * (gpus - 1)) * 1e6
+    else:
+        bus, latency_us = copy, 10.0     # nothing to communicate with: any positive figure
+    reserved = max(r["baseline_gb"] for r in ranks)
+    return {
+        "name": name, "gpus_per_node": gpus, "peak_tflops": _r(peak), "memory_gb": _r(m["memory_gb"]),
+        "hbm_bandwidth_gbps": _r(copy), "intra_node_bandwidth_gbps": _r(bus), "inter_node_bandwidth_gbps": _r(bus),
+        "matmul_efficiency": eff, "latency_us": _r(max(latency_us, 0.1)), "gemm_knee_gflop": knee,
+        "attention_efficiency": _r(min(1.0, max(1e-3, attention / peak))),
+        "memory_bandwidth_efficiency": 1.0, "network_efficiency": 1.0,
+        "microbatch_overhead_ms": CLUSTER_KEYS["microbatch_overhead_ms"][1],
+        "memory_reserved_gb": _r(max(reserved, 0.05)), "flash_attention": True,
+    }
+
+
+def _r(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
+def render_toml(cluster: dict, m: dict) -> str:
+    """The cluster file: each key with where its value came from."""
+    how = {"peak_tflops": f"best sustained {m['dtype']} matmul per rank, {m['gpus']} ranks at once",
+           "memory_gb": "per rank: " + ("device memory" if m["device"] == "cuda" else "RAM / ranks"),
+           "hbm_bandwidth_gbps": "tensor copy (read + write), slowest rank",
+           "intra_node_bandwidth_gbps": f"{m['backend']} all-reduce bus bandwidth, {m['allreduce_big_bytes'] >> 20} MiB",
+           "inter_node_bandwidth_gbps": "one machine is one node: same as intra",
+           "matmul_efficiency": "large GEMMs / peak: eta(F) = eff * F / (F + knee)",
+           "gemm_knee_gflop": "puts the smallest size on eta(F)",
+           "latency_us": "small all-reduce / 2(G-1) steps", "attention_efficiency": "causal SDPA / peak",
+           "memory_bandwidth_efficiency": "bandwidth above is already sustained",
+           "network_efficiency": "bandwidth above is already sustained", "microbatch_overhead_ms": "default",
+           "memory_reserved_gb": "resident memory of an idle rank", "flash_attention": "SDPA"}
+    lines = [f"# Written by `tuner calibrate` on {m['host']} ({m['device']}, {m['gpus']} ranks, "
+             f"torch {m['torch']}) in {m['seconds']:.0f} s.", "# Measured figures; rerun with --force to refresh."]
+    for k, v in cluster.items():
+        val = json.dumps(v) if isinstance(v, str) else ("true" if v is True else "false" if v is False else repr(v))
+        lines.append(f"{k} = {val}" + (f"    # {how[k]}" if k in how else ""))
+    return "\n".join(lines) + "\n"
+
+
+# ---- measurement (runs inside each rank) ----------------------------------------------------
+def _sync(device):
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _rate(fn, device, work: float, min_time: float) -> float:
+    """`work` units per second of fn(), sustained over at least `min_time` seconds after a warm-up."""
+    fn()
+    _sync(device)
+    reps, t0 = 0, time.perf_counter()
+    while True:
+        fn()
+        reps += 1
+        if reps % 4 == 0 or min_time == 0:
+            _sync(device)
+            dt = time.perf_counter() - t0
+            if dt >= min_time:
+                return work * reps / dt
+
+
+def measure_matmul(device, dtype, sizes, min_time: float = 0.25) -> list[tuple[int, float]]:
+    """[(n, TFLOPS)] of n x n matmuls."""
+    import torch
+    out = []
+    for n in sizes:
+        a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+        out.append((n, _rate(lambda: torch.mm(a, b), device, 2.0 * n ** 3, min_time) / 1e12))
+    return out
+
+
+def measure_attention(device, dtype, min_time: float = 0.25) -> float:
+    """TFLOPS of causal SDPA forward, counted as Megatron does (4*b*s^2*h)."""
+    import torch
+    import torch.nn.functional as F
+    b, heads, s, d = (4, 8, 256, 64) if device.type == "cpu" else (8, 32, 2048, 128)
+    q, k, v = (torch.randn(b, heads, s, d, device=device, dtype=dtype) for _ in range(3))
+    return _rate(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), device,
+                 4.0 * b * s * s * heads * d, min_time) / 1e12
+
+
+def measure_copy(device, nbytes: int, min_time: float = 0.25) -> float:
+    """GB/s of a tensor copy (bytes read + written)."""
+    import torch
+    src = torch.empty(nbytes // 4, device=device, dtype=torch.float32).fill_(1.0)
+    dst = torch.empty_like(src)
+    return _rate(lambda: dst.copy_(src), device, 2.0 * nbytes, min_time) / 1e9
+
+
+def measure_allreduce(device, nbytes: int, iters: int) -> float:
+    """Seconds per all-reduce of `nbytes` (median of `iters`, after a warm-up) over the default group."""
+    import torch
+    import torch.distributed as dist
+    t = torch.ones(max(1, nbytes // 4), device=device, dtype=torch.float32)
+    dist.all_reduce(t)
+    times = []
+    for _ in range(iters):
+        _sync(device)
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(t)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def _rank(rank: int, world: int, port: int, device_kind: str, out_dir: str, quick: bool) -> None:
+    import psutil
+    import torch
+    import torch.distributed as dist
+    cuda = device_kind == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+        device, dtype = torch.device("cuda", rank), torch.bfloat16
+    else:
+        torch.set_num_threads(1)
+        device, dtype = torch.device("cpu"), torch.float32
+    baseline_gb = psutil.Process().memory_info().rss / 1e9
+    mt = 0.1 if quick else 0.25
+    if world > 1:
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                rank=rank, world_size=world)
+        dist.barrier()
+    r = {"rank": rank, "baseline_gb": baseline_gb,
+         "matmul": measure_matmul(device, dtype, CUDA_SIZES if cuda else CPU_SIZES, mt),
+         "attention_tflops": measure_attention(device, dtype, mt),
+         "copy_gbps": measure_copy(device, (1 << 30) if cuda else (64 << 20), mt)}
+    if world > 1:
+        big = (256 << 20) if cuda else (16 << 20)
+        r["allreduce_big_s"] = measure_allreduce(device, big, 5 if quick else 10)
+        r["allreduce_small_s"] = measure_allreduce(device, 4, 20 if quick else 50)
+        dist.destroy_process_group()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(r))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(gpus: int, device: str = "auto", quick: bool = False) -> dict:
+    """Spawn `gpus` ranks on 127.0.0.1 and gather their measurements."""
+    try:
+        import psutil
+        import torch
+        import torch.multiprocessing as mp
+    except ImportError:
+        raise MissingExtra("torch", "deepspeed") from None
+    n_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    kind = ("cuda" if n_cuda >= gpus else "cpu") if device == "auto" else device
+    if kind not in ("cpu", "cuda"):
+        raise UsageError(f"unknown device '{device}'; devices: auto, cpu, cuda")
+    if kind == "cuda" and n_cuda < gpus:
+        raise UsageError(f"--gpus {gpus} but {n_cuda} CUDA device(s) are visible: lower --gpus")
+    # loopback only, for both gloo and nccl; fewer threads than ranks would only measure contention
+    env = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1",
+           "OMP_NUM_THREADS": "1" if kind == "cpu" else os.environ.get("OMP_NUM_THREADS", "4")}
+    saved = {k: os.environ.get(k) for k in env}
+    t0 = time.perf_counter()
+    os.environ.update(env)
+    try:
+        with tempfile.TemporaryDirectory(prefix="tuner-calibrate-") as tmp:
+            mp.spawn(_rank, args=(gpus, _free_port(), kind, tmp, quick), nprocs=gpus, join=True)
+            ranks = [json.loads(Path(tmp, f"rank{i}.json").read_text()) for i in range(gpus)]
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    if kind == "cuda":
+        memory_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
+    else:
+        memory_gb = psutil.virtual_memory().total / 1e9 / gpus
+    return {"ranks": ranks, "gpus": gpus, "device": kind, "dtype": "bf16" if kind == "cuda" else "fp32",
+            "backend": "nccl" if kind == "cuda" else "gloo", "memory_gb": memory_gb,
+            "allreduce_big_bytes": (256 << 20) if kind == "cuda" else (16 << 20),
+            "host": socket.gethostname(), "torch": torch.__version__, "seconds": time.perf_counter() - t0}
+
+
+def calibrate(out: Path | str = Path("workloads/clusters/local.toml"), gpus: int = 1, force: bool = False,
+              device: str = "auto", name: str = "local", quick: bool = False) -> dict:
+    """Measure this machine with `gpus` ranks and write the cluster file `out`.
+    Returns {"path", "cluster" (the dict written), "measurements", "seconds"}."""
+    out = Path(out)
+    if not isinstance(gpus, int) or gpus < 1:
+        raise UsageError(f"--gpus must be an integer >= 1 (got {gpus!r})")
+    if out.exists() and not force:
+        raise UsageError(f"{out} exists: pass --force to overwrite it, or choose another --out")
+    m = measure(gpus, device, quick)
+    cluster = cluster_from_measurements(m, gpus, name)
+    text = render_toml(cluster, m)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(text)
+    ClusterSpec.from_dict(read_toml(tmp), str(out))      # what we write must load
+    os.replace(tmp, out)
+    return {"path": str(out), "cluster": cluster, "measurements": m, "seconds": m["seconds"]}
