@@ -189,6 +189,25 @@ def test_report_cli_writes_the_page_and_refuses_a_non_empty_out(db, tmp_path):
     assert "no study named 'nope'" in str(r.exception)
 
 
+def test_report_cli_on_a_study_without_finished_trials(db, tmp_path):
+    from tuner.store import open_store
+    store = open_store(db)
+    if "empty" not in store.study_names():
+        store.create_study(study_record("empty"))
+    out = tmp_path / "rep"
+    run("report", "s1", "--out", out, "--db", db)
+    r = run("report", "empty", "--out", out, "--db", db, "--force")
+    assert "no finished trials" in r.output and "0 figure(s)" in r.output
+    assert "no finished trials yet" in (out / "index.html").read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["index.html"]     # no figures, none left from before
+
+
+@pytest.mark.parametrize("command", ["report", "export", "launch"])
+def test_help_has_an_example(command):
+    r = run(command, "--help")
+    assert "Example: tuner " + command in r.output and "--db" in r.output
+
+
 @pytest.mark.parametrize("fmt", ["csv", "json", "parquet"])
 def test_export_reads_back_with_pandas(db, tmp_path, fmt):
     if fmt == "parquet":

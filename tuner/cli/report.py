@@ -12,7 +12,7 @@ from tuner.cli import DB_OPTION, cli
 from tuner.cli.render import to_csv
 from tuner.errors import MissingExtra, TunerError, UsageError
 from tuner.launch import LAUNCH_FILES, Source, launch_files
-from tuner.report import EXPORT_COLUMNS, build_report, export_rows, ok_trials
+from tuner.report import EXPORT_COLUMNS, FIGURES, build_report, export_rows, ok_trials
 from tuner.specs import Workload, load_cluster, load_model, make_workload
 from tuner.store import open_store
 
@@ -58,6 +58,8 @@ def report(name, out, force, db):
     check_out_dir(out, force)
     trials = store.trials(name)
     rep = build_report(rec, trials)
+    for stale in set(FIGURES) - set(rep.figures):      # figures of an earlier report that has none now
+        (out / stale).unlink(missing_ok=True)
     write_files(out, rep.files())
     dt = time.perf_counter() - t0
     if not rep.finished:
