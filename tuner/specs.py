@@ -57,12 +57,12 @@ def _check(kind: str, path: str, data: dict, keys: dict[str, tuple[type, Any]]) 
     unknown = sorted(set(data) - set(keys))
     if unknown:
         raise SpecError(f"{path}: unknown {kind} key(s) {', '.join(unknown)}; valid keys: {', '.join(keys)}")
-    missing = [k for k, (_, d) in keys.items() if d is ... and k not in data]
+    missing = [k for k, (_, d) in keys.items() if d is ... and data.get(k) is None]
     if missing:
         raise SpecError(f"{path}: missing {kind} key(s) {', '.join(missing)}; valid keys: {', '.join(keys)}")
     out = {}
     for k, (typ, default) in keys.items():
-        if k not in data:
+        if data.get(k) is None:  # absent (a stored spec keeps unset optional keys as None)
             out[k] = default
             continue
         v = data[k]

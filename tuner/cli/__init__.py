@@ -31,8 +31,12 @@ def main(argv=None) -> None:
         cli.main(args=argv, prog_name="tuner", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.ClickException as exc:   # usage errors: bad option, missing value
-        exc.show()
+    except click.UsageError as exc:   # bad option, missing value: one line naming the help to read
+        where = exc.ctx.command_path if exc.ctx else "tuner"
+        click.echo(f"error: {exc.format_message()} (see `{where} --help`)", err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        click.echo(f"error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
     except (click.Abort, KeyboardInterrupt):
         click.echo("interrupted", err=True)

@@ -1,0 +1,160 @@
+"""End-to-end CLI: search -> kill -> resume -> best, queries, formats and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tuner.cli import main
+from tuner.store import open_store
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.fixture
+def tuner(tmp_path, capsys, monkeypatch):
+    """Run `tuner ARGS` in-process against a temp store; returns (exit code, stdout, stderr)."""
+    monkeypatch.chdir(tmp_path)
+    db = f"sqlite:///{tmp_path / 'tuner.db'}"
+    monkeypatch.setenv("TUNER_DB", db)
+
+    def run(*args: str):
+        capsys.readouterr()
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code or 0
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    run.db = db
+    return run
+
+
+def test_search_then_best_json_golden(tuner):
+    code, out, err = tuner("search", "--model", "175b", "--nodes", "16", "--budget", "12", "--searcher", "grid",
+                           "--study", "g1")
+    assert code == 0, err
+    assert "study g1" in out and "trial(s) ran" in out
+    assert "trial" in err  # plain progress lines when not a terminal
+    code, out, _ = tuner("best", "--model", "175b", "--nodes", "16", "--format", "json")
+    assert code == 0
+    got = json.loads(out)
+    assert set(got) >= {"layout", "tflops_per_gpu", "peak_fraction", "status", "runner", "study", "trial"}
+    assert got["measured"] is False and got["runner"] == "sim"
+    golden = json.loads((GOLDEN / "best_175b_16_grid.json").read_text())
+    assert got["layout"] == golden["layout"] and got["trial"] == golden["trial"] and got["study"] == "g1"
+    assert got["peak_fraction"] == pytest.approx(golden["peak_fraction"], rel=1e-9)
+
+
+def test_formats_and_listing(tuner):
+    assert tuner("search", "--model", "22b", "--nodes", "2", "--budget", "5", "--searcher", "random",
+                 "--study", "r1", "--format", "json")[0] == 0
+    code, out, _ = tuner("studies", "--format", "csv")
+    assert code == 0 and out.splitlines()[0].startswith("study,model,cluster,nodes")
+    assert "r1,gpt-22b,frontier,2" in out
+    code, out, _ = tuner("trials", "r1", "--format", "json")
+    rows = json.loads(out)
+    assert sum(r["status"] != "pruned" for r in rows) == 5
+    assert all({"layout", "predicted", "status"} <= set(r) for r in rows)
+    code, out, _ = tuner("trials", "r1", "--status", "ok")
+    assert code == 0 and "pruned" not in out
+    code, out, _ = tuner("best", "--model", "gpt-22b", "--nodes", "2", "-k", "3", "--format", "csv")
+    assert code == 0 and len(out.strip().splitlines()) == 4
+    assert "predicted (simulator)" in out
+
+
+def test_search_stops_when_space_exhausted(tuner):
+    code, out, err = tuner("search", "--model", "tiny", "--nodes", "1", "--cluster", "local", "--budget", "500",
+                           "--searcher", "grid", "--study", "t1")
+    assert code == 0, err
+    assert "search space exhausted" in out
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (("search", "--model", "175b", "--nodes", "0"), 2, "--nodes"),
+    (("search", "--model", "175b", "--nodes", "4", "--budget", "0"), 2, "--budget"),
+    (("search", "--model", "gpt-9", "--nodes", "4"), 2, "presets: "),
+    (("search", "--model", "175b", "--nodes", "4", "--cluster", "nope"), 2, "unknown cluster 'nope'"),
+    (("search", "--model", "175b", "--nodes", "4", "--study", "../etc"), 2, "not allowed"),
+    (("search", "--model", "175b", "--nodes", "4", "--runner", "command"), 2, "--command"),
+    (("resume", "ghost"), 2, "no study named 'ghost'"),
+    (("predict", "--model", "175b", "--nodes", "16", "--tp", "3", "--pp", "16", "--micro-batch", "1"), 2, "divide"),
+    (("predict", "--model", "175b", "--nodes", "16", "--tp", "4", "--pp", "16", "--micro-batch", "1",
+      "--zero-stage", "2"), 2, "ZeRO-2 with pp=16"),
+    (("best", "--model", "175b", "--nodes", "7"), 1, "tuner search --model 175b --nodes 7"),
+    (("--db", "x"), 2, "No such option"),
+])
+def test_bad_input_is_one_line(tuner, args, code, words):
+    got, out, err = tuner(*args)
+    assert got == code
+    assert words in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 3
+
+
+def test_existing_study_and_bad_db(tuner, tmp_path):
+    assert tuner("search", "--model", "22b", "--nodes", "2", "--budget", "2", "--study", "dup")[0] == 0
+    code, _, err = tuner("search", "--model", "22b", "--nodes", "2", "--budget", "2", "--study", "dup")
+    assert code == 2 and "tuner resume dup" in err
+    code, _, err = tuner("studies", "--db", "postgresql+psycopg://bob:s3cret@127.0.0.1:1/x")
+    assert code == 1 and "s3cret" not in err and "127.0.0.1:1" in err
+    code, _, err = tuner("studies", "--db", "notaurl")
+    assert code != 0 and "notaurl" in err and "Traceback" not in err
+    # nothing was lost by the failed commands
+    assert tuner("trials", "dup", "--format", "json")[0] == 0
+
+
+def test_predict_and_plan(tuner):
+    code, out, _ = tuner("predict", "--model", "175b", "--nodes", "16", "--tp", "4", "--pp", "16", "--micro-batch",
+                         "1", "--format", "json")
+    p = json.loads(out)
+    assert code == 0 and p["fits"] and 0.3 < p["peak_fraction"] < 0.45
+    assert {"layout", "tflops_per_gpu", "peak_fraction", "mfu", "step_time_s", "memory_gb", "fits", "breakdown"} <= set(p)
+    code, out, _ = tuner("plan", "--model", "175b", "--nodes", "16", "--top", "3")
+    assert code == 0 and "layouts/s" in out and len(out.strip().splitlines()) == 3 + 2 + 2
+    code, _, err = tuner("plan", "--model", "1t", "--nodes", "1")
+    assert code == 2 and "fits" in err
+
+
+def test_kill_resume_keeps_everything(tmp_path):
+    """SIGKILL a running search, resume it: finished trials kept, no layout twice, budget respected."""
+    db = f"sqlite:///{tmp_path / 'k.db'}"
+    env = {**os.environ, "TUNER_DB": db}
+    args = [sys.executable, "-m", "tuner", "search", "--model", "175b", "--nodes", "16", "--budget", "14",
+            "--searcher", "random", "--sim-delay", "0.15", "--parallel", "2", "--study", "k1"]
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    store = open_store(db)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        try:
+            done = [t for t in store.trials("k1") if t.status.finished and t.status.value != "pruned"]
+        except Exception:
+            continue
+        if len(done) >= 4:
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    before = {t.number: t for t in store.trials("k1") if t.status.finished}
+    assert any(t.status.value == "running" for t in store.trials("k1")) or len(before) >= 4
+    out = subprocess.run([sys.executable, "-m", "tuner", "resume", "k1"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    after = store.trials("k1")
+    for n, t in before.items():   # nothing finished was lost or re-measured
+        assert after[n - 1].status == t.status and after[n - 1].peak_fraction == t.peak_fraction
+    keys = [t.layout.key() for t in after]
+    assert len(keys) == len(set(keys))
+    ran = [t for t in after if t.status.value not in ("pruned",)]
+    assert len(ran) == 14 and all(t.status.finished for t in after)
+    best = subprocess.run([sys.executable, "-m", "tuner", "best", "--model", "175b", "--nodes", "16", "--format",
+                           "json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert json.loads(best.stdout)["study"] == "k1"
