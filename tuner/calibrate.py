@@ -72,7 +72,8 @@ def cluster_from_measurements(m: dict, gpus: int, name: str = "local") -> dict:
         "attention_efficiency": _r(min(1.0, max(1e-3, attention / peak))),
         "memory_bandwidth_efficiency": 1.0, "network_efficiency": 1.0,
         "microbatch_overhead_ms": CLUSTER_KEYS["microbatch_overhead_ms"][1],
-        "memory_reserved_gb": _r(max(reserved, 0.05)), "flash_attention": True,
+        "memory_reserved_gb": _r(max(reserved, 0.05)),
+        "flash_attention": all(r.get("flash_attention", True) for r in ranks),
     }
 
 
@@ -83,7 +84,8 @@ def _r(x: float) -> float:
 def render_toml(cluster: dict, m: dict) -> str:
     """The cluster file: each key with where its value came from."""
     how = {"peak_tflops": f"best sustained {m['dtype']} matmul per rank, {m['gpus']} ranks at once",
-           "memory_gb": "per rank: " + ("device memory" if m["device"] == "cuda" else "RAM / ranks"),
+           "memory_gb": "per rank: " + ("device memory" if m["device"] == "cuda"
+                                         else "the local runner's cap, 80 % of RAM / ranks"),
            "hbm_bandwidth_gbps": "tensor copy (read + write), slowest rank",
            "intra_node_bandwidth_gbps": f"{m['backend']} all-reduce bus bandwidth, {m['allreduce_big_bytes'] >> 20} MiB",
            "inter_node_bandwidth_gbps": "one machine is one node: same as intra",
@@ -92,7 +94,8 @@ def render_toml(cluster: dict, m: dict) -> str:
            "latency_us": "small all-reduce / 2(G-1) steps", "attention_efficiency": "causal SDPA / peak",
            "memory_bandwidth_efficiency": "bandwidth above is already sustained",
            "network_efficiency": "bandwidth above is already sustained", "microbatch_overhead_ms": "default",
-           "memory_reserved_gb": "resident memory of an idle rank", "flash_attention": "SDPA"}
+           "memory_reserved_gb": "resident memory of an idle rank",
+           "flash_attention": "whether causal SDPA picks its fused kernel here"}
     lines = [f"# Written by `tuner calibrate` on {m['host']} ({m['device']}, {m['gpus']} ranks, "
              f"torch {m['torch']}) in {m['seconds']:.0f} s.", "# Measured figures; rerun with --force to refresh."]
     for k, v in cluster.items():
@@ -143,6 +146,16 @@ def measure_attention(device, dtype, min_time: float = 0.25) -> float:
                  4.0 * b * s * s * heads * d, min_time) / 1e12
 
 
+def _flash_kernel(device, dtype) -> bool:
+    """Whether causal SDPA picks a fused (flash) kernel here, so the s^2 scores are never stored."""
+    import torch
+    try:
+        q = torch.randn(1, 2, 64, 16, device=device, dtype=dtype)
+        return int(torch._fused_sdp_choice(q, q, q, is_causal=True)) != 0   # 0 is the math kernel
+    except Exception:       # a private API: if it moves, assume the fused kernel (torch >= 2.2)
+        return True
+
+
 def measure_copy(device, nbytes: int, min_time: float = 0.25) -> float:
     """GB/s of a tensor copy (bytes read + written)."""
     import torch
@@ -187,7 +200,7 @@ def _rank(rank: int, world: int, port: int, device_kind: str, out_dir: str, quic
         dist.barrier()
     r = {"rank": rank, "baseline_gb": baseline_gb,
          "matmul": measure_matmul(device, dtype, CUDA_SIZES if cuda else CPU_SIZES, mt),
-         "attention_tflops": measure_attention(device, dtype, mt),
+         "attention_tflops": measure_attention(device, dtype, mt), "flash_attention": _flash_kernel(device, dtype),
          "copy_gbps": measure_copy(device, (1 << 30) if cuda else (64 << 20), mt)}
     if world > 1:
         big = (256 << 20) if cuda else (16 << 20)
@@ -206,7 +219,6 @@ def _free_port() -> int:
 def measure(gpus: int, device: str = "auto", quick: bool = False) -> dict:
     """Spawn `gpus` ranks on 127.0.0.1 and gather their measurements."""
     try:
-        import psutil
         import torch
         import torch.multiprocessing as mp
     except ImportError:
@@ -236,7 +248,8 @@ def measure(gpus: int, device: str = "auto", quick: bool = False) -> dict:
     if kind == "cuda":
         memory_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
     else:
-        memory_gb = psutil.virtual_memory().total / 1e9 / gpus
+        from tuner.runners.local import default_memory_gb
+        memory_gb = default_memory_gb() / gpus        # what the local runner lets a rank use
     return {"ranks": ranks, "gpus": gpus, "device": kind, "dtype": "bf16" if kind == "cuda" else "fp32",
             "backend": "nccl" if kind == "cuda" else "gloo", "memory_gb": memory_gb,
             "allreduce_big_bytes": (256 << 20) if kind == "cuda" else (16 << 20),
