@@ -15,6 +15,9 @@ Environment:
     TUNER_SEED            seed of weights and synthetic data (default 1234)
     TUNER_PEAK_TFLOPS     per-device peak for peak_fraction (default: the cluster preset's, if any)
     TUNER_PRECISION       fp32 / bf16 / fp16 (default: bf16 on CUDA, fp32 on CPU)
+    TUNER_OPTIMIZER       adam (default: the rendered config's Adam) or sgd (plain SGD, lr 0.1, no
+                          clipping: the parallelism tests use it, as its losses expose gradient scale)
+    TUNER_LR              overrides the optimizer's learning rate
     TUNER_MEMORY_LIMIT_GB caps this process's address space growth (RLIMIT_AS) before the model
                           is built, so an oversized layout fails as `oom` on CPU (default: none)
     TUNER_COLLECTIVE_TIMEOUT_S  timeout of a stuck collective, so a failure never hangs (default 600)
@@ -141,18 +144,27 @@ def train(trial: dict, device: torch.device, precision: str, progress: Path, t_s
     seed = _env_int("TUNER_SEED", 1234)
     warmup, steps = _env_int("TUNER_WARMUP_STEPS", 1), _env_int("TUNER_STEPS", 3)
     config = render_ds_config(layout, workload, precision=precision)
-    if device.type == "cpu":
+    if os.environ.get("TUNER_OPTIMIZER", "adam").lower() == "sgd":
+        # For proofs of parallelism: the update is linear in the gradient, so a gradient that is
+        # wrong by any factor shows in the losses (Adam's normalised first steps would hide it).
+        config["optimizer"] = {"type": "SGD", "params": {"lr": 0.1}}
+        config["gradient_clipping"] = 0.0
+        config["zero_allow_untested_optimizer"] = True
+    elif device.type == "cpu":
         config["optimizer"]["params"]["torch_adam"] = True   # FusedAdam is a CUDA kernel
+    if os.environ.get("TUNER_LR"):
+        config["optimizer"]["params"]["lr"] = float(os.environ["TUNER_LR"])
 
     par = topology.build(layout.tp, layout.pp, layout.dp)
     if os.environ.get("TUNER_MEMORY_LIMIT_GB"):
         cap_memory(float(os.environ["TUNER_MEMORY_LIMIT_GB"]))
     module = gpt.build_model(spec, seed, layout.activation_checkpointing)
-    engine, _, _, _ = deepspeed.initialize(model=module, config=config, mpu=par.grid,
+    engine, _, _, _ = deepspeed.initialize(model=module, config=config,
+                                           mpu=None if layout.pp > 1 else par.grid,
                                            model_parameters=[p for p in module.parameters() if p.requires_grad])
     counts_samples = par.first_stage and par.tp_rank == 0
     rank0 = dist.get_rank() == 0
-    losses, step_times, samples = [], [], 0
+    losses, grad_norms, step_times, samples = [], [], [], 0
 
     def sync():
         if device.type == "cuda":
@@ -184,13 +196,15 @@ def train(trial: dict, device: torch.device, precision: str, progress: Path, t_s
                 micro_loss = engine(tokens, labels)
                 engine.backward(micro_loss)
                 engine.step()
-                total, count = total + float(micro_loss), count + 1
+                total, count = total + float(micro_loss.detach()), count + 1
             t = torch.tensor([total / count], dtype=torch.float64, device=device)
             if layout.dp > 1:
                 dist.all_reduce(t, group=par.dp_group)
             loss = float(t) / layout.dp
         dt = time.perf_counter() - t0
         losses.append(loss)
+        norm = engine.get_global_grad_norm()
+        grad_norms.append(None if norm is None else float(norm))
         step_times.append(dt)
         if startup_s is None:
             startup_s = time.time() - t_start
@@ -215,7 +229,8 @@ def train(trial: dict, device: torch.device, precision: str, progress: Path, t_s
     result = {"status": "ok", "tflops_per_gpu": tflops, "model_tflops_per_gpu": model_tflops,
               "samples_per_second": real_samples / timed,
               "tokens_per_second": real_samples * spec.seq_length / timed,
-              "peak_memory_gb": float(stats[1]), "message": "", "losses": losses, "step_times": step_times,
+              "peak_memory_gb": float(stats[1]), "message": "", "losses": losses, "grad_norms": grad_norms,
+              "step_times": step_times,
               "samples": real_samples, "timed_steps": steps, "warmup_steps": warmup,
               "startup_s": startup_s, "device": str(device), "precision": precision,
               "world_size": world, "layout": layout.as_dict(), "ds_config": config}
