@@ -21,6 +21,7 @@ __all__ = ["SEARCHERS", "Searcher", "BaseSearcher", "make_searcher", "register",
 
 # name -> "module:Class" (imported on use) or a factory callable (registered at run time)
 _REGISTRY: dict[str, str | Callable[..., Searcher]] = {
+    "guided": "tuner.search.guided:GuidedSearcher",
     "cbo": "tuner.search.cbo:CBOSearcher",
     "tpe": "tuner.search.tpe:TPESearcher",
     "random": "tuner.search.rand:RandomSearcher",

@@ -1,0 +1,208 @@
+"""Guided search: the performance model's ranking, corrected by every measurement, by expected improvement.
+
+The belief about a layout's log fraction of peak is log(predicted) + r, r the model's residual learned
+as a Gaussian process (tuner/transfer.py: a global scale, a linear term in the predicted time shares,
+and a smooth term over layout features; prior mean 0). Memory is learned the same way from measured
+peaks and OOMs (an OOM at a layout predicted to fit raises the expected memory of its neighbours).
+
+- First trials (no history): the model's top pick, then the best predicted layouts of `n_initial - 1`
+  other (tp, pp) families, so that a wrong model shows itself early.
+- Then: expected improvement over the best measured, in log space, times the probability of fitting.
+  A batch (ask(n > 1), or asks without tells in between) uses the kriging believer: each chosen or
+  running layout counts as measured at its posterior mean.
+- `history` (stored trials of the same model and cluster at any node count, see
+  transfer.warm_start_records) corrects the model before the first trial.
+- Early stop (`stop_threshold`, off by default so that `ask` honours the contract of exhausting the
+  candidates): ask returns [] once no remaining layout has more than `stop_probability` chance of
+  beating the best by more than `stop_threshold`. `confidence` and `stop_reason` say how sure it is
+  after every ask, whether or not stopping is on.
+Deterministic: ties break by a seeded permutation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.special import ndtr
+
+from tuner.layout import Layout
+from tuner.perfmodel import predict
+from tuner.search.base import BaseSearcher
+from tuner.transfer import F_DIM, FM_DIM, GP, Z_DIM, Features, Observations, features, warm_start_records
+from tuner.trial import Status, TrialResult
+
+N_INITIAL = 3              # model's top pick + best of other (tp, pp) families
+DIVERSE_WITHIN = 0.7       # an initial layout's predicted throughput is at least this fraction of the top
+XI = 0.0                   # EI margin (log space)
+P_FIT_SD = 0.02            # memory ratio noise beyond the learned uncertainty
+
+
+def _norm_pdf(z):
+    return np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+
+
+class GuidedSearcher(BaseSearcher):
+    name = "guided"
+
+    def __init__(self, candidates: list[Layout], *, seed: int = 0, workload=None, history=None,
+                 stop_threshold: float | None = None, stop_probability: float = 0.05, min_trials: int = 4,
+                 n_initial: int = N_INITIAL, **kw):
+        super().__init__(candidates, seed=seed, **kw)
+        self.workload = workload
+        self.stop_threshold, self.stop_probability = stop_threshold, stop_probability
+        self.min_trials, self.n_initial = int(min_trials), int(n_initial)
+        self.capacity = workload.cluster.memory_gb if workload is not None else None
+        preds = [predict(c, workload) for c in self.candidates] if workload is not None else [None] * len(self.candidates)
+        self.fts: list[Features] = [features(c, workload, p) for c, p in zip(self.candidates, preds)]
+        n = len(self.candidates)
+        self.Z = np.array([f.z for f in self.fts]).reshape(n, Z_DIM)
+        self.F = np.array([f.f for f in self.fts]).reshape(n, F_DIM)
+        self.FM = np.array([f.fm for f in self.fts]).reshape(n, FM_DIM)
+        self.log_pred = np.array([f.log_pred for f in self.fts])
+        self.log_mem = np.array([f.log_mem for f in self.fts])
+        self.family = [(c.tp, c.pp) for c in self.candidates]
+        self._tiebreak = np.random.default_rng([self.seed, 11]).permutation(n) * 1e-12
+        ws = warm_start_records(history, workload) if (history and workload is not None) else None
+        self.history = ws.observations if ws else Observations()
+        self.evidence = ws.evidence if ws else None
+        self.own = Observations()
+        self.pending: dict[int, None] = {}      # asked, not told (insertion-ordered)
+        self.best_log: float | None = None
+        self.best_layout: Layout | None = None
+        self.n_ok = 0
+        self.confidence: float | None = None    # P(no remaining layout beats the best by > threshold)
+        self.stop_reason: str | None = None
+        self.stopped = False
+        self.mem_scale = 1.0                    # max measured/predicted peak seen (reported)
+
+    # ---- telling ----------------------------------------------------------------------------------
+    def _observe(self, layout: Layout, result: TrialResult, asked: bool) -> None:
+        i = self.index.get(layout)
+        if i is not None:
+            self.pending.pop(i, None)
+            ft = self.fts[i]
+        elif self.workload is not None and layout.gpus == self.workload.gpus:
+            ft = features(layout, self.workload)
+        else:
+            return
+        if result.status == Status.PRUNED:
+            return                              # the model's own verdict: nothing learned about the world
+        self.own.add_result(ft, result.status, result.peak_fraction, result.peak_memory_gb, self.capacity)
+        if result.status == Status.OK and result.peak_memory_gb and self.workload is not None:
+            self.mem_scale = max(self.mem_scale, result.peak_memory_gb / math.exp(ft.log_mem))
+        if result.status == Status.OK and result.peak_fraction:
+            self.n_ok += 1
+            v = math.log(max(result.peak_fraction, 1e-6))
+            if self.best_log is None or v > self.best_log:
+                self.best_log, self.best_layout = v, layout
+
+    # ---- beliefs ----------------------------------------------------------------------------------
+    def _time_data(self) -> Observations:
+        obs = Observations()
+        obs.extend(self.history)
+        obs.extend(self.own)
+        return obs
+
+    def _beliefs(self, extra: list[int]) -> tuple[GP, Observations]:
+        """The time GP (hyperparameters by marginal likelihood on real data), refitted with believer
+        observations at `extra` (chosen or running layouts)."""
+        obs = self._time_data()
+        gp = obs.time_gp()
+        if extra:
+            mu, _ = gp.predict(self.Z[extra], self.F[extra])
+            for i, m in zip(extra, mu):
+                obs.Z.append(self.Z[i]), obs.F.append(self.F[i]), obs.y.append(float(m)), obs.noise.append(0.0)
+            gp = GP(s_c=gp.s_c, s_w=gp.s_w, s_g=gp.s_g, ell=gp.ell, noise=gp.noise).fit(
+                np.array(obs.Z), np.array(obs.F), obs.y, obs.noise)
+        return gp, obs
+
+    def p_fit(self) -> np.ndarray:
+        """Probability that each candidate fits in memory, from the learned memory correction."""
+        if self.capacity is None:
+            return np.ones(len(self.candidates))
+        mem = Observations()
+        mem.extend(self.history)
+        mem.extend(self.own)
+        mu, sd = mem.memory_gp().predict(self.Z, self.FM)
+        z = (math.log(self.capacity) - self.log_mem - mu) / np.hypot(sd, P_FIT_SD)
+        return ndtr(z)
+
+    def _free(self) -> np.ndarray:
+        free = np.flatnonzero(~self.used)
+        pref = free[~self.deferred[free]]
+        return pref if pref.size else free
+
+    # ---- asking -----------------------------------------------------------------------------------
+    def ask(self, n: int) -> list[Layout]:
+        if int(n) > 0 and self.remaining and self._should_stop():
+            return []
+        return super().ask(n)
+
+    def _should_stop(self) -> bool:
+        """Update `confidence`; True when stopping is on and nothing left is likely to be better."""
+        if self.best_log is None or self.n_ok < 1:
+            self.confidence = None
+            return False
+        gp, _ = self._beliefs(list(self.pending))
+        free = np.flatnonzero(~self.used)
+        mu, sd = gp.predict(self.Z[free], self.F[free])
+        margin = math.log1p(self.stop_threshold if self.stop_threshold is not None else 0.01)
+        p = ndtr((self.log_pred[free] + mu - self.best_log - margin) / np.maximum(sd, 1e-6)) * self.p_fit()[free]
+        worst = float(p.max()) if p.size else 0.0
+        self.confidence = 1.0 - worst
+        if self.stop_threshold is None or self.n_ok < self.min_trials or self.pending or worst > self.stop_probability:
+            return False
+        self.stopped = True
+        self.stop_reason = (f"no remaining layout has more than a {100 * worst:.1f} % chance of beating the best "
+                            f"({math.exp(self.best_log):.3f} of peak, {self.best_layout.key()}) by more than "
+                            f"{100 * self.stop_threshold:g} %: {100 * self.confidence:.1f} % confident")
+        return True
+
+    def _initial_pick(self, score: np.ndarray, chosen: list[int]) -> int | None:
+        """The model's top pick first, then the best layout of a (tp, pp) family not tried yet."""
+        tried = sum(r.status != Status.PRUNED for r in self.told.values()) + len(chosen) + len(self.pending)
+        if self.history.y or tried >= self.n_initial:
+            return None
+        free = self._free()
+        if free.size == 0:
+            return None
+        seen = {self.family[i] for i in (*chosen, *self.pending)} | {(l.tp, l.pp) for l in self.told}
+        top = float(score[free].max())
+        ok = [i for i in free if self.family[i] not in seen and score[i] >= top + math.log(DIVERSE_WITHIN)]
+        if not seen:
+            ok = list(free)
+        if not ok:
+            return None
+        return int(max(ok, key=lambda i: score[i] + self._tiebreak[i]))
+
+    def _propose(self, n: int) -> list:
+        p_fit = self.p_fit()
+        log_fit = np.log(np.maximum(p_fit, 1e-12))
+        chosen: list[int] = []
+        for _ in range(n):
+            extra = list(self.pending) + chosen
+            gp, _ = self._beliefs(extra)
+            mu, sd = gp.predict(self.Z, self.F)
+            mean = self.log_pred + mu
+            i = self._initial_pick(mean + log_fit, chosen)
+            if i is None:
+                free = self._free()
+                if free.size == 0:
+                    break
+                if self.best_log is None:
+                    acq = mean[free] + log_fit[free]             # nothing measured yet: the best belief
+                else:
+                    imp = mean[free] - self.best_log - XI
+                    s = np.maximum(sd[free], 1e-9)
+                    z = imp / s
+                    ei = imp * ndtr(z) + s * _norm_pdf(z)
+                    acq = np.log(np.maximum(ei, 1e-300)) + log_fit[free]
+                i = int(free[int(np.argmax(acq + self._tiebreak[free]))])
+            j = self._take(i)
+            if j is None:
+                break
+            chosen.append(j)
+        for i in chosen:
+            self.pending[i] = None
+        return []

@@ -1,0 +1,283 @@
+"""Learning the performance model's error, and carrying it across node counts.
+
+Pure (numpy only, no I/O). The model's prediction is the prior mean of log(measured fraction of peak);
+what is learned is the residual r = log(measured / predicted) as a Gaussian process over features of
+the layout *and* of the model's own account of it:
+
+    r(x) = c + sum_k w_k f_k(x) + g(z(x)) + noise
+
+- c: a global scale (every constant of the cluster file a bit off the same way);
+- f_k: the share of the predicted step spent in component k (GEMMs, attention, element-wise, TP
+  all-reduces, pipeline p2p, per-micro-batch overhead, DP/ZeRO collectives, the rest), the pipeline
+  bubble spread over the stage components that make it. A cluster constant that is off by a factor
+  shows up as a residual linear in these shares, whatever the node count: that is what transfers;
+- g: a squared-exponential GP over z = (log2 tp, log2 pp, log2 dp, log2 micro-batch, ZeRO stage,
+  checkpointing, TP group leaves the node, predicted bubble, TP and DP communication shares, log2
+  nodes) for errors the shares do not explain (physics the model lacks).
+Memory is learned the same way on log(measured peak / predicted peak) with the memory breakdown's
+shares as f; an OOM is a censored observation (the ratio is at least capacity / predicted).
+
+`warm_start_records` turns stored trials of the same model and cluster (any node count) into
+observations; `best_for_unmeasured` answers "best layout for N nodes" where N was never measured.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from tuner.errors import UsageError
+from tuner.layout import Layout
+from tuner.perfmodel import comm, predict
+from tuner.specs import Workload
+from tuner.trial import Status
+
+STAGE_KEYS = ("gemm", "attention", "elementwise", "tp_comm", "p2p", "microbatch_overhead")
+MEMORY_KEYS = ("weights", "gradients", "optimizer", "activations", "logits", "zero3_buffers", "reserved")
+HISTORY_NOISE = 0.04          # extra log-noise of a stored trial from another study (drift between runs)
+OOM_MARGIN = 0.03             # an OOM says the memory ratio is at least capacity/predicted; assume a bit more
+Z_DIM, F_DIM, FM_DIM = 11, len(STAGE_KEYS) + 2, len(MEMORY_KEYS)
+FLOOR = 1e-3                  # never trust a predicted zero: predictions are floored here (fraction of peak)
+
+
+@dataclass
+class Features:
+    """What the correction sees of one layout on one workload."""
+
+    z: np.ndarray                  # smooth-kernel coordinates
+    f: np.ndarray                  # time shares (linear kernel)
+    fm: np.ndarray                 # memory shares (linear kernel of the memory correction)
+    log_pred: float                # log predicted fraction of peak (the prior mean)
+    log_mem: float                 # log predicted peak memory (GB)
+    fits: bool                     # the model's own verdict
+
+
+def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
+    """Features of `layout` on `workload` (None: layout coordinates only, a flat prior)."""
+    base = [math.log2(layout.tp) / 4, math.log2(layout.pp) / 6, math.log2(max(layout.dp, 1)) / 8,
+            math.log2(layout.micro_batch) / 4, layout.zero_stage / 3, float(layout.activation_checkpointing)]
+    if workload is None:
+        return Features(np.array(base + [0.0] * 5), np.zeros(F_DIM), np.zeros(FM_DIM), math.log(0.3), 0.0, True)
+    pred = pred or predict(layout, workload)
+    t = pred.time_breakdown
+    step = max(pred.step_time_s, 1e-12)
+    stage = sum(t.get(k, 0.0) for k in STAGE_KEYS) or 1e-12
+    bubble = t.get("bubble", 0.0)
+    shares = [(t.get(k, 0.0) * (1 + bubble / stage)) / step for k in STAGE_KEYS]
+    dp = (t.get("dp_grad_reduce", 0.0) + t.get("dp_param_gather", 0.0)) / step
+    other = max(0.0, 1.0 - sum(shares) - dp)
+    cross = float(comm.crosses_nodes(workload.cluster, layout.tp, 1))
+    z = np.array(base + [cross, bubble / step, shares[3], dp, math.log2(workload.nodes) / 8])
+    mb = pred.memory_breakdown
+    mtot = sum(mb.get(k, 0.0) for k in MEMORY_KEYS) or 1.0
+    fm = np.array([mb.get(k, 0.0) / mtot for k in MEMORY_KEYS])
+    return Features(z, np.array(shares + [dp, other]), fm, math.log(max(pred.peak_fraction, FLOOR)),
+                    math.log(max(pred.memory_gb, 1e-6)), bool(pred.fits))
+
+
+# ------------------------------------------------------------------------------------------------ GP
+@dataclass
+class GP:
+    """A GP with kernel s_c^2 + s_w^2 f.f' + s_g^2 exp(-|z - z'|^2 / 2 l^2); zero prior mean."""
+
+    s_c: float = 0.3
+    s_w: float = 0.3
+    s_g: float = 0.15
+    ell: float = 0.5
+    noise: float = 0.025
+    _data: tuple | None = field(default=None, repr=False)
+
+    def kernel(self, Z1, F1, Z2, F2) -> np.ndarray:
+        d2 = ((Z1[:, None, :] - Z2[None, :, :]) ** 2).sum(-1)
+        return self.s_c ** 2 + self.s_w ** 2 * F1 @ F2.T + self.s_g ** 2 * np.exp(-0.5 * d2 / self.ell ** 2)
+
+    def prior_var(self, Z, F) -> np.ndarray:
+        return self.s_c ** 2 + self.s_w ** 2 * (F * F).sum(1) + self.s_g ** 2
+
+    def fit(self, Z, F, y, extra_noise=None) -> "GP":
+        Z, F, y = np.asarray(Z, float), np.asarray(F, float), np.asarray(y, float)
+        if len(y) == 0:
+            self._data = None
+            return self
+        nv = self.noise ** 2 + (np.zeros(len(y)) if extra_noise is None else np.asarray(extra_noise) ** 2)
+        K = self.kernel(Z, F, Z, F) + np.diag(nv + 1e-9)
+        L = np.linalg.cholesky(K)
+        alpha = np.linalg.solve(L.T, np.linalg.solve(L, y))
+        self._data = (Z, F, y, L, alpha)
+        return self
+
+    def log_marginal(self) -> float:
+        if self._data is None:
+            return 0.0
+        _, _, y, L, alpha = self._data
+        return float(-0.5 * y @ alpha - np.log(np.diag(L)).sum() - 0.5 * len(y) * math.log(2 * math.pi))
+
+    def predict(self, Z, F) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean and standard deviation (of the latent residual, without noise)."""
+        Z, F = np.asarray(Z, float), np.asarray(F, float)
+        var = self.prior_var(Z, F)
+        if self._data is None:
+            return np.zeros(len(Z)), np.sqrt(var)
+        Zd, Fd, _, L, alpha = self._data
+        Ks = self.kernel(Z, F, Zd, Fd)
+        v = np.linalg.solve(L, Ks.T)
+        return Ks @ alpha, np.sqrt(np.maximum(var - (v * v).sum(0), 1e-8))
+
+
+GRID = [(s_w, s_g, ell) for s_w in (0.15, 0.4) for s_g in (0.08, 0.2) for ell in (0.35, 0.7)]
+
+
+def fit_gp(Z, F, y, extra_noise=None, *, s_c=0.3, noise=0.025, min_points=6, **_) -> GP:
+    """A GP on the residuals, its shape chosen by marginal likelihood over a small grid once there
+    are `min_points` observations (defaults before: wide enough to keep exploring)."""
+    if len(y) < min_points:
+        return GP(s_c=s_c, noise=noise).fit(Z, F, y, extra_noise)
+    best, best_lm = None, -math.inf
+    for s_w, s_g, ell in GRID:
+        gp = GP(s_c=s_c, s_w=s_w, s_g=s_g, ell=ell, noise=noise).fit(Z, F, y, extra_noise)
+        lm = gp.log_marginal()
+        if lm > best_lm + 1e-9:
+            best, best_lm = gp, lm
+    return best
+
+
+# ------------------------------------------------------------------------------------------------ observations
+@dataclass
+class Observations:
+    """Residual observations for the time and the memory corrections."""
+
+    Z: list = field(default_factory=list)
+    F: list = field(default_factory=list)
+    y: list = field(default_factory=list)
+    noise: list = field(default_factory=list)
+    mZ: list = field(default_factory=list)
+    mF: list = field(default_factory=list)
+    my: list = field(default_factory=list)
+    mnoise: list = field(default_factory=list)
+
+    def add_time(self, ft: Features, measured: float, noise: float = 0.0) -> None:
+        self.Z.append(ft.z), self.F.append(ft.f), self.noise.append(noise)
+        self.y.append(math.log(max(measured, FLOOR)) - ft.log_pred)
+
+    def add_memory(self, ft: Features, log_ratio: float, noise: float = 0.0) -> None:
+        self.mZ.append(ft.z), self.mF.append(ft.fm), self.my.append(log_ratio), self.mnoise.append(noise)
+
+    def add_result(self, ft: Features, status: Status, peak_fraction, peak_memory_gb, capacity_gb,
+                   noise: float = 0.0) -> None:
+        """What one finished trial says: a time residual, a memory ratio, or an OOM lower bound."""
+        if status == Status.OK and peak_fraction:
+            self.add_time(ft, float(peak_fraction), noise)
+        if not capacity_gb:
+            return
+        if status == Status.OK and peak_memory_gb:
+            self.add_memory(ft, math.log(peak_memory_gb) - ft.log_mem, noise)
+        elif status == Status.OOM:
+            self.add_memory(ft, max(math.log(capacity_gb) - ft.log_mem, 0.0) + OOM_MARGIN, noise)
+
+    def extend(self, other: "Observations") -> None:
+        for k in ("Z", "F", "y", "noise", "mZ", "mF", "my", "mnoise"):
+            getattr(self, k).extend(getattr(other, k))
+
+    def time_gp(self, **kw) -> GP:
+        if not self.y:
+            return GP(**kw)
+        return fit_gp(np.array(self.Z), np.array(self.F), self.y, self.noise, **kw)
+
+    def memory_gp(self) -> GP:
+        gp = GP(s_c=0.06, s_w=0.12, s_g=0.06, ell=0.5, noise=0.02)
+        return gp.fit(np.array(self.mZ), np.array(self.mF), self.my, self.mnoise) if self.my else gp
+
+
+@dataclass
+class WarmStart:
+    observations: Observations
+    evidence: dict
+
+    @property
+    def empty(self) -> bool:
+        return not self.observations.y and not self.observations.my
+
+
+def _record_workload(rec, workload: Workload, studies: dict | None) -> Workload:
+    gb = getattr(rec, "global_batch", None)
+    if gb is None and studies and getattr(rec, "study", None) in studies:
+        gb = studies[rec.study].global_batch
+    return replace(workload, nodes=int(rec.nodes), global_batch=int(gb or workload.global_batch))
+
+
+def warm_start_records(records, workload: Workload, studies: dict | None = None) -> WarmStart:
+    """Observations from stored trials (TrialRecord-like: layout, status, peak_fraction,
+    peak_memory_gb, model, cluster, nodes, study) of `workload`'s model and cluster at any node count.
+    `studies` (name -> StudyRecord) supplies each study's global batch; without it the workload's is
+    assumed. Evidence: studies, node counts, trials used and the mean residual log(measured/predicted)."""
+    obs = Observations()
+    used: list = []
+    cap = workload.cluster.memory_gb
+    for rec in records or ():
+        if (getattr(rec, "model", workload.model.name) != workload.model.name
+                or getattr(rec, "cluster", workload.cluster.name) != workload.cluster.name
+                or rec.status not in (Status.OK, Status.OOM)):
+            continue
+        w = _record_workload(rec, workload, studies)
+        lay = rec.layout
+        if lay.gpus != w.gpus or (rec.status == Status.OK and not rec.peak_fraction):
+            continue
+        ft = features(lay, w)
+        n_time = len(obs.y)
+        obs.add_result(ft, rec.status, rec.peak_fraction, rec.peak_memory_gb, cap, HISTORY_NOISE)
+        used.append((rec, obs.y[-1] if len(obs.y) > n_time else None))
+    res = [r for _, r in used if r is not None]
+    evidence = {"studies": sorted({getattr(r, "study", "") for r, _ in used}),
+                "node_counts": sorted({int(r.nodes) for r, _ in used}),
+                "trials": len(used), "ok_trials": len(res), "oom_trials": sum(r.status == Status.OOM for r, _ in used),
+                "mean_residual": float(np.mean(res)) if res else 0.0,
+                "mean_ratio": float(math.exp(np.mean(res))) if res else 1.0}
+    return WarmStart(obs, evidence)
+
+
+def corrected(layouts: list[Layout], workload: Workload, obs: Observations, preds=None) -> list[dict]:
+    """For each layout: raw and corrected fraction of peak and memory, the residual's uncertainty and
+    the probability that it fits in memory."""
+    preds = preds or [predict(lay, workload) for lay in layouts]
+    fts = [features(lay, workload, p) for lay, p in zip(layouts, preds)]
+    Z, F, FM = (np.array([getattr(f, a) for f in fts]) for a in ("z", "f", "fm"))
+    mu, sd = obs.time_gp().predict(Z, F)
+    mmu, msd = obs.memory_gp().predict(Z, FM)
+    cap = workload.cluster.memory_gb
+    out = []
+    for i, (lay, p, ft) in enumerate(zip(layouts, preds, fts)):
+        mem = math.exp(ft.log_mem + mmu[i])
+        z = (math.log(cap) - ft.log_mem - mmu[i]) / math.hypot(msd[i], 0.02)
+        out.append({"layout": lay, "raw": p, "log_mean": ft.log_pred + mu[i], "log_sd": float(sd[i]),
+                    "peak_fraction": math.exp(ft.log_pred + mu[i]), "memory_gb": mem,
+                    "p_fit": 0.5 * math.erfc(-z / math.sqrt(2))})
+    return out
+
+
+def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies: dict | None = None) -> list[dict]:
+    """The k best predicted layouts of `space` for `workload` (a node count never measured), the model
+    corrected by the stored trials of the same model and cluster at other node counts.
+
+    Each answer: layout, key, predicted=True, peak_fraction and tflops_per_gpu (corrected), raw_* (the
+    model alone), memory_gb / raw_memory_gb, p_fit, uncertainty (sd of log throughput) and evidence.
+    Raises UsageError when no layout of the space is valid for the workload."""
+    from tuner.space import no_layout_reason
+
+    layouts = space.enumerate_layouts(workload)
+    if not layouts:
+        raise UsageError(f"no valid layout for {workload.model.name} on {workload.nodes} node(s) "
+                         f"({workload.gpus} GPUs): {no_layout_reason(space, workload)}")
+    ws = warm_start_records(records, workload, studies)
+    rows = corrected(layouts, workload, ws.observations)
+    likely = [r for r in rows if r["p_fit"] >= 0.5] or rows
+    likely.sort(key=lambda r: (-r["peak_fraction"], r["memory_gb"]))
+    peak = workload.cluster.peak_tflops
+    evidence = dict(ws.evidence, note=("corrected by measurements at other node counts" if ws.evidence["ok_trials"]
+                                       else "no stored measurements of this model and cluster: the model alone"))
+    return [{"layout": r["layout"], "key": r["layout"].key(), "predicted": True,
+             "peak_fraction": r["peak_fraction"], "tflops_per_gpu": r["peak_fraction"] * peak,
+             "raw_peak_fraction": r["raw"].peak_fraction, "raw_tflops_per_gpu": r["raw"].tflops_per_gpu,
+             "memory_gb": r["memory_gb"], "raw_memory_gb": r["raw"].memory_gb, "p_fit": r["p_fit"],
+             "uncertainty": r["log_sd"], "evidence": evidence} for r in likely[:max(int(k), 1)]]
