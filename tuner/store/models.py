@@ -1,4 +1,4 @@
-"""The store's schema (SQLAlchemy 2 ORM) and the records it hands out.
+"""The store's schema (SQLAlchemy 2 ORM), its versions and migrations, and the records it hands out.
 
 Tables: `meta` (schema_version), `studies` (one search) and a wide, typed `trials` table (one measured
 or predicted layout: the six layout fields, the four measured metrics and the four predicted ones as
@@ -10,14 +10,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable
 
 from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text,
-                        UniqueConstraint)
+                        UniqueConstraint, inspect, select, update)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 import tuner
+from tuner.errors import StoreError
 from tuner.layout import Layout
 from tuner.trial import Status
 
@@ -89,8 +90,7 @@ class TrialRow(Base):
     __table_args__ = (
         UniqueConstraint("study_id", "number", name="uq_trials_study_number"),
         UniqueConstraint("study_id", "layout_key", name="uq_trials_study_layout"),
-        Index("ix_trials_best", "status", "peak_fraction"),
-        Index("ix_trials_study_status", "study_id", "status", "peak_fraction"),
+        Index("ix_trials_best", "study_id", "status", "peak_fraction"),   # best(), trials(statuses), counts()
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -119,6 +119,48 @@ class TrialRow(Base):
     ended_at: Mapped[datetime | None] = mapped_column(Stamp)
     attempts: Mapped[int] = mapped_column(Integer, default=1)
     extra: Mapped[dict] = mapped_column(Json)
+
+
+# ---- schema versions ----------------------------------------------------------------------------
+def read_version(conn) -> int | None:
+    """The stored schema version; 0 for tuner tables without one; None for an empty database."""
+    names = set(inspect(conn).get_table_names())
+    if "meta" in names:
+        row = conn.execute(select(MetaRow.value).where(MetaRow.key == "schema_version")).scalar()
+        if row is not None:
+            return int(row)
+    return 0 if names & {"studies", "trials"} else None
+
+
+def _migrate_to_1(conn) -> None:
+    Base.metadata.create_all(conn, checkfirst=True)
+
+
+MIGRATIONS: dict[int, Callable] = {1: _migrate_to_1}
+
+
+def apply_migrations(conn, start: int) -> None:
+    for version in range(start + 1, SCHEMA_VERSION + 1):
+        MIGRATIONS[version](conn)
+    updated = conn.execute(update(MetaRow).where(MetaRow.key == "schema_version")
+                           .values(value=str(SCHEMA_VERSION))).rowcount
+    if not updated:
+        conn.execute(MetaRow.__table__.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
+
+
+def verify_schema(conn) -> None:
+    insp = inspect(conn)
+    for table in Base.metadata.sorted_tables:
+        have = {c["name"] for c in insp.get_columns(table.name)}
+        missing = sorted({c.name for c in table.columns} - have)
+        if missing:
+            raise StoreError(f"table {table.name} lacks column(s) {', '.join(missing)}: "
+                             "this is not a tuner results store, or it was edited by hand; use another --db")
+
+
+def newer_error(shown: str, version: int) -> StoreError:
+    return StoreError(f"the results store at {shown} has schema version {version}, newer than this tuner "
+                      f"understands ({SCHEMA_VERSION}): upgrade tuner (`pip install -U tuner`)")
 
 
 MEASURED = ("tflops_per_gpu", "peak_fraction", "samples_per_second", "peak_memory_gb")

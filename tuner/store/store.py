@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, func, inspect, select, update
+from sqlalchemy import Engine, create_engine, event, func, select, update
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -25,8 +25,9 @@ from sqlalchemy.pool import StaticPool
 from tuner.errors import StoreError, StudyExists, UnknownStudy
 from tuner.layout import Layout
 from tuner.perfmodel.prediction import Prediction
-from tuner.store.models import (MEASURED, PREDICTED, SCHEMA_VERSION, STUDY_STATES, Base, MetaRow, StudyRecord,
-                                StudyRow, TrialRecord, TrialRow, scrub, utcnow)
+from tuner.store.models import (MEASURED, PREDICTED, SCHEMA_VERSION, STUDY_STATES, MetaRow, StudyRecord, StudyRow,
+                                TrialRecord, TrialRow, apply_migrations, newer_error, read_version, scrub, utcnow,
+                                verify_schema)
 from tuner.trial import Status, TrialResult
 
 DEFAULT_URL = "sqlite:///results/tuner.db"
@@ -41,7 +42,14 @@ def redact(url: str | URL) -> str:
     """The URL with its password replaced by ***."""
     if isinstance(url, URL):
         return url.render_as_string(hide_password=True)
-    return scrub(str(url))
+    text = scrub(str(url))
+    try:
+        password = make_url(str(url)).password
+    except ArgumentError:
+        return text
+    if password and str(password) in text:   # an odd password the pattern missed: let SQLAlchemy hide it
+        return make_url(str(url)).render_as_string(hide_password=True)
+    return text
 
 
 def _reason(exc: BaseException) -> str:
@@ -126,53 +134,16 @@ def _make_engine(url: URL) -> Engine:
     return engine
 
 
-def _read_version(conn) -> int | None:
-    """The stored schema version; 0 for tuner tables without one; None for an empty database."""
-    names = set(inspect(conn).get_table_names())
-    if "meta" in names:
-        row = conn.execute(select(MetaRow.value).where(MetaRow.key == "schema_version")).scalar()
-        if row is not None:
-            return int(row)
-    return 0 if names & {"studies", "trials"} else None
-
-
-def _migrate_to_1(conn) -> None:
-    Base.metadata.create_all(conn, checkfirst=True)
-
-
-MIGRATIONS: dict[int, Callable] = {1: _migrate_to_1}
-
-
-def _apply_migrations(conn, start: int) -> None:
-    for version in range(start + 1, SCHEMA_VERSION + 1):
-        MIGRATIONS[version](conn)
-    updated = conn.execute(update(MetaRow).where(MetaRow.key == "schema_version")
-                           .values(value=str(SCHEMA_VERSION))).rowcount
-    if not updated:
-        conn.execute(MetaRow.__table__.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
-
-
-def _verify(conn) -> None:
-    insp = inspect(conn)
-    for table in Base.metadata.sorted_tables:
-        have = {c["name"] for c in insp.get_columns(table.name)}
-        missing = sorted({c.name for c in table.columns} - have)
-        if missing:
-            raise StoreError(f"table {table.name} lacks column(s) {', '.join(missing)}: "
-                             "this is not a tuner results store, or it was edited by hand; use another --db")
-
-
-def _newer_error(shown: str, version: int) -> StoreError:
-    return StoreError(f"the results store at {shown} has schema version {version}, newer than this tuner "
-                      f"understands ({SCHEMA_VERSION}): upgrade tuner (`pip install -U tuner`)")
+def _unknown(s: Session, name: str) -> UnknownStudy:
+    return UnknownStudy(name, list(s.execute(select(StudyRow.name).order_by(StudyRow.name)).scalars()))
 
 
 class Store:
     """Studies and trials in one database. Create with `open_store`."""
 
-    def __init__(self, engine: Engine, url: URL):
+    def __init__(self, engine: Engine, url: URL, shown: str | None = None):
         self.engine = engine
-        self.url = redact(url)
+        self.url = shown or redact(url)
         self._sqlite = url.get_backend_name() == "sqlite"
         self._writer = engine.execution_options(tuner_write=True)
         # A memory database is one shared connection: serialise its transactions.
@@ -219,7 +190,11 @@ class Store:
                 if _sqlstate(exc) in ("40001", "40P01") and conflicts < CONFLICT_RETRIES:
                     conflicts += 1
                     time.sleep(random.uniform(0, 0.01))
-                elif reconnect and self._disconnected(exc) and reconnects < len(RECONNECT_DELAYS_S):
+                elif reconnect and self._disconnected(exc):
+                    if reconnects == len(RECONNECT_DELAYS_S):
+                        raise StoreError(f"lost the connection to the results store at {self.url} while {doing} "
+                                         f"({_reason(exc)}; {reconnects} retries over {sum(RECONNECT_DELAYS_S):.0f} s): "
+                                         "check that the database server is up, then resume the study") from None
                     time.sleep(RECONNECT_DELAYS_S[reconnects])
                     reconnects += 1
                 else:
@@ -231,14 +206,14 @@ class Store:
         """Create a fresh schema, check the version, and prove we can write. No retries: fail fast."""
         def init(s: Session) -> None:
             conn = s.connection()
-            version = _read_version(conn)
+            version = read_version(conn)
             if version is None:
-                _apply_migrations(conn, 0)
+                apply_migrations(conn, 0)
             elif version < SCHEMA_VERSION:
                 raise StoreError(f"the results store at {self.url} has schema version {version}, this tuner needs "
                                  f"{SCHEMA_VERSION}: run `tuner db upgrade --db {self.url}`")
             elif version > SCHEMA_VERSION:
-                raise _newer_error(self.url, version)
+                raise newer_error(self.url, version)
             elif self._sqlite:   # a read-only file fails here, before any work starts
                 conn.execute(update(MetaRow).where(MetaRow.key == "schema_version").values(value=MetaRow.value))
         for attempt in range(5):
@@ -257,7 +232,7 @@ class Store:
             q = select(StudyRow.id).where(StudyRow.name == name)
             sid = s.execute(q.with_for_update(key_share=True) if lock else q).scalar()
             if sid is None:
-                raise UnknownStudy(name, list(s.execute(select(StudyRow.name).order_by(StudyRow.name)).scalars()))
+                raise _unknown(s, name)
             self._study_ids[name] = sid
         return sid
 
@@ -278,7 +253,7 @@ class Store:
         def get(s: Session) -> StudyRecord:
             row = s.execute(select(StudyRow).where(StudyRow.name == name)).scalar()
             if row is None:
-                raise UnknownStudy(name, list(s.execute(select(StudyRow.name).order_by(StudyRow.name)).scalars()))
+                raise _unknown(s, name)
             return StudyRecord.from_row(row)
         return self._tx(get, f"reading study '{name}'")
 
@@ -376,15 +351,24 @@ class Store:
         return 0 if nums == [] else self._tx(mark, f"marking trials of study '{study}' interrupted", write=True)
 
     def best(self, model: str, cluster: str, nodes: int, k: int = 1, study: str | None = None) -> list[TrialRecord]:
-        """The k best ok trials, by peak fraction, of every study of that model, cluster and node count."""
-        q = (select(TrialRow, StudyRow).join(StudyRow, StudyRow.id == TrialRow.study_id)
-             .where(StudyRow.model_name == model, StudyRow.cluster_name == cluster, StudyRow.nodes == int(nodes),
-                    TrialRow.status == Status.OK.value, TrialRow.peak_fraction.is_not(None))
-             .order_by(TrialRow.peak_fraction.desc(), StudyRow.id, TrialRow.number).limit(max(int(k), 0)))
-        if study is not None:
-            q = q.where(StudyRow.name == study)
-        return self._tx(lambda s: [TrialRecord.from_row(t, st) for t, st in s.execute(q)],
-                        "finding the best trials")
+        """The k best ok trials, by peak fraction, of every study of that model, cluster and node count.
+
+        The top k of each matching study (index range on (study_id, status, peak_fraction)), merged:
+        fast whatever the number of trials and whether anything matches."""
+        if k <= 0:
+            return []
+        def run(s: Session) -> list[TrialRecord]:
+            q = select(StudyRow).where(StudyRow.model_name == model, StudyRow.cluster_name == cluster,
+                                       StudyRow.nodes == int(nodes))
+            studies = {r.id: r for r in s.execute(q if study is None else q.where(StudyRow.name == study)).scalars()}
+            rows: list[TrialRow] = []
+            for sid in studies:
+                rows += s.execute(select(TrialRow).where(
+                    TrialRow.study_id == sid, TrialRow.status == Status.OK.value, TrialRow.peak_fraction.is_not(None))
+                    .order_by(TrialRow.peak_fraction.desc(), TrialRow.number).limit(k)).scalars()
+            rows.sort(key=lambda t: (-t.peak_fraction, t.study_id, t.number))
+            return [TrialRecord.from_row(t, studies[t.study_id]) for t in rows[:k]]
+        return self._tx(run, "finding the best trials")
 
     def counts(self, study: str) -> dict[str, int]:
         def count(s: Session) -> dict[str, int]:
@@ -406,18 +390,18 @@ class Store:
         return f"Store({self.url!r})"
 
 
-def _engine_for(url: str | None) -> tuple[Engine, URL]:
+def _engine_for(url: str | None) -> tuple[Engine, URL, str]:
     raw = url or os.environ.get("TUNER_DB") or DEFAULT_URL
     if raw == DEFAULT_URL:
         Path("results").mkdir(exist_ok=True)
     parsed = _parse(raw)
-    return _make_engine(parsed), parsed
+    return _make_engine(parsed), parsed, redact(raw)
 
 
 def open_store(url: str | None = None) -> Store:
     """The store at `url`, else $TUNER_DB, else results/tuner.db in the working directory."""
-    engine, parsed = _engine_for(url)
-    store = Store(engine, parsed)
+    engine, parsed, shown = _engine_for(url)
+    store = Store(engine, parsed, shown)
     try:
         store._open()
     except BaseException:
@@ -428,18 +412,18 @@ def open_store(url: str | None = None) -> Store:
 
 def upgrade(url: str | None = None) -> str:
     """Bring the schema at `url` to SCHEMA_VERSION (creating it if empty); return what was done."""
-    engine, parsed = _engine_for(url)
-    store = Store(engine, parsed)
+    engine, parsed, shown = _engine_for(url)
+    store = Store(engine, parsed, shown)
     def run(s: Session) -> str:
         conn = s.connection()
-        version = _read_version(conn)
+        version = read_version(conn)
         if version is not None and version > SCHEMA_VERSION:
-            raise _newer_error(store.url, version)
+            raise newer_error(store.url, version)
         if version == SCHEMA_VERSION:
-            _verify(conn)
+            verify_schema(conn)
             return f"results store at {store.url} is up to date (schema version {SCHEMA_VERSION})"
-        _apply_migrations(conn, version or 0)
-        _verify(conn)
+        apply_migrations(conn, version or 0)
+        verify_schema(conn)
         if version is None:
             return f"created the results store at {store.url} (schema version {SCHEMA_VERSION})"
         return f"upgraded the results store at {store.url} from schema version {version} to {SCHEMA_VERSION}"
