@@ -43,3 +43,17 @@ class SimRunner:
 
     def cancel(self) -> None:
         self._stop.set()
+
+    def resources(self, trial: TrialSpec) -> dict[str, float]:
+        """What a trial asks a worker pool for (Ray resource names): the simulator only waits."""
+        return {"CPU": 0.1}
+
+    def __getstate__(self) -> dict:
+        """Picklable for Ray workers: the stop Event stays behind and a fresh one is made there."""
+        state = dict(self.__dict__)
+        del state["_stop"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._stop = threading.Event()

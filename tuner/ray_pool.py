@@ -1,0 +1,245 @@
+"""A Ray worker pool: each trial runs as one Ray task sized by the trial's GPUs, not the driver's CPUs.
+
+`RayExecutor(parallel, address=None)` connects to the Ray cluster at `address` (`host:port` of its GCS,
+`ray://host:10001` through Ray Client from a login node, or `auto`) or, with no address, starts a
+private single-node Ray on loopback. `submit(runner.run, trial)` returns a `concurrent.futures.Future`
+of the TrialResult, so the driver does not know where a trial ran.
+
+What a trial asks Ray for (`trial_resources`): the runner's own `resources(trial)` if it has one
+(Ray resource names: {"CPU": 0.1}, {"GPU": 8}), else `layout.gpus` GPUs for the local (DeepSpeed)
+runner and a tenth of a CPU for runners whose work happens elsewhere (sim, slurm, command). On a
+cluster without GPUs a GPU becomes a CPU (DeepSpeed on CPU runs one process per rank). A trial no
+single node can hold fails at submit with the node sizes, instead of pending forever (Ray Tune #38505).
+
+Ray's own failures (a worker or node died, the memory monitor killed the task) come back as
+retryable FAILED results, and a cancelled task as INTERRUPTED: they are results, not driver bugs.
+An exception the runner itself raises is re-raised from the future, as with the thread pool.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from concurrent.futures import Future
+
+from tuner.errors import MissingExtra, UsageError
+from tuner.trial import Status, TrialResult, TrialSpec
+
+CPU_FRACTION = 0.1      # a trial whose work runs elsewhere (simulator, Slurm job, external command)
+PROBE_TIMEOUT = 3.0     # seconds to wait for a TCP answer before calling an address dead
+CANCEL_GRACE = 5.0      # seconds a cancelled trial gets to clean up before its worker is killed
+AUTH_FIX = ("set RAY_AUTH_TOKEN to the cluster's token (`ray get-auth-token` on the head node), or run both "
+            "the cluster (`ray start`) and tuner with RAY_AUTH_MODE=disabled")
+
+
+def _import_ray(local: bool):
+    if local:
+        # A private single-node Ray must bind to 127.0.0.1, not the machine's address; Ray does that only
+        # with this variable off, which it reads once at import (ray_constants.ENABLE_RAY_CLUSTER).
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    try:
+        import ray
+    except ImportError:
+        raise MissingExtra("ray", "ray") from None
+    if local and os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0":
+        from ray._private import ray_constants
+        ray_constants.ENABLE_RAY_CLUSTER = False    # ray was imported before us
+    return ray
+
+
+def trial_resources(runner, trial: TrialSpec) -> dict[str, float]:
+    """What one trial asks the cluster for, in Ray resource names."""
+    own = getattr(runner, "resources", None)
+    if callable(own):
+        return {k: float(v) for k, v in own(trial).items() if v}
+    if getattr(runner, "name", None) == "local":
+        return {"GPU": float(trial.layout.gpus)}
+    return {"CPU": CPU_FRACTION}
+
+
+def translate(need: dict[str, float], nodes: list[dict[str, float]]) -> dict[str, float]:
+    """On a cluster without GPUs a trial's GPUs become CPUs (DeepSpeed on CPU: one process per rank)."""
+    need = dict(need)
+    if need.get("GPU") and not any(n.get("GPU") for n in nodes):
+        need["CPU"] = max(need.get("CPU", 0.0), need.pop("GPU"))
+    return need
+
+
+def place(need: dict[str, float], nodes: list[dict[str, float]]) -> dict[str, float] | None:
+    """`need` as this cluster can give it, or None if no single node can hold it."""
+    need = translate(need, nodes)
+    fits = any(all(n.get(k, 0.0) >= v for k, v in need.items()) for n in nodes)
+    return need if fits else None
+
+
+def _fmt(res: dict[str, float]) -> str:
+    shown = {k: v for k, v in res.items() if k in ("CPU", "GPU") or not (k.startswith("node:") or k in (
+        "memory", "object_store_memory"))}
+    return ", ".join(f"{v:g} {k}" for k, v in sorted(shown.items())) or "nothing"
+
+
+def _split(address: str) -> tuple[str, int]:
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        raise UsageError(f"Ray address {address!r} is not HOST:PORT (e.g. 127.0.0.1:6379, or ray://HOST:10001 "
+                         "through Ray Client)")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _start_hint(port: int) -> str:
+    return (f"start one with `ray start --head --port={port}` on that host (add --node-ip-address=127.0.0.1 "
+            "on a single machine), check the host and port with `ray status`, or drop --ray-address to "
+            "start a private local Ray")
+
+
+def _probe(address: str) -> None:
+    """Fail in seconds, not minutes (ray.init retries a dead GCS for ~2 min), naming the fix."""
+    host, port = _split(address)
+    try:
+        socket.create_connection((host, port), timeout=PROBE_TIMEOUT).close()
+    except OSError as exc:
+        raise UsageError(f"no Ray cluster answers at {address} ({exc.strerror or exc}): {_start_hint(port)}") from None
+    if address.startswith("ray://"):
+        return                                  # Ray Client: authentication is checked by ray.init
+    try:
+        from ray._raylet import GcsClient       # private, but it is what tells a bad token from a dead port
+        from ray.exceptions import AuthenticationError
+    except ImportError:
+        return
+    try:
+        GcsClient(address=f"{host}:{port}").internal_kv_get(b"tuner-probe", None, timeout=PROBE_TIMEOUT)
+    except AuthenticationError:
+        raise UsageError(f"the Ray cluster at {address} refused this driver (InvalidAuthToken: Ray's token "
+                         f"authentication is on): {AUTH_FIX}") from None
+    except Exception:                           # noqa: BLE001 - anything else: let ray.init report it
+        pass
+
+
+def _run(target, method, *args):
+    """The Ray task: `target.method(*args)`, or `target(*args)` for a plain function."""
+    return getattr(target, method)(*args) if method else target(*args)
+
+
+class RayExecutor:
+    def __init__(self, parallel: int = 1, address: str | None = None, num_cpus: int | None = None):
+        self.parallel = parallel
+        self.ray = ray = _import_ray(local=address is None)
+        self._owns = not ray.is_initialized()   # a connection the caller made is theirs to close
+        if self._owns:
+            if address:
+                _probe(address)
+            try:
+                if address:
+                    ray.init(address=address, log_to_driver=False, logging_level="WARNING")
+                else:
+                    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                             logging_level="WARNING")
+            except ConnectionError as exc:
+                hint = _start_hint(_split(address)[1]) if address else "see the Ray logs under /tmp/ray"
+                raise UsageError(f"cannot connect to Ray at {address or 'a new local Ray'} ({exc}): {hint}; if "
+                                 f"the cluster's log says InvalidAuthToken, {AUTH_FIX}") from None
+        self.address = address or "local"
+        self._task = ray.remote(_run)
+        self._lock = threading.Lock()
+        self._live: dict = {}                   # ObjectRef -> Future
+        self._shipped: dict[int, tuple] = {}    # id(runner) -> (runner, ObjectRef of it in the object store)
+        self._nodes: list[dict] | None = None
+        self._closed = False
+
+    # -- placement ----------------------------------------------------------------------------
+    def _node_resources(self, refresh: bool = False) -> list[dict[str, float]]:
+        if self._nodes is None or refresh:
+            self._nodes = [n["Resources"] for n in self.ray.nodes() if n.get("Alive")]
+        return self._nodes
+
+    def _options(self, runner, trial: TrialSpec) -> dict:
+        need = trial_resources(runner, trial)
+        placed = place(need, self._node_resources()) or place(need, self._node_resources(refresh=True))
+        if placed is None:
+            nodes = self._node_resources()
+            biggest = max(nodes, key=lambda n: (n.get("GPU", 0), n.get("CPU", 0)), default={})
+            moved = translate(need, nodes)
+            cpu = f" (as {_fmt(moved)} on this cluster without GPUs)" if moved != need else ""
+            raise UsageError(
+                f"trial {trial.number} ({trial.layout.key()}) needs {_fmt(need)}{cpu} on one node, but the largest "
+                f"node of the Ray cluster ({self.address}) has {_fmt(biggest)}: add nodes with enough GPUs "
+                f"(`ray start --num-gpus N`; on CPU, --num-cpus N oversubscribes), choose a workload that "
+                "fits one node, or run multi-node trials with --runner slurm")
+        extra = {k: v for k, v in placed.items() if k not in ("CPU", "GPU")}
+        return {"num_cpus": placed.get("CPU", 0.0), "num_gpus": placed.get("GPU", 0.0), "max_retries": 0,
+                "resources": extra or None, "name": f"tuner-trial-{trial.study}-{trial.number}"}
+
+    def _ship(self, runner):
+        """The runner goes to the object store once; each task receives a reference to it."""
+        key = id(runner)
+        if key not in self._shipped:
+            try:
+                self._shipped[key] = (runner, self.ray.put(runner))
+            except Exception as exc:            # noqa: BLE001 - cloudpickle raises many types
+                raise UsageError(f"runner {getattr(runner, 'name', runner)!r} cannot be sent to Ray workers "
+                                 f"({type(exc).__name__}: {exc}): use --executor thread") from None
+        return self._shipped[key][1]
+
+    # -- the executor interface ---------------------------------------------------------------
+    def submit(self, fn, *args) -> Future:
+        if self._closed:
+            raise RuntimeError("RayExecutor.submit after shutdown")
+        runner = getattr(fn, "__self__", None)
+        trial = args[0] if args and isinstance(args[0], TrialSpec) else None
+        opts = self._options(runner, trial) if trial is not None else {"num_cpus": CPU_FRACTION, "max_retries": 0}
+        target, method = (self._ship(runner), fn.__name__) if runner is not None else (fn, None)
+        ref = self._task.options(**opts).remote(target, method, *args)
+        out: Future = Future()
+        out.set_running_or_notify_cancel()
+        with self._lock:
+            self._live[ref] = out
+        ref.future().add_done_callback(lambda f, ref=ref: self._settle(ref, f))
+        return out
+
+    def _settle(self, ref, done: Future) -> None:
+        with self._lock:
+            out = self._live.pop(ref, None)
+        if out is None or out.done():
+            return
+        exc = done.exception() if not done.cancelled() else self.ray.exceptions.TaskCancelledError()
+        if exc is None:
+            out.set_result(done.result())
+        else:
+            result = self._as_result(exc)
+            out.set_exception(exc) if result is None else out.set_result(result)
+
+    def _as_result(self, exc: BaseException) -> TrialResult | None:
+        """Ray's own failures as trial results; None for an exception the runner raised (a bug)."""
+        rx = self.ray.exceptions
+        if isinstance(exc, rx.TaskCancelledError):
+            return TrialResult(Status.INTERRUPTED, message="cancelled through Ray")
+        if isinstance(exc, rx.RayTaskError):
+            return None
+        if isinstance(exc, rx.OutOfMemoryError):
+            return TrialResult(Status.OOM, message=f"Ray's memory monitor killed the trial: {str(exc)[:500]}")
+        if isinstance(exc, rx.RayError):
+            return TrialResult(Status.FAILED, retryable=True,
+                               message=f"Ray lost the trial ({type(exc).__name__}): {str(exc)[:500]}")
+        return None
+
+    def shutdown(self) -> None:
+        """Cancel running trials (KeyboardInterrupt first, so runners clean up; then kill), disconnect."""
+        if self._closed:
+            return
+        self._closed = True
+        ray = self.ray
+        with self._lock:
+            live = list(self._live)
+        if live and ray.is_initialized():
+            for ref in live:
+                ray.cancel(ref, force=False)
+            _, stuck = ray.wait(live, num_returns=len(live), timeout=CANCEL_GRACE)
+            for ref in stuck:
+                ray.cancel(ref, force=True)
+            if stuck:
+                ray.wait(stuck, num_returns=len(stuck), timeout=CANCEL_GRACE)
+        self._shipped.clear()
+        if self._owns and ray.is_initialized():
+            ray.shutdown()
