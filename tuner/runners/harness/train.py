@@ -253,7 +253,9 @@ def main() -> int:
     on_cuda = torch.cuda.is_available()
     if not on_cuda:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if on_cuda else torch.device("cpu")
+    # A launcher may bind each rank to its own devices (srun --gpu-bind): wrap the local rank.
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local % torch.cuda.device_count()) if on_cuda else torch.device("cpu")
     precision = os.environ.get("TUNER_PRECISION") or ("bf16" if on_cuda else "fp32")
     initialized = False
     try:
