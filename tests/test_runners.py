@@ -212,6 +212,14 @@ def test_driver_trial_dir_and_user_env(tmp_path):
     assert len((d / "progress.jsonl").read_text().splitlines()) == 5
 
 
+def test_relative_trial_dir_gets_absolute_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = command(tmp_path, fixture_cmd("fake_trainer.py")).run(spec(trial_dir=Path("results/trials/s/1")))
+    d = tmp_path / "results" / "trials" / "s" / "1"
+    assert r.status == Status.OK, r.message
+    assert r.log_path == str(d) and json.loads((d / "env.json").read_text())["TUNER_TRIAL_DIR"] == str(d)
+
+
 def test_stale_result_of_a_resumed_trial_is_not_read(tmp_path):
     d = tmp_path / "trials" / "s" / "0"
     d.mkdir(parents=True)
@@ -221,7 +229,7 @@ def test_stale_result_of_a_resumed_trial_is_not_read(tmp_path):
 
 
 @pytest.mark.parametrize("args,status,words", [
-    ((), Status.FAILED, ["exit status 3", "the model exploded"]),
+    ((), Status.FAILED, ["exit status 3 (no result written); RuntimeError: the model exploded"]),
     (("--oom",), Status.OOM, ["CUDA out of memory"]),
     (("--signal",), Status.FAILED, ["killed by SIGKILL"]),
 ])

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -98,6 +99,18 @@ def parse_result(path: Path, peak_tflops: float) -> TrialResult:
     if values.get("tflops_per_gpu") and "peak_fraction" not in values and peak_tflops > 0:
         values["peak_fraction"] = values["tflops_per_gpu"] / peak_tflops
     return TrialResult(status, message=str(data.get("message") or "")[-2000:], **values)
+
+
+CAUSE = re.compile(r"^\s*(?:\[rank \d+\] .*|(?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\b:.*)$")
+LAUNCHER_NOISE = ("ChildFailedError", "torch.distributed.elastic", "CalledProcessError")
+
+
+def root_cause(text: str) -> str:
+    """The first error line of a crashed command (a launcher's summary is skipped), or ''."""
+    for line in text.splitlines():
+        if CAUSE.match(line) and not any(n in line for n in LAUNCHER_NOISE):
+            return line.strip()[:500]
+    return ""
 
 
 def _signal_name(num: int) -> str:
@@ -191,7 +204,7 @@ class CommandRunner:
     # -- the protocol -------------------------------------------------------------------------
     def trial_dir(self, trial: TrialSpec) -> Path:
         if trial.trial_dir is not None:
-            return Path(trial.trial_dir)
+            return Path(trial.trial_dir).resolve()   # the command runs inside it: env paths must be absolute
         base = (self.results_dir / "trials").resolve()
         d = (base / trial.study / str(trial.number)).resolve()
         if base not in d.parents or not trial.study or trial.study.startswith("."):
@@ -310,15 +323,17 @@ class CommandRunner:
                 r.message = (r.message + "; " if r.message else "") + f"exit status {rc} after writing the result"
             return r
         err = tail(stderr_path)
+        cause = root_cause(tail(stderr_path, 20000))
+        err = f"{cause} | stderr tail: {err}" if cause else f"stderr tail: {err}"
         if any(m in err.lower() for m in OOM_MARKERS):
             return failed(f"out of memory (exit status {rc}, no result): {err}", status=Status.OOM)
         if rc < 0:
-            return failed(f"killed by {_signal_name(-rc)} (no result written); stderr tail: {err}")
+            return failed(f"killed by {_signal_name(-rc)} (no result written); {err}")
         if rc == 0:
             return failed(f"exited 0 but wrote no result to {result_path}: the command must write its result "
-                          "JSON to $TUNER_RESULT_JSON. stderr tail: " + err)
+                          "JSON to $TUNER_RESULT_JSON. " + err)
         retry = any(m in err.lower() for m in RETRY_MARKERS)
-        return failed(f"exit status {rc} (no result written); stderr tail: {err}", retryable=retry)
+        return failed(f"exit status {rc} (no result written); {err}", retryable=retry)
 
 
 def _read_progress(path: Path, offset: int, records: list) -> int:
