@@ -61,7 +61,8 @@ def result_of(record) -> TrialResult:
 class Driver:
     def __init__(self, *, store, study: str, workload: Workload, space: SearchSpace, searcher, runner, executor,
                  budget: int, parallel: int = 1, time_limit: float | None = None, prune: bool = True,
-                 results_dir: Path = Path("results"), on_progress: Callable[[Progress], None] | None = None):
+                 results_dir: Path = Path("results"), on_progress: Callable[[Progress], None] | None = None,
+                 early_stop: float | None = None):
         if budget < 1 or parallel < 1:
             raise UsageError("--budget and --parallel must be >= 1")
         self.store, self.study, self.workload, self.space = store, study, workload, space
@@ -71,6 +72,20 @@ class Driver:
         self.on_progress = on_progress or (lambda p: None)
         self.progress = Progress(study, budget)
         self._inflight: dict[Future, tuple[int, Layout, int]] = {}
+        if early_stop and hasattr(runner, "early_stop"):
+            self.early_stop_fraction = early_stop
+            runner.early_stop = self._clearly_worse
+
+    def _clearly_worse(self, progress: list[dict]) -> bool:
+        """Multi-fidelity: after its warm-up step, is a running trial clearly below the best so far?
+
+        `progress` holds the trial's per-step records (step, elapsed, samples_per_second, tflops_per_gpu);
+        the first is warm-up. Clearly worse = the latest throughput below early_stop x the best's."""
+        best = self.progress.best
+        timed = [r for r in progress[1:] if isinstance(r.get("tflops_per_gpu"), (int, float))]
+        if best is None or not best.tflops_per_gpu or not timed:
+            return False
+        return timed[-1]["tflops_per_gpu"] < self.early_stop_fraction * best.tflops_per_gpu
 
     # -- replay -------------------------------------------------------------------------------
     def _replay(self) -> list[tuple[int, Layout]]:

@@ -76,7 +76,7 @@ def run_study(store, rec: StudyRecord, fmt: str, budget: int | None = None) -> N
     driver = Driver(store=store, study=rec.name, workload=workload, space=space, searcher=searcher, runner=runner,
                     executor=executor, budget=budget or s["budget"], parallel=s.get("parallel", 1),
                     time_limit=s.get("time_limit"), prune=s.get("prune", True), results_dir=results_dir,
-                    on_progress=view.update)
+                    on_progress=view.update, early_stop=s.get("early_stop"))
     store.set_study_state(rec.name, "running")
     with view:
         outcome = driver.run()
@@ -118,9 +118,11 @@ def run_study(store, rec: StudyRecord, fmt: str, budget: int | None = None) -> N
 @click.option("--executor", type=click.Choice(["thread", "ray"]), default="thread", show_default=True)
 @click.option("--ray-address", default=None, help="Ray cluster address for --executor ray (default: start a local one).")
 @click.option("--results-dir", default="results", show_default=True, help="Where trial directories go.")
+@click.option("--early-stop", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
+              help="Stop a real trial whose throughput after warm-up is below this fraction of the best so far.")
 def search(model, nodes, cluster, global_batch, space, runner, searcher, budget, parallel, study, db, seed, fmt,
            time_limit, no_prune, noise, sim_delay, command, gpus, trial_timeout, template, executor, ray_address,
-           results_dir):
+           results_dir, early_stop):
     """Start a study: propose layouts, run trials, store every result.
 
     Example: tuner search --model 175b --nodes 128 --budget 30
@@ -133,7 +135,7 @@ def search(model, nodes, cluster, global_batch, space, runner, searcher, budget,
         raise UsageError(f"--gpus {gpus} but {w.model.name} on {nodes} x {w.cluster.name} node(s) is {w.gpus} "
                          f"GPUs: use --cluster local with --nodes 1, or --gpus {w.gpus}")
     settings = {"seed": seed, "budget": budget, "parallel": parallel, "time_limit": time_limit,
-                "prune": not no_prune, "executor": executor, "results_dir": results_dir,
+                "prune": not no_prune, "executor": executor, "results_dir": results_dir, "early_stop": early_stop,
                 "executor_options": {"address": ray_address} if executor == "ray" else {},
                 "runner_options": {k: v for k, v in {"noise": noise, "sim_delay": sim_delay, "command": command,
                                    "gpus": gpus, "trial_timeout": trial_timeout, "template": template}.items() if v}}

@@ -127,6 +127,7 @@ class _Run:
         self.proc = proc
         self.seen: dict[int, psutil.Process] = {}
         self.reason: Status | None = None   # why we killed it (TIMEOUT, INTERRUPTED, STOPPED)
+        self.progress: list = []            # progress records seen when it was stopped early
         self.lock = threading.Lock()
         self.track()
 
@@ -297,6 +298,7 @@ class CommandRunner:
             elif self.early_stop is not None:
                 offset = _read_progress(d / "progress.jsonl", offset, progress)
                 if progress and _ask(self.early_stop, progress):
+                    run.progress = list(progress)
                     run.kill(Status.STOPPED, self.kill_grace)
 
     def _classify(self, trial: TrialSpec, run: _Run, result_path: Path, stderr_path: Path,
@@ -305,9 +307,12 @@ class CommandRunner:
         peak = trial.workload.cluster.peak_tflops
         if run.reason == Status.INTERRUPTED:
             return TrialResult(Status.INTERRUPTED, message="cancelled: the driver stopped while it ran")
-        if run.reason == Status.STOPPED:
-            return TrialResult(Status.STOPPED, message=f"stopped early after {elapsed:.1f}s: clearly worse "
-                               "than the best so far")
+        if run.reason == Status.STOPPED:   # keep the partial measurement: it is real, just short
+            last = (run.progress or [{}])[-1]
+            tf = last.get("tflops_per_gpu")
+            return TrialResult(Status.STOPPED, tflops_per_gpu=tf, peak_fraction=tf / peak if tf else None,
+                               samples_per_second=last.get("samples_per_second"),
+                               message=f"stopped early after {elapsed:.1f}s: clearly worse than the best so far")
         if run.reason == Status.TIMEOUT:
             if result_path.exists():
                 r = parse_result(result_path, peak)
