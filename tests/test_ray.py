@@ -15,9 +15,11 @@ Ray process on the machine, including other users'. About 40 s in all on 2 cores
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import json
 import os
 import pickle
+import shutil
 import signal
 import socket
 import subprocess
@@ -43,6 +45,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(300),
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
                 "RAY_USAGE_STATS_ENABLED": "0"}
 REPO = Path(__file__).resolve().parents[1]
+HEADS: dict[str, int] = {}     # address -> pid of its `ray start --block`
 
 
 def free_port() -> int:
@@ -69,6 +72,7 @@ def ray_head(env: dict, num_cpus: int = 2):
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"ray start --head did not come up:\n{Path(log.name).read_text()[-3000:]}")
             time.sleep(0.5)
+        HEADS[f"127.0.0.1:{port}"] = proc.pid
         yield f"127.0.0.1:{port}"
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -78,6 +82,7 @@ def ray_head(env: dict, num_cpus: int = 2):
             os.killpg(proc.pid, signal.SIGKILL)    # the session this test started, nothing else
             proc.wait()
         log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +142,24 @@ def test_sim_runner_pickles_with_a_fresh_stop_event():
 
 
 # ---- a real Ray ------------------------------------------------------------------------------------
+def assert_loopback_only(pid: int, children: bool = True) -> None:
+    """Every socket of the process (and its children) is bound to, and talks to, loopback only."""
+    import psutil
+    procs = [psutil.Process(pid), *(psutil.Process(pid).children(recursive=True) if children else [])]
+    conns = [c for p in procs for c in p.net_connections(kind="inet")]
+    addrs = {c.laddr.ip for c in conns} | {c.raddr.ip for c in conns if c.raddr}
+    assert conns and all(_loopback(a) for a in addrs), sorted(addrs)
+
+
+def _loopback(ip: str) -> bool:
+    a = ipaddress.ip_address(ip)
+    return a.is_loopback or bool(getattr(a, "ipv4_mapped", None) and a.ipv4_mapped.is_loopback)
+
+
+def test_head_listens_on_loopback_only(head):
+    assert_loopback_only(HEADS[head])
+
+
 def test_dead_address_fails_fast_naming_the_fix(head):
     from tuner.ray_pool import RayExecutor
     dead = f"127.0.0.1:{free_port()}"
@@ -165,6 +188,7 @@ def test_driver_api_runs_a_study_on_ray_by_address(head, workload, tmp_path):
     try:
         assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
         assert ray.cluster_resources()["CPU"] == 2
+        assert_loopback_only(os.getpid(), children=False)        # this driver too
         driver = Driver(store=store, study="ray-api", workload=workload, space=space,
                         searcher=make_searcher("random", space.enumerate_layouts(workload), seed=1,
                                                workload=workload, parallel=2),
@@ -229,6 +253,7 @@ def test_token_auth_mismatch_says_how_to_fix_it(tmp_path):
     home = tempfile.mkdtemp(prefix="tuner-rayhome-", dir="/tmp")
     env = {**LOOPBACK_ENV, "HOME": home, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
     with ray_head(env, num_cpus=1) as address:
+        assert_loopback_only(HEADS[address])
         p = cli(["search", "--model", "1.4b", "--nodes", "1", "--budget", "1", "--searcher", "random", "--executor", "ray",
                  "--ray-address", address, "--db", f"sqlite:///{tmp_path / 'auth.db'}"],
                 env={"HOME": home}, timeout=60)
@@ -239,3 +264,34 @@ def test_token_auth_mismatch_says_how_to_fix_it(tmp_path):
                  env={"HOME": home, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}, timeout=90)
         assert ok.returncode == 0, ok.stderr[-3000:]
     assert not (Path(home) / ".ray" / "auth_token").exists()
+    shutil.rmtree(home, ignore_errors=True)
+
+
+LOCAL_POOL = """
+import json, psutil
+from tuner.ray_pool import RayExecutor
+from tuner.runners.sim import SimRunner
+from tuner.space import load_space
+from tuner.specs import make_workload
+from tuner.trial import TrialSpec
+import ray
+w = make_workload("gpt-1.4b", 1, "frontier")
+ex = RayExecutor(parallel=1, num_cpus=1)
+nodes = {n["NodeManagerAddress"] for n in ray.nodes()}
+result = ex.submit(SimRunner().run, TrialSpec("local", 1, load_space().enumerate_layouts(w)[0], w)).result(60)
+me = psutil.Process()
+conns = [c for p in (me, *me.children(recursive=True)) for c in p.net_connections("inet")]
+ips = sorted({c.laddr.ip for c in conns} | {c.raddr.ip for c in conns if c.raddr})
+ex.shutdown()
+print(json.dumps({"nodes": sorted(nodes), "ips": ips, "status": result.status.value,
+                  "connected": ray.is_initialized()}))
+"""
+
+
+def test_without_an_address_a_private_ray_starts_on_loopback():
+    p = subprocess.run([sys.executable, "-c", LOCAL_POOL], cwd=REPO, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, **LOOPBACK_ENV})
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["nodes"] == ["127.0.0.1"] and out["ips"] and all(_loopback(ip) for ip in out["ips"]), out
+    assert out["status"] == "ok" and out["connected"] is False

@@ -94,8 +94,14 @@ def _start_hint(port: int) -> str:
             "start a private local Ray")
 
 
-def _probe(address: str) -> None:
-    """Fail in seconds, not minutes (ray.init retries a dead GCS for ~2 min), naming the fix."""
+def check_address(address: str) -> None:
+    """UsageError naming the fix unless a Ray cluster answers at `address` and accepts this driver.
+
+    Seconds, not minutes: ray.init retries a dead address for about two minutes, and reports a refused
+    token only as a generic ConnectionError. The CLI can call this before it stores a study.
+    """
+    if address == "auto":
+        return                                  # ray.init finds the local cluster or says there is none
     host, port = _split(address)
     try:
         socket.create_connection((host, port), timeout=PROBE_TIMEOUT).close()
@@ -129,7 +135,7 @@ class RayExecutor:
         self._owns = not ray.is_initialized()   # a connection the caller made is theirs to close
         if self._owns:
             if address:
-                _probe(address)
+                check_address(address)
             try:
                 if address:
                     ray.init(address=address, log_to_driver=False, logging_level="WARNING")
@@ -137,7 +143,8 @@ class RayExecutor:
                     ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                              logging_level="WARNING")
             except ConnectionError as exc:
-                hint = _start_hint(_split(address)[1]) if address else "see the Ray logs under /tmp/ray"
+                hint = _start_hint(6379 if address == "auto" else _split(address)[1]) if address else \
+                    "see the Ray logs under /tmp/ray"
                 raise UsageError(f"cannot connect to Ray at {address or 'a new local Ray'} ({exc}): {hint}; if "
                                  f"the cluster's log says InvalidAuthToken, {AUTH_FIX}") from None
         self.address = address or "local"
