@@ -350,3 +350,6 @@ def test_local_runner_checks_the_device_count(tmp_path):
         make_runner("local", gpus=0)
     with pytest.raises(UsageError, match="launchers: torchrun, deepspeed"):
         make_runner("local", gpus=1, launcher="mpirun")
+    runner = make_runner("local", gpus=2, results_dir=tmp_path)
+    runner.early_stop = len                       # the driver's multi-fidelity hook reaches the trials
+    assert runner._cmd.early_stop is len

@@ -144,6 +144,15 @@ class LocalRunner:
         self._cancelled.set()
         self._cmd.cancel()
 
+    @property
+    def early_stop(self) -> EarlyStop | None:
+        """The multi-fidelity hook (callable(progress records) -> bool), set by the driver."""
+        return self._cmd.early_stop
+
+    @early_stop.setter
+    def early_stop(self, fn: EarlyStop | None) -> None:
+        self._cmd.early_stop = fn
+
 
 def _exec_with_soft_limit(argv: Sequence[str]) -> None:
     """`python -m tuner.runners.local --soft-as BYTES -- CMD ...`: exec CMD under a soft RLIMIT_AS.
