@@ -223,7 +223,9 @@ def make_workload(model: str | ModelSpec, nodes: int, cluster: str | ClusterSpec
                   global_batch: int | None = None) -> Workload:
     m = load_model(model) if isinstance(model, str) else model
     c = load_cluster(cluster) if isinstance(cluster, str) else cluster
-    if nodes is None or nodes < 1:
+    if nodes is None:
+        raise UsageError("missing option --nodes: the number of nodes to tune for")
+    if nodes < 1:
         raise UsageError(f"--nodes must be >= 1 (got {nodes})")
     gb = global_batch if global_batch is not None else m.global_batch
     if gb is None:

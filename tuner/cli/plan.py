@@ -16,7 +16,8 @@ from tuner.specs import make_workload
 
 WORKLOAD_OPTIONS = [
     click.option("--model", required=True, help="Model preset (gpt-1.4b, 22b, 175b, 1t, tiny, small) or TOML path."),
-    click.option("--nodes", required=True, type=click.IntRange(min=1), help="Number of nodes."),
+    click.option("--nodes", type=click.IntRange(min=1), default=None,
+                 help="Number of nodes (required; the local runner defaults to 1)."),
     click.option("--cluster", default="frontier", show_default=True, help="Cluster preset or TOML path."),
     click.option("--global-batch", type=click.IntRange(min=1), default=None,
                  help="Global batch in samples (default: the model's recipe)."),

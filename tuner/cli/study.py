@@ -127,6 +127,8 @@ def search(model, nodes, cluster, global_batch, space, runner, searcher, budget,
 
     Example: tuner search --model 175b --nodes 128 --budget 30
     """
+    if nodes is None and runner == "local":
+        nodes = 1
     w = make_workload(model, nodes, cluster, global_batch)
     sp = load_space(space)
     store = open_store(db)
