@@ -221,6 +221,11 @@ def build_model(spec: ModelSpec, seed: int, checkpoint: bool):
                     ("ffn hidden size", spec.ffn_hidden_size)):
         if n % par.tp:
             raise ValueError(f"{what} ({n}) is not divisible by tp={par.tp}")
-    if par.pp > 1:
-        return pipeline_gpt(spec, seed, checkpoint)
-    return GPT(spec, seed, checkpoint)
+    module = pipeline_gpt(spec, seed, checkpoint) if par.pp > 1 else GPT(spec, seed, checkpoint)
+    # DeepSpeed's global gradient norm (clipping) counts a parameter when it is marked model-parallel
+    # or when the rank is 0 in its pipe x tensor group, which would drop every later pipeline stage's
+    # replicated parameters. Mark what each rank must count: its TP shards, and the replicated
+    # parameters on TP rank 0 only.
+    for p in module.parameters():
+        p.model_parallel = bool(getattr(p, "tensor_model_parallel", False)) or par.tp_rank == 0
+    return module
