@@ -211,8 +211,9 @@ def train(trial: dict, device: torch.device, precision: str, progress: Path, t_s
         if step >= warmup and counts_samples:
             samples += n_samples
         if rank0:
-            sps = workload.global_batch / dt
-            tf = megatron_flops(spec, workload.global_batch, layout.activation_checkpointing) / (dt * world * 1e12)
+            step_samples = n_samples * layout.dp   # rank 0 counts its replica's real samples
+            sps = step_samples / dt
+            tf = megatron_flops(spec, step_samples, layout.activation_checkpointing) / (dt * world * 1e12)
             with open(progress, "a") as f:
                 f.write(json.dumps({"step": step + 1, "warmup": step < warmup, "loss": loss, "step_time": dt,
                                     "elapsed": time.time() - t_start, "samples_per_second": sps,
