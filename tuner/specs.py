@@ -16,6 +16,7 @@ from typing import Any
 from tuner.errors import SpecError, UsageError
 
 PRESET_DIR = Path(__file__).parent / "workloads"
+MAX_INT = 2**31 - 1   # every count is stored in 32-bit integer columns (PostgreSQL INTEGER)
 MODEL_ALIASES = {"1.4b": "gpt-1.4b", "22b": "gpt-22b", "175b": "gpt-175b", "1t": "gpt-1t"}
 
 # key -> (type, default); a default of ... means required.
@@ -56,7 +57,8 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
 def _check(kind: str, path: str, data: dict, keys: dict[str, tuple[type, Any]]) -> dict:
     unknown = sorted(set(data) - set(keys))
     if unknown:
-        raise SpecError(f"{path}: unknown {kind} key(s) {', '.join(unknown)}; valid keys: {', '.join(keys)}")
+        shown = ", ".join(k if k.isidentifier() else repr(k) for k in unknown)   # one line, whatever the key
+        raise SpecError(f"{path}: unknown {kind} key(s) {shown}; valid keys: {', '.join(keys)}")
     missing = [k for k, (_, d) in keys.items() if d is ... and data.get(k) is None]
     if missing:
         raise SpecError(f"{path}: missing {kind} key(s) {', '.join(missing)}; valid keys: {', '.join(keys)}")
@@ -71,8 +73,12 @@ def _check(kind: str, path: str, data: dict, keys: dict[str, tuple[type, Any]]) 
             v, ok = float(v), True
         if not ok:
             raise SpecError(f"{path}: {kind} key '{k}' must be {typ.__name__}, got {type(v).__name__} ({v!r})")
-        if typ in (int, float) and v <= 0:
+        if typ in (int, float) and not v > 0:   # also refuses NaN
             raise SpecError(f"{path}: {kind} key '{k}' must be > 0, got {v}")
+        if typ is int and v > MAX_INT or typ is float and v == float("inf"):
+            raise SpecError(f"{path}: {kind} key '{k}' must be at most {MAX_INT}, got {v}")
+        if k == "name" and not (v.strip() and v.isprintable() and len(v) <= 200):
+            raise SpecError(f"{path}: {kind} name {v[:200]!r} must be one printable line of at most 200 characters")
         out[k] = v
     return out
 
@@ -182,6 +188,8 @@ def read_toml(path: Path) -> dict:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: malformed TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start}): TOML files must be UTF-8") from None
     except OSError as exc:
         raise SpecError(f"{path}: cannot read: {exc.strerror}") from None
 
@@ -232,4 +240,8 @@ def make_workload(model: str | ModelSpec, nodes: int, cluster: str | ClusterSpec
         raise UsageError(f"model '{m.name}' has no default global batch: pass --global-batch")
     if gb < 1:
         raise UsageError(f"--global-batch must be >= 1 (got {gb})")
+    if gb > MAX_INT:
+        raise UsageError(f"--global-batch must be at most {MAX_INT} (got {gb})")
+    if nodes * c.gpus_per_node > MAX_INT:
+        raise UsageError(f"{nodes} nodes x {c.gpus_per_node} GPUs is more than {MAX_INT} GPUs: use fewer --nodes")
     return Workload(m, c, nodes, gb)
