@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import math
 import operator
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,12 @@ def _compile(name: str, expr: str, where: str) -> ast.Expression:
     return tree
 
 
+def divisors(n: int) -> list[int]:
+    """Every divisor of n, ascending, in O(sqrt n) (a huge model size must not hang enumeration)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
 @dataclass(frozen=True)
 class SearchSpace:
     name: str
@@ -102,7 +109,7 @@ class SearchSpace:
         if isinstance(v, str):
             key = v.split(":", 1)[1]
             n = workload.global_batch if key == "global_batch" else getattr(workload.model, key)
-            return [d for d in range(1, n + 1) if n % d == 0]
+            return divisors(n)
         return list(v)
 
     def _env(self, layout: Layout, w: Workload) -> dict:
