@@ -295,3 +295,33 @@ def test_without_an_address_a_private_ray_starts_on_loopback():
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["nodes"] == ["127.0.0.1"] and out["ips"] and all(_loopback(ip) for ip in out["ips"]), out
     assert out["status"] == "ok" and out["connected"] is False
+
+
+def test_ctrl_c_interrupts_the_study_and_frees_the_cluster(head, tmp_path):
+    import ray
+
+    from tuner.store import open_store
+    db = f"sqlite:///{tmp_path / 'int.db'}"
+    code = "import sys; from tuner.cli import main; main(sys.argv[1:])"
+    p = subprocess.Popen([sys.executable, "-c", code, "search", "--model", "1.4b", "--nodes", "1", "--budget", "4",
+                          "--parallel", "2", "--sim-delay", "60", "--searcher", "random", "--executor", "ray",
+                          "--ray-address", head, "--db", db, "--study", "int"], cwd=REPO, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **LOOPBACK_ENV})
+    deadline = time.monotonic() + 60
+    while len([t for t in (open_store(db).trials("int") if Path(tmp_path / "int.db").exists() else [])
+               if t.status == Status.RUNNING]) < 2:
+        assert time.monotonic() < deadline and p.poll() is None, p.stderr.read() if p.poll() is not None else ""
+        time.sleep(0.5)
+    time.sleep(2)                                   # the tasks reach Ray's workers
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "tuner resume int" in err, err[-2000:]
+    assert {t.status for t in open_store(db).trials("int")} == {Status.INTERRUPTED}
+    ray.init(address=head, logging_level="WARNING")
+    try:
+        deadline = time.monotonic() + 20             # Ray frees a cancelled task's CPUs within a heartbeat
+        while ray.available_resources().get("CPU") != ray.cluster_resources()["CPU"]:
+            assert time.monotonic() < deadline, ray.available_resources()
+            time.sleep(0.5)
+    finally:
+        ray.shutdown()
