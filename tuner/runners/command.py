@@ -60,6 +60,15 @@ def trial_env(trial: TrialSpec, result_path: Path) -> dict[str, str]:
     }
 
 
+# tuner's own settings that trials must not see: the store URL may hold a database password.
+PRIVATE_ENV = ("TUNER_DB",)
+
+
+def inherited_env() -> dict[str, str]:
+    """This process's environment as a trial inherits it: without tuner's private settings."""
+    return {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV}
+
+
 def tail(path: Path, n: int = TAIL_BYTES) -> str:
     try:
         with open(path, "rb") as f:
@@ -252,7 +261,7 @@ class CommandRunner:
         except OSError as exc:
             return failed(f"cannot prepare trial directory {d}: {exc.strerror or exc}; check that "
                           "--results-dir is writable")
-        env = {**os.environ, **self.env, **extra_env, **trial_env(trial, result_path)}
+        env = {**inherited_env(), **self.env, **extra_env, **trial_env(trial, result_path)}
         stdout_path, stderr_path = d / "stdout.log", d / "stderr.log"
         try:
             with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
