@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tuner.errors import UsageError
 from tuner.runners import megatron
-from tuner.runners.command import OOM_MARKERS, parse_result
+from tuner.runners.command import OOM_MARKERS, inherited_env, parse_result
 from tuner.runners.sbatch import (job_name, missing_table_message, render_sbatch, time_limit_for,
                                   validate_slurm, TEMPLATES)
 from tuner.specs import ClusterSpec
@@ -176,7 +176,8 @@ class SlurmRunner:
         cmd = ["sbatch", "--parsable", "--no-requeue", f"--chdir={d}", f"--output={d}/slurm-%j.out",
                str(d / "job.sbatch")]
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+            # sbatch exports the submitter's environment to the job: not the store URL (a password)
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=inherited_env())
         except (OSError, subprocess.TimeoutExpired) as exc:
             return None, str(exc)
         job_id = p.stdout.strip().split(";")[0]
