@@ -201,18 +201,47 @@ def test_resume_cancels_the_jobs_an_interrupted_driver_left(tmp_path):
 
 def test_node_failure_is_resubmitted_once(tmp_path):
     node = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True).stdout.split()[0]
+    marker = tmp_path / "trials" / "node-down" / "first"
     cmd = ["bash", "-c", "if [ -e ../first ]; then exec \"$@\"; fi; touch ../first; sleep 300", "x", *FAKE]
     r = runner(tmp_path, cmd)
     out = []
     th = threading.Thread(target=lambda: out.append(r.run(trial("node-down", 0))))
     th.start()
-    ids = wait_running(tmp_path)
     try:
+        ids = wait_running(tmp_path)
+        deadline = time.monotonic() + 30
+        while not marker.exists() and time.monotonic() < deadline:   # the first attempt is in its sleep
+            time.sleep(0.2)
         subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=tuner-test"], check=True)
+        th.join(90)
     finally:
-        time.sleep(1)
+        # Back in service (slurmd answering usually does it at once), and nothing left running.
         subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], capture_output=True)
-    th.join(120)
+        r.cancel()
+        th.join(30)
     assert out and out[0].status == Status.OK, out
     second = (tmp_path / "trials" / "node-down" / "0" / "job_id").read_text().strip()
     assert second != ids[0] and f"slurm job {ids[0]},{second}" in out[0].message
+    assert queued([ids[0], second]) == []
+
+
+# ---- the megatron template (a stand-in pretrain_gpt.py that prints Megatron's log lines) --------
+def megatron_runner(tmp_path, **env):
+    table = {**CLUSTER.slurm, "megatron_dir": str(FIXTURES / "megatron"), "iterations": 4,
+             "env": {**CLUSTER.slurm["env"], **env}}
+    import dataclasses
+    return make_runner("slurm", cluster=dataclasses.replace(CLUSTER, slurm=table), template="megatron",
+                       results_dir=tmp_path, poll_interval=0.5)
+
+
+def test_megatron_template_parses_the_log(tmp_path):
+    res = megatron_runner(tmp_path).run(trial("megatron", 0, tp=2, dp=1, micro_batch=4))
+    assert res.status == Status.OK, res.message
+    assert res.tflops_per_gpu > 0 and res.samples_per_second > 0
+    assert "median of 3 iterations" in res.message and "recomputed" not in res.message
+
+
+def test_megatron_tflops_counting_phantom_samples_are_flagged(tmp_path):
+    res = megatron_runner(tmp_path, FAKE_TFLOPS_FACTOR="4").run(trial("megatron-bug", 0))
+    assert res.status == Status.OK, res.message
+    assert "recomputed from samples processed" in res.message and "(4.00x)" in res.message

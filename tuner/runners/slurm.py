@@ -101,6 +101,7 @@ class SlurmRunner:
         self._cancelled = False
         self._sacct: bool | None = None   # accounting available? probed once
         self.squeue_calls = 0
+        self._failing_since: float | None = None
 
     # ------------------------------------------------------------------------------------ public
     def trial_dir(self, trial: TrialSpec) -> Path:
@@ -206,7 +207,10 @@ class SlurmRunner:
 
     def _scancel(self, ids: list[str]) -> None:
         if ids:
-            subprocess.run(["scancel", *ids], capture_output=True, timeout=60)
+            try:
+                subprocess.run(["scancel", *ids], capture_output=True, timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                pass   # the poller keeps watching; a job that survives ends by its time limit
 
     def _squeue(self, ids: list[str], fmt: str = "%i|%T") -> dict[str, tuple[str, ...]] | None:
         """{job id: fields after the id} for the jobs squeue still knows; None when squeue failed."""
@@ -229,8 +233,11 @@ class SlurmRunner:
         if self._sacct is False or not shutil.which("sacct"):
             self._sacct = False
             return {}
-        p = subprocess.run(["sacct", "-n", "-X", "-P", "-j", ",".join(ids), "-o", "JobID,State"],
-                           capture_output=True, text=True, timeout=60)
+        try:
+            p = subprocess.run(["sacct", "-n", "-X", "-P", "-j", ",".join(ids), "-o", "JobID,State"],
+                               capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return {}
         if p.returncode != 0 or "disabled" in p.stderr:
             self._sacct = False
             return {}
@@ -238,29 +245,40 @@ class SlurmRunner:
         return {a: b for a, _, b in (l.partition("|") for l in p.stdout.splitlines()) if a in ids}
 
     def _poll_loop(self) -> None:
-        failing_since: float | None = None
         while True:
             with self._lock:
                 live = {i: j for i, j in self._jobs.items() if not j.done.is_set()}
                 if not live:
                     self._poller = None
                     return
-            states = self._squeue(list(live))
-            now = time.monotonic()
-            if states is None:
-                failing_since = failing_since or now
-                if now - failing_since > SQUEUE_GIVE_UP_S:
+            try:
+                self._poll_round(live)
+            except Exception as exc:   # never leave run() callers waiting on a dead poller
+                with self._lock:
                     for j in live.values():
-                        j.state, j.reason = "SQUEUE_FAILED", "squeue"
+                        j.state, j.reason = f"poller error {type(exc).__name__}: {exc}", "poller"
                         j.done.set()
-            else:
-                failing_since = None
-                gone = [i for i in live if i not in states]
-                acct = self._sacct_states(gone) if gone else {}
-                for i, job in live.items():
-                    self._update(job, states[i][0] if i in states else acct.get(i), now)
+                self._scancel(list(live))
+                raise
             self._wake.wait(self.poll_interval)
             self._wake.clear()
+
+    def _poll_round(self, live: dict[str, _Job]) -> None:
+        states = self._squeue(list(live))
+        now = time.monotonic()
+        if states is None:
+            self._failing_since = self._failing_since or now
+            if now - self._failing_since > SQUEUE_GIVE_UP_S:
+                for j in live.values():
+                    j.state, j.reason = "SQUEUE_FAILED", "squeue"
+                    j.done.set()
+                self._scancel(list(live))   # best effort: no job left running unwatched
+        else:
+            self._failing_since = None
+            gone = [i for i in live if i not in states]
+            acct = self._sacct_states(gone) if gone else {}
+            for i, job in live.items():
+                self._update(job, states[i][0] if i in states else acct.get(i), now)
 
     def _update(self, job: _Job, state: str | None, now: float) -> None:
         if state is None:   # squeue forgot it and there is no accounting: the job's own file decides
@@ -292,8 +310,11 @@ class SlurmRunner:
             return failed(f"ran past --trial-timeout of {self.trial_timeout:g} s (from the job's start); scancelled",
                           Status.TIMEOUT,
                           log_path=log_path)
+        if job.reason == "poller":
+            return failed(f"the runner's squeue poller failed ({job.state}); job scancelled", retryable=True,
+                          log_path=log_path)
         if job.reason == "squeue":
-            return failed(f"squeue failed for {SQUEUE_GIVE_UP_S:g} s; job state unknown", retryable=True,
+            return failed(f"squeue failed for {SQUEUE_GIVE_UP_S:g} s; job state unknown, scancel sent", retryable=True,
                           log_path=log_path)
         status, retryable = map_state(job.state)
         if status == Status.INTERRUPTED:
