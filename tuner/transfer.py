@@ -126,7 +126,7 @@ class GP:
         return Ks @ alpha, np.sqrt(np.maximum(var - (v * v).sum(0), 1e-8))
 
 
-GRID = [(s_w, s_g, ell) for s_w in (0.15, 0.4) for s_g in (0.08, 0.2) for ell in (0.35, 0.7)]
+GRID = [(s_w, s_g, ell) for s_w in (0.15, 0.4) for s_g in (0.12, 0.3) for ell in (0.35, 0.7)]
 
 
 def fit_gp(Z, F, y, extra_noise=None, *, s_c=0.3, noise=0.025, min_points=6, **_) -> GP:
