@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from tuner.errors import UsageError
 from tuner.layout import Layout
 from tuner.runners import make_runner
 from tuner.specs import load_cluster, make_workload

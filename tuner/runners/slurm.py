@@ -28,7 +28,7 @@ from pathlib import Path
 from tuner.errors import UsageError
 from tuner.runners import megatron
 from tuner.runners.command import OOM_MARKERS, inherited_env, parse_result
-from tuner.runners.sbatch import (job_name, missing_table_message, render_sbatch, time_limit_for,
+from tuner.runners.sbatch import (missing_table_message, render_sbatch, time_limit_for,
                                   validate_slurm, TEMPLATES)
 from tuner.specs import ClusterSpec
 from tuner.trial import Status, TrialResult, TrialSpec, failed
