@@ -308,8 +308,14 @@ def test_ctrl_c_interrupts_the_study_and_frees_the_cluster(head, tmp_path):
                           "--ray-address", head, "--db", db, "--study", "int"], cwd=REPO, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **LOOPBACK_ENV})
     deadline = time.monotonic() + 60
-    while len([t for t in (open_store(db).trials("int") if Path(tmp_path / "int.db").exists() else [])
-               if t.status == Status.RUNNING]) < 2:
+
+    def running() -> int:
+        try:
+            return sum(t.status == Status.RUNNING for t in open_store(db).trials("int"))
+        except UsageError:   # the store or the study is not there yet
+            return 0
+
+    while running() < 2:
         assert time.monotonic() < deadline and p.poll() is None, p.stderr.read() if p.poll() is not None else ""
         time.sleep(0.5)
     time.sleep(2)                                   # the tasks reach Ray's workers

@@ -68,7 +68,7 @@ class Driver:
         self.store, self.study, self.workload, self.space = store, study, workload, space
         self.searcher, self.runner, self.executor = searcher, runner, executor
         self.budget, self.parallel, self.time_limit, self.prune = budget, parallel, time_limit, prune
-        self.results_dir = Path(results_dir)
+        self.results_dir = Path(results_dir).resolve()   # workers (threads, Ray) may run elsewhere
         self.on_progress = on_progress or (lambda p: None)
         self.progress = Progress(study, budget)
         self._inflight: dict[Future, tuple[int, Layout, int]] = {}
@@ -197,6 +197,14 @@ class Driver:
             self._interrupt()
             raise Interrupted(f"interrupted: {len(self._inflight)} running trial(s) marked interrupted; "
                               f"continue with `tuner resume {self.study}`") from None
+        except TunerError as exc:   # e.g. a lost store or Ray cluster: leave the study resumable
+            try:
+                self._interrupt()
+            except TunerError:
+                pass
+            err = TunerError(f"{exc} (the study is saved: continue with `tuner resume {self.study}`)")
+            err.exit_code = exc.exit_code
+            raise err from None
         self.progress.running = 0
         self.on_progress(self.progress)
         return Outcome(self.study, self.progress.ran, self.progress.pruned, reason)

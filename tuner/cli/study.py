@@ -55,11 +55,13 @@ def runner_for(name: str, opts: dict, workload: Workload, seed: int, results_dir
     if name == "local":
         return make_runner("local", gpus=opts.get("gpus") or workload.gpus, **common)
     if name == "slurm":
-        return make_runner("slurm", cluster=workload.cluster, template=opts.get("template") or "harness", **common)
+        # node failures: the driver retries a retryable result once, so the runner does not resubmit too
+        return make_runner("slurm", cluster=workload.cluster, template=opts.get("template") or "harness",
+                           node_fail_retries=0, **common)
     return make_runner(name)
 
 
-def run_study(store, rec: StudyRecord, fmt: str, budget: int | None = None) -> None:
+def run_study(store, rec: StudyRecord, fmt: str, budget: int | None = None, resumed: bool = False) -> None:
     s = rec.settings
     workload = Workload.from_dict(rec.workload)
     space = SearchSpace.from_dict({k: v for k, v in rec.space.items() if k != "name"}, rec.space.get("name", "space"))
@@ -69,6 +71,11 @@ def run_study(store, rec: StudyRecord, fmt: str, budget: int | None = None) -> N
                          f"({workload.gpus} GPUs): {no_layout_reason(space, workload)}")
     results_dir = Path(s.get("results_dir", "results"))
     runner = runner_for(rec.runner, s.get("runner_options", {}), workload, s.get("seed", 0), results_dir)
+    if resumed and hasattr(runner, "cancel_study_jobs"):   # no orphan Slurm jobs from a dead driver
+        gone = runner.cancel_study_jobs(rec.name)
+        if gone:
+            click.echo(f"cancelled {len(gone)} Slurm job(s) left by the stopped driver: {', '.join(map(str, gone))}",
+                       err=True)
     searcher = make_searcher(rec.searcher, candidates, seed=s.get("seed", 0), workload=workload,
                              parallel=s.get("parallel", 1))
     executor = make_executor(s.get("executor", "thread"), s.get("parallel", 1), **s.get("executor_options", {}))
@@ -143,7 +150,13 @@ def search(model, nodes, cluster, global_batch, space, runner, searcher, budget,
                                    "gpus": gpus, "trial_timeout": trial_timeout, "template": template}.items() if v}}
     rec = StudyRecord(name=name, workload=w.as_dict(), space={"name": sp.name, "dimensions": sp.dimensions,
                       "constraints": sp.constraints}, searcher=searcher, runner=runner, settings=settings)
+    if not sp.enumerate_layouts(w):
+        raise UsageError(f"no valid layout for {w.model.name} on {nodes} node(s) ({w.gpus} GPUs): "
+                         f"{no_layout_reason(sp, w)}")
     runner_for(runner, settings["runner_options"], w, seed, Path(results_dir))  # bad runner input fails before storing
+    if executor == "ray" and ray_address:
+        from tuner.ray_pool import check_address
+        check_address(ray_address)
     store.create_study(rec)
     click.echo(f"study {name}: {w.model.name} on {nodes} x {w.cluster.name} ({w.gpus} GPUs), searcher {searcher}, "
                f"runner {runner}, store {store.url}", err=True)
@@ -154,9 +167,10 @@ def search(model, nodes, cluster, global_batch, space, runner, searcher, budget,
 @click.argument("name")
 @click.option("--budget", type=click.IntRange(min=1), default=None, help="New total trial budget for the study.")
 @click.option("--join", is_flag=True, help="Another driver is live on this study: leave its running trials alone.")
+@click.option("--ray-address", default=None, help="Run the rest of the study on this Ray cluster.")
 @DB_OPTION
 @FORMAT_OPTION
-def resume(name, budget, join, db, fmt):
+def resume(name, budget, join, ray_address, db, fmt):
     """Continue an interrupted or finished study; nothing is lost or measured twice.
 
     Example: tuner resume my-study --budget 80
@@ -167,7 +181,11 @@ def resume(name, budget, join, db, fmt):
         n = store.mark_interrupted(name)
         if n:
             click.echo(f"{n} trial(s) left running by a stopped driver will run again", err=True)
+    if ray_address:
+        from tuner.ray_pool import check_address
+        check_address(ray_address)
+        store.update_study_settings(name, {"executor": "ray", "executor_options": {"address": ray_address}})
     if budget:
         store.update_study_settings(name, {"budget": budget})
-        rec = store.get_study(name)
-    run_study(store, rec, fmt)
+    rec = store.get_study(name)
+    run_study(store, rec, fmt, resumed=not join)

@@ -211,6 +211,15 @@ class CommandRunner:
         self._lock = threading.Lock()
         self._cancelled = threading.Event()
 
+    def __getstate__(self) -> dict:   # sent to Ray workers: locks and live processes stay behind
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_live", "_lock", "_cancelled")}
+        state["early_stop"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._live, self._lock, self._cancelled = set(), threading.Lock(), threading.Event()
+
     # -- the protocol -------------------------------------------------------------------------
     def trial_dir(self, trial: TrialSpec) -> Path:
         if trial.trial_dir is not None:
@@ -253,6 +262,7 @@ class CommandRunner:
         if self._cancelled.is_set():
             return TrialResult(Status.INTERRUPTED, message="cancelled before it started")
         result_path = d / "result.json"
+        _kill_leftover(d)   # a driver killed by SIGKILL may have left this trial's last attempt running
         try:
             d.mkdir(parents=True, exist_ok=True)
             for stale in ("result.json", "progress.jsonl"):   # a resumed trial must not read old files
@@ -276,6 +286,7 @@ class CommandRunner:
         except OSError as exc:
             return failed(f"cannot start {argv[0]!r}: {exc.strerror or exc}")
         run = _Run(proc)
+        (d / "pgid").write_text(str(proc.pid))   # its session/group id, for _kill_leftover after a crash
         with self._lock:
             self._live.add(run)
         try:
@@ -348,6 +359,30 @@ class CommandRunner:
                           "JSON to $TUNER_RESULT_JSON. " + err)
         retry = any(m in err.lower() for m in RETRY_MARKERS)
         return failed(f"exit status {rc} (no result written); {err}", retryable=retry)
+
+
+def _kill_leftover(d: Path) -> None:
+    """Kill what an earlier attempt of this trial left running (its driver died without cleanup).
+
+    Only processes of the recorded group whose environment names this trial directory are killed, so a
+    recycled process-group id never hits a stranger."""
+    try:
+        pgid = int((d / "pgid").read_text())
+    except (OSError, ValueError):
+        return
+    mine = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.environ().get("TUNER_TRIAL_DIR") == str(d):
+                mine.append(p)
+        except (psutil.Error, ProcessLookupError, PermissionError, OSError):
+            continue
+    for p in mine:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(mine, timeout=5)
 
 
 def _read_progress(path: Path, offset: int, records: list) -> int:

@@ -123,6 +123,13 @@ class LocalRunner:
                                   early_stop=early_stop, kill_grace=kill_grace)
         self._cancelled = threading.Event()
 
+    def __getstate__(self) -> dict:   # sent to Ray workers: the event stays behind
+        return {k: v for k, v in self.__dict__.items() if k != "_cancelled"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._cancelled = threading.Event()
+
     def run(self, trial: TrialSpec) -> TrialResult:
         lay = trial.layout
         if lay.gpus != self.gpus:
