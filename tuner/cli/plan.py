@@ -62,7 +62,7 @@ def predict(model, nodes, cluster, global_batch, tp, pp, dp, micro_batch, zero_s
         return
     click.echo(f"{w.model.name} on {w.nodes} x {w.cluster.name} node(s) = {w.gpus} GPUs, global batch "
                f"{w.global_batch}, layout {lay.key()}")
-    click.echo(f"  {p.tflops_per_gpu:.1f} TFLOPS/GPU = {100 * p.peak_fraction:.2f} % of peak (MFU "
+    click.echo(f"  {p.tflops_per_gpu:.4g} TFLOPS/GPU = {100 * p.peak_fraction:.2f} % of peak (MFU "
                f"{100 * p.mfu:.2f} %), step {p.step_time_s:.3f} s, {p.samples_per_second:.2f} samples/s")
     fit = "fits" if p.fits else f"DOES NOT FIT: {p.reason}"
     click.echo(f"  memory {p.memory_gb:.1f} GB of {w.cluster.memory_gb:.0f} GB per GPU ({fit})")

@@ -8,7 +8,7 @@ import time
 def _best_text(best) -> str:
     if best is None:
         return "best: -"
-    return f"best {100 * best.peak_fraction:.2f} % ({best.tflops_per_gpu:.1f} TFLOPS/GPU) {best.layout.key()}"
+    return f"best {100 * best.peak_fraction:.2f} % ({best.tflops_per_gpu:.4g} TFLOPS/GPU) {best.layout.key()}"
 
 
 class ProgressView:
