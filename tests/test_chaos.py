@@ -11,7 +11,6 @@ Every fault goes through the real CLI (`python -m tuner` in a subprocess, or in-
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -25,7 +24,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tuner.cli import main
 from tuner.store import open_store
 from tuner.trial import Status
 
@@ -72,25 +70,6 @@ def procs_with(marker: str) -> list[psutil.Process]:
     return out
 
 
-@pytest.fixture
-def tuner(tmp_path, capsys, monkeypatch):
-    """In-process `tuner ARGS` against a temp SQLite store: (exit code, stdout, stderr)."""
-    monkeypatch.chdir(tmp_path)
-    db = f"sqlite:///{tmp_path / 'tuner.db'}"
-    monkeypatch.setenv("TUNER_DB", db)
-
-    def run(*args: str):
-        capsys.readouterr()
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = exc.code or 0
-        out = capsys.readouterr()
-        return code, out.out, out.err
-
-    run.db = db
-    return run
 
 
 # ---- 1. the driver killed ------------------------------------------------------------------------

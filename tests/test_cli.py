@@ -12,31 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tuner.cli import main
 from tuner.store import open_store
 
 GOLDEN = Path(__file__).parent / "golden"
 
 
-@pytest.fixture
-def tuner(tmp_path, capsys, monkeypatch):
-    """Run `tuner ARGS` in-process against a temp store; returns (exit code, stdout, stderr)."""
-    monkeypatch.chdir(tmp_path)
-    db = f"sqlite:///{tmp_path / 'tuner.db'}"
-    monkeypatch.setenv("TUNER_DB", db)
-
-    def run(*args: str):
-        capsys.readouterr()
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = exc.code or 0
-        out = capsys.readouterr()
-        return code, out.out, out.err
-
-    run.db = db
-    return run
 
 
 def test_search_then_best_json_golden(tuner):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import sys
 import threading
 import time

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
-from tuner.cli import main
 from tuner.layout import Layout
 from tuner.runners.command import CommandRunner
 from tuner.runners.sbatch import render_sbatch
@@ -29,24 +28,6 @@ HOSTILE = ("x\"; touch PWNED; echo '$(touch PWNED2)' `touch PWNED3` && rm -rf \"
            "\n#SBATCH --wrap=touch PWNED4\n; touch PWNED5 #")
 
 
-@pytest.fixture
-def tuner(tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    db = f"sqlite:///{tmp_path / 'tuner.db'}"
-    monkeypatch.setenv("TUNER_DB", db)
-
-    def run(*args: str):
-        capsys.readouterr()
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = exc.code or 0
-        out = capsys.readouterr()
-        return code, out.out, out.err
-
-    run.db = db
-    return run
 
 
 def pwned(root: Path) -> list[Path]:

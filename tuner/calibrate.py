@@ -19,7 +19,6 @@ ranks; `calibrate(out, gpus)` is what the CLI calls.
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 import tempfile

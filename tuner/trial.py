@@ -6,7 +6,7 @@ A trial's own failure (OOM, timeout, crash) is a TrialResult with that status, n
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tuner.layout import Layout

@@ -7,7 +7,7 @@ import click
 from tuner.cli import DB_OPTION, FORMAT_OPTION, cli
 from tuner.cli.render import flat_layout, render
 from tuner.errors import TunerError
-from tuner.specs import MODEL_ALIASES, load_cluster, load_model
+from tuner.specs import load_cluster, load_model
 from tuner.store import open_store, upgrade
 from tuner.trial import Status
 

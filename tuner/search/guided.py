@@ -11,9 +11,10 @@ peaks and OOMs (an OOM at a layout predicted to fit raises the expected memory o
   A batch (ask(n > 1), or asks without tells in between) uses the kriging believer: each chosen or
   running layout counts as measured at its posterior mean.
 - `history` (stored trials of the same model and cluster at any node count, see
-  transfer.warm_start_records) corrects the model before the first trial.
+  transfer.warm_start_records; `history_studies` maps study name -> StudyRecord for their global
+  batch) corrects the model before the first trial; `evidence` says what it used.
 - Early stop (`stop_threshold`, off by default so that `ask` honours the contract of exhausting the
-  candidates): ask returns [] once no remaining layout has more than `stop_probability` chance of
+  candidates): ask returns [] (running trials may still change its mind) once no remaining layout has more than `stop_probability` chance of
   beating the best by more than `stop_threshold`. `confidence` and `stop_reason` say how sure it is
   after every ask, whether or not stopping is on.
 Deterministic: ties break by a seeded permutation.
@@ -46,7 +47,7 @@ class GuidedSearcher(BaseSearcher):
     name = "guided"
 
     def __init__(self, candidates: list[Layout], *, seed: int = 0, workload=None, history=None,
-                 stop_threshold: float | None = None, stop_probability: float = 0.05, min_trials: int = 4,
+                 history_studies: dict | None = None, stop_threshold: float | None = None, stop_probability: float = 0.05, min_trials: int = 4,
                  n_initial: int = N_INITIAL, **kw):
         super().__init__(candidates, seed=seed, **kw)
         self.workload = workload
@@ -63,7 +64,7 @@ class GuidedSearcher(BaseSearcher):
         self.log_mem = np.array([f.log_mem for f in self.fts])
         self.family = [(c.tp, c.pp) for c in self.candidates]
         self._tiebreak = np.random.default_rng([self.seed, 11]).permutation(n) * 1e-12
-        ws = warm_start_records(history, workload) if (history and workload is not None) else None
+        ws = warm_start_records(history, workload, history_studies) if (history and workload is not None) else None
         self.history = ws.observations if ws else Observations()
         self.evidence = ws.evidence if ws else None
         self.own = Observations()
@@ -151,7 +152,8 @@ class GuidedSearcher(BaseSearcher):
         p = ndtr((self.log_pred[free] + mu - self.best_log - margin) / np.maximum(sd, 1e-6)) * self.p_fit()[free]
         worst = float(p.max()) if p.size else 0.0
         self.confidence = 1.0 - worst
-        if self.stop_threshold is None or self.n_ok < self.min_trials or self.pending or worst > self.stop_probability:
+        self.stopped = False
+        if self.stop_threshold is None or self.n_ok < self.min_trials or worst > self.stop_probability:
             return False
         self.stopped = True
         self.stop_reason = (f"no remaining layout has more than a {100 * worst:.1f} % chance of beating the best "
@@ -167,7 +169,8 @@ class GuidedSearcher(BaseSearcher):
         free = self._free()
         if free.size == 0:
             return None
-        seen = {self.family[i] for i in (*chosen, *self.pending)} | {(l.tp, l.pp) for l in self.told}
+        seen = {self.family[i] for i in (*chosen, *self.pending)} | {(l.tp, l.pp) for l, r in self.told.items()
+                                                                      if r.status != Status.PRUNED}
         top = float(score[free].max())
         ok = [i for i in free if self.family[i] not in seen and score[i] >= top + math.log(DIVERSE_WITHIN)]
         if not seen:
