@@ -14,8 +14,8 @@ peaks and OOMs (an OOM at a layout predicted to fit raises the expected memory o
   transfer.warm_start_records; `history_studies` maps study name -> StudyRecord for their global
   batch) corrects the model before the first trial; `evidence` says what it used.
 - Early stop (`stop_threshold`, off by default so that `ask` honours the contract of exhausting the
-  candidates): ask returns [] (running trials may still change its mind) once no remaining layout has more than `stop_probability` chance of
-  beating the best by more than `stop_threshold`. `confidence` and `stop_reason` say how sure it is
+  candidates): ask returns [] (running trials may still change its mind) once no remaining layout
+  has more than `stop_probability` chance of beating the best by more than `stop_threshold`. `confidence` and `stop_reason` say how sure it is
   after every ask, whether or not stopping is on.
 Deterministic: ties break by a seeded permutation.
 """
@@ -47,8 +47,8 @@ class GuidedSearcher(BaseSearcher):
     name = "guided"
 
     def __init__(self, candidates: list[Layout], *, seed: int = 0, workload=None, history=None,
-                 history_studies: dict | None = None, stop_threshold: float | None = None, stop_probability: float = 0.05, min_trials: int = 4,
-                 n_initial: int = N_INITIAL, **kw):
+                 history_studies: dict | None = None, stop_threshold: float | None = None,
+                 stop_probability: float = 0.05, min_trials: int = 4, n_initial: int = N_INITIAL, **kw):
         super().__init__(candidates, seed=seed, **kw)
         self.workload = workload
         self.stop_threshold, self.stop_probability = stop_threshold, stop_probability
