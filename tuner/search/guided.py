@@ -15,8 +15,8 @@ peaks and OOMs (an OOM at a layout predicted to fit raises the expected memory o
   batch) corrects the model before the first trial; `evidence` says what it used.
 - Early stop (`stop_threshold`, off by default so that `ask` honours the contract of exhausting the
   candidates): ask returns [] (running trials may still change its mind) once no remaining layout
-  has more than `stop_probability` chance of beating the best by more than `stop_threshold`. `confidence` and `stop_reason` say how sure it is
-  after every ask, whether or not stopping is on.
+  has more than `stop_probability` chance of beating the best by more than `stop_threshold`.
+  `confidence` and `stop_reason` say how sure it is after every ask, whether or not stopping is on.
 Deterministic: ties break by a seeded permutation.
 """
 
