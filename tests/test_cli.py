@@ -70,7 +70,9 @@ def test_search_stops_when_space_exhausted(tuner):
     (("predict", "--model", "175b", "--nodes", "16", "--tp", "3", "--pp", "16", "--micro-batch", "1"), 2, "divide"),
     (("predict", "--model", "175b", "--nodes", "16", "--tp", "4", "--pp", "16", "--micro-batch", "1",
       "--zero-stage", "2"), 2, "ZeRO-2 with pp=16"),
-    (("best", "--model", "175b", "--nodes", "7"), 1, "tuner search --model 175b --nodes 7"),
+    (("best", "--model", "1t", "--nodes", "1"), 2, "fits on 1 node(s)"),
+    (("best", "--model", "1t", "--nodes", "1000000"), 2, "no valid layout"),
+    (("best", "--model", "175b", "--nodes", "7", "--study", "nope"), 2, "no study named 'nope'"),
     (("--db", "x"), 2, "No such option"),
 ])
 def test_bad_input_is_one_line(tuner, args, code, words):
@@ -138,3 +140,27 @@ def test_kill_resume_keeps_everything(tmp_path):
     best = subprocess.run([sys.executable, "-m", "tuner", "best", "--model", "175b", "--nodes", "16", "--format",
                            "json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert json.loads(best.stdout)["study"] == "k1"
+
+
+def test_best_for_an_unmeasured_node_count_is_predicted_with_evidence(tuner):
+    code, out, err = tuner("best", "--model", "175b", "--nodes", "32")
+    assert code == 0, err
+    assert "PREDICTED, not measured" in out and "the model alone" in out
+    assert tuner("search", "--model", "175b", "--nodes", "16", "--budget", "6", "--study", "m16")[0] == 0
+    code, out, _ = tuner("best", "--model", "175b", "--nodes", "32", "--format", "json")
+    got = json.loads(out)
+    assert got["measured"] is False and got["predicted"] is True and got["status"] == "predicted"
+    assert got["evidence"]["trials"] >= 6 and 16 in got["evidence"]["node_counts"]
+    assert set(got["layout"]) == {"tp", "pp", "dp", "micro_batch", "zero_stage", "activation_checkpointing"}
+
+
+def test_guided_warm_start_and_early_stop(tuner):
+    code, _, err = tuner("search", "--model", "22b", "--nodes", "2", "--warm-start", "--budget", "5", "--study", "w0")
+    assert code == 0 and "starting cold" in err
+    assert tuner("search", "--model", "22b", "--nodes", "4", "--budget", "8", "--study", "w1")[0] == 0
+    code, out, err = tuner("search", "--model", "22b", "--nodes", "8", "--warm-start", "--budget", "40",
+                           "--study", "w2", "--format", "json")
+    assert code == 0 and "warm start from" in err
+    got = json.loads(out)
+    assert got["stopped_by"] == "converged" and got["ran"] < 40
+    assert got["confidence"] > 0.9 and "confident" in got["stop_reason"]

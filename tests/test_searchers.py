@@ -19,7 +19,7 @@ from tuner.trial import Status, TrialResult
 WORKLOAD = make_workload("175b", 16)   # 128 GPUs, 520 candidates in the default space
 ALL = load_space().enumerate_layouts(WORKLOAD)
 SMALL = ALL[::10]                      # 52 candidates spread over every dimension
-DETERMINISTIC = ("random", "grid", "cbo", "tpe")
+DETERMINISTIC = ("guided", "random", "grid", "cbo", "tpe")
 
 
 def synthetic(lay: Layout) -> float | None:

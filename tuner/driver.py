@@ -48,7 +48,7 @@ class Outcome:
     study: str
     ran: int
     pruned: int
-    reason: str                  # budget | exhausted | time-limit
+    reason: str                  # budget | exhausted | converged (the searcher stopped) | time-limit
 
 
 def result_of(record) -> TrialResult:
@@ -183,7 +183,7 @@ class Driver:
                 self.progress.running = len(self._inflight)
                 if not self._inflight:
                     if reason != "time-limit" and self.progress.ran < self.budget:
-                        reason = "exhausted"
+                        reason = "converged" if getattr(self.searcher, "stopped", False) else "exhausted"
                     break
                 timeout = max(0.0, deadline - time.monotonic()) if deadline else None
                 done, _ = wait(list(self._inflight), timeout=timeout, return_when=FIRST_COMPLETED)

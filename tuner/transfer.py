@@ -271,7 +271,12 @@ def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies:
                          f"({workload.gpus} GPUs): {no_layout_reason(space, workload)}")
     ws = warm_start_records(records, workload, studies)
     rows = corrected(layouts, workload, ws.observations)
-    likely = [r for r in rows if r["p_fit"] >= 0.5] or rows
+    likely = [r for r in rows if r["p_fit"] >= 0.5]
+    if not likely:
+        least = min(rows, key=lambda r: r["memory_gb"])
+        raise UsageError(f"no valid layout of {workload.model.name} fits on {workload.nodes} node(s) "
+                         f"({workload.gpus} GPUs): the smallest needs {least['memory_gb']:.1f} GB per GPU of "
+                         f"{workload.cluster.memory_gb:g} ({least['layout'].key()}); use more nodes")
     likely.sort(key=lambda r: (-r["peak_fraction"], r["memory_gb"]))
     peak = workload.cluster.peak_tflops
     evidence = dict(ws.evidence, note=("corrected by measurements at other node counts" if ws.evidence["ok_trials"]

@@ -105,10 +105,10 @@ def best(model, nodes, cluster, study, k, db, fmt):
     if study:
         store.get_study(study)
     found = store.best(model_name, cluster_name, nodes, k=k, study=study)
+    if not found and study:
+        raise TunerError(f"study '{study}' has no finished trial of {model_name} on {nodes} x {cluster_name} node(s)")
     if not found:
-        raise TunerError(f"no finished trial of {model_name} on {nodes} x {cluster_name} node(s) in {store.url}; "
-                         f"run `tuner search --model {model} --nodes {nodes} --cluster {cluster}`, or ask the model: "
-                         f"`tuner plan --model {model} --nodes {nodes} --cluster {cluster}`")
+        return predicted_best(store, model, nodes, cluster, k, fmt)
     objs = [best_json(t, measured=t.runner != "sim") for t in found]
     if fmt == "json":
         click.echo(render([], "json", json_obj=objs[0] if k == 1 else objs))
@@ -117,6 +117,36 @@ def best(model, nodes, cluster, study, k, db, fmt):
              "peak_%": 100 * t.peak_fraction, "runner": t.runner,
              "kind": "measured" if o["measured"] else "predicted (simulator)"} for t, o in zip(found, objs)]
     click.echo(render(rows, fmt))
+
+
+def predicted_best(store, model: str, nodes: int, cluster: str, k: int, fmt: str) -> None:
+    """No measurement at this node count: the model's best, corrected by measurements at other counts."""
+    from tuner.space import load_space
+    from tuner.specs import make_workload
+    from tuner.transfer import best_for_unmeasured
+    w = make_workload(model, nodes, cluster)
+    studies = {st.name: st for st in store.list_studies()
+               if st.model == w.model.name and st.cluster == w.cluster.name}
+    records = [t for name in studies for t in store.trials(name)]
+    rows = best_for_unmeasured(w, load_space(), records, k=k, studies=studies)
+    objs = [{"layout": r["layout"].as_dict(), "tflops_per_gpu": r["tflops_per_gpu"], "peak_fraction": r["peak_fraction"],
+             "status": "predicted", "runner": None, "measured": False, "predicted": True, "study": None, "trial": None,
+             "raw_peak_fraction": r["raw_peak_fraction"], "memory_gb": r["memory_gb"], "p_fit": r["p_fit"],
+             "uncertainty": r["uncertainty"], "evidence": r["evidence"]} for r in rows]
+    if fmt == "json":
+        click.echo(render([], "json", json_obj=objs[0] if k == 1 else objs))
+        return
+    ev = rows[0]["evidence"] if rows else {}
+    table_rows = [{**flat_layout(o["layout"]), "tflops": o["tflops_per_gpu"], "peak_%": 100 * o["peak_fraction"],
+                   "model_%": 100 * o["raw_peak_fraction"], "mem_gb": o["memory_gb"], "p_fit": o["p_fit"]} for o in objs]
+    click.echo(render(table_rows, fmt))
+    if fmt == "table":
+        basis = (f"corrected by {ev.get('trials', 0)} trial(s) of {len(ev.get('studies', []))} studies at node counts "
+                 f"{', '.join(map(str, ev.get('node_counts', [])))}" if ev.get("trials") else "the model alone (no "
+                 f"stored trials of {w.model.name} on {w.cluster.name})")
+        click.echo(f"\nPREDICTED, not measured: no trial of {w.model.name} on {nodes} x {w.cluster.name} node(s) "
+                   f"in {store.url}; {basis}. Measure it: tuner search --model {model} --nodes {nodes} "
+                   f"--cluster {cluster} --warm-start")
 
 
 @cli.group()

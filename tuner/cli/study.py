@@ -61,6 +61,22 @@ def runner_for(name: str, opts: dict, workload: Workload, seed: int, results_dir
     return make_runner(name)
 
 
+def warm_start_history(store, rec: StudyRecord, workload: Workload) -> tuple[list, dict]:
+    """Stored trials of the same model and cluster at any node count, from other studies."""
+    from tuner.transfer import warm_start_records
+    studies = {st.name: st for st in store.list_studies()
+               if st.model == workload.model.name and st.cluster == workload.cluster.name and st.name != rec.name}
+    records = [t for name in studies for t in store.trials(name)]
+    ev = warm_start_records(records, workload, studies).evidence
+    if not ev.get("trials"):
+        click.echo(f"warning: --warm-start found no stored trials of {workload.model.name} on "
+                   f"{workload.cluster.name}: starting cold", err=True)
+        return [], {}
+    click.echo(f"warm start from {ev['trials']} trial(s) of {len(studies)} studies at node counts "
+               f"{', '.join(map(str, ev.get('node_counts', [])))}", err=True)
+    return records, studies
+
+
 def run_study(store, rec: StudyRecord, fmt: str, budget: int | None = None, resumed: bool = False) -> None:
     s = rec.settings
     workload = Workload.from_dict(rec.workload)
@@ -76,8 +92,13 @@ def run_study(store, rec: StudyRecord, fmt: str, budget: int | None = None, resu
         if gone:
             click.echo(f"cancelled {len(gone)} Slurm job(s) left by the stopped driver: {', '.join(map(str, gone))}",
                        err=True)
+    options = {}
+    if rec.searcher == "guided":
+        options["stop_threshold"] = s.get("stop_threshold") or None
+        if s.get("warm_start"):
+            options["history"], options["history_studies"] = warm_start_history(store, rec, workload)
     searcher = make_searcher(rec.searcher, candidates, seed=s.get("seed", 0), workload=workload,
-                             parallel=s.get("parallel", 1))
+                             parallel=s.get("parallel", 1), **options)
     executor = make_executor(s.get("executor", "thread"), s.get("parallel", 1), **s.get("executor_options", {}))
     view = ProgressView(rec.name, budget or s["budget"], sys.stderr)
     driver = Driver(store=store, study=rec.name, workload=workload, space=space, searcher=searcher, runner=runner,
@@ -92,11 +113,14 @@ def run_study(store, rec: StudyRecord, fmt: str, budget: int | None = None, resu
     rows = top_rows(store, rec.name, 5)
     if fmt == "json":
         click.echo(render([], "json", json_obj={"study": rec.name, "ran": outcome.ran, "pruned": outcome.pruned,
-                                                "stopped_by": outcome.reason, "top": best_rows(store.trials(rec.name), 5)}))
+                                                "stopped_by": outcome.reason, "confidence": getattr(searcher, "confidence", None),
+                                                "stop_reason": getattr(searcher, "stop_reason", None),
+                                                "top": best_rows(store.trials(rec.name), 5)}))
         return
     click.echo(render(rows, fmt))
     if fmt == "table":
-        why = {"budget": "budget reached", "exhausted": "search space exhausted", "time-limit": "time limit reached"}
+        why = {"budget": "budget reached", "exhausted": "search space exhausted", "time-limit": "time limit reached",
+               "converged": f"stopped early: {getattr(searcher, 'stop_reason', '')}"}
         click.echo(f"\nstudy {rec.name}: {outcome.ran} trial(s) ran, {outcome.pruned} pruned "
                    f"({why[outcome.reason]}). Best: tuner best --model {workload.model.name} --nodes {workload.nodes}"
                    f" --cluster {workload.cluster.name}")
@@ -125,11 +149,15 @@ def run_study(store, rec: StudyRecord, fmt: str, budget: int | None = None, resu
 @click.option("--executor", type=click.Choice(["thread", "ray"]), default="thread", show_default=True)
 @click.option("--ray-address", default=None, help="Ray cluster address for --executor ray (default: start a local one).")
 @click.option("--results-dir", default="results", show_default=True, help="Where trial directories go.")
+@click.option("--warm-start", is_flag=True,
+              help="guided: correct the model with every stored trial of this model and cluster (any node count).")
+@click.option("--stop-threshold", type=click.FloatRange(min=0), default=0.01, show_default=True,
+              help="guided: stop when no layout left is likely (>5 %) to beat the best by more than this; 0 = never.")
 @click.option("--early-stop", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
               help="Stop a real trial whose throughput after warm-up is below this fraction of the best so far.")
 def search(model, nodes, cluster, global_batch, space, runner, searcher, budget, parallel, study, db, seed, fmt,
            time_limit, no_prune, noise, sim_delay, command, gpus, trial_timeout, template, executor, ray_address,
-           results_dir, early_stop):
+           results_dir, warm_start, stop_threshold, early_stop):
     """Start a study: propose layouts, run trials, store every result.
 
     Example: tuner search --model 175b --nodes 128 --budget 30
@@ -145,6 +173,7 @@ def search(model, nodes, cluster, global_batch, space, runner, searcher, budget,
                          f"GPUs: use --cluster local with --nodes 1, or --gpus {w.gpus}")
     settings = {"seed": seed, "budget": budget, "parallel": parallel, "time_limit": time_limit,
                 "prune": not no_prune, "executor": executor, "results_dir": results_dir, "early_stop": early_stop,
+                "warm_start": warm_start, "stop_threshold": stop_threshold,
                 "executor_options": {"address": ray_address} if executor == "ray" else {},
                 "runner_options": {k: v for k, v in {"noise": noise, "sim_delay": sim_delay, "command": command,
                                    "gpus": gpus, "trial_timeout": trial_timeout, "template": template}.items() if v}}

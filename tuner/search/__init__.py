@@ -38,12 +38,13 @@ def register(name: str, factory: str | Callable[..., Searcher]) -> None:
 
 
 def make_searcher(name: str, candidates: list["Layout"], *, seed: int = 0, workload: "Workload | None" = None,
-                  parallel: int = 1) -> Searcher:
-    """The searcher `name` over `candidates` (every valid layout of the space)."""
+                  parallel: int = 1, **options) -> Searcher:
+    """The searcher `name` over `candidates` (every valid layout of the space). `options` are
+    searcher-specific (guided: history, history_studies, stop_threshold); others ignore them."""
     factory = _REGISTRY.get(name)
     if factory is None:
         raise UsageError(f"unknown searcher '{name}'; searchers: {', '.join(_REGISTRY)}")
     if isinstance(factory, str):
         module, cls = factory.split(":")
         factory = getattr(importlib.import_module(module), cls)
-    return factory(list(candidates), seed=seed, workload=workload, parallel=parallel)
+    return factory(list(candidates), seed=seed, workload=workload, parallel=parallel, **options)
