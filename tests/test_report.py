@@ -164,7 +164,7 @@ def db(tmp_path_factory):
     d = tmp_path_factory.mktemp("store")
     url = f"sqlite:///{d}/x.db"
     r = CliRunner().invoke(cli, ["search", "--model", "175b", "--nodes", "16", "--budget", "10", "--db", url,
-                                 "--study", "s1"], catch_exceptions=False)
+                                 "--study", "s1", "--searcher", "random"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     return url
 
