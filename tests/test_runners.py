@@ -103,10 +103,11 @@ def command_case() -> Case:
 
 
 def local_case() -> Case:
-    def make(tmp, timeout):
-        return make_runner("local", gpus=2, trial_timeout=timeout, results_dir=tmp, steps=2, warmup=1)
+    def make(tmp, timeout, steps=2):
+        return make_runner("local", gpus=2, trial_timeout=timeout, results_dir=tmp, steps=steps, warmup=1)
     return Case(make=make, ok=spec("local-ok"), bad=spec("local-bad", tp=2, dp=2),
-                slow=spec("local-slow"), timeout=8.0, cancel_after=8.0)
+                slow=spec("local-slow"), timeout=8.0, cancel_after=8.0,
+                slow_make=lambda tmp, timeout: make(tmp, timeout, steps=1_000_000))
 
 
 CASES = {"sim": sim_case, "command": command_case,
@@ -148,7 +149,7 @@ class TestRunnerContract:
         if case.timeout is None:
             pytest.skip("this runner has no trial timeout (the simulator predicts instantly)")
         t0 = time.monotonic()
-        r = case.make(tmp_path, case.timeout).run(case.slow)
+        r = (case.slow_make or case.make)(tmp_path, case.timeout).run(case.slow)
         assert r.status == Status.TIMEOUT, r
         assert "trial-timeout" in r.message
         assert time.monotonic() - t0 < case.timeout + 15
