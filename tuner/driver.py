@@ -38,6 +38,8 @@ class Progress:
     ran: int = 0
     pruned: int = 0
     running: int = 0
+    running_trials: list = field(default_factory=list)   # (number, layout) of the trials in flight
+    finished: list = field(default_factory=list)         # the trials this driver finished, in order
     best: object = None          # the best TrialRecord-like (layout, peak_fraction, tflops_per_gpu, number)
     last: object = None          # the trial that just finished
     started: float = field(default_factory=time.monotonic)
@@ -152,6 +154,7 @@ class Driver:
         self.searcher.tell(layout, result)
         self.progress.ran += 1
         self.progress.last = _Finished(number, layout, result)
+        self.progress.finished.append(self.progress.last)
         if result.status == Status.OK:
             self._update_best(self.progress.last)
 
@@ -181,6 +184,7 @@ class Driver:
                         for number, lay in self._propose(free - len(batch)):
                             self._launch(number, lay)
                 self.progress.running = len(self._inflight)
+                self.progress.running_trials = sorted((n, lay) for n, lay, _ in self._inflight.values())
                 if not self._inflight:
                     if reason != "time-limit" and self.progress.ran < self.budget:
                         reason = "converged" if getattr(self.searcher, "stopped", False) else "exhausted"
@@ -205,7 +209,7 @@ class Driver:
             err = TunerError(f"{exc} (the study is saved: continue with `tuner resume {self.study}`)")
             err.exit_code = exc.exit_code
             raise err from None
-        self.progress.running = 0
+        self.progress.running, self.progress.running_trials = 0, []
         self.on_progress(self.progress)
         return Outcome(self.study, self.progress.ran, self.progress.pruned, reason)
 

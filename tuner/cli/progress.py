@@ -1,8 +1,15 @@
-"""Live progress of a running study: a rich bar on a terminal, plain lines otherwise."""
+"""Live progress of a running study: on a terminal a rich view (bar with time left, best-so-far, a
+table of running and recent trials); otherwise one plain line per finished trial."""
 
 from __future__ import annotations
 
 import time
+
+RECENT = 8
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.2f} %"
 
 
 def _best_text(best) -> str:
@@ -15,32 +22,50 @@ class ProgressView:
     def __init__(self, study: str, budget: int, stream):
         self.study, self.budget, self.stream = study, budget, stream
         self.tty = hasattr(stream, "isatty") and stream.isatty()
-        self._bar = None
+        self._live = None
         self._seen_last = None
 
     def __enter__(self):
         if self.tty:
             from rich.console import Console
+            from rich.live import Live
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
             self._bar = Progress(TextColumn("[bold]{task.fields[study]}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeRemainingColumn(), TextColumn("{task.fields[best]}"),
-                                 console=Console(file=self.stream), transient=False)
-            self._bar.start()
-            self._task = self._bar.add_task("search", total=self.budget, study=self.study, best="best: -")
+                                 TextColumn("left"), TimeRemainingColumn())
+            self._task = self._bar.add_task("search", total=self.budget, study=self.study)
+            self._live = Live(self._bar, console=Console(file=self.stream), refresh_per_second=4)
+            self._live.start()
         return self
 
     def __exit__(self, *exc):
-        if self._bar:
-            self._bar.stop()
+        if self._live:
+            self._live.stop()
+
+    def _view(self, p):
+        from rich.console import Group
+        from rich.table import Table
+        table = Table(box=None, pad_edge=False, header_style="bold")
+        for col, width in (("trial", 5), ("status", 11), ("layout", 25), ("peak", 8), ("TFLOPS/GPU", 10)):
+            table.add_column(col, justify="right" if col in ("trial", "peak", "TFLOPS/GPU") else "left",
+                             no_wrap=True, min_width=width)
+        table.add_column("message", no_wrap=True, overflow="ellipsis")
+        for number, layout in p.running_trials:
+            table.add_row(str(number), "[yellow]running", layout.key(), "", "", "")
+        for t in p.finished[-RECENT:][::-1]:
+            colour = "green" if t.status.value == "ok" else "red"
+            table.add_row(str(t.number), f"[{colour}]{t.status}", t.layout.key(), _pct(t.peak_fraction),
+                          "-" if t.tflops_per_gpu is None else f"{t.tflops_per_gpu:.4g}", (t.result.message or "")[:40])
+        summary = f"{_best_text(p.best)}   ran {p.ran}/{p.budget}, running {p.running}, pruned {p.pruned}"
+        return Group(self._bar, summary, table)
 
     def update(self, p) -> None:
-        if self._bar:
-            self._bar.update(self._task, completed=p.ran, best=_best_text(p.best) + f"  running {p.running}"
-                             + (f"  pruned {p.pruned}" if p.pruned else ""))
+        if self._live:
+            self._bar.update(self._task, completed=p.ran)
+            self._live.update(self._view(p))
             return
         last = p.last
         if last is not None and last is not self._seen_last:
             self._seen_last = last
-            val = f"{100 * last.peak_fraction:.2f} %" if last.peak_fraction is not None else "-"
-            print(f"[{time.strftime('%H:%M:%S')}] trial {last.number} {last.status} {val} {last.layout.key()}  "
-                  f"({p.ran}/{p.budget} ran, {p.pruned} pruned)  {_best_text(p.best)}", file=self.stream, flush=True)
+            print(f"[{time.strftime('%H:%M:%S')}] trial {last.number} {last.status} {_pct(last.peak_fraction)} "
+                  f"{last.layout.key()}  ({p.ran}/{p.budget} ran, {p.pruned} pruned)  {_best_text(p.best)}",
+                  file=self.stream, flush=True)
