@@ -102,16 +102,20 @@ def orphans(work: Path) -> dict:
     time.sleep(0.3)
     out["sigint"] = _reap(m)
     out["sigint_rc"] = p.returncode
-    # 3. SIGKILL of the driver: it cannot clean up; count what is left, then clean up ourselves
+    # 3. SIGKILL of the driver: it cannot clean up; count what is left, then `tuner resume` must reap it
     m = f"chaos-bench-{uuid.uuid4().hex[:8]}"
-    p = chaos.tuner_proc(["search", *tiny, "--budget", "1", "--study", "kill9",
+    p = chaos.tuner_proc(["search", *tiny, "--budget", "1", "--study", "kill9", "--trial-timeout", "3",
                           "--command", f"{PY} {chaos.CHAOS / 'hang_tree.py'} {m}"], work, db)
     _wait_for(lambda: len(list((work / "results/trials/kill9").glob("*/spawned"))) == 1)
     time.sleep(0.3)
     p.send_signal(signal.SIGKILL)
     p.communicate(timeout=60)
     time.sleep(0.3)
-    out["sigkill_left"] = _reap(m)
+    out["sigkill_left"] = len(chaos.procs_with(m))
+    r = chaos.tuner_proc(["resume", "kill9"], work, db)   # reaps the leftovers, reruns the trial (times out)
+    r.communicate(timeout=120)
+    time.sleep(0.3)
+    out["after_resume"] = _reap(m)
     return out
 
 
@@ -226,7 +230,8 @@ def main() -> None:
           f"same best: {'yes' if k['same_best'] else 'NO'}")
     print(f"orphan processes:        {o['timeout'] + o['sigint']} (hung trials at --trial-timeout: {o['timeout']}, "
           f"status {'/'.join(o['timeout_status'])}; driver SIGINT: {o['sigint']}, exit {o['sigint_rc']})")
-    print(f"  after SIGKILL of the driver itself (uncatchable): {o['sigkill_left']} process(es) left running")
+    print(f"  after SIGKILL of the driver itself (uncatchable): {o['sigkill_left']} process(es) left running; "
+          f"after `tuner resume`: {o['after_resume']}")
     print(f"orphan Slurm jobs:       {s}")
     share = 100.0 * clean / invalid if invalid else 100.0
     print(f"bad inputs tried:        {tried} ({invalid} invalid, {tried - invalid} valid)")

@@ -221,6 +221,34 @@ def test_ctrl_c_kills_running_trials_and_leaves_no_orphans(tmp_path):
         assert {t.status for t in s.trials("int")} == {Status.INTERRUPTED}
 
 
+def test_resume_reaps_what_a_sigkilled_driver_left_running(tmp_path):
+    """SIGKILL cannot be caught: the trial's process tree survives the driver. `tuner resume` kills it
+    (found by its TUNER_TRIAL_DIR, also the grandchild in its own session) before running the trial again."""
+    marker = f"chaos-k9-{uuid.uuid4().hex[:10]}"
+    db = f"sqlite:///{tmp_path / 'k9.db'}"
+    proc = tuner_proc(["search", *TINY, "--budget", "1", "--runner", "command", "--study", "k9", "--trial-timeout",
+                       "2", "--command", f"{PY} {CHAOS / 'hang_tree.py'} {marker}"], tmp_path, db)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list((tmp_path / "results/trials/k9").glob("*/spawned")):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    time.sleep(0.3)
+    survivors = procs_with(marker)
+    assert len(survivors) >= 2, "the fixture's tree should outlive a SIGKILLed driver"
+    r = tuner_run(["resume", "k9"], tmp_path, db)
+    assert r.returncode == 0, r.stderr
+    assert "left by the stopped driver: 1" in r.stderr
+    time.sleep(0.3)
+    left = procs_with(marker)
+    for p in left:
+        p.kill()
+    assert left == [], f"orphans after resume: {[p.cmdline() for p in left]}"
+    with open_store(db) as s:
+        [t] = s.trials("k9")
+    assert t.status == Status.TIMEOUT
+
+
 # ---- 3. store faults ----------------------------------------------------------------------------
 def _no_trial_ran(tmp_path):
     return not (tmp_path / "results" / "trials").exists()

@@ -87,10 +87,11 @@ def run_study(store, rec: StudyRecord, fmt: str, budget: int | None = None, resu
                          f"({workload.gpus} GPUs): {no_layout_reason(space, workload)}")
     results_dir = Path(s.get("results_dir", "results"))
     runner = runner_for(rec.runner, s.get("runner_options", {}), workload, s.get("seed", 0), results_dir)
-    if resumed and hasattr(runner, "cancel_study_jobs"):   # no orphan Slurm jobs from a dead driver
+    if resumed and hasattr(runner, "cancel_study_jobs"):   # no orphan jobs or processes from a dead driver
         gone = runner.cancel_study_jobs(rec.name)
         if gone:
-            click.echo(f"cancelled {len(gone)} Slurm job(s) left by the stopped driver: {', '.join(map(str, gone))}",
+            what = "Slurm job(s)" if rec.runner == "slurm" else "trial(s) whose processes were still running"
+            click.echo(f"stopped {len(gone)} {what} left by the stopped driver: {', '.join(map(str, gone))}",
                        err=True)
     options = {}
     if rec.searcher == "guided":

@@ -256,13 +256,20 @@ class CommandRunner:
         for t in threads:
             t.join()
 
+    def cancel_study_jobs(self, study: str) -> list[str]:
+        """On resume: kill what a driver that died without cleanup (SIGKILL, a lost node) left running for
+        `study`. Returns the trial numbers whose processes were killed."""
+        base = (self.results_dir / "trials" / study).resolve()
+        hit = _kill_leftovers([d for d in base.glob("*") if d.is_dir()])
+        return sorted((Path(h).name for h in hit), key=lambda n: (len(n), n))
+
     # -- the work -----------------------------------------------------------------------------
     def _run(self, trial: TrialSpec, d: Path, argv: list[str], extra_env: dict[str, str],
              timeout: float | None) -> TrialResult:
         if self._cancelled.is_set():
             return TrialResult(Status.INTERRUPTED, message="cancelled before it started")
         result_path = d / "result.json"
-        _kill_leftover(d)   # a driver killed by SIGKILL may have left this trial's last attempt running
+        _kill_leftovers([d])   # a driver killed by SIGKILL may have left this trial's last attempt running
         try:
             d.mkdir(parents=True, exist_ok=True)
             for stale in ("result.json", "progress.jsonl"):   # a resumed trial must not read old files
@@ -286,7 +293,7 @@ class CommandRunner:
         except OSError as exc:
             return failed(f"cannot start {argv[0]!r}: {exc.strerror or exc}")
         run = _Run(proc)
-        (d / "pgid").write_text(str(proc.pid))   # its session/group id, for _kill_leftover after a crash
+        (d / "pgid").write_text(str(proc.pid))   # marks a started attempt, for _kill_leftovers after a crash
         with self._lock:
             self._live.add(run)
         try:
@@ -361,28 +368,30 @@ class CommandRunner:
         return failed(f"exit status {rc} (no result written); {err}", retryable=retry)
 
 
-def _kill_leftover(d: Path) -> None:
-    """Kill what an earlier attempt of this trial left running (its driver died without cleanup).
+def _kill_leftovers(dirs: list[Path]) -> set[str]:
+    """Kill what earlier attempts of these trials left running (their driver died without cleanup).
 
-    Only processes of the recorded group whose environment names this trial directory are killed, so a
-    recycled process-group id never hits a stranger."""
-    try:
-        pgid = int((d / "pgid").read_text())
-    except (OSError, ValueError):
-        return
-    mine = []
+    A trial's processes carry TUNER_TRIAL_DIR in their environment, also those that left its process
+    group or session, so one scan of the process table finds them all and never hits a stranger.
+    Returns the trial directories that had processes killed."""
+    wanted = {str(d) for d in dirs if (d / "pgid").exists()}
+    if not wanted:
+        return set()
+    me, found = os.getpid(), {}
     for p in psutil.process_iter(["pid"]):
         try:
-            if os.getpgid(p.pid) == pgid and p.environ().get("TUNER_TRIAL_DIR") == str(d):
-                mine.append(p)
-        except (psutil.Error, ProcessLookupError, PermissionError, OSError):
+            where = p.environ().get("TUNER_TRIAL_DIR") if p.pid != me else None
+        except (psutil.Error, OSError):
             continue
-    for p in mine:
+        if where in wanted:
+            found[p] = where
+    for p in found:
         try:
             p.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(mine, timeout=5)
+    psutil.wait_procs(list(found), timeout=5)
+    return set(found.values())
 
 
 def _read_progress(path: Path, offset: int, records: list) -> int:

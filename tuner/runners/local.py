@@ -123,6 +123,10 @@ class LocalRunner:
                                   early_stop=early_stop, kill_grace=kill_grace)
         self._cancelled = threading.Event()
 
+    def cancel_study_jobs(self, study: str) -> list[str]:
+        """On resume: kill trial processes a dead driver left running (see CommandRunner)."""
+        return self._cmd.cancel_study_jobs(study)
+
     def __getstate__(self) -> dict:   # sent to Ray workers: the event stays behind
         return {k: v for k, v in self.__dict__.items() if k != "_cancelled"}
 
