@@ -351,3 +351,27 @@ def test_postgres_restarted_mid_search(pg_url, tmp_path):
     keys = [t.layout.key() for t in trials]
     assert len(keys) == len(set(keys)) and all(t.status.finished for t in trials)
     assert sum(t.status != Status.PRUNED for t in trials) == 20
+
+
+def test_resume_refuses_a_study_a_live_driver_runs(tmp_path):
+    """Without --join, resume would mark a live driver's trials interrupted and run them twice: refused."""
+    db = f"sqlite:///{tmp_path / 'live.db'}"
+    proc = tuner_proc(["search", "--model", "22b", "--nodes", "2", "--searcher", "random", "--budget", "6",
+                       "--sim-delay", "1", "--study", "live"], tmp_path, db)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            r = tuner_run(["trials", "live", "--status", "running", "--format", "csv"], tmp_path, db)
+            if r.returncode == 0 and len(r.stdout.splitlines()) > 1:
+                break
+            time.sleep(0.2)
+        r = tuner_run(["resume", "live"], tmp_path, db)
+        assert r.returncode == 2 and "live driver" in r.stderr and "--join" in r.stderr, r.stderr
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+    r = tuner_run(["resume", "live"], tmp_path, db)      # its process is gone: the lease is void at once
+    assert r.returncode == 0, r.stderr
+    with open_store(db) as s:
+        trials = s.trials("live")
+    assert sum(t.status == Status.OK for t in trials) == 6 and all(t.status.finished for t in trials)

@@ -7,6 +7,8 @@ A trial's failure is a result; only driver bugs and store failures raise.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
@@ -21,6 +23,31 @@ from tuner.specs import Workload
 from tuner.trial import Status, TrialResult, TrialSpec
 
 MAX_INFRA_RETRIES = 1
+HEARTBEAT_S = 15.0   # a live driver refreshes its lease on the study this often
+
+
+def driver_lease() -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "seen": time.time()}
+
+
+def live_driver(settings: dict) -> str | None:
+    """A description of the driver that holds the study's lease, if it looks alive; else None.
+
+    Alive: its lease was refreshed within three heartbeats and, on this host, its process exists."""
+    lease = settings.get("driver") or {}
+    if not lease:
+        return None
+    age = time.time() - float(lease.get("seen", 0))
+    if age > 3 * HEARTBEAT_S:
+        return None
+    if lease.get("host") == socket.gethostname():
+        try:
+            os.kill(int(lease["pid"]), 0)
+        except (ProcessLookupError, ValueError, KeyError):
+            return None
+        except PermissionError:
+            pass
+    return f"host {lease.get('host')} pid {lease.get('pid')}, seen {age:.0f} s ago"
 
 
 class Interrupted(TunerError):
@@ -165,6 +192,8 @@ class Driver:
             raise UsageError(f"no valid layout for {self.workload.model.name} on {self.workload.nodes} node(s) "
                              f"({self.workload.gpus} GPUs): {no_layout_reason(self.space, self.workload)}")
         deadline = time.monotonic() + self.time_limit if self.time_limit else None
+        self.store.update_study_settings(self.study, {"driver": driver_lease()})
+        beat = time.monotonic()
         reruns = self._replay()
         self.on_progress(self.progress)
         reason = "budget"
@@ -189,8 +218,11 @@ class Driver:
                     if reason != "time-limit" and self.progress.ran < self.budget:
                         reason = "converged" if getattr(self.searcher, "stopped", False) else "exhausted"
                     break
-                timeout = max(0.0, deadline - time.monotonic()) if deadline else None
+                timeout = min(max(0.0, deadline - time.monotonic()), HEARTBEAT_S) if deadline else HEARTBEAT_S
                 done, _ = wait(list(self._inflight), timeout=timeout, return_when=FIRST_COMPLETED)
+                if time.monotonic() - beat >= HEARTBEAT_S:
+                    self.store.update_study_settings(self.study, {"driver": driver_lease()})
+                    beat = time.monotonic()
                 for fut in done:
                     self._finish(fut)
                     self.on_progress(self.progress)
@@ -210,6 +242,7 @@ class Driver:
             err.exit_code = exc.exit_code
             raise err from None
         self.progress.running, self.progress.running_trials = 0, []
+        self.store.update_study_settings(self.study, {"driver": None})
         self.on_progress(self.progress)
         return Outcome(self.study, self.progress.ran, self.progress.pruned, reason)
 
@@ -221,6 +254,7 @@ class Driver:
         if numbers:
             self.store.mark_interrupted(self.study, numbers)
         self.store.set_study_state(self.study, "interrupted")
+        self.store.update_study_settings(self.study, {"driver": None})
         self.executor.shutdown()
 
 

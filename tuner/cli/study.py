@@ -14,7 +14,7 @@ from tuner.cli.plan import workload_options
 from tuner.cli.progress import ProgressView
 from tuner.cli.query import best_rows, top_rows
 from tuner.cli.render import render
-from tuner.driver import Driver
+from tuner.driver import Driver, live_driver
 from tuner.errors import UsageError
 from tuner.executors import make_executor
 from tuner.runners import RUNNERS, make_runner
@@ -198,16 +198,21 @@ def search(model, nodes, cluster, global_batch, space, runner, searcher, budget,
 @click.argument("name")
 @click.option("--budget", type=click.IntRange(min=1), default=None, help="New total trial budget for the study.")
 @click.option("--join", is_flag=True, help="Another driver is live on this study: leave its running trials alone.")
+@click.option("--force", is_flag=True, help="Take the study over even if another driver seems to run it.")
 @click.option("--ray-address", default=None, help="Run the rest of the study on this Ray cluster.")
 @DB_OPTION
 @FORMAT_OPTION
-def resume(name, budget, join, ray_address, db, fmt):
+def resume(name, budget, join, force, ray_address, db, fmt):
     """Continue an interrupted or finished study; nothing is lost or measured twice.
 
     Example: tuner resume my-study --budget 80
     """
     store = open_store(db)
     rec = store.get_study(name)
+    live = live_driver(rec.settings)
+    if live and not (join or force):
+        raise UsageError(f"study '{name}' is being run by a live driver ({live}): attach a second driver with "
+                         f"`tuner resume {name} --join`, or, if that driver is gone, `tuner resume {name} --force`")
     if not join:
         n = store.mark_interrupted(name)
         if n:
