@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.calibrate import calibrate, cluster_from_measurements, fit_gemm, render_toml
+from tuner.calibrate import (calibrate, cluster_from_measurements, fit_gemm, fit_overhead, overhead_points,
+                             render_toml, with_overhead)
+from tuner.layout import Layout
 from tuner.errors import UsageError
 from tuner.specs import CLUSTER_KEYS, ClusterSpec, load_cluster
 
@@ -44,6 +46,45 @@ def test_cluster_from_measurements_is_a_valid_cluster(tmp_path):
     assert ClusterSpec.from_dict(one).gpus_per_node == 1
 
 
+def test_fit_overhead_recovers_the_constants_of_the_model():
+    o, c, dl = 5.0, 12.0, 400.0                 # ms per micro-batch, ms per step, us per message
+    pts = [(p0 + k * o * 1e-3 + c * 1e-3 + n * dl, p0, k, n)
+           for p0, k, n in ((0.006, 1, 2e-6), (0.024, 4, 2e-6), (0.008, 1, 36e-6), (0.030, 4, 144e-6))]
+    assert fit_overhead(pts) == pytest.approx((o, c, dl), rel=1e-3)
+    # two runs differing only in m (formulas.md): per micro-batch and per step, no latency term
+    assert fit_overhead([(0.020, 0.006, 1.0), (0.050, 0.024, 4.0)]) == pytest.approx((4, 10, 0), rel=1e-3)
+    # never negative: a model that already over-predicts the growth in m puts it all on the step
+    o2, c2, dl2 = fit_overhead([(0.020, 0.006, 1.0), (0.030, 0.024, 4.0)])
+    assert o2 == 0 and c2 > 0 and dl2 == 0
+    assert fit_overhead([(0.010, 0.012, 1.0, 0.0)]) == (0.0, 0.0, 0.0)   # nothing left to explain
+    assert fit_overhead([]) == (0.0, 0.0, 0.0)
+
+
+def test_overhead_from_harness_runs_makes_the_model_match_them(tmp_path):
+    from tuner.perfmodel import predict
+    from tuner.specs import Workload, load_model
+    cluster = cluster_from_measurements(fake_measurements(), 2)
+    lays = [Layout(tp=1, pp=1, dp=2, micro_batch=4, zero_stage=0, activation_checkpointing=False),
+            Layout(tp=2, pp=1, dp=1, micro_batch=4, zero_stage=0, activation_checkpointing=False)]
+    truth = ClusterSpec.from_dict({**cluster, "microbatch_overhead_ms": 4.0, "step_overhead_ms": 9.0,
+                                   "latency_us": cluster["latency_us"] + 500.0})
+    tiny = load_model("tiny")
+    runs = [{"layout": lay.as_dict(), "m": m, "global_batch": 4 * lay.dp * m,
+             "step_s": predict(lay, Workload(tiny, truth, 1, 4 * lay.dp * m)).step_time_s}
+            for lay in lays for m in (1, 4)]
+    assert [round(p[2]) for p in overhead_points(runs, cluster, tiny)] == [1, 4, 1, 4]   # k = m + p - 1
+    fitted = with_overhead(cluster, {"model": "tiny", "runs": runs})
+    assert fitted["microbatch_overhead_ms"] == pytest.approx(4.0, rel=1e-3)
+    assert fitted["step_overhead_ms"] == pytest.approx(9.0, rel=1e-3)
+    assert fitted["latency_us"] == pytest.approx(truth.latency_us, rel=1e-3)
+    assert with_overhead(cluster, {"model": "tiny", "runs": [], "error": "x"}) == cluster   # failed: defaults
+    m = {**fake_measurements(), "overhead": {"model": "tiny", "runs": runs, "latency_tight_us": cluster["latency_us"]}}
+    path = tmp_path / "local.toml"
+    path.write_text(render_toml(fitted, m))
+    assert load_cluster(str(path)) == ClusterSpec.from_dict(fitted)
+    assert "tp2-pp1-dp1-mb4-z0-ac0 m=4" in path.read_text()
+
+
 def test_refuses_to_overwrite_without_force(tmp_path):
     out = tmp_path / "local.toml"
     out.write_text("keep me")
@@ -67,3 +108,5 @@ def test_calibrate_two_ranks_writes_a_loadable_cluster(tmp_path):
     assert spec.peak_tflops > 0 and spec.intra_node_bandwidth_gbps > 0 and spec.hbm_bandwidth_gbps > 0
     assert r["cluster"]["peak_tflops"] == spec.peak_tflops
     assert "measured" in out.read_text().lower()
+    assert "fitted to harness runs" in out.read_text()         # --quick: the data-parallel pair only
+    assert len(r["measurements"]["overhead"]["runs"]) == 2

@@ -12,15 +12,31 @@ nccl). Each rank measures
 The measured figures are sustained rates, so network_efficiency and memory_bandwidth_efficiency are
 written as 1.0. One machine is one node: inter_node_bandwidth_gbps repeats the intra-node figure.
 
-Pure parts (fit_gemm, cluster_from_measurements, render_toml) are unit-tested; `measure` starts the
-ranks; `calibrate(out, gpus)` is what the CLI calls.
+Then the framework overhead the kernels above do not see (Python, the DeepSpeed engine, collective
+synchronisation): the bundled harness trains the `tiny` GPT through the local runner (G ranks, as a
+trial does) with a data-parallel layout (dp = G) and a tensor-parallel one (tp = G), each at two
+global batches that differ only in the number of micro-batches per step (m = 1 and m = 4). The
+performance model, with the constants measured above and no overhead, predicts each run's step time
+P0; the measured post-warm-up step time T is then fitted as
+
+    T = P0 + k * microbatch_overhead + step_overhead,    k = m + p - 1 micro-batch slots
+
+(reference/formulas.md: "fit it from two runs that differ only in the number of micro-batches"):
+the m = 4 run against the m = 1 run gives the cost per micro-batch, what is left at m = 1 the fixed
+cost per iteration. --quick runs the data-parallel pair only, with fewer steps.
+
+Pure parts (fit_gemm, cluster_from_measurements, overhead_points, fit_overhead, render_toml) are
+unit-tested; `measure` starts the ranks, `measure_overhead` the harness runs; `calibrate(out, gpus)`
+is what the CLI calls.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +46,10 @@ from tuner.specs import CLUSTER_KEYS, ClusterSpec, read_toml
 
 CPU_SIZES = (128, 256, 512, 1024)
 CUDA_SIZES = (1024, 2048, 4096, 8192)
+OVERHEAD_MODEL = "tiny"           # all overhead, little compute: the harness runs that fit the overheads
+OVERHEAD_MICRO_BATCH = 4
+OVERHEAD_M = (1, 4)               # micro-batches per step of the two runs of each layout
+OVERHEAD_TIMEOUT_S = 90.0         # per harness run; a run that fails leaves the defaults
 
 
 # ---- pure -----------------------------------------------------------------------------------
@@ -44,6 +64,80 @@ def fit_gemm(points: list[tuple[float, float]], peak_tflops: float) -> tuple[flo
     f_small, eta_small = pts[0]
     knee = f_small * (eff / eta_small - 1.0) if eta_small < eff else 0.0
     return round(eff, 4), float(f"{max(knee, 1e-4):.4g}")
+
+
+def overhead_points(runs: list[dict], cluster: dict, model) -> list[tuple[float, float, float, float]]:
+    """(T, P0, k, n) per harness run: the measured post-warm-up step time T (median, seconds); the
+    model's step time P0 with the constants of `cluster` and no fixed overhead; and how the model's
+    step time grows with each unknown: k micro-batch slots (m + p - 1) per ms of micro-batch overhead,
+    n seconds per extra microsecond of collective latency (2(g-1) per all-reduce, 1 per p2p message).
+    `runs` are {"layout", "global_batch", "step_s"} (see `measure_overhead`)."""
+    from tuner.layout import Layout
+    from tuner.perfmodel import predict
+    from tuner.specs import Workload
+    spec = ClusterSpec.from_dict({k: v for k, v in cluster.items()
+                                  if k not in ("microbatch_overhead_ms", "step_overhead_ms")})
+    none = dataclasses.replace(spec, microbatch_overhead_ms=0.0, step_overhead_ms=0.0)
+    variants = (none, dataclasses.replace(none, microbatch_overhead_ms=1.0),
+                dataclasses.replace(none, latency_us=none.latency_us + 1.0))
+    out = []
+    for r in runs:
+        lay = r["layout"] if isinstance(r["layout"], Layout) else Layout.from_dict(r["layout"])
+        p0, p_mb, p_lat = (predict(lay, Workload(model, c, 1, r["global_batch"])).step_time_s for c in variants)
+        out.append((float(r["step_s"]), p0, (p_mb - p0) / 1e-3, p_lat - p0))
+    return out
+
+
+def fit_overhead(points: list[tuple]) -> tuple[float, float, float]:
+    """Fit T = P0 + k*o + c + n*dl to (T, P0, k[, n]) points (see `overhead_points`) and return
+    (o, c, dl), all >= 0: o the fixed cost per micro-batch per stage (ms), c per iteration (ms), dl
+    the latency each collective message costs inside a training step beyond the tight-loop figure
+    (us: a collective between kernels waits for the slower rank and wakes up late).
+
+    Least squares on relative error (each residual over its T), so the short m = 1 runs count as
+    much as the long ones; non-negative (the unknowns driven below 0 are dropped and the rest
+    refitted). Runs that differ only in m separate o from c; runs with tensor parallelism (many
+    messages per micro-batch) give dl. An unknown no point has a coefficient for stays 0."""
+    pts = [(float(p[0]), float(p[1]), [float(p[2]) * 1e-3, 1.0, float(p[3]) if len(p) > 3 else 0.0])
+           for p in points if p[0] > 0]
+    if not pts:
+        return 0.0, 0.0, 0.0
+    w = [1.0 / t for t, _, _ in pts]
+    rows = [[wi * a for a in x] for wi, (_, _, x) in zip(w, pts)]
+    ys = [wi * (t - p0) for wi, (t, p0, _) in zip(w, pts)]
+    best, best_res = (0.0, 0.0, 0.0), sum(y * y for y in ys)
+    for mask in range(1, 8):                       # every subset of the unknowns: the best feasible one
+        cols = [j for j in range(3) if mask >> j & 1]
+        if any(all(abs(r[j]) < 1e-15 for r in rows) for j in cols):
+            continue
+        sol = _lstsq([[r[j] for j in cols] for r in rows], ys)
+        if sol is None or any(v < 0 for v in sol):
+            continue
+        x = [0.0, 0.0, 0.0]
+        for j, v in zip(cols, sol):
+            x[j] = v
+        res = sum((y - sum(a * b for a, b in zip(r, x))) ** 2 for r, y in zip(rows, ys))
+        if res < best_res - 1e-18:
+            best, best_res = tuple(x), res
+    o, c, dl = best
+    return _r(o), _r(c * 1e3), _r(dl)
+
+
+def _lstsq(a: list[list[float]], y: list[float]) -> list[float] | None:
+    """Least squares by the normal equations (at most 3 unknowns); None when singular."""
+    n = len(a[0])
+    m = [[sum(r[i] * r[j] for r in a) for j in range(n)] + [sum(r[i] * yi for r, yi in zip(a, y))]
+         for i in range(n)]
+    for i in range(n):                              # Gauss-Jordan with partial pivoting
+        piv = max(range(i, n), key=lambda k: abs(m[k][i]))
+        if abs(m[piv][i]) < 1e-12 * max(1e-300, max(abs(m[k][k]) for k in range(n))):
+            return None
+        m[i], m[piv] = m[piv], m[i]
+        for k in range(n):
+            if k != i:
+                f = m[k][i] / m[i][i]
+                m[k] = [a - f * b for a, b in zip(m[k], m[i])]
+    return [m[i][n] / m[i][i] for i in range(n)]
 
 
 def cluster_from_measurements(m: dict, gpus: int, name: str = "local") -> dict:
@@ -71,6 +165,7 @@ def cluster_from_measurements(m: dict, gpus: int, name: str = "local") -> dict:
         "attention_efficiency": _r(min(1.0, max(1e-3, attention / peak))),
         "memory_bandwidth_efficiency": 1.0, "network_efficiency": 1.0,
         "microbatch_overhead_ms": CLUSTER_KEYS["microbatch_overhead_ms"][1],
+        "step_overhead_ms": CLUSTER_KEYS["step_overhead_ms"][1],
         "memory_reserved_gb": _r(max(reserved, 0.05)),
         "flash_attention": all(r.get("flash_attention", True) for r in ranks),
     }
@@ -78,6 +173,16 @@ def cluster_from_measurements(m: dict, gpus: int, name: str = "local") -> dict:
 
 def _r(x: float) -> float:
     return float(f"{x:.4g}")
+
+
+def with_overhead(cluster: dict, overhead: dict | None) -> dict:
+    """`cluster` with the overheads fitted from the harness runs (see `measure_overhead`), if any."""
+    if not overhead or not overhead.get("runs"):
+        return dict(cluster)
+    from tuner.specs import load_model
+    o, c, dl = fit_overhead(overhead_points(overhead["runs"], cluster, load_model(overhead["model"])))
+    return {**cluster, "microbatch_overhead_ms": o, "step_overhead_ms": c,
+            "latency_us": _r(cluster["latency_us"] + dl)}
 
 
 def render_toml(cluster: dict, m: dict) -> str:
@@ -93,14 +198,33 @@ def render_toml(cluster: dict, m: dict) -> str:
            "latency_us": "small all-reduce / 2(G-1) steps", "attention_efficiency": "causal SDPA / peak",
            "memory_bandwidth_efficiency": "bandwidth above is already sustained",
            "network_efficiency": "bandwidth above is already sustained", "microbatch_overhead_ms": "default",
+           "step_overhead_ms": "default",
            "memory_reserved_gb": "resident memory of an idle rank",
            "flash_attention": "whether causal SDPA picks its fused kernel here"}
+    ov = m.get("overhead") or {}
     lines = [f"# Written by `tuner calibrate` on {m['host']} ({m['device']}, {m['gpus']} ranks, "
              f"torch {m['torch']}) in {m['seconds']:.0f} s.", "# Measured figures; rerun with --force to refresh."]
+    if ov.get("runs"):
+        lines.append(f"# Overheads fitted to harness runs of `{ov['model']}` (median post-warm-up step time):")
+        lines += [f"#   {_key(r['layout'])} m={r['m']} (global batch {r['global_batch']}): "
+                  f"{r['step_s'] * 1e3:.1f} ms" for r in ov["runs"]]
+        how["microbatch_overhead_ms"] = "per micro-batch: the m = 4 runs against the m = 1 runs"
+        how["step_overhead_ms"] = "per iteration: what the m = 1 runs leave"
+        tight = ov.get("latency_tight_us")
+        if tight is not None and cluster.get("latency_us", tight) > tight:
+            how["latency_us"] = (f"tight-loop small all-reduce / 2(G-1) steps measured {tight:.4g}, plus the wait "
+                                 "per message inside a training step (the tensor-parallel runs)")
+    elif ov.get("error"):
+        how["microbatch_overhead_ms"] = how["step_overhead_ms"] = f"default: harness run failed ({ov['error'][:150]})"
     for k, v in cluster.items():
         val = json.dumps(v) if isinstance(v, str) else ("true" if v is True else "false" if v is False else repr(v))
         lines.append(f"{k} = {val}" + (f"    # {how[k]}" if k in how else ""))
     return "\n".join(lines) + "\n"
+
+
+def _key(layout) -> str:
+    from tuner.layout import Layout
+    return (layout if isinstance(layout, Layout) else Layout.from_dict(layout)).key()
 
 
 # ---- measurement (runs inside each rank) ----------------------------------------------------
@@ -255,6 +379,48 @@ def measure(gpus: int, device: str = "auto", quick: bool = False) -> dict:
             "host": socket.gethostname(), "torch": torch.__version__, "seconds": time.perf_counter() - t0}
 
 
+def overhead_layouts(gpus: int, quick: bool = False) -> list:
+    """The layouts the overhead runs train: dp = G, and tp = G unless quick or G = 1 (no ZeRO, no
+    recompute: the plain step the overheads add to)."""
+    from tuner.layout import Layout
+    lays = [Layout(tp=1, pp=1, dp=gpus, micro_batch=OVERHEAD_MICRO_BATCH, zero_stage=0,
+                   activation_checkpointing=False)]
+    if gpus > 1 and not quick:
+        lays.append(Layout(tp=gpus, pp=1, dp=1, micro_batch=OVERHEAD_MICRO_BATCH, zero_stage=0,
+                           activation_checkpointing=False))
+    return lays
+
+
+def measure_overhead(cluster: dict, gpus: int, device: str, quick: bool = False) -> dict:
+    """Train the `tiny` GPT with the bundled harness through the local runner (G ranks) for each
+    overhead layout at m = 1 and m = 4 micro-batches per step. Returns {"model", "runs": [{"layout",
+    "m", "global_batch", "step_s" (median of the timed steps), "step_times"}], "seconds"}, or with
+    "error" (and no runs) when a run fails: the caller then keeps the defaults."""
+    from tuner.runners.local import LocalRunner
+    from tuner.specs import Workload, load_model
+    from tuner.trial import Status, TrialSpec
+    t0 = time.perf_counter()
+    model = load_model(OVERHEAD_MODEL)
+    spec = ClusterSpec.from_dict(cluster)
+    warmup, steps = (1, 3) if quick else (2, 6)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="tuner-calibrate-") as tmp:
+        runner = LocalRunner(gpus=gpus, trial_timeout=OVERHEAD_TIMEOUT_S, results_dir=tmp, device=device,
+                             steps=steps, warmup=warmup)
+        for i, lay in enumerate(overhead_layouts(gpus, quick)):
+            for m in OVERHEAD_M:
+                gb = lay.micro_batch * lay.dp * m
+                d = Path(tmp, f"run{i}-m{m}")
+                res = runner.run(TrialSpec("calibrate", len(runs), lay, Workload(model, spec, 1, gb), trial_dir=d))
+                if res.status != Status.OK:
+                    return {"model": OVERHEAD_MODEL, "runs": [], "seconds": time.perf_counter() - t0,
+                            "error": f"{lay.key()} m={m}: {res.status} {res.message}".strip()}
+                times = json.loads((d / "result.json").read_text())["step_times"][warmup:]
+                runs.append({"layout": lay.as_dict(), "m": m, "global_batch": gb,
+                             "step_s": statistics.median(times), "step_times": times})
+    return {"model": OVERHEAD_MODEL, "runs": runs, "seconds": time.perf_counter() - t0}
+
+
 def calibrate(out: Path | str = Path("workloads/clusters/local.toml"), gpus: int = 1, force: bool = False,
               device: str = "auto", name: str = "local", quick: bool = False) -> dict:
     """Measure this machine with `gpus` ranks and write the cluster file `out`.
@@ -266,6 +432,10 @@ def calibrate(out: Path | str = Path("workloads/clusters/local.toml"), gpus: int
         raise UsageError(f"{out} exists: pass --force to overwrite it, or choose another --out")
     m = measure(gpus, device, quick)
     cluster = cluster_from_measurements(m, gpus, name)
+    m["overhead"] = measure_overhead(cluster, gpus, m["device"], quick)
+    m["overhead"]["latency_tight_us"] = cluster["latency_us"]
+    m["seconds"] += m["overhead"]["seconds"]
+    cluster = with_overhead(cluster, m["overhead"])
     text = render_toml(cluster, m)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")

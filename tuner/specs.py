@@ -32,6 +32,7 @@ MODEL_KEYS: dict[str, tuple[type, Any]] = {
 }
 
 # Every hardware constant the performance model uses lives here, with its documented default.
+# Numbers must be > 0, except the fixed overheads (ALLOW_ZERO), which may be measured as none.
 CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
     "name": (str, ...),
     "gpus_per_node": (int, ...),
@@ -47,11 +48,13 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
     "memory_bandwidth_efficiency": (float, 0.7),  # fraction of HBM bandwidth element-wise kernels reach
     "network_efficiency": (float, 0.8),          # collective bus bandwidth / link bandwidth for large messages
     "microbatch_overhead_ms": (float, 1.0),      # fixed cost per micro-batch per stage (dispatch, p2p sync)
+    "step_overhead_ms": (float, 0.0),            # fixed cost per iteration (engine step, optimizer dispatch, loss sync)
     "memory_reserved_gb": (float, 3.0),          # context, communication buffers, workspaces, allocator slack
     "flash_attention": (bool, True),             # whether attention keeps no s^2 scores (and runs fused)
     "group_bandwidth_gbps": (dict, None),        # {"2": 200.0, ...} per-GPU bandwidth of an aligned intra-node block
     "slurm": (dict, None),                       # the [slurm] table used by the Slurm runner
 }
+ALLOW_ZERO = frozenset({"microbatch_overhead_ms", "step_overhead_ms"})
 
 
 def _check(kind: str, path: str, data: dict, keys: dict[str, tuple[type, Any]]) -> dict:
@@ -73,8 +76,8 @@ def _check(kind: str, path: str, data: dict, keys: dict[str, tuple[type, Any]]) 
             v, ok = float(v), True
         if not ok:
             raise SpecError(f"{path}: {kind} key '{k}' must be {typ.__name__}, got {type(v).__name__} ({v!r})")
-        if typ in (int, float) and not v > 0:   # also refuses NaN
-            raise SpecError(f"{path}: {kind} key '{k}' must be > 0, got {v}")
+        if typ in (int, float) and not (v > 0 or (k in ALLOW_ZERO and v == 0)):   # also refuses NaN
+            raise SpecError(f"{path}: {kind} key '{k}' must be {'>=' if k in ALLOW_ZERO else '>'} 0, got {v}")
         if typ is int and v > MAX_INT or typ is float and v == float("inf"):
             raise SpecError(f"{path}: {kind} key '{k}' must be at most {MAX_INT}, got {v}")
         if k == "name" and not (v.strip() and v.isprintable() and len(v) <= 200):
@@ -132,6 +135,7 @@ class ClusterSpec:
     memory_bandwidth_efficiency: float = 0.7
     network_efficiency: float = 0.8
     microbatch_overhead_ms: float = 1.0
+    step_overhead_ms: float = 0.0
     memory_reserved_gb: float = 3.0
     flash_attention: bool = True
     group_bandwidth_gbps: dict | None = None

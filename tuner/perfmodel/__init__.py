@@ -6,11 +6,13 @@ constant comes from the workload's ClusterSpec, so the same code predicts any cl
 
 Step time of one iteration, DeepSpeed's 1F1B pipeline without interleaving:
 
-    step = (m + p - 1) * t_stage(slowest) + t_dp + t_embedding_sync + t_optimizer
+    step = (m + p - 1) * t_stage(slowest) + t_dp + t_embedding_sync + t_optimizer + t_step_overhead
 
 t_stage = compute (GEMMs, attention, element-wise) + TP all-reduces + blocking p2p + a fixed
 per-micro-batch overhead; the slowest stage is the first or last (embedding / LM head and loss).
 DP/ZeRO collectives run after gradient accumulation and are not overlapped with the pipeline.
+t_step_overhead is the cluster's fixed cost per iteration (step_overhead_ms; 0 unless measured, as
+`tuner calibrate` does from real runs of the harness).
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ def predict(layout: Layout, workload: Workload) -> Prediction:
     time["dp_param_gather"] = dp["param_gather"]
     time["embedding_sync"] = sync
     time["optimizer"] = t_opt
+    if cluster.step_overhead_ms:
+        time["step_overhead"] = cluster.step_overhead_ms * 1e-3
     step = sum(time.values())
 
     gpus = workload.gpus
