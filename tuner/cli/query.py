@@ -119,15 +119,20 @@ def best(model, nodes, cluster, study, k, db, fmt):
     click.echo(render(rows, fmt))
 
 
+def workload_history(store, model: str, cluster: str, exclude: str | None = None) -> tuple[list, dict]:
+    """Every stored trial of `model` on `cluster` at any node count, and the studies they belong to."""
+    studies = {st.name: st for st in store.list_studies()
+               if st.model == model and st.cluster == cluster and st.name != exclude}
+    return [t for name in studies for t in store.trials(name)], studies
+
+
 def predicted_best(store, model: str, nodes: int, cluster: str, k: int, fmt: str) -> None:
     """No measurement at this node count: the model's best, corrected by measurements at other counts."""
     from tuner.space import load_space
     from tuner.specs import make_workload
     from tuner.transfer import best_for_unmeasured
     w = make_workload(model, nodes, cluster)
-    studies = {st.name: st for st in store.list_studies()
-               if st.model == w.model.name and st.cluster == w.cluster.name}
-    records = [t for name in studies for t in store.trials(name)]
+    records, studies = workload_history(store, w.model.name, w.cluster.name)
     rows = best_for_unmeasured(w, load_space(), records, k=k, studies=studies)
     objs = [{"layout": r["layout"].as_dict(), "tflops_per_gpu": r["tflops_per_gpu"], "peak_fraction": r["peak_fraction"],
              "status": "predicted", "runner": None, "measured": False, "predicted": True, "study": None, "trial": None,

@@ -12,7 +12,7 @@ import click
 from tuner.cli import DB_OPTION, FORMAT_OPTION, cli
 from tuner.cli.plan import workload_options
 from tuner.cli.progress import ProgressView
-from tuner.cli.query import best_rows, top_rows
+from tuner.cli.query import best_rows, top_rows, workload_history
 from tuner.cli.render import render
 from tuner.driver import Driver, live_driver
 from tuner.errors import UsageError
@@ -64,9 +64,7 @@ def runner_for(name: str, opts: dict, workload: Workload, seed: int, results_dir
 def warm_start_history(store, rec: StudyRecord, workload: Workload) -> tuple[list, dict]:
     """Stored trials of the same model and cluster at any node count, from other studies."""
     from tuner.transfer import warm_start_records
-    studies = {st.name: st for st in store.list_studies()
-               if st.model == workload.model.name and st.cluster == workload.cluster.name and st.name != rec.name}
-    records = [t for name in studies for t in store.trials(name)]
+    records, studies = workload_history(store, workload.model.name, workload.cluster.name, exclude=rec.name)
     ev = warm_start_records(records, workload, studies).evidence
     if not ev.get("trials"):
         click.echo(f"warning: --warm-start found no stored trials of {workload.model.name} on "
