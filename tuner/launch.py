@@ -47,7 +47,8 @@ class Source:
     def describe(self) -> str:
         pct = "" if self.peak_fraction is None else f", {100 * self.peak_fraction:.2f} % of peak"
         if self.kind == "model":
-            return f"the performance model's top-ranked layout (nothing stored; predicted{pct})"
+            return (f"the performance model's best layout (nothing stored at this node count; predicted, corrected "
+                    f"by any stored trials at other node counts{pct})")
         how = "measured" if self.measured else f"predicted by the {self.runner or 'unknown'} runner"
         where = f"study '{self.study}'" if self.kind == "study" else f"the store (study '{self.study}')"
         return f"the best trial of {where}: trial {self.trial}, {how}{pct}"

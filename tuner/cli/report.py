@@ -146,18 +146,15 @@ def pick_layout(store, name, model, nodes, cluster):
         rec = store.get_study(t.study)
         return t.layout, Workload.from_dict(rec.workload), Source(
             "store", t.study, t.number, t.runner, t.tflops_per_gpu, t.peak_fraction)
-    from tuner.perfmodel import rank
-    from tuner.space import load_space, no_layout_reason
+    # nothing measured at this node count: the same answer as `tuner best` (the model, corrected by
+    # the measurements at other node counts)
+    from tuner.cli.query import workload_history
+    from tuner.space import load_space
+    from tuner.transfer import best_for_unmeasured
     w = make_workload(m, nodes, c)
-    sp = load_space("default")
-    layouts = sp.enumerate_layouts(w)
-    fitting = [p for p in rank(layouts, w) if p.fits] if layouts else []
-    if not fitting:
-        why = no_layout_reason(sp, w) if not layouts else f"none of {len(layouts)} valid layouts fits in memory"
-        raise TunerError(f"nothing stored for {m.name} on {nodes} x {c.name} node(s) and the model has no layout "
-                         f"to offer: {why}; try more nodes")
-    p = fitting[0]
-    return p.layout, w, Source("model", tflops_per_gpu=p.tflops_per_gpu, peak_fraction=p.peak_fraction)
+    records, studies = workload_history(store, m.name, c.name)
+    top = best_for_unmeasured(w, load_space("default"), records, k=1, studies=studies)[0]
+    return top["layout"], w, Source("model", tflops_per_gpu=top["tflops_per_gpu"], peak_fraction=top["peak_fraction"])
 
 
 @cli.command()
