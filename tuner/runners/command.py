@@ -22,16 +22,15 @@ import math
 import os
 import re
 import shlex
-import signal
 import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-import psutil
 
 from tuner.errors import UsageError
+from tuner.runners.process import ProcessTree, kill_leftovers, signal_name
 from tuner.trial import Status, TrialResult, TrialSpec, failed
 
 RESULT_STATUSES = {"ok": Status.OK, "oom": Status.OOM, "failed": Status.FAILED}
@@ -122,74 +121,6 @@ def root_cause(text: str) -> str:
     return ""
 
 
-def _signal_name(num: int) -> str:
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return f"signal {num}"
-
-
-class _Run:
-    """One live trial: its process, and every descendant seen, for killing the lot."""
-
-    def __init__(self, proc: subprocess.Popen):
-        self.proc = proc
-        self.seen: dict[int, psutil.Process] = {}
-        self.reason: Status | None = None   # why we killed it (TIMEOUT, INTERRUPTED, STOPPED)
-        self.progress: list = []            # progress records seen when it was stopped early
-        self.lock = threading.Lock()
-        self.track()
-
-    def track(self) -> None:
-        """Remember descendants now, so ones that leave the process group (torchrun's workers call
-        setsid) or are orphaned when their parent dies are still killed."""
-        try:
-            kids = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.Error:
-            return
-        with self.lock:
-            for k in kids:
-                self.seen.setdefault(k.pid, k)
-
-    def signal_all(self, sig: int) -> None:
-        self.track()
-        try:
-            os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        with self.lock:
-            procs = list(self.seen.values())
-        for p in procs:
-            try:
-                p.send_signal(sig)   # psutil checks the pid was not reused
-            except psutil.Error:
-                pass
-
-    def alive(self) -> list[psutil.Process]:
-        with self.lock:
-            procs = list(self.seen.values())
-        out = []
-        for p in procs:
-            try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    out.append(p)
-            except psutil.Error:
-                pass
-        return out
-
-    def kill(self, reason: Status | None, grace: float) -> None:
-        """SIGTERM everything, wait up to `grace` seconds, then SIGKILL what is left."""
-        if reason is not None and self.reason is None:
-            self.reason = reason
-        self.signal_all(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None and not self.alive():
-                break
-            time.sleep(0.05)
-        self.signal_all(signal.SIGKILL)
-
-
 class CommandRunner:
     """Runs `command` once per trial; see the module docstring for the protocol."""
 
@@ -207,7 +138,7 @@ class CommandRunner:
         self.argv, self.trial_timeout, self.results_dir = argv, trial_timeout, Path(results_dir)
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
         self.early_stop, self.kill_grace, self.poll_interval = early_stop, kill_grace, poll_interval
-        self._live: set[_Run] = set()
+        self._live: set[ProcessTree] = set()
         self._lock = threading.Lock()
         self._cancelled = threading.Event()
 
@@ -260,7 +191,7 @@ class CommandRunner:
         """On resume: kill what a driver that died without cleanup (SIGKILL, a lost node) left running for
         `study`. Returns the trial numbers whose processes were killed."""
         base = (self.results_dir / "trials" / study).resolve()
-        hit = _kill_leftovers([d for d in base.glob("*") if d.is_dir()])
+        hit = kill_leftovers([d for d in base.glob("*") if d.is_dir()])
         return sorted((Path(h).name for h in hit), key=lambda n: (len(n), n))
 
     # -- the work -----------------------------------------------------------------------------
@@ -269,7 +200,7 @@ class CommandRunner:
         if self._cancelled.is_set():
             return TrialResult(Status.INTERRUPTED, message="cancelled before it started")
         result_path = d / "result.json"
-        _kill_leftovers([d])   # a driver killed by SIGKILL may have left this trial's last attempt running
+        kill_leftovers([d])   # a driver killed by SIGKILL may have left this trial's last attempt running
         try:
             d.mkdir(parents=True, exist_ok=True)
             for stale in ("result.json", "progress.jsonl"):   # a resumed trial must not read old files
@@ -292,8 +223,8 @@ class CommandRunner:
                           "interpreter (python script.py)")
         except OSError as exc:
             return failed(f"cannot start {argv[0]!r}: {exc.strerror or exc}")
-        run = _Run(proc)
-        (d / "pgid").write_text(str(proc.pid))   # marks a started attempt, for _kill_leftovers after a crash
+        run = ProcessTree(proc)
+        (d / "pgid").write_text(str(proc.pid))   # marks a started attempt, for kill_leftovers after a crash
         with self._lock:
             self._live.add(run)
         try:
@@ -309,7 +240,7 @@ class CommandRunner:
                 self._live.discard(run)
         return self._classify(trial, run, result_path, stderr_path, elapsed, timeout)
 
-    def _wait(self, run: _Run, d: Path, started: float, timeout: float | None) -> None:
+    def _wait(self, run: ProcessTree, d: Path, started: float, timeout: float | None) -> None:
         progress, offset = [], 0
         while True:
             try:
@@ -328,7 +259,7 @@ class CommandRunner:
                     run.progress = list(progress)
                     run.kill(Status.STOPPED, self.kill_grace)
 
-    def _classify(self, trial: TrialSpec, run: _Run, result_path: Path, stderr_path: Path,
+    def _classify(self, trial: TrialSpec, run: ProcessTree, result_path: Path, stderr_path: Path,
                   elapsed: float, timeout: float | None) -> TrialResult:
         rc = run.proc.returncode
         peak = trial.workload.cluster.peak_tflops
@@ -360,38 +291,12 @@ class CommandRunner:
         if any(m in err.lower() for m in OOM_MARKERS):
             return failed(f"out of memory (exit status {rc}, no result): {err}", status=Status.OOM)
         if rc < 0:
-            return failed(f"killed by {_signal_name(-rc)} (no result written); {err}")
+            return failed(f"killed by {signal_name(-rc)} (no result written); {err}")
         if rc == 0:
             return failed(f"exited 0 but wrote no result to {result_path}: the command must write its result "
                           "JSON to $TUNER_RESULT_JSON. " + err)
         retry = any(m in err.lower() for m in RETRY_MARKERS)
         return failed(f"exit status {rc} (no result written); {err}", retryable=retry)
-
-
-def _kill_leftovers(dirs: list[Path]) -> set[str]:
-    """Kill what earlier attempts of these trials left running (their driver died without cleanup).
-
-    A trial's processes carry TUNER_TRIAL_DIR in their environment, also those that left its process
-    group or session, so one scan of the process table finds them all and never hits a stranger.
-    Returns the trial directories that had processes killed."""
-    wanted = {str(d) for d in dirs if (d / "pgid").exists()}
-    if not wanted:
-        return set()
-    me, found = os.getpid(), {}
-    for p in psutil.process_iter(["pid"]):
-        try:
-            where = p.environ().get("TUNER_TRIAL_DIR") if p.pid != me else None
-        except (psutil.Error, OSError):
-            continue
-        if where in wanted:
-            found[p] = where
-    for p in found:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(list(found), timeout=5)
-    return set(found.values())
 
 
 def _read_progress(path: Path, offset: int, records: list) -> int:
