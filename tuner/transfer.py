@@ -16,6 +16,7 @@ the layout *and* of the model's own account of it:
   nodes) for errors the shares do not explain (physics the model lacks).
 Memory is learned the same way on log(measured peak / predicted peak) with the memory breakdown's
 shares as f; an OOM is a censored observation (the ratio is at least capacity / predicted).
+The time GP's predictive sd is calibrated by its leave-one-out z-scores (widened, never narrowed).
 
 `warm_start_records` turns stored trials of the same model and cluster (any node count) into
 observations; `best_for_unmeasured` answers "best layout for N nodes" where N was never measured.
@@ -87,6 +88,7 @@ class GP:
     s_g: float = 0.15
     ell: float = 0.5
     noise: float = 0.025
+    sd_scale: float = 1.0          # calibration of the predictive sd (see calibrate)
     _data: tuple | None = field(default=None, repr=False)
 
     def kernel(self, Z1, F1, Z2, F2) -> np.ndarray:
@@ -123,7 +125,23 @@ class GP:
         Zd, Fd, _, L, alpha = self._data
         Ks = self.kernel(Z, F, Zd, Fd)
         v = np.linalg.solve(L, Ks.T)
-        return Ks @ alpha, np.sqrt(np.maximum(var - (v * v).sum(0), 1e-8))
+        return Ks @ alpha, self.sd_scale * np.sqrt(np.maximum(var - (v * v).sum(0), 1e-8))
+
+    def loo_z2(self) -> float:
+        """Mean squared leave-one-out z-score of the data (about 1 when the GP's uncertainty is
+        calibrated, larger when the data surprise it)."""
+        if self._data is None:
+            return 1.0
+        _, _, _, L, alpha = self._data
+        Linv = np.linalg.solve(L, np.eye(len(alpha)))
+        kinv_diag = (Linv * Linv).sum(0)
+        return float(np.mean(alpha ** 2 / kinv_diag))
+
+    def calibrate(self, max_scale: float = 3.0) -> "GP":
+        """Widen the predictive sd when the leave-one-out errors are larger than it says (never
+        narrow it): a residual model that does not explain the data must not be trusted."""
+        self.sd_scale = float(min(max(math.sqrt(self.loo_z2()), 1.0), max_scale))
+        return self
 
 
 GRID = [(s_w, s_g, ell) for s_w in (0.15, 0.4) for s_g in (0.12, 0.3) for ell in (0.35, 0.7)]
@@ -140,7 +158,7 @@ def fit_gp(Z, F, y, extra_noise=None, *, s_c=0.3, noise=0.025, min_points=6, **_
         lm = gp.log_marginal()
         if lm > best_lm + 1e-9:
             best, best_lm = gp, lm
-    return best
+    return best.calibrate()
 
 
 # ------------------------------------------------------------------------------------------------ observations

@@ -94,7 +94,7 @@ def run_study(store, rec: StudyRecord, fmt: str, budget: int | None = None, resu
     options = {}
     if rec.searcher == "guided":
         options["stop_threshold"] = s.get("stop_threshold") or None
-        options["min_trials"] = 8   # never stop on fewer successful measurements: real worlds surprise models
+        options["min_trials"] = 12  # never stop on fewer successful measurements: real worlds surprise models
         if s.get("warm_start"):
             options["history"], options["history_studies"] = warm_start_history(store, rec, workload)
     searcher = make_searcher(rec.searcher, candidates, seed=s.get("seed", 0), workload=workload,

@@ -17,6 +17,9 @@ peaks and OOMs (an OOM at a layout predicted to fit raises the expected memory o
   candidates): ask returns [] (running trials may still change its mind) once no remaining layout
   has more than `stop_probability` chance of beating the best by more than `stop_threshold`.
   `confidence` and `stop_reason` say how sure it is after every ask, whether or not stopping is on.
+  The stop rule does not let the unexplained residual's prior sd fall below STOP_S_G (a model whose top
+  layouts measure as predicted may still lack physics elsewhere), and the GP's sd is widened when its
+  leave-one-out errors say it does not explain the data (transfer.GP.calibrate).
 Deterministic: ties break by a seeded permutation.
 """
 
@@ -37,6 +40,7 @@ N_INITIAL = 3              # model's top pick + best of other (tp, pp) families
 DIVERSE_WITHIN = 0.7       # an initial layout's predicted throughput is at least this fraction of the top
 XI = 0.0                   # EI margin (log space)
 P_FIT_SD = 0.02            # memory ratio noise beyond the learned uncertainty
+STOP_S_G = 0.25            # the stop rule's least prior sd of the unexplained residual (log space)
 
 
 def _norm_pdf(z):
@@ -114,7 +118,7 @@ class GuidedSearcher(BaseSearcher):
             mu, _ = gp.predict(self.Z[extra], self.F[extra])
             for i, m in zip(extra, mu):
                 obs.Z.append(self.Z[i]), obs.F.append(self.F[i]), obs.y.append(float(m)), obs.noise.append(0.0)
-            gp = GP(s_c=gp.s_c, s_w=gp.s_w, s_g=gp.s_g, ell=gp.ell, noise=gp.noise).fit(
+            gp = GP(s_c=gp.s_c, s_w=gp.s_w, s_g=gp.s_g, ell=gp.ell, noise=gp.noise, sd_scale=gp.sd_scale).fit(
                 np.array(obs.Z), np.array(obs.F), obs.y, obs.noise)
         return gp, obs
 
@@ -145,7 +149,10 @@ class GuidedSearcher(BaseSearcher):
         if self.best_log is None or self.n_ok < 1:
             self.confidence = None
             return False
-        gp, _ = self._beliefs(list(self.pending))
+        gp, obs = self._beliefs(list(self.pending))
+        if gp.s_g < STOP_S_G:       # physics the model lacks, where nothing was measured: never ruled out
+            gp = GP(s_c=gp.s_c, s_w=gp.s_w, s_g=STOP_S_G, ell=gp.ell, noise=gp.noise, sd_scale=gp.sd_scale).fit(
+                np.array(obs.Z), np.array(obs.F), obs.y, obs.noise)
         free = np.flatnonzero(~self.used)
         mu, sd = gp.predict(self.Z[free], self.F[free])
         margin = math.log1p(self.stop_threshold if self.stop_threshold is not None else 0.01)
