@@ -244,3 +244,14 @@ def test_megatron_tflops_counting_phantom_samples_are_flagged(tmp_path):
     res = megatron_runner(tmp_path, FAKE_TFLOPS_FACTOR="4").run(trial("megatron-bug", 0))
     assert res.status == Status.OK, res.message
     assert "recomputed from samples processed" in res.message and "(4.00x)" in res.message
+
+
+def test_early_stop_scancels_a_clearly_worse_job_and_keeps_its_partial_measurement(tmp_path):
+    r = runner(tmp_path, [PY, str(FIXTURES / "progress_trainer.py")])
+    r.early_stop = lambda progress: len(progress) >= 3      # the driver's hook: clearly worse after warm-up
+    t0 = time.monotonic()
+    res = r.run(trial("early-stop", tp=2, dp=1))
+    assert res.status == Status.STOPPED and "stopped early" in res.message, res
+    assert res.tflops_per_gpu == 1.0                         # the fixture's throughput at tp=2
+    assert time.monotonic() - t0 < 30
+    assert queued(job_ids(tmp_path)) == []

@@ -254,8 +254,8 @@ class CommandRunner:
             if timeout is not None and time.monotonic() - started > timeout:
                 run.kill(Status.TIMEOUT, self.kill_grace)
             elif self.early_stop is not None:
-                offset = _read_progress(d / "progress.jsonl", offset, progress)
-                if progress and _ask(self.early_stop, progress):
+                offset = read_progress(d / "progress.jsonl", offset, progress)
+                if progress and should_stop(self.early_stop, progress):
                     run.progress = list(progress)
                     run.kill(Status.STOPPED, self.kill_grace)
 
@@ -265,12 +265,8 @@ class CommandRunner:
         peak = trial.workload.cluster.peak_tflops
         if run.reason == Status.INTERRUPTED:
             return TrialResult(Status.INTERRUPTED, message="cancelled: the driver stopped while it ran")
-        if run.reason == Status.STOPPED:   # keep the partial measurement: it is real, just short
-            last = (run.progress or [{}])[-1]
-            tf = last.get("tflops_per_gpu")
-            return TrialResult(Status.STOPPED, tflops_per_gpu=tf, peak_fraction=tf / peak if tf else None,
-                               samples_per_second=last.get("samples_per_second"),
-                               message=f"stopped early after {elapsed:.1f}s: clearly worse than the best so far")
+        if run.reason == Status.STOPPED:
+            return stopped_result(run.progress, peak, f"after {elapsed:.1f}s")
         if run.reason == Status.TIMEOUT:
             if result_path.exists():
                 r = parse_result(result_path, peak)
@@ -299,7 +295,7 @@ class CommandRunner:
         return failed(f"exit status {rc} (no result written); {err}", retryable=retry)
 
 
-def _read_progress(path: Path, offset: int, records: list) -> int:
+def read_progress(path: Path, offset: int, records: list) -> int:
     """Append the complete new lines of progress.jsonl to `records`; return the new offset."""
     try:
         with open(path, "rb") as f:
@@ -316,7 +312,17 @@ def _read_progress(path: Path, offset: int, records: list) -> int:
     return offset + end
 
 
-def _ask(early_stop: EarlyStop, progress: list) -> bool:
+def stopped_result(progress: list, peak_tflops: float, when: str) -> TrialResult:
+    """A trial stopped early keeps its partial measurement: it is real, just short."""
+    last = (progress or [{}])[-1]
+    tf = last.get("tflops_per_gpu")
+    return TrialResult(Status.STOPPED, tflops_per_gpu=tf, peak_fraction=tf / peak_tflops if tf else None,
+                       samples_per_second=last.get("samples_per_second"),
+                       message=f"stopped early {when}: clearly worse than the best so far")
+
+
+def should_stop(early_stop: EarlyStop, progress: list) -> bool:
+    """Ask the driver's early-stop hook about a trial's progress records; its bugs never kill a trial."""
     try:
         return bool(early_stop(list(progress)))
     except Exception:     # a searcher's bug must not kill a healthy trial; the driver will see it on tell

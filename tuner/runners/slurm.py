@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from tuner.errors import UsageError
 from tuner.runners import megatron
-from tuner.runners.command import OOM_MARKERS, inherited_env, parse_result
+from tuner.runners.command import OOM_MARKERS, inherited_env, parse_result, read_progress, should_stop, stopped_result
 from tuner.runners.sbatch import (missing_table_message, render_sbatch, time_limit_for,
                                   validate_slurm, TEMPLATES)
 from tuner.specs import ClusterSpec
@@ -68,8 +69,9 @@ class _Job:
     done: threading.Event = field(default_factory=threading.Event)
     state: str = "PENDING"
     started: float | None = None     # monotonic time first seen running
-    reason: str | None = None        # "timeout" / "cancelled" when the runner scancelled it
+    reason: str | None = None        # "timeout" / "cancelled" / "stopped" when the runner scancelled it
     missing: int = 0
+    progress: list = field(default_factory=list)   # the harness's progress.jsonl records, for early stop
 
 
 class SlurmRunner:
@@ -90,6 +92,8 @@ class SlurmRunner:
         if trial_timeout is not None and trial_timeout <= 0:
             raise UsageError(f"--trial-timeout must be > 0 seconds (got {trial_timeout})")
         self.slurm = validate_slurm(cluster.slurm, f"cluster '{cluster.name}' [slurm]")
+        if isinstance(command, str):   # like the command runner: split like a shell, run without one
+            command = shlex.split(command)
         self.cluster, self.template, self.python, self.command = cluster, template, python, command
         self.results_dir = Path(results_dir)
         self.trial_timeout, self.poll_interval = trial_timeout, poll_interval
@@ -102,6 +106,7 @@ class SlurmRunner:
         self._sacct: bool | None = None   # accounting available? probed once
         self.squeue_calls = 0
         self._failing_since: float | None = None
+        self.early_stop = None   # the driver's multi-fidelity hook: callable(progress records) -> bool
 
     # ------------------------------------------------------------------------------------ public
     def trial_dir(self, trial: TrialSpec) -> Path:
@@ -199,7 +204,14 @@ class SlurmRunner:
         return job_id, ""
 
     def _wait(self, job_id: str, d: Path) -> _Job:
-        job = self._jobs[job_id]
+        job, offset = self._jobs[job_id], 0
+        while not job.done.wait(self.poll_interval):
+            if self.early_stop is None or job.reason or job.started is None:
+                continue
+            offset = read_progress(d / "progress.jsonl", offset, job.progress)
+            if job.progress and should_stop(self.early_stop, job.progress):
+                job.reason = "stopped"
+                self._scancel([job_id])
         job.done.wait()
         with self._lock:
             self._jobs.pop(job_id, None)
@@ -310,6 +322,10 @@ class SlurmRunner:
             return failed(f"ran past --trial-timeout of {self.trial_timeout:g} s (from the job's start); scancelled",
                           Status.TIMEOUT,
                           log_path=log_path)
+        if job.reason == "stopped":
+            res = stopped_result(job.progress, self.cluster.peak_tflops, f"at step {len(job.progress)}")
+            res.log_path = log_path
+            return res
         if job.reason == "poller":
             return failed(f"the runner's squeue poller failed ({job.state}); job scancelled", retryable=True,
                           log_path=log_path)
