@@ -211,3 +211,16 @@ def test_no_false_early_stop_on_a_world_whose_optimum_the_model_ranks_41st():
             ran.append(lay)
         best = max((wd["values"][lay] or 0.0) for lay in ran) / wd["opt"]
         assert not s.stopped or best >= 0.97, (seed, len(ran), best)
+
+
+def test_a_trial_stopped_early_still_teaches_its_throughput():
+    from tuner.trial import Status, TrialResult
+    from tuner.transfer import Observations, features
+    from tuner.specs import make_workload
+    from tuner.layout import Layout
+    w = make_workload("22b", 2)
+    lay = Layout(tp=1, pp=8, dp=2, micro_batch=1)
+    obs = Observations()
+    obs.add_result(features(lay, w), Status.STOPPED, 0.1, None, w.cluster.memory_gb)
+    obs.add_result(features(lay, w), Status.FAILED, None, None, w.cluster.memory_gb)
+    assert len(obs.y) == 1 and obs.noise[0] > 0.05     # kept, as a noisier measurement

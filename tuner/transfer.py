@@ -37,6 +37,7 @@ from tuner.trial import Status
 
 STAGE_KEYS = ("gemm", "attention", "elementwise", "tp_comm", "p2p", "microbatch_overhead")
 MEMORY_KEYS = ("weights", "gradients", "optimizer", "activations", "logits", "zero3_buffers", "reserved")
+STOPPED_NOISE = 0.10          # extra log-noise of a trial stopped early (a few steps after warm-up)
 HISTORY_NOISE = 0.04          # extra log-noise of a stored trial from another study (drift between runs)
 OOM_MARGIN = 0.03             # an OOM says the memory ratio is at least capacity/predicted; assume a bit more
 Z_DIM, F_DIM, FM_DIM = 11, len(STAGE_KEYS) + 2, len(MEMORY_KEYS)
@@ -184,9 +185,12 @@ class Observations:
 
     def add_result(self, ft: Features, status: Status, peak_fraction, peak_memory_gb, capacity_gb,
                    noise: float = 0.0) -> None:
-        """What one finished trial says: a time residual, a memory ratio, or an OOM lower bound."""
+        """What one finished trial says: a time residual, a memory ratio, or an OOM lower bound. A trial
+        stopped early (multi-fidelity) still measured its throughput, only over fewer steps."""
         if status == Status.OK and peak_fraction:
             self.add_time(ft, float(peak_fraction), noise)
+        elif status == Status.STOPPED and peak_fraction:
+            self.add_time(ft, float(peak_fraction), math.hypot(noise, STOPPED_NOISE))
         if not capacity_gb:
             return
         if status == Status.OK and peak_memory_gb:
