@@ -16,7 +16,7 @@ from tuner.search import SEARCHERS, make_searcher
 from tuner.search.guided import GuidedSearcher
 from tuner.space import load_space
 from tuner.specs import make_workload
-from tuner.transfer import best_for_unmeasured, warm_start_records
+from tuner.transfer import Observations, best_for_unmeasured, features, warm_start_records
 from tuner.trial import Status, TrialResult
 
 _spec = importlib.util.spec_from_file_location("world", Path(__file__).parents[1] / "benchmarks" / "world.py")
@@ -214,10 +214,6 @@ def test_no_false_early_stop_on_a_world_whose_optimum_the_model_ranks_41st():
 
 
 def test_a_trial_stopped_early_still_teaches_its_throughput():
-    from tuner.trial import Status, TrialResult
-    from tuner.transfer import Observations, features
-    from tuner.specs import make_workload
-    from tuner.layout import Layout
     w = make_workload("22b", 2)
     lay = Layout(tp=1, pp=8, dp=2, micro_batch=1)
     obs = Observations()
