@@ -53,7 +53,8 @@ class TrialSpec:
 @dataclass
 class TrialResult:
     status: Status
-    tflops_per_gpu: float | None = None
+    tflops_per_gpu: float | None = None      # Megatron's count (recompute included): reported, not ranked
+    mfu: float | None = None                 # model-FLOPs utilisation: what searchers maximise
     peak_fraction: float | None = None
     samples_per_second: float | None = None
     peak_memory_gb: float | None = None
@@ -63,8 +64,8 @@ class TrialResult:
 
     @property
     def objective(self) -> float | None:
-        """What searchers maximise: the fraction of peak, or None for a failure."""
-        return self.peak_fraction if self.status == Status.OK else None
+        """What searchers maximise: MFU (training speed), or None for a failure."""
+        return self.mfu if self.status == Status.OK else None
 
     def as_dict(self) -> dict:
         d = asdict(self)
