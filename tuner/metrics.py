@@ -45,8 +45,7 @@ def complete(result, workload: Workload, layout: Layout):
     trusted: they may count FLOPs differently)."""
     sps = result.samples_per_second
     if sps is None or not sps > 0:
-        return replace(result, mfu=None, tflops_per_gpu=None, peak_fraction=None,
-                       samples_per_second=None if sps is None or not sps > 0 else sps)
+        return replace(result, mfu=None, tflops_per_gpu=None, peak_fraction=None, samples_per_second=None)
     return replace(result, **figures(float(sps), workload, layout))
 
 
