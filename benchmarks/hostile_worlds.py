@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import search_efficiency as se  # noqa: E402
 from world import truth as world_truth  # noqa: E402
 
+from tuner import metrics  # noqa: E402
 from tuner.layout import Layout  # noqa: E402
 from tuner.perfmodel import predict  # noqa: E402
 from tuner.search import make_searcher  # noqa: E402
@@ -139,7 +140,7 @@ class Hostile:
     def _place_bump(self, b: dict) -> None:
         cands = load_space().enumerate_layouts(self.w)
         base = {c: self._base(c)[0] for c in cands if predict(c, self.w).fits}
-        ranked = sorted((c for c in base if base[c]), key=lambda c: -predict(c, self.w).peak_fraction)
+        ranked = sorted((c for c in base if base[c]), key=lambda c: -predict(c, self.w).mfu)
         target = ranked[min(int(b["rank"]), len(ranked) - 1)]
         c0, width = coords(target), float(b["width"])
         k = {c: math.exp(-0.5 * float(((coords(c) - c0) ** 2).sum()) / width ** 2) for c in base if base[c]}
@@ -164,9 +165,9 @@ class Hostile:
         if value is None:
             return TrialResult(Status.OOM, peak_memory_gb=None, message=f"world OOM: needs {peak:.1f} GB")
         rnd = random.Random(hashlib.sha256(f"{self.name}:{seed}:{lay.key()}".encode()).digest())
-        pf = value * max(0.05, 1.0 + rnd.gauss(0.0, noise))
-        return TrialResult(Status.OK, tflops_per_gpu=pf * self.w.cluster.peak_tflops, peak_fraction=pf,
-                           peak_memory_gb=peak * (1 + rnd.gauss(0.0, 0.005)), message="hostile world")
+        sps = value * max(0.05, 1.0 + rnd.gauss(0.0, noise)) / metrics.mfu(1.0, self.w)
+        return metrics.complete(TrialResult(Status.OK, samples_per_second=sps, message="hostile world",
+                                            peak_memory_gb=peak * (1 + rnd.gauss(0.0, 0.005))), self.w, lay)
 
 
 class HostileRunner:
@@ -192,8 +193,8 @@ def hostile_optimum(name: str) -> tuple[Hostile, dict]:
     runnable = [c for c in cands if predict(c, w).fits]
     val = {c: h.truth(c)[0] for c in cands}
     best = max(runnable, key=lambda c: val[c] or 0.0)
-    rank = sorted(runnable, key=lambda c: -predict(c, w).peak_fraction).index(best) + 1
-    model_top = max(runnable, key=lambda c: predict(c, w).peak_fraction)
+    rank = sorted(runnable, key=lambda c: -predict(c, w).mfu).index(best) + 1
+    model_top = max(runnable, key=lambda c: predict(c, w).mfu)
     return h, {"workload": w, "candidates": cands, "values": val, "opt": val[best], "opt_layout": best,
                "opt_all": max(v or 0.0 for v in val.values()), "model_top": (val[model_top] or 0.0) / val[best],
                "runnable": len(runnable), "fails": sum(val[c] is None for c in runnable), "rank": rank}

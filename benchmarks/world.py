@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tuner import metrics  # noqa: E402
 from tuner.layout import Layout  # noqa: E402
 from tuner.perfmodel import predict  # noqa: E402
 from tuner.specs import ModelSpec, Workload, load_cluster  # noqa: E402
@@ -60,7 +61,7 @@ def perturbed_workload(workload: Workload, perturb: dict) -> Workload:
 
 
 def truth(layout: Layout, workload: Workload, perturb: dict) -> tuple[float | None, float]:
-    """The world's noise-free fraction of peak (None: out of memory) and its peak memory (GB)."""
+    """The world's noise-free MFU (None: out of memory) and its peak memory (GB)."""
     w = perturbed_workload(workload, perturb)
     p = predict(layout, w)
     mem = p.memory_breakdown
@@ -75,7 +76,7 @@ def truth(layout: Layout, workload: Workload, perturb: dict) -> tuple[float | No
         dim = key.rstrip("0123456789")
         if int(getattr(layout, SLOW_KEYS[dim])) == int(key[len(dim):]):
             slow *= float(factor)
-    return p.peak_fraction / slow, peak
+    return p.mfu / slow, peak
 
 
 def measure(layout: Layout, workload: Workload, perturb: dict) -> TrialResult:
@@ -86,10 +87,9 @@ def measure(layout: Layout, workload: Workload, perturb: dict) -> TrialResult:
     digest = hashlib.sha256(f"{perturb.get('seed', 0)}:{workload.nodes}:{layout.key()}".encode()).digest()
     rnd = random.Random(digest)
     f = max(0.05, 1.0 + rnd.gauss(0.0, float(perturb.get("noise", 0.02))))
-    peak_fraction = value * f
-    tflops = peak_fraction * workload.cluster.peak_tflops
-    return TrialResult(Status.OK, tflops_per_gpu=tflops, peak_fraction=peak_fraction,
-                       peak_memory_gb=peak * (1 + rnd.gauss(0.0, 0.005)), message="world")
+    sps = value * f / metrics.mfu(1.0, workload)
+    return metrics.complete(TrialResult(Status.OK, samples_per_second=sps, peak_memory_gb=peak * (1 + rnd.gauss(0.0, 0.005)),
+                                        message="world"), workload, layout)
 
 
 class WorldRunner:
@@ -118,8 +118,7 @@ def main(argv=None) -> int:
     r = measure(Layout.from_dict(spec["layout"]), workload, json.loads(args.perturb))
     out = {"status": r.status.value, "message": r.message}
     if r.status == Status.OK:
-        out.update(tflops_per_gpu=r.tflops_per_gpu, peak_fraction=r.peak_fraction,
-                   peak_memory_gb=r.peak_memory_gb)
+        out.update(samples_per_second=r.samples_per_second, peak_memory_gb=r.peak_memory_gb)
     else:
         print("world: out of memory", file=sys.stderr)
     Path(os.environ["TUNER_RESULT_JSON"]).write_text(json.dumps(out))

@@ -16,7 +16,8 @@ from tuner.search import SEARCHERS, make_searcher
 from tuner.search.guided import GuidedSearcher
 from tuner.space import load_space
 from tuner.specs import make_workload
-from tuner.transfer import Observations, best_for_unmeasured, features, warm_start_records
+from tuner.best import best_for_unmeasured
+from tuner.transfer import Observations, features, warm_start_records
 from tuner.trial import Status, TrialResult
 
 _spec = importlib.util.spec_from_file_location("world", Path(__file__).parents[1] / "benchmarks" / "world.py")
@@ -65,7 +66,7 @@ def test_guided_is_the_default_searcher():
 def test_finds_within_3_percent_of_a_perturbed_worlds_optimum_in_12_trials(seed):
     w = make_workload("22b", 2)
     opt, vals = optimum(w, SLOW_TP2)
-    best_model = max((c for c in vals), key=lambda c: predict(c, w).peak_fraction)
+    best_model = max((c for c in vals), key=lambda c: predict(c, w).mfu)
     assert (vals[best_model] or 0) < 0.9 * opt          # the model's own pick is clearly wrong here
     ran = drive(make_searcher("guided", SPACE.enumerate_layouts(w), seed=seed, workload=w), w, SLOW_TP2, 12, seed)
     assert trials_to(ran, vals, opt) is not None
@@ -98,7 +99,7 @@ def test_learns_from_an_oom_at_a_layout_predicted_to_fit():
     # a measured peak above the prediction raises the expected memory of similar layouts
     s2 = GuidedSearcher(cands, workload=w)
     ok = Layout(tp=4, pp=8, dp=4, micro_batch=1, zero_stage=0, activation_checkpointing=True)
-    s2.tell(ok, TrialResult(Status.OK, peak_fraction=0.3, peak_memory_gb=1.3 * mem[ok]))
+    s2.tell(ok, TrialResult(Status.OK, mfu=0.3, peak_memory_gb=1.3 * mem[ok]))
     assert s2.mem_scale == pytest.approx(1.3)
     assert s2.p_fit()[s2.index[oom]] < before[s.index[oom]]
 
@@ -125,7 +126,7 @@ def _history(model, nodes_list, perturb, trials=10):
         for lay in drive(s, w, perturb, trials, seed=nodes):
             r = s.told[lay]
             recs.append(SimpleNamespace(study=f"{model}-{nodes}", layout=lay, status=r.status, nodes=nodes,
-                                        peak_fraction=r.peak_fraction, peak_memory_gb=r.peak_memory_gb,
+                                        mfu=r.mfu, peak_memory_gb=r.peak_memory_gb,
                                         model=w.model.name, cluster=w.cluster.name))
     return recs
 
@@ -154,19 +155,19 @@ def test_best_for_unmeasured_is_predicted_and_corrected_by_other_node_counts():
     assert ev["node_counts"] == [2, 8] and ev["trials"] == len(history) and sorted(ev["studies"]) == ["22b-2", "22b-8"]
     assert math.isfinite(ev["mean_residual"]) and ev["mean_residual"] < 0     # the world is slower than the model
     r = rows[0]
-    assert r["peak_fraction"] < r["raw_peak_fraction"] and r["layout"].gpus == w.gpus
-    assert rows[0]["peak_fraction"] >= rows[1]["peak_fraction"] >= rows[2]["peak_fraction"]
+    assert r["mfu"] < r["raw_mfu"] and r["layout"].gpus == w.gpus
+    assert rows[0]["mfu"] >= rows[1]["mfu"] >= rows[2]["mfu"]
     # over the layouts that run in the world at 4 nodes, the corrected model is closer than the model alone
     rows = best_for_unmeasured(w, SPACE, history, k=10_000)
     err = {"corrected": [], "raw": []}
     for r in rows:
         truth = world.truth(r["layout"], w, SLOW_NET)[0]
         if truth:
-            err["corrected"].append(abs(math.log(r["peak_fraction"] / truth)))
-            err["raw"].append(abs(math.log(r["raw_peak_fraction"] / truth)))
+            err["corrected"].append(abs(math.log(r["mfu"] / truth)))
+            err["raw"].append(abs(math.log(r["raw_mfu"] / truth)))
     assert len(err["raw"]) > 50 and sum(err["corrected"]) < 0.8 * sum(err["raw"])
     none = best_for_unmeasured(w, SPACE, [], k=1)
-    assert none[0]["evidence"]["trials"] == 0 and none[0]["peak_fraction"] == pytest.approx(none[0]["raw_peak_fraction"])
+    assert none[0]["evidence"]["trials"] == 0 and none[0]["mfu"] == pytest.approx(none[0]["raw_mfu"])
 
 
 def test_best_for_unmeasured_with_no_valid_layout_says_why():
@@ -213,10 +214,19 @@ def test_no_false_early_stop_on_a_world_whose_optimum_the_model_ranks_41st():
         assert not s.stopped or best >= 0.97, (seed, len(ran), best)
 
 
-def test_a_trial_stopped_early_still_teaches_its_throughput():
+def test_a_trial_stopped_early_is_an_upper_bound():
+    """A stopped trial says 'no faster than this': it pulls the belief down only where it sits above."""
     w = make_workload("22b", 2)
     lay = Layout(tp=1, pp=8, dp=2, micro_batch=1)
-    obs = Observations()
-    obs.add_result(features(lay, w), Status.STOPPED, 0.1, None, w.cluster.memory_gb)
-    obs.add_result(features(lay, w), Status.FAILED, None, None, w.cluster.memory_gb)
-    assert len(obs.y) == 1 and obs.noise[0] > 0.05     # kept, as a noisier measurement
+    ft = features(lay, w)
+    pred = math.exp(ft.log_pred)
+    above, below = Observations(), Observations()
+    above.add_result(ft, Status.STOPPED, 1.5 * pred, None, w.cluster.memory_gb)     # bound above the belief
+    below.add_result(ft, Status.STOPPED, 0.5 * pred, None, w.cluster.memory_gb)     # bound below it
+    below.add_result(ft, Status.FAILED, None, None, w.cluster.memory_gb)
+    assert not above.y and not below.y and len(below.cy) == 1      # never an ordinary measurement
+    assert len(above.time_data()[2]) == 0                          # a bound above the belief teaches nothing
+    z, f, y, _ = below.time_data()
+    assert y == [pytest.approx(math.log(0.5))]                     # clamped to the bound
+    mu, _ = below.time_gp().predict(z, f)
+    assert mu[0] < math.log(0.8)

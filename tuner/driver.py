@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from tuner import metrics
 from tuner.errors import TunerError, UsageError
 from tuner.layout import Layout
 from tuner.perfmodel import predict
@@ -67,7 +68,7 @@ class Progress:
     running: int = 0
     running_trials: list = field(default_factory=list)   # (number, layout) of the trials in flight
     finished: list = field(default_factory=list)         # the trials this driver finished, in order
-    best: object = None          # the best TrialRecord-like (layout, peak_fraction, tflops_per_gpu, number)
+    best: object = None          # the fastest TrialRecord-like (layout, mfu, samples_per_second, number)
     last: object = None          # the trial that just finished
     started: float = field(default_factory=time.monotonic)
 
@@ -82,9 +83,9 @@ class Outcome:
 
 def result_of(record) -> TrialResult:
     """The TrialResult a stored trial stands for (used to replay it into a searcher)."""
-    return TrialResult(record.status, tflops_per_gpu=record.tflops_per_gpu, peak_fraction=record.peak_fraction,
-                       samples_per_second=record.samples_per_second, peak_memory_gb=record.peak_memory_gb,
-                       message=record.message or "")
+    return TrialResult(record.status, tflops_per_gpu=record.tflops_per_gpu, mfu=record.mfu,
+                       peak_fraction=record.peak_fraction, samples_per_second=record.samples_per_second,
+                       peak_memory_gb=record.peak_memory_gb, message=record.message or "")
 
 
 class Driver:
@@ -108,13 +109,13 @@ class Driver:
     def _clearly_worse(self, progress: list[dict]) -> bool:
         """Multi-fidelity: after its warm-up step, is a running trial clearly below the best so far?
 
-        `progress` holds the trial's per-step records (step, elapsed, samples_per_second, tflops_per_gpu);
-        the first is warm-up. Clearly worse = the latest throughput below early_stop x the best's."""
+        `progress` holds the trial's per-step records (step, elapsed, samples_per_second, ...); the first
+        is warm-up. Clearly worse = the latest samples/s below early_stop x the best's."""
         best = self.progress.best
-        timed = [r for r in progress[1:] if isinstance(r.get("tflops_per_gpu"), (int, float))]
-        if best is None or not best.tflops_per_gpu or not timed:
+        timed = [r for r in progress[1:] if isinstance(r.get("samples_per_second"), (int, float))]
+        if best is None or not best.samples_per_second or not timed:
             return False
-        return timed[-1]["tflops_per_gpu"] < self.early_stop_fraction * best.tflops_per_gpu
+        return timed[-1]["samples_per_second"] < self.early_stop_fraction * best.samples_per_second
 
     # -- replay -------------------------------------------------------------------------------
     def _replay(self) -> list[tuple[int, Layout]]:
@@ -135,8 +136,8 @@ class Driver:
         return again
 
     def _update_best(self, rec) -> None:
-        if rec.status == Status.OK and rec.peak_fraction is not None and (
-                self.progress.best is None or rec.peak_fraction > self.progress.best.peak_fraction):
+        if rec.status == Status.OK and rec.mfu is not None and (
+                self.progress.best is None or rec.mfu > self.progress.best.mfu):
             self.progress.best = rec
 
     # -- one trial ----------------------------------------------------------------------------
@@ -164,13 +165,16 @@ class Driver:
                     self.searcher.tell(lay, res)
                     continue
                 number = self.store.claim_trial(self.study, lay, pred, self.runner.name)
-                if number is not None:      # None: another driver already has this layout
+                if number is not None:
                     out.append((number, lay))
+                else:                       # another driver already has this layout
+                    self.searcher.tell_claimed_elsewhere(lay)
         return out
 
     def _finish(self, fut: Future) -> None:
         number, layout, attempt = self._inflight.pop(fut)
         result = fut.result()  # a runner that raises is a driver bug: let it propagate
+        result = metrics.complete(result, self.workload, layout)   # every runner ranked on the same footing
         if result.status == Status.INTERRUPTED:
             self.store.mark_interrupted(self.study, [number])
             return
@@ -216,7 +220,7 @@ class Driver:
                 self.progress.running_trials = sorted((n, lay) for n, lay, _ in self._inflight.values())
                 if not self._inflight:
                     if reason != "time-limit" and self.progress.ran < self.budget:
-                        reason = "converged" if getattr(self.searcher, "stopped", False) else "exhausted"
+                        reason = "converged" if self.searcher.stopped else "exhausted"
                     break
                 timeout = min(max(0.0, deadline - time.monotonic()), HEARTBEAT_S) if deadline else HEARTBEAT_S
                 done, _ = wait(list(self._inflight), timeout=timeout, return_when=FIRST_COMPLETED)
@@ -273,6 +277,14 @@ class _Finished:
     @property
     def peak_fraction(self):
         return self.result.peak_fraction
+
+    @property
+    def mfu(self):
+        return self.result.mfu
+
+    @property
+    def samples_per_second(self):
+        return self.result.samples_per_second
 
     @property
     def tflops_per_gpu(self):

@@ -37,7 +37,9 @@ class Source:
     study: str | None = None
     trial: int | None = None
     runner: str | None = None
-    tflops_per_gpu: float | None = None
+    samples_per_second: float | None = None
+    mfu: float | None = None
+    tflops_per_gpu: float | None = None      # Megatron's count (recompute included), reported beside
     peak_fraction: float | None = None
 
     @property
@@ -45,7 +47,7 @@ class Source:
         return self.kind != "model" and self.runner not in (None, "sim")
 
     def describe(self) -> str:
-        pct = "" if self.peak_fraction is None else f", {100 * self.peak_fraction:.2f} % of peak"
+        pct = "" if self.mfu is None else f", {self.samples_per_second:.4g} samples/s, MFU {100 * self.mfu:.2f} %"
         if self.kind == "model":
             return (f"the performance model's best layout (nothing stored at this node count; predicted, corrected "
                     f"by any stored trials at other node counts{pct})")
@@ -55,7 +57,8 @@ class Source:
 
     def as_dict(self) -> dict:
         return {"kind": self.kind, "study": self.study, "trial": self.trial, "runner": self.runner,
-                "measured": self.measured, "tflops_per_gpu": self.tflops_per_gpu,
+                "measured": self.measured, "samples_per_second": self.samples_per_second, "mfu": self.mfu,
+                "tflops_per_gpu": self.tflops_per_gpu,
                 "peak_fraction": self.peak_fraction, "description": self.describe()}
 
 

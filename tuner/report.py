@@ -20,8 +20,9 @@ from tuner.trial import Status
 STATUS_ORDER = [s.value for s in Status]
 STATUS_COLORS = {"ok": "#2e7d32", "oom": "#c62828", "timeout": "#ef6c00", "failed": "#6a1b9a",
                  "pruned": "#9e9e9e", "stopped": "#1565c0", "running": "#00838f", "interrupted": "#795548"}
-EXPORT_COLUMNS = ["study", "trial", "layout_key", *LAYOUT_FIELDS, "status", "tflops_per_gpu", "peak_fraction",
-                  "samples_per_second", "peak_memory_gb", "predicted_tflops_per_gpu", "predicted_peak_fraction",
+EXPORT_COLUMNS = ["study", "trial", "layout_key", *LAYOUT_FIELDS, "status", "samples_per_second", "mfu",
+                  "tflops_per_gpu", "peak_fraction", "peak_memory_gb", "predicted_mfu", "predicted_tflops_per_gpu",
+                  "predicted_peak_fraction",
                   "predicted_memory_gb", "predicted_step_time_s", "runner", "attempts", "started", "ended",
                   "duration_s", "message", "log_path"]
 FIGURES = ("best_so_far.png", "tp_pp_heatmap.png", "model_error.png", "status_counts.png")
@@ -37,9 +38,9 @@ def export_row(t) -> dict:
     """One trial as a flat row: layout, status, measured and predicted metrics (EXPORT_COLUMNS)."""
     dur = (t.ended - t.started).total_seconds() if t.started and t.ended else None
     return {"study": t.study, "trial": t.number, "layout_key": t.layout.key(), **t.layout.as_dict(),
-            "status": str(t.status), "tflops_per_gpu": t.tflops_per_gpu, "peak_fraction": t.peak_fraction,
-            "samples_per_second": t.samples_per_second, "peak_memory_gb": t.peak_memory_gb,
-            "predicted_tflops_per_gpu": t.predicted_tflops_per_gpu,
+            "status": str(t.status), "samples_per_second": t.samples_per_second, "mfu": t.mfu,
+            "tflops_per_gpu": t.tflops_per_gpu, "peak_fraction": t.peak_fraction, "peak_memory_gb": t.peak_memory_gb,
+            "predicted_mfu": t.predicted_mfu, "predicted_tflops_per_gpu": t.predicted_tflops_per_gpu,
             "predicted_peak_fraction": t.predicted_peak_fraction, "predicted_memory_gb": t.predicted_memory_gb,
             "predicted_step_time_s": t.predicted_step_time_s, "runner": t.runner, "attempts": t.attempts,
             "started": _iso(t.started), "ended": _iso(t.ended), "duration_s": dur,
@@ -51,18 +52,20 @@ def export_rows(trials) -> list[dict]:
 
 
 def ok_trials(trials) -> list:
-    """Successful trials with a measured fraction of peak, best first (ties: lower trial number)."""
-    ok = [t for t in trials if t.status == Status.OK and t.peak_fraction is not None]
-    return sorted(ok, key=lambda t: (-t.peak_fraction, t.number))
+    """Successful trials with a measured speed, fastest (highest MFU) first (ties: lower trial number)."""
+    ok = [t for t in trials if t.status == Status.OK and t.mfu is not None]
+    return sorted(ok, key=lambda t: (-t.mfu, t.number))
 
 
 def top_rows(trials, k: int = 10) -> list[dict]:
-    """The `k` best layouts as table rows (percentages, not fractions)."""
+    """The `k` fastest layouts as table rows (percentages, not fractions). mfu_% ranks; mgt_* is
+    Megatron's count with recompute (the Frontier study's figure)."""
     pct = lambda v: None if v is None else 100 * v
     return [{"rank": i + 1, "trial": t.number, "tp": t.layout.tp, "pp": t.layout.pp, "dp": t.layout.dp,
              "mb": t.layout.micro_batch, "zero": t.layout.zero_stage, "ckpt": t.layout.activation_checkpointing,
-             "tflops": t.tflops_per_gpu, "peak_%": pct(t.peak_fraction), "pred_%": pct(t.predicted_peak_fraction),
-             "mem_gb": t.peak_memory_gb, "pred_mem_gb": t.predicted_memory_gb, "samples_s": t.samples_per_second}
+             "samples_s": t.samples_per_second, "mfu_%": pct(t.mfu), "pred_mfu_%": pct(t.predicted_mfu),
+             "mgt_tflops": t.tflops_per_gpu, "mgt_peak_%": pct(t.peak_fraction),
+             "mem_gb": t.peak_memory_gb, "pred_mem_gb": t.predicted_memory_gb}
             for i, t in enumerate(ok_trials(trials)[:k])]
 
 
@@ -75,17 +78,17 @@ def status_counts(trials) -> dict[str, int]:
 
 
 def best_so_far(trials) -> tuple[list[int], list[float], list[int], list[float]]:
-    """(numbers, running best, ok numbers, ok values) of the fraction of peak over launched trials.
+    """(numbers, running best, ok numbers, ok values) of MFU (training speed) over launched trials.
 
     Pruned trials were never launched and are left out; the running best starts at the first success.
     """
     launched = sorted((t for t in trials if t.status not in (Status.PRUNED, Status.RUNNING)), key=lambda t: t.number)
     xs, ys, ok_x, ok_y, best = [], [], [], [], None
     for t in launched:
-        if t.status == Status.OK and t.peak_fraction is not None:
+        if t.status == Status.OK and t.mfu is not None:
             ok_x.append(t.number)
-            ok_y.append(t.peak_fraction)
-            best = t.peak_fraction if best is None else max(best, t.peak_fraction)
+            ok_y.append(t.mfu)
+            best = t.mfu if best is None else max(best, t.mfu)
         if best is not None:
             xs.append(t.number)
             ys.append(best)
@@ -93,11 +96,11 @@ def best_so_far(trials) -> tuple[list[int], list[float], list[int], list[float]]
 
 
 def tp_pp_grid(trials) -> tuple[list[int], list[int], list[list[float | None]]]:
-    """(tps, pps, grid[pp index][tp index]): the best fraction of peak of each TP x PP over the other dims."""
+    """(tps, pps, grid[pp index][tp index]): the best MFU of each TP x PP over the other dims."""
     best: dict[tuple[int, int], float] = {}
     for t in ok_trials(trials):
         key = (t.layout.tp, t.layout.pp)
-        best[key] = max(best.get(key, 0.0), t.peak_fraction)
+        best[key] = max(best.get(key, 0.0), t.mfu)
     tps = sorted({tp for tp, _ in best})
     pps = sorted({pp for _, pp in best})
     return tps, pps, [[best.get((tp, pp)) for tp in tps] for pp in pps]
@@ -143,7 +146,7 @@ def fig_best_so_far(trials) -> bytes | None:
     ax.scatter(ok_x, [100 * v for v in ok_y], s=14, color="#90a4ae", label="trial (ok)", zorder=2)
     ax.step(xs, [100 * v for v in ys], where="post", color="#1565c0", lw=2, label="best so far", zorder=3)
     ax.set_xlabel("trial number")
-    ax.set_ylabel("fraction of peak (%)")
+    ax.set_ylabel("MFU (%): training speed")
     ax.set_title("Best so far")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
@@ -163,7 +166,7 @@ def fig_tp_pp_heatmap(trials) -> bytes | None:
     ax.set_yticks(range(len(pps)), [str(v) for v in pps])
     ax.set_xlabel("TP")
     ax.set_ylabel("PP")
-    ax.set_title("Fraction of peak (%) by TP x PP (best over DP, micro-batch, ZeRO, ckpt)", fontsize=9)
+    ax.set_title("MFU (%) by TP x PP (best over DP, micro-batch, ZeRO, ckpt)", fontsize=9)
     finite = data[~np.isnan(data)]
     mid = (finite.min() + finite.max()) / 2 if finite.size else 0
     for i in range(len(pps)):
@@ -171,19 +174,19 @@ def fig_tp_pp_heatmap(trials) -> bytes | None:
             v = data[i, j]
             ax.text(j, i, "-" if math.isnan(v) else f"{v:.1f}", ha="center", va="center", fontsize=8,
                     color="#9e9e9e" if math.isnan(v) else ("black" if v > mid else "white"))
-    fig.colorbar(im, ax=ax, label="% of peak")
+    fig.colorbar(im, ax=ax, label="MFU (%)")
     return _png(fig)
 
 
 def fig_model_error(trials, memory_capacity_gb: float | None = None) -> bytes | None:
-    tf_p, tf_m = pairs(trials, "tflops_per_gpu", "predicted_tflops_per_gpu")
+    tf_p, tf_m = pairs(trials, "mfu", "predicted_mfu")
     mem_p, mem_m = pairs(trials, "peak_memory_gb", "predicted_memory_gb")
     oom_pred = [t.predicted_memory_gb for t in trials if t.status == Status.OOM and t.predicted_memory_gb is not None]
     if not tf_p and not mem_p:
         return None
     plt = _plt()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4.2))
-    for ax, p, m, what, unit in ((a1, tf_p, tf_m, "TFLOPS per GPU", ""), (a2, mem_p, mem_m, "peak memory", " (GB)")):
+    for ax, p, m, what, unit in ((a1, tf_p, tf_m, "MFU", " (fraction)"), (a2, mem_p, mem_m, "peak memory", " (GB)")):
         ax.set_title(f"Measured vs predicted {what}")
         ax.set_xlabel(f"predicted{unit}")
         ax.set_ylabel(f"measured{unit}")
@@ -314,8 +317,9 @@ def build_report(study, trials, *, generated: datetime | None = None) -> Report:
             b = ok[0]
             kind = "predicted by the simulator" if b.runner == "sim" else "measured"
             parts.append(f"<p class='best'><b>Best layout</b> (trial {b.number}, {kind}): <code>{e(b.layout.key())}"
-                         f"</code> at {_fmt(b.tflops_per_gpu)} TFLOPS per GPU = {100 * b.peak_fraction:.2f} % of "
-                         f"peak. Launch files: <code>tuner launch {e(study.name)} --out launch/</code></p>")
+                         f"</code>: {_fmt(b.samples_per_second)} samples/s, MFU {100 * b.mfu:.2f} % (Megatron's "
+                         f"count with recompute: {_fmt(b.tflops_per_gpu)} TFLOPS per GPU = "
+                         f"{100 * b.peak_fraction:.2f} % of peak). Launch files: <code>tuner launch {e(study.name)} --out launch/</code></p>")
         else:
             parts.append(f"<p class='note'>None of the {len(finished)} finished trial(s) succeeded, so there is no "
                          "best layout, no best-so-far curve, no heatmap and no model-error plot; see the status "
@@ -327,10 +331,10 @@ def build_report(study, trials, *, generated: datetime | None = None) -> Report:
                   "</div><div><h2>Trials by status</h2>",
                   _img(FIGURES[3], drawn[FIGURES[3]], "trial status counts", none), "</div></div>",
                   "<h2>Top ten layouts</h2>", html_table(top_rows(trials, 10)),
-                  "<h2>Fraction of peak by TP x PP</h2>",
-                  _img(FIGURES[1], drawn[FIGURES[1]], "fraction of peak by TP and PP", none),
+                  "<h2>MFU by TP x PP</h2>",
+                  _img(FIGURES[1], drawn[FIGURES[1]], "MFU by TP and PP", none),
                   "<h2>The model's error: measured vs predicted</h2>",
-                  _img(FIGURES[2], drawn[FIGURES[2]], "measured vs predicted TFLOPS and memory",
+                  _img(FIGURES[2], drawn[FIGURES[2]], "measured vs predicted MFU and memory",
                        "no successful trial has both a measurement and a prediction")]
     page = (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>tuner report: {e(study.name)}"
             f"</title><style>{CSS}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")

@@ -50,11 +50,12 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
     "microbatch_overhead_ms": (float, 1.0),      # fixed cost per micro-batch per stage (dispatch, p2p sync)
     "step_overhead_ms": (float, 0.0),            # fixed cost per iteration (engine step, optimizer dispatch, loss sync)
     "memory_reserved_gb": (float, 3.0),          # context, communication buffers, workspaces, allocator slack
+    "memory_headroom": (float, 0.05),            # share of HBM an unmeasured recommendation keeps free
     "flash_attention": (bool, True),             # whether attention keeps no s^2 scores (and runs fused)
     "group_bandwidth_gbps": (dict, None),        # {"2": 200.0, ...} per-GPU bandwidth of an aligned intra-node block
     "slurm": (dict, None),                       # the [slurm] table used by the Slurm runner
 }
-ALLOW_ZERO = frozenset({"microbatch_overhead_ms", "step_overhead_ms"})
+ALLOW_ZERO = frozenset({"microbatch_overhead_ms", "step_overhead_ms", "memory_headroom"})
 
 
 def _check(kind: str, path: str, data: dict, keys: dict[str, tuple[type, Any]]) -> dict:
@@ -137,6 +138,7 @@ class ClusterSpec:
     microbatch_overhead_ms: float = 1.0
     step_overhead_ms: float = 0.0
     memory_reserved_gb: float = 3.0
+    memory_headroom: float = 0.05
     flash_attention: bool = True
     group_bandwidth_gbps: dict | None = None
     slurm: dict | None = None
@@ -157,6 +159,9 @@ class ClusterSpec:
         for k, v in (d["group_bandwidth_gbps"] or {}).items():
             if not (k.isdigit() and isinstance(v, (int, float)) and v > 0):
                 raise SpecError(f"{where}: group_bandwidth_gbps entries are \"<group size>\" = <GB/s>, got {k} = {v!r}")
+        if d["memory_headroom"] >= 0.5:
+            raise SpecError(f"{where}: memory_headroom is the share of memory kept free and must be < 0.5, "
+                            f"got {d['memory_headroom']}")
         for k in ("matmul_efficiency", "attention_efficiency", "memory_bandwidth_efficiency", "network_efficiency"):
             if d[k] > 1:
                 raise SpecError(f"{where}: {k} is a fraction of peak and must be <= 1, got {d[k]}")

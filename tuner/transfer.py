@@ -1,7 +1,8 @@
 """Learning the performance model's error, and carrying it across node counts.
 
-Pure (numpy only, no I/O). The model's prediction is the prior mean of log(measured fraction of peak);
-what is learned is the residual r = log(measured / predicted) as a Gaussian process over features of
+Pure (numpy only, no I/O). The model's prediction is the prior mean of log(measured MFU) -- training
+speed, so that every correction, warm start and transfer ranks layouts as samples/s does; what is
+learned is the residual r = log(measured / predicted) as a Gaussian process over features of
 the layout *and* of the model's own account of it:
 
     r(x) = c + sum_k w_k f_k(x) + g(z(x)) + noise
@@ -17,9 +18,11 @@ the layout *and* of the model's own account of it:
 Memory is learned the same way on log(measured peak / predicted peak) with the memory breakdown's
 shares as f; an OOM is a censored observation (the ratio is at least capacity / predicted).
 The time GP's predictive sd is calibrated by its leave-one-out z-scores (widened, never narrowed).
+A trial stopped early (multi-fidelity) is censored: its partial throughput is an upper bound on the
+layout's speed, so it enters the GP only where the posterior mean still sits above that bound.
 
 `warm_start_records` turns stored trials of the same model and cluster (any node count) into
-observations; `best_for_unmeasured` answers "best layout for N nodes" where N was never measured.
+observations; tuner/best.py uses them to answer "best layout for N nodes" where N was never measured.
 """
 
 from __future__ import annotations
@@ -37,11 +40,11 @@ from tuner.trial import Status
 
 STAGE_KEYS = ("gemm", "attention", "elementwise", "tp_comm", "p2p", "microbatch_overhead")
 MEMORY_KEYS = ("weights", "gradients", "optimizer", "activations", "logits", "zero3_buffers", "reserved")
-STOPPED_NOISE = 0.10          # extra log-noise of a trial stopped early (a few steps after warm-up)
+STOPPED_NOISE = 0.03          # log-noise of a stopped trial's upper bound (a few steps after warm-up)
 HISTORY_NOISE = 0.04          # extra log-noise of a stored trial from another study (drift between runs)
 OOM_MARGIN = 0.03             # an OOM says the memory ratio is at least capacity/predicted; assume a bit more
 Z_DIM, F_DIM, FM_DIM = 11, len(STAGE_KEYS) + 2, len(MEMORY_KEYS)
-FLOOR = 1e-3                  # never trust a predicted zero: predictions are floored here (fraction of peak)
+FLOOR = 1e-3                  # never trust a predicted zero: predictions are floored here (MFU)
 
 
 @dataclass
@@ -51,7 +54,7 @@ class Features:
     z: np.ndarray                  # smooth-kernel coordinates
     f: np.ndarray                  # time shares (linear kernel)
     fm: np.ndarray                 # memory shares (linear kernel of the memory correction)
-    log_pred: float                # log predicted fraction of peak (the prior mean)
+    log_pred: float                # log predicted MFU (the prior mean)
     log_mem: float                 # log predicted peak memory (GB)
     fits: bool                     # the model's own verdict
 
@@ -75,7 +78,7 @@ def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
     mb = pred.memory_breakdown
     mtot = sum(mb.get(k, 0.0) for k in MEMORY_KEYS) or 1.0
     fm = np.array([mb.get(k, 0.0) / mtot for k in MEMORY_KEYS])
-    return Features(z, np.array(shares + [dp, other]), fm, math.log(max(pred.peak_fraction, FLOOR)),
+    return Features(z, np.array(shares + [dp, other]), fm, math.log(max(pred.mfu, FLOOR)),
                     math.log(max(pred.memory_gb, 1e-6)), bool(pred.fits))
 
 
@@ -128,6 +131,17 @@ class GP:
         v = np.linalg.solve(L, Ks.T)
         return Ks @ alpha, self.sd_scale * np.sqrt(np.maximum(var - (v * v).sum(0), 1e-8))
 
+    def predict_cov(self, Z, F) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean and covariance (latent, calibrated like `predict`) of a set of layouts."""
+        Z, F = np.asarray(Z, float), np.asarray(F, float)
+        K = self.kernel(Z, F, Z, F)
+        if self._data is None:
+            return np.zeros(len(Z)), K
+        Zd, Fd, _, L, alpha = self._data
+        Ks = self.kernel(Z, F, Zd, Fd)
+        v = np.linalg.solve(L, Ks.T)
+        return Ks @ alpha, self.sd_scale ** 2 * (K - v.T @ v)
+
     def loo_z2(self) -> float:
         """Mean squared leave-one-out z-score of the data (about 1 when the GP's uncertainty is
         calibrated, larger when the data surprise it)."""
@@ -175,6 +189,10 @@ class Observations:
     mF: list = field(default_factory=list)
     my: list = field(default_factory=list)
     mnoise: list = field(default_factory=list)
+    cZ: list = field(default_factory=list)        # censored time observations: upper bounds (stopped early)
+    cF: list = field(default_factory=list)
+    cy: list = field(default_factory=list)
+    cnoise: list = field(default_factory=list)
 
     def add_time(self, ft: Features, measured: float, noise: float = 0.0) -> None:
         self.Z.append(ft.z), self.F.append(ft.f), self.noise.append(noise)
@@ -183,14 +201,15 @@ class Observations:
     def add_memory(self, ft: Features, log_ratio: float, noise: float = 0.0) -> None:
         self.mZ.append(ft.z), self.mF.append(ft.fm), self.my.append(log_ratio), self.mnoise.append(noise)
 
-    def add_result(self, ft: Features, status: Status, peak_fraction, peak_memory_gb, capacity_gb,
+    def add_result(self, ft: Features, status: Status, mfu, peak_memory_gb, capacity_gb,
                    noise: float = 0.0) -> None:
         """What one finished trial says: a time residual, a memory ratio, or an OOM lower bound. A trial
-        stopped early (multi-fidelity) still measured its throughput, only over fewer steps."""
-        if status == Status.OK and peak_fraction:
-            self.add_time(ft, float(peak_fraction), noise)
-        elif status == Status.STOPPED and peak_fraction:
-            self.add_time(ft, float(peak_fraction), math.hypot(noise, STOPPED_NOISE))
+        stopped early (multi-fidelity) says only that the layout is no faster than its partial throughput."""
+        if status == Status.OK and mfu:
+            self.add_time(ft, float(mfu), noise)
+        elif status == Status.STOPPED and mfu:
+            self.cZ.append(ft.z), self.cF.append(ft.f), self.cnoise.append(math.hypot(noise, STOPPED_NOISE))
+            self.cy.append(math.log(max(float(mfu), FLOOR)) - ft.log_pred)
         if not capacity_gb:
             return
         if status == Status.OK and peak_memory_gb:
@@ -199,13 +218,25 @@ class Observations:
             self.add_memory(ft, max(math.log(capacity_gb) - ft.log_mem, 0.0) + OOM_MARGIN, noise)
 
     def extend(self, other: "Observations") -> None:
-        for k in ("Z", "F", "y", "noise", "mZ", "mF", "my", "mnoise"):
+        for k in ("Z", "F", "y", "noise", "mZ", "mF", "my", "mnoise", "cZ", "cF", "cy", "cnoise"):
             getattr(self, k).extend(getattr(other, k))
 
+    def time_data(self) -> tuple[np.ndarray, np.ndarray, list, list]:
+        """(Z, F, y, noise) of the time GP: the measurements, plus each censored upper bound that the
+        measurements alone would put the layout above (clamped to the bound)."""
+        Z, F, y, noise = list(self.Z), list(self.F), list(self.y), list(self.noise)
+        if self.cy:
+            gp = fit_gp(np.array(Z), np.array(F), y, noise) if y else GP()
+            mu, _ = gp.predict(np.array(self.cZ), np.array(self.cF))
+            for i in np.flatnonzero(mu > np.array(self.cy)):
+                Z.append(self.cZ[i]), F.append(self.cF[i]), y.append(self.cy[i]), noise.append(self.cnoise[i])
+        return np.array(Z).reshape(len(y), Z_DIM), np.array(F).reshape(len(y), F_DIM), y, noise
+
     def time_gp(self, **kw) -> GP:
-        if not self.y:
+        Z, F, y, noise = self.time_data()
+        if not y:
             return GP(**kw)
-        return fit_gp(np.array(self.Z), np.array(self.F), self.y, self.noise, **kw)
+        return fit_gp(Z, F, y, noise, **kw)
 
     def memory_gp(self) -> GP:
         gp = GP(s_c=0.06, s_w=0.12, s_g=0.06, ell=0.5, noise=0.02)
@@ -230,7 +261,7 @@ def _record_workload(rec, workload: Workload, studies: dict | None) -> Workload:
 
 
 def warm_start_records(records, workload: Workload, studies: dict | None = None) -> WarmStart:
-    """Observations from stored trials (TrialRecord-like: layout, status, peak_fraction,
+    """Observations from stored trials (TrialRecord-like: layout, status, mfu,
     peak_memory_gb, model, cluster, nodes, study) of `workload`'s model and cluster at any node count.
     `studies` (name -> StudyRecord) supplies each study's global batch; without it the workload's is
     assumed. Evidence: studies, node counts, trials used and the mean residual log(measured/predicted)."""
@@ -240,15 +271,15 @@ def warm_start_records(records, workload: Workload, studies: dict | None = None)
     for rec in records or ():
         if (getattr(rec, "model", workload.model.name) != workload.model.name
                 or getattr(rec, "cluster", workload.cluster.name) != workload.cluster.name
-                or rec.status not in (Status.OK, Status.OOM)):
+                or rec.status not in (Status.OK, Status.OOM, Status.STOPPED)):
             continue
         w = _record_workload(rec, workload, studies)
         lay = rec.layout
-        if lay.gpus != w.gpus or (rec.status == Status.OK and not rec.peak_fraction):
+        if lay.gpus != w.gpus or (rec.status in (Status.OK, Status.STOPPED) and not rec.mfu):
             continue
         ft = features(lay, w)
         n_time = len(obs.y)
-        obs.add_result(ft, rec.status, rec.peak_fraction, rec.peak_memory_gb, cap, HISTORY_NOISE)
+        obs.add_result(ft, rec.status, rec.mfu, rec.peak_memory_gb, cap, HISTORY_NOISE)
         used.append((rec, obs.y[-1] if len(obs.y) > n_time else None))
     res = [r for _, r in used if r is not None]
     evidence = {"studies": sorted({getattr(r, "study", "") for r, _ in used}),
@@ -257,54 +288,3 @@ def warm_start_records(records, workload: Workload, studies: dict | None = None)
                 "mean_residual": float(np.mean(res)) if res else 0.0,
                 "mean_ratio": float(math.exp(np.mean(res))) if res else 1.0}
     return WarmStart(obs, evidence)
-
-
-def corrected(layouts: list[Layout], workload: Workload, obs: Observations, preds=None) -> list[dict]:
-    """For each layout: raw and corrected fraction of peak and memory, the residual's uncertainty and
-    the probability that it fits in memory."""
-    preds = preds or [predict(lay, workload) for lay in layouts]
-    fts = [features(lay, workload, p) for lay, p in zip(layouts, preds)]
-    Z, F, FM = (np.array([getattr(f, a) for f in fts]) for a in ("z", "f", "fm"))
-    mu, sd = obs.time_gp().predict(Z, F)
-    mmu, msd = obs.memory_gp().predict(Z, FM)
-    cap = workload.cluster.memory_gb
-    out = []
-    for i, (lay, p, ft) in enumerate(zip(layouts, preds, fts)):
-        mem = math.exp(ft.log_mem + mmu[i])
-        z = (math.log(cap) - ft.log_mem - mmu[i]) / math.hypot(msd[i], 0.02)
-        out.append({"layout": lay, "raw": p, "log_mean": ft.log_pred + mu[i], "log_sd": float(sd[i]),
-                    "peak_fraction": math.exp(ft.log_pred + mu[i]), "memory_gb": mem,
-                    "p_fit": 0.5 * math.erfc(-z / math.sqrt(2))})
-    return out
-
-
-def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies: dict | None = None) -> list[dict]:
-    """The k best predicted layouts of `space` for `workload` (a node count never measured), the model
-    corrected by the stored trials of the same model and cluster at other node counts.
-
-    Each answer: layout, key, predicted=True, peak_fraction and tflops_per_gpu (corrected), raw_* (the
-    model alone), memory_gb / raw_memory_gb, p_fit, uncertainty (sd of log throughput) and evidence.
-    Raises UsageError when no layout of the space is valid for the workload."""
-    from tuner.space import no_layout_reason
-
-    layouts = space.enumerate_layouts(workload)
-    if not layouts:
-        raise UsageError(f"no valid layout for {workload.model.name} on {workload.nodes} node(s) "
-                         f"({workload.gpus} GPUs): {no_layout_reason(space, workload)}")
-    ws = warm_start_records(records, workload, studies)
-    rows = corrected(layouts, workload, ws.observations)
-    likely = [r for r in rows if r["p_fit"] >= 0.5]
-    if not likely:
-        least = min(rows, key=lambda r: r["memory_gb"])
-        raise UsageError(f"no valid layout of {workload.model.name} fits on {workload.nodes} node(s) "
-                         f"({workload.gpus} GPUs): the smallest needs {least['memory_gb']:.1f} GB per GPU of "
-                         f"{workload.cluster.memory_gb:g} ({least['layout'].key()}); use more nodes")
-    likely.sort(key=lambda r: (-r["peak_fraction"], r["memory_gb"]))
-    peak = workload.cluster.peak_tflops
-    evidence = dict(ws.evidence, note=("corrected by measurements at other node counts" if ws.evidence["ok_trials"]
-                                       else "no stored measurements of this model and cluster: the model alone"))
-    return [{"layout": r["layout"], "key": r["layout"].key(), "predicted": True,
-             "peak_fraction": r["peak_fraction"], "tflops_per_gpu": r["peak_fraction"] * peak,
-             "raw_peak_fraction": r["raw"].peak_fraction, "raw_tflops_per_gpu": r["raw"].tflops_per_gpu,
-             "memory_gb": r["memory_gb"], "raw_memory_gb": r["raw"].memory_gb, "p_fit": r["p_fit"],
-             "uncertainty": r["log_sd"], "evidence": evidence} for r in likely[:max(int(k), 1)]]

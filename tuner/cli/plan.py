@@ -10,7 +10,7 @@ from tuner.cli import FORMAT_OPTION, cli
 from tuner.cli.render import flat_layout, render
 from tuner.errors import UsageError
 from tuner.layout import Layout, validate
-from tuner.perfmodel import predict as model_predict, rank
+from tuner.perfmodel import keeps_headroom, predict as model_predict, rank
 from tuner.space import load_space, no_layout_reason
 from tuner.specs import make_workload
 
@@ -30,9 +30,12 @@ def workload_options(fn):
     return fn
 
 
-def prediction_row(p) -> dict:
-    return {**flat_layout(p.layout.as_dict()), "tflops": p.tflops_per_gpu, "peak_%": 100 * p.peak_fraction,
-            "mfu_%": 100 * p.mfu, "step_s": p.step_time_s, "mem_gb": p.memory_gb, "fits": p.fits}
+def prediction_row(p, w) -> dict:
+    """mfu_% (model FLOPs) ranks; mgt_* is Megatron's count with recompute, the Frontier study's figure."""
+    return {**flat_layout(p.layout.as_dict()), "samples_s": p.samples_per_second, "mfu_%": 100 * p.mfu,
+            "mgt_tflops": p.tflops_per_gpu, "mgt_peak_%": 100 * p.peak_fraction, "step_s": p.step_time_s,
+            "mem_gb": p.memory_gb, "mem_%": 100 * p.memory_gb / w.cluster.memory_gb,
+            "fits": "yes" if keeps_headroom(p, w) else ("tight" if p.fits else "no")}
 
 
 @cli.command()
@@ -62,10 +65,13 @@ def predict(model, nodes, cluster, global_batch, tp, pp, dp, micro_batch, zero_s
         return
     click.echo(f"{w.model.name} on {w.nodes} x {w.cluster.name} node(s) = {w.gpus} GPUs, global batch "
                f"{w.global_batch}, layout {lay.key()}")
-    click.echo(f"  {p.tflops_per_gpu:.4g} TFLOPS/GPU = {100 * p.peak_fraction:.2f} % of peak (MFU "
-               f"{100 * p.mfu:.2f} %), step {p.step_time_s:.3f} s, {p.samples_per_second:.2f} samples/s")
-    fit = "fits" if p.fits else f"DOES NOT FIT: {p.reason}"
-    click.echo(f"  memory {p.memory_gb:.1f} GB of {w.cluster.memory_gb:.0f} GB per GPU ({fit})")
+    click.echo(f"  {p.samples_per_second:.2f} samples/s, MFU {100 * p.mfu:.2f} %, step {p.step_time_s:.3f} s; "
+               f"Megatron's count (recompute included): {p.tflops_per_gpu:.4g} TFLOPS/GPU = "
+               f"{100 * p.peak_fraction:.2f} % of peak")
+    fit = (("fits" if keeps_headroom(p, w) else f"fits, but inside the {100 * w.cluster.memory_headroom:g} % "
+            "headroom an unmeasured layout should keep") if p.fits else f"DOES NOT FIT: {p.reason}")
+    click.echo(f"  memory {p.memory_gb:.1f} GB of {w.cluster.memory_gb:.0f} GB per GPU "
+               f"({100 * p.memory_gb / w.cluster.memory_gb:.1f} %; {fit})")
     for title, table in (("memory (GB)", p.memory_breakdown), ("time (s per step)", p.time_breakdown)):
         click.echo(f"  {title}: " + ", ".join(f"{k} {v:.3g}" for k, v in table.items()))
 
@@ -96,8 +102,12 @@ def plan(model, nodes, cluster, global_batch, space, top, show_all, fmt):
         raise UsageError(f"none of {len(ranked)} valid layouts fits in {w.cluster.memory_gb:g} GB per GPU "
                          f"(smallest needs {worst.memory_gb:.1f} GB: {worst.layout.key()}); use more nodes")
     shown = (ranked if show_all else fitting)[:top]
-    rows = [{"rank": i + 1, **prediction_row(p)} for i, p in enumerate(shown)]
-    click.echo(render(rows, fmt, json_obj=[{"rank": i + 1, **p.as_dict()} for i, p in enumerate(shown)]))
+    rows = [{"rank": i + 1, **prediction_row(p, w)} for i, p in enumerate(shown)]
+    objs = [{"rank": i + 1, **p.as_dict(), "memory_used_fraction": p.memory_gb / w.cluster.memory_gb,
+             "headroom_ok": keeps_headroom(p, w)} for i, p in enumerate(shown)]
+    click.echo(render(rows, fmt, json_obj=objs))
     if fmt == "table":
-        click.echo(f"\n{len(ranked)} valid layouts, {len(fitting)} fit in memory; ranked in {dt * 1000:.0f} ms "
-                   f"({len(ranked) / max(dt, 1e-9):,.0f} layouts/s)")
+        roomy = sum(keeps_headroom(p, w) for p in fitting)
+        click.echo(f"\n{len(ranked)} valid layouts, {len(fitting)} fit in memory, {roomy} with the "
+                   f"{100 * w.cluster.memory_headroom:g} % headroom (fits = yes; tight = only without it); ranked by "
+                   f"predicted samples/s in {dt * 1000:.0f} ms ({len(ranked) / max(dt, 1e-9):,.0f} layouts/s)")

@@ -15,7 +15,7 @@ def _pct(v) -> str:
 def _best_text(best) -> str:
     if best is None:
         return "best: -"
-    return f"best {100 * best.peak_fraction:.2f} % ({best.tflops_per_gpu:.4g} TFLOPS/GPU) {best.layout.key()}"
+    return f"fastest {best.samples_per_second:.4g} samples/s (MFU {100 * best.mfu:.2f} %) {best.layout.key()}"
 
 
 class ProgressView:
@@ -45,16 +45,17 @@ class ProgressView:
         from rich.console import Group
         from rich.table import Table
         table = Table(box=None, pad_edge=False, header_style="bold")
-        for col, width in (("trial", 5), ("status", 11), ("layout", 25), ("peak", 8), ("TFLOPS/GPU", 10)):
-            table.add_column(col, justify="right" if col in ("trial", "peak", "TFLOPS/GPU") else "left",
+        for col, width in (("trial", 5), ("status", 11), ("layout", 25), ("samples/s", 9), ("MFU", 8)):
+            table.add_column(col, justify="right" if col in ("trial", "samples/s", "MFU") else "left",
                              no_wrap=True, min_width=width)
         table.add_column("message", no_wrap=True, overflow="ellipsis")
         for number, layout in p.running_trials:
             table.add_row(str(number), "[yellow]running", layout.key(), "", "", "")
         for t in p.finished[-RECENT:][::-1]:
             colour = "green" if t.status.value == "ok" else "red"
-            table.add_row(str(t.number), f"[{colour}]{t.status}", t.layout.key(), _pct(t.peak_fraction),
-                          "-" if t.tflops_per_gpu is None else f"{t.tflops_per_gpu:.4g}", (t.result.message or "")[:40])
+            table.add_row(str(t.number), f"[{colour}]{t.status}", t.layout.key(),
+                          "-" if t.samples_per_second is None else f"{t.samples_per_second:.4g}", _pct(t.mfu),
+                          (t.result.message or "")[:40])
         summary = f"{_best_text(p.best)}   ran {p.ran}/{p.budget}, running {p.running}, pruned {p.pruned}"
         return Group(self._bar, summary, table)
 
@@ -66,6 +67,6 @@ class ProgressView:
         last = p.last
         if last is not None and last is not self._seen_last:
             self._seen_last = last
-            print(f"[{time.strftime('%H:%M:%S')}] trial {last.number} {last.status} {_pct(last.peak_fraction)} "
+            print(f"[{time.strftime('%H:%M:%S')}] trial {last.number} {last.status} MFU {_pct(last.mfu)} "
                   f"{last.layout.key()}  ({p.ran}/{p.budget} ran, {p.pruned} pruned)  {_best_text(p.best)}",
                   file=self.stream, flush=True)

@@ -7,41 +7,56 @@ import click
 from tuner.cli import DB_OPTION, FORMAT_OPTION, cli
 from tuner.cli.render import flat_layout, render
 from tuner.errors import TunerError
-from tuner.specs import load_cluster, load_model
 from tuner.store import open_store, upgrade
 from tuner.trial import Status
 
-TRIAL_COLUMNS = ["trial", "status", "tp", "pp", "dp", "mb", "zero", "ckpt", "tflops", "peak_%", "pred_%", "mem_gb",
+# Speed columns: samples_s and mfu_% (model FLOPs, no recompute: the ranking); mgt_tflops and mgt_peak_%
+# are Megatron's count with recompute (the Frontier study's figure), reported beside it, never ranked on.
+SPEED_COLUMNS = ["samples_s", "mfu_%", "mgt_tflops", "mgt_peak_%"]
+TRIAL_COLUMNS = ["trial", "status", "tp", "pp", "dp", "mb", "zero", "ckpt", *SPEED_COLUMNS, "pred_mfu_%", "mem_gb",
                  "message"]
 
 
+def pct(v):
+    return None if v is None else 100 * v
+
+
+def speed_cells(t) -> dict:
+    """The speed columns of a trial, or of a dict, with samples_per_second, mfu, tflops_per_gpu, peak_fraction."""
+    get = t.get if isinstance(t, dict) else lambda k: getattr(t, k)
+    return {"samples_s": get("samples_per_second"), "mfu_%": pct(get("mfu")), "mgt_tflops": get("tflops_per_gpu"),
+            "mgt_peak_%": pct(get("peak_fraction"))}
+
+
 def trial_row(t) -> dict:
-    pct = lambda v: None if v is None else 100 * v
-    return {"trial": t.number, "status": str(t.status), **flat_layout(t.layout.as_dict()),
-            "tflops": t.tflops_per_gpu, "peak_%": pct(t.peak_fraction), "pred_%": pct(t.predicted_peak_fraction),
-            "mem_gb": t.peak_memory_gb, "message": (t.message or "")[:60]}
+    return {"trial": t.number, "status": str(t.status), **flat_layout(t.layout.as_dict()), **speed_cells(t),
+            "pred_mfu_%": pct(t.predicted_mfu), "mem_gb": t.peak_memory_gb, "message": (t.message or "")[:60]}
 
 
 def trial_json(t) -> dict:
     return {"trial": t.number, "study": t.study, "layout": t.layout.as_dict(), "status": str(t.status),
-            "tflops_per_gpu": t.tflops_per_gpu, "peak_fraction": t.peak_fraction,
-            "samples_per_second": t.samples_per_second, "peak_memory_gb": t.peak_memory_gb,
-            "predicted": {"tflops_per_gpu": t.predicted_tflops_per_gpu, "peak_fraction": t.predicted_peak_fraction,
-                          "memory_gb": t.predicted_memory_gb, "step_time_s": t.predicted_step_time_s},
+            "samples_per_second": t.samples_per_second, "mfu": t.mfu,
+            "tflops_per_gpu": t.tflops_per_gpu, "peak_fraction": t.peak_fraction, "peak_memory_gb": t.peak_memory_gb,
+            "predicted": {"mfu": t.predicted_mfu, "tflops_per_gpu": t.predicted_tflops_per_gpu,
+                          "peak_fraction": t.predicted_peak_fraction, "memory_gb": t.predicted_memory_gb,
+                          "step_time_s": t.predicted_step_time_s},
             "message": t.message, "log_path": t.log_path, "runner": t.runner,
             "started": t.started, "ended": t.ended}
 
 
+def fastest(trials) -> list:
+    """The ok trials with a measured speed, fastest first (ties: lower trial number)."""
+    ok = [t for t in trials if t.status == Status.OK and t.mfu is not None]
+    return sorted(ok, key=lambda t: (-t.mfu, t.number))
+
+
 def best_rows(trials, k: int) -> list[dict]:
-    ok = sorted((t for t in trials if t.status == Status.OK and t.peak_fraction is not None),
-                key=lambda t: -t.peak_fraction)
-    return [trial_json(t) for t in ok[:k]]
+    return [trial_json(t) for t in fastest(trials)[:k]]
 
 
 def top_rows(store, study: str, k: int) -> list[dict]:
-    ok = [t for t in store.trials(study, [Status.OK]) if t.peak_fraction is not None]
-    ok.sort(key=lambda t: -t.peak_fraction)
-    return [{k_: v for k_, v in trial_row(t).items() if k_ != "message"} for t in ok[:k]]
+    return [{k_: v for k_, v in trial_row(t).items() if k_ != "message"}
+            for t in fastest(store.trials(study, [Status.OK]))[:k]]
 
 
 @cli.command()
@@ -77,45 +92,55 @@ def trials(name, statuses, db, fmt):
     store = open_store(db)
     store.get_study(name)
     ts = store.trials(name, [Status(s) for s in statuses] or None)
+    ts = fastest(ts) + [t for t in ts if t.status != Status.OK or t.mfu is None]   # fastest first
     click.echo(render([trial_row(t) for t in ts], fmt, TRIAL_COLUMNS, json_obj=[trial_json(t) for t in ts]))
 
 
 def best_json(t, measured: bool) -> dict:
-    return {"layout": t.layout.as_dict(), "tflops_per_gpu": t.tflops_per_gpu, "peak_fraction": t.peak_fraction,
-            "status": str(t.status), "runner": t.runner, "measured": measured,
+    return {"layout": t.layout.as_dict(), "samples_per_second": t.samples_per_second, "mfu": t.mfu,
+            "tflops_per_gpu": t.tflops_per_gpu, "peak_fraction": t.peak_fraction,
+            "peak_memory_gb": t.peak_memory_gb, "status": str(t.status), "runner": t.runner, "measured": measured,
             "study": t.study, "trial": t.number}
 
 
 @cli.command()
 @click.option("--model", required=True, help="Model preset or TOML path.")
-@click.option("--nodes", required=True, type=click.IntRange(min=1))
-@click.option("--cluster", default="frontier", show_default=True)
+@click.option("--nodes", required=True, type=click.IntRange(min=1),
+              help="Node count to answer for (measured studies at it, else a corrected prediction).")
+@click.option("--cluster", default="frontier", show_default=True, help="Cluster preset or TOML path.")
+@click.option("--global-batch", type=click.IntRange(min=1), default=None,
+              help="Global batch in samples (default: the model's). Studies at another one are evidence only.")
 @click.option("--study", default=None, help="Only this study.")
 @click.option("-k", "k", type=click.IntRange(min=1), default=1, show_default=True, help="How many layouts.")
 @DB_OPTION
 @FORMAT_OPTION
-def best(model, nodes, cluster, study, k, db, fmt):
-    """The best known layout for a model, cluster and node count, across all studies.
+def best(model, nodes, cluster, global_batch, study, k, db, fmt):
+    """The fastest known layout (samples/s) for a model, cluster and node count, across all studies.
+
+    Measured trials at that node count and global batch answer first; otherwise the performance model,
+    corrected by every stored trial of the model and cluster, predicts one (with a 90 % interval on
+    samples/s, p_fit = the probability that it fits in memory, and the memory headroom it keeps).
 
     Example: tuner best --model 175b --nodes 128
     """
-    model_name = load_model(model).name
-    cluster_name = load_cluster(cluster).name
+    from tuner.specs import make_workload
+    w = make_workload(model, nodes, cluster, global_batch)
     store = open_store(db)
     if study:
         store.get_study(study)
-    found = store.best(model_name, cluster_name, nodes, k=k, study=study)
+    found = store.best(w.model.name, w.cluster.name, nodes, k=k, study=study, global_batch=w.global_batch)
     if not found and study:
-        raise TunerError(f"study '{study}' has no finished trial of {model_name} on {nodes} x {cluster_name} node(s)")
+        raise TunerError(f"study '{study}' has no finished trial of {w.model.name} on {nodes} x {w.cluster.name} "
+                         f"node(s) at global batch {w.global_batch}")
     if not found:
-        return predicted_best(store, model, nodes, cluster, k, fmt)
+        return predicted_best(store, w, model, cluster, k, fmt)
     objs = [best_json(t, measured=t.runner != "sim") for t in found]
     if fmt == "json":
         click.echo(render([], "json", json_obj=objs[0] if k == 1 else objs))
         return
-    rows = [{"study": t.study, "trial": t.number, **flat_layout(t.layout.as_dict()), "tflops": t.tflops_per_gpu,
-             "peak_%": 100 * t.peak_fraction, "runner": t.runner,
-             "kind": "measured" if o["measured"] else "predicted (simulator)"} for t, o in zip(found, objs)]
+    rows = [{"study": t.study, "trial": t.number, **flat_layout(t.layout.as_dict()), **speed_cells(t),
+             "runner": t.runner, "kind": "measured" if o["measured"] else "predicted (simulator)"}
+            for t, o in zip(found, objs)]
     click.echo(render(rows, fmt))
 
 
@@ -126,32 +151,33 @@ def workload_history(store, model: str, cluster: str, exclude: str | None = None
     return [t for name in studies for t in store.trials(name)], studies
 
 
-def predicted_best(store, model: str, nodes: int, cluster: str, k: int, fmt: str) -> None:
-    """No measurement at this node count: the model's best, corrected by measurements at other counts."""
+def predicted_best(store, w, model: str, cluster: str, k: int, fmt: str) -> None:
+    """No measurement at this node count: the model's fastest, corrected by measurements at other counts."""
+    from tuner.best import best_for_unmeasured
     from tuner.space import load_space
-    from tuner.specs import make_workload
-    from tuner.transfer import best_for_unmeasured
-    w = make_workload(model, nodes, cluster)
     records, studies = workload_history(store, w.model.name, w.cluster.name)
     rows = best_for_unmeasured(w, load_space(), records, k=k, studies=studies)
-    objs = [{"layout": r["layout"].as_dict(), "tflops_per_gpu": r["tflops_per_gpu"], "peak_fraction": r["peak_fraction"],
-             "status": "predicted", "runner": None, "measured": False, "predicted": True, "study": None, "trial": None,
-             "raw_peak_fraction": r["raw_peak_fraction"], "memory_gb": r["memory_gb"], "p_fit": r["p_fit"],
-             "uncertainty": r["uncertainty"], "evidence": r["evidence"]} for r in rows]
+    objs = [{**{k_: v for k_, v in r.items() if k_ != "key"}, "layout": r["layout"].as_dict(), "status": "predicted",
+             "runner": None, "measured": False, "study": None, "trial": None} for r in rows]
     if fmt == "json":
         click.echo(render([], "json", json_obj=objs[0] if k == 1 else objs))
         return
-    ev = rows[0]["evidence"] if rows else {}
-    table_rows = [{**flat_layout(o["layout"]), "tflops": o["tflops_per_gpu"], "peak_%": 100 * o["peak_fraction"],
-                   "model_%": 100 * o["raw_peak_fraction"], "mem_gb": o["memory_gb"], "p_fit": o["p_fit"]} for o in objs]
+    table_rows = [{**flat_layout(o["layout"]), **speed_cells(o),
+                   "samples_s_90%": "{:.4g}-{:.4g}".format(*o["samples_per_second_90"]),
+                   "model_mfu_%": pct(o["raw_mfu"]), "mem_gb": o["memory_gb"],
+                   "mem_%_of_hbm": pct(o["memory_used_fraction"]), "p_fit": o["p_fit"]} for o in objs]
     click.echo(render(table_rows, fmt))
     if fmt == "table":
+        ev = rows[0]["evidence"]
         basis = (f"corrected by {ev.get('trials', 0)} trial(s) of {len(ev.get('studies', []))} studies at node counts "
                  f"{', '.join(map(str, ev.get('node_counts', [])))}" if ev.get("trials") else "the model alone (no "
                  f"stored trials of {w.model.name} on {w.cluster.name})")
-        click.echo(f"\nPREDICTED, not measured: no trial of {w.model.name} on {nodes} x {w.cluster.name} node(s) "
-                   f"in {store.url}; {basis}. Measure it: tuner search --model {model} --nodes {nodes} "
-                   f"--cluster {cluster} --warm-start")
+        extra = f"; {ev['note'].split('; ', 1)[1]}" if ev.get("other_global_batches") else ""
+        click.echo(f"\nPREDICTED, not measured: no trial of {w.model.name} on {w.nodes} x {w.cluster.name} node(s) "
+                   f"at global batch {w.global_batch} in {store.url}; {basis}{extra}. Layouts keep "
+                   f"{100 * w.cluster.memory_headroom:g} % of HBM free unless measured peaks show less is needed; "
+                   f"p_fit is the probability that the layout fits in memory. Measure it: tuner search --model "
+                   f"{model} --nodes {w.nodes} --cluster {cluster} --warm-start")
 
 
 @cli.group()

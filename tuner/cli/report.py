@@ -137,24 +137,27 @@ def pick_layout(store, name, model, nodes, cluster):
                              f"{name}`, or take the model's best with `tuner launch --model {w['model']['name']} "
                              f"--nodes {w['nodes']} --cluster {w['cluster']['name']} --out DIR`")
         t = ok[0]
-        return t.layout, Workload.from_dict(rec.workload), Source(
-            "study", t.study, t.number, t.runner, t.tflops_per_gpu, t.peak_fraction)
+        return t.layout, Workload.from_dict(rec.workload), Source("study", *_measured(t))
     m, c = load_model(model), load_cluster(cluster)
     found = store.best(m.name, c.name, nodes, k=1)
     if found:
         t = found[0]
         rec = store.get_study(t.study)
-        return t.layout, Workload.from_dict(rec.workload), Source(
-            "store", t.study, t.number, t.runner, t.tflops_per_gpu, t.peak_fraction)
+        return t.layout, Workload.from_dict(rec.workload), Source("store", *_measured(t))
     # nothing measured at this node count: the same answer as `tuner best` (the model, corrected by
     # the measurements at other node counts)
     from tuner.cli.query import workload_history
     from tuner.space import load_space
-    from tuner.transfer import best_for_unmeasured
+    from tuner.best import best_for_unmeasured
     w = make_workload(m, nodes, c)
     records, studies = workload_history(store, m.name, c.name)
     top = best_for_unmeasured(w, load_space("default"), records, k=1, studies=studies)[0]
-    return top["layout"], w, Source("model", tflops_per_gpu=top["tflops_per_gpu"], peak_fraction=top["peak_fraction"])
+    return top["layout"], w, Source("model", samples_per_second=top["samples_per_second"], mfu=top["mfu"],
+                                    tflops_per_gpu=top["tflops_per_gpu"], peak_fraction=top["peak_fraction"])
+
+
+def _measured(t) -> tuple:
+    return t.study, t.number, t.runner, t.samples_per_second, t.mfu, t.tflops_per_gpu, t.peak_fraction
 
 
 @cli.command()

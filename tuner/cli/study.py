@@ -113,14 +113,14 @@ def run_study(store, rec: StudyRecord, fmt: str, budget: int | None = None, resu
     rows = top_rows(store, rec.name, 5)
     if fmt == "json":
         click.echo(render([], "json", json_obj={"study": rec.name, "ran": outcome.ran, "pruned": outcome.pruned,
-                                                "stopped_by": outcome.reason, "confidence": getattr(searcher, "confidence", None),
-                                                "stop_reason": getattr(searcher, "stop_reason", None),
+                                                "stopped_by": outcome.reason, "confidence": searcher.confidence,
+                                                "stop_reason": searcher.stop_reason,
                                                 "top": best_rows(store.trials(rec.name), 5)}))
         return
     click.echo(render(rows, fmt))
     if fmt == "table":
         why = {"budget": "budget reached", "exhausted": "search space exhausted", "time-limit": "time limit reached",
-               "converged": f"stopped early: {getattr(searcher, 'stop_reason', '')}"}
+               "converged": f"stopped early: {searcher.stop_reason}"}
         click.echo(f"\nstudy {rec.name}: {outcome.ran} trial(s) ran, {outcome.pruned} pruned "
                    f"({why[outcome.reason]}). Best: tuner best --model {workload.model.name} --nodes {workload.nodes}"
                    f" --cluster {workload.cluster.name}")

@@ -23,7 +23,7 @@ from tuner.perfmodel.flops import megatron_flops, model_flops
 from tuner.perfmodel.prediction import Prediction
 from tuner.specs import Workload
 
-__all__ = ["predict", "rank", "Prediction", "stage_times"]
+__all__ = ["predict", "rank", "keeps_headroom", "Prediction", "stage_times"]
 
 
 def stage_times(layout: Layout, workload: Workload) -> tuple[dict, dict]:
@@ -110,10 +110,17 @@ def predict(layout: Layout, workload: Workload) -> Prediction:
     )
 
 
+def keeps_headroom(pred: Prediction, workload: Workload) -> bool:
+    """Whether a predicted peak leaves the cluster's memory headroom free (an unmeasured answer's margin)."""
+    cluster = workload.cluster
+    return pred.memory_gb <= cluster.memory_gb * (1.0 - cluster.memory_headroom)
+
+
 def rank(layouts, workload: Workload) -> list[Prediction]:
-    """Predictions for `layouts`, best first: layouts that fit before those that do not, then by
-    throughput (shortest step time for the workload's global batch, i.e. highest MFU and model-FLOPs
-    TFLOPS), then by lower peak memory. Megatron's TFLOPS count recompute, so ordering by them would
-    reward activation checkpointing for the work it repeats; step time compares like with like."""
+    """Predictions for `layouts`, fastest first: layouts that fit with the cluster's memory headroom,
+    then those that fit only without it, then those that do not fit; each tier by step time for the
+    workload's global batch (samples/s, the same order as MFU), then by lower peak memory. Megatron's
+    TFLOPS count recompute, so ordering by them would reward activation checkpointing for the work it
+    repeats; step time compares like with like."""
     preds = [predict(lay, workload) for lay in layouts]
-    return sorted(preds, key=lambda pr: (not pr.fits, pr.step_time_s, pr.memory_gb))
+    return sorted(preds, key=lambda pr: (not pr.fits, not keeps_headroom(pr, workload), pr.step_time_s, pr.memory_gb))

@@ -38,9 +38,9 @@ class Searcher(Protocol):
 
 
 def objective(result: TrialResult) -> float | None:
-    """The value searchers maximise (fraction of peak), or None when the trial is a failure."""
-    if result.status == Status.OK and result.peak_fraction is not None:
-        return float(result.peak_fraction)
+    """The value searchers maximise: MFU (training speed), or None when the trial is a failure."""
+    if result.status == Status.OK and result.mfu is not None:
+        return float(result.mfu)
     return None
 
 
@@ -59,6 +59,9 @@ class BaseSearcher:
     """
 
     name = "base"
+    stopped = False                  # True once the searcher stops the study early (ask returns [])
+    confidence: float | None = None  # P(no layout beats the recommended one by the stop threshold)
+    stop_reason: str | None = None
 
     def __init__(self, candidates: list[Layout], *, seed: int = 0, **_ignored):
         self.seed = int(seed)
@@ -131,6 +134,12 @@ class BaseSearcher:
                         self.deferred[j] = True
         if first:
             self._observe(layout, result, asked=layout in self.asked)
+
+    def tell_claimed_elsewhere(self, layout: Layout) -> None:
+        """Another driver claimed `layout` (a shared study): never propose it again."""
+        i = self.index.get(layout)
+        if i is not None:
+            self.used[i] = True
 
     # ---- hooks ----------------------------------------------------------------------------------
     def _propose(self, n: int) -> list:

@@ -1,12 +1,13 @@
 """Guided search: the performance model's ranking, corrected by every measurement, by expected improvement.
 
-The belief about a layout's log fraction of peak is log(predicted) + r, r the model's residual learned
+The belief about a layout's log MFU (training speed) is log(predicted) + r, r the model's residual learned
 as a Gaussian process (tuner/transfer.py: a global scale, a linear term in the predicted time shares,
 and a smooth term over layout features; prior mean 0). Memory is learned the same way from measured
 peaks and OOMs (an OOM at a layout predicted to fit raises the expected memory of its neighbours).
 
 - First trials (no history): the model's top pick, then the best predicted layouts of `n_initial - 1`
-  other (tp, pp) families, so that a wrong model shows itself early.
+  other (tp, pp) families, so that a wrong model shows itself early; each keeps the cluster's memory
+  headroom (tuner/best.py) where any layout does, since nothing has been measured yet.
 - Then: expected improvement over the best measured, in log space, times the probability of fitting.
   A batch (ask(n > 1), or asks without tells in between) uses the kriging believer: each chosen or
   running layout counts as measured at its posterior mean.
@@ -14,12 +15,14 @@ peaks and OOMs (an OOM at a layout predicted to fit raises the expected memory o
   transfer.warm_start_records; `history_studies` maps study name -> StudyRecord for their global
   batch) corrects the model before the first trial; `evidence` says what it used.
 - Early stop (`stop_threshold`, off by default so that `ask` honours the contract of exhausting the
-  candidates): ask returns [] (running trials may still change its mind) once no remaining layout
-  has more than `stop_probability` chance of beating the best by more than `stop_threshold`.
-  `confidence` and `stop_reason` say how sure it is after every ask, whether or not stopping is on.
-  The stop rule does not let the unexplained residual's prior sd fall below STOP_S_G (a model whose top
-  layouts measure as predicted may still lack physics elsewhere), and the GP's sd is widened when its
-  leave-one-out errors say it does not explain the data (transfer.GP.calibrate).
+  candidates): ask returns [] (running trials may still change its mind) once the probability that
+  *some* layout beats the recommended one (the fastest measured) by more than `stop_threshold` is at
+  most `stop_probability` -- joint over every layout, against the recommended layout's posterior
+  (tuner/search/confidence.py). `confidence` (1 minus that probability) and `stop_reason` say how sure
+  it is after every ask, whether or not stopping is on. The stop rule does not let the unexplained
+  residual's prior sd fall below STOP_S_G (a model whose top layouts measure as predicted may still
+  lack physics elsewhere), and the GP's sd is widened when its leave-one-out errors say it does not
+  explain the data (transfer.GP.calibrate).
 Deterministic: ties break by a seeded permutation.
 """
 
@@ -30,9 +33,11 @@ import math
 import numpy as np
 from scipy.special import ndtr
 
+from tuner.best import headroom_gb
 from tuner.layout import Layout
 from tuner.perfmodel import predict
 from tuner.search.base import BaseSearcher
+from tuner.search.confidence import beat_probability, margin_of
 from tuner.transfer import F_DIM, FM_DIM, GP, Z_DIM, Features, Observations, features, warm_start_records
 from tuner.trial import Status, TrialResult
 
@@ -75,11 +80,17 @@ class GuidedSearcher(BaseSearcher):
         self.pending: dict[int, None] = {}      # asked, not told (insertion-ordered)
         self.best_log: float | None = None
         self.best_layout: Layout | None = None
+        self.best_index: int | None = None
         self.n_ok = 0
-        self.confidence: float | None = None    # P(no remaining layout beats the best by > threshold)
+        self.confidence: float | None = None    # P(no layout beats the recommended one by > threshold)
         self.stop_reason: str | None = None
         self.stopped = False
         self.mem_scale = 1.0                    # max measured/predicted peak seen (reported)
+        self.failed = np.zeros(n, dtype=bool)   # told a failure: cannot be the fastest
+        if workload is not None:                # unmeasured first picks keep the memory headroom
+            self.roomy = self.log_mem <= math.log(max(self.capacity - headroom_gb(workload), 1e-9))
+        else:
+            self.roomy = np.ones(n, dtype=bool)
 
     # ---- telling ----------------------------------------------------------------------------------
     def _observe(self, layout: Layout, result: TrialResult, asked: bool) -> None:
@@ -93,14 +104,23 @@ class GuidedSearcher(BaseSearcher):
             return
         if result.status == Status.PRUNED:
             return                              # the model's own verdict: nothing learned about the world
-        self.own.add_result(ft, result.status, result.peak_fraction, result.peak_memory_gb, self.capacity)
+        self.own.add_result(ft, result.status, result.mfu, result.peak_memory_gb, self.capacity)
+        if i is not None and result.status not in (Status.OK, Status.STOPPED):
+            self.failed[i] = True
         if result.status == Status.OK and result.peak_memory_gb and self.workload is not None:
             self.mem_scale = max(self.mem_scale, result.peak_memory_gb / math.exp(ft.log_mem))
-        if result.status == Status.OK and result.peak_fraction:
+        if result.status == Status.OK and result.mfu:
             self.n_ok += 1
-            v = math.log(max(result.peak_fraction, 1e-6))
+            v = math.log(max(result.mfu, 1e-6))
             if self.best_log is None or v > self.best_log:
-                self.best_log, self.best_layout = v, layout
+                self.best_log, self.best_layout, self.best_index = v, layout, i
+
+    def tell_claimed_elsewhere(self, layout: Layout) -> None:
+        """Another driver runs `layout`: never propose it, and do not wait for its result."""
+        i = self.index.get(layout)
+        if i is not None:
+            self.used[i] = True
+            self.pending.pop(i, None)
 
     # ---- beliefs ----------------------------------------------------------------------------------
     def _time_data(self) -> Observations:
@@ -115,11 +135,11 @@ class GuidedSearcher(BaseSearcher):
         obs = self._time_data()
         gp = obs.time_gp()
         if extra:
+            Z, F, y, noise = obs.time_data()
             mu, _ = gp.predict(self.Z[extra], self.F[extra])
-            for i, m in zip(extra, mu):
-                obs.Z.append(self.Z[i]), obs.F.append(self.F[i]), obs.y.append(float(m)), obs.noise.append(0.0)
             gp = GP(s_c=gp.s_c, s_w=gp.s_w, s_g=gp.s_g, ell=gp.ell, noise=gp.noise, sd_scale=gp.sd_scale).fit(
-                np.array(obs.Z), np.array(obs.F), obs.y, obs.noise)
+                np.vstack([Z, self.Z[extra]]), np.vstack([F, self.F[extra]]), [*y, *map(float, mu)],
+                [*noise, *[0.0] * len(extra)])
         return gp, obs
 
     def p_fit(self) -> np.ndarray:
@@ -145,27 +165,30 @@ class GuidedSearcher(BaseSearcher):
         return super().ask(n)
 
     def _should_stop(self) -> bool:
-        """Update `confidence`; True when stopping is on and nothing left is likely to be better."""
-        if self.best_log is None or self.n_ok < 1:
+        """Update `confidence`; True when stopping is on and no layout is likely to beat the recommended one."""
+        if self.best_index is None or self.n_ok < 1:
             self.confidence = None
             return False
-        gp, obs = self._beliefs(list(self.pending))
+        gp, obs = self._beliefs([])             # running trials are not measurements
         if gp.s_g < STOP_S_G:       # physics the model lacks, where nothing was measured: never ruled out
             gp = GP(s_c=gp.s_c, s_w=gp.s_w, s_g=STOP_S_G, ell=gp.ell, noise=gp.noise, sd_scale=gp.sd_scale).fit(
-                np.array(obs.Z), np.array(obs.F), obs.y, obs.noise)
-        free = np.flatnonzero(~self.used)
-        mu, sd = gp.predict(self.Z[free], self.F[free])
-        margin = math.log1p(self.stop_threshold if self.stop_threshold is not None else 0.01)
-        p = ndtr((self.log_pred[free] + mu - self.best_log - margin) / np.maximum(sd, 1e-6)) * self.p_fit()[free]
-        worst = float(p.max()) if p.size else 0.0
-        self.confidence = 1.0 - worst
+                *obs.time_data())
+        threshold = self.stop_threshold if self.stop_threshold is not None else 0.01
+        others = np.flatnonzero(~self.failed)
+        others = others[others != self.best_index]
+        ran = np.array([self.candidates[j] in self.told for j in range(len(self.candidates))])
+        p_fit = np.where(ran, 1.0, self.p_fit())
+        rng = np.random.default_rng([self.seed, 13, len(self.told)])
+        p = beat_probability(gp, self.Z, self.F, self.log_pred, self.best_index, others, p_fit,
+                             margin_of(threshold), rng)
+        self.confidence = 1.0 - p
         self.stopped = False
-        if self.stop_threshold is None or self.n_ok < self.min_trials or worst > self.stop_probability:
+        if self.stop_threshold is None or self.n_ok < self.min_trials or p > self.stop_probability:
             return False
         self.stopped = True
-        self.stop_reason = (f"no remaining layout has more than a {100 * worst:.1f} % chance of beating the best "
-                            f"({math.exp(self.best_log):.3f} of peak, {self.best_layout.key()}) by more than "
-                            f"{100 * self.stop_threshold:g} %: {100 * self.confidence:.1f} % confident")
+        self.stop_reason = (f"{100 * self.confidence:.1f} % confident that no layout trains more than "
+                            f"{100 * self.stop_threshold:g} % faster than {self.best_layout.key()} "
+                            f"(MFU {100 * math.exp(self.best_log):.2f} %)")
         return True
 
     def _initial_pick(self, score: np.ndarray, chosen: list[int]) -> int | None:
@@ -182,6 +205,8 @@ class GuidedSearcher(BaseSearcher):
         ok = [i for i in free if self.family[i] not in seen and score[i] >= top + math.log(DIVERSE_WITHIN)]
         if not seen:
             ok = list(free)
+        if any(self.roomy[i] for i in ok):
+            ok = [i for i in ok if self.roomy[i]]
         if not ok:
             return None
         return int(max(ok, key=lambda i: score[i] + self._tiebreak[i]))

@@ -1,8 +1,10 @@
 """The store's schema (SQLAlchemy 2 ORM), its versions and migrations, and the records it hands out.
 
 Tables: `meta` (schema_version), `studies` (one search) and a wide, typed `trials` table (one measured
-or predicted layout: the six layout fields, the four measured metrics and the four predicted ones as
-columns). A layout is at most once per study: unique (study_id, layout_key).
+or predicted layout: the six layout fields, the measured metrics and the predicted ones as columns).
+A layout is at most once per study: unique (study_id, layout_key). Trials are ranked by `mfu` (model-FLOPs
+utilisation from the measured samples/s: training speed); `tflops_per_gpu` / `peak_fraction` keep
+Megatron's count (recompute included), reported beside it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from tuner.errors import StoreError
 from tuner.layout import Layout
 from tuner.trial import Status
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 STUDY_STATES = ("running", "done", "interrupted")
 
 Json = JSON().with_variant(JSONB(), "postgresql")
@@ -90,7 +92,7 @@ class TrialRow(Base):
     __table_args__ = (
         UniqueConstraint("study_id", "number", name="uq_trials_study_number"),
         UniqueConstraint("study_id", "layout_key", name="uq_trials_study_layout"),
-        Index("ix_trials_best", "study_id", "status", "peak_fraction"),   # best(), trials(statuses), counts()
+        Index("ix_trials_speed", "study_id", "status", "mfu"),   # best(), trials(statuses), counts()
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -107,7 +109,9 @@ class TrialRow(Base):
     tflops_per_gpu: Mapped[float | None] = mapped_column(Float)
     peak_fraction: Mapped[float | None] = mapped_column(Float)
     samples_per_second: Mapped[float | None] = mapped_column(Float)
+    mfu: Mapped[float | None] = mapped_column(Float)
     peak_memory_gb: Mapped[float | None] = mapped_column(Float)
+    predicted_mfu: Mapped[float | None] = mapped_column(Float)
     predicted_tflops_per_gpu: Mapped[float | None] = mapped_column(Float)
     predicted_peak_fraction: Mapped[float | None] = mapped_column(Float)
     predicted_memory_gb: Mapped[float | None] = mapped_column(Float)
@@ -136,7 +140,34 @@ def _migrate_to_1(conn) -> None:
     Base.metadata.create_all(conn, checkfirst=True)
 
 
-MIGRATIONS: dict[int, Callable] = {1: _migrate_to_1}
+def _migrate_to_2(conn) -> None:
+    """Rank by training speed: add mfu / predicted_mfu, computed from the stored samples/s and
+    predicted step time with each study's own workload; the speed index replaces the old one."""
+    from sqlalchemy import text
+
+    from tuner import metrics
+    from tuner.specs import Workload
+
+    have = {c["name"] for c in inspect(conn).get_columns("trials")}
+    for col in ("mfu", "predicted_mfu"):
+        if col not in have:
+            conn.execute(text(f"ALTER TABLE trials ADD COLUMN {col} FLOAT"))
+    conn.execute(text("DROP INDEX IF EXISTS ix_trials_best"))
+    conn.execute(text("CREATE INDEX IF NOT EXISTS ix_trials_speed ON trials (study_id, status, mfu)"))
+    for sid, wl in conn.execute(select(StudyRow.id, StudyRow.workload)).all():
+        try:
+            w = Workload.from_dict(wl)
+        except Exception:        # a study whose workload no longer loads keeps mfu empty (never ranked)
+            continue
+        rows = conn.execute(select(TrialRow.id, TrialRow.samples_per_second, TrialRow.predicted_step_time_s)
+                            .where(TrialRow.study_id == sid)).all()
+        for tid, sps, step in rows:
+            conn.execute(update(TrialRow).where(TrialRow.id == tid).values(
+                mfu=metrics.mfu(sps, w) if sps else None,
+                predicted_mfu=metrics.mfu(w.global_batch / step, w) if step else None))
+
+
+MIGRATIONS: dict[int, Callable] = {1: _migrate_to_1, 2: _migrate_to_2}
 
 
 def apply_migrations(conn, start: int) -> None:
@@ -163,8 +194,8 @@ def newer_error(shown: str, version: int) -> StoreError:
                       f"understands ({SCHEMA_VERSION}): upgrade tuner (`pip install -U tuner`)")
 
 
-MEASURED = ("tflops_per_gpu", "peak_fraction", "samples_per_second", "peak_memory_gb")
-PREDICTED = {"predicted_tflops_per_gpu": "tflops_per_gpu", "predicted_peak_fraction": "peak_fraction",
+MEASURED = ("tflops_per_gpu", "peak_fraction", "samples_per_second", "mfu", "peak_memory_gb")
+PREDICTED = {"predicted_mfu": "mfu", "predicted_tflops_per_gpu": "tflops_per_gpu", "predicted_peak_fraction": "peak_fraction",
              "predicted_memory_gb": "memory_gb", "predicted_step_time_s": "step_time_s"}
 
 
@@ -218,7 +249,9 @@ class TrialRecord:
     tflops_per_gpu: float | None = None
     peak_fraction: float | None = None
     samples_per_second: float | None = None
+    mfu: float | None = None
     peak_memory_gb: float | None = None
+    predicted_mfu: float | None = None
     predicted_tflops_per_gpu: float | None = None
     predicted_peak_fraction: float | None = None
     predicted_memory_gb: float | None = None

@@ -350,23 +350,27 @@ class Store:
             return s.execute(q.values(status=Status.INTERRUPTED.value, ended_at=utcnow())).rowcount
         return 0 if nums == [] else self._tx(mark, f"marking trials of study '{study}' interrupted", write=True)
 
-    def best(self, model: str, cluster: str, nodes: int, k: int = 1, study: str | None = None) -> list[TrialRecord]:
-        """The k best ok trials, by peak fraction, of every study of that model, cluster and node count.
+    def best(self, model: str, cluster: str, nodes: int, k: int = 1, study: str | None = None,
+             global_batch: int | None = None) -> list[TrialRecord]:
+        """The k fastest ok trials (highest MFU) of every study of that model, cluster and node count
+        (and global batch, when given: speeds at another global batch do not compare).
 
-        The top k of each matching study (index range on (study_id, status, peak_fraction)), merged:
+        The top k of each matching study (index range on (study_id, status, mfu)), merged:
         fast whatever the number of trials and whether anything matches."""
         if k <= 0:
             return []
         def run(s: Session) -> list[TrialRecord]:
             q = select(StudyRow).where(StudyRow.model_name == model, StudyRow.cluster_name == cluster,
                                        StudyRow.nodes == int(nodes))
+            if global_batch is not None:
+                q = q.where(StudyRow.global_batch == int(global_batch))
             studies = {r.id: r for r in s.execute(q if study is None else q.where(StudyRow.name == study)).scalars()}
             rows: list[TrialRow] = []
             for sid in studies:
                 rows += s.execute(select(TrialRow).where(
-                    TrialRow.study_id == sid, TrialRow.status == Status.OK.value, TrialRow.peak_fraction.is_not(None))
-                    .order_by(TrialRow.peak_fraction.desc(), TrialRow.number).limit(k)).scalars()
-            rows.sort(key=lambda t: (-t.peak_fraction, t.study_id, t.number))
+                    TrialRow.study_id == sid, TrialRow.status == Status.OK.value, TrialRow.mfu.is_not(None))
+                    .order_by(TrialRow.mfu.desc(), TrialRow.number).limit(k)).scalars()
+            rows.sort(key=lambda t: (-t.mfu, t.study_id, t.number))
             return [TrialRecord.from_row(t, studies[t.study_id]) for t in rows[:k]]
         return self._tx(run, "finding the best trials")
 

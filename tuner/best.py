@@ -1,0 +1,105 @@
+"""Best layouts nobody measured: the model's ranking by training speed, corrected by stored trials. Pure.
+
+`best_for_unmeasured` answers "best layout for N nodes" where N was never measured (and `plan` /
+`launch` without trials use the same memory rule): the performance model corrected by every stored
+trial of the same model and cluster at other node counts (tuner/transfer.py), ranked by corrected MFU
+(samples/s for the workload's global batch).
+
+An answer nobody measured keeps a memory margin: a layout is recommended first only if its corrected
+peak memory leaves `headroom` of HBM free, where headroom = min(cluster.memory_headroom, 1.65 x the
+memory correction's sd at that layout) -- the cluster's stated margin (default 5 %), learned down as
+measured peaks of this model and cluster come in. Layouts that fit only without the margin come after.
+"""
+
+from __future__ import annotations
+
+import math
+import numpy as np
+
+from tuner import metrics
+from tuner.errors import UsageError
+from tuner.layout import Layout
+from tuner.perfmodel import predict
+from tuner.specs import Workload
+from tuner.transfer import Observations, features, warm_start_records
+
+Z90 = 1.645           # two-sided 90 % interval / one-sided 95 % bound of a normal
+
+
+def headroom_gb(workload: Workload, memory_sd: float = math.inf) -> float:
+    """GB of HBM an unmeasured recommendation keeps free (see the module docstring)."""
+    share = min(workload.cluster.memory_headroom, Z90 * memory_sd)
+    return share * workload.cluster.memory_gb
+
+
+def corrected(layouts: list[Layout], workload: Workload, obs: Observations, preds=None) -> list[dict]:
+    """For each layout: raw and corrected MFU and memory, the residual's uncertainty, the probability
+    that it fits in memory and whether it keeps the memory headroom."""
+    preds = preds or [predict(lay, workload) for lay in layouts]
+    fts = [features(lay, workload, p) for lay, p in zip(layouts, preds)]
+    Z, F, FM = (np.array([getattr(f, a) for f in fts]) for a in ("z", "f", "fm"))
+    mu, sd = obs.time_gp().predict(Z, F)
+    mmu, msd = obs.memory_gp().predict(Z, FM)
+    cap = workload.cluster.memory_gb
+    out = []
+    for i, (lay, p, ft) in enumerate(zip(layouts, preds, fts)):
+        mem = math.exp(ft.log_mem + mmu[i])
+        z = (math.log(cap) - ft.log_mem - mmu[i]) / math.hypot(msd[i], 0.02)
+        out.append({"layout": lay, "raw": p, "log_mean": ft.log_pred + mu[i], "log_sd": float(sd[i]),
+                    "mfu": math.exp(ft.log_pred + mu[i]), "memory_gb": mem,
+                    "p_fit": 0.5 * math.erfc(-z / math.sqrt(2)),
+                    "headroom_ok": mem <= cap - headroom_gb(workload, float(msd[i]))})
+    return out
+
+
+def _evidence(ws, workload: Workload, studies: dict | None) -> dict:
+    ev = dict(ws.evidence)
+    other_gb = sorted({int(st.global_batch) for name, st in (studies or {}).items() if name in ev["studies"]
+                       and int(st.global_batch) != workload.global_batch})
+    notes = [f"corrected by measurements at other node counts ({ev['node_counts']})" if ev["ok_trials"]
+             else "no stored measurements of this model and cluster: the model alone"]
+    if other_gb:
+        notes.append(f"studies at global batch {', '.join(map(str, other_gb))} used as evidence only; the answer is "
+                     f"for global batch {workload.global_batch}")
+    return dict(ev, global_batch=workload.global_batch, other_global_batches=other_gb, note="; ".join(notes))
+
+
+def answer(row: dict, workload: Workload, evidence: dict) -> dict:
+    """One predicted recommendation: layout, speed (MFU, samples/s, a 90 % interval), Megatron's count,
+    memory against capacity and the margin kept."""
+    lay, cap = row["layout"], workload.cluster.memory_gb
+    sps = row["mfu"] / metrics.mfu(1.0, workload)
+    lo, hi = (sps * math.exp(s * Z90 * row["log_sd"]) for s in (-1, 1))
+    fig = metrics.figures(sps, workload, lay)
+    return {"layout": lay, "key": lay.key(), "predicted": True, **fig,
+            "samples_per_second_90": [lo, hi], "uncertainty": row["log_sd"],
+            "raw_mfu": row["raw"].mfu, "raw_samples_per_second": row["raw"].samples_per_second,
+            "raw_peak_fraction": row["raw"].peak_fraction, "raw_tflops_per_gpu": row["raw"].tflops_per_gpu,
+            "memory_gb": row["memory_gb"], "raw_memory_gb": row["raw"].memory_gb, "memory_capacity_gb": cap,
+            "memory_used_fraction": row["memory_gb"] / cap, "headroom_ok": row["headroom_ok"],
+            "p_fit": row["p_fit"], "evidence": evidence}
+
+
+def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies: dict | None = None) -> list[dict]:
+    """The k fastest predicted layouts of `space` for `workload` (a node count never measured), the model
+    corrected by the stored trials of the same model and cluster at other node counts (`studies`:
+    name -> StudyRecord, for their global batch). Layouts that keep the memory headroom come first.
+    Raises UsageError when no layout of the space is valid or likely to fit."""
+    from tuner.space import no_layout_reason
+
+    layouts = space.enumerate_layouts(workload)
+    if not layouts:
+        raise UsageError(f"no valid layout for {workload.model.name} on {workload.nodes} node(s) "
+                         f"({workload.gpus} GPUs): {no_layout_reason(space, workload)}")
+    ws = warm_start_records(records, workload, studies)
+    rows = corrected(layouts, workload, ws.observations)
+    likely = [r for r in rows if r["p_fit"] >= 0.5]
+    if not likely:
+        least = min(rows, key=lambda r: r["memory_gb"])
+        raise UsageError(f"no valid layout of {workload.model.name} fits on {workload.nodes} node(s) "
+                         f"({workload.gpus} GPUs): the smallest needs {least['memory_gb']:.1f} GB per GPU of "
+                         f"{workload.cluster.memory_gb:g} ({least['layout'].key()}); use more nodes")
+    likely.sort(key=lambda r: (not r["headroom_ok"], -r["mfu"], r["memory_gb"]))
+    evidence = _evidence(ws, workload, studies)
+    return [answer(r, workload, evidence) for r in likely[:max(int(k), 1)]]
+
