@@ -1,23 +1,30 @@
-"""Search efficiency on worlds that differ from the model: trials to reach within 3 % of the world's optimum.
+"""Search efficiency on worlds the model did not write: how fast is the layout each searcher recommends?
 
-Each world (benchmarks/world.py) is the simulator with perturbed cluster constants, physics the model
-lacks, a memory estimate that is off, and 2 % seeded noise. Its optimum is found by evaluating the
-world on every candidate the default driver would run (the model prunes layouts it predicts not to
-fit; worlds where such a layout would be faster say so in the 'pruned opt' column). Every searcher runs
-through the Driver (default pruning) with an in-memory SQLite store; one configuration also runs
-through the command runner (`python benchmarks/world.py --perturb JSON`) to prove that path gives the
-same trials.
+The worlds (benchmarks/indep_worlds.py) have physics written independently of tuner.perfmodel, drawn
+per seed in three families (compute-bound, network-bound, host-bound) over four workloads. Seeds are
+drawn at run time (printed; `--seed-list` reproduces a run), never hand-picked. Every search runs
+through the real Driver (default pruning, in-memory SQLite store, budget 12; guided without its stop
+rule, which benchmarks/hostile_worlds.py measures).
 
-    python benchmarks/search_efficiency.py [--seeds 5] [--budget 40] [--searchers guided,cbo,...] [--worlds a,b]
+"Recommended after k trials" is the layout with the highest measured samples/s among the first k trials
+that ran (pruned layouts are not trials; only status ok counts). Its score is its TRUE samples/s divided
+by the world's fastest over every layout that really runs, including those the model would prune.
 
-Prints per world and searcher the median number of trials to reach within 3 % of the optimum (">B"
-when a run never did within the budget B) and the median best fraction of the optimum after 12 trials.
+Transfer: a 10-trial guided study at N nodes, then the layout `tuner best --nodes 2N` answers from that
+study (tuner.best.best_for_unmeasured), scored against the world at 2N (same physics, same seed).
+
+    python benchmarks/search_efficiency.py [--seeds 10] [--seed-list 1,2,3] [--quick] [--jobs 2]
+
+Prints, per world, the model's rank of the optimum and how the model's memory verdicts disagree with
+the world; per family and searcher the median and the worst seed after 6, 8 and 12 trials; the transfer
+figures; the wall time.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import multiprocessing
+import secrets
 import statistics
 import sys
 import tempfile
@@ -27,144 +34,158 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from world import WorldRunner, truth  # noqa: E402
+from indep_worlds import FAMILIES, WORKLOADS, World, draw_world  # noqa: E402
 
+from tuner.best import best_for_unmeasured  # noqa: E402
 from tuner.driver import Driver  # noqa: E402
 from tuner.executors import InlineExecutor  # noqa: E402
-from tuner.perfmodel import predict  # noqa: E402
-from tuner.runners.command import CommandRunner  # noqa: E402
+from tuner.perfmodel import rank  # noqa: E402
 from tuner.search import make_searcher  # noqa: E402
 from tuner.space import load_space  # noqa: E402
 from tuner.specs import make_workload  # noqa: E402
 from tuner.store import StudyRecord, open_store  # noqa: E402
 from tuner.trial import Status  # noqa: E402
 
-WITHIN = 0.97
-AT = 12
 SEARCHERS = ("guided", "cbo", "tpe", "random", "grid")
-# name -> (model, nodes, perturbation); multipliers on the cluster file's constants (benchmarks/world.py)
-WORLDS = {
-    "22b-2n-slowtp2": ("22b", 2, {"matmul_efficiency": 0.7, "gemm_knee_gflop": 1.5, "microbatch_overhead_ms": 1.5,
-                                  "slow": {"tp2": 1.25}}),
-    "22b-2n-hbm-mem": ("22b", 2, {"hbm_bandwidth_gbps": 0.5, "gemm_knee_gflop": 0.5, "memory_reserved_gb": 2.5,
-                                  "slow": {"pp1": 1.15}}),
-    "22b-8n-slownet": ("22b", 8, {"inter_node_bandwidth_gbps": 0.5, "intra_node_bandwidth_gbps": 0.5, "latency_us": 2.0,
-                                  "memory_reserved_gb": 3.0, "slow": {"mb4": 1.1, "z1": 1.08}}),
-    "22b-8n-fastnet": ("22b", 8, {"inter_node_bandwidth_gbps": 1.5, "matmul_efficiency": 1.3, "gemm_knee_gflop": 0.6,
-                                  "pp_penalty": 0.04, "tp_penalty": 0.1}),
-    "175b-16n-memoff": ("175b", 16, {"activation_memory": 1.5, "memory_reserved_gb": 4.0,
-                                     "microbatch_overhead_ms": 2.0}),
-    "175b-16n-overhead": ("175b", 16, {"microbatch_overhead_ms": 2.5, "gemm_knee_gflop": 1.5,
-                                       "inter_node_bandwidth_gbps": 0.7, "slow": {"pp16": 1.12}}),
-    "175b-64n-slownet": ("175b", 64, {"inter_node_bandwidth_gbps": 0.5, "memory_reserved_gb": 1.5, "zero_penalty": 0.03,
-                                      "slow": {"tp4": 1.12}}),
-    "175b-64n-smallgemm": ("175b", 64, {"gemm_knee_gflop": 0.4, "microbatch_overhead_ms": 0.4,
-                                        "intra_node_bandwidth_gbps": 0.5, "slow": {"dp32": 1.1}}),
-    "1t-128n-lowmem": ("1t", 128, {"activation_memory": 0.7, "gemm_knee_gflop": 0.5, "inter_node_bandwidth_gbps": 0.6,
-                                   "microbatch_overhead_ms": 1.5, "slow": {"pp16": 1.1}}),
-    "1t-128n-oom": ("1t", 128, {"activation_memory": 1.3, "microbatch_overhead_ms": 3.0,
-                                "inter_node_bandwidth_gbps": 0.5}),
-}
+AFTER = (6, 8, 12)
+BUDGET = 12
+TRANSFER_BUDGET = 10
+NOISE = 0.02
+FAR = 20        # a world whose optimum the model ranks beyond this is one the model alone would miss
 
 
-def world_optimum(model: str, nodes: int, perturb: dict) -> dict:
-    """The world's optimum over the layouts the default driver runs, and over every candidate."""
-    w = make_workload(model, nodes)
-    cands = load_space().enumerate_layouts(w)
-    runnable = [c for c in cands if predict(c, w).fits]
-    val = {c: truth(c, w, perturb)[0] for c in cands}
-    best = max(runnable, key=lambda c: val[c] or 0.0)
-    best_all = max(cands, key=lambda c: val[c] or 0.0)
-    model_top = max(runnable, key=lambda c: predict(c, w).peak_fraction)
-    return {"workload": w, "candidates": cands, "values": val, "opt": val[best], "opt_layout": best,
-            "opt_all": val[best_all] or 0.0, "model_top": (val[model_top] or 0.0) / val[best],
-            "runnable": len(runnable), "fails": sum(val[c] is None for c in runnable)}
-
-
-def search(world: dict, perturb: dict, searcher: str, seed: int, budget: int, runner=None,
-           results_dir: Path | None = None) -> list:
-    """The layouts of the trials the driver ran (pruned ones excluded), in order."""
-    w, space = world["workload"], load_space()
+def run_study(world: World, searcher: str, seed: int, budget: int, transfer_nodes: int | None = None):
+    """(trials that ran, in order; the layout `tuner best` gives for transfer_nodes, or None)."""
+    w, space = world.workload, load_space()
     store = open_store("sqlite://")
     name = f"{searcher}-{seed}"
-    runner = runner or WorldRunner({**perturb, "seed": seed})
+    runner = world.runner(noise=NOISE, seed=seed)
     store.create_study(StudyRecord(name, w.as_dict(), {"name": space.name}, searcher, runner.name))
-    s = make_searcher(searcher, world["candidates"], seed=seed, workload=w)
+    options = {"stop_threshold": None} if searcher == "guided" else {}
+    s = make_searcher(searcher, world.candidates, seed=seed, workload=w, **options)
     Driver(store=store, study=name, workload=w, space=space, searcher=s, runner=runner, executor=InlineExecutor(),
-           budget=budget, results_dir=results_dir or Path(tempfile.gettempdir())).run()
+           budget=budget, results_dir=Path(tempfile.gettempdir())).run()
     trials = sorted(store.trials(name), key=lambda t: t.number)
+    best = None
+    if transfer_nodes:
+        w2 = make_workload(w.model, transfer_nodes, w.cluster)
+        best = best_for_unmeasured(w2, space, trials, k=1, studies={name: store.get_study(name)})[0]["layout"]
     store.close()
-    return [t.layout for t in trials if t.status != Status.PRUNED]
+    return [t for t in trials if t.status != Status.PRUNED], best
 
 
-def score(world: dict, layouts: list) -> tuple[int | None, float]:
-    """(trials to reach within 3 % of the optimum or None, best fraction of the optimum after 12)."""
-    vals = [(world["values"][lay] or 0.0) / world["opt"] for lay in layouts]
-    reach = next((i + 1 for i, v in enumerate(vals) if v >= WITHIN), None)
-    return reach, max(vals[:AT], default=0.0)
+def recommended(trials: list, k: int):
+    """The layout with the highest measured samples/s among the first k trials that ran (None: none ok)."""
+    ok = [t for t in trials[:k] if t.status == Status.OK and t.samples_per_second]
+    return max(ok, key=lambda t: t.samples_per_second).layout if ok else None
 
 
-def command_check(world: dict, perturb: dict, budget: int = 12) -> str:
-    """guided, seed 0, through the command runner: the same trials as in-process."""
-    with tempfile.TemporaryDirectory() as d:
-        argv = [sys.executable, str(Path(__file__).resolve().parent / "world.py"), "--perturb",
-                json.dumps({**perturb, "seed": 0})]
-        t = time.monotonic()
-        via_cmd = search(world, perturb, "guided", 0, budget, CommandRunner(argv, results_dir=d), Path(d))
-        secs = time.monotonic() - t
-    in_proc = search(world, perturb, "guided", 0, budget)
-    same = "identical" if via_cmd == in_proc else "DIFFERENT"
-    return f"{len(via_cmd)} trials through the command runner in {secs:.1f} s: {same} to in-process"
+def true_fraction(world: World, layout, opt: float) -> float:
+    if layout is None:
+        return 0.0
+    v = world.truth(layout)[0]
+    return (v or 0.0) / opt
+
+
+def model_facts(world: World, opt_layout) -> dict:
+    """What the tuner's model says about this world: the rank of its optimum, memory disagreements."""
+    preds = rank(world.candidates, world.workload)
+    order = [p.layout for p in preds]
+    runs = {p.layout: world.truth(p.layout)[0] is not None for p in preds}
+    top_v = world.truth(order[0])[0] or 0.0
+    return {"rank": order.index(opt_layout) + 1, "candidates": len(preds), "runs": sum(runs.values()),
+            "oom_fit": sum(p.fits and not runs[p.layout] for p in preds),
+            "run_pruned": sum(runs[p.layout] and not p.fits for p in preds),
+            "opt_pruned": not next(p.fits for p in preds if p.layout == opt_layout),
+            "model_top": top_v / world.truth(opt_layout)[0]}
+
+
+def evaluate(task: tuple) -> dict:
+    """Every searcher and the transfer case on one drawn world."""
+    order, (family, model, nodes, seed, searchers) = task
+    world = draw_world(family, model, nodes, seed)
+    opt_layout, opt = world.optimum()
+    out = {"order": order, "family": family, "workload": f"{model}@{nodes}n", "seed": seed,
+           **model_facts(world, opt_layout), "scores": {}}
+    for s in searchers:
+        trials, _ = run_study(world, s, seed, BUDGET)
+        out["scores"][s] = [true_fraction(world, recommended(trials, k), opt) for k in AFTER]
+    _, best = run_study(world, "guided", seed, TRANSFER_BUDGET, transfer_nodes=2 * nodes)
+    world2 = draw_world(family, model, 2 * nodes, seed)
+    out["transfer"] = true_fraction(world2, best, world2.optimum()[1])
+    return out
+
+
+def cell(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} / {min(values):.3f}"
+
+
+def print_worlds(results: list[dict]) -> None:
+    print("worlds: the model's rank of each seed's optimum (* = the model prunes it), layouts the model says fit that "
+          "OOM, layouts it prunes that run, the model's top pick's true speed / optimum (median)\n")
+    head = f"{'family':14} {'workload':10} {'cands':>5} {'runs':>5} {'oom|fit':>7} {'run|pruned':>10} {'top/opt':>7}  ranks"
+    print(head)
+    print("-" * len(head))
+    for fam in FAMILIES:
+        for wl in dict.fromkeys(r["workload"] for r in results if r["family"] == fam):
+            rs = [r for r in results if r["family"] == fam and r["workload"] == wl]
+            ranks = " ".join(f"{r['rank']}{'*' if r['opt_pruned'] else ''}" for r in rs)
+            med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
+            print(f"{fam:14} {wl:10} {rs[0]['candidates']:5d} {med('runs'):5g} {med('oom_fit'):7g} "
+                  f"{med('run_pruned'):10g} {med('model_top'):7.3f}  {ranks}")
+    far = sum(r["rank"] > FAR for r in results)
+    print(f"\n{far} of {len(results)} worlds have their optimum ranked beyond {FAR} by the model; "
+          f"{sum(r['oom_fit'] > 0 for r in results)} have an OOM among layouts the model says fit, "
+          f"{sum(r['run_pruned'] > 0 for r in results)} a running layout the model prunes\n")
+
+
+def print_scores(results: list[dict], searchers: list[str]) -> None:
+    print("true speed of the recommended layout / the world's fastest, median / worst seed\n")
+    head = f"{'family':14} {'searcher':8} " + " ".join(f"{f'after {k}':>15}" for k in AFTER)
+    print(head)
+    print("-" * len(head))
+    for fam in FAMILIES:
+        rs = [r for r in results if r["family"] == fam]
+        if not rs:
+            continue
+        for s in searchers:
+            cols = [cell([r["scores"][s][i] for r in rs]) for i in range(len(AFTER))]
+            print(f"{fam:14} {s:8} " + " ".join(f"{c:>15}" for c in cols))
+        print(f"{fam:14} {'transfer':8} {cell([r['transfer'] for r in rs]):>15}  "
+              f"(guided {TRANSFER_BUDGET} trials at N -> best at 2N, true / fastest at 2N)")
+    print()
+
+
+def tasks_for(args) -> tuple[list[tuple], list[int]]:
+    if args.seed_list:
+        seeds = [int(s) for s in args.seed_list.split(",")]
+    else:
+        seeds = [secrets.randbits(31) for _ in range(3 if args.quick and args.seeds is None else args.seeds or 10)]
+    searchers = args.searchers.split(",")
+    worlds = [(f, *WORKLOADS[i % len(WORKLOADS)]) for i, f in enumerate(FAMILIES)] if args.quick else \
+        [(f, m, n) for f in FAMILIES for m, n in WORKLOADS]
+    return list(enumerate((f, m, n, seed, searchers) for f, m, n in worlds for seed in seeds)), seeds
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--budget", type=int, default=40)
+    ap.add_argument("--seeds", type=int, default=None, help="seeds drawn at run time (default 10; 3 with --quick)")
+    ap.add_argument("--seed-list", default="", help="comma-separated seeds to reproduce a run")
+    ap.add_argument("--quick", action="store_true", help="one workload per family (smoke run)")
     ap.add_argument("--searchers", default=",".join(SEARCHERS))
-    ap.add_argument("--worlds", default=",".join(WORLDS))
-    ap.add_argument("--no-command-check", action="store_true")
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes over (world, seed)")
     args = ap.parse_args(argv)
-    names, worlds = args.searchers.split(","), args.worlds.split(",")
     t0 = time.monotonic()
-    medians: dict[str, list] = {s: [] for s in names}
-    worst_guided = 0
-    head = f"{'world':20} {'cands':>5} {'runs':>4} {'OOM':>4} {'model@opt':>9} {'pruned opt':>10} | " + \
-        " | ".join(f"{s:>12}" for s in names)
-    print(f"median trials to reach {100 * WITHIN:.0f} % of the world's optimum / median best fraction after {AT} "
-          f"trials ({args.seeds} seeds, budget {args.budget})\n")
-    print(head)
-    print("-" * len(head))
-    for wname in worlds:
-        model, nodes, perturb = WORLDS[wname]
-        world = world_optimum(model, nodes, perturb)
-        cells = []
-        for s in names:
-            res = [score(world, search(world, perturb, s, seed, args.budget)) for seed in range(args.seeds)]
-            reach = [r if r is not None else args.budget + 1 for r, _ in res]
-            med = statistics.median(reach)
-            medians[s].append(med)
-            if s == "guided":
-                worst_guided = max(worst_guided, max(reach))
-            shown = f">{args.budget}" if med > args.budget else f"{med:g}"
-            cells.append(f"{shown:>5} / {statistics.median(b for _, b in res):.3f}")
-        pruned = world["opt_all"] / world["opt"]
-        print(f"{wname:20} {len(world['candidates']):5d} {world['runnable']:4d} {world['fails']:4d} "
-              f"{world['model_top']:9.3f} {pruned:10.3f} | " + " | ".join(f"{c:>12}" for c in cells), flush=True)
-    print()
-    for s in names:
-        m = medians[s]
-        print(f"{s:8} median over worlds of the median trials to {100 * WITHIN:.0f} %: {statistics.median(m):g}"
-              f"  (worst world {max(m):g})")
-    if "guided" in names:
-        print(f"guided: every seed of every world within {100 * WITHIN:.0f} % after at most {worst_guided} trials")
-    if "guided" in names and "cbo" in names:
-        g, c = statistics.median(medians["guided"]), statistics.median(medians["cbo"])
-        print(f"cbo / guided trials: {c / g:.1f}x")
-    if not args.no_command_check:
-        model, nodes, perturb = WORLDS[worlds[0]]
-        print(f"command runner ({worlds[0]}): " + command_check(world_optimum(model, nodes, perturb), perturb))
-    print(f"\n{time.monotonic() - t0:.0f} s")
+    tasks, seeds = tasks_for(args)
+    print(f"{len(tasks)} worlds ({len(seeds)} seeds), searchers {args.searchers}, budget {BUDGET}, noise {NOISE}, "
+          f"{args.jobs} processes\nseeds: {','.join(map(str, seeds))}  (reproduce: --seed-list "
+          f"{','.join(map(str, seeds))}{' --quick' if args.quick else ''})\n", flush=True)
+    with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+        results = list(pool.imap_unordered(evaluate, tasks, chunksize=1))
+    results.sort(key=lambda r: r["order"])
+    print_worlds(results)
+    print_scores(results, args.searchers.split(","))
+    print(f"wall time {time.monotonic() - t0:.0f} s")
     return 0
 
 
