@@ -29,9 +29,9 @@ def test_clearly_worse_trial_is_stopped_after_warmup(tmp_path):
     out = d.run()
     assert out.reason == "exhausted" and out.ran == 2
     by_tp = {t.layout.tp: t for t in store.trials("es")}
-    assert by_tp[1].status == Status.OK and by_tp[1].tflops_per_gpu == 10.0
+    assert by_tp[1].status == Status.OK and by_tp[1].samples_per_second == 10.0
     slow = by_tp[2]
     assert slow.status == Status.STOPPED and "stopped early" in slow.message
-    assert slow.tflops_per_gpu == 1.0                       # the partial measurement is kept
+    assert slow.samples_per_second == 1.0                   # the partial measurement is kept
     lines = (Path(slow.log_path) / "progress.jsonl").read_text().splitlines()
     assert 2 <= len(lines) < 12                             # stopped after warm-up, before the end

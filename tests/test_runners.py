@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tuner import metrics
 from tuner.layout import Layout
 from tuner.runners import make_runner
 from tuner.specs import load_cluster, make_workload
@@ -135,8 +136,9 @@ class TestRunnerContract:
         r = runner.run(case.ok)
         assert isinstance(r, TrialResult)
         assert r.status == Status.OK, r.message
-        assert r.tflops_per_gpu > 0 and 0 < r.peak_fraction
-        assert r.objective == r.peak_fraction
+        assert r.samples_per_second > 0          # what every runner measures; tuner derives the rest
+        done = metrics.complete(r, case.ok.workload, case.ok.layout)
+        assert done.objective == done.mfu > 0 and done.tflops_per_gpu > 0 and 0 < done.peak_fraction
         assert isinstance(runner.measured, bool) and runner.name
 
     def test_failure_is_a_result(self, case, tmp_path):
@@ -184,8 +186,11 @@ def test_trial_dir_json_env_and_logs(tmp_path):
                                                                     activation_checkpointing=False))
     d = tmp_path / "trials" / "st" / "7"
     assert r.status == Status.OK and r.log_path == str(d.resolve())
-    assert r.tflops_per_gpu == 52.0 and r.samples_per_second == 12.5 and r.peak_memory_gb == 7.5
-    assert r.peak_fraction == pytest.approx(52.0 / load_cluster("frontier").peak_tflops)
+    assert r.samples_per_second == 12.0 and r.peak_memory_gb == 7.5      # 10 + micro_batch
+    t = spec("st", 7, zero_stage=0, activation_checkpointing=False)
+    assert r.mfu == pytest.approx(metrics.mfu(12.0, t.workload))          # the fixture's 999 TFLOPS ignored
+    assert r.tflops_per_gpu == pytest.approx(metrics.megatron_tflops(12.0, t.workload, t.layout))
+    assert r.peak_fraction == pytest.approx(r.tflops_per_gpu / load_cluster("frontier").peak_tflops)
     trial = json.loads((d / "trial.json").read_text())
     assert trial == spec("st", 7, zero_stage=0, activation_checkpointing=False).as_json()
     assert set(trial) == {"study", "trial", "layout", "model", "cluster", "nodes", "gpus", "global_batch"}
@@ -223,7 +228,7 @@ def test_relative_trial_dir_gets_absolute_paths(tmp_path, monkeypatch):
 def test_stale_result_of_a_resumed_trial_is_not_read(tmp_path):
     d = tmp_path / "trials" / "s" / "0"
     d.mkdir(parents=True)
-    (d / "result.json").write_text('{"status": "ok", "tflops_per_gpu": 1}')
+    (d / "result.json").write_text('{"status": "ok", "samples_per_second": 1}')
     r = command(tmp_path, fixture_cmd("exit_nonzero.py")).run(spec())
     assert r.status == Status.FAILED
 
@@ -311,6 +316,9 @@ def test_early_stop_hook(tmp_path):
                      early_stop=stop, poll_interval=0.1)
     r = runner.run(spec())
     assert r.status == Status.STOPPED and seen and seen[-1] >= 2
+    last = [json.loads(x) for x in (Path(r.log_path) / "progress.jsonl").read_text().splitlines()][seen[-1] - 1]
+    assert r.samples_per_second == last["samples_per_second"] > 0      # its partial measurement, kept
+    assert r.mfu == pytest.approx(metrics.mfu(r.samples_per_second, spec().workload)) and r.objective is None
 
 
 def test_study_name_cannot_escape_results(tmp_path):
@@ -325,6 +333,125 @@ def test_bad_options_are_usage_errors(tmp_path):
         make_runner("command", command="  ")
     with pytest.raises(UsageError, match="--trial-timeout"):
         make_runner("command", command="true", trial_timeout=0)
+
+
+# ---- the result contract: samples/s (or step time) in, every figure derived by tuner (issue 11) ----
+
+def result_of(tmp_path, result: dict, **layout) -> tuple:
+    trial = spec(**layout)
+    r = command(tmp_path, fixture_cmd("write_result.py"), env={"FAKE_RESULT": json.dumps(result)}).run(trial)
+    return r, trial
+
+
+def test_a_result_with_only_tflops_is_failed_naming_the_key_and_the_file(tmp_path):
+    r, _ = result_of(tmp_path, {"status": "ok", "tflops_per_gpu": 50.0, "peak_fraction": 0.3})
+    assert r.status == Status.FAILED and r.objective is None and r.mfu is None
+    assert "'samples_per_second'" in r.message and "'step_time_s'" in r.message
+    assert str(tmp_path / "trials" / "s" / "0" / "result.json") in r.message
+
+
+def test_step_time_is_converted_with_the_global_batch(tmp_path):
+    r, trial = result_of(tmp_path, {"status": "ok", "step_time_s": 2.0, "peak_memory_gb": 3.0})
+    assert r.status == Status.OK, r.message
+    assert r.samples_per_second == trial.workload.global_batch / 2.0 == 8.0
+    assert r.mfu == pytest.approx(metrics.mfu(8.0, trial.workload)) and r.objective == r.mfu
+
+
+def test_a_results_own_tflops_and_peak_fraction_are_ignored(tmp_path):
+    r, trial = result_of(tmp_path, {"status": "ok", "samples_per_second": 4.0, "tflops_per_gpu": 999.0,
+                                    "peak_fraction": 0.99}, activation_checkpointing=True)
+    assert r.status == Status.OK, r.message
+    assert r.tflops_per_gpu == pytest.approx(metrics.megatron_tflops(4.0, trial.workload, trial.layout))
+    assert r.tflops_per_gpu != 999.0 and r.peak_fraction != 0.99
+    assert r.mfu < r.peak_fraction        # Megatron's count includes the recompute: MFU does not
+
+
+@pytest.mark.parametrize("result,words", [
+    ({"status": "ok", "samples_per_second": -1.0}, "'samples_per_second' must be a finite number >= 0"),
+    ({"status": "ok", "step_time_s": "fast"}, "'step_time_s' must be a finite number >= 0"),
+    ({"status": "ok", "samples_per_second": 0}, "needs 'samples_per_second'"),
+])
+def test_bad_throughput_is_failed(tmp_path, result, words):
+    r, _ = result_of(tmp_path, result)
+    assert r.status == Status.FAILED and words in r.message
+
+
+def test_oom_needs_no_throughput(tmp_path):
+    r, _ = result_of(tmp_path, {"status": "oom", "peak_memory_gb": 80.0, "message": "CUDA out of memory"})
+    assert r.status == Status.OOM and r.peak_memory_gb == 80.0 and r.objective is None
+
+
+# ---- the store's secrets never reach a trial (issue 12, item 5) ---------------------------------
+
+def test_trial_environment_withholds_the_stores_secrets(tmp_path, monkeypatch):
+    import uuid
+    from tuner.runners.environment import withhold_url
+    pw, given = f"Pw-{uuid.uuid4().hex}", f"Db-{uuid.uuid4().hex}"
+    monkeypatch.setenv("TUNER_DB", f"postgresql+psycopg://bob:{pw}@db.example:5432/tuner")
+    monkeypatch.setenv("DATABASE_URL", "postgresql://alice@h/x?password=other-secret")
+    monkeypatch.setenv("PGPASSWORD", "pg-secret-value")
+    monkeypatch.setenv("PGPASSFILE", "/home/bob/.pgpass")
+    monkeypatch.setenv("MY_COPY_OF_THE_URL", f"user bob password {pw}")
+    monkeypatch.setenv("OTHER_SECRET", "x-other-secret-x")
+    monkeypatch.setenv("PG_AGAIN", "pg-secret-value")
+    monkeypatch.setenv("FROM_DB_OPTION", f"prefix:{given}")
+    monkeypatch.setenv("HARMLESS", "kept")
+    withhold_url(f"postgresql://carol:{given}@h/x")    # what the CLI does with --db
+    r = command(tmp_path, fixture_cmd("write_result.py")).run(spec())
+    assert r.status == Status.OK, r.message
+    d = tmp_path / "trials" / "s" / "0"
+    env = json.loads((d / "environ.json").read_text())
+    for name in ("TUNER_DB", "DATABASE_URL", "PGPASSWORD", "PGPASSFILE", "MY_COPY_OF_THE_URL", "OTHER_SECRET",
+                 "PG_AGAIN", "FROM_DB_OPTION"):
+        assert name not in env, name
+    assert env["HARMLESS"] == "kept" and env["TUNER_TRIAL_DIR"] == str(d.resolve())
+    for secret in (pw, given, "other-secret", "pg-secret-value", ".pgpass"):   # grep every file of the trial
+        assert not [f for f in d.rglob("*") if f.is_file() and secret.encode() in f.read_bytes()], secret
+
+
+def test_withheld_passwords_travel_with_a_pickled_runner(tmp_path):
+    import pickle
+    import uuid
+    from tuner.runners import environment
+    pw = f"Pw-{uuid.uuid4().hex}"
+    environment.withhold(pw)
+    state = pickle.loads(pickle.dumps(command(tmp_path, "true"))).__dict__
+    assert "_withheld" not in state
+    blob = pickle.dumps(command(tmp_path, "true"))
+    assert pw.encode() in blob                  # a Ray worker withholds them too
+
+
+# ---- relative paths in the command mean the directory tuner was started from (issue 12, item 7) --
+
+def _project(root: Path) -> Path:
+    root.mkdir()
+    (root / "train.py").write_text((FIXTURES / "write_result.py").read_text())
+    (root / "data.txt").write_text("data")
+    (root / "run.sh").write_text(f"#!/bin/sh\nexec {PY} \"$(dirname \"$0\")/train.py\" \"$@\"\n")
+    (root / "run.sh").chmod(0o755)
+    return root
+
+
+@pytest.mark.parametrize("cmd", ["python train.py data.txt --config=data.txt out.txt -v",
+                                 "./run.sh data.txt --config=data.txt out.txt -v",
+                                 "python {root}/train.py data.txt --config=data.txt out.txt -v"])
+def test_relative_and_absolute_scripts_run_from_the_start_directory(tmp_path, monkeypatch, cmd):
+    root = _project(tmp_path / "proj")
+    monkeypatch.chdir(root)
+    r = command(tmp_path / "results", cmd.replace("python", PY, 1).format(root=root)).run(spec())
+    assert r.status == Status.OK, r.message
+    d = tmp_path / "results" / "trials" / "s" / "0"
+    argv = json.loads((d / "argv.json").read_text())
+    assert argv[0] == str(root / "train.py")
+    assert argv[1:] == [str(root / "data.txt"), f"--config={root / 'data.txt'}", "out.txt", "-v"]
+    env = json.loads((d / "environ.json").read_text())           # it ran in its trial directory
+    assert env["TUNER_TRIAL_DIR"] == str(d.resolve()) and env["TUNER_START_DIR"] == str(root)
+
+
+def test_a_relative_script_that_does_not_exist_is_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = command(tmp_path, "./no-such-script.sh").run(spec())
+    assert r.status == Status.FAILED and str(tmp_path / "no-such-script.sh") in r.message
 
 
 # --------------------------------------------------------------------------------------------

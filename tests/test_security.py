@@ -175,6 +175,33 @@ def test_trial_commands_do_not_inherit_the_store_url(tuner, tmp_path, monkeypatc
     assert "TUNER_TRIAL_DIR" in out and secret not in out
 
 
+def test_no_variable_holding_the_db_options_password_reaches_a_trial(tuner, tmp_path, monkeypatch):
+    """--db's password (not in TUNER_DB here) withholds every variable that contains it, and the
+    store's usual variables (PGPASSWORD, PGPASSFILE, DATABASE_URL) are withheld whatever they hold."""
+    secret = f"Pw-{uuid.uuid4().hex[:12]}"
+    monkeypatch.setenv("MY_DB_URL", f"postgresql://bob:{secret}@db/x")
+    for name in ("PGPASSWORD", "PGPASSFILE", "DATABASE_URL"):
+        monkeypatch.setenv(name, f"value-of-{name}")
+    db = f"sqlite:///{tmp_path / 'other.db'}?password={secret}"
+    code, _, err = tuner("search", *TINY, "--budget", "1", "--runner", "command", "--study", "envdb", "--db", db,
+                         "--command", f"{PY} -c \"import os; print(sorted(os.environ.items()))\"")
+    assert code == 0, err
+    out = (tmp_path / "results/trials/envdb/1/stdout.log").read_text()
+    assert "TUNER_TRIAL_DIR" in out and secret not in out and "MY_DB_URL" not in out
+    assert "value-of-" not in out
+
+
+def test_sbatch_scripts_never_export_the_stores_secrets(tmp_path, monkeypatch):
+    secret = f"Pw-{uuid.uuid4().hex[:12]}"
+    monkeypatch.setenv("TUNER_DB", f"postgresql://bob:{secret}@db/x")
+    trial, slurm = _hostile_trial(tmp_path)
+    slurm = {**slurm, "env": {**slurm.get("env", {}), "DB_COPY": f"x{secret}x", "PGPASSWORD": "pg",
+                              "KEEP_ME": "1"}}
+    script = render_sbatch(trial, slurm, template="harness", python="python3", trial_dir=tmp_path / "job")
+    assert secret not in script and "PGPASSWORD" not in script and "DB_COPY" not in script
+    assert "export KEEP_ME=1" in script
+
+
 # ---- sbatch scripts -----------------------------------------------------------------------------
 def _hostile_trial(tmp_path: Path) -> tuple[TrialSpec, dict]:
     cluster = load_cluster("local-slurm")

@@ -115,7 +115,7 @@ def test_harness_trial_through_sbatch(tmp_path):
 # ---- the command template: env, threads, failures -----------------------------------------------
 def test_each_rank_gets_the_rendezvous_environment(tmp_path):
     res = runner(tmp_path, RANK_ENV).run(trial("env", 0, tp=2, dp=1))
-    assert res.status == Status.OK and res.tflops_per_gpu == 1.5, res.message
+    assert res.status == Status.OK and res.samples_per_second == 3.0, res.message
     d = tmp_path / "trials" / "env" / "0"
     ranks = [json.loads((d / f"rank{i}.json").read_text()) for i in (0, 1)]
     assert {r["RANK"] for r in ranks} == {"0", "1"} and {r["WORLD_SIZE"] for r in ranks} == {"2"}
@@ -133,7 +133,7 @@ def test_runs_from_several_threads_share_one_poller(tmp_path):
     for t in threads:
         t.join(180)
     assert all(out[i].status == Status.OK for i in range(3)), out
-    assert [out[i].tflops_per_gpu for i in range(3)] == [51.0, 52.0, 53.0]
+    assert [out[i].samples_per_second for i in range(3)] == [11.0, 12.0, 13.0]
     assert len({out[i].message for i in range(3)}) == 3            # three jobs
     assert queued(job_ids(tmp_path)) == []
 
@@ -252,6 +252,6 @@ def test_early_stop_scancels_a_clearly_worse_job_and_keeps_its_partial_measureme
     t0 = time.monotonic()
     res = r.run(trial("early-stop", tp=2, dp=1))
     assert res.status == Status.STOPPED and "stopped early" in res.message, res
-    assert res.tflops_per_gpu == 1.0                         # the fixture's throughput at tp=2
+    assert res.samples_per_second == 1.0                     # the fixture's throughput at tp=2
     assert time.monotonic() - t0 < 30
     assert queued(job_ids(tmp_path)) == []

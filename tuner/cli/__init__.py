@@ -11,7 +11,16 @@ from tuner.errors import TunerError
 
 FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
                              show_default=True, help="Output format.")
-DB_OPTION = click.option("--db", envvar="TUNER_DB", default=None,
+
+
+def _withhold_store_password(ctx, param, value):
+    """The store URL's password never reaches a trial's environment (tuner.runners.environment)."""
+    from tuner.runners.environment import withhold_url
+    withhold_url(value)
+    return value
+
+
+DB_OPTION = click.option("--db", envvar="TUNER_DB", default=None, callback=_withhold_store_password,
                          help="Results store URL (default sqlite:///results/tuner.db; env TUNER_DB).")
 
 

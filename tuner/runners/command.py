@@ -3,16 +3,26 @@
 For each trial the runner creates the trial directory (results/trials/<study>/<number>/), writes
 `trial.json` (TrialSpec.as_json) and runs the command there as an argv list (shlex-split, never
 through a shell unless the command itself is `bash -c ...`) in a new session, so the whole process
-group can be killed. The command reads TUNER_* environment variables or trial.json and writes its
-result JSON to $TUNER_RESULT_JSON:
+group can be killed. Relative paths in the command mean files in the directory tuner was started
+from (TUNER_START_DIR): argv[0] when it contains a '/', and every argument (or `--opt=value` value)
+naming an existing file there, are made absolute (`resolve_relative`). The environment is tuner's
+without the store's secrets (tuner.runners.environment). The command reads TUNER_* environment
+variables or trial.json and writes its result JSON to $TUNER_RESULT_JSON:
 
-    {"status": "ok" | "oom" | "failed", "tflops_per_gpu": .., "samples_per_second": ..,
-     "peak_memory_gb": .., "peak_fraction": .. (optional), "message": ".."}
+    {"status": "ok" | "oom" | "failed", "samples_per_second": .. (or "step_time_s": ..),
+     "peak_memory_gb": .. (optional), "message": ".." (optional)}
+
+Status ok needs samples_per_second > 0 (or step_time_s > 0: samples/s = global batch / step time);
+tuner derives MFU, Megatron's TFLOPS and the fraction of peak from it (tuner.metrics), so a
+result's own tflops_per_gpu / peak_fraction are ignored, and one with only tflops_per_gpu is failed.
+Per-step records appended to $TUNER_TRIAL_DIR/progress.jsonl (JSON lines with `samples_per_second`;
+`step`, `elapsed`, `tflops_per_gpu` optional) feed the driver's early-stop hook.
 
 Outcomes: a valid result -> its status; past `trial_timeout` -> SIGTERM, then SIGKILL to the process
 group and every descendant seen -> timeout; `cancel()` -> interrupted; `early_stop(progress)` true
--> stopped; no result -> oom if stderr shows an out-of-memory marker, else failed with the exit
-status or signal and the stderr tail. `run` never raises for a trial's own failure.
+-> stopped, with the samples/s of its latest progress record; no result -> oom if stderr shows an
+out-of-memory marker, else failed with the exit status or signal and the stderr tail. `run` never
+raises for a trial's own failure.
 """
 
 from __future__ import annotations
@@ -30,11 +40,15 @@ from typing import Callable, Sequence
 
 
 from tuner.errors import UsageError
+from tuner.metrics import complete, samples_from_step_time
+from tuner.runners.environment import inherited_env, withhold, withheld
 from tuner.runners.process import ProcessTree, kill_leftovers, signal_name
 from tuner.trial import Status, TrialResult, TrialSpec, failed
 
 RESULT_STATUSES = {"ok": Status.OK, "oom": Status.OOM, "failed": Status.FAILED}
-NUMBER_FIELDS = ("tflops_per_gpu", "peak_fraction", "samples_per_second", "peak_memory_gb")
+NUMBER_FIELDS = ("samples_per_second", "step_time_s", "peak_memory_gb")
+# A result's own `tflops_per_gpu` / `peak_fraction` are ignored: tuner derives MFU and Megatron's count
+# from samples/s and the model spec (tuner.metrics), so every runner is ranked on the same footing.
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "can't allocate memory", "cannot allocate memory",
                "std::bad_alloc", "memoryerror")
 # Failures of the launcher, not of the layout: worth one more try (issue 8).
@@ -59,15 +73,6 @@ def trial_env(trial: TrialSpec, result_path: Path) -> dict[str, str]:
     }
 
 
-# tuner's own settings that trials must not see: the store URL may hold a database password.
-PRIVATE_ENV = ("TUNER_DB",)
-
-
-def inherited_env() -> dict[str, str]:
-    """This process's environment as a trial inherits it: without tuner's private settings."""
-    return {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV}
-
-
 def tail(path: Path, n: int = TAIL_BYTES) -> str:
     try:
         with open(path, "rb") as f:
@@ -78,8 +83,9 @@ def tail(path: Path, n: int = TAIL_BYTES) -> str:
         return ""
 
 
-def parse_result(path: Path, peak_tflops: float) -> TrialResult:
-    """Read a result JSON; anything malformed is a failed result that names the file and the fix."""
+def parse_result(path: Path, trial: TrialSpec) -> TrialResult:
+    """Read a result JSON; anything malformed is a failed result that names the file and the fix.
+    MFU, TFLOPS and fraction of peak come from the result's samples/s (tuner.metrics.complete)."""
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -101,12 +107,38 @@ def parse_result(path: Path, peak_tflops: float) -> TrialResult:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             return failed(f"result file {path}: '{key}' must be a finite number >= 0, got {v!r}")
         values[key] = float(v)
-    if status == Status.OK and not values.get("tflops_per_gpu"):
-        return failed(f"result file {path}: status ok needs 'tflops_per_gpu' > 0 (the searchers maximise "
-                      "tflops_per_gpu / cluster peak)")
-    if values.get("tflops_per_gpu") and "peak_fraction" not in values and peak_tflops > 0:
-        values["peak_fraction"] = values["tflops_per_gpu"] / peak_tflops
-    return TrialResult(status, message=str(data.get("message") or "")[-2000:], **values)
+    step = values.pop("step_time_s", None)
+    if not values.get("samples_per_second") and step:
+        values["samples_per_second"] = samples_from_step_time(step, trial.workload)
+    if status == Status.OK and not values.get("samples_per_second"):
+        return failed(f"result file {path}: status ok needs 'samples_per_second' (or 'step_time_s') > 0, "
+                      "and it has neither; tuner derives MFU and TFLOPS from it ('tflops_per_gpu' alone "
+                      "is not accepted)")
+    result = TrialResult(status, message=str(data.get("message") or "")[-2000:], **values)
+    return complete(result, trial.workload, trial.layout)
+
+
+def resolve_relative(argv: list[str], start: Path) -> list[str]:
+    """`argv` with its relative paths made absolute against `start` (the directory tuner was started
+    from), since the command runs in its trial directory: argv[0] when it contains a '/', and every
+    later argument, or value of `--option=value`, that names an existing file or directory there."""
+    first = argv[0]
+    if "/" in first and not os.path.isabs(first):
+        first = os.path.abspath(os.path.join(start, first))
+    return [first, *(_resolve_arg(a, start) for a in argv[1:])]
+
+
+def _resolve_arg(arg: str, start: Path) -> str:
+    if arg.startswith("-"):
+        opt, eq, value = arg.partition("=")
+        return f"{opt}={_resolve_arg(value, start)}" if eq and value and not value.startswith("-") else arg
+    if not arg or os.path.isabs(arg):
+        return arg
+    path = os.path.abspath(os.path.join(start, arg))
+    try:
+        return path if os.path.exists(path) else arg
+    except (OSError, ValueError):
+        return arg
 
 
 CAUSE = re.compile(r"^\s*(?:\[rank \d+\] .*|(?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\b:.*)$")
@@ -129,10 +161,14 @@ class CommandRunner:
 
     def __init__(self, command: str | Sequence[str], trial_timeout: float | None = None,
                  results_dir: Path | str = Path("results"), env: dict[str, str] | None = None,
-                 early_stop: EarlyStop | None = None, kill_grace: float = 5.0, poll_interval: float = 0.5):
+                 early_stop: EarlyStop | None = None, kill_grace: float = 5.0, poll_interval: float = 0.5,
+                 resolve_paths: bool = True):
         argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
         if not argv:
             raise UsageError("the command runner needs a command: --command \"python train.py\"")
+        self.start_dir = Path.cwd()   # where tuner was started: the command's relative paths mean files here
+        if resolve_paths:
+            argv = resolve_relative(argv, self.start_dir)
         if trial_timeout is not None and trial_timeout <= 0:
             raise UsageError(f"--trial-timeout must be > 0 seconds (got {trial_timeout})")
         self.argv, self.trial_timeout, self.results_dir = argv, trial_timeout, Path(results_dir)
@@ -145,9 +181,11 @@ class CommandRunner:
     def __getstate__(self) -> dict:   # sent to Ray workers: locks and live processes stay behind
         state = {k: v for k, v in self.__dict__.items() if k not in ("_live", "_lock", "_cancelled")}
         state["early_stop"] = None
+        state["_withheld"] = withheld()   # the store's passwords stay withheld on the worker too
         return state
 
     def __setstate__(self, state: dict) -> None:
+        withhold(*state.pop("_withheld", ()))
         self.__dict__.update(state)
         self._live, self._lock, self._cancelled = set(), threading.Lock(), threading.Event()
 
@@ -209,14 +247,17 @@ class CommandRunner:
         except OSError as exc:
             return failed(f"cannot prepare trial directory {d}: {exc.strerror or exc}; check that "
                           "--results-dir is writable")
-        env = {**inherited_env(), **self.env, **extra_env, **trial_env(trial, result_path)}
+        env = {**inherited_env(), **self.env, **extra_env, **trial_env(trial, result_path),
+               "TUNER_START_DIR": str(self.start_dir)}
         stdout_path, stderr_path = d / "stdout.log", d / "stderr.log"
         try:
             with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
                 proc = subprocess.Popen(argv, cwd=d, env=env, stdout=out, stderr=err,
                                         stdin=subprocess.DEVNULL, start_new_session=True)
         except FileNotFoundError:
-            return failed(f"command not found: {argv[0]!r}; check --command and PATH "
+            why = (" (PATH was withheld from the trial: it contains the store's password)"
+                   if "PATH" in os.environ and "PATH" not in env else "")
+            return failed(f"command not found: {argv[0]!r}; check --command and PATH{why} "
                           "(the command runs without a shell)")
         except PermissionError:
             return failed(f"command {argv[0]!r} is not executable: chmod +x it or run it through its "
@@ -262,14 +303,13 @@ class CommandRunner:
     def _classify(self, trial: TrialSpec, run: ProcessTree, result_path: Path, stderr_path: Path,
                   elapsed: float, timeout: float | None) -> TrialResult:
         rc = run.proc.returncode
-        peak = trial.workload.cluster.peak_tflops
         if run.reason == Status.INTERRUPTED:
             return TrialResult(Status.INTERRUPTED, message="cancelled: the driver stopped while it ran")
         if run.reason == Status.STOPPED:
-            return stopped_result(run.progress, peak, f"after {elapsed:.1f}s")
+            return stopped_result(run.progress, trial, f"after {elapsed:.1f}s")
         if run.reason == Status.TIMEOUT:
             if result_path.exists():
-                r = parse_result(result_path, peak)
+                r = parse_result(result_path, trial)
                 if r.status != Status.FAILED:
                     r.message = (r.message + "; " if r.message else "") + "hung after writing its result: killed"
                     return r
@@ -277,7 +317,7 @@ class CommandRunner:
                                f"process group; raise --trial-timeout if the layout is just slow. stderr tail: "
                                f"{tail(stderr_path, 500)}"[-2000:])
         if result_path.exists():
-            r = parse_result(result_path, peak)
+            r = parse_result(result_path, trial)
             if rc != 0 and r.status == Status.OK:
                 r.message = (r.message + "; " if r.message else "") + f"exit status {rc} after writing the result"
             return r
@@ -312,13 +352,17 @@ def read_progress(path: Path, offset: int, records: list) -> int:
     return offset + end
 
 
-def stopped_result(progress: list, peak_tflops: float, when: str) -> TrialResult:
-    """A trial stopped early keeps its partial measurement: it is real, just short."""
-    last = (progress or [{}])[-1]
-    tf = last.get("tflops_per_gpu")
-    return TrialResult(Status.STOPPED, tflops_per_gpu=tf, peak_fraction=tf / peak_tflops if tf else None,
-                       samples_per_second=last.get("samples_per_second"),
-                       message=f"stopped early {when}: clearly worse than the best so far")
+def stopped_result(progress: list, trial: TrialSpec, when: str) -> TrialResult:
+    """A trial stopped early keeps its partial measurement: it is real, just short. Its throughput is
+    the `samples_per_second` of its latest progress record that has one."""
+    sps = [r["samples_per_second"] for r in progress if isinstance(r, dict) and _positive(r.get("samples_per_second"))]
+    result = TrialResult(Status.STOPPED, samples_per_second=float(sps[-1]) if sps else None,
+                         message=f"stopped early {when}: clearly worse than the best so far")
+    return complete(result, trial.workload, trial.layout)
+
+
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
 def should_stop(early_stop: EarlyStop, progress: list) -> bool:

@@ -120,7 +120,7 @@ class LocalRunner:
             self.memory_gb = memory_gb
             self._lock_key = "cuda:" + os.environ.get("CUDA_VISIBLE_DEVICES", "all")
         self._cmd = CommandRunner(self.argv, trial_timeout=trial_timeout, results_dir=results_dir, env=extra,
-                                  early_stop=early_stop, kill_grace=kill_grace)
+                                  early_stop=early_stop, kill_grace=kill_grace, resolve_paths=False)
         self._cancelled = threading.Event()
 
     def cancel_study_jobs(self, study: str) -> list[str]:

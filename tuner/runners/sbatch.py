@@ -24,6 +24,7 @@ from pathlib import Path
 from tuner.errors import UsageError
 from tuner.runners import megatron
 from tuner.runners.command import trial_env as command_env
+from tuner.runners.environment import public_env
 from tuner.trial import TrialSpec
 
 TEMPLATES = ("harness", "megatron", "command")
@@ -188,7 +189,7 @@ def render_sbatch(trial: TrialSpec, slurm: dict, *, template: str = "harness", p
 
     lines += ["", "set -uo pipefail", f"cd {_q(d)} || exit 1"]
     lines += [f"module load {_q(m)}" for m in s["modules"]]
-    lines += [f"export {k}={_q(v)}" for k, v in s["env"].items()]
+    lines += [f"export {k}={_q(v)}" for k, v in public_env(s["env"]).items()]   # never the store's secrets
     lines += [f"export {k}={_q(v)}" for k, v in trial_env(trial, d).items()]
     if pythonpath:
         lines.append(f'export PYTHONPATH={_q(pythonpath)}"${{PYTHONPATH:+:$PYTHONPATH}}"')

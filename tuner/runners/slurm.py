@@ -323,7 +323,7 @@ class SlurmRunner:
                           Status.TIMEOUT,
                           log_path=log_path)
         if job.reason == "stopped":
-            res = stopped_result(job.progress, self.cluster.peak_tflops, f"at step {len(job.progress)}")
+            res = stopped_result(job.progress, trial, f"at step {len(job.progress)}")
             res.log_path = log_path
             return res
         if job.reason == "poller":
@@ -341,7 +341,7 @@ class SlurmRunner:
         if self.template == "megatron":
             return self._megatron_result(trial, job, log_path)
         if (job.trial_dir / "result.json").exists():
-            res = parse_result(job.trial_dir / "result.json", self.cluster.peak_tflops)
+            res = parse_result(job.trial_dir / "result.json", trial)
             res.log_path = log_path
             return res
         if megatron.looks_oom(tail) or any(m in tail.lower() for m in OOM_MARKERS):
