@@ -24,7 +24,7 @@ from tuner.trial import Status, TrialSpec
 
 STAMP = ("import json, os, time\nt = time.time()\n"
          "if os.environ['RANK'] == '0':\n"
-         "    json.dump({'status': 'ok', 'tflops_per_gpu': 1.0, 'message': json.dumps({'start': t, 'end': time.time()})},"
+         "    json.dump({'status': 'ok', 'samples_per_second': 1.0, 'message': json.dumps({'start': t, 'end': time.time()})},"
          " open(os.environ['TUNER_RESULT_JSON'], 'w'))\n")
 
 
