@@ -6,6 +6,9 @@ runtime failure the user can act on. Anything else is a bug and shows a tracebac
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+
 
 class TunerError(Exception):
     """A runtime error with a message that names the fix. CLI exit status 1."""
@@ -50,8 +53,39 @@ class StoreError(TunerError):
     """The results store cannot be reached or has the wrong schema."""
 
 
+# The pip extra (pyproject.toml) that installs each optional module; None: a base dependency.
+EXTRAS = {"psycopg": "postgres", "ray": "ray", "deepspeed": "deepspeed", "torch": "deepspeed",
+          "pyarrow": "report", "matplotlib": None}
+
+
 class MissingExtra(UsageError):
     """An optional dependency is not installed; the message gives the pip command."""
 
-    def __init__(self, module: str, extra: str):
-        super().__init__(f"{module} is not installed: pip install 'tuner[{extra}]'")
+    def __init__(self, module: str, extra: str | None):
+        fix = f"pip install 'tuner[{extra}]'" if extra else f"pip install {module} (tuner needs it; reinstall tuner)"
+        super().__init__(f"{module} is not installed: {fix}")
+        self.module, self.extra = module, extra
+
+
+def missing_extra(exc: BaseException) -> MissingExtra | None:
+    """The MissingExtra an ImportError of an optional dependency stands for (wherever it was imported:
+    tuner itself, or a library such as SQLAlchemy loading psycopg), else None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:   # the import error may be the cause of another error
+        seen.add(id(exc))
+        name = (getattr(exc, "name", None) or "").split(".")[0] if isinstance(exc, ImportError) else ""
+        if name in EXTRAS:
+            return MissingExtra(name, EXTRAS[name])
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def require(module: str) -> None:
+    """Raise MissingExtra unless `module` can be imported (checked without importing it)."""
+    try:
+        found = sys.modules[module] is not None if module in sys.modules else \
+            importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise MissingExtra(module, EXTRAS.get(module))

@@ -7,7 +7,7 @@ import sys
 import click
 
 from tuner import __version__
-from tuner.errors import TunerError
+from tuner.errors import TunerError, missing_extra
 
 FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
                              show_default=True, help="Output format.")
@@ -56,6 +56,10 @@ def main(argv=None) -> None:
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
     except Exception as exc:  # a bug: one line unless --debug
+        missing = missing_extra(exc)   # an optional dependency is not installed: name the extra
+        if missing is not None and not debug:
+            click.echo(f"error: {missing}", err=True)
+            sys.exit(missing.exit_code)
         if debug:
             raise
         click.echo(f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", err=True)

@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
-from tuner.errors import MissingExtra, UsageError
+from tuner.errors import MissingExtra, UsageError, require
 from tuner.runners.command import CommandRunner, EarlyStop
 from tuner.trial import Status, TrialResult, TrialSpec, failed
 
@@ -98,6 +98,7 @@ class LocalRunner:
             if v is not None and (not isinstance(v, int) or v < (1 if name == "--steps" else 0)):
                 raise UsageError(f"{name} must be an integer >= {1 if name == '--steps' else 0} (got {v!r})")
         self.gpus, self.device = gpus, _detect_device(device, gpus)
+        require("deepspeed")          # the harness trains with it: say so before any trial fails
         self.argv = launch_argv(gpus, launcher)
         self.launcher = launcher
         extra = dict(env or {})
