@@ -146,3 +146,15 @@ def test_no_layout_reason_names_the_rule():
     w2 = make_workload(tiny, 1)      # 8 GPUs; batch 7 is prime to dp
     assert not sp.enumerate_layouts(w2)
     assert no_layout_reason(sp, w2)
+
+
+def test_no_layout_reason_is_given_whole(tuner, tmp_path):
+    """Issue 12 item 10: the reason is the whole sentence, numbers and parentheses included."""
+    odd = ModelSpec("odd", 2, 8, 2, 4, 16, global_batch=7)     # 8 GPUs: tp, pp <= 2, so dp >= 2
+    assert not load_space().enumerate_layouts(make_workload(odd, 1))
+    reason = "global batch (7) is not divisible by micro_batch*dp = 1*8"
+    assert no_layout_reason(load_space(), make_workload(odd, 1)) == reason
+    (tmp_path / "odd.toml").write_text('name = "odd"\nnum_layers = 2\nhidden_size = 8\nnum_attention_heads = 2\n'
+                                       'seq_length = 4\nvocab_size = 16\nglobal_batch = 7\n')
+    code, _, err = tuner("plan", "--model", str(tmp_path / "odd.toml"), "--nodes", "1")
+    assert code == 2 and err.strip().endswith(reason), err

@@ -10,6 +10,7 @@ import ast
 import itertools
 import math
 import operator
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,8 +162,10 @@ def load_space(name: str | None = None) -> SearchSpace:
 
 
 def no_layout_reason(space: SearchSpace, workload: Workload) -> str:
-    """Why a workload has no valid layout: the most common refusal among the candidates."""
+    """Why a workload has no valid layout: the most common refusal among the candidates, in full (one
+    example of it: refusals that differ only in their numbers count as one)."""
     counts: dict[str, int] = {}
+    example: dict[str, str] = {}
     for tp, pp in itertools.product(space.choices("tp", workload), space.choices("pp", workload)):
         dp = workload.gpus // (tp * pp) if workload.gpus % (tp * pp) == 0 else 0
         if not dp:
@@ -171,7 +174,9 @@ def no_layout_reason(space: SearchSpace, workload: Workload) -> str:
             r = space.why_invalid(Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, zero_stage=min(
                 space.choices("zero_stage", workload)), activation_checkpointing=True), workload)
             if r:
-                counts[r.split("(")[0].strip()] = counts.get(r.split("(")[0].strip(), 0) + 1
+                kind = re.sub(r"\d+", "#", r)
+                counts[kind] = counts.get(kind, 0) + 1
+                example.setdefault(kind, r)
     if not counts:
         return f"no tp*pp among the space's choices divides {workload.gpus} GPUs"
-    return max(counts, key=counts.get)
+    return example[max(counts, key=counts.get)]
