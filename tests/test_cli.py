@@ -133,6 +133,29 @@ def test_a_missing_optional_dependency_names_the_extra(tmp_path, module):
     assert "Traceback" not in p.stderr
 
 
+def _commands(group, path=("tuner",)):
+    import click
+    for name, cmd in group.commands.items():
+        yield (*path, name), cmd
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, (*path, name))
+
+
+def test_every_option_of_every_command_has_help():
+    import click
+    from tuner.cli import cli
+    bare = [f"{' '.join(path)} {'/'.join(p.opts)}" for path, cmd in _commands(cli) for p in cmd.params
+            if isinstance(p, click.Option) and not (p.help or "").strip()]
+    assert bare == [], f"options without a description: {bare}"
+
+
+def test_launch_needs_train_iters(tuner, tmp_path):
+    """The files that start the real run never default to a trial's 10 iterations."""
+    code, _, err = tuner("launch", "--model", "175b", "--nodes", "16", "--out", str(tmp_path / "l"))
+    assert code == 2 and "--train-iters" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "l").exists()
+
+
 def test_predict_and_plan(tuner):
     code, out, _ = tuner("predict", "--model", "175b", "--nodes", "16", "--tp", "4", "--pp", "16", "--micro-batch",
                          "1", "--format", "json")

@@ -235,7 +235,7 @@ def test_launch_from_the_study_the_store_and_the_model(db, tmp_path):
     for name, args, kind in (("study", ["s1"], "study"), ("store", ["--model", "175b", "--nodes", "16"], "store"),
                              ("model", ["--model", "175b", "--nodes", "32"], "model")):
         out = tmp_path / name
-        r = run("launch", *args, "--out", out, "--db", db)
+        r = run("launch", *args, "--out", out, "--db", db, "--train-iters", 250)
         summary = json.loads((out / "layout.json").read_text())
         assert summary["source"]["kind"] == kind and summary["source"]["description"] in r.output
         ds = json.loads((out / "ds_config.json").read_text())
@@ -243,11 +243,12 @@ def test_launch_from_the_study_the_store_and_the_model(db, tmp_path):
         assert ds["train_batch_size"] == lay["micro_batch"] * ds["gradient_accumulation_steps"] * lay["dp"]
         assert ds["train_batch_size"] == summary["global_batch"]
         assert (out / "launch.sbatch").read_text().startswith("#!/bin/bash")
+        assert summary["train_iters"] == 250 and "--train-iters\n250\n" in (out / "megatron_args.txt").read_text()
         if kind != "model":
             assert lay == best["layout"]
-    r = run("launch", "s1", "--out", tmp_path / "study", "--db", db, ok=False)
+    r = run("launch", "s1", "--out", tmp_path / "study", "--db", db, "--train-iters", 250, ok=False)
     assert isinstance(r.exception, UsageError) and "--force" in str(r.exception)
-    r = run("launch", "--out", tmp_path / "none", "--db", db, ok=False)
+    r = run("launch", "--out", tmp_path / "none", "--db", db, "--train-iters", 250, ok=False)
     assert isinstance(r.exception, UsageError) and "study NAME, or --model and --nodes" in str(r.exception)
 
 

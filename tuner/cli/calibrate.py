@@ -12,7 +12,8 @@ from tuner.cli import cli
               help="Cluster file to write; `--cluster local` then uses it from this directory.")
 @click.option("--gpus", type=click.IntRange(min=1), default=2, show_default=True,
               help="Ranks to measure with (CPU processes, or GPUs when CUDA is present).")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Measure CPU processes or CUDA GPUs (auto: CUDA when --gpus devices are visible).")
 @click.option("--name", default="local", show_default=True, help="The cluster's name in the file.")
 @click.option("--quick", is_flag=True, help="Fewer sizes and repetitions (a rougher, faster measurement).")
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")

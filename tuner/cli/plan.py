@@ -17,7 +17,7 @@ from tuner.specs import make_workload
 WORKLOAD_OPTIONS = [
     click.option("--model", required=True, help="Model preset (gpt-1.4b, 22b, 175b, 1t, tiny, small) or TOML path."),
     click.option("--nodes", type=click.IntRange(min=1), default=None,
-                 help="Number of nodes (required; the local runner defaults to 1)."),
+                 help="Number of nodes of the cluster (required; only `search --runner local` defaults to 1)."),
     click.option("--cluster", default="frontier", show_default=True, help="Cluster preset or TOML path."),
     click.option("--global-batch", type=click.IntRange(min=1), default=None,
                  help="Global batch in samples (default: the model's recipe)."),
@@ -40,13 +40,16 @@ def prediction_row(p, w) -> dict:
 
 @cli.command()
 @workload_options
-@click.option("--tp", type=click.IntRange(min=1), required=True)
-@click.option("--pp", type=click.IntRange(min=1), required=True)
+@click.option("--tp", type=click.IntRange(min=1), required=True, help="Tensor-parallel degree (GPUs per layer).")
+@click.option("--pp", type=click.IntRange(min=1), required=True, help="Pipeline-parallel degree (stages).")
 @click.option("--dp", type=click.IntRange(min=1), default=None, help="Default: GPUs / (tp * pp).")
-@click.option("--micro-batch", type=click.IntRange(min=1), required=True)
-@click.option("--zero-stage", type=click.IntRange(0, 3), default=1, show_default=True)
-@click.option("--activation-checkpointing/--no-activation-checkpointing", default=True, show_default=True)
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--micro-batch", type=click.IntRange(min=1), required=True, help="Samples per micro-batch per replica.")
+@click.option("--zero-stage", type=click.IntRange(0, 3), default=1, show_default=True,
+              help="DeepSpeed ZeRO stage (0-3; 2 and 3 need pp = 1).")
+@click.option("--activation-checkpointing/--no-activation-checkpointing", default=True, show_default=True,
+              help="Recompute activations in the backward pass (less memory, more compute).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="Output format.")
 def predict(model, nodes, cluster, global_batch, tp, pp, dp, micro_batch, zero_stage, activation_checkpointing, fmt):
     """Predict throughput and memory of one layout.
 
@@ -79,7 +82,7 @@ def predict(model, nodes, cluster, global_batch, tp, pp, dp, micro_batch, zero_s
 @cli.command()
 @workload_options
 @click.option("--space", default="default", show_default=True, help="Search space name or TOML path.")
-@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="How many layouts to list.")
 @click.option("--all", "show_all", is_flag=True, help="Include layouts that do not fit in memory.")
 @FORMAT_OPTION
 def plan(model, nodes, cluster, global_batch, space, top, show_all, fmt):

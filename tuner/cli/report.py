@@ -172,7 +172,8 @@ def _measured(t) -> tuple:
 @click.option("--account", default=None, help="Slurm account (overrides the cluster's [slurm] table).")
 @click.option("--time", "time_limit", default=None, help="Slurm time limit, minutes or [D-]HH:MM:SS.")
 @click.option("--precision", type=click.Choice(["bf16", "fp16"]), default=None, help="Default: the [slurm] table's, else bf16.")
-@click.option("--train-iters", type=click.IntRange(min=1), default=None, help="Default: the [slurm] table's, else 10.")
+@click.option("--train-iters", type=click.IntRange(min=1), required=True,
+              help="Training iterations of the real run (required: the [slurm] table's `iterations` are for short trials).")
 @DB_OPTION
 def launch(name, model, nodes, cluster, out, force, megatron_dir, account, time_limit, precision, train_iters, db):
     """Write ds_config.json, megatron_args.txt and launch.sbatch for the best layout.

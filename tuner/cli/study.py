@@ -129,14 +129,17 @@ def run_study(store, rec: StudyRecord, fmt: str, budget: int | None = None, resu
 @cli.command()
 @workload_options
 @click.option("--space", default="default", show_default=True, help="Search space name or TOML path.")
-@click.option("--runner", type=click.Choice(RUNNERS), default="sim", show_default=True)
-@click.option("--searcher", type=click.Choice(SEARCHERS), default=SEARCHERS[0], show_default=True)
+@click.option("--runner", type=click.Choice(RUNNERS), default="sim", show_default=True,
+              help="What runs a trial: the simulator (the model's prediction), your --command, DeepSpeed on "
+              "this machine, or Slurm jobs.")
+@click.option("--searcher", type=click.Choice(SEARCHERS), default=SEARCHERS[0], show_default=True,
+              help="What proposes the next layout (guided: the model corrected by every measurement).")
 @click.option("--budget", type=click.IntRange(min=1), default=50, show_default=True,
               help="Trials to run (pruned layouts cost nothing).")
 @click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True, help="Trials in flight.")
 @click.option("--study", default=None, help="Study name (default: a readable generated one).")
 @DB_OPTION
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed of the searcher and the simulator's noise.")
 @FORMAT_OPTION
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds; no new trials after it.")
 @click.option("--no-prune", is_flag=True, help="Launch layouts the memory model says cannot fit.")
@@ -146,7 +149,8 @@ def run_study(store, rec: StudyRecord, fmt: str, budget: int | None = None, resu
 @click.option("--gpus", type=click.IntRange(min=1), default=None, help="local runner: devices per trial.")
 @click.option("--trial-timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds per trial.")
 @click.option("--template", type=click.Choice(["harness", "megatron"]), default=None, help="slurm: launch template.")
-@click.option("--executor", type=click.Choice(["thread", "ray"]), default="thread", show_default=True)
+@click.option("--executor", type=click.Choice(["thread", "ray"]), default="thread", show_default=True,
+              help="Where trials run: threads of this process, or a Ray worker pool.")
 @click.option("--ray-address", default=None, help="Ray cluster address for --executor ray (default: start a local one).")
 @click.option("--results-dir", default="results", show_default=True, help="Where trial directories go.")
 @click.option("--warm-start", is_flag=True,
