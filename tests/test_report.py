@@ -28,13 +28,16 @@ T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
 
 
 def trial(number, status="ok", tp=4, pp=8, dp=4, mb=1, frac=None, mem=None, **kw) -> TrialRecord:
+    """A trial whose speed (MFU) is `frac`; Megatron's count, with recompute, is 4/3 of it."""
     ok = status == "ok"
     frac = (0.3 + 0.01 * number) if frac is None and ok else frac
     mem = (40.0 + number) if mem is None and ok else mem
+    mgt = None if frac is None else frac * 4 / 3
     return TrialRecord(study="st", number=number, layout=Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb),
-                       status=Status(status), peak_fraction=frac, tflops_per_gpu=None if frac is None else 191.5 * frac,
-                       peak_memory_gb=mem, samples_per_second=1.0 if ok else None,
-                       predicted_peak_fraction=0.35, predicted_tflops_per_gpu=191.5 * 0.35, predicted_memory_gb=45.0,
+                       status=Status(status), mfu=frac, peak_fraction=mgt, tflops_per_gpu=None if mgt is None else 191.5 * mgt,
+                       peak_memory_gb=mem, samples_per_second=None if frac is None else 100 * frac,
+                       predicted_mfu=0.35, predicted_peak_fraction=0.35 * 4 / 3,
+                       predicted_tflops_per_gpu=191.5 * 0.35 * 4 / 3, predicted_memory_gb=45.0,
                        predicted_step_time_s=10.0, runner="sim", started=T0 + timedelta(seconds=number),
                        ended=T0 + timedelta(seconds=number + 1), **kw)
 
@@ -69,8 +72,8 @@ def test_tp_pp_grid_takes_the_best_over_the_other_dimensions():
 
 
 def test_model_error_pairs_and_relative_error():
-    pred, meas = pairs(MIXED, "tflops_per_gpu", "predicted_tflops_per_gpu")
-    assert len(pred) == 3 and all(p == pytest.approx(191.5 * 0.35) for p in pred)
+    pred, meas = pairs(MIXED, "mfu", "predicted_mfu")
+    assert len(pred) == 3 and all(p == pytest.approx(0.35) for p in pred) and sorted(meas) == [0.40, 0.45, 0.50]
     err = model_error([110.0, 90.0], [100.0, 100.0])
     assert err == {"n": 2, "mape": pytest.approx(0.10), "bias": pytest.approx(0.0)}
     assert model_error([], []) is None
@@ -78,7 +81,8 @@ def test_model_error_pairs_and_relative_error():
 
 def test_top_rows_best_first_and_export_rows_complete():
     rows = top_rows(MIXED, 2)
-    assert [r["trial"] for r in rows] == [4, 5] and rows[0]["peak_%"] == pytest.approx(50.0)
+    assert [r["trial"] for r in rows] == [4, 5] and rows[0]["mfu_%"] == pytest.approx(50.0)
+    assert rows[0]["mgt_peak_%"] == pytest.approx(50.0 * 4 / 3) and rows[0]["samples_s"] == pytest.approx(50.0)
     ex = export_rows(MIXED)
     assert [r["trial"] for r in ex] == list(range(1, 8))
     assert all(list(r) == EXPORT_COLUMNS for r in ex)
@@ -217,7 +221,7 @@ def test_export_reads_back_with_pandas(db, tmp_path, fmt):
     df = {"csv": pd.read_csv, "json": pd.read_json, "parquet": pd.read_parquet}[fmt](out)
     assert list(df.columns) == EXPORT_COLUMNS and len(df) >= 10
     ok = df[df.status == "ok"]
-    assert len(ok) == 10 and ok.peak_fraction.notna().all() and ok.predicted_peak_fraction.notna().all()
+    assert len(ok) == 10 and ok.mfu.notna().all() and ok.peak_fraction.notna().all() and ok.predicted_mfu.notna().all()
     assert (df.tp * df.pp * df.dp == 128).all()
     r = run("export", "s1", "--format", fmt, "--out", out, "--db", db, ok=False)
     assert isinstance(r.exception, UsageError) and "--force" in str(r.exception)

@@ -23,6 +23,7 @@ from tuner.perfmodel.prediction import Prediction
 from tuner.specs import make_workload
 from tuner.store import SCHEMA_VERSION, StudyRecord, open_store, redact
 from tuner.store.models import Base
+from tuner import metrics
 from tuner.store.store import upgrade
 from tuner.trial import Status, TrialResult
 
@@ -36,8 +37,10 @@ def study(name: str, model: str = "175b", nodes: int = 128, **kw) -> StudyRecord
     return StudyRecord(name=name, workload=w, space={"tp": [1, 2, 4, 8]}, searcher="random", runner="sim", **kw)
 
 
-def ok(peak: float, **kw) -> TrialResult:
-    return TrialResult(Status.OK, tflops_per_gpu=peak * 191.5, peak_fraction=peak, samples_per_second=1.0,
+def ok(mfu: float, **kw) -> TrialResult:
+    """A success whose speed is `mfu`; Megatron's count is set apart (recompute makes it larger)."""
+    kw = {"peak_fraction": mfu * 4 / 3, **kw}
+    return TrialResult(Status.OK, tflops_per_gpu=kw["peak_fraction"] * 191.5, mfu=mfu, samples_per_second=mfu * 100,
                        peak_memory_gb=50.0, **kw)
 
 
@@ -216,17 +219,18 @@ class TestStoreContract:
     def test_best_across_studies(self, store):
         for name, model, nodes in (("a", "175b", 128), ("b", "175b", 128), ("c", "175b", 64), ("d", "22b", 128)):
             store.create_study(study(name, model, nodes))
-        for name, results in {"a": [ok(0.40), ok(0.52), TrialResult(Status.OOM, peak_fraction=0.99)],
+        busy = ok(0.30, peak_fraction=0.98)      # recompute-heavy: Megatron's count is high, it trains slowly
+        for name, results in {"a": [ok(0.40), ok(0.52), TrialResult(Status.OOM, mfu=0.99), busy],
                               "b": [ok(0.45), ok(0.50), TrialResult(Status.OK)],
                               "c": [ok(0.90)], "d": [ok(0.95)]}.items():
             for layout, result in zip(LAYOUTS, results):
                 store.record_trial(name, layout, None, result, "sim")
         best = store.best("gpt-175b", "frontier", 128, k=3)
-        assert [(t.study, t.number, t.peak_fraction) for t in best] == [("a", 2, 0.52), ("b", 2, 0.50),
-                                                                         ("b", 1, 0.45)]
+        assert [(t.study, t.number, t.mfu) for t in best] == [("a", 2, 0.52), ("b", 2, 0.50), ("b", 1, 0.45)]
         assert (best[0].model, best[0].cluster, best[0].nodes, best[0].runner) == ("gpt-175b", "frontier", 128, "sim")
-        assert best[0].layout == LAYOUTS[1]
-        assert [t.peak_fraction for t in store.best("gpt-175b", "frontier", 128)] == [0.52]
+        assert best[0].layout == LAYOUTS[1] and best[0].samples_per_second == pytest.approx(52.0)
+        assert [t.mfu for t in store.best("gpt-175b", "frontier", 128)] == [0.52]
+        assert store.best("gpt-175b", "frontier", 128, global_batch=7) == []       # speeds at another batch
         assert [t.number for t in store.best("gpt-175b", "frontier", 128, k=5, study="b")] == [2, 1]
         assert [t.study for t in store.best("gpt-175b", "frontier", 64, k=5)] == ["c"]
         assert store.best("gpt-175b", "elsewhere", 128) == [] and store.best("gpt-175b", "frontier", 128, k=0) == []
@@ -259,6 +263,26 @@ class TestStoreContract:
             open_store(shared_url)
         with pytest.raises(StoreError, match="pip install -U tuner"):
             upgrade(shared_url)
+
+    def test_upgrade_from_schema_1_recomputes_mfu_from_samples_per_second(self, store, shared_url):
+        """A store written before MFU existed: upgrade adds it from each trial's samples/s and model."""
+        store.create_study(study("old", "22b", 8))
+        lay = Layout(tp=1, pp=8, dp=8, micro_batch=1)
+        store.record_trial("old", lay, None, TrialResult(Status.OK, tflops_per_gpu=80.0, peak_fraction=0.42,
+                                                         samples_per_second=12.5), "sim")
+        with store.engine.begin() as conn:      # as schema 1 left it: no mfu, the old index
+            conn.execute(text("DROP INDEX IF EXISTS ix_trials_speed"))
+            for col in ("mfu", "predicted_mfu"):
+                conn.execute(text(f"ALTER TABLE trials DROP COLUMN {col}"))
+            conn.execute(text("CREATE INDEX ix_trials_best ON trials (study_id, status, peak_fraction)"))
+            conn.execute(text("UPDATE meta SET value = '1' WHERE key = 'schema_version'"))
+        with pytest.raises(StoreError, match="tuner db upgrade"):
+            open_store(shared_url)
+        assert "from schema version 1 to 2" in upgrade(shared_url)
+        with open_store(shared_url) as again:
+            t = again.best("gpt-22b", "frontier", 8)[0]
+        w = make_workload("22b", 8)
+        assert t.mfu == pytest.approx(metrics.mfu(12.5, w)) and t.peak_fraction == 0.42
 
     def test_url_is_redacted(self, store):
         assert "tuner:tuner@" not in store.url and (store.url.startswith("sqlite") or ":***@" in store.url)

@@ -19,6 +19,7 @@ from tuner.errors import UsageError
 from tuner.executors import make_executor
 from tuner.runners import RUNNERS, make_runner
 from tuner.search import SEARCHERS, make_searcher
+from tuner.search.guided import STUDY_DEFAULTS
 from tuner.space import SearchSpace, load_space, no_layout_reason
 from tuner.specs import Workload, make_workload
 from tuner.store import StudyRecord, open_store
@@ -93,8 +94,9 @@ def run_study(store, rec: StudyRecord, fmt: str, budget: int | None = None, resu
                        err=True)
     options = {}
     if rec.searcher == "guided":
-        options["stop_threshold"] = s.get("stop_threshold") or None
-        options["min_trials"] = 12  # never stop on fewer successful measurements: real worlds surprise models
+        options.update(STUDY_DEFAULTS)
+        threshold = s.get("stop_threshold", STUDY_DEFAULTS["stop_threshold"])
+        options["stop_threshold"] = None if s.get("no_stop") or not threshold else threshold   # 0: an old study's "never"
         if s.get("warm_start"):
             options["history"], options["history_studies"] = warm_start_history(store, rec, workload)
     searcher = make_searcher(rec.searcher, candidates, seed=s.get("seed", 0), workload=workload,
@@ -155,13 +157,16 @@ def run_study(store, rec: StudyRecord, fmt: str, budget: int | None = None, resu
 @click.option("--results-dir", default="results", show_default=True, help="Where trial directories go.")
 @click.option("--warm-start", is_flag=True,
               help="guided: correct the model with every stored trial of this model and cluster (any node count).")
-@click.option("--stop-threshold", type=click.FloatRange(min=0), default=0.01, show_default=True,
-              help="guided: stop when no layout left is likely (>5 %) to beat the best by more than this; 0 = never.")
+@click.option("--stop-threshold", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              default=STUDY_DEFAULTS["stop_threshold"], show_default=True,
+              help="guided: stop once 95 % confident that no layout trains more than this fraction faster "
+                   "than the recommended one.")
+@click.option("--no-stop", is_flag=True, help="guided: never stop before the budget.")
 @click.option("--early-stop", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
               help="Stop a real trial whose throughput after warm-up is below this fraction of the best so far.")
 def search(model, nodes, cluster, global_batch, space, runner, searcher, budget, parallel, study, db, seed, fmt,
            time_limit, no_prune, noise, sim_delay, command, gpus, trial_timeout, template, executor, ray_address,
-           results_dir, warm_start, stop_threshold, early_stop):
+           results_dir, warm_start, stop_threshold, no_stop, early_stop):
     """Start a study: propose layouts, run trials, store every result.
 
     Example: tuner search --model 175b --nodes 128 --budget 30
@@ -177,7 +182,7 @@ def search(model, nodes, cluster, global_batch, space, runner, searcher, budget,
                          f"GPUs: use --cluster local with --nodes 1, or --gpus {w.gpus}")
     settings = {"seed": seed, "budget": budget, "parallel": parallel, "time_limit": time_limit,
                 "prune": not no_prune, "executor": executor, "results_dir": results_dir, "early_stop": early_stop,
-                "warm_start": warm_start, "stop_threshold": stop_threshold,
+                "warm_start": warm_start, "stop_threshold": stop_threshold, "no_stop": no_stop,
                 "executor_options": {"address": ray_address} if executor == "ray" else {},
                 "runner_options": {k: v for k, v in {"noise": noise, "sim_delay": sim_delay, "command": command,
                                    "gpus": gpus, "trial_timeout": trial_timeout, "template": template}.items() if v}}

@@ -1,0 +1,142 @@
+"""Is guided's stated confidence a probability? Stated confidence vs realised false-stop rate.
+
+Runs many guided searches, each on a freshly drawn independent world (benchmarks/indep_worlds.py:
+physics written apart from tuner.perfmodel, parameters drawn per seed; family, workload and seed drawn
+at run time from the OS, printed for reproduction), with the study defaults `tuner search` uses
+(tuner.search.guided.STUDY_DEFAULTS), 2 % measurement noise and the model pruning layouts it predicts
+not to fit, as the driver does. Each search runs until guided stops or the budget is spent.
+
+A *false stop*: guided stopped, and the world's fastest layout (over every layout that really runs)
+is more than the threshold faster than the recommended one (the fastest measured). The claim printed
+at a stop is "c % confident that no layout trains more than threshold faster", so in each bin of
+stated confidence the realised false-stop rate must be at most 1 - c (within binomial error).
+
+A second table bins every state along the way (after each trial, from the first success), whether or
+not it stopped there: the same claim, checked at every confidence level the searcher states.
+
+    python benchmarks/stop_calibration.py [--runs 200] [--budget 30] [--seed-list 1,2,...] [--jobs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import secrets
+import sys
+import time
+from multiprocessing import Pool
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import indep_worlds as iw  # noqa: E402
+
+from tuner import metrics  # noqa: E402
+from tuner.perfmodel import predict  # noqa: E402
+from tuner.search.guided import STUDY_DEFAULTS, GuidedSearcher  # noqa: E402
+from tuner.trial import Status, TrialResult, TrialSpec  # noqa: E402
+
+BINS = [(0.0, 0.5), (0.5, 0.8), (0.8, 0.9), (0.9, 0.95), (0.95, 0.99), (0.99, 1.0001)]
+
+
+def one_search(seed: int, budget: int, noise: float = 0.02, options: dict | None = None) -> dict:
+    """One guided search on the world drawn from `seed`: its stop, and every state along the way."""
+    fam = iw.FAMILIES[seed % len(iw.FAMILIES)]
+    model, nodes = iw.WORKLOADS[(seed // len(iw.FAMILIES)) % len(iw.WORKLOADS)]
+    world = iw.draw_world(fam, model, nodes, seed)
+    w = world.workload
+    _, opt = world.optimum()
+    runner = world.runner(noise=noise, seed=seed)
+    opts = {**STUDY_DEFAULTS, **(options or {})}
+    thr = opts["stop_threshold"]
+    s = GuidedSearcher(world.candidates, seed=seed, workload=w, **opts)
+    ran, states, best = 0, [], (None, -1.0)
+    while ran < budget:
+        got = s.ask(1)
+        if not got:
+            break
+        lay = got[0]
+        p = predict(lay, w)
+        if not p.fits:
+            s.tell(lay, TrialResult(Status.PRUNED, peak_memory_gb=p.memory_gb))
+            continue
+        res = metrics.complete(runner.run(TrialSpec("cal", ran + 1, lay, w)), w, lay)
+        s.tell(lay, res)
+        ran += 1
+        if res.status == Status.OK and res.mfu > best[1]:
+            best = (lay, res.mfu)
+        if best[0] is not None:
+            s._should_stop()                                    # the confidence it states now
+            true = world.truth(best[0])[0] or 0.0
+            states.append((s.confidence, true * (1 + thr) < opt))
+    true = world.truth(best[0])[0] if best[0] is not None else 0.0
+    return {"seed": seed, "world": world.name, "stopped": s.stopped, "trials": ran,
+            "confidence": s.confidence, "ratio": (true or 0.0) / opt, "false": s.stopped and (true or 0) * (1 + thr) < opt,
+            "states": states}
+
+
+def wilson(k: int, n: int, sign: int, z: float = 1.96) -> float:
+    """Wilson bound (sign +1 upper, -1 lower) of a binomial proportion."""
+    if n == 0:
+        return 1.0 if sign > 0 else 0.0
+    p = k / n
+    c = p + z * z / (2 * n) + sign * z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return min(1.0, max(0.0, c / (1 + z * z / n)))
+
+
+def table(pairs: list[tuple[float, bool]], title: str) -> bool:
+    print(f"\n{title}\n{'stated confidence':>18} {'n':>5} {'false':>6} {'rate':>7} {'95% upper':>9} {'allowed':>8}  ok")
+    good = True
+    for lo, hi in BINS:
+        got = [f for c, f in pairs if c is not None and lo <= c < hi]
+        if not got:
+            continue
+        k, n = sum(got), len(got)
+        allowed = 1 - lo
+        ok = wilson(k, n, -1) <= allowed          # the rate is within binomial error of the allowance
+        good &= ok
+        print(f"{f'[{lo:.2f}, {min(hi, 1):.2f})':>18} {n:5d} {k:6d} {k / n:7.3f} {wilson(k, n, +1):9.3f} "
+              f"{allowed:8.2f}  {'yes' if ok else 'NO'}")
+    return good
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--budget", type=int, default=30)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--seed-list", default=None, help="comma-separated seeds (reproduce a run); default: drawn now")
+    ap.add_argument("--options", default="{}", help="JSON: guided options over the study defaults (explore)")
+    args = ap.parse_args(argv)
+    seeds = ([int(x) for x in args.seed_list.split(",")] if args.seed_list
+             else [secrets.randbelow(2**31) for _ in range(args.runs)])
+    print(f"{len(seeds)} guided searches, budget {args.budget}, defaults {STUDY_DEFAULTS}; seeds drawn now: "
+          f"{','.join(map(str, seeds[:12]))}{',...' if len(seeds) > 12 else ''}")
+    t0 = time.monotonic()
+    with Pool(args.jobs) as pool:
+        runs = pool.starmap(one_search, [(sd, args.budget, 0.02, json.loads(args.options)) for sd in seeds])
+    stops = [r for r in runs if r["stopped"]]
+    false = [r for r in stops if r["false"]]
+    ratios = sorted(r["ratio"] for r in runs)
+    print(f"stopped early in {len(stops)} of {len(runs)} searches (median {_median([r['trials'] for r in stops])} "
+          f"trials); false stops {len(false)} = {len(false) / max(len(stops), 1):.3f} of stops, "
+          f"{len(false) / len(runs):.3f} of searches")
+    print(f"recommended / fastest at the end: median {ratios[len(ratios) // 2]:.3f}, worst {ratios[0]:.3f}")
+    ok1 = table([(r["confidence"], r["false"]) for r in stops], "At the stops (the figure printed to users)")
+    ok2 = table([st for r in runs for st in r["states"]], "Every state along the way (after each trial)")
+    for r in false[:10]:
+        print(f"  false stop: seed {r['seed']} {r['world']} after {r['trials']} trials at {r['ratio']:.3f} "
+              f"of the fastest, stated {100 * r['confidence']:.1f} %")
+    print(f"\ncalibrated in every bin: {'yes' if ok1 and ok2 else 'NO'}   ({time.monotonic() - t0:.0f} s)")
+    return 0
+
+
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else "-"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
