@@ -48,32 +48,36 @@ FAMILIES: tuple[str, ...] = ("compute-bound", "network-bound", "host-bound")
 WORKLOADS: tuple[tuple[str, int], ...] = (("22b", 2), ("22b", 8), ("175b", 16), ("1t", 128))
 GB = 1e9
 
-# parameter -> (low, high) shared by every family; FAMILY_RANGES override some of them.
+# parameter -> (low, high) shared by every family; FAMILY_RANGES override some of them. link_quad and
+# link_node are drawn as ratios (block of 4 / pair, block of 8 / block of 4): a switch-like node has ~1.
 BASE_RANGES: dict[str, tuple[float, float]] = {
+    # compute
     "n_cu": (100, 120), "tile": (0, 3.999), "gemm_eta": (0.55, 0.75), "k_half": (32, 256), "wave_exp": (0.2, 0.6),
     "attn_eta": (0.25, 0.45), "attn_block": (0, 1.999), "flash": (0, 1), "hbm_gbps": (1300, 1700),
-    "hbm_eta": (0.55, 0.8), "ew_rep": (16, 30), "ew_split": (16, 34), "kernels": (25, 45), "launch_us": (4, 12), "sync_ms": (0.0, 0.05),
-    "recompute": (1.0, 1.15), "link_pair": (120, 200), "link_quad": (60, 110), "link_node": (35, 60),
-    "nic_gbps": (60, 120), "coll_eta": (0.65, 0.9), "tree_eta": (0.5, 0.8), "lat_intra_us": (3, 10),
-    "lat_inter_us": (8, 20), "congestion": (0.0, 0.15), "p2p_exposed": (0.5, 1.0), "p2p_scatter": (0, 1),
-    "mb_ms": (0.5, 2.5), "step_ms": (5, 60), "dp_overlap": (0.3, 0.8), "z3_prefetch": (0.3, 0.8),
-    "zero_eff": (1.0, 1.2), "opt_bytes": (20, 40), "grad_bytes": (0, 1), "act_rep": (7, 13),
-    "act_split": (16, 28), "logit_bytes": (2, 8), "frag": (1.0, 1.12), "ctx_gb": (0.8, 3.0),
-    "bucket_gb": (0.1, 1.0), "comm_buf_gb": (0.05, 0.3), "usable": (0.93, 1.0),
+    "hbm_eta": (0.55, 0.8), "ew_rep": (16, 30), "ew_split": (16, 34), "recompute": (1.0, 1.15),
+    # host
+    "kernels": (25, 45), "launch_us": (4, 12), "sync_ms": (0.0, 0.05), "mb_ms": (0.5, 2.5), "step_ms": (5, 60),
+    # network and overlap
+    "link_pair": (120, 200), "link_quad": (0.35, 0.9), "link_node": (0.35, 0.9), "nic_gbps": (60, 120),
+    "coll_eta": (0.65, 0.9), "tree_eta": (0.5, 0.8), "lat_intra_us": (3, 10), "lat_inter_us": (8, 20),
+    "congestion": (0.0, 0.15), "p2p_exposed": (0.5, 1.0), "p2p_scatter": (0, 1), "dp_overlap": (0.3, 0.8),
+    "z3_prefetch": (0.3, 0.8), "zero_eff": (1.0, 1.2), "opt_bytes": (20, 40),
+    # memory
+    "grad_bytes": (0, 1), "act_rep": (7, 13), "act_split": (16, 28), "logit_bytes": (2, 8), "frag": (1.0, 1.1),
+    "ctx_gb": (0.5, 2.5), "bucket_gb": (0.1, 1.0), "comm_buf_gb": (0.05, 0.3), "usable": (0.95, 1.0),
 }
 FAMILY_RANGES: dict[str, dict[str, tuple[float, float]]] = {
     "compute-bound": {"tile": (1, 3.999), "gemm_eta": (0.6, 0.85), "k_half": (128, 768), "wave_exp": (0.7, 1.0),
-                      "n_cu": (104, 120), "nic_gbps": (150, 250), "link_node": (60, 100), "link_quad": (100, 160),
+                      "n_cu": (104, 120), "nic_gbps": (150, 250), "link_node": (0.5, 1.0), "link_quad": (0.5, 1.0),
                       "lat_inter_us": (3, 8), "mb_ms": (0.2, 1.0), "step_ms": (2, 20), "launch_us": (2, 6),
                       "dp_overlap": (0.6, 0.95), "attn_eta": (0.15, 0.45)},
-    "network-bound": {"nic_gbps": (20, 50), "link_node": (25, 45), "link_quad": (40, 80), "link_pair": (80, 150),
+    "network-bound": {"nic_gbps": (20, 50), "link_node": (0.25, 0.7), "link_quad": (0.3, 0.8), "link_pair": (80, 150),
                       "coll_eta": (0.45, 0.7), "lat_intra_us": (8, 25), "lat_inter_us": (20, 80),
                       "congestion": (0.15, 0.6), "dp_overlap": (0.0, 0.4), "p2p_exposed": (0.8, 1.0),
                       "z3_prefetch": (0.0, 0.4), "zero_eff": (1.1, 1.5)},
     "host-bound": {"mb_ms": (30.0, 120.0), "step_ms": (500, 3000), "launch_us": (60, 160), "kernels": (35, 60),
-                   "sync_ms": (0.5, 2.5),
-                   "dp_overlap": (0.0, 0.2), "z3_prefetch": (0.0, 0.2), "p2p_exposed": (0.9, 1.0),
-                   "opt_bytes": (40, 90)},
+                   "sync_ms": (0.5, 2.5), "dp_overlap": (0.0, 0.2), "z3_prefetch": (0.0, 0.2),
+                   "p2p_exposed": (0.9, 1.0), "opt_bytes": (40, 90)},
 }
 TILES = ((128, 128), (256, 128), (128, 256), (256, 256))
 ATTN_BLOCKS = (64, 128)
@@ -139,9 +143,11 @@ def draw_physics(family: str, model_name: str, seed: int) -> Physics:
     rng = np.random.default_rng([FAMILIES.index(family), zlib.crc32(model_name.encode()), int(seed)])
     ranges = {**BASE_RANGES, **FAMILY_RANGES[family]}
     raw = {k: float(rng.uniform(*ranges[k])) for k in sorted(ranges)}
-    return Physics(**{**raw, "n_cu": int(raw["n_cu"]), "tile": TILES[int(raw["tile"])],
-                      "attn_block": ATTN_BLOCKS[int(raw["attn_block"])], "flash": raw["flash"] < P_FLASH,
-                      "p2p_scatter": raw["p2p_scatter"] < 0.5, "grad_bytes": 4 if raw["grad_bytes"] < P_FP32_GRADS else 2})
+    quad = raw["link_pair"] * raw["link_quad"]          # in-node blocks of 4 and 8: a fraction of the pair's
+    return Physics(**{**raw, "link_quad": quad, "link_node": quad * raw["link_node"], "n_cu": int(raw["n_cu"]),
+                      "tile": TILES[int(raw["tile"])], "attn_block": ATTN_BLOCKS[int(raw["attn_block"])],
+                      "flash": raw["flash"] < P_FLASH, "p2p_scatter": raw["p2p_scatter"] < 0.5,
+                      "grad_bytes": 4 if raw["grad_bytes"] < P_FP32_GRADS else 2})
 
 
 # ------------------------------------------------------------------------------------------ compute
@@ -174,7 +180,7 @@ def attention_s(ph: Physics, w: Workload, b: int, t: int) -> tuple[float, float]
         q_wave = (blocks / (math.ceil(blocks / ph.n_cu) * ph.n_cu)) ** ph.wave_exp
         fwd = 2.0 * b * heads * s * s * d / (peak * 1e12 * ph.attn_eta * q_wave)   # causal: half of 4 b a s^2 d
         return fwd, 2.5 * fwd
-    score_gemms = 2 * b * heads * gemm_s(ph, peak, s, s, d)                        # QK^T and PV, per head
+    score_gemms = b * heads * (gemm_s(ph, peak, s, s, d) + gemm_s(ph, peak, s, d, s))   # QK^T, PV per head
     scores = 11.0 * b * heads * s * s / hbm                                        # write, softmax, mask, read
     return score_gemms + scores, 2.0 * (score_gemms + scores)
 

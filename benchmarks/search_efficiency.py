@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import secrets
 import statistics
 import sys
@@ -33,6 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):   # one BLAS thread per process:
+    os.environ.setdefault(_var, "1")                                         # --jobs processes share the cores
 
 from indep_worlds import FAMILIES, WORKLOADS, World, draw_world  # noqa: E402
 
@@ -180,8 +183,13 @@ def main(argv=None) -> int:
     print(f"{len(tasks)} worlds ({len(seeds)} seeds), searchers {args.searchers}, budget {BUDGET}, noise {NOISE}, "
           f"{args.jobs} processes\nseeds: {','.join(map(str, seeds))}  (reproduce: --seed-list "
           f"{','.join(map(str, seeds))}{' --quick' if args.quick else ''})\n", flush=True)
+    results = []
     with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
-        results = list(pool.imap_unordered(evaluate, tasks, chunksize=1))
+        for r in pool.imap_unordered(evaluate, tasks, chunksize=1):
+            results.append(r)
+            print(f"\r{len(results)}/{len(tasks)} worlds, {time.monotonic() - t0:.0f} s", end="", file=sys.stderr,
+                  flush=True)
+    print(file=sys.stderr)
     results.sort(key=lambda r: r["order"])
     print_worlds(results)
     print_scores(results, args.searchers.split(","))

@@ -1,4 +1,4 @@
-"""`tuner calibrate`: the pure fitting and rendering, and one real 2-rank measurement (< 60 s on 2 cores)."""
+"""`tuner calibrate`: the pure fitting and rendering, and one real 2-rank measurement (--quick)."""
 
 from __future__ import annotations
 
@@ -102,7 +102,6 @@ def test_calibrate_two_ranks_writes_a_loadable_cluster(tmp_path):
     out.parent.mkdir(parents=True)
     out.write_text("old")
     r = calibrate(out, gpus=2, quick=True, force=True)            # --force overwrites
-    assert r["seconds"] < 60
     spec = load_cluster(str(out))
     assert spec.name == "local" and spec.gpus_per_node == 2
     assert spec.peak_tflops > 0 and spec.intra_node_bandwidth_gbps > 0 and spec.hbm_bandwidth_gbps > 0
@@ -110,3 +109,5 @@ def test_calibrate_two_ranks_writes_a_loadable_cluster(tmp_path):
     assert "measured" in out.read_text().lower()
     assert "fitted to harness runs" in out.read_text()         # --quick: the data-parallel pair only
     assert len(r["measurements"]["overhead"]["runs"]) == 2
+    # a bound on the work done, not on the time it took: --quick times 2 steps per harness run
+    assert all(len(run["step_times"]) == 2 for run in r["measurements"]["overhead"]["runs"])

@@ -147,16 +147,13 @@ def test_driver_killed_three_times_loses_nothing(tmp_path):
 # ---- 2. trials that hang or die ------------------------------------------------------------------
 def test_hung_trial_killed_with_its_whole_tree(tuner, tmp_path):
     marker = f"chaos-hang-{uuid.uuid4().hex[:10]}"
-    t0 = time.monotonic()
     code, out, err = tuner("search", *TINY, "--budget", "1", "--runner", "command", "--study", "hang",
                            "--command", f"{PY} {CHAOS / 'hang_tree.py'} {marker}", "--trial-timeout", "1.5")
-    took = time.monotonic() - t0
     assert code == 0, err
     with open_store(tuner.db) as s:
         [t] = s.trials("hang")
     assert t.status == Status.TIMEOUT and "--trial-timeout" in t.message
     assert (tmp_path / "results/trials/hang/1/spawned").exists(), "the fixture never spawned its tree"
-    assert took < 30
     time.sleep(0.3)
     left = procs_with(marker)
     for p in left:            # do not leave them to the next test

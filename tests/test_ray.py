@@ -160,13 +160,15 @@ def test_head_listens_on_loopback_only(head):
     assert_loopback_only(HEADS[head])
 
 
-def test_dead_address_fails_fast_naming_the_fix(head):
+def test_dead_address_fails_fast_naming_the_fix(head, monkeypatch):
+    import ray
+
     from tuner.ray_pool import RayExecutor
     dead = f"127.0.0.1:{free_port()}"
-    start = time.monotonic()
+    # fast = refused before ray.init, which retries a dead address for about a minute
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("ray.init was tried on a dead address"))
     with pytest.raises(UsageError) as err:
         RayExecutor(parallel=2, address=dead)
-    assert time.monotonic() - start < 15
     assert dead in str(err.value) and "ray start --head" in str(err.value)
 
 
@@ -219,10 +221,9 @@ def test_shutdown_cancels_running_trials(head, workload):
     ex = RayExecutor(parallel=2, address=head)
     futs = [ex.submit(SimRunner(delay=60).run, TrialSpec("c", i, lay, workload)) for i, lay in enumerate(layouts)]
     time.sleep(1.0)
-    start = time.monotonic()
     ex.shutdown()
-    assert time.monotonic() - start < 20
-    assert [f.result(timeout=10).status for f in futs] == [Status.INTERRUPTED] * 2
+    # INTERRUPTED, not OK: the trials were cut (each would otherwise wait 60 s and succeed)
+    assert [f.result(timeout=120).status for f in futs] == [Status.INTERRUPTED] * 2
 
 
 def test_cli_search_on_ray_by_address(head, tmp_path):

@@ -150,11 +150,9 @@ class TestRunnerContract:
     def test_timeout_is_a_result(self, case, tmp_path):
         if case.timeout is None:
             pytest.skip("this runner has no trial timeout (the simulator predicts instantly)")
-        t0 = time.monotonic()
-        r = (case.slow_make or case.make)(tmp_path, case.timeout).run(case.slow)
+        r = (case.slow_make or case.make)(tmp_path, case.timeout).run(case.slow)   # it never ends by itself
         assert r.status == Status.TIMEOUT, r
         assert "trial-timeout" in r.message
-        assert time.monotonic() - t0 < case.timeout + 15
         assert trial_processes(tmp_path) == []
 
     def test_cancel_interrupts_live_runs(self, case, tmp_path):
@@ -163,12 +161,10 @@ class TestRunnerContract:
         t = threading.Thread(target=lambda: out.append(runner.run(case.slow)))
         t.start()
         time.sleep(case.cancel_after)
-        t0 = time.monotonic()
         runner.cancel()
-        t.join(30)
+        t.join(120)                         # a hang guard, not a timing: the slow trial never ends by itself
         assert not t.is_alive(), "run() did not return after cancel()"
         assert out[0].status == Status.INTERRUPTED, out[0]
-        assert time.monotonic() - t0 < 15
         assert trial_processes(tmp_path) == []
         assert runner.run(case.ok).status == Status.INTERRUPTED   # cancelled runners start nothing
 
@@ -281,9 +277,11 @@ def test_timeout_kills_the_whole_tree(tmp_path):
 
 
 def test_sigterm_ignored_escalates_to_sigkill(tmp_path):
-    t0 = time.monotonic()
     r = command(tmp_path, fixture_cmd("hang.py", "--ignore-term"), trial_timeout=1.0).run(spec())
-    assert r.status == Status.TIMEOUT and time.monotonic() - t0 < 6
+    assert r.status == Status.TIMEOUT
+    d = tmp_path / "trials" / "s" / "0"
+    assert (d / "got-sigterm").exists()                       # asked politely first, and it ignored that
+    assert no_orphans([int((d / "pid").read_text())]) == []   # so SIGKILL ended it
 
 
 def test_concurrent_runs_and_cancel(tmp_path):

@@ -177,10 +177,8 @@ def test_cancel_scancels_running_and_queued_jobs(tmp_path):
 
 
 def test_runner_side_timeout_cancels_the_job(tmp_path):
-    t0 = time.monotonic()
-    res = runner(tmp_path, FAKE, trial_timeout=2).run(trial("timeout-hang"))
+    res = runner(tmp_path, FAKE, trial_timeout=2).run(trial("timeout-hang"))    # the job never ends by itself
     assert res.status == Status.TIMEOUT and "--trial-timeout" in res.message
-    assert time.monotonic() - t0 < 30
     assert queued(job_ids(tmp_path)) == []
 
 
@@ -249,9 +247,8 @@ def test_megatron_tflops_counting_phantom_samples_are_flagged(tmp_path):
 def test_early_stop_scancels_a_clearly_worse_job_and_keeps_its_partial_measurement(tmp_path):
     r = runner(tmp_path, [PY, str(FIXTURES / "progress_trainer.py")])
     r.early_stop = lambda progress: len(progress) >= 3      # the driver's hook: clearly worse after warm-up
-    t0 = time.monotonic()
     res = r.run(trial("early-stop", tp=2, dp=1))
     assert res.status == Status.STOPPED and "stopped early" in res.message, res
     assert res.samples_per_second == 1.0                     # the fixture's throughput at tp=2
-    assert time.monotonic() - t0 < 30
+    assert not list(tmp_path.glob("trials/early-stop/*/result.json"))   # cut before it finished
     assert queued(job_ids(tmp_path)) == []

@@ -139,6 +139,7 @@ def best(model, nodes, cluster, global_batch, study, k, db, fmt):
         click.echo(render([], "json", json_obj=objs[0] if k == 1 else objs))
         return
     rows = [{"study": t.study, "trial": t.number, **flat_layout(t.layout.as_dict()), **speed_cells(t),
+             "mem_gb": t.peak_memory_gb, "mem_%_of_hbm": pct(t.peak_memory_gb and t.peak_memory_gb / w.cluster.memory_gb),
              "runner": t.runner, "kind": "measured" if o["measured"] else "predicted (simulator)"}
             for t, o in zip(found, objs)]
     click.echo(render(rows, fmt))

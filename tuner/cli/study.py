@@ -12,7 +12,7 @@ import click
 from tuner.cli import DB_OPTION, FORMAT_OPTION, cli
 from tuner.cli.plan import workload_options
 from tuner.cli.progress import ProgressView
-from tuner.cli.query import best_rows, top_rows, workload_history
+from tuner.cli.query import best_rows, fastest, top_rows, workload_history
 from tuner.cli.render import render
 from tuner.driver import Driver, live_driver
 from tuner.errors import UsageError
@@ -23,6 +23,7 @@ from tuner.search.guided import STUDY_DEFAULTS
 from tuner.space import SearchSpace, load_space, no_layout_reason
 from tuner.specs import Workload, make_workload
 from tuner.store import StudyRecord, open_store
+from tuner.trial import Status
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
 ADJECTIVES = ("brisk", "calm", "eager", "keen", "lucid", "nimble", "quiet", "rapid", "steady", "swift", "vivid")
@@ -123,9 +124,14 @@ def run_study(store, rec: StudyRecord, fmt: str, budget: int | None = None, resu
     if fmt == "table":
         why = {"budget": "budget reached", "exhausted": "search space exhausted", "time-limit": "time limit reached",
                "converged": f"stopped early: {searcher.stop_reason}"}
-        click.echo(f"\nstudy {rec.name}: {outcome.ran} trial(s) ran, {outcome.pruned} pruned "
-                   f"({why[outcome.reason]}). Best: tuner best --model {workload.model.name} --nodes {workload.nodes}"
-                   f" --cluster {workload.cluster.name}")
+        click.echo(f"\nstudy {rec.name}: {outcome.ran} trial(s) ran, {outcome.pruned} pruned ({why[outcome.reason]}).")
+        fast = fastest(store.trials(rec.name, [Status.OK]))
+        if fast:
+            t = fast[0]
+            click.echo(f"recommended: {t.layout.key()} (trial {t.number}): {t.samples_per_second:.4g} samples/s, "
+                       f"MFU {100 * t.mfu:.2f} %. Launch files: tuner launch {rec.name} --out launch/")
+        else:
+            click.echo(f"no trial succeeded: see `tuner trials {rec.name}` for why")
 
 
 @cli.command()
