@@ -116,6 +116,7 @@ def evaluate(task: tuple) -> dict:
     _, best = run_study(world, "guided", seed, TRANSFER_BUDGET, transfer_nodes=2 * nodes)
     world2 = draw_world(family, model, 2 * nodes, seed)
     out["transfer"] = true_fraction(world2, best, world2.optimum()[1])
+    out["transfer_oom"] = world2.truth(best)[0] is None
     return out
 
 
@@ -126,7 +127,8 @@ def cell(values: list[float]) -> str:
 def print_worlds(results: list[dict]) -> None:
     print("worlds: the model's rank of each seed's optimum (* = the model prunes it), layouts the model says fit that "
           "OOM, layouts it prunes that run, the model's top pick's true speed / optimum (median)\n")
-    head = f"{'family':14} {'workload':10} {'cands':>5} {'runs':>5} {'oom|fit':>7} {'run|pruned':>10} {'top/opt':>7}  ranks"
+    head = (f"{'family':14} {'workload':10} {'cands':>5} {'runs':>5} {'oom|fit':>7} {'run|pruned':>10} {'top/opt':>7}"
+            "  ranks")
     print(head)
     print("-" * len(head))
     for fam in FAMILIES:
@@ -154,8 +156,9 @@ def print_scores(results: list[dict], searchers: list[str]) -> None:
         for s in searchers:
             cols = [cell([r["scores"][s][i] for r in rs]) for i in range(len(AFTER))]
             print(f"{fam:14} {s:8} " + " ".join(f"{c:>15}" for c in cols))
-        print(f"{fam:14} {'transfer':8} {cell([r['transfer'] for r in rs]):>15}  "
-              f"(guided {TRANSFER_BUDGET} trials at N -> best at 2N, true / fastest at 2N)")
+        ooms = sum(r["transfer_oom"] for r in rs)
+        print(f"{fam:14} {'transfer':8} {cell([r['transfer'] for r in rs]):>15}  (guided {TRANSFER_BUDGET} trials "
+              f"at N -> best at 2N: true / fastest at 2N; OOM at 2N in {ooms} of {len(rs)})")
     print()
 
 
