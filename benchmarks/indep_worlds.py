@@ -1,33 +1,28 @@
 """Benchmark worlds whose physics is written independently of tuner's performance model.
 
-A world is a drawn set of physical constants and the formulas below that turn a layout into a training
-speed (samples per second) or an out-of-memory. Nothing here imports tuner.perfmodel, tuner.transfer or
-benchmarks/world.py: a searcher that trusts the tuner's model gets no help from the world being that
-model in disguise. The formulas, per micro-batch on one GPU:
+A world is a drawn set of constants and the formulas below that turn a layout into samples per second or
+an out-of-memory. Nothing here imports tuner.perfmodel, tuner.transfer or benchmarks/world.py, so a
+searcher that trusts the tuner's model gets no help from the world being that model in disguise.
 
-- GEMMs: per-GEMM (M, N, K) of the forward, data-gradient and weight-gradient products, at a rate of
-  peak x eta x tile quantisation (padding M, N to the tile) x wave quantisation (tiles over the CUs, a
-  drawn stream-K softening) x K efficiency K / (K + k_half), never faster than their HBM traffic allows.
-- Attention: FlashAttention (causal, grid of batch x heads x query blocks over the CUs, backward 2.5x) or
-  materialised scores (full s^2 GEMMs plus HBM traffic of the scores, and their memory).
-- Element-wise: HBM bytes per token; host: every layer pass issues kernels whose launch cost can
-  exceed the GPU time (a pass takes the larger of the two) and waits on a host sync (hooks, bookkeeping),
-  plus a cost per micro-batch and stage and one per step.
-- Collectives: ring or tree all-reduce (the faster), latency per hop, aligned in-node blocks with their
-  own link bandwidth, node injection shared by the groups of a node, congestion growing with log2 of the
-  nodes a group spans. Pipeline p2p partly exposed.
-- Pipeline: 1F1B with unequal stages, step = sum of stage times + (m - 1) x the slowest (the first stage
-  holds the embedding, the last the LM head and the loss).
+- GEMMs: every (M, N, K) of the forward, data- and weight-gradient products at peak x eta x tile
+  quantisation x wave quantisation over the CUs (drawn stream-K softening) x K / (K + k_half), HBM-bound
+  when that is slower. Attention: FlashAttention (causal; batch x heads x query blocks over the CUs) or
+  materialised scores (s^2 GEMMs, score traffic and memory). Element-wise: HBM bytes per token.
+- Host: a layer pass takes the longer of GPU time and kernel launches, plus a host sync; a cost per
+  micro-batch and stage, and one per step.
+- Collectives: the faster of ring and tree, latency per hop, aligned in-node blocks with their own links,
+  node injection shared by the node's groups, congestion growing with log2 of the nodes spanned; pipeline
+  p2p partly exposed. 1F1B: step = sum of stage times + (m - 1) x the slowest (embedding on the first
+  stage, LM head and loss on the last).
 - DP / ZeRO: gradient reduction overlapped with backward by a drawn fraction, ZeRO-2 reduce-scatter per
   micro-batch, ZeRO-3 gathers per layer pass with a drawn prefetch; recompute at a drawn extra cost.
 - Memory: model states per ZeRO stage (fp32 or bf16 gradients), 1F1B in-flight activations, logits,
   buckets, communicator buffers, allocator fragmentation and usable capacity, all drawn.
 
-Three families (FAMILIES) draw their constants from different ranges: "compute-bound" (GEMM shape, tile
-and wave effects dominate; fast network, light host), "network-bound" (slow, congested, high-latency
-network, little overlap) and "host-bound" (heavy per-kernel, per-micro-batch and per-step costs, poor
-overlap). Parameters depend on (family, model, seed) only, never on the node count, so the same seed at
-2N nodes is the same physics.
+Families (FAMILIES): "compute-bound" (GEMM shape, tile and wave effects dominate; fast network, light
+host), "network-bound" (slow, congested, high-latency network, little overlap), "host-bound" (heavy
+per-kernel, per-micro-batch and per-step costs, poor overlap). Constants depend on (family, model, seed),
+never on the node count: the same seed at 2N nodes is the same physics.
 """
 
 from __future__ import annotations
@@ -35,7 +30,8 @@ from __future__ import annotations
 import hashlib
 import math
 import zlib
-from dataclasses import dataclass, fields
+from dataclasses import fields, make_dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -85,55 +81,13 @@ P_FLASH = 0.8
 P_FP32_GRADS = 0.3
 
 
-@dataclass(frozen=True)
-class Physics:
-    """The drawn constants of one world (see BASE_RANGES for their ranges)."""
+def _as_dict(self) -> dict:
+    return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    n_cu: int
-    tile: tuple
-    gemm_eta: float
-    k_half: float
-    wave_exp: float
-    attn_eta: float
-    attn_block: int
-    flash: bool
-    hbm_gbps: float
-    hbm_eta: float
-    ew_rep: float
-    ew_split: float
-    kernels: float
-    launch_us: float
-    sync_ms: float
-    recompute: float
-    link_pair: float
-    link_quad: float
-    link_node: float
-    nic_gbps: float
-    coll_eta: float
-    tree_eta: float
-    lat_intra_us: float
-    lat_inter_us: float
-    congestion: float
-    p2p_exposed: float
-    p2p_scatter: bool
-    mb_ms: float
-    step_ms: float
-    dp_overlap: float
-    z3_prefetch: float
-    zero_eff: float
-    opt_bytes: float
-    grad_bytes: int
-    act_rep: float
-    act_split: float
-    logit_bytes: float
-    frag: float
-    ctx_gb: float
-    bucket_gb: float
-    comm_buf_gb: float
-    usable: float
 
-    def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+# The drawn constants of one world: one field per BASE_RANGES key (tile a (rows, cols) pair, flash and
+# p2p_scatter booleans, n_cu, attn_block and grad_bytes integers, the rest floats).
+Physics = make_dataclass("Physics", sorted(BASE_RANGES), frozen=True, namespace={"as_dict": _as_dict})
 
 
 def draw_physics(family: str, model_name: str, seed: int) -> Physics:
@@ -355,7 +309,7 @@ class World:
         self.name = f"{family}/{model}@{nodes}n/s{seed}"
         self._truth: dict[Layout, tuple[float | None, float]] = {}
 
-    @property
+    @cached_property
     def candidates(self) -> list[Layout]:
         return load_space().enumerate_layouts(self.workload)
 
