@@ -29,11 +29,35 @@ def test_search_then_best_json_golden(tuner):
     code, out, _ = tuner("best", "--model", "175b", "--nodes", "16", "--format", "json")
     assert code == 0
     got = json.loads(out)
-    assert set(got) >= {"layout", "tflops_per_gpu", "peak_fraction", "status", "runner", "study", "trial"}
+    assert set(got) >= {"layout", "samples_per_second", "mfu", "tflops_per_gpu", "peak_fraction", "status", "runner",
+                        "study", "trial"}
     assert got["measured"] is False and got["runner"] == "sim"
     golden = json.loads((GOLDEN / "best_175b_16_grid.json").read_text())
     assert got["layout"] == golden["layout"] and got["trial"] == golden["trial"] and got["study"] == "g1"
+    assert got["mfu"] == pytest.approx(golden["mfu"], rel=1e-9)
     assert got["peak_fraction"] == pytest.approx(golden["peak_fraction"], rel=1e-9)
+
+
+def test_the_recommendation_is_the_fastest_measured_layout_everywhere(tuner, tmp_path):
+    """The README's first command: best, trials' first row, the report's top row and launch all hand on
+    the layout with the most samples/s the study measured (not the most counted FLOPs)."""
+    code, out, err = tuner("search", "--model", "175b", "--nodes", "128", "--budget", "30", "--study", "first")
+    assert code == 0, err
+    trials = json.loads(tuner("trials", "first", "--format", "json")[1])
+    ok = [t for t in trials if t["status"] == "ok"]
+    fastest = max(ok, key=lambda t: t["samples_per_second"])
+    assert trials[0] == fastest                                          # listed fastest first
+    busy = max(ok, key=lambda t: t["tflops_per_gpu"])
+    best = json.loads(tuner("best", "--model", "175b", "--nodes", "128", "--format", "json")[1])
+    assert best["layout"] == fastest["layout"] and best["samples_per_second"] == fastest["samples_per_second"]
+    assert "recommended: " in out and str(fastest["trial"]) in out.split("recommended: ")[1]
+    from tuner.report import top_rows
+    with open_store(tuner.db) as store:
+        assert top_rows(store.trials("first"), 1)[0]["trial"] == fastest["trial"]
+    assert tuner("launch", "first", "--out", str(tmp_path / "l"), "--train-iters", "100")[0] == 0
+    assert json.loads((tmp_path / "l" / "layout.json").read_text())["layout"] == fastest["layout"]
+    if busy["trial"] != fastest["trial"]:          # a recompute-heavy layout counts more FLOPs, trains slower
+        assert busy["samples_per_second"] < fastest["samples_per_second"]
 
 
 def test_formats_and_listing(tuner):
@@ -75,6 +99,9 @@ def test_search_stops_when_space_exhausted(tuner):
     (("best", "--model", "1t", "--nodes", "1000000"), 2, "no valid layout"),
     (("best", "--model", "175b", "--nodes", "7", "--study", "nope"), 2, "no study named 'nope'"),
     (("--db", "x"), 2, "No such option"),
+    (("search", "--model", "175b", "--nodes", "3"), 2, "none of 200 valid layouts fits"),
+    (("search", "--model", "175b", "--nodes", "4", "--stop-threshold", "1.5"), 2, "--stop-threshold"),
+    (("search", "--model", "175b", "--nodes", "4", "--stop-threshold", "0"), 2, "--stop-threshold"),
 ])
 def test_bad_input_is_one_line(tuner, args, code, words):
     got, out, err = tuner(*args)

@@ -38,6 +38,14 @@ def prediction_row(p, w) -> dict:
             "fits": "yes" if keeps_headroom(p, w) else ("tight" if p.fits else "no")}
 
 
+def require_fit(preds, w) -> None:
+    """Refuse a workload none of whose valid layouts fits in memory, naming the smallest."""
+    if not any(p.fits for p in preds):
+        least = min(preds, key=lambda p: p.memory_gb)
+        raise UsageError(f"none of {len(preds)} valid layouts fits in {w.cluster.memory_gb:g} GB per GPU "
+                         f"(smallest needs {least.memory_gb:.1f} GB: {least.layout.key()}); use more nodes")
+
+
 @cli.command()
 @workload_options
 @click.option("--tp", type=click.IntRange(min=1), required=True, help="Tensor-parallel degree (GPUs per layer).")
@@ -100,10 +108,8 @@ def plan(model, nodes, cluster, global_batch, space, top, show_all, fmt):
     ranked = rank(layouts, w)
     dt = time.perf_counter() - t0
     fitting = [p for p in ranked if p.fits]
-    if not fitting and not show_all:
-        worst = min(ranked, key=lambda p: p.memory_gb)
-        raise UsageError(f"none of {len(ranked)} valid layouts fits in {w.cluster.memory_gb:g} GB per GPU "
-                         f"(smallest needs {worst.memory_gb:.1f} GB: {worst.layout.key()}); use more nodes")
+    if not show_all:
+        require_fit(ranked, w)
     shown = (ranked if show_all else fitting)[:top]
     rows = [{"rank": i + 1, **prediction_row(p, w)} for i, p in enumerate(shown)]
     objs = [{"rank": i + 1, **p.as_dict(), "memory_used_fraction": p.memory_gb / w.cluster.memory_gb,

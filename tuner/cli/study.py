@@ -10,12 +10,13 @@ from pathlib import Path
 import click
 
 from tuner.cli import DB_OPTION, FORMAT_OPTION, cli
-from tuner.cli.plan import workload_options
+from tuner.cli.plan import require_fit, workload_options
 from tuner.cli.progress import ProgressView
 from tuner.cli.query import best_rows, fastest, top_rows, workload_history
 from tuner.cli.render import render
 from tuner.driver import Driver, live_driver
 from tuner.errors import UsageError
+from tuner.perfmodel import predict as model_predict
 from tuner.executors import make_executor
 from tuner.runners import RUNNERS, make_runner
 from tuner.search import SEARCHERS, make_searcher
@@ -194,10 +195,13 @@ def search(model, nodes, cluster, global_batch, space, runner, searcher, budget,
                                    "gpus": gpus, "trial_timeout": trial_timeout, "template": template}.items() if v}}
     rec = StudyRecord(name=name, workload=w.as_dict(), space={"name": sp.name, "dimensions": sp.dimensions,
                       "constraints": sp.constraints}, searcher=searcher, runner=runner, settings=settings)
-    if not sp.enumerate_layouts(w):
+    layouts = sp.enumerate_layouts(w)
+    if not layouts:
         raise UsageError(f"no valid layout for {w.model.name} on {nodes} node(s) ({w.gpus} GPUs): "
                          f"{no_layout_reason(sp, w)}")
     runner_for(runner, settings["runner_options"], w, seed, Path(results_dir))  # bad runner input fails before storing
+    if not no_prune:                # a study that can only prune would store a dead study
+        require_fit([model_predict(lay, w) for lay in layouts], w)
     if executor == "ray" and ray_address:
         from tuner.ray_pool import check_address
         check_address(ray_address)
