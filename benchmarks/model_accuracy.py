@@ -4,8 +4,14 @@ Run: python benchmarks/model_accuracy.py
 
 Prints tables: the Frontier study's three layouts (TFLOPS per GCD, memory), weak and strong scaling,
 the qualitative findings (TP across nodes, the fastest TP group, bubbles), A100 checks against
-Narayanan et al. (SC21), H100 examples, and the model's speed. No constant is fitted here: every
-number comes from the cluster files in tuner/workloads/clusters/.
+Narayanan et al. (SC21), H100 examples, and the model's speed. Nothing is fitted when it runs: every
+number comes from the cluster files in tuner/workloads/clusters/. But two constants of frontier.toml,
+`matmul_efficiency` (0.5) and `gemm_knee_gflop` (40), were chosen by hand against the first table's
+three rows (the study's 73.5 / 69.2 / 61.2 TFLOPS per GCD for 22B, 175B and 1T): those rows are
+in-sample, and their error shows how well two constants fit three numbers, not a prediction. The
+rows not used to choose them are reported separately below: the 175B memory, weak and strong scaling,
+the TP and bubble findings (Frontier), and the A100 and H100 tables (their own files' constants are
+quoted GEMM rates, not fitted to these rows).
 """
 
 from __future__ import annotations
@@ -49,7 +55,8 @@ def study_layouts():
         rows.append([name, layout.key(), nodes * 8, f"{pr.tflops_per_gpu:.1f}", f"{study:.1f}",
                      f"{100 * (pr.tflops_per_gpu / study - 1):+.1f} %", pct(pr.peak_fraction), pct(pr.mfu),
                      f"{pr.step_time_s:.1f}", f"{pr.memory_gb:.1f}", "yes" if pr.fits else "NO"])
-    table("Frontier study layouts: TFLOPS per GCD (Megatron count with recompute), target +-5 %",
+    table("Frontier study layouts: TFLOPS per GCD (Megatron count with recompute), target +-5 %. IN-SAMPLE: "
+          "frontier.toml's matmul_efficiency and gemm_knee_gflop were chosen against these three rows",
           ["model", "layout", "GCDs", "pred", "study", "error", "% peak", "MFU", "step s", "mem GB", "fits"], rows)
 
 

@@ -21,7 +21,7 @@ P0; the measured post-warm-up step time T is then fitted as
 
     T = P0 + k * microbatch_overhead + step_overhead,    k = m + p - 1 micro-batch slots
 
-(reference/formulas.md: "fit it from two runs that differ only in the number of micro-batches"):
+(docs/reference/formulas.md: "fit it from two runs that differ only in the number of micro-batches"):
 the m = 4 run against the m = 1 run gives the cost per micro-batch, what is left at m = 1 the fixed
 cost per iteration. --quick runs the data-parallel pair only, with fewer steps.
 

@@ -104,7 +104,7 @@ class ModelSpec:
 
     @property
     def num_parameters(self) -> int:
-        """L(4h^2 + 2hf + 9h) + Vh + sh (reference/formulas.md)."""
+        """L(4h^2 + 2hf + 9h) + Vh + sh (docs/reference/formulas.md)."""
         L, h, f = self.num_layers, self.hidden_size, self.ffn_hidden_size
         return L * (4 * h * h + 2 * h * f + 9 * h) + self.vocab_size * h + self.seq_length * h
 

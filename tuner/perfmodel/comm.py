@@ -1,6 +1,6 @@
 """Communication costs of a layout: collectives, pipeline p2p, and where each group sits.
 
-Pure functions of a layout, a model and a ClusterSpec (reference/formulas.md). Placement follows
+Pure functions of a layout, a model and a ClusterSpec (docs/reference/formulas.md). Placement follows
 Megatron-DeepSpeed's rank order: TP varies fastest, then DP, then PP, so
 
     rank = tp_index + t * (dp_index + d * pp_index)

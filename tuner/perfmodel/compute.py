@@ -1,6 +1,6 @@
 """Compute time of one pipeline stage for one micro-batch: GEMMs, attention, element-wise work.
 
-Pure functions (reference/formulas.md). Every rate comes from the ClusterSpec:
+Pure functions (docs/reference/formulas.md). Every rate comes from the ClusterSpec:
 - GEMMs run at peak * eta(F), eta(F) = matmul_efficiency * F / (F + gemm_knee_gflop), F the FLOPs of
   one GEMM on one GPU (GFLOP): small per-GPU matrices (small b*s, large t, small h) run slower.
 - Attention (the s^2 part) runs at peak * attention_efficiency, measured on the FLOPs Megatron counts

@@ -1,4 +1,4 @@
-"""FLOP counts of a GPT iteration (reference/formulas.md). Pure."""
+"""FLOP counts of a GPT iteration (docs/reference/formulas.md). Pure."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Per-GPU memory of a layout: model states per ZeRO stage, activations under 1F1B, logits, overhead.
 
-Pure functions (reference/formulas.md; Rajbhandari et al. 2020; Korthikanti et al. 2022). Mixed
+Pure functions (docs/reference/formulas.md; Rajbhandari et al. 2020; Korthikanti et al. 2022). Mixed
 precision with Adam: fp16/bf16 weights (2 bytes) and gradients (2), fp32 master weights, momentum and
 variance (12). Sizes are in bytes unless a name says GB.
 """
