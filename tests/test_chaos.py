@@ -354,7 +354,7 @@ def test_resume_refuses_a_study_a_live_driver_runs(tmp_path):
     """Without --join, resume would mark a live driver's trials interrupted and run them twice: refused."""
     db = f"sqlite:///{tmp_path / 'live.db'}"
     proc = tuner_proc(["search", "--model", "22b", "--nodes", "2", "--searcher", "random", "--budget", "6",
-                       "--sim-delay", "1", "--study", "live"], tmp_path, db)
+                       "--sim-delay", "3", "--study", "live"], tmp_path, db)    # still running on a busy machine
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -7,16 +7,16 @@ A trial's failure is a result; only driver bugs and store failures raise.
 
 from __future__ import annotations
 
-import os
-import socket
+import re
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tuner import metrics
-from tuner.errors import TunerError, UsageError
+from tuner import lease, metrics
+from tuner.lease import HEARTBEAT_S
+from tuner.errors import BudgetSpent, TunerError, UsageError
 from tuner.layout import Layout
 from tuner.perfmodel import predict
 from tuner.space import SearchSpace, no_layout_reason
@@ -24,31 +24,12 @@ from tuner.specs import Workload
 from tuner.trial import Status, TrialResult, TrialSpec
 
 MAX_INFRA_RETRIES = 1
-HEARTBEAT_S = 15.0   # a live driver refreshes its lease on the study this often
+SAME_FAILURES = 3    # consecutive identical failures, with no success yet, that stop a study
 
 
-def driver_lease() -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "seen": time.time()}
-
-
-def live_driver(settings: dict) -> str | None:
-    """A description of the driver that holds the study's lease, if it looks alive; else None.
-
-    Alive: its lease was refreshed within three heartbeats and, on this host, its process exists."""
-    lease = settings.get("driver") or {}
-    if not lease:
-        return None
-    age = time.time() - float(lease.get("seen", 0))
-    if age > 3 * HEARTBEAT_S:
-        return None
-    if lease.get("host") == socket.gethostname():
-        try:
-            os.kill(int(lease["pid"]), 0)
-        except (ProcessLookupError, ValueError, KeyError):
-            return None
-        except PermissionError:
-            pass
-    return f"host {lease.get('host')} pid {lease.get('pid')}, seen {age:.0f} s ago"
+def failure_signature(message: str) -> str:
+    """A failure's message without the numbers that differ from trial to trial (paths, ids, times)."""
+    return re.sub(r"\d+", "#", message or "").strip()
 
 
 class Interrupted(TunerError):
@@ -92,7 +73,7 @@ class Driver:
     def __init__(self, *, store, study: str, workload: Workload, space: SearchSpace, searcher, runner, executor,
                  budget: int, parallel: int = 1, time_limit: float | None = None, prune: bool = True,
                  results_dir: Path = Path("results"), on_progress: Callable[[Progress], None] | None = None,
-                 early_stop: float | None = None):
+                 early_stop: float | None = None, lease_mode: str = "run", keep_going: bool = False):
         if budget < 1 or parallel < 1:
             raise UsageError("--budget and --parallel must be >= 1")
         self.store, self.study, self.workload, self.space = store, study, workload, space
@@ -102,6 +83,11 @@ class Driver:
         self.on_progress = on_progress or (lambda p: None)
         self.progress = Progress(study, budget)
         self._inflight: dict[Future, tuple[int, Layout, int]] = {}
+        self._claimed: set[int] = set()      # claimed by this driver, not finished: interrupted on Ctrl-C
+        self.lease_mode, self.keep_going = lease_mode, keep_going
+        self._spent = False                  # the study's budget is spent (by any of its drivers)
+        self._streak: tuple[str, int] = ("", 0)
+        self._abort: str | None = None
         if early_stop and hasattr(runner, "early_stop"):
             self.early_stop_fraction = early_stop
             runner.early_stop = self._clearly_worse
@@ -149,10 +135,23 @@ class Driver:
         fut = self.executor.submit(self.runner.run, self._spec(number, layout))
         self._inflight[fut] = (number, layout, attempt)
 
+    def _claim(self, layout: Layout, pred) -> int | None:
+        """Claim `layout` within the study's budget; None when another driver has it or the budget is spent."""
+        if self._spent:
+            return None
+        try:
+            number = self.store.claim_trial(self.study, layout, pred, self.runner.name, budget=self.budget)
+        except BudgetSpent:
+            self._spent = True
+            return None
+        if number is not None:
+            self._claimed.add(number)
+        return number
+
     def _propose(self, n: int) -> list[tuple[int, Layout]]:
         """Up to n claimed (number, layout) pairs; pruned layouts are recorded on the way."""
         out: list[tuple[int, Layout]] = []
-        while len(out) < n:
+        while len(out) < n and not self._spent:
             layouts = self.searcher.ask(n - len(out))
             if not layouts:
                 break
@@ -164,10 +163,10 @@ class Driver:
                         self.progress.pruned += 1
                     self.searcher.tell(lay, res)
                     continue
-                number = self.store.claim_trial(self.study, lay, pred, self.runner.name)
+                number = self._claim(lay, pred)
                 if number is not None:
                     out.append((number, lay))
-                else:                       # another driver already has this layout
+                elif not self._spent:       # another driver already has this layout
                     self.searcher.tell_claimed_elsewhere(lay)
         return out
 
@@ -177,89 +176,116 @@ class Driver:
         result = metrics.complete(result, self.workload, layout)   # every runner ranked on the same footing
         if result.status == Status.INTERRUPTED:
             self.store.mark_interrupted(self.study, [number])
+            self._claimed.discard(number)
             return
         if result.retryable and attempt < MAX_INFRA_RETRIES:
             self._launch(number, layout, attempt + 1)
             return
         self.store.finish_trial(self.study, number, result)
+        self._claimed.discard(number)
         self.searcher.tell(layout, result)
         self.progress.ran += 1
         self.progress.last = _Finished(number, layout, result)
         self.progress.finished.append(self.progress.last)
         if result.status == Status.OK:
             self._update_best(self.progress.last)
+        self._watch_failures(result)
+
+    def _watch_failures(self, result: TrialResult) -> None:
+        """Stop a study whose trials all fail the same way (a typo in --command burns no budget)."""
+        if result.status == Status.OK or self.progress.best is not None:
+            self._streak = ("", 0)
+            return
+        sig = failure_signature(result.message)
+        n = self._streak[1] + 1 if sig == self._streak[0] else 1
+        self._streak = (sig, n)
+        if n >= SAME_FAILURES and not self.keep_going and self._abort is None:
+            self._abort = (f"{n} trials in a row failed the same way and none succeeded: {result.message[:400]} "
+                           f"-- fix the cause and continue with `tuner resume {self.study}` (or resume with "
+                           "--keep-going to run on regardless)")
 
     # -- the loop -----------------------------------------------------------------------------
+    def _lease(self, change) -> None:
+        self.store.modify_study_settings(self.study, change)
+
+    def _fill(self, reruns: list, deadline: float | None) -> bool:
+        """Launch what the free slots allow; False once the time limit has passed."""
+        if deadline and time.monotonic() >= deadline:
+            return False
+        free = min(self.parallel - len(self._inflight), self.budget - self.progress.ran - len(self._inflight))
+        if free <= 0 or self._abort:
+            return True
+        batch = [reruns.pop(0) for _ in range(min(free, len(reruns)))]
+        for number, lay in batch:
+            if self._claim(lay, predict(lay, self.workload)) is not None:
+                self._launch(number, lay)
+        if len(batch) < free:
+            for number, lay in self._propose(free - len(batch)):
+                self._launch(number, lay)
+        return True
+
     def run(self) -> Outcome:
-        candidates_exist = bool(self.space.enumerate_layouts(self.workload))
-        if not candidates_exist:
+        if not self.space.enumerate_layouts(self.workload):
             raise UsageError(f"no valid layout for {self.workload.model.name} on {self.workload.nodes} node(s) "
                              f"({self.workload.gpus} GPUs): {no_layout_reason(self.space, self.workload)}")
         deadline = time.monotonic() + self.time_limit if self.time_limit else None
-        self.store.update_study_settings(self.study, {"driver": driver_lease()})
-        beat = time.monotonic()
+        self._lease(lambda st: lease.take(st, self.study, self.lease_mode))
         reruns = self._replay()
         self.on_progress(self.progress)
-        reason = "budget"
         try:
-            while True:
-                free = min(self.parallel - len(self._inflight), self.budget - self.progress.ran - len(self._inflight))
-                if deadline and time.monotonic() >= deadline:
-                    reason = "time-limit"
-                    free = 0
-                if free > 0:
-                    batch = [reruns.pop(0) for _ in range(min(free, len(reruns)))]
-                    for number, lay in batch:
-                        if self.store.claim_trial(self.study, lay, predict(lay, self.workload), self.runner.name) is None:
-                            continue
-                        self._launch(number, lay)
-                    if len(batch) < free:
-                        for number, lay in self._propose(free - len(batch)):
-                            self._launch(number, lay)
-                self.progress.running = len(self._inflight)
-                self.progress.running_trials = sorted((n, lay) for n, lay, _ in self._inflight.values())
-                if not self._inflight:
-                    if reason != "time-limit" and self.progress.ran < self.budget:
-                        reason = "converged" if self.searcher.stopped else "exhausted"
-                    break
-                timeout = min(max(0.0, deadline - time.monotonic()), HEARTBEAT_S) if deadline else HEARTBEAT_S
-                done, _ = wait(list(self._inflight), timeout=timeout, return_when=FIRST_COMPLETED)
-                if time.monotonic() - beat >= HEARTBEAT_S:
-                    self.store.update_study_settings(self.study, {"driver": driver_lease()})
-                    beat = time.monotonic()
-                for fut in done:
-                    self._finish(fut)
-                    self.on_progress(self.progress)
-                if deadline and time.monotonic() >= deadline and self._inflight:
-                    # let running trials finish; propose nothing new
-                    reason = "time-limit"
+            reason = self._loop(reruns, deadline)
         except KeyboardInterrupt:
-            self._interrupt()
-            raise Interrupted(f"interrupted: {len(self._inflight)} running trial(s) marked interrupted; "
+            n = self._interrupt()
+            raise Interrupted(f"interrupted: {n} running trial(s) marked interrupted; "
                               f"continue with `tuner resume {self.study}`") from None
         except TunerError as exc:   # e.g. a lost store or Ray cluster: leave the study resumable
             try:
                 self._interrupt()
             except TunerError:
                 pass
-            err = TunerError(f"{exc} (the study is saved: continue with `tuner resume {self.study}`)")
+            err = TunerError(exc if self._abort else f"{exc} (the study is saved: continue with "
+                             f"`tuner resume {self.study}`)")
             err.exit_code = exc.exit_code
             raise err from None
         self.progress.running, self.progress.running_trials = 0, []
-        self.store.update_study_settings(self.study, {"driver": None})
+        self._lease(lease.release)
         self.on_progress(self.progress)
         return Outcome(self.study, self.progress.ran, self.progress.pruned, reason)
 
-    def _interrupt(self) -> None:
-        cancel = getattr(self.runner, "cancel", None)
-        if cancel:
-            cancel()
-        numbers = [n for n, _, _ in self._inflight.values()]
+    def _loop(self, reruns: list, deadline: float | None) -> str:
+        """Run trials until the budget, the space, the searcher or the time limit ends it; why it ended."""
+        reason, beat = "budget", time.monotonic()
+        while True:
+            if not self._fill(reruns, deadline):
+                reason = "time-limit"
+            self.progress.running = len(self._inflight)
+            self.progress.running_trials = sorted((n, lay) for n, lay, _ in self._inflight.values())
+            if not self._inflight:
+                if self._abort:
+                    raise TunerError(self._abort)
+                if reason != "time-limit" and self.progress.ran < self.budget and not self._spent:
+                    reason = "converged" if self.searcher.stopped else "exhausted"
+                return reason
+            timeout = min(max(0.0, deadline - time.monotonic()), HEARTBEAT_S) if deadline else HEARTBEAT_S
+            done, _ = wait(list(self._inflight), timeout=timeout, return_when=FIRST_COMPLETED)
+            if time.monotonic() - beat >= HEARTBEAT_S:
+                self._lease(lease.refresh)
+                beat = time.monotonic()
+            for fut in done:
+                self._finish(fut)
+                self.on_progress(self.progress)
+
+    def _interrupt(self) -> int:
+        """Stop: cancel the runner, mark every trial this driver claimed and did not finish interrupted."""
+        self.runner.cancel()
+        numbers = sorted(self._claimed | {n for n, _, _ in self._inflight.values()})
         if numbers:
             self.store.mark_interrupted(self.study, numbers)
+        self._claimed.clear()
         self.store.set_study_state(self.study, "interrupted")
-        self.store.update_study_settings(self.study, {"driver": None})
+        self._lease(lease.release)
         self.executor.shutdown()
+        return len(numbers)
 
 
 @dataclass

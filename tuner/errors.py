@@ -49,6 +49,10 @@ class UnknownStudy(UsageError):
         self.name = name
 
 
+class BudgetSpent(TunerError):
+    """A claim found the study's budget spent (by this driver or another one on the same study)."""
+
+
 class StoreError(TunerError):
     """The results store cannot be reached or has the wrong schema."""
 

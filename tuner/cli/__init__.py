@@ -33,6 +33,15 @@ def cli(ctx, debug):
     ctx.obj = {"debug": debug}
 
 
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush does not fail again."""
+    import os
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
@@ -50,6 +59,9 @@ def main(argv=None) -> None:
     except (click.Abort, KeyboardInterrupt):
         click.echo("interrupted", err=True)
         sys.exit(130)
+    except BrokenPipeError:   # the reader went away (`tuner trials X | head`): the work itself is done
+        _quiet_stdout()
+        sys.exit(0)
     except TunerError as exc:
         if debug:
             raise

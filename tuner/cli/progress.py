@@ -39,7 +39,10 @@ class ProgressView:
 
     def __exit__(self, *exc):
         if self._live:
-            self._live.stop()
+            try:
+                self._live.stop()
+            except (OSError, ValueError):
+                pass
 
     def _view(self, p):
         from rich.console import Group
@@ -60,6 +63,15 @@ class ProgressView:
         return Group(self._bar, summary, table)
 
     def update(self, p) -> None:
+        """Show `p`; an output that fails (a closed pipe or terminal) is switched off, never fatal."""
+        if self.stream is None:
+            return
+        try:
+            self._show(p)
+        except (OSError, ValueError):   # EPIPE, a closed terminal, a closed file
+            self.stream, self._live = None, None
+
+    def _show(self, p) -> None:
         if self._live:
             self._bar.update(self._task, completed=p.ran)
             self._live.update(self._view(p))

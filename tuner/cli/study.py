@@ -14,7 +14,8 @@ from tuner.cli.plan import require_fit, workload_options
 from tuner.cli.progress import ProgressView
 from tuner.cli.query import best_rows, fastest, top_rows, workload_history
 from tuner.cli.render import render
-from tuner.driver import Driver, live_driver
+from tuner import lease
+from tuner.driver import Driver
 from tuner.errors import UsageError
 from tuner.perfmodel import predict as model_predict
 from tuner.executors import make_executor
@@ -78,7 +79,8 @@ def warm_start_history(store, rec: StudyRecord, workload: Workload) -> tuple[lis
     return records, studies
 
 
-def run_study(store, rec: StudyRecord, fmt: str, budget: int | None = None, resumed: bool = False) -> None:
+def run_study(store, rec: StudyRecord, fmt: str, budget: int | None = None, resumed: bool = False,
+              lease_mode: str = "run", keep_going: bool = False) -> None:
     s = rec.settings
     workload = Workload.from_dict(rec.workload)
     space = SearchSpace.from_dict({k: v for k, v in rec.space.items() if k != "name"}, rec.space.get("name", "space"))
@@ -108,7 +110,8 @@ def run_study(store, rec: StudyRecord, fmt: str, budget: int | None = None, resu
     driver = Driver(store=store, study=rec.name, workload=workload, space=space, searcher=searcher, runner=runner,
                     executor=executor, budget=budget or s["budget"], parallel=s.get("parallel", 1),
                     time_limit=s.get("time_limit"), prune=s.get("prune", True), results_dir=results_dir,
-                    on_progress=view.update, early_stop=s.get("early_stop"))
+                    on_progress=view.update, early_stop=s.get("early_stop"), lease_mode=lease_mode,
+                    keep_going=keep_going or s.get("keep_going", False))
     store.set_study_state(rec.name, "running")
     with view:
         outcome = driver.run()
@@ -169,11 +172,13 @@ def run_study(store, rec: StudyRecord, fmt: str, budget: int | None = None, resu
               help="guided: stop once 95 % confident that no layout trains more than this fraction faster "
                    "than the recommended one.")
 @click.option("--no-stop", is_flag=True, help="guided: never stop before the budget.")
+@click.option("--keep-going", is_flag=True,
+              help="Run on even when trials fail the same way (default: stop after 3 in a row with no success).")
 @click.option("--early-stop", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
               help="Stop a real trial whose throughput after warm-up is below this fraction of the best so far.")
 def search(model, nodes, cluster, global_batch, space, runner, searcher, budget, parallel, study, db, seed, fmt,
            time_limit, no_prune, noise, sim_delay, command, gpus, trial_timeout, template, executor, ray_address,
-           results_dir, warm_start, stop_threshold, no_stop, early_stop):
+           results_dir, warm_start, stop_threshold, no_stop, keep_going, early_stop):
     """Start a study: propose layouts, run trials, store every result.
 
     Example: tuner search --model 175b --nodes 128 --budget 30
@@ -189,7 +194,7 @@ def search(model, nodes, cluster, global_batch, space, runner, searcher, budget,
                          f"GPUs: use --cluster local with --nodes 1, or --gpus {w.gpus}")
     settings = {"seed": seed, "budget": budget, "parallel": parallel, "time_limit": time_limit,
                 "prune": not no_prune, "executor": executor, "results_dir": results_dir, "early_stop": early_stop,
-                "warm_start": warm_start, "stop_threshold": stop_threshold, "no_stop": no_stop,
+                "warm_start": warm_start, "stop_threshold": stop_threshold, "no_stop": no_stop, "keep_going": keep_going,
                 "executor_options": {"address": ray_address} if executor == "ray" else {},
                 "runner_options": {k: v for k, v in {"noise": noise, "sim_delay": sim_delay, "command": command,
                                    "gpus": gpus, "trial_timeout": trial_timeout, "template": template}.items() if v}}
@@ -217,19 +222,18 @@ def search(model, nodes, cluster, global_batch, space, runner, searcher, budget,
 @click.option("--join", is_flag=True, help="Another driver is live on this study: leave its running trials alone.")
 @click.option("--force", is_flag=True, help="Take the study over even if another driver seems to run it.")
 @click.option("--ray-address", default=None, help="Run the rest of the study on this Ray cluster.")
+@click.option("--keep-going", is_flag=True, help="Run on even when every trial fails the same way.")
 @DB_OPTION
 @FORMAT_OPTION
-def resume(name, budget, join, force, ray_address, db, fmt):
+def resume(name, budget, join, force, ray_address, keep_going, db, fmt):
     """Continue an interrupted or finished study; nothing is lost or measured twice.
 
     Example: tuner resume my-study --budget 80
     """
     store = open_store(db)
-    rec = store.get_study(name)
-    live = live_driver(rec.settings)
-    if live and not (join or force):
-        raise UsageError(f"study '{name}' is being run by a live driver ({live}): attach a second driver with "
-                         f"`tuner resume {name} --join`, or, if that driver is gone, `tuner resume {name} --force`")
+    store.get_study(name)
+    mode = "join" if join else "force" if force else "run"
+    store.modify_study_settings(name, lambda st: lease.take(st, name, mode))   # one driver gets in, atomically
     if not join:
         n = store.mark_interrupted(name)
         if n:
@@ -241,4 +245,4 @@ def resume(name, budget, join, force, ray_address, db, fmt):
     if budget:
         store.update_study_settings(name, {"budget": budget})
     rec = store.get_study(name)
-    run_study(store, rec, fmt, resumed=not join)
+    run_study(store, rec, fmt, resumed=not join, lease_mode=mode, keep_going=keep_going)

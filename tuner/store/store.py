@@ -22,7 +22,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, SQLAlchemy
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
-from tuner.errors import StoreError, StudyExists, UnknownStudy
+from tuner.errors import BudgetSpent, StoreError, StudyExists, UnknownStudy
 from tuner.layout import Layout
 from tuner.perfmodel.prediction import Prediction
 from tuner.store.models import (MEASURED, PREDICTED, SCHEMA_VERSION, STUDY_STATES, MetaRow, StudyRecord, StudyRow,
@@ -279,9 +279,26 @@ class Store:
             row.settings = {**(row.settings or {}), **scrub(dict(settings))}
         self._tx(merge, f"updating study '{name}'", write=True)
 
+    def modify_study_settings(self, name: str, change: Callable[[dict], dict | None]) -> None:
+        """Read-modify-write of a study's settings under a row lock (one decision among many drivers):
+        `change(settings)` returns the keys to merge, or None; an exception it raises aborts the write."""
+        def modify(s: Session) -> None:
+            row = s.execute(select(StudyRow).where(StudyRow.id == self._study_id(s, name))
+                            .with_for_update()).scalar_one()
+            new = change(dict(row.settings or {}))
+            if new is not None:
+                row.settings = {**(row.settings or {}), **scrub(dict(new))}
+        self._tx(modify, f"updating study '{name}'", write=True)
+
     # ---- trials -------------------------------------------------------------------------------
-    def _claim(self, s: Session, study: str, layout: Layout, prediction: Prediction | None, runner: str) -> int | None:
+    def _claim(self, s: Session, study: str, layout: Layout, prediction: Prediction | None, runner: str,
+               budget: int | None = None) -> int | None:
         sid = self._study_id(s, study, lock=True)     # serialises claims on one study (PostgreSQL)
+        if budget is not None:                         # the budget holds across every driver of the study
+            spent = s.execute(select(func.count()).where(TrialRow.study_id == sid, TrialRow.status.not_in(
+                [Status.PRUNED.value, Status.INTERRUPTED.value]))).scalar()
+            if spent >= budget:
+                raise BudgetSpent(f"study '{study}' has run or is running {spent} trial(s) of its budget of {budget}")
         key = layout.key()
         row = s.execute(select(TrialRow).where(TrialRow.study_id == sid, TrialRow.layout_key == key)).scalar()
         now = utcnow()
@@ -311,9 +328,11 @@ class Store:
         if extra:
             row.extra = {**(row.extra or {}), **scrub(dict(extra))}
 
-    def claim_trial(self, study: str, layout: Layout, prediction: Prediction | None, runner: str) -> int | None:
-        """Mark `layout` running in `study` and return its trial number, or None if another has it."""
-        return self._tx(lambda s: self._claim(s, study, layout, prediction, runner),
+    def claim_trial(self, study: str, layout: Layout, prediction: Prediction | None, runner: str,
+                    budget: int | None = None) -> int | None:
+        """Mark `layout` running in `study` and return its trial number, or None if another has it.
+        With `budget`: BudgetSpent when the study's trials that ran or run (not pruned) reach it."""
+        return self._tx(lambda s: self._claim(s, study, layout, prediction, runner, budget),
                         f"claiming {layout.key()} in study '{study}'", write=True, retry_conflicts=True)
 
     def record_trial(self, study: str, layout: Layout, prediction: Prediction | None, result: TrialResult,

@@ -1,0 +1,82 @@
+"""Which drivers run a study: leases kept in the study's settings, taken in one locked transaction.
+
+A driver holds a lease (host, pid, last seen) in `settings["drivers"]`, refreshed every HEARTBEAT_S;
+a lease is live while it was refreshed within three heartbeats and, on this host, its process exists.
+`take` is the one decision, made by the store under a row lock (Store.modify_study_settings), so that
+of N drivers started at the same instant on a study exactly one gets in (mode "run"), unless they
+came to join (mode "join") or to take over from a driver that died on another host ("force").
+Pure apart from reading the clock, the host name and the process table.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from tuner.errors import UsageError
+
+HEARTBEAT_S = 15.0   # a live driver refreshes its lease this often
+MODES = ("run", "join", "force")
+
+
+def me() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _alive(lease: dict, now: float) -> bool:
+    if now - float(lease.get("seen", 0)) > 3 * HEARTBEAT_S:
+        return False
+    if lease.get("host") == socket.gethostname():
+        try:
+            os.kill(int(lease["pid"]), 0)
+        except (ProcessLookupError, ValueError, KeyError):
+            return False
+        except PermissionError:
+            pass
+    return True
+
+
+def holders(settings: dict, now: float | None = None) -> dict[str, dict]:
+    """The live leases of a study's settings, by driver id (a pre-lease-table "driver" entry included)."""
+    now = time.time() if now is None else now
+    leases = dict(settings.get("drivers") or {})
+    if settings.get("driver"):
+        old = settings["driver"]
+        leases.setdefault(f"{old.get('host')}:{old.get('pid')}", old)
+    return {k: v for k, v in leases.items() if _alive(v, now)}
+
+
+def live_driver(settings: dict) -> str | None:
+    """A description of another live driver of the study, or None."""
+    now = time.time()
+    others = {k: v for k, v in holders(settings, now).items() if k != me()}
+    if not others:
+        return None
+    k, v = next(iter(others.items()))
+    return f"host {v.get('host')} pid {v.get('pid')}, seen {now - float(v.get('seen', 0)):.0f} s ago"
+
+
+def take(settings: dict, study: str, mode: str) -> dict:
+    """The settings change that gives this driver a lease on `study`, or UsageError when another live
+    driver runs it and `mode` is "run"."""
+    if mode not in MODES:
+        raise ValueError(f"lease mode must be one of {MODES}, got {mode!r}")
+    live = live_driver(settings)
+    if live and mode == "run":
+        raise UsageError(f"study '{study}' is being run by a live driver ({live}): attach a second driver with "
+                         f"`tuner resume {study} --join`, or, if that driver is gone, `tuner resume {study} --force`")
+    keep = {} if mode == "force" else holders(settings)
+    return {"driver": None, "drivers": {**keep, me(): {"host": socket.gethostname(), "pid": os.getpid(),
+                                                       "seen": time.time()}}}
+
+
+def refresh(settings: dict) -> dict:
+    """The settings change that renews this driver's lease (keeping the other live ones)."""
+    return {"drivers": {**holders(settings), me(): {"host": socket.gethostname(), "pid": os.getpid(),
+                                                    "seen": time.time()}}}
+
+
+def release(settings: dict) -> dict:
+    """The settings change that gives this driver's lease up."""
+    return {"driver": None, "drivers": {k: v for k, v in holders(settings).items() if k != me()}}
