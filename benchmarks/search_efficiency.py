@@ -4,7 +4,7 @@ The worlds (benchmarks/indep_worlds.py) have physics written independently of tu
 per seed in three families (compute-bound, network-bound, host-bound) over four workloads. Seeds are
 drawn at run time (printed; `--seed-list` reproduces a run), never hand-picked. Every search runs
 through the real Driver (default pruning, in-memory SQLite store, budget 12; guided without its stop
-rule, which benchmarks/hostile_worlds.py measures).
+rule, which benchmarks/stop_calibration.py measures).
 
 "Recommended after k trials" is the layout with the highest measured samples/s among the first k trials
 that ran (pruned layouts are not trials; only status ok counts). Its score is its TRUE samples/s divided

@@ -97,7 +97,7 @@ def test_search_stops_when_space_exhausted(tuner):
       "--zero-stage", "2"), 2, "ZeRO-2 with pp=16"),
     (("best", "--model", "1t", "--nodes", "1"), 2, "fits on 1 node(s)"),
     (("best", "--model", "1t", "--nodes", "1000000"), 2, "no valid layout"),
-    (("best", "--model", "175b", "--nodes", "7", "--study", "nope"), 2, "no study named 'nope'"),
+    (("best", "--model", "175b", "--nodes", "7", "--study", "nope"), 2, "no results store at"),
     (("--db", "x"), 2, "No such option"),
     (("search", "--model", "175b", "--nodes", "3"), 2, "none of 200 valid layouts fits"),
     (("search", "--model", "175b", "--nodes", "4", "--stop-threshold", "1.5"), 2, "--stop-threshold"),
@@ -253,3 +253,22 @@ def test_guided_warm_start_and_early_stop(tuner):
     got = json.loads(out)
     assert got["stopped_by"] == "converged" and got["ran"] < 40
     assert got["confidence"] > 0.9 and "confident" in got["stop_reason"]
+
+
+def test_bare_tuner_prints_the_help_once(tuner):
+    code, out, err = tuner()
+    assert code == 0 and out.count("Usage: tuner") == 1 and "search" in out and err == ""
+
+
+def test_read_only_commands_never_create_a_store(tuner, tmp_path, monkeypatch):
+    monkeypatch.delenv("TUNER_DB")
+    for args in (["studies"], ["trials", "x"], ["export", "x"], ["report", "x"], ["launch", "x", "--out", "l", "--train-iters", "9"]):
+        code, _, err = tuner(*args)
+        assert code == 2 and f"no results store at sqlite:///{tmp_path}/results/tuner.db" in err, (args, err)
+        assert "--db" in err and "TUNER_DB" in err
+    code, out, err = tuner("best", "--model", "175b", "--nodes", "16")     # answers from the model alone
+    assert code == 0 and "PREDICTED" in out and "no results store at" in err
+    assert not (tmp_path / "results").exists()
+    assert tuner("search", "--model", "22b", "--nodes", "2", "--budget", "2", "--study", "here")[0] == 0
+    code, out, err = tuner("studies")
+    assert code == 0 and "here" in out and f"store: sqlite:///{tmp_path}/results/tuner.db" in err

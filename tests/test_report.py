@@ -229,13 +229,13 @@ def test_export_reads_back_with_pandas(db, tmp_path, fmt):
 
 def test_export_to_stdout_and_parquet_needs_out(db):
     r = run("export", "s1", "--format", "json", "--db", db)
-    assert len(json.loads(r.output)) >= 10
+    assert len(json.loads(r.stdout)) >= 10
     r = run("export", "s1", "--format", "parquet", "--db", db, ok=False)
     assert isinstance(r.exception, UsageError) and "--out" in str(r.exception)
 
 
 def test_launch_from_the_study_the_store_and_the_model(db, tmp_path):
-    best = json.loads(run("best", "--model", "175b", "--nodes", "16", "--db", db, "--format", "json").output)
+    best = json.loads(run("best", "--model", "175b", "--nodes", "16", "--db", db, "--format", "json").stdout)
     for name, args, kind in (("study", ["s1"], "study"), ("store", ["--model", "175b", "--nodes", "16"], "store"),
                              ("model", ["--model", "175b", "--nodes", "32"], "model")):
         out = tmp_path / name

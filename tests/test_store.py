@@ -349,7 +349,7 @@ def test_default_url_and_env(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("TUNER_DB", raising=False)
     with open_store() as s:
-        assert s.url == "sqlite:///results/tuner.db"
+        assert s.url == f"sqlite:///{tmp_path}/results/tuner.db"      # shown absolute: no guessing the cwd
     assert (tmp_path / "results" / "tuner.db").is_file()
     monkeypatch.setenv("TUNER_DB", f"sqlite:///{tmp_path}/other.db")
     with open_store() as s:

@@ -170,8 +170,13 @@ class Driver:
                     self.searcher.tell_claimed_elsewhere(lay)
         return out
 
+    def _in_flight(self) -> None:
+        self.progress.running = len(self._inflight)
+        self.progress.running_trials = sorted((n, lay) for n, lay, _ in self._inflight.values())
+
     def _finish(self, fut: Future) -> None:
         number, layout, attempt = self._inflight.pop(fut)
+        self._in_flight()                   # the live view shows a finished trial once, as finished
         result = fut.result()  # a runner that raises is a driver bug: let it propagate
         result = metrics.complete(result, self.workload, layout)   # every runner ranked on the same footing
         if result.status == Status.INTERRUPTED:
@@ -258,8 +263,7 @@ class Driver:
         while True:
             if not self._fill(reruns, deadline):
                 reason = "time-limit"
-            self.progress.running = len(self._inflight)
-            self.progress.running_trials = sorted((n, lay) for n, lay, _ in self._inflight.values())
+            self._in_flight()
             if not self._inflight:
                 if self._abort:
                     raise TunerError(self._abort)

@@ -49,6 +49,14 @@ class UnknownStudy(UsageError):
         self.name = name
 
 
+class NoStore(UsageError):
+    """A command that only reads found no results store where it looked."""
+
+    def __init__(self, shown: str):
+        super().__init__(f"no results store at {shown}: nothing has been stored there yet. Run `tuner search` "
+                         "first, or choose the store with --db URL or TUNER_DB (e.g. --db sqlite:////path/tuner.db)")
+
+
 class BudgetSpent(TunerError):
     """A claim found the study's budget spent (by this driver or another one on the same study)."""
 

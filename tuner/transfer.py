@@ -32,7 +32,6 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from tuner.errors import UsageError
 from tuner.layout import Layout
 from tuner.perfmodel import comm, predict
 from tuner.specs import Workload

@@ -20,6 +20,22 @@ def _withhold_store_password(ctx, param, value):
     return value
 
 
+def read_store(db, required: bool = True):
+    """The store of a command that only reads: never created, its location on stderr. Without one:
+    NoStore (naming the path looked at and how to choose another), or None when not `required`."""
+    from tuner.errors import NoStore
+    from tuner.store import open_store
+    try:
+        store = open_store(db, create=False)
+    except NoStore as exc:
+        if required:
+            raise
+        click.echo(f"note: {exc}", err=True)
+        return None
+    click.echo(f"store: {store.url}", err=True)
+    return store
+
+
 DB_OPTION = click.option("--db", envvar="TUNER_DB", default=None, callback=_withhold_store_password,
                          help="Results store URL (default sqlite:///results/tuner.db; env TUNER_DB).")
 
@@ -44,6 +60,9 @@ def _quiet_stdout() -> None:
 
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if not argv:                      # bare `tuner`: the help, once, and no error
+        click.echo(cli.get_help(click.Context(cli, info_name="tuner")))
+        sys.exit(0)
     debug = "--debug" in argv
     try:
         cli.main(args=argv, prog_name="tuner", standalone_mode=False)

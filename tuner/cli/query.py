@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from tuner.cli import DB_OPTION, FORMAT_OPTION, cli
+from tuner.cli import DB_OPTION, FORMAT_OPTION, cli, read_store
 from tuner.cli.render import flat_layout, render
 from tuner.errors import TunerError
-from tuner.store import open_store, upgrade
+from tuner.store import upgrade
 from tuner.trial import Status
 
 # Speed columns: samples_s and mfu_% (model FLOPs, no recompute: the ranking); mgt_tflops and mgt_peak_%
@@ -67,7 +67,7 @@ def studies(db, fmt):
 
     Example: tuner studies --format csv
     """
-    store = open_store(db)
+    store = read_store(db)
     rows = []
     for s in store.list_studies():
         counts = store.counts(s.name)
@@ -89,7 +89,7 @@ def trials(name, statuses, db, fmt):
 
     Example: tuner trials my-study --status ok --format json
     """
-    store = open_store(db)
+    store = read_store(db)
     store.get_study(name)
     ts = store.trials(name, [Status(s) for s in statuses] or None)
     ts = fastest(ts) + [t for t in ts if t.status != Status.OK or t.mfu is None]   # fastest first
@@ -125,10 +125,11 @@ def best(model, nodes, cluster, global_batch, study, k, db, fmt):
     """
     from tuner.specs import make_workload
     w = make_workload(model, nodes, cluster, global_batch)
-    store = open_store(db)
+    store = read_store(db, required=bool(study))
     if study:
         store.get_study(study)
-    found = store.best(w.model.name, w.cluster.name, nodes, k=k, study=study, global_batch=w.global_batch)
+    found = store.best(w.model.name, w.cluster.name, nodes, k=k, study=study,
+                       global_batch=w.global_batch) if store else []
     if not found and study:
         raise TunerError(f"study '{study}' has no finished trial of {w.model.name} on {nodes} x {w.cluster.name} "
                          f"node(s) at global batch {w.global_batch}")
@@ -156,7 +157,7 @@ def predicted_best(store, w, model: str, cluster: str, k: int, fmt: str) -> None
     """No measurement at this node count: the model's fastest, corrected by measurements at other counts."""
     from tuner.best import best_for_unmeasured
     from tuner.space import load_space
-    records, studies = workload_history(store, w.model.name, w.cluster.name)
+    records, studies = workload_history(store, w.model.name, w.cluster.name) if store else ([], {})
     rows = best_for_unmeasured(w, load_space(), records, k=k, studies=studies)
     objs = [{**{k_: v for k_, v in r.items() if k_ != "key"}, "layout": r["layout"].as_dict(), "status": "predicted",
              "runner": None, "measured": False, "study": None, "trial": None} for r in rows]
@@ -175,7 +176,7 @@ def predicted_best(store, w, model: str, cluster: str, k: int, fmt: str) -> None
                  f"stored trials of {w.model.name} on {w.cluster.name})")
         extra = f"; {ev['note'].split('; ', 1)[1]}" if ev.get("other_global_batches") else ""
         click.echo(f"\nPREDICTED, not measured: no trial of {w.model.name} on {w.nodes} x {w.cluster.name} node(s) "
-                   f"at global batch {w.global_batch} in {store.url}; {basis}{extra}. Layouts keep "
+                   f"at global batch {w.global_batch} in {store.url if store else 'any store'}; {basis}{extra}. Layouts keep "
                    f"{100 * w.cluster.memory_headroom:g} % of HBM free unless measured peaks show less is needed; "
                    f"p_fit is the probability that the layout fits in memory. Measure it: tuner search --model "
                    f"{model} --nodes {w.nodes} --cluster {cluster} --warm-start")

@@ -8,13 +8,12 @@ from pathlib import Path
 
 import click
 
-from tuner.cli import DB_OPTION, cli
+from tuner.cli import DB_OPTION, cli, read_store
 from tuner.cli.render import to_csv
 from tuner.errors import MissingExtra, TunerError, UsageError
 from tuner.launch import LAUNCH_FILES, Source, launch_files
 from tuner.report import EXPORT_COLUMNS, FIGURES, build_report, export_rows, ok_trials
 from tuner.specs import Workload, load_cluster, load_model, make_workload
-from tuner.store import open_store
 
 EXPORT_FORMATS = ("csv", "json", "parquet")
 
@@ -52,7 +51,7 @@ def report(name, out, force, db):
     Example: tuner report my-study --out report/ && xdg-open report/index.html
     """
     t0 = time.perf_counter()
-    store = open_store(db)
+    store = read_store(db)
     rec = store.get_study(name)
     out = out or Path("results") / "reports" / name
     check_out_dir(out, force)
@@ -108,7 +107,7 @@ def export(name, fmt, out, force, db):
         raise UsageError("--format parquet is binary: pass --out FILE.parquet")
     if out is not None and out.exists() and not force:
         raise UsageError(f"--out {out} exists: choose another file, or pass --force to overwrite it")
-    store = open_store(db)
+    store = read_store(db)
     store.get_study(name)
     rows = export_rows(store.trials(name))
     if fmt == "parquet":
@@ -139,7 +138,7 @@ def pick_layout(store, name, model, nodes, cluster):
         t = ok[0]
         return t.layout, Workload.from_dict(rec.workload), Source("study", *_measured(t))
     m, c = load_model(model), load_cluster(cluster)
-    found = store.best(m.name, c.name, nodes, k=1)
+    found = store.best(m.name, c.name, nodes, k=1) if store else []
     if found:
         t = found[0]
         rec = store.get_study(t.study)
@@ -150,7 +149,7 @@ def pick_layout(store, name, model, nodes, cluster):
     from tuner.space import load_space
     from tuner.best import best_for_unmeasured
     w = make_workload(m, nodes, c)
-    records, studies = workload_history(store, m.name, c.name)
+    records, studies = workload_history(store, m.name, c.name) if store else ([], {})
     top = best_for_unmeasured(w, load_space("default"), records, k=1, studies=studies)[0]
     return top["layout"], w, Source("model", samples_per_second=top["samples_per_second"], mfu=top["mfu"],
                                     tflops_per_gpu=top["tflops_per_gpu"], peak_fraction=top["peak_fraction"])
@@ -189,7 +188,7 @@ def launch(name, model, nodes, cluster, out, force, megatron_dir, account, time_
     if not name and not (model and nodes):
         raise UsageError("--model and --nodes go together: e.g. `tuner launch --model 175b --nodes 16 --out launch/`")
     check_out_dir(out, force)
-    store = open_store(db)
+    store = read_store(db, required=bool(name))
     layout, w, src = pick_layout(store, name, model, nodes, cluster)
     files = launch_files(layout, w, out.resolve(), source=src, study=src.study or "launch", trial=src.trial or 0,
                          megatron_dir=megatron_dir, account=account, time_limit=time_limit, precision=precision,

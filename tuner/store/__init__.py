@@ -2,7 +2,8 @@
 the database. See store.py for the contract."""
 
 from tuner.store.models import SCHEMA_VERSION, StudyRecord, TrialRecord
-from tuner.store.store import DEFAULT_URL, Store, open_store, redact, upgrade
+from tuner.store.engine import DEFAULT_URL, redact
+from tuner.store.store import Store, open_store, upgrade
 
 __all__ = ["Store", "StudyRecord", "TrialRecord", "open_store", "DEFAULT_URL", "redact", "SCHEMA_VERSION",
            "upgrade"]

@@ -13,16 +13,16 @@ import os
 import random
 import threading
 import time
-from pathlib import Path
 from typing import Callable, Iterable, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, func, select, update
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy import Engine, func, select, update
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
-from tuner.errors import BudgetSpent, StoreError, StudyExists, UnknownStudy
+from tuner.errors import BudgetSpent, NoStore, StoreError, StudyExists, UnknownStudy
+from tuner.store.engine import BUSY_TIMEOUT_S, URL_HINT, _engine_for, _reason, _sqlstate, redact
 from tuner.layout import Layout
 from tuner.perfmodel.prediction import Prediction
 from tuner.store.models import (MEASURED, PREDICTED, SCHEMA_VERSION, STUDY_STATES, MetaRow, StudyRecord, StudyRow,
@@ -30,108 +30,9 @@ from tuner.store.models import (MEASURED, PREDICTED, SCHEMA_VERSION, STUDY_STATE
                                 verify_schema)
 from tuner.trial import Status, TrialResult
 
-DEFAULT_URL = "sqlite:///results/tuner.db"
-URL_HINT = "check --db or TUNER_DB; expected sqlite:///path or postgresql+psycopg://user:pass@host/db"
-BUSY_TIMEOUT_S = 30
 RECONNECT_DELAYS_S = (0.25, 0.5, 1.0, 2.0, 4.0)   # then give up with a StoreError
 CONFLICT_RETRIES = 100
 T = TypeVar("T")
-
-
-def redact(url: str | URL) -> str:
-    """The URL with its password replaced by ***."""
-    if isinstance(url, URL):
-        return url.render_as_string(hide_password=True)
-    text = scrub(str(url))
-    try:
-        password = make_url(str(url)).password
-    except ArgumentError:
-        return text
-    if password and str(password) in text:   # an odd password the pattern missed: let SQLAlchemy hide it
-        return make_url(str(url)).render_as_string(hide_password=True)
-    return text
-
-
-def _reason(exc: BaseException) -> str:
-    """The first line of the driver's message, password-free and short."""
-    orig = getattr(exc, "orig", None) or exc
-    lines = [ln.strip() for ln in str(orig).splitlines() if ln.strip()]
-    text = scrub(lines[0] if lines else type(orig).__name__)
-    return text if len(text) <= 200 else text[:197] + "..."
-
-
-def _sqlstate(exc: BaseException) -> str | None:
-    return getattr(getattr(exc, "orig", None), "sqlstate", None)
-
-
-def _parse(raw: str) -> URL:
-    shown = redact(raw)
-    try:
-        url = make_url(raw)
-    except ArgumentError:
-        raise StoreError(f"malformed database URL '{shown}': {URL_HINT}") from None
-    backend = url.get_backend_name()
-    if backend in ("postgresql", "postgres"):
-        return url.set(drivername="postgresql+psycopg")   # the only PostgreSQL driver tuner ships with
-    if backend != "sqlite" or url.drivername not in ("sqlite", "sqlite+pysqlite"):
-        raise StoreError(f"unsupported database URL '{shown}' (backend '{url.drivername}'): {URL_HINT}")
-    return url
-
-
-def _sqlite_memory(url: URL) -> bool:
-    db = url.database or ""
-    return db in ("", ":memory:") or "mode=memory" in db or url.query.get("mode") == "memory"
-
-
-def _sqlite_path(url: URL) -> Path:
-    db = url.database or ""
-    if db.startswith("file:"):
-        db = db[5:].split("?", 1)[0]
-    return Path(db)
-
-
-def _check_sqlite_file(url: URL) -> None:
-    """A clear error before anything runs: the directory must exist and the file must be writable."""
-    path = _sqlite_path(url)
-    parent = path.parent if str(path.parent) else Path(".")
-    fix = "create it, or point --db / TUNER_DB at another sqlite:///path"
-    if not parent.is_dir():
-        raise StoreError(f"cannot open SQLite database {path}: directory {parent} does not exist; {fix}")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise StoreError(f"SQLite database {path} is read-only: make it writable (chmod u+w {path}) or copy it")
-    if not os.access(parent, os.W_OK):
-        raise StoreError(f"cannot write in {parent} (SQLite needs it for {path.name}-wal): "
-                         "make the directory writable or move the database")
-
-
-def _make_engine(url: URL) -> Engine:
-    if url.get_backend_name() == "postgresql":
-        return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10,
-                             connect_args={"connect_timeout": 5, "application_name": "tuner"})
-    memory = _sqlite_memory(url)
-    if memory:
-        engine = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False})
-    else:
-        _check_sqlite_file(url)
-        engine = create_engine(url, pool_size=8, max_overflow=16,
-                               connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S})
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record):
-        dbapi_conn.isolation_level = None          # we emit BEGIN ourselves (below)
-        cur = dbapi_conn.cursor()
-        cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
-        cur.execute("PRAGMA foreign_keys = ON")
-        if not memory:
-            cur.execute("PRAGMA journal_mode = WAL")
-            cur.execute("PRAGMA synchronous = NORMAL")
-        cur.close()
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn):
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("tuner_write") else "BEGIN")
-
-    return engine
 
 
 def _unknown(s: Session, name: str) -> UnknownStudy:
@@ -202,11 +103,13 @@ class Store:
             except SQLAlchemyError as exc:
                 raise self._error(exc, doing) from None
 
-    def _open(self) -> None:
+    def _open(self, create: bool = True) -> None:
         """Create a fresh schema, check the version, and prove we can write. No retries: fail fast."""
         def init(s: Session) -> None:
             conn = s.connection()
             version = read_version(conn)
+            if version is None and not create:
+                raise NoStore(self.url)
             if version is None:
                 apply_migrations(conn, 0)
             elif version < SCHEMA_VERSION:
@@ -413,20 +316,13 @@ class Store:
         return f"Store({self.url!r})"
 
 
-def _engine_for(url: str | None) -> tuple[Engine, URL, str]:
-    raw = url or os.environ.get("TUNER_DB") or DEFAULT_URL
-    if raw == DEFAULT_URL:
-        Path("results").mkdir(exist_ok=True)
-    parsed = _parse(raw)
-    return _make_engine(parsed), parsed, redact(raw)
-
-
-def open_store(url: str | None = None) -> Store:
-    """The store at `url`, else $TUNER_DB, else results/tuner.db in the working directory."""
-    engine, parsed, shown = _engine_for(url)
+def open_store(url: str | None = None, create: bool = True) -> Store:
+    """The store at `url`, else $TUNER_DB, else results/tuner.db in the working directory. With
+    create=False (commands that only read) a store that does not exist yet is NoStore, never created."""
+    engine, parsed, shown = _engine_for(url, create)
     store = Store(engine, parsed, shown)
     try:
-        store._open()
+        store._open(create)
     except BaseException:
         engine.dispose()
         raise

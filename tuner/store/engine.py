@@ -1,0 +1,138 @@
+"""Database URLs and engines: parsing, redaction, SQLite checks and pragmas. Only the store uses these."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.pool import StaticPool
+
+from tuner.errors import NoStore, StoreError
+from tuner.store.models import scrub
+
+DEFAULT_URL = "sqlite:///results/tuner.db"
+URL_HINT = "check --db or TUNER_DB; expected sqlite:///path or postgresql+psycopg://user:pass@host/db"
+BUSY_TIMEOUT_S = 30
+
+
+def redact(url: str | URL) -> str:
+    """The URL with its password replaced by ***."""
+    if isinstance(url, URL):
+        return url.render_as_string(hide_password=True)
+    text = scrub(str(url))
+    try:
+        password = make_url(str(url)).password
+    except ArgumentError:
+        return text
+    if password and str(password) in text:   # an odd password the pattern missed: let SQLAlchemy hide it
+        return make_url(str(url)).render_as_string(hide_password=True)
+    return text
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of the driver's message, password-free and short."""
+    orig = getattr(exc, "orig", None) or exc
+    lines = [ln.strip() for ln in str(orig).splitlines() if ln.strip()]
+    text = scrub(lines[0] if lines else type(orig).__name__)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    return getattr(getattr(exc, "orig", None), "sqlstate", None)
+
+
+def _parse(raw: str) -> URL:
+    shown = redact(raw)
+    try:
+        url = make_url(raw)
+    except ArgumentError:
+        raise StoreError(f"malformed database URL '{shown}': {URL_HINT}") from None
+    backend = url.get_backend_name()
+    if backend in ("postgresql", "postgres"):
+        return url.set(drivername="postgresql+psycopg")   # the only PostgreSQL driver tuner ships with
+    if backend != "sqlite" or url.drivername not in ("sqlite", "sqlite+pysqlite"):
+        raise StoreError(f"unsupported database URL '{shown}' (backend '{url.drivername}'): {URL_HINT}")
+    return url
+
+
+def _sqlite_memory(url: URL) -> bool:
+    db = url.database or ""
+    return db in ("", ":memory:") or "mode=memory" in db or url.query.get("mode") == "memory"
+
+
+def _sqlite_path(url: URL) -> Path:
+    db = url.database or ""
+    if db.startswith("file:"):
+        db = db[5:].split("?", 1)[0]
+    return Path(db)
+
+
+def _check_sqlite_file(url: URL) -> None:
+    """A clear error before anything runs: the directory must exist and the file must be writable."""
+    path = _sqlite_path(url)
+    parent = path.parent if str(path.parent) else Path(".")
+    fix = "create it, or point --db / TUNER_DB at another sqlite:///path"
+    if not parent.is_dir():
+        raise StoreError(f"cannot open SQLite database {path}: directory {parent} does not exist; {fix}")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise StoreError(f"SQLite database {path} is read-only: make it writable (chmod u+w {path}) or copy it")
+    if not os.access(parent, os.W_OK):
+        raise StoreError(f"cannot write in {parent} (SQLite needs it for {path.name}-wal): "
+                         "make the directory writable or move the database")
+
+
+def _make_engine(url: URL) -> Engine:
+    if url.get_backend_name() == "postgresql":
+        return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10,
+                             connect_args={"connect_timeout": 5, "application_name": "tuner"})
+    memory = _sqlite_memory(url)
+    if memory:
+        engine = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False})
+    else:
+        _check_sqlite_file(url)
+        engine = create_engine(url, pool_size=8, max_overflow=16,
+                               connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):
+        dbapi_conn.isolation_level = None          # we emit BEGIN ourselves (below)
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
+        cur.execute("PRAGMA foreign_keys = ON")
+        if not memory:
+            cur.execute("PRAGMA journal_mode = WAL")
+            cur.execute("PRAGMA synchronous = NORMAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("tuner_write") else "BEGIN")
+
+    return engine
+
+
+def shown_url(parsed: URL) -> str:
+    """The URL as printed: password redacted, a SQLite file as an absolute path."""
+    if parsed.get_backend_name() == "sqlite" and not _sqlite_memory(parsed) and not (parsed.database or "").startswith(
+            "file:"):
+        parsed = parsed.set(database=str(_sqlite_path(parsed).resolve()))
+    return redact(parsed.render_as_string(hide_password=False))   # also scrubs ?password=...
+
+
+def _engine_for(url: str | None, create: bool = True) -> tuple[Engine, URL, str]:
+    """The engine of `url`, else $TUNER_DB, else the default. With create=False a SQLite file that does
+    not exist is refused (NoStore) instead of created."""
+    raw = url or os.environ.get("TUNER_DB") or DEFAULT_URL
+    parsed = _parse(raw)
+    shown = shown_url(parsed)
+    sqlite_file = parsed.get_backend_name() == "sqlite" and not _sqlite_memory(parsed)
+    if sqlite_file and not create and not _sqlite_path(parsed).exists():
+        raise NoStore(shown)
+    if raw == DEFAULT_URL:
+        Path("results").mkdir(exist_ok=True)
+    return _make_engine(parsed), parsed, shown
+
+
