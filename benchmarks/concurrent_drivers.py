@@ -16,26 +16,18 @@ import tempfile
 import time
 from collections import Counter
 
-from tuner.driver import Driver
-from tuner.executors import make_executor
-from tuner.runners import make_runner
-from tuner.search import make_searcher
+from tuner import study as tuner_study
 from tuner.space import load_space
-from tuner.specs import Workload, make_workload
-from tuner.store import StudyRecord, open_store
+from tuner.specs import make_workload
+from tuner.store import open_store
 
 STUDY = f"bench-concurrent-{int(time.time())}"
 
 
-def one_driver(db: str, study: str, seed: int, budget: int, delay: float) -> int:
+def one_driver(db: str, study: str) -> int:
+    """One more driver joining the study, as `tuner resume STUDY --join` does (the study's budget is shared)."""
     store = open_store(db)
-    rec = store.get_study(study)
-    w, sp = Workload.from_dict(rec.workload), load_space()
-    d = Driver(store=store, study=study, workload=w, space=sp,
-               searcher=make_searcher("random", sp.enumerate_layouts(w), seed=seed),
-               runner=make_runner("sim", seed=0, delay=delay), executor=make_executor("thread", 1),
-               budget=budget, parallel=1)
-    return d.run().ran
+    return tuner_study.resume(store, study, mode="join").outcome.ran
 
 
 def main() -> None:
@@ -50,18 +42,19 @@ def main() -> None:
     store = open_store(db)
     if STUDY in store.study_names():
         raise SystemExit(f"study {STUDY} exists in {store.url}: use a fresh database")
-    w, sp = make_workload("175b", 256), load_space()
-    store.create_study(StudyRecord(name=STUDY, workload=w.as_dict(), space={"name": sp.name, "dimensions": sp.dimensions,
-                                   "constraints": sp.constraints}, searcher="random", runner="sim", settings={}))
+    w = make_workload("175b", 256)
+    tuner_study.create(store, tuner_study.new_record(STUDY, w, load_space(), searcher="random", runner="sim",
+                                                     budget=args.budget * args.drivers,
+                                                     runner_options={"sim_delay": args.delay}))
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(args.drivers) as pool:
-        ran = pool.starmap(one_driver, [(db, STUDY, seed, args.budget, args.delay) for seed in range(args.drivers)])
+        ran = pool.starmap(one_driver, [(db, STUDY)] * args.drivers)
     secs = time.perf_counter() - t0
     trials = store.trials(STUDY)
     dupes = sum(n - 1 for n in Counter(t.layout.key() for t in trials).values() if n > 1)
     measured = [t for t in trials if t.status.value != "pruned"]
     print(f"store: {store.url}")
-    print(f"{args.drivers} drivers x simulator, 175B on 256 nodes, {args.budget} trials per driver")
+    print(f"{args.drivers} drivers x simulator, 175B on 256 nodes, one study budget of {args.budget * args.drivers}")
     print(f"trials run per driver: {ran}; stored: {len(trials)} ({len(measured)} run, {len(trials) - len(measured)} pruned)")
     print(f"wall {secs:.2f} s (process start included) -> {len(measured) / secs:.1f} trials/s, "
           f"{len(trials) / secs:.1f} stored/s; duplicates: {dupes}")

@@ -31,7 +31,7 @@ def run(searcher: str, budget: int, parallel: int, db: str) -> tuple[float, int,
                                    settings={"budget": budget}))
     t0 = time.perf_counter()
     cands = sp.enumerate_layouts(w)
-    d = Driver(store=store, study=name, workload=w, space=sp, searcher=make_searcher(searcher, cands, seed=1),
+    d = Driver(store=store, study=name, workload=w, searcher=make_searcher(searcher, cands, seed=1),
                runner=make_runner("sim", noise=0.02, seed=1), executor=make_executor("thread", parallel),
                budget=budget, parallel=parallel)
     out = d.run()

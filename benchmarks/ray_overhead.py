@@ -31,7 +31,7 @@ def run(executor, label: str, budget: int, parallel: int, delay: float, db: str)
     store.create_study(StudyRecord(name=name, workload=w.as_dict(), space={"name": sp.name, "dimensions": sp.dimensions,
                                    "constraints": sp.constraints}, searcher="random", runner="sim",
                                    settings={"budget": budget}))
-    d = Driver(store=store, study=name, workload=w, space=sp,
+    d = Driver(store=store, study=name, workload=w,
                searcher=make_searcher("random", sp.enumerate_layouts(w), seed=1, workload=w, parallel=parallel),
                runner=SimRunner(delay=delay, seed=1), executor=executor, budget=budget, parallel=parallel,
                prune=False)

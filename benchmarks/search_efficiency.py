@@ -66,7 +66,7 @@ def run_study(world: World, searcher: str, seed: int, budget: int, transfer_node
     store.create_study(StudyRecord(name, w.as_dict(), {"name": space.name}, searcher, runner.name))
     options = {"stop_threshold": None} if searcher == "guided" else {}
     s = make_searcher(searcher, world.candidates, seed=seed, workload=w, **options)
-    Driver(store=store, study=name, workload=w, space=space, searcher=s, runner=runner, executor=InlineExecutor(),
+    Driver(store=store, study=name, workload=w, searcher=s, runner=runner, executor=InlineExecutor(),
            budget=budget, results_dir=Path(tempfile.gettempdir())).run()
     trials = sorted(store.trials(name), key=lambda t: t.number)
     best = None

@@ -23,7 +23,7 @@ def test_clearly_worse_trial_is_stopped_after_warmup(tmp_path):
     store.create_study(StudyRecord(name="es", workload=w.as_dict(), space={}, searcher="grid", runner="command"))
     runner = make_runner("command", command=f"{sys.executable} {TRAINER}", results_dir=tmp_path, trial_timeout=60)
     runner.poll_interval = 0.1
-    d = Driver(store=store, study="es", workload=w, space=sp, runner=runner, executor=make_executor("thread", 1),
+    d = Driver(store=store, study="es", workload=w, runner=runner, executor=make_executor("thread", 1),
                searcher=make_searcher("grid", sp.enumerate_layouts(w)), budget=5, results_dir=tmp_path,
                early_stop=0.5, prune=False)
     out = d.run()

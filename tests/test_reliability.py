@@ -95,7 +95,7 @@ def test_ctrl_c_between_claim_and_launch_leaves_no_trial_running(tmp_path):
     space = load_space()
     store = open_store(f"sqlite:///{tmp_path / 'c.db'}")
     store.create_study(StudyRecord("c", w.as_dict(), {"name": space.name}, "random", "sim"))
-    d = Driver(store=store, study="c", workload=w, space=space, executor=_CtrlCOnSubmit(), budget=5,
+    d = Driver(store=store, study="c", workload=w, executor=_CtrlCOnSubmit(), budget=5,
                searcher=make_searcher("random", space.enumerate_layouts(w)), runner=make_runner("sim"),
                results_dir=tmp_path)
     with pytest.raises(TunerError, match=r"1 running trial\(s\) marked interrupted.*tuner resume c"):

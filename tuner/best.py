@@ -1,8 +1,9 @@
-"""Best layouts nobody measured: the model's ranking by training speed, corrected by stored trials. Pure.
+"""Best layouts for a model, cluster and node count: measured where the store has them, corrected
+predictions otherwise. The application layer `tuner best`, `tuner launch` and notebooks call (`best`).
 
-`best_for_unmeasured` answers "best layout for N nodes" where N was never measured (and `plan` /
+`best_for_unmeasured` (pure) answers "best layout for N nodes" where N was never measured (and `plan` /
 `launch` without trials use the same memory rule): the performance model corrected by every stored
-trial of the same model and cluster at other node counts (tuner/transfer.py), ranked by corrected MFU
+trial of the same model and cluster at other node counts (tuner/correction.py), ranked by corrected MFU
 (samples/s for the workload's global batch).
 
 An answer nobody measured keeps a memory margin: a layout is recommended first only if its corrected
@@ -14,6 +15,8 @@ measured peaks of this model and cluster come in. Layouts that fit only without 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+
 import numpy as np
 
 from tuner import metrics
@@ -21,7 +24,7 @@ from tuner.errors import UsageError
 from tuner.layout import Layout
 from tuner.perfmodel import predict
 from tuner.specs import Workload
-from tuner.transfer import Observations, features, warm_start_records
+from tuner.correction import Observations, features, warm_start_records
 
 Z90 = 1.645           # two-sided 90 % interval / one-sided 95 % bound of a normal
 
@@ -30,6 +33,14 @@ def headroom_gb(workload: Workload, memory_sd: float = math.inf) -> float:
     """GB of HBM an unmeasured recommendation keeps free (see the module docstring)."""
     share = min(workload.cluster.memory_headroom, Z90 * memory_sd)
     return share * workload.cluster.memory_gb
+
+
+def require_fit(preds, workload: Workload) -> None:
+    """Refuse a workload none of whose valid layouts (predictions) fits in memory, naming the smallest."""
+    if not any(p.fits for p in preds):
+        least = min(preds, key=lambda p: p.memory_gb)
+        raise UsageError(f"none of {len(preds)} valid layouts fits in {workload.cluster.memory_gb:g} GB per GPU "
+                         f"(smallest needs {least.memory_gb:.1f} GB: {least.layout.key()}); use more nodes")
 
 
 def corrected(layouts: list[Layout], workload: Workload, obs: Observations, preds=None) -> list[dict]:
@@ -85,12 +96,9 @@ def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies:
     corrected by the stored trials of the same model and cluster at other node counts (`studies`:
     name -> StudyRecord, for their global batch). Layouts that keep the memory headroom come first.
     Raises UsageError when no layout of the space is valid or likely to fit."""
-    from tuner.space import no_layout_reason
+    from tuner.space import valid_layouts
 
-    layouts = space.enumerate_layouts(workload)
-    if not layouts:
-        raise UsageError(f"no valid layout for {workload.model.name} on {workload.nodes} node(s) "
-                         f"({workload.gpus} GPUs): {no_layout_reason(space, workload)}")
+    layouts = valid_layouts(space, workload)
     ws = warm_start_records(records, workload, studies)
     rows = corrected(layouts, workload, ws.observations)
     likely = [r for r in rows if r["p_fit"] >= 0.5]
@@ -103,3 +111,32 @@ def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies:
     evidence = _evidence(ws, workload, studies)
     return [answer(r, workload, evidence) for r in likely[:max(int(k), 1)]]
 
+
+@dataclass
+class Answer:
+    """`best`'s answer: the fastest stored trials (measured), or else corrected predictions."""
+
+    trials: list            # TrialRecords, fastest first (empty when nothing is stored at this node count)
+    predicted: list         # best_for_unmeasured rows when `trials` is empty
+
+
+def history(store, model: str, cluster: str, exclude: str | None = None) -> tuple[list, dict]:
+    """Every stored trial of `model` on `cluster` at any node count, and the studies they belong to."""
+    if store is None:
+        return [], {}
+    studies = {st.name: st for st in store.list_studies()
+               if st.model == model and st.cluster == cluster and st.name != exclude}
+    return [t for name in studies for t in store.trials(name)], studies
+
+
+def best(store, workload: Workload, k: int = 1, study: str | None = None, space=None) -> Answer:
+    """The k fastest layouts for `workload` (its model, cluster, nodes and global batch): stored trials
+    when the store (None: no store) has some, else the model corrected by every stored trial of the
+    model and cluster at other node counts or global batches. `study` limits to one study's trials."""
+    found = store.best(workload.model.name, workload.cluster.name, workload.nodes, k=k, study=study,
+                       global_batch=workload.global_batch) if store is not None else []
+    if found or study:
+        return Answer(found, [])
+    from tuner.space import load_space
+    records, studies = history(store, workload.model.name, workload.cluster.name)
+    return Answer([], best_for_unmeasured(workload, space or load_space(), records, k=k, studies=studies))

@@ -19,7 +19,6 @@ from tuner.lease import HEARTBEAT_S
 from tuner.errors import BudgetSpent, TunerError, UsageError
 from tuner.layout import Layout
 from tuner.perfmodel import predict
-from tuner.space import SearchSpace, no_layout_reason
 from tuner.specs import Workload
 from tuner.trial import Status, TrialResult, TrialSpec
 
@@ -70,13 +69,13 @@ def result_of(record) -> TrialResult:
 
 
 class Driver:
-    def __init__(self, *, store, study: str, workload: Workload, space: SearchSpace, searcher, runner, executor,
+    def __init__(self, *, store, study: str, workload: Workload, searcher, runner, executor,
                  budget: int, parallel: int = 1, time_limit: float | None = None, prune: bool = True,
                  results_dir: Path = Path("results"), on_progress: Callable[[Progress], None] | None = None,
                  early_stop: float | None = None, lease_mode: str = "run", keep_going: bool = False):
         if budget < 1 or parallel < 1:
             raise UsageError("--budget and --parallel must be >= 1")
-        self.store, self.study, self.workload, self.space = store, study, workload, space
+        self.store, self.study, self.workload = store, study, workload
         self.searcher, self.runner, self.executor = searcher, runner, executor
         self.budget, self.parallel, self.time_limit, self.prune = budget, parallel, time_limit, prune
         self.results_dir = Path(results_dir).resolve()   # workers (threads, Ray) may run elsewhere
@@ -88,7 +87,7 @@ class Driver:
         self._spent = False                  # the study's budget is spent (by any of its drivers)
         self._streak: tuple[str, int] = ("", 0)
         self._abort: str | None = None
-        if early_stop and hasattr(runner, "early_stop"):
+        if early_stop:          # runners that watch no progress ignore it; executors carry it to the trial
             self.early_stop_fraction = early_stop
             runner.early_stop = self._clearly_worse
 
@@ -132,7 +131,7 @@ class Driver:
                          self.results_dir / "trials" / self.study / str(number))
 
     def _launch(self, number: int, layout: Layout, attempt: int = 0) -> None:
-        fut = self.executor.submit(self.runner.run, self._spec(number, layout))
+        fut = self.executor.submit(self.runner, self._spec(number, layout))
         self._inflight[fut] = (number, layout, attempt)
 
     def _claim(self, layout: Layout, pred) -> int | None:
@@ -230,9 +229,7 @@ class Driver:
         return True
 
     def run(self) -> Outcome:
-        if not self.space.enumerate_layouts(self.workload):
-            raise UsageError(f"no valid layout for {self.workload.model.name} on {self.workload.nodes} node(s) "
-                             f"({self.workload.gpus} GPUs): {no_layout_reason(self.space, self.workload)}")
+        """Run the study (its searcher's candidates: tuner.space.valid_layouts) to an end; see Outcome."""
         deadline = time.monotonic() + self.time_limit if self.time_limit else None
         self._lease(lambda st: lease.take(st, self.study, self.lease_mode))
         reruns = self._replay()

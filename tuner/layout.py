@@ -6,7 +6,7 @@ then PP; DeepSpeed's pipeline engine refuses ZeRO-2/3 with pp > 1.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, field, make_dataclass
 from typing import TYPE_CHECKING
 
 from tuner.errors import InvalidLayout
@@ -14,47 +14,70 @@ from tuner.errors import InvalidLayout
 if TYPE_CHECKING:
     from tuner.specs import Workload
 
-LAYOUT_FIELDS = ("tp", "pp", "dp", "micro_batch", "zero_stage", "activation_checkpointing")
 
 
-@dataclass(frozen=True, kw_only=True, order=True)
-class Layout:
-    tp: int
-    pp: int
-    dp: int
-    micro_batch: int
-    zero_stage: int = 1
-    activation_checkpointing: bool = True
+@dataclass(frozen=True)
+class Dimension:
+    """One dimension of a layout, declared once: the Layout class and every list of dimensions (store
+    columns, table columns, trial environment, searcher encoding, spaces) derive from DIMENSIONS."""
 
+    name: str            # the Layout field, the store column, the JSON key
+    type: type           # int or bool
+    short: str           # the layout key's prefix (tp4-pp16-...)
+    column: str          # the table column
+    env: str             # the variable a trial command reads (bools as 1/0)
+    default: object = None  # None: required
+    searched: bool = True   # chosen by searchers and spaces (dp follows from tp * pp * dp = GPUs)
+    log2: bool = False      # searchers compare its values on a log2 scale
+
+
+DIMENSIONS: tuple[Dimension, ...] = (
+    Dimension("tp", int, "tp", "tp", "TUNER_TP", log2=True),
+    Dimension("pp", int, "pp", "pp", "TUNER_PP", log2=True),
+    Dimension("dp", int, "dp", "dp", "TUNER_DP", searched=False, log2=True),
+    Dimension("micro_batch", int, "mb", "mb", "TUNER_MICRO_BATCH", log2=True),
+    Dimension("zero_stage", int, "z", "zero", "TUNER_ZERO_STAGE", default=1),
+    Dimension("activation_checkpointing", bool, "ac", "ckpt", "TUNER_ACTIVATION_CHECKPOINTING", default=True),
+)
+LAYOUT_FIELDS = tuple(d.name for d in DIMENSIONS)
+SEARCHED = tuple(d.name for d in DIMENSIONS if d.searched)     # what a searcher or a space chooses
+
+
+class _LayoutMethods:
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.dp
 
     def key(self) -> str:
         """A stable, readable key: tp4-pp16-dp2-mb1-z1-ac1."""
-        return (f"tp{self.tp}-pp{self.pp}-dp{self.dp}-mb{self.micro_batch}"
-                f"-z{self.zero_stage}-ac{int(self.activation_checkpointing)}")
+        return "-".join(f"{d.short}{int(getattr(self, d.name))}" for d in DIMENSIONS)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {d.name: getattr(self, d.name) for d in DIMENSIONS}
+
+    def env(self) -> dict[str, str]:
+        """The layout as a trial command's environment (TUNER_TP=4, ..., bools as 1/0)."""
+        return {d.env: str(int(getattr(self, d.name))) for d in DIMENSIONS}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Layout":
         missing = [f for f in LAYOUT_FIELDS if f not in d]
         if missing:
             raise InvalidLayout(f"layout is missing {', '.join(missing)}; a layout has {', '.join(LAYOUT_FIELDS)}")
-        kw = {f.name: d[f.name] for f in fields(cls)}
         try:
-            kw = {k: (bool(v) if k == "activation_checkpointing" else int(v)) for k, v in kw.items()}
+            kw = {dim.name: dim.type(int(d[dim.name])) for dim in DIMENSIONS}
         except (TypeError, ValueError) as exc:
             raise InvalidLayout(f"layout values must be integers: {exc}") from None
         return cls(**kw)
 
-    def with_dp_for(self, gpus: int) -> "Layout":
-        """The same layout with dp chosen so that tp * pp * dp == gpus (dp 0 if it cannot)."""
-        tp_pp = self.tp * self.pp
-        dp = gpus // tp_pp if tp_pp and gpus % tp_pp == 0 else 0
-        return Layout(**{**self.as_dict(), "dp": dp})
+
+#: A frozen, ordered layout (tp, pp, dp, micro_batch, zero_stage=1, activation_checkpointing=True), its
+#: fields made from DIMENSIONS.
+Layout = make_dataclass(
+    "Layout", [(d.name, d.type) if d.default is None else (d.name, d.type, field(default=d.default))
+               for d in DIMENSIONS],
+    bases=(_LayoutMethods,), frozen=True, kw_only=True, order=True)
+Layout.__module__ = __name__          # pickles (Ray) find it here
 
 
 def micro_batches_per_pipeline(layout: Layout, global_batch: int) -> int:

@@ -11,7 +11,8 @@ from tuner.cli.render import flat_layout, render
 from tuner.errors import UsageError
 from tuner.layout import Layout, validate
 from tuner.perfmodel import keeps_headroom, predict as model_predict, rank
-from tuner.space import load_space, no_layout_reason
+from tuner.best import require_fit
+from tuner.space import load_space, valid_layouts
 from tuner.specs import make_workload
 
 WORKLOAD_OPTIONS = [
@@ -36,14 +37,6 @@ def prediction_row(p, w) -> dict:
             "mgt_tflops": p.tflops_per_gpu, "mgt_peak_%": 100 * p.peak_fraction, "step_s": p.step_time_s,
             "mem_gb": p.memory_gb, "mem_%": 100 * p.memory_gb / w.cluster.memory_gb,
             "fits": "yes" if keeps_headroom(p, w) else ("tight" if p.fits else "no")}
-
-
-def require_fit(preds, w) -> None:
-    """Refuse a workload none of whose valid layouts fits in memory, naming the smallest."""
-    if not any(p.fits for p in preds):
-        least = min(preds, key=lambda p: p.memory_gb)
-        raise UsageError(f"none of {len(preds)} valid layouts fits in {w.cluster.memory_gb:g} GB per GPU "
-                         f"(smallest needs {least.memory_gb:.1f} GB: {least.layout.key()}); use more nodes")
 
 
 @cli.command()
@@ -100,10 +93,7 @@ def plan(model, nodes, cluster, global_batch, space, top, show_all, fmt):
     """
     w = make_workload(model, nodes, cluster, global_batch)
     sp = load_space(space)
-    layouts = sp.enumerate_layouts(w)
-    if not layouts:
-        raise UsageError(f"no valid layout for {w.model.name} on {nodes} node(s) ({w.gpus} GPUs): "
-                         f"{no_layout_reason(sp, w)}")
+    layouts = valid_layouts(sp, w)
     t0 = time.perf_counter()
     ranked = rank(layouts, w)
     dt = time.perf_counter() - t0

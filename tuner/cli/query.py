@@ -123,18 +123,19 @@ def best(model, nodes, cluster, global_batch, study, k, db, fmt):
 
     Example: tuner best --model 175b --nodes 128
     """
+    from tuner.best import best as best_layouts
     from tuner.specs import make_workload
     w = make_workload(model, nodes, cluster, global_batch)
     store = read_store(db, required=bool(study))
     if study:
         store.get_study(study)
-    found = store.best(w.model.name, w.cluster.name, nodes, k=k, study=study,
-                       global_batch=w.global_batch) if store else []
+    answer = best_layouts(store, w, k=k, study=study)
+    found = answer.trials
     if not found and study:
         raise TunerError(f"study '{study}' has no finished trial of {w.model.name} on {nodes} x {w.cluster.name} "
                          f"node(s) at global batch {w.global_batch}")
     if not found:
-        return predicted_best(store, w, model, cluster, k, fmt)
+        return predicted_best(store, w, answer.predicted, model, cluster, k, fmt)
     objs = [best_json(t, measured=t.runner != "sim") for t in found]
     if fmt == "json":
         click.echo(render([], "json", json_obj=objs[0] if k == 1 else objs))
@@ -146,19 +147,8 @@ def best(model, nodes, cluster, global_batch, study, k, db, fmt):
     click.echo(render(rows, fmt))
 
 
-def workload_history(store, model: str, cluster: str, exclude: str | None = None) -> tuple[list, dict]:
-    """Every stored trial of `model` on `cluster` at any node count, and the studies they belong to."""
-    studies = {st.name: st for st in store.list_studies()
-               if st.model == model and st.cluster == cluster and st.name != exclude}
-    return [t for name in studies for t in store.trials(name)], studies
-
-
-def predicted_best(store, w, model: str, cluster: str, k: int, fmt: str) -> None:
+def predicted_best(store, w, rows: list, model: str, cluster: str, k: int, fmt: str) -> None:
     """No measurement at this node count: the model's fastest, corrected by measurements at other counts."""
-    from tuner.best import best_for_unmeasured
-    from tuner.space import load_space
-    records, studies = workload_history(store, w.model.name, w.cluster.name) if store else ([], {})
-    rows = best_for_unmeasured(w, load_space(), records, k=k, studies=studies)
     objs = [{**{k_: v for k_, v in r.items() if k_ != "key"}, "layout": r["layout"].as_dict(), "status": "predicted",
              "runner": None, "measured": False, "study": None, "trial": None} for r in rows]
     if fmt == "json":

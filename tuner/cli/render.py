@@ -63,6 +63,6 @@ def render(rows: list[dict], fmt: str, columns: list[str] | None = None, json_ob
 
 
 def flat_layout(layout: dict) -> dict:
-    """The six layout fields with short column names for tables."""
-    return {"tp": layout["tp"], "pp": layout["pp"], "dp": layout["dp"], "mb": layout["micro_batch"],
-            "zero": layout["zero_stage"], "ckpt": layout["activation_checkpointing"]}
+    """The layout's fields with their table column names (tuner.layout.DIMENSIONS)."""
+    from tuner.layout import DIMENSIONS
+    return {d.column: layout[d.name] for d in DIMENSIONS}

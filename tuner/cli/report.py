@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from tuner.cli import DB_OPTION, cli, read_store
+from tuner.layout import DIMENSIONS
 from tuner.cli.render import to_csv
 from tuner.errors import MissingExtra, TunerError, UsageError
 from tuner.launch import LAUNCH_FILES, Source, launch_files
@@ -75,9 +76,8 @@ def parquet_bytes(rows: list[dict]) -> bytes:
         raise MissingExtra("pyarrow", "report") from None
     import io
     from datetime import datetime
-    types = {"study": pa.string(), "trial": pa.int64(), "layout_key": pa.string(), "tp": pa.int64(),
-             "pp": pa.int64(), "dp": pa.int64(), "micro_batch": pa.int64(), "zero_stage": pa.int64(),
-             "activation_checkpointing": pa.bool_(), "status": pa.string(), "runner": pa.string(),
+    types = {"study": pa.string(), "trial": pa.int64(), "layout_key": pa.string(),
+             **{d.name: pa.bool_() if d.type is bool else pa.int64() for d in DIMENSIONS}, "status": pa.string(), "runner": pa.string(),
              "attempts": pa.int64(), "started": pa.timestamp("us", tz="UTC"), "ended": pa.timestamp("us", tz="UTC"),
              "message": pa.string(), "log_path": pa.string()}
     schema = pa.schema([(c, types.get(c, pa.float64())) for c in EXPORT_COLUMNS])
@@ -137,20 +137,15 @@ def pick_layout(store, name, model, nodes, cluster):
                              f"--nodes {w['nodes']} --cluster {w['cluster']['name']} --out DIR`")
         t = ok[0]
         return t.layout, Workload.from_dict(rec.workload), Source("study", *_measured(t))
-    m, c = load_model(model), load_cluster(cluster)
-    found = store.best(m.name, c.name, nodes, k=1) if store else []
-    if found:
-        t = found[0]
-        rec = store.get_study(t.study)
-        return t.layout, Workload.from_dict(rec.workload), Source("store", *_measured(t))
+    from tuner.best import best
+    w = make_workload(load_model(model), nodes, load_cluster(cluster))
+    answer = best(store, w)
+    if answer.trials:
+        t = answer.trials[0]
+        return t.layout, Workload.from_dict(store.get_study(t.study).workload), Source("store", *_measured(t))
     # nothing measured at this node count: the same answer as `tuner best` (the model, corrected by
     # the measurements at other node counts)
-    from tuner.cli.query import workload_history
-    from tuner.space import load_space
-    from tuner.best import best_for_unmeasured
-    w = make_workload(m, nodes, c)
-    records, studies = workload_history(store, m.name, c.name) if store else ([], {})
-    top = best_for_unmeasured(w, load_space("default"), records, k=1, studies=studies)[0]
+    top = answer.predicted[0]
     return top["layout"], w, Source("model", samples_per_second=top["samples_per_second"], mfu=top["mfu"],
                                     tflops_per_gpu=top["tflops_per_gpu"], peak_fraction=top["peak_fraction"])
 

@@ -41,6 +41,7 @@ from typing import Callable, Sequence
 
 from tuner.errors import UsageError
 from tuner.metrics import complete, samples_from_step_time
+from tuner.runners import CPU_FRACTION, TrialRunner
 from tuner.runners.environment import inherited_env, withhold, withheld
 from tuner.runners.process import ProcessTree, kill_leftovers, signal_name
 from tuner.trial import Status, TrialResult, TrialSpec, failed
@@ -65,9 +66,7 @@ def trial_env(trial: TrialSpec, result_path: Path) -> dict[str, str]:
     return {
         "TUNER_TRIAL_JSON": str(trial_dir / "trial.json"), "TUNER_RESULT_JSON": str(result_path),
         "TUNER_TRIAL_DIR": str(trial_dir), "TUNER_STUDY": trial.study, "TUNER_TRIAL": str(trial.number),
-        "TUNER_TP": str(lay.tp), "TUNER_PP": str(lay.pp), "TUNER_DP": str(lay.dp),
-        "TUNER_MICRO_BATCH": str(lay.micro_batch), "TUNER_ZERO_STAGE": str(lay.zero_stage),
-        "TUNER_ACTIVATION_CHECKPOINTING": "1" if lay.activation_checkpointing else "0",
+        **lay.env(),             # TUNER_TP, TUNER_PP, ... (tuner.layout.DIMENSIONS)
         "TUNER_GLOBAL_BATCH": str(w.global_batch), "TUNER_NODES": str(w.nodes), "TUNER_GPUS": str(w.gpus),
         "TUNER_PEAK_TFLOPS": repr(float(w.cluster.peak_tflops)),
     }
@@ -153,11 +152,10 @@ def root_cause(text: str) -> str:
     return ""
 
 
-class CommandRunner:
+class CommandRunner(TrialRunner):
     """Runs `command` once per trial; see the module docstring for the protocol."""
 
     name = "command"
-    measured = True
 
     def __init__(self, command: str | Sequence[str], trial_timeout: float | None = None,
                  results_dir: Path | str = Path("results"), env: dict[str, str] | None = None,
@@ -224,6 +222,10 @@ class CommandRunner:
             t.start()
         for t in threads:
             t.join()
+
+    def resources(self, trial: TrialSpec) -> dict[str, float]:
+        """A tenth of a CPU: the command does its own work (often elsewhere)."""
+        return {"CPU": CPU_FRACTION}
 
     def cancel_study_jobs(self, study: str) -> list[str]:
         """On resume: kill what a driver that died without cleanup (SIGKILL, a lost node) left running for

@@ -18,11 +18,12 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from tuner.layout import Layout
+from tuner.layout import DIMENSIONS, SEARCHED, Layout
 from tuner.trial import Status, TrialResult
 
 #: The dimensions a searcher chooses; dp follows from tp * pp * dp = GPUs.
-DIMS = ("tp", "pp", "micro_batch", "zero_stage", "activation_checkpointing")
+DIMS = SEARCHED
+_LOG2 = {d.name for d in DIMENSIONS if d.log2}
 #: Failures that say "this does not fit in memory".
 MEMORY_FAILURES = frozenset({Status.OOM, Status.PRUNED})
 _DEFERRED_PENALTY = 1e6   # added to a deferred candidate's distance so that it comes after the rest
@@ -84,11 +85,11 @@ class BaseSearcher:
 
     # ---- encoding -------------------------------------------------------------------------------
     def encode(self, values: dict) -> list[float]:
-        """A point in [0, 1]^5: log2 of tp, pp and micro-batch over their ranges, ZeRO stage, ckpt."""
+        """A point in [0, 1]^len(DIMS): each dimension over its range (log2 where declared so)."""
         out = []
         for d in DIMS:
             v, ch = float(values[d]), self.choices.get(d) or [values[d]]
-            if d in ("tp", "pp", "micro_batch"):
+            if d in _LOG2:
                 lo, hi = np.log2(max(ch[0], 1)), np.log2(max(ch[-1], 1))
                 out.append((np.log2(max(v, 1)) - lo) / (hi - lo) if hi > lo else 0.0)
             else:

@@ -1,7 +1,7 @@
 """Guided search: the performance model's ranking, corrected by every measurement, by expected improvement.
 
 The belief about a layout's log MFU (training speed) is log(predicted) + r, r the model's residual learned
-as a Gaussian process (tuner/transfer.py: a global scale, a linear term in the predicted time shares,
+as a Gaussian process (tuner/correction.py: a global scale, a linear term in the predicted time shares,
 and a smooth term over layout features; prior mean 0). Memory is learned the same way from measured
 peaks and OOMs (an OOM at a layout predicted to fit raises the expected memory of its neighbours).
 
@@ -12,7 +12,7 @@ peaks and OOMs (an OOM at a layout predicted to fit raises the expected memory o
   A batch (ask(n > 1), or asks without tells in between) uses the kriging believer: each chosen or
   running layout counts as measured at its posterior mean.
 - `history` (stored trials of the same model and cluster at any node count, see
-  transfer.warm_start_records; `history_studies` maps study name -> StudyRecord for their global
+  correction.warm_start_records; `history_studies` maps study name -> StudyRecord for their global
   batch) corrects the model before the first trial; `evidence` says what it used.
 - Early stop (`stop_threshold`, off by default so that `ask` honours the contract of exhausting the
   candidates): ask returns [] (running trials may still change its mind) once the probability that
@@ -20,7 +20,7 @@ peaks and OOMs (an OOM at a layout predicted to fit raises the expected memory o
   most `stop_probability` -- joint over every layout, against the recommended layout's posterior
   (tuner/search/confidence.py). `confidence` (1 minus that probability) and `stop_reason` say how sure
   it is after every ask, whether or not stopping is on. The GP's sd is widened when its leave-one-out
-  errors say it does not explain the data (transfer.GP.calibrate); benchmarks/stop_calibration.py
+  errors say it does not explain the data (correction.GP.calibrate); benchmarks/stop_calibration.py
   checks the stated confidence against the realised false-stop rate on independent worlds.
 Deterministic: ties break by a seeded permutation.
 """
@@ -37,7 +37,7 @@ from tuner.layout import Layout
 from tuner.perfmodel import predict
 from tuner.search.base import BaseSearcher
 from tuner.search.confidence import beat_probability, margin_of
-from tuner.transfer import F_DIM, FM_DIM, GP, Z_DIM, Features, Observations, features, warm_start_records
+from tuner.correction import F_DIM, FM_DIM, GP, Z_DIM, Features, Observations, features, warm_start_records
 from tuner.trial import Status, TrialResult
 
 N_INITIAL = 3              # model's top pick + best of other (tp, pp) families

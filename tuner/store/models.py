@@ -21,7 +21,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 import tuner
 from tuner.errors import StoreError
-from tuner.layout import Layout
+from tuner.layout import DIMENSIONS, Layout
 from tuner.trial import Status
 
 SCHEMA_VERSION = 2
@@ -99,12 +99,9 @@ class TrialRow(Base):
     study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"))
     number: Mapped[int] = mapped_column(Integer)
     layout_key: Mapped[str] = mapped_column(String(64))
-    tp: Mapped[int] = mapped_column(Integer)
-    pp: Mapped[int] = mapped_column(Integer)
-    dp: Mapped[int] = mapped_column(Integer)
-    micro_batch: Mapped[int] = mapped_column(Integer)
-    zero_stage: Mapped[int] = mapped_column(Integer)
-    activation_checkpointing: Mapped[bool] = mapped_column(Boolean)
+    for _d in DIMENSIONS:            # one typed column per layout dimension (tuner.layout.DIMENSIONS)
+        locals()[_d.name] = mapped_column(Boolean if _d.type is bool else Integer)
+    del _d
     status: Mapped[str] = mapped_column(String(16))
     tflops_per_gpu: Mapped[float | None] = mapped_column(Float)
     peak_fraction: Mapped[float | None] = mapped_column(Float)
@@ -269,8 +266,7 @@ class TrialRecord:
 
     @classmethod
     def from_row(cls, t: TrialRow, s: StudyRow) -> "TrialRecord":
-        layout = Layout(tp=t.tp, pp=t.pp, dp=t.dp, micro_batch=t.micro_batch, zero_stage=t.zero_stage,
-                        activation_checkpointing=bool(t.activation_checkpointing))
+        layout = Layout(**{d.name: d.type(getattr(t, d.name)) for d in DIMENSIONS})
         return cls(study=s.name, number=t.number, layout=layout, status=Status(t.status),
                    **{k: getattr(t, k) for k in (*MEASURED, *PREDICTED)},
                    message=t.message or "", log_path=t.log_path, runner=t.runner, started=aware(t.started_at),

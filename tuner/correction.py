@@ -1,4 +1,5 @@
-"""Learning the performance model's error, and carrying it across node counts.
+"""The correction model of the predictions: the performance model's error learned from measurements,
+and carried across node counts.
 
 Pure (numpy only, no I/O). The model's prediction is the prior mean of log(measured MFU) -- training
 speed, so that every correction, warm start and transfer ranks layouts as samples/s does; what is

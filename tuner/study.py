@@ -1,0 +1,171 @@
+"""The application layer for studies: create, run, resume and join one. Every front end calls this.
+
+The one place that turns a stored study record into workload + space + searcher + runner + executor +
+driver, and that owns a study's state changes (running, done, interrupted). The CLI parses options,
+calls these and renders what they return; benchmarks, tests and notebooks call the same functions:
+
+    from tuner import study
+    from tuner.store import open_store
+    store = open_store("sqlite:///results/tuner.db")
+    rec = study.create(store, study.new_record("my-study", make_workload("175b", 16), load_space(), budget=20))
+    result = study.run(store, rec)          # result.outcome, result.searcher.confidence, ...
+    study.fastest(store, "my-study")        # the recommended trial
+
+Messages a user should see (a warm start's evidence, leftovers cancelled on resume) go to `on_note`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from tuner import lease
+from tuner.best import history, require_fit
+from tuner.driver import Driver, Outcome
+from tuner.errors import UsageError
+from tuner.executors import make_executor
+from tuner.perfmodel import predict
+from tuner.runners import make_runner
+from tuner.search import make_searcher
+from tuner.search.guided import STUDY_DEFAULTS
+from tuner.space import SearchSpace, valid_layouts
+from tuner.specs import Workload
+from tuner.store import StudyRecord
+from tuner.trial import Status
+
+Note = Callable[[str], None]
+
+
+@dataclass
+class Result:
+    outcome: Outcome
+    searcher: object            # its `confidence` and `stop_reason` say why a guided study stopped
+
+
+def new_record(name: str, workload: Workload, space: SearchSpace, *, searcher: str = "guided", runner: str = "sim",
+               **settings) -> StudyRecord:
+    """A study record with the CLI's defaults for every setting not given (budget, seed, parallel, ...)."""
+    base = {"seed": 0, "budget": 50, "parallel": 1, "time_limit": None, "prune": True, "executor": "thread",
+            "results_dir": "results", "early_stop": None, "warm_start": False,
+            "stop_threshold": STUDY_DEFAULTS["stop_threshold"], "no_stop": False, "keep_going": False,
+            "executor_options": {}, "runner_options": {}}
+    return StudyRecord(name=name, workload=workload.as_dict(), space=space.as_record(), searcher=searcher,
+                       runner=runner, settings={**base, **settings})
+
+
+def create(store, rec: StudyRecord) -> StudyRecord:
+    """Check everything a study needs before storing it: valid layouts that fit, runner options, the
+    Ray address. Raises UsageError (nothing stored) or StudyExists."""
+    workload, space = Workload.from_dict(rec.workload), SearchSpace.from_record(rec.space)
+    layouts = valid_layouts(space, workload)
+    s = rec.settings
+    runner_for(rec, workload)                     # bad runner input fails before anything is stored
+    if s.get("prune", True):                      # a study that could only prune would be a dead one
+        require_fit([predict(lay, workload) for lay in layouts], workload)
+    if s.get("executor") == "ray" and (s.get("executor_options") or {}).get("address"):
+        from tuner.ray_pool import check_address
+        check_address(s["executor_options"]["address"])
+    store.create_study(rec)
+    return store.get_study(rec.name)
+
+
+def runner_for(rec: StudyRecord, workload: Workload):
+    """The runner of a study, from the options stored with it."""
+    opts, s = rec.settings.get("runner_options", {}), rec.settings
+    name, results_dir = rec.runner, Path(s.get("results_dir", "results"))
+    if name == "sim":
+        return make_runner("sim", noise=opts.get("noise", 0.0), delay=opts.get("sim_delay", 0.0), seed=s.get("seed", 0))
+    common = {"trial_timeout": opts.get("trial_timeout"), "results_dir": results_dir}
+    if name == "command":
+        if not opts.get("command"):
+            raise UsageError("--runner command needs --command \"CMD ...\" (the training command to run per trial)")
+        return make_runner("command", command=opts["command"], **common)
+    if name == "local":
+        return make_runner("local", gpus=opts.get("gpus") or workload.gpus, **common)
+    if name == "slurm":
+        # node failures: the driver retries a retryable result once, so the runner does not resubmit too
+        return make_runner("slurm", cluster=workload.cluster, template=opts.get("template") or "harness",
+                           node_fail_retries=0, **common)
+    return make_runner(name)
+
+
+def searcher_for(store, rec: StudyRecord, workload: Workload, candidates: list, on_note: Note):
+    """The study's searcher; guided with the study defaults, its stop rule and any warm start."""
+    s, options = rec.settings, {}
+    if rec.searcher == "guided":
+        options.update(STUDY_DEFAULTS)
+        threshold = s.get("stop_threshold", STUDY_DEFAULTS["stop_threshold"])
+        options["stop_threshold"] = None if s.get("no_stop") or not threshold else threshold   # 0: an old "never"
+        if s.get("warm_start"):
+            options["history"], options["history_studies"] = _warm_start(store, rec, workload, on_note)
+    return make_searcher(rec.searcher, candidates, seed=s.get("seed", 0), workload=workload,
+                         parallel=s.get("parallel", 1), **options)
+
+
+def _warm_start(store, rec: StudyRecord, workload: Workload, on_note: Note) -> tuple[list, dict]:
+    from tuner.correction import warm_start_records
+    records, studies = history(store, workload.model.name, workload.cluster.name, exclude=rec.name)
+    ev = warm_start_records(records, workload, studies).evidence
+    if not ev.get("trials"):
+        on_note(f"warning: --warm-start found no stored trials of {workload.model.name} on "
+                f"{workload.cluster.name}: starting cold")
+        return [], {}
+    on_note(f"warm start from {ev['trials']} trial(s) of {len(studies)} studies at node counts "
+            f"{', '.join(map(str, ev.get('node_counts', [])))}")
+    return records, studies
+
+
+def run(store, rec: StudyRecord, *, budget: int | None = None, resumed: bool = False, lease_mode: str = "run",
+        keep_going: bool = False, on_progress=None, on_note: Note = lambda msg: None) -> Result:
+    """Run `rec` to its budget (or `budget`), its searcher's stop, the space's end or its time limit."""
+    s = rec.settings
+    workload, space = Workload.from_dict(rec.workload), SearchSpace.from_record(rec.space)
+    candidates = valid_layouts(space, workload)
+    runner = runner_for(rec, workload)
+    if resumed:                                   # no orphan jobs or processes from a dead driver
+        gone = runner.cancel_study_jobs(rec.name)
+        if gone:
+            what = "Slurm job(s)" if rec.runner == "slurm" else "trial(s) whose processes were still running"
+            on_note(f"stopped {len(gone)} {what} left by the stopped driver: {', '.join(map(str, gone))}")
+    searcher = searcher_for(store, rec, workload, candidates, on_note)
+    executor = make_executor(s.get("executor", "thread"), s.get("parallel", 1), **s.get("executor_options", {}))
+    driver = Driver(store=store, study=rec.name, workload=workload, searcher=searcher, runner=runner,
+                    executor=executor, budget=budget or s["budget"], parallel=s.get("parallel", 1),
+                    time_limit=s.get("time_limit"), prune=s.get("prune", True),
+                    results_dir=Path(s.get("results_dir", "results")), on_progress=on_progress,
+                    early_stop=s.get("early_stop"), lease_mode=lease_mode,
+                    keep_going=keep_going or s.get("keep_going", False))
+    store.set_study_state(rec.name, "running")
+    try:
+        outcome = driver.run()
+    finally:
+        executor.shutdown()
+    store.set_study_state(rec.name, "done")
+    return Result(outcome, searcher)
+
+
+def resume(store, name: str, *, budget: int | None = None, mode: str = "run", ray_address: str | None = None,
+           keep_going: bool = False, on_progress=None, on_note: Note = lambda msg: None) -> Result:
+    """Continue a study: take its lease atomically (mode run | join | force), re-run what a dead driver
+    left running (not with join: those are another live driver's), raise its budget, run it."""
+    store.get_study(name)
+    store.modify_study_settings(name, lambda st: lease.take(st, name, mode))   # one driver gets in
+    if mode != "join":
+        n = store.mark_interrupted(name)
+        if n:
+            on_note(f"{n} trial(s) left running by a stopped driver will run again")
+    if ray_address:
+        from tuner.ray_pool import check_address
+        check_address(ray_address)
+        store.update_study_settings(name, {"executor": "ray", "executor_options": {"address": ray_address}})
+    if budget:
+        store.update_study_settings(name, {"budget": budget})
+    return run(store, store.get_study(name), resumed=mode != "join", lease_mode=mode, keep_going=keep_going,
+               on_progress=on_progress, on_note=on_note)
+
+
+def fastest(store, name: str, k: int = 1) -> list:
+    """The k fastest successful trials of a study (highest MFU): the recommendation first."""
+    ok = [t for t in store.trials(name, [Status.OK]) if t.mfu is not None]
+    return sorted(ok, key=lambda t: (-t.mfu, t.number))[:k]
