@@ -44,39 +44,47 @@ from tuner.trial import Status, TrialResult, TrialSpec  # noqa: E402
 BINS = [(0.0, 0.5), (0.5, 0.8), (0.8, 0.9), (0.9, 0.95), (0.95, 0.99), (0.99, 1.0001)]
 
 
-def one_search(seed: int, budget: int, noise: float = 0.02, options: dict | None = None) -> dict:
-    """One guided search on the world drawn from `seed`: its stop, and every state along the way."""
-    fam = iw.FAMILIES[seed % len(iw.FAMILIES)]
-    model, nodes = iw.WORKLOADS[(seed // len(iw.FAMILIES)) % len(iw.WORKLOADS)]
-    world = iw.draw_world(fam, model, nodes, seed)
-    w = world.workload
-    _, opt = world.optimum()
-    runner = world.runner(noise=noise, seed=seed)
-    opts = {**STUDY_DEFAULTS, **(options or {})}
-    thr = opts["stop_threshold"]
-    s = GuidedSearcher(world.candidates, seed=seed, workload=w, **opts)
-    ran, states, best = 0, [], (None, -1.0)
-    while ran < budget:
-        got = s.ask(1)
-        if not got:
-            break
+def drive(s, world, budget: int, seed: int, noise: float = 0.02, after=None) -> list:
+    """Ask one layout at a time, prune what the model says cannot fit (as the driver does), measure the
+    rest in `world` with seeded noise and tell the searcher; `after(layout, result)` after each trial.
+    The layouts that ran, in order."""
+    w, runner, ran = world.workload, world.runner(noise=noise, seed=seed), []
+    while len(ran) < budget and (got := s.ask(1)):
         lay = got[0]
         p = predict(lay, w)
         if not p.fits:
             s.tell(lay, TrialResult(Status.PRUNED, peak_memory_gb=p.memory_gb))
             continue
-        res = metrics.complete(runner.run(TrialSpec("cal", ran + 1, lay, w)), w, lay)
+        res = metrics.complete(runner.run(TrialSpec("cal", len(ran) + 1, lay, w)), w, lay)
         s.tell(lay, res)
-        ran += 1
+        ran.append(lay)
+        if after:
+            after(lay, res)
+    return ran
+
+
+def one_search(seed: int, budget: int, noise: float = 0.02, options: dict | None = None) -> dict:
+    """One guided search on the world drawn from `seed`: its stop, and every state along the way."""
+    fam = iw.FAMILIES[seed % len(iw.FAMILIES)]
+    model, nodes = iw.WORKLOADS[(seed // len(iw.FAMILIES)) % len(iw.WORKLOADS)]
+    world = iw.draw_world(fam, model, nodes, seed)
+    _, opt = world.optimum()
+    opts = {**STUDY_DEFAULTS, **(options or {})}
+    thr = opts["stop_threshold"]
+    s = GuidedSearcher(world.candidates, seed=seed, workload=world.workload, **opts)
+    states, best = [], [None, -1.0]
+
+    def after(lay, res):
         if res.status == Status.OK and res.mfu > best[1]:
-            best = (lay, res.mfu)
+            best[:] = [lay, res.mfu]
         if best[0] is not None:
             s._should_stop()                                    # the confidence it states now
-            true = world.truth(best[0])[0] or 0.0
-            states.append((s.confidence, true * (1 + thr) < opt))
-    true = world.truth(best[0])[0] if best[0] is not None else 0.0
-    return {"seed": seed, "world": world.name, "stopped": s.stopped, "trials": ran,
-            "confidence": s.confidence, "ratio": (true or 0.0) / opt, "false": s.stopped and (true or 0) * (1 + thr) < opt,
+            states.append((s.confidence, (world.truth(best[0])[0] or 0.0) * (1 + thr) < opt))
+
+    ran = drive(s, world, budget, seed, noise, after)
+    true = (world.truth(best[0])[0] or 0.0) if best[0] is not None else 0.0
+    return {"seed": seed, "world": world.name, "stopped": s.stopped, "trials": len(ran),
+            "confidence": s.confidence, "ratio": true / opt, "false": s.stopped and true * (1 + thr) < opt,
             "states": states}
 
 

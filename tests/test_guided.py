@@ -14,7 +14,7 @@ import pytest
 from tuner.errors import UsageError
 from tuner.layout import Layout
 from tuner.perfmodel import predict
-from tuner.search import SEARCHERS, make_searcher
+from tuner.search import SEARCHERS
 from tuner.search.guided import STUDY_DEFAULTS, GuidedSearcher
 from tuner.space import load_space
 from tuner.specs import make_workload
@@ -34,6 +34,8 @@ def _load(name: str, where: Path):
 # that uses the model, so what guided finds is measured on the independent worlds)
 world = _load("perturbed_world", Path(__file__).parent / "fixtures")
 iw = _load("indep_worlds", Path(__file__).parents[1] / "benchmarks")   # physics written apart from the model
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+sc = _load("stop_calibration", Path(__file__).parents[1] / "benchmarks")
 
 SPACE = load_space()
 # The model ranks tp2 first on 2 nodes; in this world tp2 is slow and GEMMs are less efficient.
@@ -83,19 +85,8 @@ def indep_search(seed: int, budget: int = 20, **options):
 
 
 def run_world(s, wd, budget: int, seed: int) -> list:
-    """Ask one at a time, prune what the model says cannot fit (as the driver does), measure the rest
-    in the world with 2 % noise; the layouts that ran, in order."""
-    from tuner import metrics
-    from tuner.trial import TrialSpec
-    w, runner, ran = wd.workload, wd.runner(noise=0.02, seed=seed), []
-    while len(ran) < budget and (got := s.ask(1)):
-        lay = got[0]
-        if not predict(lay, w).fits:
-            s.tell(lay, TrialResult(Status.PRUNED))
-            continue
-        s.tell(lay, metrics.complete(runner.run(TrialSpec("t", len(ran), lay, w)), w, lay))
-        ran.append(lay)
-    return ran
+    """The benchmark's loop (benchmarks/stop_calibration.py): the layouts that ran, in order."""
+    return sc.drive(s, wd, budget, seed)
 
 
 def recommended_ratio(wd, s, ran) -> float:
