@@ -32,7 +32,8 @@ from pathlib import Path
 import pytest
 
 from tuner.errors import UsageError
-from tuner.ray_pool import CPU_FRACTION, _split, place, trial_resources
+from tuner.executors.ray import _split, place, trial_resources
+from tuner.runners import CPU_FRACTION, TrialRunner
 from tuner.runners.sim import SimRunner
 from tuner.specs import make_workload
 from tuner.space import load_space
@@ -114,12 +115,13 @@ def test_resources_come_from_the_layout_not_the_cpus(workload):
     layout = load_space("default").enumerate_layouts(workload)[0]
     trial = TrialSpec("s", 1, layout, workload)
 
-    class Local:
-        name = "local"
+    class Local(TrialRunner):
+        def resources(self, trial):
+            return {"GPU": trial.layout.gpus, "CPU": 0}
 
-    assert trial_resources(SimRunner(), trial) == {"CPU": 0.1}
+    assert trial_resources(SimRunner(), trial) == {"CPU": CPU_FRACTION}
     assert trial_resources(Local(), trial) == {"GPU": float(layout.gpus)} == {"GPU": 8.0}
-    assert trial_resources(object(), trial) == {"CPU": CPU_FRACTION}
+    assert trial_resources(TrialRunner(), trial) == {"CPU": 1.0}    # the interface's default
     gpu_nodes = [{"CPU": 64, "GPU": 8}, {"CPU": 64, "GPU": 4}]
     assert place({"GPU": 8}, gpu_nodes) == {"GPU": 8}
     assert place({"GPU": 16}, gpu_nodes) is None                 # one task cannot span two nodes
@@ -163,7 +165,7 @@ def test_head_listens_on_loopback_only(head):
 def test_dead_address_fails_fast_naming_the_fix(head, monkeypatch):
     import ray
 
-    from tuner.ray_pool import RayExecutor
+    from tuner.executors.ray import RayExecutor
     dead = f"127.0.0.1:{free_port()}"
     # fast = refused before ray.init, which retries a dead address for about a minute
     monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("ray.init was tried on a dead address"))
@@ -176,7 +178,7 @@ def test_driver_api_runs_a_study_on_ray_by_address(head, workload, tmp_path):
     import ray
 
     from tuner.driver import Driver
-    from tuner.ray_pool import RayExecutor
+    from tuner.executors.ray import RayExecutor
     from tuner.search import make_searcher
     from tuner.store import StudyRecord, open_store
 
@@ -191,21 +193,24 @@ def test_driver_api_runs_a_study_on_ray_by_address(head, workload, tmp_path):
         assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
         assert ray.cluster_resources()["CPU"] == 2
         assert_loopback_only(os.getpid(), children=False)        # this driver too
-        driver = Driver(store=store, study="ray-api", workload=workload, space=space,
+        driver = Driver(store=store, study="ray-api", workload=workload,
                         searcher=make_searcher("random", space.enumerate_layouts(workload), seed=1,
                                                workload=workload, parallel=2),
                         runner=SimRunner(delay=0.05), executor=ex, budget=6, parallel=2, results_dir=tmp_path)
         outcome = driver.run()
 
-        class Local:                               # a DeepSpeed trial wants 8 GPUs; this Ray has 2 CPUs
+        class Local(TrialRunner):                  # a DeepSpeed trial wants 8 GPUs; this Ray has 2 CPUs
             name = "local"
+
+            def resources(self, trial):
+                return {"GPU": trial.layout.gpus}
 
             def run(self, trial):
                 raise AssertionError("must not run")
 
         layout = space.enumerate_layouts(workload)[0]
         with pytest.raises(UsageError, match=r"needs 8 GPU .*as 8 CPU.* has 2 CPU"):
-            ex.submit(Local().run, TrialSpec("ray-api", 99, layout, workload))
+            ex.submit(Local(), TrialSpec("ray-api", 99, layout, workload))
     finally:
         ex.shutdown()
     assert not ray.is_initialized()
@@ -215,11 +220,11 @@ def test_driver_api_runs_a_study_on_ray_by_address(head, workload, tmp_path):
 
 
 def test_shutdown_cancels_running_trials(head, workload):
-    from tuner.ray_pool import RayExecutor
+    from tuner.executors.ray import RayExecutor
 
     layouts = load_space("default").enumerate_layouts(workload)[:2]
     ex = RayExecutor(parallel=2, address=head)
-    futs = [ex.submit(SimRunner(delay=60).run, TrialSpec("c", i, lay, workload)) for i, lay in enumerate(layouts)]
+    futs = [ex.submit(SimRunner(delay=60), TrialSpec("c", i, lay, workload)) for i, lay in enumerate(layouts)]
     time.sleep(1.0)
     ex.shutdown()
     # INTERRUPTED, not OK: the trials were cut (each would otherwise wait 60 s and succeed)
@@ -270,7 +275,7 @@ def test_token_auth_mismatch_says_how_to_fix_it(tmp_path):
 
 LOCAL_POOL = """
 import json, psutil
-from tuner.ray_pool import RayExecutor
+from tuner.executors.ray import RayExecutor
 from tuner.runners.sim import SimRunner
 from tuner.space import load_space
 from tuner.specs import make_workload
@@ -279,7 +284,7 @@ import ray
 w = make_workload("gpt-1.4b", 1, "frontier")
 ex = RayExecutor(parallel=1, num_cpus=1)
 nodes = {n["NodeManagerAddress"] for n in ray.nodes()}
-result = ex.submit(SimRunner().run, TrialSpec("local", 1, load_space().enumerate_layouts(w)[0], w)).result(60)
+result = ex.submit(SimRunner(), TrialSpec("local", 1, load_space().enumerate_layouts(w)[0], w)).result(60)
 me = psutil.Process()
 conns = [c for p in (me, *me.children(recursive=True)) for c in p.net_connections("inet")]
 ips = sorted({c.laddr.ip for c in conns} | {c.raddr.ip for c in conns if c.raddr})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 import sys
 import threading
 import time
@@ -18,7 +19,7 @@ import pytest
 
 from tuner import metrics
 from tuner.layout import Layout
-from tuner.runners import make_runner
+from tuner.runners import RUNNERS, TrialRunner, make_runner
 from tuner.specs import load_cluster, make_workload
 from tuner.trial import Status, TrialResult, TrialSpec
 
@@ -80,7 +81,8 @@ def trial_processes(results_dir: Path, wait: float = 5.0) -> list[str]:
 
 @dataclasses.dataclass
 class Case:
-    """How to drive one runner through the contract: a runner factory and trials for each outcome."""
+    """How to drive one runner through the contract: a runner factory and trials for each outcome.
+    (tests/test_slurm.py drives the Slurm runner through the same class with its own Case.)"""
     make: object            # (tmp_path, timeout | None) -> runner
     ok: TrialSpec
     bad: TrialSpec          # a trial that fails (any failure status)
@@ -88,27 +90,38 @@ class Case:
     timeout: float | None   # the short timeout, None when the runner has none
     slow_make: object = None
     cancel_after: float = 1.0
+    oom: TrialSpec | None = None          # a trial that runs out of memory (None: not driven here)
+    oom_make: object = None               # (tmp_path) -> the runner for it, when `make` will not do
+    progress: TrialSpec | None = None     # a long trial that reports per-step progress, for early stop
+    progress_make: object = None          # (tmp_path) -> the runner for it
+    ignores_early_stop: bool = False      # the runner watches no progress (the simulator predicts)
 
 
 def sim_case() -> Case:
+    oom = spec(model="gpt-175b", gpus=2, micro_batch=8)
     return Case(make=lambda tmp, timeout: make_runner("sim"),
-                ok=spec(), bad=spec(model="gpt-175b", gpus=2, micro_batch=8),
+                ok=spec(), bad=oom, oom=oom,
                 slow=spec(), timeout=None,
-                slow_make=lambda tmp, timeout: make_runner("sim", delay=30))
+                slow_make=lambda tmp, timeout: make_runner("sim", delay=30), ignores_early_stop=True)
 
 
 def command_case() -> Case:
     return Case(make=lambda tmp, timeout: make_runner("command", command=fixture_cmd("fake_trainer.py"),
                                                       trial_timeout=timeout, results_dir=tmp, kill_grace=1.0),
-                ok=spec("contract-ok"), bad=spec("contract-fail"), slow=spec("contract-hang"), timeout=1.5)
+                ok=spec("contract-ok"), bad=spec("contract-fail"), slow=spec("contract-hang"), timeout=1.5,
+                oom=spec("contract-oom"), progress=spec("contract-progress", tp=2, dp=1),
+                progress_make=lambda tmp: make_runner("command", command=fixture_cmd("progress_trainer.py"),
+                                                      results_dir=tmp, kill_grace=1.0, poll_interval=0.1))
 
 
 def local_case() -> Case:
-    def make(tmp, timeout, steps=2):
-        return make_runner("local", gpus=2, trial_timeout=timeout, results_dir=tmp, steps=steps, warmup=1)
+    def make(tmp, timeout, steps=2, warmup=1, **kw):
+        return make_runner("local", gpus=2, trial_timeout=timeout, results_dir=tmp, steps=steps, warmup=warmup, **kw)
     return Case(make=make, ok=spec("local-ok"), bad=spec("local-bad", tp=2, dp=2),
                 slow=spec("local-slow"), timeout=8.0, cancel_after=8.0,
-                slow_make=lambda tmp, timeout: make(tmp, timeout, steps=1_000_000))
+                slow_make=lambda tmp, timeout: make(tmp, timeout, steps=1_000_000),
+                oom=spec("local-oom"), oom_make=lambda tmp: make(tmp, 300, steps=1, warmup=0, memory_gb=0.02),
+                progress=spec("local-progress"), progress_make=lambda tmp: make(tmp, 300, steps=1_000_000))
 
 
 CASES = {"sim": sim_case, "command": command_case,
@@ -131,6 +144,24 @@ def case(request) -> Case:
 
 
 class TestRunnerContract:
+    def test_interface_and_its_defaults(self, case, tmp_path):
+        runner = case.make(tmp_path, None)
+        assert isinstance(runner, TrialRunner) and runner.name in RUNNERS
+        assert isinstance(runner.measured, bool) and runner.measured == (runner.name != "sim")
+        assert runner.early_stop is None                        # set by the driver, never by default
+        need = runner.resources(case.ok)
+        assert need and all(isinstance(k, str) and v >= 0 for k, v in need.items()) and sum(need.values()) > 0
+        assert runner.cancel_study_jobs("contract-nothing-left") == []
+        runner.cancel()                                         # nothing running: nothing to stop
+
+    def test_pickles_without_the_drivers_hook(self, case, tmp_path):
+        runner = case.make(tmp_path, None)
+        if runner.name == "slurm":
+            pytest.skip("the Slurm runner stays with the driver (its poller is a thread there)")
+        runner.early_stop = lambda progress: threading.Lock()   # unpicklable, like the driver's bound method
+        copy = pickle.loads(pickle.dumps(runner))                # how Ray workers receive it
+        assert copy.early_stop is None and type(copy) is type(runner) and copy.name == runner.name
+
     def test_success(self, case, tmp_path):
         runner = case.make(tmp_path, None)
         r = runner.run(case.ok)
@@ -146,6 +177,36 @@ class TestRunnerContract:
         assert isinstance(r, TrialResult)
         assert r.status in (Status.FAILED, Status.OOM), r
         assert r.message and r.objective is None
+
+    def test_out_of_memory_is_a_result(self, case, tmp_path):
+        if case.oom is None:
+            pytest.skip("no out-of-memory trial for this runner here (its own tests drive one)")
+        r = (case.oom_make(tmp_path) if case.oom_make else case.make(tmp_path, None)).run(case.oom)
+        assert r.status == Status.OOM and r.objective is None, r
+        assert trial_processes(tmp_path) == []
+
+    def test_early_stop_hook(self, case, tmp_path):
+        """The driver's hook, asked with the trial's progress records, stops a running trial: STOPPED,
+        with the partial measurement kept. A runner that watches no progress runs the trial as usual."""
+        seen: list[int] = []
+
+        def hook(progress):
+            seen.append(len(progress))
+            return len(progress) >= 2               # clearly worse once a step after warm-up is timed
+
+        if case.ignores_early_stop:
+            runner = case.make(tmp_path, None)
+            runner.early_stop = hook
+            assert runner.run(case.ok).status == Status.OK and not seen
+            return
+        if case.progress is None:
+            pytest.skip("no progress-reporting trial for this runner here (its own tests drive one)")
+        runner = case.progress_make(tmp_path)
+        runner.early_stop = hook
+        r = runner.run(case.progress)
+        assert r.status == Status.STOPPED and "stopped early" in r.message, r
+        assert seen and seen[-1] >= 2 and r.samples_per_second > 0 and r.objective is None
+        assert trial_processes(tmp_path) == []
 
     def test_timeout_is_a_result(self, case, tmp_path):
         if case.timeout is None:
@@ -455,16 +516,6 @@ def test_a_relative_script_that_does_not_exist_is_named(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------------------------
 # The local runner's own rules (real DeepSpeed on CPU)
 # --------------------------------------------------------------------------------------------
-
-@pytest.mark.slow
-def test_local_memory_cap_turns_a_runaway_trial_into_oom(tmp_path):
-    _local_available()
-    runner = make_runner("local", gpus=2, results_dir=tmp_path, memory_gb=0.02, steps=1, warmup=0,
-                         trial_timeout=300)
-    r = runner.run(spec("local-oom"))
-    assert r.status == Status.OOM, r
-    assert trial_processes(tmp_path) == []
-
 
 def test_local_runner_checks_the_device_count(tmp_path):
     _local_available()

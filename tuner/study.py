@@ -64,7 +64,7 @@ def create(store, rec: StudyRecord) -> StudyRecord:
     if s.get("prune", True):                      # a study that could only prune would be a dead one
         require_fit([predict(lay, workload) for lay in layouts], workload)
     if s.get("executor") == "ray" and (s.get("executor_options") or {}).get("address"):
-        from tuner.ray_pool import check_address
+        from tuner.executors.ray import check_address
         check_address(s["executor_options"]["address"])
     store.create_study(rec)
     return store.get_study(rec.name)
@@ -156,7 +156,7 @@ def resume(store, name: str, *, budget: int | None = None, mode: str = "run", ra
         if n:
             on_note(f"{n} trial(s) left running by a stopped driver will run again")
     if ray_address:
-        from tuner.ray_pool import check_address
+        from tuner.executors.ray import check_address
         check_address(ray_address)
         store.update_study_settings(name, {"executor": "ray", "executor_options": {"address": ray_address}})
     if budget:

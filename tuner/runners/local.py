@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 from tuner.errors import MissingExtra, UsageError, require
+from tuner.runners import TrialRunner
 from tuner.runners.command import CommandRunner, EarlyStop
 from tuner.trial import Status, TrialResult, TrialSpec, failed
 
@@ -82,9 +83,8 @@ def _detect_device(device: str, gpus: int) -> str:
     return device
 
 
-class LocalRunner:
+class LocalRunner(TrialRunner):
     name = "local"
-    measured = True
 
     def __init__(self, gpus: int = 1, trial_timeout: float | None = None, results_dir: Path | str = Path("results"),
                  memory_gb: float | None = None, device: str = "auto", launcher: str = "torchrun",
@@ -155,6 +155,10 @@ class LocalRunner:
     def cancel(self) -> None:
         self._cancelled.set()
         self._cmd.cancel()
+
+    def resources(self, trial: TrialSpec) -> dict[str, float]:
+        """A device per rank: the layout's GPUs (a worker pool without GPUs gives CPUs instead)."""
+        return {"GPU": float(trial.layout.gpus)}
 
     @property
     def early_stop(self) -> EarlyStop | None:

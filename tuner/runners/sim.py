@@ -11,10 +11,11 @@ import random
 import threading
 
 from tuner.perfmodel import predict
+from tuner.runners import CPU_FRACTION, TrialRunner
 from tuner.trial import Status, TrialResult, TrialSpec
 
 
-class SimRunner:
+class SimRunner(TrialRunner):
     name = "sim"
     measured = False
 
@@ -46,11 +47,11 @@ class SimRunner:
 
     def resources(self, trial: TrialSpec) -> dict[str, float]:
         """What a trial asks a worker pool for (Ray resource names): the simulator only waits."""
-        return {"CPU": 0.1}
+        return {"CPU": CPU_FRACTION}
 
     def __getstate__(self) -> dict:
         """Picklable for Ray workers: the stop Event stays behind and a fresh one is made there."""
-        state = dict(self.__dict__)
+        state = super().__getstate__()
         del state["_stop"]
         return state
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.errors import UsageError
-from tuner.runners import megatron
+from tuner.runners import CPU_FRACTION, TrialRunner, megatron
 from tuner.runners.command import OOM_MARKERS, inherited_env, parse_result, read_progress, should_stop, stopped_result
 from tuner.runners.sbatch import (missing_table_message, render_sbatch, time_limit_for,
                                   validate_slurm, TEMPLATES)
@@ -74,9 +74,8 @@ class _Job:
     progress: list = field(default_factory=list)   # the harness's progress.jsonl records, for early stop
 
 
-class SlurmRunner:
+class SlurmRunner(TrialRunner):
     name = "slurm"
-    measured = True
 
     def __init__(self, cluster: ClusterSpec, template: str = "harness", results_dir: Path | str = Path("results"),
                  trial_timeout: float | None = None, poll_interval: float = 2.0, python: str = sys.executable,
@@ -153,6 +152,10 @@ class SlurmRunner:
                 j.reason = j.reason or "cancelled"
         self._scancel([j.job_id for j in live])
         self._wake.set()
+
+    def resources(self, trial: TrialSpec) -> dict[str, float]:
+        """A tenth of a CPU: the trial runs as a Slurm job, not in the worker."""
+        return {"CPU": CPU_FRACTION}
 
     def cancel_jobs(self, job_ids) -> list[str]:
         """scancel those of `job_ids` that are still queued or running and are tuner's (by job name);

@@ -2,14 +2,19 @@
 
 `RayExecutor(parallel, address=None)` connects to the Ray cluster at `address` (`host:port` of its GCS,
 `ray://host:10001` through Ray Client from a login node, or `auto`) or, with no address, starts a
-private single-node Ray on loopback. `submit(runner.run, trial)` returns a `concurrent.futures.Future`
+private single-node Ray on loopback. `submit(runner, trial)` returns a `concurrent.futures.Future`
 of the TrialResult, so the driver does not know where a trial ran.
 
-What a trial asks Ray for (`trial_resources`): the runner's own `resources(trial)` if it has one
-(Ray resource names: {"CPU": 0.1}, {"GPU": 8}), else `layout.gpus` GPUs for the local (DeepSpeed)
-runner and a tenth of a CPU for runners whose work happens elsewhere (sim, slurm, command). On a
+What a trial asks Ray for (`trial_resources`): the runner's `resources(trial)`, in Ray resource names
+({"CPU": 0.1} for work that happens elsewhere, {"GPU": 8} for the local DeepSpeed runner). On a
 cluster without GPUs a GPU becomes a CPU (DeepSpeed on CPU runs one process per rank). A trial no
 single node can hold fails at submit with the node sizes, instead of pending forever (Ray Tune #38505).
+
+Early stop: the runner's `early_stop` hook is the driver's (it reads the best so far), so it cannot
+travel with the pickled runner. Each trial gets a `RelayedEarlyStop` instead, which hands the trial's
+progress records to a small Ray actor (`_Relay`); a thread here takes them from the actor every
+`RELAY_S` seconds, asks the driver's hook, and posts the trials to stop, which the worker's hook
+answers at its next poll. The driver's rule is thus applied to the live best, as with threads.
 
 Ray's own failures (a worker or node died, the memory monitor killed the task) come back as
 retryable FAILED results, and a cancelled task as INTERRUPTED: they are results, not driver bugs.
@@ -18,17 +23,20 @@ An exception the runner itself raises is re-raised from the future, as with the 
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import threading
 from concurrent.futures import Future
 
 from tuner.errors import MissingExtra, UsageError
+from tuner.runners import EarlyStop, TrialRunner
 from tuner.trial import Status, TrialResult, TrialSpec
 
-CPU_FRACTION = 0.1      # a trial whose work runs elsewhere (simulator, Slurm job, external command)
 PROBE_TIMEOUT = 3.0     # seconds to wait for a TCP answer before calling an address dead
 CANCEL_GRACE = 5.0      # seconds a cancelled trial gets to clean up before its worker is killed
+RELAY_S = 0.2           # how often the driver's early-stop hook judges the progress of trials on Ray
+RELAY_TIMEOUT = 10.0    # seconds a worker waits for the relay before it lets its trial run on
 AUTH_FIX = ("set RAY_AUTH_TOKEN to the cluster's token (`ray get-auth-token` on the head node), or run both "
             "the cluster (`ray start`) and tuner with RAY_AUTH_MODE=disabled")
 
@@ -48,14 +56,9 @@ def _import_ray(local: bool):
     return ray
 
 
-def trial_resources(runner, trial: TrialSpec) -> dict[str, float]:
+def trial_resources(runner: TrialRunner, trial: TrialSpec) -> dict[str, float]:
     """What one trial asks the cluster for, in Ray resource names."""
-    own = getattr(runner, "resources", None)
-    if callable(own):
-        return {k: float(v) for k, v in own(trial).items() if v}
-    if getattr(runner, "name", None) == "local":
-        return {"GPU": float(trial.layout.gpus)}
-    return {"CPU": CPU_FRACTION}
+    return {k: float(v) for k, v in runner.resources(trial).items() if v}
 
 
 def translate(need: dict[str, float], nodes: list[dict[str, float]]) -> dict[str, float]:
@@ -123,9 +126,50 @@ def check_address(address: str) -> None:
         pass
 
 
-def _run(target, method, *args):
-    """The Ray task: `target.method(*args)`, or `target(*args)` for a plain function."""
-    return getattr(target, method)(*args) if method else target(*args)
+def _run(runner: TrialRunner, trial: TrialSpec, early_stop: EarlyStop | None) -> TrialResult:
+    """The Ray task: one trial, with its own early-stop hook (the driver's stayed behind)."""
+    if early_stop is not None:
+        runner.early_stop = early_stop
+    return runner.run(trial)
+
+
+class _Relay:
+    """A Ray actor between trials on workers and the driver's early-stop hook: workers post their
+    trial's progress records and read the verdict; the driver takes the records and posts verdicts."""
+
+    def __init__(self):
+        self._progress: dict[str, list] = {}    # key -> latest records not yet judged
+        self._stop: set[str] = set()
+
+    def ask(self, key: str, progress: list) -> bool:
+        if key not in self._stop:
+            self._progress[key] = progress
+        return key in self._stop
+
+    def take(self, live: list[str]) -> dict[str, list]:
+        """The records posted since the last take, for the trials still live; the rest are forgotten."""
+        out = {k: v for k, v in self._progress.items() if k in live}
+        self._progress = {}
+        self._stop &= set(live)
+        return out
+
+    def stop(self, keys: list[str]) -> None:
+        self._stop.update(keys)
+
+
+class RelayedEarlyStop:
+    """A trial's early-stop hook on a Ray worker: posts the progress records to the relay and returns the
+    driver's verdict so far (a relay round behind). A lost relay never stops a trial."""
+
+    def __init__(self, relay, key: str):
+        self.relay, self.key = relay, key
+
+    def __call__(self, progress: list) -> bool:
+        import ray
+        try:
+            return bool(ray.get(self.relay.ask.remote(self.key, list(progress)), timeout=RELAY_TIMEOUT))
+        except Exception:                       # noqa: BLE001 - the trial runs on, as without early stop
+            return False
 
 
 class RayExecutor:
@@ -150,10 +194,14 @@ class RayExecutor:
         self.address = address or "local"
         self._task = ray.remote(_run)
         self._lock = threading.Lock()
-        self._live: dict = {}                   # ObjectRef -> Future
+        self._live: dict = {}                   # ObjectRef -> (Future, early-stop key or None)
         self._shipped: dict[int, tuple] = {}    # id(runner) -> (runner, ObjectRef of it in the object store)
         self._nodes: list[dict] | None = None
         self._closed = False
+        self._hooks: dict[str, EarlyStop] = {}  # early-stop key of a live trial -> the driver's hook
+        self._keys = itertools.count()
+        self._relay = None                      # the _Relay actor and its thread, from the first hooked trial
+        self._quit = threading.Event()
 
     # -- placement ----------------------------------------------------------------------------
     def _node_resources(self, refresh: bool = False) -> list[dict[str, float]]:
@@ -185,29 +233,34 @@ class RayExecutor:
             try:
                 self._shipped[key] = (runner, self.ray.put(runner))
             except Exception as exc:            # noqa: BLE001 - cloudpickle raises many types
-                raise UsageError(f"runner {getattr(runner, 'name', runner)!r} cannot be sent to Ray workers "
+                raise UsageError(f"runner {runner.name!r} cannot be sent to Ray workers "
                                  f"({type(exc).__name__}: {exc}): use --executor thread") from None
         return self._shipped[key][1]
 
     # -- the executor interface ---------------------------------------------------------------
-    def submit(self, fn, *args) -> Future:
+    def submit(self, runner: TrialRunner, trial: TrialSpec) -> Future:
         if self._closed:
             raise RuntimeError("RayExecutor.submit after shutdown")
-        runner = getattr(fn, "__self__", None)
-        trial = args[0] if args and isinstance(args[0], TrialSpec) else None
-        opts = self._options(runner, trial) if trial is not None else {"num_cpus": CPU_FRACTION, "max_retries": 0}
-        target, method = (self._ship(runner), fn.__name__) if runner is not None else (fn, None)
-        ref = self._task.options(**opts).remote(target, method, *args)
+        opts = self._options(runner, trial)
+        shipped = self._ship(runner)
+        hook, key = runner.early_stop, None
+        if hook is not None:
+            key = f"{trial.study}/{trial.number}/{next(self._keys)}"
+            with self._lock:
+                self._hooks[key] = hook
+        relayed = RelayedEarlyStop(self._start_relay(), key) if key else None
+        ref = self._task.options(**opts).remote(shipped, trial, relayed)
         out: Future = Future()
         out.set_running_or_notify_cancel()
         with self._lock:
-            self._live[ref] = out
+            self._live[ref] = (out, key)
         ref.future().add_done_callback(lambda f, ref=ref: self._settle(ref, f))
         return out
 
     def _settle(self, ref, done: Future) -> None:
         with self._lock:
-            out = self._live.pop(ref, None)
+            out, key = self._live.pop(ref, (None, None))
+            self._hooks.pop(key, None)
         if out is None or out.done():
             return
         exc = done.exception() if not done.cancelled() else self.ray.exceptions.TaskCancelledError()
@@ -231,12 +284,40 @@ class RayExecutor:
                                message=f"Ray lost the trial ({type(exc).__name__}): {str(exc)[:500]}")
         return None
 
+    # -- early stop ---------------------------------------------------------------------------
+    def _start_relay(self):
+        """The relay actor (no CPU of its own) and the thread that judges for it, started once."""
+        with self._lock:
+            if self._relay is None:
+                self._relay = self.ray.remote(num_cpus=0, max_restarts=0)(_Relay).remote()
+                threading.Thread(target=self._judge_loop, name="tuner-early-stop", daemon=True).start()
+            return self._relay
+
+    def _judge_loop(self) -> None:
+        while not self._quit.wait(RELAY_S):
+            try:
+                self._judge()
+            except Exception:                   # noqa: BLE001 - a lost relay: trials run to their end
+                pass
+
+    def _judge(self) -> None:
+        """Ask the driver's hook about every trial whose progress arrived; post the ones to stop."""
+        with self._lock:
+            hooks = dict(self._hooks)
+        if not hooks:
+            return
+        reports = self.ray.get(self._relay.take.remote(list(hooks)), timeout=RELAY_TIMEOUT)
+        stop = [k for k, progress in reports.items() if _verdict(hooks[k], progress)]
+        if stop:
+            self._relay.stop.remote(stop)
+
     def shutdown(self) -> None:
         """Cancel running trials (KeyboardInterrupt first, so runners clean up; then kill), disconnect."""
         if self._closed:
             return
         self._closed = True
         ray = self.ray
+        self._quit.set()
         with self._lock:
             live = list(self._live)
         if live and ray.is_initialized():
@@ -248,5 +329,15 @@ class RayExecutor:
             if stuck:
                 ray.wait(stuck, num_returns=len(stuck), timeout=CANCEL_GRACE)
         self._shipped.clear()
+        if self._relay is not None and ray.is_initialized():
+            ray.kill(self._relay)
         if self._owns and ray.is_initialized():
             ray.shutdown()
+
+
+def _verdict(hook: EarlyStop, progress: list) -> bool:
+    """The driver's hook on a trial's records; its bugs never stop a healthy trial."""
+    try:
+        return bool(hook(list(progress)))
+    except Exception:                           # noqa: BLE001
+        return False
