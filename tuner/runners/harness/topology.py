@@ -33,10 +33,6 @@ class Parallel:
     def first_stage(self) -> bool:
         return self.pp_rank == 0
 
-    @property
-    def last_stage(self) -> bool:
-        return self.pp_rank == self.pp - 1
-
 
 def coordinates(rank: int, tp: int, pp: int, dp: int) -> tuple[int, int, int]:
     """(tp_rank, dp_rank, pp_rank) of a global rank in Megatron order. Pure."""
