@@ -5,7 +5,7 @@ Run: python benchmarks/model_accuracy.py
 Prints tables: the Frontier study's three layouts (TFLOPS per GCD, memory), weak and strong scaling,
 the qualitative findings (TP across nodes, the fastest TP group, bubbles), A100 checks against
 Narayanan et al. (SC21), H100 examples, and the model's speed. Nothing is fitted when it runs: every
-number comes from the cluster files in tuner/workloads/clusters/. But two constants of frontier.toml,
+number comes from the cluster files in workloads/clusters/. But two constants of frontier.toml,
 `matmul_efficiency` (0.5) and `gemm_knee_gflop` (40), were chosen by hand against the first table's
 three rows (the study's 73.5 / 69.2 / 61.2 TFLOPS per GCD for 22B, 175B and 1T): those rows are
 in-sample, and their error shows how well two constants fit three numbers, not a prediction. The

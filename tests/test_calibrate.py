@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.calibrate import (calibrate, cluster_from_measurements, fit_gemm, fit_overhead, overhead_points,
-                             render_toml, with_overhead)
+import os
+from pathlib import Path
+
+import tuner.calibrate as calibrate_module
+from tuner.calibrate import (HEADER, calibrate, check_target, cluster_from_measurements, cluster_option, default_name,
+                             fit_gemm, fit_overhead, overhead_points, render_toml, resolve_target, with_overhead)
 from tuner.layout import Layout
 from tuner.errors import UsageError
-from tuner.specs import CLUSTER_KEYS, ClusterSpec, load_cluster
+from tuner.specs import CLUSTER_KEYS, ClusterSpec, load_cluster, shipped_presets
 
 
 def fake_measurements(gpus=2):
@@ -95,6 +99,64 @@ def test_refuses_to_overwrite_without_force(tmp_path):
         calibrate(tmp_path / "x.toml", gpus=0)
 
 
+@pytest.fixture
+def no_measuring(monkeypatch):
+    """calibrate must refuse before it measures anything: measuring fails the test."""
+    def measured(*a, **k):
+        raise AssertionError("measured before refusing")
+    monkeypatch.setattr(calibrate_module, "measure", measured)
+    monkeypatch.setattr(calibrate_module, "measure_overhead", measured)
+
+
+def test_refuses_to_write_over_a_shipped_preset_before_measuring(tmp_path, monkeypatch, no_measuring, tuner):
+    local = Path(str(shipped_presets("clusters")["local"]))
+    before = local.read_bytes()
+    link = tmp_path / "mine.toml"
+    link.symlink_to(local)
+    monkeypatch.chdir(tmp_path)
+    for out in (local, link, Path(os.path.relpath(local, tmp_path))):    # as given, through a link, through '..'
+        with pytest.raises(UsageError, match="shipped cluster preset 'local'.*--out"):
+            calibrate(out, gpus=2, force=True)                   # --force does not get round it
+    monkeypatch.chdir(local.parents[2])          # the repository root: ./workloads/clusters/local.toml IS the preset
+    for args in (["--out", "workloads/clusters/local.toml", "--force"], ["--name", "local", "--force"],
+                 ["--out", "./search_spaces/default.toml"]):
+        code, out, err = tuner("calibrate", "--quick", *args)
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (args, err)
+        assert "shipped" in err and "--out" in err
+    assert local.read_bytes() == before
+
+
+def test_a_calibrated_file_in_the_presets_folder_is_the_users(tmp_path, monkeypatch):
+    """In the repository root a file calibrate wrote into ./workloads/clusters/ lies beside the presets:
+    --force refreshes it (it starts with calibrate's header); a preset never."""
+    mine, preset = tmp_path / "box.toml", tmp_path / "frontier.toml"
+    mine.write_text(f"{HEADER} on box\nname = 'box'\n")
+    preset.write_text("name = 'frontier'\n")
+    monkeypatch.setattr(calibrate_module, "shipped_preset_at", lambda p: "cluster preset 'x'")
+    check_target(mine, force=True)
+    with pytest.raises(UsageError, match="--force"):
+        check_target(mine, force=False)
+    with pytest.raises(UsageError, match="shipped"):
+        check_target(preset, force=True)
+
+
+def test_the_default_file_is_named_after_this_host(tmp_path, monkeypatch):
+    assert default_name("Node-01.example.com") == "node-01"
+    assert default_name("gpu box_2") == "gpu-box_2"
+    assert default_name("local") == "local-measured" and default_name("Frontier.olcf") == "frontier-measured"
+    assert default_name("...") == "this-host"
+    monkeypatch.setattr(calibrate_module.socket, "gethostname", lambda: "Lab-PC7.uni.edu")
+    monkeypatch.chdir(tmp_path)
+    out, name = resolve_target(None, None)
+    assert (out, name) == (Path("workloads/clusters/lab-pc7.toml"), "lab-pc7")
+    assert cluster_option(out) == "lab-pc7"                     # what `--cluster` takes from here
+    assert resolve_target(None, "rig") == (Path("workloads/clusters/rig.toml"), "rig")
+    assert resolve_target("x/c.toml", None) == (Path("x/c.toml"), "lab-pc7")
+    assert cluster_option(Path("x/c.toml")) == str(tmp_path / "x" / "c.toml")
+    with pytest.raises(UsageError, match="--name"):
+        resolve_target(None, "../up")
+
+
 @pytest.mark.timeout(120)
 def test_calibrate_two_ranks_writes_a_loadable_cluster(tmp_path):
     pytest.importorskip("torch")
@@ -103,7 +165,8 @@ def test_calibrate_two_ranks_writes_a_loadable_cluster(tmp_path):
     out.write_text("old")
     r = calibrate(out, gpus=2, quick=True, force=True)            # --force overwrites
     spec = load_cluster(str(out))
-    assert spec.name == "local" and spec.gpus_per_node == 2
+    assert spec.name == default_name() and spec.gpus_per_node == 2        # named after this host
+    assert r["cluster_option"] == str(out.resolve())
     assert spec.peak_tflops > 0 and spec.intra_node_bandwidth_gbps > 0 and spec.hbm_bandwidth_gbps > 0
     assert r["cluster"]["peak_tflops"] == spec.peak_tflops
     assert "measured" in out.read_text().lower()

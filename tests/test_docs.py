@@ -11,7 +11,8 @@ CITATION = re.compile(r"(?<![\w/])((?:docs/)?reference/[\w.-]+\.md)")
 
 
 def _cited() -> dict[str, list[str]]:
-    files = [*ROOT.glob("tuner/**/*.py"), *ROOT.glob("tuner/**/*.toml"), *ROOT.glob("benchmarks/*.py"),
+    files = [*ROOT.glob("tuner/**/*.py"), *ROOT.glob("workloads/**/*.toml"), *ROOT.glob("search_spaces/*.toml"),
+             *ROOT.glob("benchmarks/*.py"),
              *ROOT.glob("docs/**/*.md"), ROOT / "README.md"]
     found: dict[str, list[str]] = {}
     for f in files:

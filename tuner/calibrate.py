@@ -27,7 +27,8 @@ cost per iteration. --quick runs the data-parallel pair only, with fewer steps.
 
 Pure parts (fit_gemm, cluster_from_measurements, overhead_points, fit_overhead, render_toml) are
 unit-tested; `measure` starts the ranks, `measure_overhead` the harness runs; `calibrate(out, gpus)`
-is what the CLI calls.
+is what the CLI calls. It writes a user file, by default ./workloads/clusters/<host>.toml (the cluster
+named after this host), and refuses before measuring anything to write over a shipped preset.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import socket
 import statistics
 import tempfile
@@ -42,8 +44,9 @@ import time
 from pathlib import Path
 
 from tuner.errors import MissingExtra, UsageError
-from tuner.specs import CLUSTER_KEYS, ClusterSpec, read_toml
+from tuner.specs import CLUSTER_KEYS, ClusterSpec, read_toml, shipped_preset_at, shipped_presets
 
+HEADER = "# Written by `tuner calibrate`"  # the first line of every file calibrate writes
 CPU_SIZES = (128, 256, 512, 1024)
 CUDA_SIZES = (1024, 2048, 4096, 8192)
 OVERHEAD_MODEL = "tiny"           # all overhead, little compute: the harness runs that fit the overheads
@@ -202,7 +205,7 @@ def render_toml(cluster: dict, m: dict) -> str:
            "memory_reserved_gb": "resident memory of an idle rank",
            "flash_attention": "whether causal SDPA picks its fused kernel here"}
     ov = m.get("overhead") or {}
-    lines = [f"# Written by `tuner calibrate` on {m['host']} ({m['device']}, {m['gpus']} ranks, "
+    lines = [f"{HEADER} on {m['host']} ({m['device']}, {m['gpus']} ranks, "
              f"torch {m['torch']}) in {m['seconds']:.0f} s.", "# Measured figures; rerun with --force to refresh."]
     if ov.get("runs"):
         lines.append(f"# Overheads fitted to harness runs of `{ov['model']}` (median post-warm-up step time):")
@@ -421,15 +424,68 @@ def measure_overhead(cluster: dict, gpus: int, device: str, quick: bool = False)
     return {"model": OVERHEAD_MODEL, "runs": runs, "seconds": time.perf_counter() - t0}
 
 
-def calibrate(out: Path | str = Path("workloads/clusters/local.toml"), gpus: int = 1, force: bool = False,
-              device: str = "auto", name: str = "local", quick: bool = False) -> dict:
-    """Measure this machine with `gpus` ranks and write the cluster file `out`.
-    Returns {"path", "cluster" (the dict written), "measurements", "seconds"}."""
-    out = Path(out)
-    if not isinstance(gpus, int) or gpus < 1:
-        raise UsageError(f"--gpus must be an integer >= 1 (got {gpus!r})")
+CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+LOCAL_CLUSTERS = Path("workloads") / "clusters"    # where `--cluster NAME` looks first (tuner.specs)
+
+
+def default_name(host: str | None = None) -> str:
+    """This host's name as a cluster name: its first label, lower case, anything but letters, digits,
+    '-' and '_' made '-'; a host named like a shipped cluster preset (`local`, `frontier`) gets
+    '-measured', so the measured file never shadows the preset."""
+    host = socket.gethostname() if host is None else host
+    name = re.sub(r"[^a-z0-9_-]+", "-", host.split(".")[0].lower()).strip("-_") or "this-host"
+    return f"{name}-measured" if name in shipped_presets("clusters") else name
+
+
+def resolve_target(out: Path | str | None, name: str | None) -> tuple[Path, str]:
+    """(the file to write, the cluster's name): --name defaults to this host's name (`default_name`),
+    --out to ./workloads/clusters/<name>.toml."""
+    name = default_name() if name is None else name
+    if not isinstance(name, str) or not CLUSTER_NAME.fullmatch(name):
+        raise UsageError(f"--name must be letters, digits, '.', '_' or '-', starting with a letter or digit "
+                         f"(got {name!r})")
+    return (LOCAL_CLUSTERS / f"{name}.toml" if out is None else Path(out)), name
+
+
+def check_target(out: Path, force: bool = False) -> None:
+    """The refusals that come before any measurement: a shipped preset (both paths resolved, so links
+    and '..' do not get round it; --force does not either), or an existing file without --force.
+    In the repository root ./workloads/clusters/ is the presets' folder: a file calibrate wrote there
+    (its first line is HEADER) is the user's, not a preset, and --force refreshes it."""
+    preset = shipped_preset_at(out)
+    if preset is not None and not _written_by_calibrate(out):
+        raise UsageError(f"{out} is the shipped {preset}: calibrate never writes over a preset; choose "
+                         f"another --out (default {LOCAL_CLUSTERS / (default_name() + '.toml')})")
     if out.exists() and not force:
         raise UsageError(f"{out} exists: pass --force to overwrite it, or choose another --out")
+
+
+def _written_by_calibrate(path: Path) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.readline().startswith(HEADER)
+    except OSError:
+        return False
+
+
+def cluster_option(out: Path) -> str:
+    """The `--cluster` value that finds `out` from the working directory: its name when it lies in
+    ./workloads/clusters/ (looked up there first), else its absolute path."""
+    if out.suffix == ".toml" and out.resolve().parent == LOCAL_CLUSTERS.resolve():
+        return out.stem
+    return str(out.resolve())
+
+
+def calibrate(out: Path | str | None = None, gpus: int = 1, force: bool = False,
+              device: str = "auto", name: str | None = None, quick: bool = False) -> dict:
+    """Measure this machine with `gpus` ranks and write the cluster file `out` (default
+    ./workloads/clusters/<name>.toml; `name` defaults to this host's name). Never a shipped preset.
+    Returns {"path", "cluster" (the dict written), "cluster_option" (the --cluster value that finds
+    it from here), "measurements", "seconds"}."""
+    out, name = resolve_target(out, name)
+    if not isinstance(gpus, int) or gpus < 1:
+        raise UsageError(f"--gpus must be an integer >= 1 (got {gpus!r})")
+    check_target(out, force)
     m = measure(gpus, device, quick)
     cluster = cluster_from_measurements(m, gpus, name)
     m["overhead"] = measure_overhead(cluster, gpus, m["device"], quick)
@@ -442,4 +498,5 @@ def calibrate(out: Path | str = Path("workloads/clusters/local.toml"), gpus: int
     tmp.write_text(text)
     ClusterSpec.from_dict(read_toml(tmp), str(out))      # what we write must load
     os.replace(tmp, out)
-    return {"path": str(out), "cluster": cluster, "measurements": m, "seconds": m["seconds"]}
+    return {"path": str(out), "cluster": cluster, "cluster_option": cluster_option(out), "measurements": m,
+            "seconds": m["seconds"]}

@@ -16,9 +16,8 @@ from pathlib import Path
 
 from tuner.errors import SpecError
 from tuner.layout import Layout, micro_batches_per_pipeline, why_invalid as layout_why_invalid
-from tuner.specs import Workload, read_toml
+from tuner.specs import Workload, preset_dir, read_toml
 
-SPACE_DIR = Path(__file__).parent / "search_spaces"
 DIMENSIONS = ("tp", "pp", "micro_batch", "zero_stage", "activation_checkpointing")
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
         ast.Mod: operator.mod, ast.Div: operator.truediv, ast.Lt: operator.lt, ast.LtE: operator.le,
@@ -150,14 +149,16 @@ class SearchSpace:
 
 
 def load_space(name: str | None = None) -> SearchSpace:
-    """A space by path, or by name from the working directory's or the package's search_spaces/."""
+    """A space by path, or by name from the working directory's search_spaces/, then the shipped ones
+    (importlib.resources; `search_spaces/default.toml` also names the shipped file from anywhere)."""
     name = name or "default"
+    shipped = preset_dir("search_spaces")
     candidates = [Path(name)] if (name.endswith(".toml") or "/" in name) else []
-    candidates += [Path("search_spaces") / f"{name}.toml", SPACE_DIR / f"{name}.toml", SPACE_DIR / Path(name).name]
+    candidates += [Path("search_spaces") / f"{name}.toml", shipped / f"{name}.toml", shipped / Path(name).name]
     for p in candidates:
         if p.is_file():
             return SearchSpace.from_dict(read_toml(p), str(p))
-    known = sorted(p.stem for p in SPACE_DIR.glob("*.toml"))
+    known = sorted(t.name[:-len(".toml")] for t in shipped.iterdir() if t.name.endswith(".toml"))
     raise SpecError(f"search space '{name}' not found; shipped spaces: {', '.join(known)}; or give a path to a TOML file")
 
 

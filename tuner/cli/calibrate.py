@@ -2,34 +2,42 @@
 
 from __future__ import annotations
 
+import shlex
+
 import click
 
 from tuner.cli import cli
 
 
 @cli.command()
-@click.option("--out", default="workloads/clusters/local.toml", show_default=True,
-              help="Cluster file to write; `--cluster local` then uses it from this directory.")
+@click.option("--out", default=None,
+              help="Cluster file to write (default: workloads/clusters/<name>.toml under this directory, "
+                   "which `--cluster <name>` finds); never a shipped preset.")
 @click.option("--gpus", type=click.IntRange(min=1), default=2, show_default=True,
               help="Ranks to measure with (CPU processes, or GPUs when CUDA is present).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Measure CPU processes or CUDA GPUs (auto: CUDA when --gpus devices are visible).")
-@click.option("--name", default="local", show_default=True, help="The cluster's name in the file.")
+@click.option("--name", default=None,
+              help="The cluster's name in the file (default: this host's name, sanitised).")
 @click.option("--quick", is_flag=True, help="Fewer sizes and repetitions (a rougher, faster measurement).")
-@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+@click.option("--force", is_flag=True, help="Overwrite an existing file (never a shipped preset).")
 def calibrate(out, gpus, device, name, quick, force):
     """Measure matmul TFLOPS, memory and collective bandwidth; write a cluster TOML.
 
-    Example: tuner calibrate --gpus 2 --out workloads/clusters/local.toml
+    Example: tuner calibrate --gpus 2     (writes workloads/clusters/<host>.toml; prints the --cluster to use)
     """
-    from tuner.calibrate import calibrate as run_calibration
+    from tuner.calibrate import calibrate as run_calibration, check_target, resolve_target
     from tuner.errors import MissingExtra
+    target, name = resolve_target(out, name)
+    check_target(target, force)          # refused before anything is measured (or torch is needed)
     try:
         import torch  # noqa: F401
     except ImportError:
         raise MissingExtra("torch", "deepspeed") from None
-    got = run_calibration(out, gpus=gpus, force=force, device=device, name=name, quick=quick)
+    got = run_calibration(target, gpus=gpus, force=force, device=device, name=name, quick=quick)
     c = got["cluster"]
     click.echo(f"wrote {got['path']} in {got['seconds']:.0f} s: peak {c['peak_tflops']:.4g} TFLOPS per rank, "
                f"matmul efficiency {c['matmul_efficiency']:.2f}, memory bandwidth {c['hbm_bandwidth_gbps']:.3g} GB/s, "
                f"all-reduce bus bandwidth {c['intra_node_bandwidth_gbps']:.3g} GB/s over {gpus} ranks")
+    click.echo(f"use it with --cluster {shlex.quote(got['cluster_option'])}, e.g. tuner search --model tiny "
+               f"--cluster {shlex.quote(got['cluster_option'])} --runner local --gpus {gpus} --budget 6")
