@@ -14,11 +14,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.errors import SpecError
-from tuner.layout import Layout, micro_batches_per_pipeline, why_invalid as layout_why_invalid
+from tuner.errors import SpecError, UsageError
+from tuner.layout import DIMENSIONS as LAYOUT_DIMS, SEARCHED, Layout, micro_batches_per_pipeline, why_invalid as layout_why_invalid
 from tuner.specs import Workload, preset_dir, read_toml
 
-DIMENSIONS = ("tp", "pp", "micro_batch", "zero_stage", "activation_checkpointing")
+DIMENSIONS = SEARCHED     # the dimensions a space chooses (tuner.layout.DIMENSIONS); dp follows
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
         ast.Mod: operator.mod, ast.Div: operator.truediv, ast.Lt: operator.lt, ast.LtE: operator.le,
         ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Eq: operator.eq, ast.NotEq: operator.ne,
@@ -79,6 +79,14 @@ class SearchSpace:
     dimensions: dict          # name -> list of choices, or "divisors:<model key>"
     constraints: dict         # name -> expression text
 
+    def as_record(self) -> dict:
+        """How a study stores its space (name, dimensions, constraints)."""
+        return {"name": self.name, "dimensions": self.dimensions, "constraints": self.constraints}
+
+    @classmethod
+    def from_record(cls, rec: dict) -> "SearchSpace":
+        return cls.from_dict({k: v for k, v in rec.items() if k != "name"}, rec.get("name", "space"))
+
     @classmethod
     def from_dict(cls, data: dict, where: str = "space") -> "SearchSpace":
         unknown = set(data) - {"dimensions", "constraints"}
@@ -135,11 +143,12 @@ class SearchSpace:
         """Every valid layout of the space for the workload, in a stable order."""
         compiled = [_compile(k, v, self.name) for k, v in self.constraints.items()]
         out = []
-        for tp, pp, mb, z, ac in itertools.product(*(self.choices(d, workload) for d in DIMENSIONS)):
-            if workload.gpus % (tp * pp):
+        for values in itertools.product(*(self.choices(d, workload) for d in DIMENSIONS)):
+            v = dict(zip(DIMENSIONS, values))
+            if workload.gpus % (v["tp"] * v["pp"]):
                 continue
-            lay = Layout(tp=tp, pp=pp, dp=workload.gpus // (tp * pp), micro_batch=mb, zero_stage=z,
-                         activation_checkpointing=bool(ac))
+            lay = Layout(**{d.name: d.type(v[d.name]) for d in LAYOUT_DIMS if d.searched},
+                         dp=workload.gpus // (v["tp"] * v["pp"]))
             if layout_why_invalid(lay, workload):
                 continue
             env = self._env(lay, workload)
@@ -181,3 +190,12 @@ def no_layout_reason(space: SearchSpace, workload: Workload) -> str:
     if not counts:
         return f"no tp*pp among the space's choices divides {workload.gpus} GPUs"
     return example[max(counts, key=counts.get)]
+
+
+def valid_layouts(space: SearchSpace, workload: Workload) -> list[Layout]:
+    """Every valid layout of `space` for `workload`; UsageError saying why when there is none."""
+    layouts = space.enumerate_layouts(workload)
+    if not layouts:
+        raise UsageError(f"no valid layout for {workload.model.name} on {workload.nodes} node(s) "
+                         f"({workload.gpus} GPUs): {no_layout_reason(space, workload)}")
+    return layouts
