@@ -2,25 +2,21 @@
 
 A spec is named by a preset name (`gpt-175b`, alias `175b`; `frontier`) or by a path to a TOML file.
 Names are looked up first in ./workloads/{models,clusters}/ of the working directory (so a file written
-by `tuner calibrate` wins), then in the presets shipped inside the package: the repository's top-level
-workloads/ and search_spaces/, which pyproject.toml maps onto the package `tuner._presets` (no copies),
-read through importlib.resources so that editable and wheel installs both find them. Pure apart from
-reading those files.
+by `tuner calibrate` wins), then in the presets shipped inside the package. Pure apart from reading
+those files.
 """
 
 from __future__ import annotations
 
 import tomllib
 from dataclasses import asdict, dataclass
-from importlib import resources
-from importlib.resources.abc import Traversable
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from tuner.errors import SpecError, UsageError
 
-PRESET_PACKAGE = "tuner._presets"   # workloads/ and search_spaces/ at the repository root (pyproject package-dir)
-PRESET_KINDS = ("models", "clusters", "search_spaces")
+PRESET_DIR = Path(__file__).parent / "workloads"
 MAX_INT = 2**31 - 1   # every count is stored in 32-bit integer columns (PostgreSQL INTEGER)
 MODEL_ALIASES = {"1.4b": "gpt-1.4b", "22b": "gpt-22b", "175b": "gpt-175b", "1t": "gpt-1t"}
 
@@ -32,8 +28,21 @@ MODEL_KEYS: dict[str, tuple[type, Any]] = {
     "num_attention_heads": (int, ...),
     "seq_length": (int, ...),
     "vocab_size": (int, ...),
-    "ffn_hidden_size": (int, None),
+    "ffn_hidden_size": (int, None),              # the real inner width of the FFN (4h for gelu when absent)
     "global_batch": (int, None),
+    # Architecture (defaults: the GPT-3-style model of the Frontier study and the GPT presets).
+    "num_query_groups": (int, None),             # key/value heads (GQA; 1 = MQA); default num_attention_heads
+    "ffn_type": (str, "gelu"),                   # "gelu": h->f->h, two matrices; "swiglu": h->f twice (gate, up), f->h
+    "position_embedding": (str, "learned"),      # "learned": an s x h table on the first stage; "rope": no parameters
+    "tie_embeddings": (bool, True),              # LM head shares the word embedding; false: its own V x h matrix
+    "normalization": (str, "layernorm"),         # "layernorm" (weight and bias) | "rmsnorm" (weight only)
+    "add_bias_linear": (bool, True),             # biases on the linear layers (GPT: yes; Llama: none)
+}
+# Allowed values of the model's string keys other than the name.
+MODEL_CHOICES: dict[str, tuple[str, ...]] = {
+    "ffn_type": ("gelu", "swiglu"),
+    "position_embedding": ("learned", "rope"),
+    "normalization": ("layernorm", "rmsnorm"),
 }
 
 # Every hardware constant the performance model uses lives here, with its documented default.
@@ -94,6 +103,11 @@ def _check(kind: str, path: str, data: dict, keys: dict[str, tuple[type, Any]]) 
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """A decoder-only transformer. Notation: L layers, h hidden, a heads, g query groups (key/value
+    heads), d = h/a the head size, kv = g*d the width of K and of V, f the FFN inner width, V vocabulary,
+    s sequence. One layer holds Q and O (h x h each), K and V (h x kv each), and the FFN: gelu h x f and
+    f x h; swiglu h x f twice (gate and up, one fused fc1 of width 2f in Megatron) and f x h."""
+
     name: str
     num_layers: int
     hidden_size: int
@@ -102,16 +116,88 @@ class ModelSpec:
     vocab_size: int
     ffn_hidden_size: int = 0
     global_batch: int | None = None
+    num_query_groups: int = 0
+    ffn_type: str = "gelu"
+    position_embedding: str = "learned"
+    tie_embeddings: bool = True
+    normalization: str = "layernorm"
+    add_bias_linear: bool = True
 
     def __post_init__(self):
         if not self.ffn_hidden_size:
+            if self.ffn_type != "gelu":
+                raise SpecError(f"model '{self.name}': ffn_type \"{self.ffn_type}\" needs ffn_hidden_size "
+                                "(the real inner width, e.g. 14336 for Llama 3 8B)")
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
+        if not self.num_query_groups:
+            object.__setattr__(self, "num_query_groups", self.num_attention_heads)
 
-    @property
+    # ---- sizes (docs/reference/formulas.md; Megatron-Core's GPT layer), computed once per spec: the
+    # performance model reads them on every prediction
+    @cached_property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @cached_property
+    def kv_size(self) -> int:
+        """Width of K and of V: num_query_groups x head size (= h for multi-head attention)."""
+        return self.num_query_groups * self.head_size
+
+    @cached_property
+    def ffn_matrices(self) -> int:
+        """Weight matrices of the FFN: 2 (gelu: fc1, fc2), 3 (swiglu: gate, up, down)."""
+        return 3 if self.ffn_type == "swiglu" else 2
+
+    @cached_property
+    def attention_weights(self) -> int:
+        """Q, K, V and output projection weights of one layer: 2h^2 + 2h*kv (4h^2 multi-head)."""
+        h = self.hidden_size
+        return 2 * h * h + 2 * h * self.kv_size
+
+    @cached_property
+    def ffn_weights(self) -> int:
+        """FFN weights of one layer: 2hf (gelu) or 3hf (swiglu)."""
+        return self.ffn_matrices * self.hidden_size * self.ffn_hidden_size
+
+    @cached_property
+    def layer_biases_split(self) -> int:
+        """Biases split across tensor-parallel ranks: QKV (h + 2kv) and fc1 (f, 2f for swiglu)."""
+        if not self.add_bias_linear:
+            return 0
+        return self.hidden_size + 2 * self.kv_size + (self.ffn_matrices - 1) * self.ffn_hidden_size
+
+    @cached_property
+    def layer_biases_replicated(self) -> int:
+        """Biases every tensor-parallel rank keeps whole: attention projection and fc2 (h each)."""
+        return 2 * self.hidden_size if self.add_bias_linear else 0
+
+    @cached_property
+    def norm_params(self) -> int:
+        """Parameters of one normalization: 2h (LayerNorm weight and bias) or h (RMSNorm weight)."""
+        return (2 if self.normalization == "layernorm" else 1) * self.hidden_size
+
+    @cached_property
+    def layer_parameters(self) -> int:
+        """One layer: weights, biases and its two normalizations."""
+        return (self.attention_weights + self.ffn_weights + self.layer_biases_split
+                + self.layer_biases_replicated + 2 * self.norm_params)
+
+    @cached_property
+    def embedding_parameters(self) -> int:
+        """Word embedding V*h, plus the learned position table s*h."""
+        h = self.hidden_size
+        return self.vocab_size * h + (self.seq_length * h if self.position_embedding == "learned" else 0)
+
+    @cached_property
+    def output_parameters(self) -> int:
+        """The final normalization, and the LM head's V*h matrix when it is not tied to the embedding."""
+        return self.norm_params + (0 if self.tie_embeddings else self.vocab_size * self.hidden_size)
+
+    @cached_property
     def num_parameters(self) -> int:
-        """L(4h^2 + 2hf + 9h) + Vh + sh (docs/reference/formulas.md)."""
-        L, h, f = self.num_layers, self.hidden_size, self.ffn_hidden_size
-        return L * (4 * h * h + 2 * h * f + 9 * h) + self.vocab_size * h + self.seq_length * h
+        """L * layer + embeddings + final norm [+ untied LM head]. GPT (f = 4h, tied, learned positions,
+        biases, LayerNorm): L(12h^2 + 13h) + Vh + sh + 2h, as Narayanan et al. (SC21) count it."""
+        return self.num_layers * self.layer_parameters + self.embedding_parameters + self.output_parameters
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -119,10 +205,20 @@ class ModelSpec:
     @classmethod
     def from_dict(cls, data: dict, where: str = "model") -> "ModelSpec":
         d = _check("model", where, data, MODEL_KEYS)
+        for k, allowed in MODEL_CHOICES.items():
+            if d[k] not in allowed:
+                raise SpecError(f"{where}: model key '{k}' must be one of {', '.join(map(repr, allowed))}, "
+                                f"got {d[k][:200]!r}")
         if d["hidden_size"] % d["num_attention_heads"]:
             raise SpecError(f"{where}: hidden_size {d['hidden_size']} is not divisible by "
                             f"num_attention_heads {d['num_attention_heads']}")
-        return cls(**{**d, "ffn_hidden_size": d["ffn_hidden_size"] or 0})
+        if d["num_query_groups"] is not None and d["num_attention_heads"] % d["num_query_groups"]:
+            raise SpecError(f"{where}: num_query_groups {d['num_query_groups']} must divide num_attention_heads "
+                            f"{d['num_attention_heads']} (each key/value head serves the same number of query heads)")
+        if d["ffn_type"] != "gelu" and d["ffn_hidden_size"] is None:
+            raise SpecError(f"{where}: ffn_type \"{d['ffn_type']}\" needs ffn_hidden_size, the real inner width "
+                            "(e.g. 14336 for Llama 3 8B); only gelu defaults it to 4 * hidden_size")
+        return cls(**{**d, "ffn_hidden_size": d["ffn_hidden_size"] or 0, "num_query_groups": d["num_query_groups"] or 0})
 
 
 @dataclass(frozen=True)
@@ -196,9 +292,9 @@ class Workload:
                    int(d["nodes"]), int(d["global_batch"]))
 
 
-def read_toml(path: Path | Traversable | str) -> dict:
+def read_toml(path: Path) -> dict:
     try:
-        with (Path(path) if isinstance(path, str) else path).open("rb") as f:
+        with open(path, "rb") as f:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: malformed TOML: {exc}") from None
@@ -208,60 +304,21 @@ def read_toml(path: Path | Traversable | str) -> dict:
         raise SpecError(f"{path}: cannot read: {exc.strerror}") from None
 
 
-def preset_dir(kind: str) -> Traversable:
-    """The folder of the shipped presets of `kind` ('models', 'clusters' or 'search_spaces'), through
-    importlib.resources (a file-system path in editable and wheel installs)."""
-    if kind not in PRESET_KINDS:
-        raise ValueError(f"unknown preset kind {kind!r}; one of {', '.join(PRESET_KINDS)}")
-    if kind == "search_spaces":
-        return _preset_package("search_spaces")
-    return _preset_package("workloads") / kind
-
-
-def _preset_package(sub: str) -> Traversable:
-    try:
-        return resources.files(f"{PRESET_PACKAGE}.{sub}")
-    except ModuleNotFoundError:
-        # a source checkout imported without being pip-installed (or installed before the presets moved
-        # to the repository root, whose editable finder does not map them): the folder beside the package
-        src = Path(__file__).resolve().parents[1] / sub
-        if (src / "__init__.py").is_file():
-            return src
-        raise
-
-
-def shipped_presets(kind: str) -> dict[str, Traversable]:
-    """name -> file of every shipped preset of `kind`."""
-    return {t.name[:-len(".toml")]: t for t in preset_dir(kind).iterdir() if t.name.endswith(".toml") and t.is_file()}
-
-
-def shipped_preset_at(path: Path | str) -> str | None:
-    """'cluster preset NAME' (or model, search space) when `path` is a shipped preset file, both paths
-    resolved (links and '..' followed; in the repository root ./workloads/clusters/local.toml is one),
-    else None. What `tuner calibrate` refuses to write over."""
-    target = Path(path).resolve()
-    for kind in PRESET_KINDS:
-        for name, t in shipped_presets(kind).items():
-            if isinstance(t, Path) and t.resolve() == target:   # only a file-system preset can be written over
-                return f"{kind[:-1].replace('_', ' ')} preset '{name}'"
-    return None
-
-
 def presets(kind: str) -> list[str]:
     """Names of the shipped and local presets of `kind` ('models' or 'clusters')."""
-    names = set(shipped_presets(kind))
+    names = {p.stem for p in (PRESET_DIR / kind).glob("*.toml")}
     names |= {p.stem for p in (Path("workloads") / kind).glob("*.toml")}
     return sorted(names)
 
 
-def find_spec_file(kind: str, name: str) -> Path | Traversable:
+def find_spec_file(kind: str, name: str) -> Path:
     if name.endswith(".toml") or "/" in name:
         p = Path(name)
         if not p.is_file():
             raise SpecError(f"{kind[:-1]} file {name} does not exist")
         return p
     name = MODEL_ALIASES.get(name.lower(), name) if kind == "models" else name
-    for base in (Path("workloads") / kind, preset_dir(kind)):
+    for base in (Path("workloads") / kind, PRESET_DIR / kind):
         p = base / f"{name}.toml"
         if p.is_file():
             return p

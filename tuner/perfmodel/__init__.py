@@ -76,7 +76,8 @@ def predict(layout: Layout, workload: Workload) -> Prediction:
     t_stage = sum(slow.values())
     params_gpu = max(memory.stage_params(model, t, p, 0), memory.stage_params(model, t, p, p - 1))
     dp = comm.dp_time(cluster, t, d, layout.zero_stage, params_gpu, m, ckpt)
-    sync = comm.embedding_sync_time(cluster, t, d, p, memory.embedding_params(model, t))
+    tied = memory.tied_embedding_params(model, t, p)     # none when the LM head is untied
+    sync = comm.embedding_sync_time(cluster, t, d, p, tied) if tied else 0.0
     owned = params_gpu / d if layout.zero_stage >= 1 else params_gpu
     t_opt = compute.optimizer_time(cluster, owned)
 

@@ -9,6 +9,9 @@ Pure functions (docs/reference/formulas.md). Every rate comes from the ClusterSp
   bandwidth: bytes / (hbm_bandwidth * memory_bandwidth_efficiency).
 Passes per micro-batch: forward 1, backward 2 (data and weight gradients), and one more forward of
 every layer with full activation recompute. The LM head is not recomputed.
+Architecture (ModelSpec): grouped-query attention narrows the QKV GEMM to h x (h + 2kv) and the K/V
+traffic; SwiGLU's gate and up matrices run as one fc1 GEMM of width 2f (as Megatron-Core fuses them)
+and its element-wise kernel reads two f-wide inputs; RoPE adds a fused rotation of Q and K.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from tuner.specs import ClusterSpec, ModelSpec
 # Element-wise HBM traffic of one layer's forward pass, in bytes per s*b*h element (fp16):
 # replicated across TP ranks (no sequence parallelism): two layer norms (read + write: 4 each) and two
 # fused bias-dropout-residual adds (read 2 inputs, write the sum and a 1-byte mask: 7 each) = 22;
-# split by t: FlashAttention reading Q, K, V and writing its output (8) and bias + GeLU on the 4h
-# activations (read + write: 16) = 24.
+# split by t (elementwise_split_bytes): FlashAttention reading Q, K, V and writing its output
+# (4 + 4kv/h; 8 for GPT), the FFN activation (bias + GeLU: read + write f, 4f/h, 16 for GPT; SwiGLU:
+# read gate and up, write their product, 6f/h) and with RoPE the rotation of Q and K (read + write,
+# 4 + 4kv/h).
 ELEMENTWISE_REPLICATED = 22.0
-ELEMENTWISE_SPLIT = 24.0
 # Without FlashAttention, per score element (a*s^2*b/t) forward: write scores, softmax read + write,
 # dropout read + write + mask, read for the value product (2+4+5+2 bytes).
 SCORE_BYTES = 13.0
@@ -42,11 +46,13 @@ def gemm_time(cluster: ClusterSpec, flops: float) -> float:
 
 
 def layer_gemm_flops(model: ModelSpec, micro_batch: int, tp: int) -> tuple[float, float, float, float]:
-    """Forward FLOPs per GPU of the four GEMMs of a layer: QKV, attention projection, fc1, fc2.
-    Their sum is 2*b*s*(4h^2 + 2hf)/t."""
+    """Forward FLOPs per GPU of the four GEMMs of a layer: QKV (h x (h + 2kv)), attention projection
+    (h x h), fc1 (h x f; h x 2f for SwiGLU's fused gate and up), fc2 (f x h). Their sum is
+    2*b*s*(attention weights + FFN weights)/t: 2*b*s*(4h^2 + 2hf)/t for GPT."""
     bs2 = 2.0 * micro_batch * model.seq_length
-    h, f = model.hidden_size, model.ffn_hidden_size
-    return (bs2 * h * 3 * h / tp, bs2 * h * h / tp, bs2 * h * f / tp, bs2 * f * h / tp)
+    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_size
+    return (bs2 * h * (h + 2 * kv) / tp, bs2 * h * h / tp, bs2 * h * (model.ffn_matrices - 1) * f / tp,
+            bs2 * f * h / tp)
 
 
 def attention_flops(model: ModelSpec, micro_batch: int, tp: int) -> float:
@@ -54,10 +60,20 @@ def attention_flops(model: ModelSpec, micro_batch: int, tp: int) -> float:
     return 4.0 * micro_batch * model.seq_length ** 2 * model.hidden_size / tp
 
 
+def elementwise_split_bytes(model: ModelSpec) -> float:
+    """Bytes per s*b*h element of the element-wise traffic split by t (24 for GPT)."""
+    h, kv, f = model.hidden_size, model.kv_size, model.ffn_hidden_size
+    n = 4.0 + 4.0 * kv / h                                                # attention reads Q, K, V, writes O
+    n += (6.0 if model.ffn_type == "swiglu" else 4.0) * f / h            # the FFN's activation function
+    if model.position_embedding == "rope":
+        n += 4.0 + 4.0 * kv / h                                           # rotate Q and K: read + write
+    return n
+
+
 def elementwise_bytes(model: ModelSpec, micro_batch: int, tp: int, flash_attention: bool) -> float:
     """HBM bytes of one layer's element-wise kernels in a forward pass, per GPU."""
     sbh = model.seq_length * micro_batch * model.hidden_size
-    n = sbh * (ELEMENTWISE_REPLICATED + ELEMENTWISE_SPLIT / tp)
+    n = sbh * (ELEMENTWISE_REPLICATED + elementwise_split_bytes(model) / tp)
     if not flash_attention:
         n += SCORE_BYTES * model.num_attention_heads * model.seq_length ** 2 * micro_batch / tp
     return n
@@ -90,7 +106,8 @@ def lm_head_times(model: ModelSpec, cluster: ClusterSpec, micro_batch: int, tp: 
 
 def embedding_times(model: ModelSpec, cluster: ClusterSpec, micro_batch: int) -> dict:
     """Seconds of the first stage's extra work per micro-batch: embedding lookup, position add and
-    dropout forward, and the gradient scatter-add backward (about 12 bytes per s*b*h element)."""
+    dropout forward, and the gradient scatter-add backward (about 12 bytes per s*b*h element; kept for
+    RoPE models too, whose rotation is counted in each layer)."""
     hbm = cluster.hbm_bandwidth_gbps * 1e9 * cluster.memory_bandwidth_efficiency
     return {"elementwise": 12.0 * model.seq_length * micro_batch * model.hidden_size / hbm}
 

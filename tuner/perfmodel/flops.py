@@ -1,4 +1,12 @@
-"""FLOP counts of a GPT iteration (docs/reference/formulas.md). Pure."""
+"""FLOP counts of a training iteration (docs/reference/formulas.md). Pure.
+
+Per layer and token, the forward GEMMs do 2 * (attention weights + FFN weights) FLOPs: 2(4h^2 + 2hf)
+for GPT; with grouped-query attention K and V are h x kv (kv = num_query_groups * head size) instead
+of h x h, and SwiGLU has three h x f matrices instead of two (ModelSpec.attention_weights,
+ModelSpec.ffn_weights). The attention core (QK^T and the value product) does 4*s*h per token whatever
+the number of key/value heads. The LM head does 2*h*V per token, tied or not: tying changes the
+parameters, not the work. Position embeddings (learned or RoPE) and normalizations are not counted.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +15,16 @@ from tuner.specs import ModelSpec
 
 def megatron_flops(model: ModelSpec, global_batch: int, recompute: bool) -> float:
     """FLOPs per iteration as Megatron-DeepSpeed logs them (and the Frontier study reports):
-    24·c·B·s·L·h²·(1 + s/(6h) + V/(16·L·h)), c = 4 with full activation recompute, 3 without.
-    For an ffn size f other than 4h the first term scales as (4h² + 2hf)/(12h²)."""
+    24·c·B·s·L·h²·(G + s/(6h) + V/(16·L·h)), c = 4 with full activation recompute, 3 without, and
+    G = (attention weights + FFN weights) / (12h²) of one layer: 1 for GPT with f = 4h,
+    (2h² + 2h·kv + 3hf)/(12h²) for a GQA + SwiGLU model. The G term is the one Megatron-Core counts
+    for GQA and SwiGLU (its `num_floating_point_operations`: (1 + g/a)·h² + 1.5·f·h per 6 FLOPs).
+    The LM-head term keeps the study formula's V/(16Lh) in both cases: exact (6·s·h·V per sample) for
+    c = 4, where the head is not recomputed, and 3/4 of that for c = 3 — what Megatron-DeepSpeed logs
+    and what every MFU figure of this tool uses, so GPT figures stay comparable across versions."""
     c = 4 if recompute else 3
-    B, s, L, h, V, f = (global_batch, model.seq_length, model.num_layers, model.hidden_size,
-                        model.vocab_size, model.ffn_hidden_size)
-    gemm = (4 * h * h + 2 * h * f) / (12 * h * h)
+    B, s, L, h, V = (global_batch, model.seq_length, model.num_layers, model.hidden_size, model.vocab_size)
+    gemm = (model.attention_weights + model.ffn_weights) / (12 * h * h)
     return 24.0 * c * B * s * L * h * h * (gemm + s / (6.0 * h) + V / (16.0 * L * h))
 
 

@@ -3,6 +3,11 @@
 Pure functions (docs/reference/formulas.md; Rajbhandari et al. 2020; Korthikanti et al. 2022). Mixed
 precision with Adam: fp16/bf16 weights (2 bytes) and gradients (2), fp32 master weights, momentum and
 variance (12). Sizes are in bytes unless a name says GB.
+
+Architecture (ModelSpec): grouped-query attention shrinks K and V (weights h x kv, activations kv
+wide instead of h); SwiGLU has three h x f matrices and keeps its two f-wide fc1 outputs for backward;
+an untied LM head is its own V x h matrix on the last stage (also with pp = 1); RoPE has no parameters;
+RMSNorm has no bias; models without linear biases (Llama) hold none.
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ GB = 1e9
 def layer_params(model: ModelSpec, tp: int) -> float:
     """Parameters of one transformer layer held by one TP rank.
 
-    QKV, projection, fc1 and fc2 weights and the QKV and fc1 biases are split by t; the projection and
-    fc2 biases and the two layer norms (6h) are replicated."""
-    h, f = model.hidden_size, model.ffn_hidden_size
-    return (4 * h * h + 2 * h * f + 3 * h + f) / tp + 6 * h
+    QKV, projection and FFN weights and the QKV and fc1 biases are split by t; the projection and fc2
+    biases and the two normalizations are replicated. GPT: (4h^2 + 2hf + 3h + f)/t + 6h; Llama (GQA,
+    SwiGLU, no biases, RMSNorm): (2h^2 + 2h*kv + 3hf)/t + 2h."""
+    split = model.attention_weights + model.ffn_weights + model.layer_biases_split
+    return split / tp + (model.layer_biases_replicated + 2 * model.norm_params)
 
 
 def embedding_params(model: ModelSpec, tp: int) -> float:
@@ -29,17 +35,26 @@ def embedding_params(model: ModelSpec, tp: int) -> float:
 
 
 def stage_params(model: ModelSpec, tp: int, pp: int, stage: int) -> float:
-    """Parameters one GPU holds on pipeline stage `stage`: its layers, plus the word and position
-    embeddings on the first stage, the tied LM head (a copy of the word embedding, as DeepSpeed's
-    TiedLayerSpec keeps it) and the final layer norm on the last."""
+    """Parameters one GPU holds on pipeline stage `stage`: its layers, plus the word embedding and the
+    learned position table (none with RoPE) on the first stage, and the final normalization and the LM
+    head on the last: a copy of the word embedding when tied and pp > 1 (as DeepSpeed's TiedLayerSpec
+    keeps it), nothing more when tied and pp = 1, its own V x h matrix when untied."""
     n = model.num_layers // pp * layer_params(model, tp)
     if stage == 0:
-        n += embedding_params(model, tp) + model.seq_length * model.hidden_size
+        n += embedding_params(model, tp)
+        if model.position_embedding == "learned":
+            n += model.seq_length * model.hidden_size
     if stage == pp - 1:
-        n += 2 * model.hidden_size
-        if pp > 1:
+        n += model.norm_params
+        if pp > 1 or not model.tie_embeddings:
             n += embedding_params(model, tp)
     return n
+
+
+def tied_embedding_params(model: ModelSpec, tp: int, pp: int) -> float:
+    """Parameters of the word embedding whose gradient the first and last stages all-reduce every step:
+    the tied embedding when pp > 1; none when untied or on one stage."""
+    return embedding_params(model, tp) if model.tie_embeddings and pp > 1 else 0.0
 
 
 def model_state_bytes_per_param(zero_stage: int, dp: int) -> dict:
@@ -54,11 +69,23 @@ def model_state_bytes_per_param(zero_stage: int, dp: int) -> dict:
 
 
 # ----------------------------------------------------------------------------------- activations
+def split_activation_bytes(model: ModelSpec) -> float:
+    """Bytes per s*b*h element of the activations split by t (Korthikanti et al.'s 24 for GPT):
+    attention 4 + 4kv/h (Q 2, K and V 2kv/h each, the output projection's input 2) and the FFN 4f/h
+    for gelu (GeLU input, fc2 input) or 6f/h for swiglu (the gate and up outputs, fc2 input). Fused
+    RoPE keeps nothing more."""
+    h, kv, f = model.hidden_size, model.kv_size, model.ffn_hidden_size
+    ffn = (6.0 if model.ffn_type == "swiglu" else 4.0) * f / h
+    return 4.0 + 4.0 * kv / h + ffn
+
+
 def activation_bytes_per_layer(model: ModelSpec, micro_batch: int, tp: int, flash_attention: bool) -> float:
     """Activations one layer stores for backward, per micro-batch, no sequence parallelism:
-    s*b*h*(10 + 24/t + 5*a*s/(h*t)); FlashAttention keeps no s^2 scores and drops the last term."""
+    s*b*h*(10 + S/t + 5*a*s/(h*t)), S = split_activation_bytes (24 for GPT); the 10 replicated bytes
+    are the two norms' inputs (4), the QKV and fc1 inputs (4) and two dropout masks (2). FlashAttention
+    keeps no s^2 scores and drops the last term."""
     s, b, h, a = model.seq_length, micro_batch, model.hidden_size, model.num_attention_heads
-    per = 10.0 + 24.0 / tp
+    per = 10.0 + split_activation_bytes(model) / tp
     if not flash_attention:
         per += 5.0 * a * s / (h * tp)
     return s * b * h * per
