@@ -1,4 +1,4 @@
-"""The DeepSpeed config renderer: golden files and the batch-size identity DeepSpeed checks.
+"""The DeepSpeed config renderer (tuner.render.dsconfig): golden files and the batch-size identity DeepSpeed checks.
 
 Regenerate the golden files after an intended change with TUNER_UPDATE_GOLDEN=1.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from tuner.dsconfig import render_ds_config
+from tuner.render.dsconfig import render_ds_config
 from tuner.errors import InvalidLayout
 from tuner.layout import Layout
 from tuner.specs import make_workload
@@ -80,9 +80,10 @@ def test_unknown_precision_is_refused():
         render_ds_config(layout, workload, precision="fp8")
 
 
-def test_renderer_is_pure():
-    """Importing the renderer pulls in neither torch nor deepspeed."""
-    code = "import sys, tuner.dsconfig; print(sorted(m for m in ('torch', 'deepspeed') if m in sys.modules))"
+def test_renderers_are_pure():
+    """Importing the renderers pulls in neither torch nor deepspeed."""
+    code = ("import sys, tuner.render.dsconfig, tuner.render.megatron, tuner.render.sbatch, tuner.render.launch; "
+            "print(sorted(m for m in ('torch', 'deepspeed') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.strip() == "[]"

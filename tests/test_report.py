@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import shutil
 import subprocess
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -15,8 +17,9 @@ from click.testing import CliRunner
 
 from tuner.cli import cli
 from tuner.errors import InvalidLayout, UsageError
-from tuner.launch import Source, batch_arithmetic, launch_files
+from tuner.launch import Source
 from tuner.layout import Layout
+from tuner.render.launch import LAUNCH_FILES, batch_arithmetic, launch_files
 from tuner.report import (EXPORT_COLUMNS, FIGURES, best_so_far, build_report, export_rows, model_error, pairs,
                           status_counts, top_rows, tp_pp_grid)
 from tuner.specs import make_workload
@@ -144,6 +147,21 @@ def test_launch_files_agree_on_the_batch(lay, tmp_path):
     summary = json.loads(files["layout.json"])
     assert summary["gradient_accumulation_steps"] == accum and summary["source"]["kind"] == "model"
     assert batch_arithmetic(lay, w)["gradient_accumulation_steps"] == accum
+
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.mark.parametrize("name", LAUNCH_FILES)
+def test_launch_files_match_golden(name):
+    """The four files for the study's 175B layout on 16 Frontier nodes (regenerate: TUNER_UPDATE_GOLDEN=1)."""
+    files = launch_files(Layout(tp=4, pp=16, dp=2, micro_batch=1), make_workload("175b", 16),
+                         "/lustre/orion/abc123/launch", account="abc123", time_limit="02:00:00", train_iters=5000)
+    path = GOLDEN / "launch_175b_16n" / name
+    if os.environ.get("TUNER_UPDATE_GOLDEN"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(files[name])
+    assert files[name] == path.read_text(), f"{name} differs from {path} (TUNER_UPDATE_GOLDEN=1 to accept)"
 
 
 def test_launch_files_refuse_an_invalid_layout_and_name_the_rule(tmp_path):

@@ -1,4 +1,5 @@
-"""The pure Slurm pieces: sbatch scripts (golden files), [slurm] validation, quoting, Megatron args and logs.
+"""The pure Slurm pieces: sbatch scripts (golden files), [slurm] validation, quoting, Megatron args (golden,
+and every flag checked against Megatron-DeepSpeed) and logs.
 
 Regenerate the golden files after an intended change with TUNER_UPDATE_GOLDEN=1 python -m pytest tests/test_sbatch.py
 and review the diff.
@@ -7,6 +8,7 @@ and review the diff.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shlex
@@ -17,11 +19,13 @@ import pytest
 
 from tuner.errors import UsageError
 from tuner.layout import Layout
+from tuner.render.dsconfig import ADAM_PARAMS, GRADIENT_CLIPPING, render_ds_config
+from tuner.render.megatron import OPTIMIZER_ARGS, deepspeed_config, pretrain_args
+from tuner.render.sbatch import SLURM_KEYS, job_name, render_sbatch, time_limit_for, validate_slurm
 from tuner.runners import make_runner, megatron
-from tuner.runners.sbatch import SLURM_KEYS, job_name, render_sbatch, time_limit_for, validate_slurm
 from tuner.runners.slurm import map_state
 from tuner.specs import ModelSpec, load_cluster, load_model, make_workload
-from tuner.trial import Status, TrialSpec
+from tuner.trial import Status, TrialSpec, looks_oom
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "golden"
@@ -173,7 +177,7 @@ def test_state_mapping():
 # ---- Megatron arguments and DeepSpeed config ------------------------------------------------------
 def test_megatron_args_for_the_175b_layout():
     w = frontier_trial().workload
-    args = megatron.pretrain_args(STUDY_LAYOUT, w, precision="fp16")
+    args = pretrain_args(STUDY_LAYOUT, w, precision="fp16")
     pairs = dict(zip(args, args[1:]))
     assert pairs["--tensor-model-parallel-size"] == "4" and pairs["--pipeline-model-parallel-size"] == "16"
     assert pairs["--micro-batch-size"] == "1" and pairs["--global-batch-size"] == "640"
@@ -183,8 +187,8 @@ def test_megatron_args_for_the_175b_layout():
     assert pairs["--deepspeed_config"] == "ds_config.json" and pairs["--zero-stage"] == "1"
     assert {"--fp16", "--checkpoint-activations", "--deepspeed-activation-checkpointing", "--deepspeed"} <= set(args)
     assert "--bf16" not in args and "--no-pipeline-parallel" not in args
-    no_ckpt = megatron.pretrain_args(Layout(tp=8, pp=1, dp=16, micro_batch=2, zero_stage=2,
-                                            activation_checkpointing=False), w)
+    no_ckpt = pretrain_args(Layout(tp=8, pp=1, dp=16, micro_batch=2, zero_stage=2,
+                                   activation_checkpointing=False), w)
     assert "--checkpoint-activations" not in no_ckpt and "--no-pipeline-parallel" in no_ckpt and "--bf16" in no_ckpt
 
 
@@ -192,12 +196,70 @@ def test_deepspeed_config_agrees_with_megatron_args():
     """The study's bug: DeepSpeed told micro-batch 4 while Megatron used 1. One source, no disagreement."""
     w = frontier_trial().workload
     for lay in (STUDY_LAYOUT, Layout(tp=2, pp=8, dp=8, micro_batch=4)):
-        ds = megatron.deepspeed_config(lay, w, precision="fp16")
-        args = megatron.pretrain_args(lay, w)
+        ds = deepspeed_config(lay, w, precision="fp16")
+        args = pretrain_args(lay, w)
         mb = int(args[args.index("--micro-batch-size") + 1])
         assert ds["train_micro_batch_size_per_gpu"] == mb == lay.micro_batch
         assert ds["train_batch_size"] == mb * ds["gradient_accumulation_steps"] * lay.dp == 640
         assert ds["zero_optimization"]["stage"] == lay.zero_stage and ds["fp16"]["enabled"]
+
+
+# Every flag pretrain_args writes, with the line of microsoft/Megatron-DeepSpeed's megatron/arguments.py
+# (HEAD f4157bea69f3, 2024-12-24) that defines it: `git -C <mirror> show HEAD:megatron/arguments.py |
+# grep -n -- "'--flag'"`. `--deepspeed` and `--deepspeed_config` are DeepSpeed's own (deepspeed/__init__.py,
+# _add_core_arguments), added by `parser = deepspeed.add_config_arguments(parser)` at line 54.
+# `--checkpoint-activations` is marked deprecated there but kept on purpose ("DeepSpeed still relies on
+# the old activation checkpointing mechanism", line 862): GPTModelPipe and ParallelTransformer read it.
+MEGATRON_FLAGS = {
+    "--tensor-model-parallel-size": 1149, "--pipeline-model-parallel-size": 1154, "--num-layers": 602,
+    "--hidden-size": 616, "--ffn-hidden-size": 618, "--num-attention-heads": 621, "--seq-length": 1278,
+    "--max-position-embeddings": 630, "--micro-batch-size": 801, "--global-batch-size": 808,
+    "--train-iters": 873, "--log-interval": 887, "--eval-iters": 1220, "--lr": 1017, "--min-lr": 1048,
+    "--lr-decay-style": 1021, "--weight-decay": 772, "--adam-beta1": 783, "--adam-beta2": 786,
+    "--clip-grad": 781, "--init-method-std": 1005, "--fp16": 1111, "--bf16": 1113,
+    "--checkpoint-activations": 864, "--deepspeed-activation-checkpointing": 1524, "--zero-stage": 1487,
+    "--no-pipeline-parallel": 954, "--deepspeed": 54, "--deepspeed_config": 54,
+}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("lay", [STUDY_LAYOUT, Layout(tp=8, pp=1, dp=16, micro_batch=2, zero_stage=2,
+                                                      activation_checkpointing=False)])
+def test_every_megatron_flag_exists_in_megatron_deepspeed(lay, precision):
+    args = pretrain_args(lay, frontier_trial().workload, precision=precision)
+    flags = {a for a in args if a.startswith("--")}
+    assert flags <= set(MEGATRON_FLAGS), f"unchecked flags {flags - set(MEGATRON_FLAGS)}: check them in arguments.py"
+
+
+def test_megatron_optimizer_is_the_deepspeed_configs():
+    """Megatron builds its own Adam from its arguments: the same settings the harness gives DeepSpeed."""
+    opt = dict(zip(OPTIMIZER_ARGS[::2], OPTIMIZER_ARGS[1::2]))
+    assert float(opt["--lr"]) == ADAM_PARAMS["lr"] and float(opt["--weight-decay"]) == ADAM_PARAMS["weight_decay"]
+    assert [float(opt["--adam-beta1"]), float(opt["--adam-beta2"])] == ADAM_PARAMS["betas"]
+    assert float(opt["--clip-grad"]) == GRADIENT_CLIPPING
+
+
+def test_megatron_renderers_match_golden():
+    w = frontier_trial().workload
+    args = pretrain_args(STUDY_LAYOUT, w, precision="fp16", extra=MEGATRON["megatron_args"])
+    check_golden("megatron_args_175b_tp4_pp16_dp2_fp16.txt", "".join(f"{a}\n" for a in args))
+    ds = deepspeed_config(STUDY_LAYOUT, w, precision="fp16")
+    check_golden("ds_config_megatron_175b_tp4_pp16_dp2_fp16.json", json.dumps(ds, indent=2, sort_keys=True) + "\n")
+
+
+def test_megatron_and_harness_share_one_deepspeed_config():
+    """One renderer: Megatron's config is the harness's without the optimizer section (issue 13)."""
+    w = frontier_trial().workload
+    for precision in ("fp16", "bf16"):
+        harness = render_ds_config(STUDY_LAYOUT, w, precision=precision)
+        mgt = deepspeed_config(STUDY_LAYOUT, w, precision=precision)
+        assert mgt[precision] == harness[precision] and "optimizer" not in mgt
+        assert {k: v for k, v in harness.items() if k not in ("optimizer", "steps_per_print")} == \
+               {k: v for k, v in mgt.items() if k != "steps_per_print"}
+    fp16 = deepspeed_config(STUDY_LAYOUT, w, precision="fp16")["fp16"]
+    assert fp16 == {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                    "hysteresis": 2, "min_loss_scale": 1}            # DeepSpeed's documented settings
+    assert "bf16" not in deepspeed_config(STUDY_LAYOUT, w, precision="fp16")
 
 
 # ---- the log parser --------------------------------------------------------------------------------
@@ -230,7 +292,12 @@ def test_log_parser_flags_a_batch_other_than_the_layouts():
 
 def test_log_parser_without_iterations():
     assert megatron.parse_log("loading...\nCUDA out of memory", load_model("175b"), 128, recompute=True) is None
-    assert megatron.looks_oom("torch.cuda.OutOfMemoryError: HIP out of memory")
+    assert looks_oom("torch.cuda.OutOfMemoryError: HIP out of memory")
+    # the one list (tuner.trial.OOM_MARKERS) serves the harness, the command and Slurm runners and Megatron logs
+    for text in ("hipErrorOutOfMemory", "terminate called after throwing an instance of 'std::bad_alloc'",
+                 "MemoryError", "Cannot allocate memory"):
+        assert looks_oom(text), text
+    assert not looks_oom("iteration 3/10 | elapsed time per iteration (ms): 12.0")
 
 
 # ---- bad input ----------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import create_engine, inspect, text
 
 from tuner.layout import Layout
+from tuner.render.sbatch import render_sbatch
 from tuner.runners.command import CommandRunner
-from tuner.runners.sbatch import render_sbatch
 from tuner.specs import ModelSpec, load_cluster, make_workload
 from tuner.store import open_store
 from tuner.trial import Status, TrialSpec

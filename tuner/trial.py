@@ -1,6 +1,8 @@
-"""Trials: what a runner is given (TrialSpec) and what it returns (TrialResult).
+"""Trials: what a runner is given (TrialSpec) and what it returns (TrialResult), and where it runs.
 
 A trial's own failure (OOM, timeout, crash) is a TrialResult with that status, never an exception.
+`trial_dir` is the one place the trial directory (results/trials/<study>/<number>) is spelled;
+`looks_oom` the one list of what an out-of-memory failure prints.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import enum
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tuner.errors import UsageError
 from tuner.layout import Layout
 from tuner.specs import Workload
 
@@ -75,3 +78,34 @@ class TrialResult:
 
 def failed(message: str, status: Status = Status.FAILED, **kw) -> TrialResult:
     return TrialResult(status=status, message=message[-2000:], **kw)
+
+
+# What PyTorch (CUDA and ROCm/HIP), the C++ allocator, Python and the OS print when memory runs out;
+# matched lower-cased against a log, stderr or an exception's text.
+OOM_MARKERS = ("out of memory", "outofmemoryerror", "hiperroroutofmemory", "memoryerror",
+               "can't allocate memory", "cannot allocate memory", "std::bad_alloc")
+
+
+def looks_oom(text: str) -> bool:
+    """Whether `text` (a log tail, stderr, an exception message) reports running out of memory."""
+    low = text.lower()
+    return any(m in low for m in OOM_MARKERS)
+
+
+TRIALS = "trials"   # results/<TRIALS>/<study>/<number>/
+
+
+def study_dir(results_dir: Path | str, study: str) -> Path:
+    """results_dir/trials/<study>: the trial directories of one study. UsageError for a study name that
+    is not one plain path component (empty, '.', '..', a '/', a leading '.'), which could escape it."""
+    base = Path(results_dir) / TRIALS
+    if (not study or study.startswith(".") or "/" in study or "\\" in study or "\0" in study
+            or Path(study).is_absolute()):
+        raise UsageError(f"study name {study!r} would put its trials outside {base}; "
+                         "use letters, digits, '-', '_' and '.'")
+    return base / study
+
+
+def trial_dir(results_dir: Path | str, study: str, number: int) -> Path:
+    """results_dir/trials/<study>/<number>: where trial `number` of `study` runs and leaves its files."""
+    return study_dir(results_dir, study) / str(number)

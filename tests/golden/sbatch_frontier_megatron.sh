@@ -40,7 +40,7 @@ export TUNER_MODEL=gpt-175b
 export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
 export MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"
 cat > ds_config.json <<'TUNER_DS_CONFIG_EOF'
-{"bf16": {"enabled": true}, "fp16": {"enabled": false, "hysteresis": 2, "initial_scale_power": 12, "loss_scale": 0, "loss_scale_window": 500, "min_loss_scale": 1}, "gradient_accumulation_steps": 320, "gradient_clipping": 1.0, "prescale_gradients": false, "steps_per_print": 1, "train_batch_size": 640, "train_micro_batch_size_per_gpu": 1, "wall_clock_breakdown": false, "zero_optimization": {"stage": 1}}
+{"activation_checkpointing": {"contiguous_memory_optimization": false, "cpu_checkpointing": false, "partition_activations": false}, "bf16": {"enabled": true}, "gradient_accumulation_steps": 320, "gradient_clipping": 1.0, "steps_per_print": 1, "train_batch_size": 640, "train_micro_batch_size_per_gpu": 1, "wall_clock_breakdown": false, "zero_optimization": {"stage": 1}}
 TUNER_DS_CONFIG_EOF
 
 echo "tuner: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, $SLURM_NTASKS ranks, master $MASTER_ADDR:$MASTER_PORT"

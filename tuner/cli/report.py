@@ -12,7 +12,8 @@ from tuner.cli import DB_OPTION, cli, read_store
 from tuner.layout import DIMENSIONS
 from tuner.cli.render import to_csv
 from tuner.errors import MissingExtra, TunerError, UsageError
-from tuner.launch import LAUNCH_FILES, Source, launch_files
+from tuner.launch import Source
+from tuner.render.launch import LAUNCH_FILES, launch_files
 from tuner.report import EXPORT_COLUMNS, FIGURES, build_report, export_rows, ok_trials
 from tuner.specs import Workload, load_cluster, load_model, make_workload
 

@@ -44,14 +44,12 @@ from tuner.metrics import complete, samples_from_step_time
 from tuner.runners import CPU_FRACTION, TrialRunner
 from tuner.runners.environment import inherited_env, withhold, withheld
 from tuner.runners.process import ProcessTree, kill_leftovers, signal_name
-from tuner.trial import Status, TrialResult, TrialSpec, failed
+from tuner.trial import Status, TrialResult, TrialSpec, failed, looks_oom, study_dir, trial_dir
 
 RESULT_STATUSES = {"ok": Status.OK, "oom": Status.OOM, "failed": Status.FAILED}
 NUMBER_FIELDS = ("samples_per_second", "step_time_s", "peak_memory_gb")
 # A result's own `tflops_per_gpu` / `peak_fraction` are ignored: tuner derives MFU and Megatron's count
 # from samples/s and the model spec (tuner.metrics), so every runner is ranked on the same footing.
-OOM_MARKERS = ("out of memory", "outofmemoryerror", "can't allocate memory", "cannot allocate memory",
-               "std::bad_alloc", "memoryerror")
 # Failures of the launcher, not of the layout: worth one more try (issue 8).
 RETRY_MARKERS = ("address already in use", "eaddrinuse", "rendezvous", "connection refused")
 TAIL_BYTES = 2000
@@ -73,6 +71,7 @@ def trial_env(trial: TrialSpec, result_path: Path) -> dict[str, str]:
 
 
 def tail(path: Path, n: int = TAIL_BYTES) -> str:
+    """The last `n` bytes of the file at `path` as text, stripped; "" when it cannot be read."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -191,12 +190,7 @@ class CommandRunner(TrialRunner):
     def trial_dir(self, trial: TrialSpec) -> Path:
         if trial.trial_dir is not None:
             return Path(trial.trial_dir).resolve()   # the command runs inside it: env paths must be absolute
-        base = (self.results_dir / "trials").resolve()
-        d = (base / trial.study / str(trial.number)).resolve()
-        if base not in d.parents or not trial.study or trial.study.startswith("."):
-            raise UsageError(f"study name {trial.study!r} would put its trials outside {base}; "
-                             "use letters, digits, '-', '_' and '.'")
-        return d
+        return trial_dir(self.results_dir, trial.study, trial.number).resolve()
 
     def run(self, trial: TrialSpec, argv: Sequence[str] | None = None,
             extra_env: dict[str, str] | None = None, timeout: float | None = None) -> TrialResult:
@@ -230,7 +224,7 @@ class CommandRunner(TrialRunner):
     def cancel_study_jobs(self, study: str) -> list[str]:
         """On resume: kill what a driver that died without cleanup (SIGKILL, a lost node) left running for
         `study`. Returns the trial numbers whose processes were killed."""
-        base = (self.results_dir / "trials" / study).resolve()
+        base = study_dir(self.results_dir, study).resolve()
         hit = kill_leftovers([d for d in base.glob("*") if d.is_dir()])
         return sorted((Path(h).name for h in hit), key=lambda n: (len(n), n))
 
@@ -326,7 +320,7 @@ class CommandRunner(TrialRunner):
         err = tail(stderr_path)
         cause = root_cause(tail(stderr_path, 20000))
         err = f"{cause} | stderr tail: {err}" if cause else f"stderr tail: {err}"
-        if any(m in err.lower() for m in OOM_MARKERS):
+        if looks_oom(err):
             return failed(f"out of memory (exit status {rc}, no result): {err}", status=Status.OOM)
         if rc < 0:
             return failed(f"killed by {signal_name(-rc)} (no result written); {err}")

@@ -1,9 +1,9 @@
-"""Megatron-DeepSpeed's `pretrain_gpt.py`: its arguments from a layout, and its iteration log parsed. Pure.
+"""Megatron-DeepSpeed's `pretrain_gpt.py` iteration log, parsed. Pure.
 
-`pretrain_args` and `deepspeed_config` come from the same layout, so the micro-batch Megatron uses and
-the one DeepSpeed is told about cannot disagree (the Frontier study's micro-batch-4-vs-1 bug, which
-made one log print 149 TFLOPs). `parse_log` still cross-checks the TFLOPs a log prints against the
-samples the run really processed, for logs of runs tuner did not launch.
+Its arguments and DeepSpeed config are rendered by tuner.render.megatron from one layout, so the
+micro-batch Megatron uses and the one DeepSpeed is told about cannot disagree (the Frontier study's
+micro-batch-4-vs-1 bug, which made one log print 149 TFLOPs). `parse_log` still cross-checks the
+TFLOPs a log prints against the samples the run really processed, for logs of runs tuner did not launch.
 """
 
 from __future__ import annotations
@@ -12,78 +12,14 @@ import re
 import statistics
 from dataclasses import dataclass
 
-from tuner.layout import Layout
 from tuner.perfmodel.flops import megatron_flops
-from tuner.specs import ModelSpec, Workload
+from tuner.specs import ModelSpec
 
-PRECISIONS = ("fp16", "bf16")
 MISMATCH_TOLERANCE = 0.10
 
 
-def deepspeed_config(layout: Layout, workload: Workload, *, precision: str = "bf16") -> dict:
-    """The DeepSpeed config (ds_config.json) for one trial: batch sizes, ZeRO stage, precision."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    gb = workload.global_batch
-    return {
-        "train_batch_size": gb,
-        "train_micro_batch_size_per_gpu": layout.micro_batch,
-        "gradient_accumulation_steps": gb // (layout.micro_batch * layout.dp),
-        "steps_per_print": 1,
-        "gradient_clipping": 1.0,
-        "prescale_gradients": False,
-        "zero_optimization": {"stage": layout.zero_stage},
-        # Dynamic loss scaling for fp16, as the study ran it.
-        "fp16": {"enabled": precision == "fp16", "loss_scale": 0, "loss_scale_window": 500,
-                 "hysteresis": 2, "min_loss_scale": 1, "initial_scale_power": 12},
-        "bf16": {"enabled": precision == "bf16"},
-        "wall_clock_breakdown": False,
-    }
-
-
-def pretrain_args(layout: Layout, workload: Workload, *, deepspeed_config_path: str = "ds_config.json",
-                  precision: str = "bf16", iterations: int = 10, extra: tuple[str, ...] | list[str] = ()) -> list[str]:
-    """The argv (after `pretrain_gpt.py`) for one trial. `extra` (data paths, tokenizer files) is appended."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    m = workload.model
-    args = [
-        "--tensor-model-parallel-size", str(layout.tp),
-        "--pipeline-model-parallel-size", str(layout.pp),
-        "--num-layers", str(m.num_layers),
-        "--hidden-size", str(m.hidden_size),
-        "--ffn-hidden-size", str(m.ffn_hidden_size),
-        "--num-attention-heads", str(m.num_attention_heads),
-        "--seq-length", str(m.seq_length),
-        "--max-position-embeddings", str(m.seq_length),
-        "--micro-batch-size", str(layout.micro_batch),
-        "--global-batch-size", str(workload.global_batch),
-        "--train-iters", str(iterations),
-        "--log-interval", "1",
-        "--eval-iters", "0",
-        "--lr", "1.0e-4",
-        "--min-lr", "1.0e-5",
-        "--lr-decay-style", "cosine",
-        "--weight-decay", "0.1",
-        "--adam-beta1", "0.9",
-        "--adam-beta2", "0.95",
-        "--clip-grad", "1.0",
-        "--init-method-std", "0.006",
-        f"--{precision}",
-    ]
-    if layout.activation_checkpointing:
-        args += ["--checkpoint-activations", "--deepspeed-activation-checkpointing"]
-    args += ["--deepspeed", "--deepspeed_config", deepspeed_config_path, "--zero-stage", str(layout.zero_stage)]
-    if layout.pp == 1:
-        args.append("--no-pipeline-parallel")   # DeepSpeed's plain engine (ZeRO-2/3 need it)
-    return args + [str(a) for a in extra]
-
-
-# ---------------------------------------------------------------------------------------------- log
-
 _ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)$")
 _MAX_ALLOC = re.compile(r"max allocated:\s*([0-9.]+)")
-OOM_PATTERNS = ("out of memory", "outofmemoryerror", "hipErrorOutOfMemory".lower(), "cuda error: out of memory")
 
 
 @dataclass(frozen=True)
@@ -111,11 +47,6 @@ def _fields(rest: str) -> dict[str, float]:
         except ValueError:
             pass
     return out
-
-
-def looks_oom(text: str) -> bool:
-    low = text.lower()
-    return any(p in low for p in OOM_PATTERNS)
 
 
 def parse_log(text: str, model: ModelSpec, gpus: int, *, recompute: bool, global_batch: int | None = None,

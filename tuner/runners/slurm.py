@@ -16,7 +16,6 @@ cancel(), on timeout, and by cancel_jobs() / cancel_study_jobs() when a study is
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import shutil
 import subprocess
@@ -27,18 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.errors import UsageError
+from tuner.render.sbatch import (missing_table_message, render_sbatch, time_limit_for,
+                                 validate_slurm, TEMPLATES)
 from tuner.runners import CPU_FRACTION, TrialRunner, megatron
-from tuner.runners.command import OOM_MARKERS, inherited_env, parse_result, read_progress, should_stop, stopped_result
-from tuner.runners.sbatch import (missing_table_message, render_sbatch, time_limit_for,
-                                  validate_slurm, TEMPLATES)
+from tuner.runners.command import inherited_env, parse_result, read_progress, should_stop, stopped_result, tail
 from tuner.specs import ClusterSpec
-from tuner.trial import Status, TrialResult, TrialSpec, failed
+from tuner.trial import Status, TrialResult, TrialSpec, failed, looks_oom, study_dir, trial_dir
 
 LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
                "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
 RETRY_STATES = {"NODE_FAIL", "BOOT_FAIL", "PREEMPTED"}
 NO_SBATCH = "sbatch not found: --runner slurm needs Slurm's client commands on PATH"
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*$")
 _TUNER_ROOT = str(Path(__file__).resolve().parents[2])   # so ranks import this tuner, installed or not
 SQUEUE_GIVE_UP_S = 300.0   # squeue failing this long -> live trials end as retryable failures
 
@@ -111,10 +109,7 @@ class SlurmRunner(TrialRunner):
     def trial_dir(self, trial: TrialSpec) -> Path:
         if trial.trial_dir is not None:
             return Path(trial.trial_dir)
-        if not _SAFE_NAME.match(trial.study):
-            raise UsageError(f"study name {trial.study!r} cannot name a directory under {self.results_dir}/trials: "
-                             "use letters, digits, '.', '_' and '-'")
-        return self.results_dir / "trials" / trial.study / str(trial.number)
+        return trial_dir(self.results_dir, trial.study, trial.number)
 
     def run(self, trial: TrialSpec) -> TrialResult:
         d = self.trial_dir(trial).resolve()
@@ -172,7 +167,7 @@ class SlurmRunner(TrialRunner):
 
     def job_ids_for(self, study: str) -> list[str]:
         """The job ids recorded in the trial directories of `study` (results/trials/<study>/*/job_id)."""
-        base = self.results_dir / "trials" / study
+        base = study_dir(self.results_dir, study)
         return sorted({p.read_text().strip() for p in base.glob("*/job_id")}) if base.is_dir() else []
 
     def cancel_study_jobs(self, study: str) -> list[str]:
@@ -320,7 +315,7 @@ class SlurmRunner(TrialRunner):
     def _result(self, trial: TrialSpec, job: _Job) -> TrialResult:
         log = job.trial_dir / f"slurm-{job.job_id}.out"
         log_path = str(log)
-        tail = _tail(log)
+        log_tail = _tail_text(tail(log, 1500)) if log.exists() else "no log"
         if job.reason == "timeout":
             return failed(f"ran past --trial-timeout of {self.trial_timeout:g} s (from the job's start); scancelled",
                           Status.TIMEOUT,
@@ -340,16 +335,16 @@ class SlurmRunner(TrialRunner):
             who = "cancelled" if job.reason == "cancelled" else "cancelled outside tuner (scancel?)"
             return TrialResult(Status.INTERRUPTED, message=who, log_path=log_path)
         if status in (Status.OOM, Status.TIMEOUT) or retryable:
-            return failed(f"Slurm state {job.state}; {tail}", status, retryable=retryable, log_path=log_path)
+            return failed(f"Slurm state {job.state}; {log_tail}", status, retryable=retryable, log_path=log_path)
         if self.template == "megatron":
             return self._megatron_result(trial, job, log_path)
         if (job.trial_dir / "result.json").exists():
             res = parse_result(job.trial_dir / "result.json", trial)
             res.log_path = log_path
             return res
-        if megatron.looks_oom(tail) or any(m in tail.lower() for m in OOM_MARKERS):
-            return failed(f"out of memory: {tail}", Status.OOM, log_path=log_path)
-        return failed(f"Slurm state {job.state}, no result.json; {tail}", log_path=log_path)
+        if looks_oom(log_tail):
+            return failed(f"out of memory: {log_tail}", Status.OOM, log_path=log_path)
+        return failed(f"Slurm state {job.state}, no result.json; {log_tail}", log_path=log_path)
 
     def _megatron_result(self, trial: TrialSpec, job: _Job, log_path: str) -> TrialResult:
         text = Path(log_path).read_text(errors="replace") if Path(log_path).exists() else ""
@@ -357,7 +352,7 @@ class SlurmRunner(TrialRunner):
         parsed = megatron.parse_log(text, w.model, w.gpus, recompute=lay.activation_checkpointing,
                                     global_batch=w.global_batch, warmup=self.warmup)
         if parsed is None:
-            status = Status.OOM if megatron.looks_oom(text) else Status.FAILED
+            status = Status.OOM if looks_oom(text) else Status.FAILED
             return failed(f"Slurm state {job.state}, no iteration after warm-up in the log; {_tail_text(text)}",
                           status, log_path=log_path)
         msg = f"median of {parsed.iterations} iterations: {parsed.time_ms:.1f} ms"
@@ -369,15 +364,6 @@ class SlurmRunner(TrialRunner):
                            message=msg, log_path=log_path)
 
 
-def _tail(path: Path, n: int = 1500) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - n))
-            return _tail_text(f.read().decode(errors="replace"), n)
-    except OSError:
-        return "no log"
-
-
 def _tail_text(text: str, n: int = 1500) -> str:
+    """The last lines of a log's last `n` characters on one line, for a trial's message."""
     return " | ".join(text[-n:].strip().splitlines()[-8:]) or "empty log"

@@ -44,12 +44,11 @@ from pathlib import Path
 
 import torch
 
-from tuner.dsconfig import render_ds_config
 from tuner.layout import Layout
 from tuner.perfmodel.flops import megatron_flops
+from tuner.render.dsconfig import render_ds_config
 from tuner.specs import ClusterSpec, ModelSpec, Workload
-
-OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "std::bad_alloc")
+from tuner.trial import looks_oom
 
 
 def _env_int(name: str, default: int) -> int:
@@ -78,8 +77,7 @@ def micro_batches(step, layout, par, spec, global_batch, seed, device):
 def classify(exc: BaseException) -> str:
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return "oom"
-    text = str(exc).lower()
-    return "oom" if any(m in text for m in OOM_MARKERS) else "failed"
+    return "oom" if looks_oom(str(exc)) else "failed"
 
 
 def write_json(path: Path, data: dict, exclusive: bool = False) -> None:

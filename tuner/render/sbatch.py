@@ -1,5 +1,7 @@
 """The sbatch script of one trial, rendered from the trial and the cluster's [slurm] table. Pure: no I/O.
 
+Used by the Slurm runner (tuner.runners.slurm) and by `tuner launch` (tuner.render.launch).
+
 Security: every value that reaches the shell body is quoted with `shlex.quote`; values that reach
 `#SBATCH` directives (parsed by sbatch, not the shell) must match a plain character set, and no value
 may hold a newline there (a newline would end the comment and start a shell line). `setup` lines are
@@ -7,8 +9,8 @@ the table author's own shell, copied verbatim.
 
 Templates:
 - `harness`: the bundled harness, `python -m tuner.runners.harness.train`, one rank per task;
-- `megatron`: Megatron-DeepSpeed's `pretrain_gpt.py` from `megatron_dir`, with a DeepSpeed config
-  written next to the script; the runner parses its log;
+- `megatron`: Megatron-DeepSpeed's `pretrain_gpt.py` from `megatron_dir` (tuner.render.megatron), with
+  its DeepSpeed config written next to the script; the runner parses its log;
 - `command`: any argv (a command trial under srun), used by tests and for custom launchers.
 Every rank gets torch.distributed's env:// variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
 LOCAL_RANK) from Slurm's, and the command-runner protocol's TUNER_* variables.
@@ -22,14 +24,14 @@ import shlex
 from pathlib import Path
 
 from tuner.errors import UsageError
-from tuner.runners import megatron
+from tuner.render import megatron
 from tuner.runners.command import trial_env as command_env
 from tuner.runners.environment import public_env
 from tuner.trial import TrialSpec
 
 TEMPLATES = ("harness", "megatron", "command")
 
-# key -> (accepted types, default, what it is); shown in errors and in `slurm_keys_help`.
+# key -> (accepted types, default, what it is); the valid keys are named in every error.
 SLURM_KEYS: dict[str, tuple[tuple[type, ...], object, str]] = {
     "account": ((str,), None, "#SBATCH --account"),
     "partition": ((str,), None, "#SBATCH --partition"),
@@ -57,10 +59,6 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RANK_WRAPPER = ('export RANK="$SLURM_PROCID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_RANK="$SLURM_LOCALID"; '
                  'exec "$@"')
 HARNESS_MODULE = "tuner.runners.harness.train"
-
-
-def slurm_keys_help() -> str:
-    return "; ".join(f"{k} ({desc})" for k, (_, _, desc) in SLURM_KEYS.items())
 
 
 def missing_table_message(cluster: str) -> str:
@@ -171,7 +169,16 @@ def render_sbatch(trial: TrialSpec, slurm: dict, *, template: str = "harness", p
     limit = time_limit if time_limit is not None else s["time_limit"]
     if limit is not None and not _TIME.match(str(limit)):
         raise UsageError(f"time limit must be minutes or [D-]HH:MM[:SS], got {limit!r}")
+    argv, preamble = _program(trial, s, template, python, command)
+    lines = [*_directives(trial, s, template, tasks, limit), "",
+             *_environment(trial, s, d, pythonpath), *preamble, "",
+             *_launch(w.nodes, tasks, s, argv)]
+    return "\n".join(lines)
 
+
+def _directives(trial: TrialSpec, s: dict, template: str, tasks: int, limit: str | None) -> list[str]:
+    """The shebang, a comment naming the trial, and the #SBATCH lines."""
+    lay, w = trial.layout, trial.workload
     lines = ["#!/bin/bash",
              f"# tuner trial {trial.number} of study {json.dumps(trial.study)}: {lay.key()}, "
              f"model {json.dumps(w.model.name)}, {w.nodes} node(s), template {template}",
@@ -185,9 +192,12 @@ def render_sbatch(trial: TrialSpec, slurm: dict, *, template: str = "harness", p
     if limit is not None:
         lines.append(f"#SBATCH --time={limit}")
     lines += ["#SBATCH --output=slurm-%j.out", "#SBATCH --open-mode=append"]
-    lines += [f"#SBATCH {x}" for x in s["extra_sbatch"]]
+    return lines + [f"#SBATCH {x}" for x in s["extra_sbatch"]]
 
-    lines += ["", "set -uo pipefail", f"cd {_q(d)} || exit 1"]
+
+def _environment(trial: TrialSpec, s: dict, d: str, pythonpath: str | None) -> list[str]:
+    """cd to the trial directory, modules, the table's and the protocol's variables, the rendezvous, setup."""
+    lines = ["set -uo pipefail", f"cd {_q(d)} || exit 1"]
     lines += [f"module load {_q(m)}" for m in s["modules"]]
     lines += [f"export {k}={_q(v)}" for k, v in public_env(s["env"]).items()]   # never the store's secrets
     lines += [f"export {k}={_q(v)}" for k, v in trial_env(trial, d).items()]
@@ -196,24 +206,31 @@ def render_sbatch(trial: TrialSpec, slurm: dict, *, template: str = "harness", p
     lines += ['export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
               f"export MASTER_PORT={s['master_port']}" if s["master_port"]
               else 'export MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"']
-    lines += s["setup"]
+    return lines + s["setup"]
 
+
+def _program(trial: TrialSpec, s: dict, template: str, python: str,
+             command: list[str] | None) -> tuple[list[str], list[str]]:
+    """(the argv every rank runs, shell lines that prepare it: the megatron template's ds_config.json)."""
     if template == "harness":
-        argv = [python, "-m", HARNESS_MODULE]
-    elif template == "megatron":
-        if not s["megatron_dir"]:
-            raise UsageError("template 'megatron' needs megatron_dir = \"/path/to/Megatron-DeepSpeed\" in [slurm]")
-        ds = json.dumps(megatron.deepspeed_config(lay, w, precision=s["precision"]), sort_keys=True)
-        lines += ["cat > ds_config.json <<'TUNER_DS_CONFIG_EOF'", ds, "TUNER_DS_CONFIG_EOF"]
-        argv = [python, f"{s['megatron_dir'].rstrip('/')}/pretrain_gpt.py",
-                *megatron.pretrain_args(lay, w, deepspeed_config_path="ds_config.json", precision=s["precision"],
-                                        iterations=s["iterations"], extra=s["megatron_args"])]
-    else:
+        return [python, "-m", HARNESS_MODULE], []
+    if template == "command":
         if not command:
             raise UsageError("template 'command' needs a command (an argv list)")
-        argv = list(command)
+        return list(command), []
+    if not s["megatron_dir"]:
+        raise UsageError("template 'megatron' needs megatron_dir = \"/path/to/Megatron-DeepSpeed\" in [slurm]")
+    lay, w = trial.layout, trial.workload
+    ds = json.dumps(megatron.deepspeed_config(lay, w, precision=s["precision"]), sort_keys=True)
+    argv = [python, f"{s['megatron_dir'].rstrip('/')}/pretrain_gpt.py",
+            *megatron.pretrain_args(lay, w, deepspeed_config_path="ds_config.json", precision=s["precision"],
+                                    iterations=s["iterations"], extra=s["megatron_args"])]
+    return argv, ["cat > ds_config.json <<'TUNER_DS_CONFIG_EOF'", ds, "TUNER_DS_CONFIG_EOF"]
 
-    srun = ["srun", f"--nodes={w.nodes}", f"--ntasks-per-node={tasks}"]
+
+def _launch(nodes: int, tasks: int, s: dict, argv: list[str]) -> list[str]:
+    """srun of `argv` on every rank, and the exit status written where the runner looks for it."""
+    srun = ["srun", f"--nodes={nodes}", f"--ntasks-per-node={tasks}"]
     if s["gpus_per_node"] is not None:
         srun.append(f"--gpus-per-node={s['gpus_per_node']}")
     if s["gpu_bind"] is not None:
@@ -222,10 +239,9 @@ def render_sbatch(trial: TrialSpec, slurm: dict, *, template: str = "harness", p
         srun.append(f"--cpus-per-task={s['cpus_per_task']}")
     srun += ["--kill-on-bad-exit=1", *s["srun_args"]]
     launch = " ".join(_q(a) for a in srun) + f" bash -c {_q(_RANK_WRAPPER)} tuner-rank"
-    lines += ["", "echo \"tuner: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, $SLURM_NTASKS ranks, "
-                  "master $MASTER_ADDR:$MASTER_PORT\"",
-              launch + " \\", "    " + " ".join(_q(a) for a in argv),
-              "rc=$?",
-              "printf '%s\\n' \"$rc\" > exit_status.tmp && mv exit_status.tmp exit_status",
-              "exit \"$rc\"", ""]
-    return "\n".join(lines)
+    return ["echo \"tuner: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, $SLURM_NTASKS ranks, "
+            "master $MASTER_ADDR:$MASTER_PORT\"",
+            launch + " \\", "    " + " ".join(_q(a) for a in argv),
+            "rc=$?",
+            "printf '%s\\n' \"$rc\" > exit_status.tmp && mv exit_status.tmp exit_status",
+            "exit \"$rc\"", ""]
