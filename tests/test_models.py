@@ -294,3 +294,11 @@ def test_mqa_and_valid_groups_load():
         assert m.kv_size == g * 8
     swiglu = ModelSpec.from_dict({**BASE, "ffn_type": "swiglu", "ffn_hidden_size": 176})
     assert swiglu.ffn_hidden_size == 176 and swiglu.ffn_matrices == 3
+
+
+def test_tensor_parallelism_must_split_whole_key_value_heads():
+    from tuner.layout import Layout, why_invalid
+    from tuner.specs import make_workload
+    w = make_workload("llama3-8b", 2, "h100")            # 8 KV heads, 32 query heads
+    assert "num_query_groups 8" in why_invalid(Layout(tp=16, pp=1, dp=1, micro_batch=1), w)
+    assert why_invalid(Layout(tp=8, pp=1, dp=2, micro_batch=1), w) is None

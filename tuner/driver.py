@@ -20,7 +20,7 @@ from tuner.errors import BudgetSpent, TunerError, UsageError
 from tuner.layout import Layout
 from tuner.perfmodel import predict
 from tuner.specs import Workload
-from tuner.trial import Status, TrialResult, TrialSpec
+from tuner.trial import Status, TrialResult, TrialSpec, trial_dir
 
 MAX_INFRA_RETRIES = 1
 SAME_FAILURES = 3    # consecutive identical failures, with no success yet, that stop a study
@@ -127,8 +127,7 @@ class Driver:
 
     # -- one trial ----------------------------------------------------------------------------
     def _spec(self, number: int, layout: Layout) -> TrialSpec:
-        return TrialSpec(self.study, number, layout, self.workload,
-                         self.results_dir / "trials" / self.study / str(number))
+        return TrialSpec(self.study, number, layout, self.workload, trial_dir(self.results_dir, self.study, number))
 
     def _launch(self, number: int, layout: Layout, attempt: int = 0) -> None:
         fut = self.executor.submit(self.runner, self._spec(number, layout))

@@ -98,6 +98,9 @@ def why_invalid(layout: Layout, workload: "Workload") -> str | None:
                 f"{gpus} GPUs ({workload.nodes} nodes x {workload.cluster.gpus_per_node})")
     if m.num_attention_heads % layout.tp:
         return f"attention heads ({m.num_attention_heads}) are not divisible by tp={layout.tp}"
+    if m.num_query_groups % layout.tp:
+        return (f"key/value heads (num_query_groups {m.num_query_groups}) are not divisible by tp={layout.tp} "
+                "(each tensor-parallel rank holds whole K/V heads)")
     if m.hidden_size % layout.tp:
         return f"hidden size ({m.hidden_size}) is not divisible by tp={layout.tp}"
     if m.ffn_hidden_size % layout.tp:
