@@ -1,7 +1,7 @@
 """Benchmark worlds whose physics is written independently of tuner's performance model.
 
 A world is a drawn set of constants and the formulas below that turn a layout into samples per second or
-an out-of-memory. Nothing here imports tuner.perfmodel, tuner.transfer or benchmarks/world.py, so a
+an out-of-memory. Nothing here imports tuner.perfmodel, tuner.correction or benchmarks/world.py, so a
 searcher that trusts the tuner's model gets no help from the world being that model in disguise.
 
 - GEMMs: every (M, N, K) of the forward, data- and weight-gradient products at peak x eta x tile

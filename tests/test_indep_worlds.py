@@ -28,7 +28,7 @@ def test_world_module_imports_nothing_of_the_model():
     code = (f"import sys; sys.path.insert(0, {str(BENCH)!r}); import indep_worlds as iw; "
             "w = iw.draw_world('network-bound', '22b', 2, 1); lay, v = w.optimum(); "
             "from tuner.trial import TrialSpec; w.runner().run(TrialSpec('s', 0, lay, w.workload)); "
-            "bad = sorted(m for m in sys.modules if m.startswith(('tuner.perfmodel', 'tuner.transfer', "
+            "bad = sorted(m for m in sys.modules if m.startswith(('tuner.perfmodel', 'tuner.correction', "
             "'tuner.metrics', 'tuner.best')) or m == 'world'); print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
