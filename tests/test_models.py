@@ -302,3 +302,20 @@ def test_tensor_parallelism_must_split_whole_key_value_heads():
     w = make_workload("llama3-8b", 2, "h100")            # 8 KV heads, 32 query heads
     assert "num_query_groups 8" in why_invalid(Layout(tp=16, pp=1, dp=1, micro_batch=1), w)
     assert why_invalid(Layout(tp=8, pp=1, dp=2, micro_batch=1), w) is None
+
+
+def test_the_harness_refuses_a_model_it_cannot_build(tmp_path):
+    """The local runner's harness trains GPT-style models: a Llama spec is refused, never run as a GPT."""
+    import pytest as _pytest
+
+    from tuner import study
+    from tuner.errors import UsageError
+    from tuner.space import load_space
+    from tuner.specs import make_workload
+    from tuner.store import open_store
+    w = make_workload("llama3-8b", 1, "local")
+    store = open_store(f"sqlite:///{tmp_path}/s.db")
+    rec = study.new_record("l", w, load_space(), runner="local", runner_options={"gpus": 2})
+    with _pytest.raises(UsageError, match="GPT-style models only.*ffn_type = 'swiglu'"):
+        study.create(store, rec)
+    assert store.study_names() == []

@@ -54,6 +54,25 @@ def new_record(name: str, workload: Workload, space: SearchSpace, *, searcher: s
                        runner=runner, settings={**base, **settings})
 
 
+#: What the bundled harness (local runner, Slurm template "harness") trains: GPT-style models only.
+HARNESS_MODEL = {"ffn_type": "gelu", "position_embedding": "learned", "tie_embeddings": True,
+                 "normalization": "layernorm", "add_bias_linear": True}
+
+
+def harness_refusal(rec: StudyRecord, workload: Workload) -> str | None:
+    """Why the bundled harness cannot train this study's model as specified (it would run something else)."""
+    harness = rec.runner == "local" or (rec.runner == "slurm" and
+                                        rec.settings.get("runner_options", {}).get("template", "harness") == "harness")
+    m = workload.model
+    off = [f"{k} = {getattr(m, k)!r}" for k, v in HARNESS_MODEL.items() if getattr(m, k) != v]
+    if m.num_query_groups != m.num_attention_heads:
+        off.append(f"num_query_groups = {m.num_query_groups}")
+    if harness and off:
+        return (f"the bundled harness trains GPT-style models only and cannot build {m.name} ({', '.join(off)}); "
+                "use --runner command with your own trainer, or --runner slurm --template megatron")
+    return None
+
+
 def create(store, rec: StudyRecord) -> StudyRecord:
     """Check everything a study needs before storing it: valid layouts that fit, runner options, the
     Ray address. Raises UsageError (nothing stored) or StudyExists."""
@@ -61,6 +80,9 @@ def create(store, rec: StudyRecord) -> StudyRecord:
     layouts = valid_layouts(space, workload)
     s = rec.settings
     runner_for(rec, workload)                     # bad runner input fails before anything is stored
+    refusal = harness_refusal(rec, workload)
+    if refusal:
+        raise UsageError(refusal)
     if s.get("prune", True):                      # a study that could only prune would be a dead one
         require_fit([predict(lay, workload) for lay in layouts], workload)
     if s.get("executor") == "ray" and (s.get("executor_options") or {}).get("address"):
