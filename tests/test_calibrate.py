@@ -8,8 +8,9 @@ import os
 from pathlib import Path
 
 import tuner.calibrate as calibrate_module
-from tuner.calibrate import (HEADER, calibrate, check_target, cluster_from_measurements, cluster_option, default_name,
-                             fit_gemm, fit_overhead, overhead_points, render_toml, resolve_target, with_overhead)
+from tuner.calibrate import calibrate, check_target, cluster_option, default_name, resolve_target
+from tuner.calibrate_fit import (HEADER, cluster_from_measurements, fit_gemm, fit_overhead, overhead_points,
+                                 render_toml, with_overhead)
 from tuner.layout import Layout
 from tuner.errors import UsageError
 from tuner.specs import CLUSTER_KEYS, ClusterSpec, load_cluster, shipped_presets
