@@ -13,7 +13,7 @@ from tuner.layout import DIMENSIONS
 from tuner.cli.render import to_csv
 from tuner.errors import MissingExtra, TunerError, UsageError
 from tuner.launch import Source
-from tuner.render.launch import LAUNCH_FILES, launch_files
+from tuner.render.launch import FRAMEWORK_FILES, FRAMEWORKS, launch_files
 from tuner.report import EXPORT_COLUMNS, FIGURES, build_report, export_rows, ok_trials
 from tuner.specs import Workload, load_cluster, load_model, make_workload
 
@@ -162,16 +162,23 @@ def _measured(t) -> tuple:
 @click.option("--cluster", default="frontier", show_default=True, help="Without NAME: cluster preset.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Directory for the launch files.")
 @click.option("--force", is_flag=True, help="Write into an --out directory that is not empty.")
-@click.option("--megatron-dir", default=None, help="Megatron-DeepSpeed checkout on the cluster "
-              "(default: the cluster's [slurm] megatron_dir, else ./Megatron-DeepSpeed beside the files).")
+@click.option("--framework", type=click.Choice(FRAMEWORKS), default="megatron-deepspeed", show_default=True,
+              help="What the files start: Megatron-DeepSpeed (ds_config.json + megatron_args.txt), Megatron-LM's "
+              "Megatron-Core (megatron_args.txt), or torchtitan (torchtitan.toml).")
+@click.option("--megatron-dir", default=None, help="The framework's checkout on the cluster (megatron-deepspeed: "
+              "default the cluster's [slurm] megatron_dir, else ./Megatron-DeepSpeed beside the files; "
+              "megatron-core: default ./Megatron-LM; torchtitan: put on PYTHONPATH, default: installed).")
 @click.option("--account", default=None, help="Slurm account (overrides the cluster's [slurm] table).")
 @click.option("--time", "time_limit", default=None, help="Slurm time limit, minutes or [D-]HH:MM:SS.")
 @click.option("--precision", type=click.Choice(["bf16", "fp16"]), default=None, help="Default: the [slurm] table's, else bf16.")
 @click.option("--train-iters", type=click.IntRange(min=1), required=True,
               help="Training iterations of the real run (required: the [slurm] table's `iterations` are for short trials).")
 @DB_OPTION
-def launch(name, model, nodes, cluster, out, force, megatron_dir, account, time_limit, precision, train_iters, db):
-    """Write ds_config.json, megatron_args.txt and launch.sbatch for the best layout.
+def launch(name, model, nodes, cluster, out, force, framework, megatron_dir, account, time_limit, precision, train_iters, db):
+    """Write the launch files (ds_config.json, megatron_args.txt, launch.sbatch) for the best layout.
+
+    --framework megatron-core writes Megatron-LM's pretrain_gpt.py arguments instead (no DeepSpeed config),
+    --framework torchtitan a torchtitan TOML job file.
 
     With NAME: the best trial of that study. With --model and --nodes: the best trial in the store for that
     model, cluster and node count, or, when none is stored, the performance model's top-ranked layout.
@@ -187,7 +194,7 @@ def launch(name, model, nodes, cluster, out, force, megatron_dir, account, time_
     store = read_store(db, required=bool(name))
     layout, w, src = pick_layout(store, name, model, nodes, cluster)
     files = launch_files(layout, w, out.resolve(), source=src, study=src.study or "launch", trial=src.trial or 0,
-                         megatron_dir=megatron_dir, account=account, time_limit=time_limit, precision=precision,
+                         framework=framework, megatron_dir=megatron_dir, account=account, time_limit=time_limit, precision=precision,
                          train_iters=train_iters)
     write_files(out, files)
     (out / "launch.sbatch").chmod(0o755)
@@ -196,8 +203,11 @@ def launch(name, model, nodes, cluster, out, force, megatron_dir, account, time_
                f"{src.describe()}")
     click.echo(f"micro-batch {batch['micro_batch']} x {batch['gradient_accumulation_steps']} accumulation steps x "
                f"dp {batch['dp']} = global batch {batch['global_batch']}")
-    click.echo(f"wrote {', '.join(str(out / f) for f in LAUNCH_FILES)}")
-    if not (megatron_dir or (w.cluster.slurm or {}).get("megatron_dir")):
+    click.echo(f"wrote {', '.join(str(out / f) for f in FRAMEWORK_FILES[framework])}")
+    if framework == "megatron-core" and not megatron_dir:
+        click.echo(f"note: pretrain_gpt.py is taken from {batch['megatron_dir']}/ beside the files: pass "
+                   "--megatron-dir to point at your Megatron-LM checkout", err=True)
+    elif framework == "megatron-deepspeed" and not (megatron_dir or (w.cluster.slurm or {}).get("megatron_dir")):
         click.echo(f"note: pretrain_gpt.py is taken from {batch['megatron_dir']}/ beside the files: pass "
                    "--megatron-dir to point at your checkout", err=True)
     click.echo(f"submit: {batch['submit']}")
