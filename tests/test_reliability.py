@@ -133,3 +133,16 @@ def test_a_command_that_always_fails_the_same_way_stops_the_study(tmp_path):
     _, err = p.communicate(timeout=300)
     assert p.returncode == 0, err
     assert len(ran(db, "kept")) == 8 and {t.status for t in ran(db, "kept")} == {Status.FAILED}
+
+
+def test_out_of_memory_trials_are_results_not_a_broken_command(tmp_path):
+    """OOMs in a row (the model let layouts through that do not fit) never stop a study as 'failing'."""
+    from tuner import study
+    store = open_store(f"sqlite:///{tmp_path / 'o.db'}")
+    w = make_workload("175b", 16)
+    rec = study.create(store, study.new_record("o", w, load_space(), searcher="random", prune=False, seed=2,
+                                               budget=8, results_dir=str(tmp_path)))
+    result = study.run(store, rec)
+    statuses = [t.status for t in store.trials("o")]
+    assert result.outcome.ran == 8 and statuses.count(Status.OOM) >= 3
+    assert store.get_study("o").state == "done"

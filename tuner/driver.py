@@ -8,6 +8,7 @@ A trial's failure is a result; only driver bugs and store failures raise.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
@@ -195,8 +196,9 @@ class Driver:
         self._watch_failures(result)
 
     def _watch_failures(self, result: TrialResult) -> None:
-        """Stop a study whose trials all fail the same way (a typo in --command burns no budget)."""
-        if result.status == Status.OK or self.progress.best is not None:
+        """Stop a study whose trials all fail the same way (a typo in --command burns no budget). An OOM,
+        a timeout or a stopped trial is a result about its layout, not a broken command."""
+        if result.status != Status.FAILED or self.progress.best is not None:
             self._streak = ("", 0)
             return
         sig = failure_signature(result.message)
@@ -218,12 +220,14 @@ class Driver:
         free = min(self.parallel - len(self._inflight), self.budget - self.progress.ran - len(self._inflight))
         if free <= 0 or self._abort:
             return True
-        batch = [reruns.pop(0) for _ in range(min(free, len(reruns)))]
-        for number, lay in batch:
+        launched = 0
+        while reruns and launched < free:       # a rerun another driver reclaimed frees its slot again
+            number, lay = reruns.pop(0)
             if self._claim(lay, predict(lay, self.workload)) is not None:
                 self._launch(number, lay)
-        if len(batch) < free:
-            for number, lay in self._propose(free - len(batch)):
+                launched += 1
+        if launched < free:
+            for number, lay in self._propose(free - launched):
                 self._launch(number, lay)
         return True
 
@@ -231,6 +235,7 @@ class Driver:
         """Run the study (its searcher's candidates: tuner.space.valid_layouts) to an end; see Outcome."""
         deadline = time.monotonic() + self.time_limit if self.time_limit else None
         self._lease(lambda st: lease.take(st, self.study, self.lease_mode))
+        beat = _Heartbeat(self)                  # keeps the lease fresh while a trial runs, inline too
         reruns = self._replay()
         self.on_progress(self.progress)
         try:
@@ -248,6 +253,8 @@ class Driver:
                              f"`tuner resume {self.study}`)")
             err.exit_code = exc.exit_code
             raise err from None
+        finally:
+            beat.stop()
         self.progress.running, self.progress.running_trials = 0, []
         self._lease(lease.release)
         self.on_progress(self.progress)
@@ -255,7 +262,7 @@ class Driver:
 
     def _loop(self, reruns: list, deadline: float | None) -> str:
         """Run trials until the budget, the space, the searcher or the time limit ends it; why it ended."""
-        reason, beat = "budget", time.monotonic()
+        reason = "budget"
         while True:
             if not self._fill(reruns, deadline):
                 reason = "time-limit"
@@ -266,11 +273,9 @@ class Driver:
                 if reason != "time-limit" and self.progress.ran < self.budget and not self._spent:
                     reason = "converged" if self.searcher.stopped else "exhausted"
                 return reason
-            timeout = min(max(0.0, deadline - time.monotonic()), HEARTBEAT_S) if deadline else HEARTBEAT_S
+            left = deadline - time.monotonic() if deadline else HEARTBEAT_S
+            timeout = min(left, HEARTBEAT_S) if left > 0 else HEARTBEAT_S   # past the limit: wait, never spin
             done, _ = wait(list(self._inflight), timeout=timeout, return_when=FIRST_COMPLETED)
-            if time.monotonic() - beat >= HEARTBEAT_S:
-                self._lease(lease.refresh)
-                beat = time.monotonic()
             for fut in done:
                 self._finish(fut)
                 self.on_progress(self.progress)
@@ -282,10 +287,30 @@ class Driver:
         if numbers:
             self.store.mark_interrupted(self.study, numbers)
         self._claimed.clear()
-        self.store.set_study_state(self.study, "interrupted")
         self._lease(lease.release)
+        if not lease.holders(self.store.get_study(self.study).settings):   # joined drivers still run it
+            self.store.set_study_state(self.study, "interrupted")
         self.executor.shutdown()
         return len(numbers)
+
+
+class _Heartbeat:
+    """Refreshes the driver's lease every HEARTBEAT_S from a daemon thread until stopped."""
+
+    def __init__(self, driver: "Driver"):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(driver,), daemon=True, name="tuner-lease")
+        self._thread.start()
+
+    def _run(self, driver: "Driver") -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                driver._lease(lease.refresh)
+            except TunerError:          # a lost store: the driver's own next call reports it
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 @dataclass

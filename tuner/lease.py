@@ -1,7 +1,8 @@
 """Which drivers run a study: leases kept in the study's settings, taken in one locked transaction.
 
-A driver holds a lease (host, pid, last seen) in `settings["drivers"]`, refreshed every HEARTBEAT_S;
-a lease is live while it was refreshed within three heartbeats and, on this host, its process exists.
+A driver holds a lease (host, pid, last seen) in `settings["drivers"]`, refreshed every HEARTBEAT_S by a
+thread; a lease is live while, on this host, its process exists, and elsewhere while it was refreshed
+within three heartbeats.
 `take` is the one decision, made by the store under a row lock (Store.modify_study_settings), so that
 of N drivers started at the same instant on a study exactly one gets in (mode "run"), unless they
 came to join (mode "join") or to take over from a driver that died on another host ("force").
@@ -25,8 +26,7 @@ def me() -> str:
 
 
 def _alive(lease: dict, now: float) -> bool:
-    if now - float(lease.get("seen", 0)) > 3 * HEARTBEAT_S:
-        return False
+    """On this host: its process exists. Elsewhere: refreshed within three heartbeats."""
     if lease.get("host") == socket.gethostname():
         try:
             os.kill(int(lease["pid"]), 0)
@@ -34,7 +34,8 @@ def _alive(lease: dict, now: float) -> bool:
             return False
         except PermissionError:
             pass
-    return True
+        return True
+    return now - float(lease.get("seen", 0)) <= 3 * HEARTBEAT_S
 
 
 def holders(settings: dict, now: float | None = None) -> dict[str, dict]:

@@ -163,7 +163,8 @@ def run(store, rec: StudyRecord, *, budget: int | None = None, resumed: bool = F
         outcome = driver.run()
     finally:
         executor.shutdown()
-    store.set_study_state(rec.name, "done")
+    if not lease.holders(store.get_study(rec.name).settings):      # the last driver out marks it done
+        store.set_study_state(rec.name, "done")
     return Result(outcome, searcher)
 
 

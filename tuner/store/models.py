@@ -100,7 +100,7 @@ class TrialRow(Base):
     number: Mapped[int] = mapped_column(Integer)
     layout_key: Mapped[str] = mapped_column(String(64))
     for _d in DIMENSIONS:            # one typed column per layout dimension (tuner.layout.DIMENSIONS)
-        locals()[_d.name] = mapped_column(Boolean if _d.type is bool else Integer)
+        locals()[_d.name] = mapped_column(Boolean if _d.type is bool else Integer, nullable=False)
     del _d
     status: Mapped[str] = mapped_column(String(16))
     tflops_per_gpu: Mapped[float | None] = mapped_column(Float)
