@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from tuner.errors import UsageError
 from tuner.layout import Layout
-from tuner.render.megatron import OPTIMIZER_ARGS, PRECISIONS
+from tuner.render.megatron import PRECISIONS, run_args, shape_args
 from tuner.specs import ModelSpec, Workload
 
 # Full recompute of every layer (tuner's activation_checkpointing = the old --checkpoint-activations).
@@ -56,25 +56,8 @@ def pretrain_args(layout: Layout, workload: Workload, *, precision: str = "bf16"
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     check_zero(layout)
-    m = workload.model
-    args = [
-        "--tensor-model-parallel-size", str(layout.tp),
-        "--pipeline-model-parallel-size", str(layout.pp),
-        "--num-layers", str(m.num_layers),
-        "--hidden-size", str(m.hidden_size),
-        "--ffn-hidden-size", str(m.ffn_hidden_size),
-        "--num-attention-heads", str(m.num_attention_heads),
-        "--seq-length", str(m.seq_length),
-        "--max-position-embeddings", str(m.seq_length),
-        *architecture_args(m),
-        "--micro-batch-size", str(layout.micro_batch),
-        "--global-batch-size", str(workload.global_batch),
-        "--train-iters", str(iterations),
-        "--log-interval", "1",
-        "--eval-iters", "0",
-        *OPTIMIZER_ARGS,
-        f"--{precision}",
-    ]
+    args = [*shape_args(layout, workload), *architecture_args(workload.model),
+            *run_args(layout, workload, iterations, precision)]
     if layout.zero_stage >= 1:
         args.append("--use-distributed-optimizer")
     if layout.activation_checkpointing:

@@ -36,28 +36,27 @@ def deepspeed_config(layout: Layout, workload: Workload, *, precision: str = "bf
     return render_ds_config(layout, workload, precision=precision, optimizer=False, steps_per_print=1)
 
 
+def shape_args(layout: Layout, workload: Workload) -> list[str]:
+    """Parallel degrees and model shape: the arguments Megatron-DeepSpeed and Megatron-Core share first."""
+    m = workload.model
+    return ["--tensor-model-parallel-size", str(layout.tp), "--pipeline-model-parallel-size", str(layout.pp),
+            "--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
+            "--ffn-hidden-size", str(m.ffn_hidden_size), "--num-attention-heads", str(m.num_attention_heads),
+            "--seq-length", str(m.seq_length), "--max-position-embeddings", str(m.seq_length)]
+
+
+def run_args(layout: Layout, workload: Workload, iterations: int, precision: str) -> list[str]:
+    """Batch, length, logging, optimizer and precision: the arguments both share after the shape."""
+    return ["--micro-batch-size", str(layout.micro_batch), "--global-batch-size", str(workload.global_batch),
+            "--train-iters", str(iterations), "--log-interval", "1", "--eval-iters", "0", *OPTIMIZER_ARGS,
+            f"--{precision}"]
+
+
 def pretrain_args(layout: Layout, workload: Workload, *, deepspeed_config_path: str = "ds_config.json",
                   precision: str = "bf16", iterations: int = 10, extra: tuple[str, ...] | list[str] = ()) -> list[str]:
     """The argv (after `pretrain_gpt.py`) for one trial. `extra` (data paths, tokenizer files) is appended."""
     _check_precision(precision)
-    m = workload.model
-    args = [
-        "--tensor-model-parallel-size", str(layout.tp),
-        "--pipeline-model-parallel-size", str(layout.pp),
-        "--num-layers", str(m.num_layers),
-        "--hidden-size", str(m.hidden_size),
-        "--ffn-hidden-size", str(m.ffn_hidden_size),
-        "--num-attention-heads", str(m.num_attention_heads),
-        "--seq-length", str(m.seq_length),
-        "--max-position-embeddings", str(m.seq_length),
-        "--micro-batch-size", str(layout.micro_batch),
-        "--global-batch-size", str(workload.global_batch),
-        "--train-iters", str(iterations),
-        "--log-interval", "1",
-        "--eval-iters", "0",
-        *OPTIMIZER_ARGS,
-        f"--{precision}",
-    ]
+    args = [*shape_args(layout, workload), *run_args(layout, workload, iterations, precision)]
     if layout.activation_checkpointing:
         # --checkpoint-activations: kept in Megatron-DeepSpeed for DeepSpeed's checkpointing (GPTModelPipe
         # and ParallelTransformer read args.checkpoint_activations); --recompute-* is upstream Megatron's.
