@@ -272,3 +272,17 @@ def test_read_only_commands_never_create_a_store(tuner, tmp_path, monkeypatch):
     assert tuner("search", "--model", "22b", "--nodes", "2", "--budget", "2", "--study", "here")[0] == 0
     code, out, err = tuner("studies")
     assert code == 0 and "here" in out and f"store: sqlite:///{tmp_path}/results/tuner.db" in err
+
+
+def test_trials_messages_are_cut_only_in_the_table(tuner):
+    long = "x" * 30 + " needs 90 GB of 64 GB (larger than the device) " + "y" * 40
+    assert tuner("search", "--model", "22b", "--nodes", "2", "--budget", "2", "--study", "m")[0] == 0
+    from tuner.store import open_store
+    from tuner.trial import Status, TrialResult
+    with open_store(tuner.db) as s:
+        t = s.trials("m")[0]
+        s.finish_trial("m", t.number, TrialResult(Status.FAILED, message=long))
+    table = tuner("trials", "m")[1]
+    assert long not in table and "..." in table
+    assert long in tuner("trials", "m", "--wide")[1]
+    assert long in tuner("trials", "m", "--format", "csv")[1]

@@ -28,9 +28,13 @@ def speed_cells(t) -> dict:
             "mgt_peak_%": pct(get("peak_fraction"))}
 
 
-def trial_row(t) -> dict:
+def trial_row(t, width: int | None = None) -> dict:
+    """A trial as a table/CSV row; the message cut to `width` characters (None: whole)."""
+    msg = t.message or ""
+    if width is not None and len(msg) > width:
+        msg = msg[:width - 3] + "..."
     return {"trial": t.number, "status": str(t.status), **flat_layout(t.layout.as_dict()), **speed_cells(t),
-            "pred_mfu_%": pct(t.predicted_mfu), "mem_gb": t.peak_memory_gb, "message": (t.message or "")[:60]}
+            "pred_mfu_%": pct(t.predicted_mfu), "mem_gb": t.peak_memory_gb, "message": msg}
 
 
 def trial_json(t) -> dict:
@@ -82,10 +86,11 @@ def studies(db, fmt):
 @click.argument("name")
 @click.option("--status", "statuses", multiple=True, type=click.Choice([s.value for s in Status]),
               help="Only trials with this status (repeatable).")
+@click.option("--wide", is_flag=True, help="Whole messages in the table (CSV and JSON always have them whole).")
 @DB_OPTION
 @FORMAT_OPTION
-def trials(name, statuses, db, fmt):
-    """List the trials of a study.
+def trials(name, statuses, wide, db, fmt):
+    """List the trials of a study, fastest first.
 
     Example: tuner trials my-study --status ok --format json
     """
@@ -93,7 +98,8 @@ def trials(name, statuses, db, fmt):
     store.get_study(name)
     ts = store.trials(name, [Status(s) for s in statuses] or None)
     ts = fastest(ts) + [t for t in ts if t.status != Status.OK or t.mfu is None]   # fastest first
-    click.echo(render([trial_row(t) for t in ts], fmt, TRIAL_COLUMNS, json_obj=[trial_json(t) for t in ts]))
+    width = None if wide or fmt != "table" else 60
+    click.echo(render([trial_row(t, width) for t in ts], fmt, TRIAL_COLUMNS, json_obj=[trial_json(t) for t in ts]))
 
 
 def best_json(t, measured: bool) -> dict:
