@@ -54,6 +54,10 @@ def test_layout_key_and_roundtrip():
     assert micro_batches_per_pipeline(lay, 640) == 320
     with pytest.raises(InvalidLayout, match="missing"):
         Layout.from_dict({"tp": 1})
+    for bad, words in (({"tp": 2.7}, "tp = 2.7 must be a whole number"),
+                       ({"activation_checkpointing": 2}, "must be true/false")):
+        with pytest.raises(InvalidLayout, match=words):          # never silently truncated or coerced
+            Layout.from_dict({**lay.as_dict(), **bad})
 
 
 def test_presets_and_aliases():

@@ -64,10 +64,14 @@ class _LayoutMethods:
         missing = [f for f in LAYOUT_FIELDS if f not in d]
         if missing:
             raise InvalidLayout(f"layout is missing {', '.join(missing)}; a layout has {', '.join(LAYOUT_FIELDS)}")
-        try:
-            kw = {dim.name: dim.type(int(d[dim.name])) for dim in DIMENSIONS}
-        except (TypeError, ValueError) as exc:
-            raise InvalidLayout(f"layout values must be integers: {exc}") from None
+        kw = {}
+        for dim in DIMENSIONS:
+            v = d[dim.name]
+            whole = isinstance(v, (int, float)) and float(v).is_integer()
+            if not whole or (dim.type is bool and v not in (0, 1)):
+                want = "true/false (or 1/0)" if dim.type is bool else "a whole number"
+                raise InvalidLayout(f"layout value {dim.name} = {v!r} must be {want}")
+            kw[dim.name] = dim.type(int(v))
         return cls(**kw)
 
 

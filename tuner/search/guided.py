@@ -119,7 +119,8 @@ class GuidedSearcher(BaseSearcher):
         if result.status == Status.OK and result.mfu:
             self.n_ok += 1
             v = math.log(max(result.mfu, 1e-6))
-            if self.best_log is None or v > self.best_log:
+            tie = v == self.best_log and i is not None and self.best_index is not None and i < self.best_index
+            if self.best_log is None or v > self.best_log or tie:   # ties: the lower index, in any tell order
                 self.best_log, self.best_layout, self.best_index = v, layout, i
 
     def tell_claimed_elsewhere(self, layout: Layout) -> None:
