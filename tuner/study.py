@@ -26,6 +26,7 @@ from tuner.driver import Driver, Outcome
 from tuner.errors import UsageError
 from tuner.executors import make_executor
 from tuner.perfmodel import predict
+from tuner.report import ok_trials
 from tuner.runners import make_runner
 from tuner.search import make_searcher
 from tuner.search.guided import STUDY_DEFAULTS
@@ -190,5 +191,4 @@ def resume(store, name: str, *, budget: int | None = None, mode: str = "run", ra
 
 def fastest(store, name: str, k: int = 1) -> list:
     """The k fastest successful trials of a study (highest MFU): the recommendation first."""
-    ok = [t for t in store.trials(name, [Status.OK]) if t.mfu is not None]
-    return sorted(ok, key=lambda t: (-t.mfu, t.number))[:k]
+    return ok_trials(store.trials(name, [Status.OK]))[:k]

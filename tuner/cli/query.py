@@ -6,6 +6,7 @@ import click
 
 from tuner.cli import DB_OPTION, FORMAT_OPTION, cli, read_store
 from tuner.cli.render import flat_layout, render
+from tuner.report import ok_trials
 from tuner.errors import TunerError
 from tuner.store import upgrade
 from tuner.trial import Status
@@ -48,19 +49,13 @@ def trial_json(t) -> dict:
             "started": t.started, "ended": t.ended}
 
 
-def fastest(trials) -> list:
-    """The ok trials with a measured speed, fastest first (ties: lower trial number)."""
-    ok = [t for t in trials if t.status == Status.OK and t.mfu is not None]
-    return sorted(ok, key=lambda t: (-t.mfu, t.number))
-
-
 def best_rows(trials, k: int) -> list[dict]:
-    return [trial_json(t) for t in fastest(trials)[:k]]
+    return [trial_json(t) for t in ok_trials(trials)[:k]]
 
 
 def top_rows(store, study: str, k: int) -> list[dict]:
     return [{k_: v for k_, v in trial_row(t).items() if k_ != "message"}
-            for t in fastest(store.trials(study, [Status.OK]))[:k]]
+            for t in ok_trials(store.trials(study, [Status.OK]))[:k]]
 
 
 @cli.command()
@@ -97,7 +92,7 @@ def trials(name, statuses, wide, db, fmt):
     store = read_store(db)
     store.get_study(name)
     ts = store.trials(name, [Status(s) for s in statuses] or None)
-    ts = fastest(ts) + [t for t in ts if t.status != Status.OK or t.mfu is None]   # fastest first
+    ts = ok_trials(ts) + [t for t in ts if t.status != Status.OK or t.mfu is None]   # fastest first
     width = None if wide or fmt != "table" else 60
     click.echo(render([trial_row(t, width) for t in ts], fmt, TRIAL_COLUMNS, json_obj=[trial_json(t) for t in ts]))
 
