@@ -1,0 +1,166 @@
+"""The performance model against PUBLISHED, MEASURED Llama-class pre-training throughputs (issue 14, item 6).
+
+Run: python benchmarks/model_accuracy.py (this section is part of it), or python benchmarks/llama_accuracy.py.
+
+The rows live in benchmarks/data/llama_published.toml, each with its source (repository, path, commit)
+and release: NVIDIA's DGX Cloud benchmarking recipes (NeMo 24.09 and 24.12, BF16 and FP8), NeMo 24.07's
+performance summary and Megatron-Bridge's (25.11 to 26.04.01, FP8), all on DGX H100, and torchtitan's
+benchmarks (Grand Teton H100, 500 W, HBM2e: another machine than h100.toml's, so reported apart).
+Every prediction uses the constants of workloads/clusters/<cluster>.toml as they are: none of them was
+chosen against these rows, so none is in-sample. Rows whose hardware or layout is not what the model is
+given (`apart` in the data) are printed but kept out of the headline medians, and rows whose layout the
+model's rules refuse (`model_refuses`, e.g. 405B's 126 layers split unevenly over PP 8) are listed only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import sys
+import tomllib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tuner.layout import Layout, why_invalid  # noqa: E402
+from tuner.perfmodel import predict  # noqa: E402
+from tuner.specs import load_cluster, load_model, make_workload  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data" / "llama_published.toml"
+REQUIRED = ("source", "release", "model", "cluster", "gpus", "precision", "seq_length", "global_batch",
+            "micro_batch", "tp", "pp", "cp", "vp", "sequence_parallel", "recompute", "distributed_optimizer",
+            "tokens_per_s_per_gpu", "note")
+UNSTATED = "unstated"
+
+
+def load_rows(path: Path = DATA) -> list[dict]:
+    """The [[row]] tables, checked for the keys every row must carry."""
+    with open(path, "rb") as f:
+        rows = tomllib.load(f)["row"]
+    for i, r in enumerate(rows):
+        missing = [k for k in REQUIRED if k not in r]
+        if missing:
+            raise ValueError(f"{path}: row {i + 1} lacks {', '.join(missing)}")
+        if r["precision"] not in ("bf16", "fp8"):
+            raise ValueError(f"{path}: row {i + 1}: precision must be bf16 or fp8, got {r['precision']!r}")
+    return rows
+
+
+def assumed(row: dict) -> list[str]:
+    """The fields the source leaves unstated, which the prediction assumes."""
+    return [k for k in ("sequence_parallel", "recompute", "distributed_optimizer") if row[k] == UNSTATED]
+
+
+def layout_of(row: dict) -> Layout:
+    """The row's layout; unstated fields: sequence parallel when tp > 1 (NeMo's and Megatron-Bridge's
+    practice), no recompute, the distributed optimizer (ZeRO-1)."""
+    tp, cp, pp = row["tp"], row["cp"], row["pp"]
+    dp = row["gpus"] // (tp * cp * pp)
+    sp = tp > 1 if row["sequence_parallel"] == UNSTATED else row["sequence_parallel"]
+    rc = "none" if row["recompute"] == UNSTATED else row["recompute"]
+    zero = row.get("zero_stage", 0 if row["distributed_optimizer"] is False else 1)
+    return Layout(tp=tp, pp=pp, dp=dp, micro_batch=row["micro_batch"], zero_stage=zero, recompute=rc,
+                  sequence_parallel=sp, context_parallel=cp, virtual_pipeline=row["vp"])
+
+
+def workload_of(row: dict):
+    model = load_model(row["model"])
+    if model.seq_length != row["seq_length"]:
+        model = dataclasses.replace(model, seq_length=row["seq_length"])
+    cluster = load_cluster(row["cluster"])
+    if row["gpus"] % cluster.gpus_per_node:
+        raise ValueError(f"{row['gpus']} GPUs is not a whole number of {cluster.name} nodes")
+    return make_workload(model, row["gpus"] // cluster.gpus_per_node, cluster, row["global_batch"],
+                         precision=row["precision"])
+
+
+def evaluate(row: dict) -> dict:
+    """Prediction for one row: tokens/s/GPU, error against the measurement, memory, fits; or why the
+    model refuses the layout."""
+    layout = layout_of(row)
+    cluster = load_cluster(row["cluster"])
+    if row["precision"] == "fp8" and not getattr(cluster, "peak_tflops_fp8", None):
+        return {"layout": layout, "refused": f"{cluster.name}.toml has no peak_tflops_fp8 (no FP8 rate to predict with)",
+                "kind": "no FP8 rate in the cluster file"}
+    w = workload_of(row)
+    bad = why_invalid(layout, w)
+    if bad:
+        return {"layout": layout, "refused": bad, "kind": "layout refused by the model's rules"}
+    pr = predict(layout, w)
+    tps = pr.samples_per_second * row["seq_length"] / row["gpus"]
+    return {"layout": layout, "refused": None, "tokens_per_s_per_gpu": tps,
+            "error": tps / row["tokens_per_s_per_gpu"] - 1.0, "memory_gb": pr.memory_gb, "fits": pr.fits,
+            "mfu": pr.mfu, "tflops": getattr(pr, "tflops_per_gpu", math.nan)}
+
+
+def _short(layout: Layout, row: dict) -> str:
+    star = set(assumed(row))
+    parts = [f"tp{layout.tp}", f"pp{layout.pp}", f"cp{layout.context_parallel}", f"vp{layout.virtual_pipeline}",
+             f"dp{layout.dp}", f"mb{layout.micro_batch}",
+             ("sp" if layout.sequence_parallel else "nosp") + ("*" if "sequence_parallel" in star else ""),
+             f"z{layout.zero_stage}" + ("*" if "distributed_optimizer" in star else ""),
+             f"rc-{layout.recompute}" + ("*" if "recompute" in star else "")]
+    return " ".join(parts)
+
+
+def _release(row: dict) -> str:
+    return row["release"].split(",")[0].split(" (")[0]
+
+
+def _summary(label: str, errors: list[float]) -> str:
+    if not errors:
+        return f"{label}: no rows"
+    a = [abs(e) for e in errors]
+    worst = max(errors, key=abs)
+    return (f"{label}: {len(a)} rows, median |error| {100 * statistics.median(a):.1f} %, "
+            f"worst {100 * worst:+.1f} %, mean error {100 * statistics.fmean(errors):+.1f} %")
+
+
+def main(table=None) -> dict:
+    """Print the section; `table(title, header, rows)` is model_accuracy.py's printer. Returns the
+    per-row results (for tests and other callers)."""
+    if table is None:
+        from model_accuracy import table  # noqa: PLC0415  (run on its own)
+    rows = load_rows()
+    results = [(r, evaluate(r)) for r in rows]
+    clusters = sorted({r["cluster"] for r in rows})
+    out, refused = [], []
+    for r, e in results:
+        if e["refused"]:
+            refused.append([r["model"], r["gpus"], r["precision"], _short(e["layout"], r), _release(r),
+                            f"{r['tokens_per_s_per_gpu']:,.0f}", e["refused"][:90]])
+            continue
+        ran_but_no_fit = not e["fits"]
+        out.append([r["model"], r["gpus"], r["precision"], _short(e["layout"], r), _release(r),
+                    f"{r['tokens_per_s_per_gpu']:,.0f}", f"{e['tokens_per_s_per_gpu']:,.0f}",
+                    f"{100 * e['error']:+.1f} %", f"{e['memory_gb']:.1f}",
+                    "NO (ran)" if ran_but_no_fit else "yes", "apart" if r.get("apart") else ""])
+    table("Llama-class published rows: measured tokens/s/GPU vs predicted (cluster constants as shipped in "
+          f"workloads/clusters/{{{','.join(clusters)}}}.toml, none chosen against these rows; * = unstated in the "
+          "source, assumed)",
+          ["model", "GPUs", "prec", "layout", "release", "measured", "pred", "error", "mem GB", "fits", ""], out)
+    if refused:
+        table("Published rows not predicted (the model's rules refuse the layout, or the cluster has no FP8 rate)",
+              ["model", "GPUs", "prec", "layout", "release", "measured", "why"], refused)
+    head = {p: [e["error"] for r, e in results if not e["refused"] and not r.get("apart") and r["precision"] == p]
+            for p in ("bf16", "fp8")}
+    apart = {p: [e["error"] for r, e in results if not e["refused"] and r.get("apart") and r["precision"] == p]
+             for p in ("bf16", "fp8")}
+    no_fit = [r for r, e in results if not e["refused"] and not e["fits"]]
+    print("\nSummary (target: median |error| <= 8 % and no row that ran predicted not to fit):")
+    for p in ("bf16", "fp8"):
+        print("  " + _summary(f"{p}, DGX H100 rows", head[p]))
+    for p in ("bf16", "fp8"):
+        print("  " + _summary(f"{p}, reported apart (other hardware or ambiguous layout)", apart[p]))
+    print(f"  rows that ran but are predicted not to fit: {len(no_fit)}"
+          + (" (" + ", ".join(f"{r['model']} {r['gpus']} GPUs {r['precision']} {_release(r)}" for r in no_fit) + ")"
+             if no_fit else ""))
+    kinds = [e["kind"] for r, e in results if e["refused"]]
+    print(f"  rows not predicted: {len(kinds)}" + "".join(f"; {k}: {kinds.count(k)}" for k in sorted(set(kinds))))
+    print("  in-sample rows (used to choose a constant): none")
+    return {"results": results, "headline": head, "apart": apart}
+
+
+if __name__ == "__main__":
+    main()
