@@ -81,6 +81,9 @@ P_FLASH = 0.8
 P_FP32_GRADS = 0.3
 
 
+#: The search space of these worlds: the Frontier study's dimensions (no sp, cp, vp, selective recompute).
+SPACE = "frontier-2023"
+
 def _as_dict(self) -> dict:
     return {f.name: getattr(self, f.name) for f in fields(self)}
 
@@ -151,7 +154,7 @@ def layer_s(ph: Physics, w: Workload, lay: Layout) -> dict:
     host, sync = ph.kernels * ph.launch_us * 1e-6, ph.sync_ms * 1e-3
     fwd = max(g_fwd + a_fwd + ew + ar, host) + sync
     bwd = max(g_bwd + a_bwd + 2.0 * ew + ar, 2.0 * host) + sync
-    return {"fwd": fwd, "bwd": bwd, "rec": fwd * ph.recompute if lay.activation_checkpointing else 0.0}
+    return {"fwd": fwd, "bwd": bwd, "rec": fwd * ph.recompute if lay.checkpointing else 0.0}
 
 
 def ends_s(ph: Physics, w: Workload, lay: Layout) -> tuple[float, float]:
@@ -238,7 +241,7 @@ def zero_s(ph: Physics, w: Workload, lay: Layout, params: float, m: int, bwd_mb:
     red = m * ph.zero_eff * collective_s(ph, w, d, t, grads, "rs")
     exposed = red - min(overlap * red, m * bwd_mb) + gather
     if z == 3:
-        passes = 3 if lay.activation_checkpointing else 2
+        passes = 3 if lay.checkpointing else 2
         layers = w.model.num_layers // lay.pp
         g3 = m * passes * (collective_s(ph, w, d, t, weights, "ag") + layers * ph.lat_inter_us * 1e-6)
         exposed += g3 - min(ph.z3_prefetch * g3, compute)
@@ -277,7 +280,7 @@ def stage_memory_gb(ph: Physics, w: Workload, lay: Layout, last: bool) -> float:
     full = M * h * (ph.act_rep + ph.act_split / t)
     if not ph.flash:
         full += 5.0 * b * mo.num_attention_heads / t * mo.seq_length ** 2
-    if lay.activation_checkpointing:
+    if lay.checkpointing:
         per_mb, working = layers * 2.0 * M * h, full
     else:
         per_mb, working = layers * full, 0.0
@@ -311,7 +314,7 @@ class World:
 
     @cached_property
     def candidates(self) -> list[Layout]:
-        return load_space().enumerate_layouts(self.workload)
+        return load_space(SPACE).enumerate_layouts(self.workload)
 
     def truth(self, layout: Layout) -> tuple[float | None, float]:
         """(samples per second, or None when it does not fit; peak memory GB per GPU) of `layout`."""
@@ -333,6 +336,9 @@ class World:
 
 def evaluate(ph: Physics, w: Workload, layout: Layout) -> tuple[float | None, float]:
     """(samples per second or None when out of memory, peak GB per GPU) of a layout in a world."""
+    if (layout.sequence_parallel, layout.context_parallel, layout.virtual_pipeline) != (False, 1, 1) \
+            or layout.recompute == "selective":
+        raise ValueError(f"{layout.key()}: these worlds model the Frontier study's dimensions only ({SPACE})")
     mem = peak_memory_gb(ph, w, layout)
     if mem > ph.usable * w.cluster.memory_gb:
         return None, mem

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):   # one BLAS thread per process:
     os.environ.setdefault(_var, "1")                                         # --jobs processes share the cores
 
-from indep_worlds import FAMILIES, WORKLOADS, World, draw_world  # noqa: E402
+from indep_worlds import FAMILIES, SPACE, WORKLOADS, World, draw_world  # noqa: E402
 
 from tuner.best import best_for_unmeasured  # noqa: E402
 from tuner.driver import Driver  # noqa: E402
@@ -59,7 +59,7 @@ FAR = 20        # a world whose optimum the model ranks beyond this is one the m
 
 def run_study(world: World, searcher: str, seed: int, budget: int, transfer_nodes: int | None = None):
     """(trials that ran, in order; the layout `tuner best` gives for transfer_nodes, or None)."""
-    w, space = world.workload, load_space()
+    w, space = world.workload, load_space(SPACE)
     store = open_store("sqlite://")
     name = f"{searcher}-{seed}"
     runner = world.runner(noise=NOISE, seed=seed)

@@ -69,8 +69,8 @@ def test_overhead_from_harness_runs_makes_the_model_match_them(tmp_path):
     from tuner.perfmodel import predict
     from tuner.specs import Workload, load_model
     cluster = cluster_from_measurements(fake_measurements(), 2)
-    lays = [Layout(tp=1, pp=1, dp=2, micro_batch=4, zero_stage=0, activation_checkpointing=False),
-            Layout(tp=2, pp=1, dp=1, micro_batch=4, zero_stage=0, activation_checkpointing=False)]
+    lays = [Layout(tp=1, pp=1, dp=2, micro_batch=4, zero_stage=0, recompute="none"),
+            Layout(tp=2, pp=1, dp=1, micro_batch=4, zero_stage=0, recompute="none")]
     truth = ClusterSpec.from_dict({**cluster, "microbatch_overhead_ms": 4.0, "step_overhead_ms": 9.0,
                                    "latency_us": cluster["latency_us"] + 500.0})
     tiny = load_model("tiny")
@@ -87,7 +87,7 @@ def test_overhead_from_harness_runs_makes_the_model_match_them(tmp_path):
     path = tmp_path / "local.toml"
     path.write_text(render_toml(fitted, m))
     assert load_cluster(str(path)) == ClusterSpec.from_dict(fitted)
-    assert "tp2-pp1-dp1-mb4-z0-ac0 m=4" in path.read_text()
+    assert "tp2-pp1-dp1-mb4-z0-rcnone m=4" in path.read_text()
 
 
 def test_refuses_to_overwrite_without_force(tmp_path):

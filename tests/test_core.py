@@ -12,7 +12,7 @@ W175 = make_workload("175b", 16)   # 128 GCDs, global batch 640
 
 
 def L(**kw):
-    base = dict(tp=4, pp=16, dp=2, micro_batch=1, zero_stage=1, activation_checkpointing=True)
+    base = dict(tp=4, pp=16, dp=2, micro_batch=1, zero_stage=1, recompute="full")
     return Layout(**{**base, **kw})
 
 
@@ -49,13 +49,24 @@ def test_heads_and_layers_divisibility():
 
 def test_layout_key_and_roundtrip():
     lay = L()
-    assert lay.key() == "tp4-pp16-dp2-mb1-z1-ac1"
+    assert lay.key() == "tp4-pp16-dp2-mb1-z1-rcfull"
     assert Layout.from_dict(lay.as_dict()) == lay
+    modern = Layout(tp=8, sequence_parallel=True, context_parallel=2, pp=4, virtual_pipeline=5, dp=2, micro_batch=1,
+                    recompute="selective")
+    assert modern.key() == "tp8-sp1-cp2-pp4-vp5-dp2-mb1-z1-rcselective" and modern.gpus == 8 * 2 * 4 * 2
+    assert Layout.from_dict(modern.as_dict()) == modern
+    old = {k: v for k, v in lay.as_dict().items() if k != "recompute"}          # a layout written before recompute
+    assert Layout.from_dict({**old, "activation_checkpointing": False}).recompute == "none"
+    assert Layout.from_dict({**old, "activation_checkpointing": True}) == lay
+    assert modern.env()["TUNER_RECOMPUTE"] == "selective" and modern.env()["TUNER_SEQUENCE_PARALLEL"] == "1"
+    assert lay.env()["TUNER_ACTIVATION_CHECKPOINTING"] == "1"
     assert micro_batches_per_pipeline(lay, 640) == 320
     with pytest.raises(InvalidLayout, match="missing"):
         Layout.from_dict({"tp": 1})
     for bad, words in (({"tp": 2.7}, "tp = 2.7 must be a whole number"),
-                       ({"activation_checkpointing": 2}, "must be true/false")):
+                       ({"sequence_parallel": 2}, "must be true/false"),
+                       ({"recompute": "some"}, "must be one of none, selective, full"),
+                       ({"checkpointing": True}, "unknown layout key")):
         with pytest.raises(InvalidLayout, match=words):          # never silently truncated or coerced
             Layout.from_dict({**lay.as_dict(), **bad})
 

@@ -24,14 +24,14 @@ GOLDEN = Path(__file__).parent / "golden"
 CASES = {
     # The Frontier study's 175B headline run: 128 GCDs, TP4 PP16 DP2, mb 1, GB 640, ZeRO-1, fp16.
     "ds_config_175b_tp4_pp16_dp2_fp16.json": (
-        Layout(tp=4, pp=16, dp=2, micro_batch=1, zero_stage=1, activation_checkpointing=True),
+        Layout(tp=4, pp=16, dp=2, micro_batch=1, zero_stage=1, recompute="full"),
         make_workload("gpt-175b", 16, "frontier"), "fp16"),
     "ds_config_175b_tp4_pp16_dp2_bf16.json": (
-        Layout(tp=4, pp=16, dp=2, micro_batch=1, zero_stage=1, activation_checkpointing=True),
+        Layout(tp=4, pp=16, dp=2, micro_batch=1, zero_stage=1, recompute="full"),
         make_workload("gpt-175b", 16, "frontier"), "bf16"),
     # A tiny CPU trial on 2 ranks: DP2, ZeRO-1, no checkpointing, fp32.
     "ds_config_tiny_cpu_dp2_z1_fp32.json": (
-        Layout(tp=1, pp=1, dp=2, micro_batch=4, zero_stage=1, activation_checkpointing=False),
+        Layout(tp=1, pp=1, dp=2, micro_batch=4, zero_stage=1, recompute="none"),
         make_workload("tiny", 1, "frontier", global_batch=16), "fp32"),
 }
 

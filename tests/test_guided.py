@@ -126,7 +126,7 @@ def test_learns_from_an_oom_at_a_layout_predicted_to_fit():
     w = make_workload("175b", 16)
     cands = SPACE.enumerate_layouts(w)
     s = GuidedSearcher(cands, workload=w)
-    oom = Layout(tp=4, pp=8, dp=4, micro_batch=1, zero_stage=1, activation_checkpointing=True)
+    oom = Layout(tp=4, pp=8, dp=4, micro_batch=1, zero_stage=1, recompute="full")
     assert predict(oom, w).fits
     before = s.p_fit()
     s.tell(oom, TrialResult(Status.OOM, message="out of memory"))
@@ -140,7 +140,7 @@ def test_learns_from_an_oom_at_a_layout_predicted_to_fit():
     assert sum(after[i] > 0.5 for i in smaller) >= 0.8 * len(smaller)   # far-off small layouts still fit
     # a measured peak above the prediction raises the expected memory of similar layouts
     s2 = GuidedSearcher(cands, workload=w)
-    ok = Layout(tp=4, pp=8, dp=4, micro_batch=1, zero_stage=0, activation_checkpointing=True)
+    ok = Layout(tp=4, pp=8, dp=4, micro_batch=1, zero_stage=0, recompute="full")
     s2.tell(ok, TrialResult(Status.OK, mfu=0.3, peak_memory_gb=1.3 * mem[ok]))
     assert s2.mem_scale == pytest.approx(1.3)
     assert s2.p_fit()[s2.index[oom]] < before[s.index[oom]]

@@ -75,9 +75,9 @@ def h100_workload(model: str = "llama3-70b", nodes: int = 8):
     return make_workload(load_model(model), nodes, cluster)
 
 
-LLAMA_LAYOUT = Layout(tp=8, pp=4, dp=2, micro_batch=1, zero_stage=1, activation_checkpointing=True)
+LLAMA_LAYOUT = Layout(tp=8, pp=4, dp=2, micro_batch=1, zero_stage=1, recompute="full")
 GPT_LAYOUT = Layout(tp=4, pp=16, dp=2, micro_batch=1)
-LAYOUTS = [LLAMA_LAYOUT, Layout(tp=8, pp=1, dp=8, micro_batch=2, zero_stage=0, activation_checkpointing=False)]
+LAYOUTS = [LLAMA_LAYOUT, Layout(tp=8, pp=1, dp=8, micro_batch=2, zero_stage=0, recompute="none")]
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

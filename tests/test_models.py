@@ -11,6 +11,7 @@ import pytest
 from tuner.errors import SpecError
 from tuner.layout import Layout
 from tuner.perfmodel import compute, memory, predict, rank
+from tuner.perfmodel.compute import Shape
 from tuner.perfmodel.flops import megatron_flops, model_flops
 from tuner.space import load_space, valid_layouts
 from tuner.specs import ModelSpec, load_cluster, load_model, make_workload
@@ -20,7 +21,7 @@ FRONTIER = load_cluster("frontier")
 
 
 def lay(tp, pp, dp, mb=1, z=1, ac=True):
-    return Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, zero_stage=z, activation_checkpointing=ac)
+    return Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, zero_stage=z, recompute="full" if ac else "none")
 
 
 # ------------------------------------------------------------------------------ the presets
@@ -198,10 +199,11 @@ def test_llama3_8b_activations_hand_computed():
     # split bytes per s*b*h: Q 2 + K, V 2*kv/h each (0.5 + 0.5) + O input 2 = 5; SwiGLU: gate and up
     # outputs 2*2f/h + fc2 input 2f/h = 6*14336/4096 = 21 -> 26; replicated 10
     assert memory.split_activation_bytes(m) == 26.0
-    assert memory.activation_bytes_per_layer(m, 1, 1, flash_attention=True) == 36 * sbh
-    assert memory.activation_bytes_per_layer(m, 2, 8, flash_attention=True) == pytest.approx(2 * (10 + 26 / 8) * sbh)
+    assert memory.activation_bytes_per_layer(m, Shape(1, 1), flash_attention=True) == 36 * sbh
+    assert memory.activation_bytes_per_layer(m, Shape(2, 8), flash_attention=True) == pytest.approx(2 * (10 + 26 / 8) * sbh)
+    assert memory.activation_bytes_per_layer(m, Shape(2, 8, sp=True), True) == pytest.approx(2 * 36 / 8 * sbh)
     # without FlashAttention the a*s^2 scores come back: 5*a*s/(h*t) = 5*32*8192/4096 = 320 at t = 1
-    assert memory.activation_bytes_per_layer(m, 1, 1, flash_attention=False) == 356 * sbh
+    assert memory.activation_bytes_per_layer(m, Shape(1, 1), flash_attention=False) == 356 * sbh
     assert memory.split_activation_bytes(load_model("gpt-175b")) == 24.0           # Korthikanti et al.
 
 
@@ -249,7 +251,7 @@ def test_gqa_shrinks_kv_weights_activations_and_work():
     mha = dataclasses.replace(m, num_query_groups=64)
     h = 8192
     assert mha.attention_weights - m.attention_weights == 2 * h * (h - 1024)
-    assert memory.activation_bytes_per_layer(m, 1, 8, True) < memory.activation_bytes_per_layer(mha, 1, 8, True)
+    assert memory.activation_bytes_per_layer(m, Shape(1, 8), True) < memory.activation_bytes_per_layer(mha, Shape(1, 8), True)
     assert sum(compute.layer_gemm_flops(m, 1, 8)) < sum(compute.layer_gemm_flops(mha, 1, 8))
     w, wm = make_workload(m, 8, H100), make_workload(mha, 8, H100)
     layout = lay(8, 4, 2)

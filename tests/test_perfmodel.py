@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tuner.layout import Layout, micro_batches_per_pipeline, why_invalid
-from tuner.perfmodel import Prediction, comm, compute, keeps_headroom, memory, predict, rank
+from tuner.perfmodel import Prediction, comm, compute, keeps_headroom, memory, predict, rank, shape_of
+from tuner.perfmodel.compute import Shape
 from tuner.perfmodel.flops import megatron_flops
 from tuner.space import load_space
 from tuner.specs import load_cluster, load_model, make_workload
@@ -20,7 +21,7 @@ A100 = load_cluster("a100")
 
 
 def lay(tp, pp, dp, mb=1, z=1, ac=True):
-    return Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, zero_stage=z, activation_checkpointing=ac)
+    return Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, zero_stage=z, recompute="full" if ac else "none")
 
 
 # ------------------------------------------------------------------------ hand-computed formulas
@@ -39,10 +40,31 @@ def test_activation_bytes_per_layer():
     m = load_model("gpt-175b")     # s 2048, h 12288, a 96
     sbh = 2048 * 12288
     # s*b*h*(10 + 24/t + 5*a*s/(h*t)) with t = 4: 10 + 6 + 5*96*2048/(12288*4) = 16 + 20
-    assert memory.activation_bytes_per_layer(m, 1, 4, flash_attention=False) == pytest.approx(36 * sbh)
-    assert memory.activation_bytes_per_layer(m, 1, 4, flash_attention=True) == pytest.approx(16 * sbh)
-    assert memory.activation_bytes_per_layer(m, 2, 4, flash_attention=True) == pytest.approx(32 * sbh)
-    assert memory.checkpoint_bytes_per_layer(m, 1) == 2 * sbh
+    assert memory.activation_bytes_per_layer(m, Shape(1, 4), flash_attention=False) == pytest.approx(36 * sbh)
+    assert memory.activation_bytes_per_layer(m, Shape(1, 4), flash_attention=True) == pytest.approx(16 * sbh)
+    assert memory.activation_bytes_per_layer(m, Shape(2, 4), flash_attention=True) == pytest.approx(32 * sbh)
+    assert memory.checkpoint_bytes_per_layer(m, Shape(1)) == 2 * sbh
+    # sequence parallelism: s*b*h*34/t (Korthikanti et al.), its checkpoint split by t as well
+    assert memory.activation_bytes_per_layer(m, Shape(1, 4, sp=True), True) == pytest.approx(34 / 4 * sbh)
+    assert memory.checkpoint_bytes_per_layer(m, Shape(1, 4, sp=True)) == pytest.approx(2 * sbh / 4)
+    # context parallelism keeps s/cp of everything; selective recompute drops the scores (no FlashAttention)
+    assert memory.activation_bytes_per_layer(m, Shape(1, 4, c=2), True) == pytest.approx(16 * sbh / 2)
+    assert memory.activation_bytes_per_layer(m, Shape(1, 4, recompute="selective"), False) == pytest.approx(16 * sbh)
+
+
+def test_interleaved_schedule_keeps_more_in_flight():
+    # Megatron's warm-up on rank 0: 2(p - 1) + (v - 1)p + 1 = p*v + p - 1 virtual-stage passes
+    assert memory.in_flight(0, 4, 64, vp=2) == 2 * 3 + 4 + 1 == 4 * 2 + 4 - 1
+    assert memory.in_flight(3, 4, 64, vp=2) == 4 + 1
+    assert memory.in_flight(0, 4, 2, vp=2) == 4              # never more than m*v passes
+    m = load_model("gpt-175b")
+    plain = Layout(tp=8, pp=8, dp=1, micro_batch=1, recompute="none")
+    inter = Layout(tp=8, pp=8, virtual_pipeline=4, dp=1, micro_batch=1, recompute="none")
+    a1 = memory.stage_activation_bytes(m, plain, 0, 64, Shape(1, 8), True)
+    a4 = memory.stage_activation_bytes(m, inter, 0, 64, Shape(1, 8), True)
+    # Narayanan et al.: 1 + (p - 1)/(p v) times the layers' activations (boundary tensors aside)
+    layers = 8 * 12 * memory.activation_bytes_per_layer(m, Shape(1, 8), True)     # 8 in flight x 12 layers
+    assert a4 - a1 == pytest.approx(layers * (8 - 1) / (8 * 4) + (39 - 8) * 2 * 2048 * 12288, rel=1e-9)
 
 
 def test_in_flight_1f1b_rule():
@@ -59,9 +81,9 @@ def test_stage_activation_bytes_hand_computed():
     # stage 0: 16 in flight x (6 layer checkpoints + 1 output buffer) x 2sbh + one layer's working set
     # (16 sbh, of which its own 2 sbh checkpoint is already counted)
     expected = 16 * 7 * 2 * sbh + (16 - 2) * sbh
-    assert memory.stage_activation_bytes(m, layout, 0, 320, True) == pytest.approx(expected)
+    assert memory.stage_activation_bytes(m, layout, 0, 320, Shape(1, 4, recompute="full"), True) == pytest.approx(expected)
     no_ckpt = lay(4, 16, 2, ac=False)
-    assert memory.stage_activation_bytes(m, no_ckpt, 15, 320, True) == pytest.approx(6 * 16 * sbh + 2 * sbh)
+    assert memory.stage_activation_bytes(m, no_ckpt, 15, 320, Shape(1, 4), True) == pytest.approx(6 * 16 * sbh + 2 * sbh)
 
 
 def test_logits_and_params():
@@ -278,8 +300,8 @@ def test_checkpointing_lowers_activation_memory(case):
     i, layout = case
     w = _space(i)[0]
     m = micro_batches_per_pipeline(layout, w.global_batch)
-    on, off = _variant(layout, activation_checkpointing=True), _variant(layout, activation_checkpointing=False)
+    on, off = _variant(layout, recompute="full"), _variant(layout, recompute="none")
     for stage in (0, layout.pp - 1):
-        a_on = memory.stage_activation_bytes(w.model, on, stage, m, w.cluster.flash_attention)
-        a_off = memory.stage_activation_bytes(w.model, off, stage, m, w.cluster.flash_attention)
+        a_on = memory.stage_activation_bytes(w.model, on, stage, m, shape_of(on, w), w.cluster.flash_attention)
+        a_off = memory.stage_activation_bytes(w.model, off, stage, m, shape_of(off, w), w.cluster.flash_attention)
         assert a_on <= a_off + 1e-6

@@ -240,16 +240,16 @@ def command(tmp_path, cmd: str, **kw):
 
 def test_trial_dir_json_env_and_logs(tmp_path):
     r = command(tmp_path, fixture_cmd("fake_trainer.py")).run(spec("st", 7, zero_stage=0,
-                                                                    activation_checkpointing=False))
+                                                                    recompute="none"))
     d = tmp_path / "trials" / "st" / "7"
     assert r.status == Status.OK and r.log_path == str(d.resolve())
     assert r.samples_per_second == 12.0 and r.peak_memory_gb == 7.5      # 10 + micro_batch
-    t = spec("st", 7, zero_stage=0, activation_checkpointing=False)
+    t = spec("st", 7, zero_stage=0, recompute="none")
     assert r.mfu == pytest.approx(metrics.mfu(12.0, t.workload))          # the fixture's 999 TFLOPS ignored
     assert r.tflops_per_gpu == pytest.approx(metrics.megatron_tflops(12.0, t.workload, t.layout))
     assert r.peak_fraction == pytest.approx(r.tflops_per_gpu / load_cluster("frontier").peak_tflops)
     trial = json.loads((d / "trial.json").read_text())
-    assert trial == spec("st", 7, zero_stage=0, activation_checkpointing=False).as_json()
+    assert trial == spec("st", 7, zero_stage=0, recompute="none").as_json()
     assert set(trial) == {"study", "trial", "layout", "model", "cluster", "nodes", "gpus", "global_batch"}
     assert set(trial["layout"]) == {"tp", "pp", "dp", "micro_batch", "zero_stage", "activation_checkpointing"}
     env = json.loads((d / "env.json").read_text())
@@ -418,7 +418,7 @@ def test_step_time_is_converted_with_the_global_batch(tmp_path):
 
 def test_a_results_own_tflops_and_peak_fraction_are_ignored(tmp_path):
     r, trial = result_of(tmp_path, {"status": "ok", "samples_per_second": 4.0, "tflops_per_gpu": 999.0,
-                                    "peak_fraction": 0.99}, activation_checkpointing=True)
+                                    "peak_fraction": 0.99}, recompute="full")
     assert r.status == Status.OK, r.message
     assert r.tflops_per_gpu == pytest.approx(metrics.megatron_tflops(4.0, trial.workload, trial.layout))
     assert r.tflops_per_gpu != 999.0 and r.peak_fraction != 0.99

@@ -31,7 +31,7 @@ HERE = Path(__file__).parent
 GOLDEN = HERE / "golden"
 FIXTURES = HERE / "fixtures"
 TRIAL_DIR = "/lustre/orion/abc123/results/trials/gpt175b-frontier/7"
-STUDY_LAYOUT = Layout(tp=4, pp=16, dp=2, micro_batch=1, zero_stage=1, activation_checkpointing=True)
+STUDY_LAYOUT = Layout(tp=4, pp=16, dp=2, micro_batch=1, zero_stage=1, recompute="full")
 
 
 def frontier_trial(model: ModelSpec | str = "175b") -> TrialSpec:
@@ -188,7 +188,7 @@ def test_megatron_args_for_the_175b_layout():
     assert {"--fp16", "--checkpoint-activations", "--deepspeed-activation-checkpointing", "--deepspeed"} <= set(args)
     assert "--bf16" not in args and "--no-pipeline-parallel" not in args
     no_ckpt = pretrain_args(Layout(tp=8, pp=1, dp=16, micro_batch=2, zero_stage=2,
-                                   activation_checkpointing=False), w)
+                                   recompute="none"), w)
     assert "--checkpoint-activations" not in no_ckpt and "--no-pipeline-parallel" in no_ckpt and "--bf16" in no_ckpt
 
 
@@ -224,7 +224,7 @@ MEGATRON_FLAGS = {
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("lay", [STUDY_LAYOUT, Layout(tp=8, pp=1, dp=16, micro_batch=2, zero_stage=2,
-                                                      activation_checkpointing=False)])
+                                                      recompute="none")])
 def test_every_megatron_flag_exists_in_megatron_deepspeed(lay, precision):
     args = pretrain_args(lay, frontier_trial().workload, precision=precision)
     flags = {a for a in args if a.startswith("--")}

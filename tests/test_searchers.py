@@ -94,7 +94,7 @@ class TestSearcherContract:
     def test_failures_never_proposed_and_dominated_layouts_last(self, name):
         cands = sorted(set(SMALL) | {c for c in ALL if (c.tp, c.pp) == (8, 4)})
         s = make_searcher(name, cands, seed=5, workload=WORKLOAD)
-        oom = Layout(tp=8, pp=4, dp=4, micro_batch=2, zero_stage=1, activation_checkpointing=True)
+        oom = Layout(tp=8, pp=4, dp=4, micro_batch=2, zero_stage=1, recompute="full")
         s.tell(oom, TrialResult(Status.OOM, message="out of memory"))
         statuses = (Status.TIMEOUT, Status.FAILED, Status.PRUNED, Status.STOPPED)
         failed = [c for c in cands if c != oom][:4]

@@ -278,7 +278,7 @@ class TestStoreContract:
             conn.execute(text("UPDATE meta SET value = '1' WHERE key = 'schema_version'"))
         with pytest.raises(StoreError, match="tuner db upgrade"):
             open_store(shared_url)
-        assert "from schema version 1 to 2" in upgrade(shared_url)
+        assert "from schema version 1 to 3" in upgrade(shared_url)
         with open_store(shared_url) as again:
             t = again.best("gpt-22b", "frontier", 8)[0]
         w = make_workload("22b", 8)

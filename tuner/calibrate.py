@@ -211,11 +211,9 @@ def overhead_layouts(gpus: int, quick: bool = False) -> list:
     """The layouts the overhead runs train: dp = G, and tp = G unless quick or G = 1 (no ZeRO, no
     recompute: the plain step the overheads add to)."""
     from tuner.layout import Layout
-    lays = [Layout(tp=1, pp=1, dp=gpus, micro_batch=OVERHEAD_MICRO_BATCH, zero_stage=0,
-                   activation_checkpointing=False)]
+    lays = [Layout(tp=1, pp=1, dp=gpus, micro_batch=OVERHEAD_MICRO_BATCH, zero_stage=0, recompute="none")]
     if gpus > 1 and not quick:
-        lays.append(Layout(tp=gpus, pp=1, dp=1, micro_batch=OVERHEAD_MICRO_BATCH, zero_stage=0,
-                           activation_checkpointing=False))
+        lays.append(Layout(tp=gpus, pp=1, dp=1, micro_batch=OVERHEAD_MICRO_BATCH, zero_stage=0, recompute="none"))
     return lays
 
 

@@ -33,17 +33,18 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from tuner.layout import Layout
+from tuner.layout import RECOMPUTE, Layout
 from tuner.perfmodel import comm, predict
 from tuner.specs import Workload
 from tuner.trial import Status
 
-STAGE_KEYS = ("gemm", "attention", "elementwise", "tp_comm", "p2p", "microbatch_overhead")
-MEMORY_KEYS = ("weights", "gradients", "optimizer", "activations", "logits", "zero3_buffers", "reserved")
+STAGE_KEYS = ("gemm", "attention", "elementwise", "tp_comm", "cp_comm", "p2p", "microbatch_overhead")
+MEMORY_KEYS = ("weights", "gradients", "optimizer", "fp8_weights", "activations", "logits", "zero3_buffers",
+               "reserved")
 STOPPED_NOISE = 0.03          # log-noise of a stopped trial's upper bound (a few steps after warm-up)
 HISTORY_NOISE = 0.04          # extra log-noise of a stored trial from another study (drift between runs)
 OOM_MARGIN = 0.03             # an OOM says the memory ratio is at least capacity/predicted; assume a bit more
-Z_DIM, F_DIM, FM_DIM = 11, len(STAGE_KEYS) + 2, len(MEMORY_KEYS)
+Z_DIM, F_DIM, FM_DIM = 14, len(STAGE_KEYS) + 2, len(MEMORY_KEYS)
 FLOOR = 1e-3                  # never trust a predicted zero: predictions are floored here (MFU)
 
 
@@ -62,7 +63,9 @@ class Features:
 def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
     """Features of `layout` on `workload` (None: layout coordinates only, a flat prior)."""
     base = [math.log2(layout.tp) / 4, math.log2(layout.pp) / 6, math.log2(max(layout.dp, 1)) / 8,
-            math.log2(layout.micro_batch) / 4, layout.zero_stage / 3, float(layout.activation_checkpointing)]
+            math.log2(layout.micro_batch) / 4, layout.zero_stage / 3, RECOMPUTE.index(layout.recompute) / 2,
+            float(layout.sequence_parallel), math.log2(layout.context_parallel) / 4,
+            math.log2(layout.virtual_pipeline) / 4]
     if workload is None:
         return Features(np.array(base + [0.0] * 5), np.zeros(F_DIM), np.zeros(FM_DIM), math.log(0.3), 0.0, True)
     pred = pred or predict(layout, workload)
@@ -74,7 +77,7 @@ def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
     dp = (t.get("dp_grad_reduce", 0.0) + t.get("dp_param_gather", 0.0)) / step
     other = max(0.0, 1.0 - sum(shares) - dp)
     cross = float(comm.crosses_nodes(workload.cluster, layout.tp, 1))
-    z = np.array(base + [cross, bubble / step, shares[3], dp, math.log2(workload.nodes) / 8])
+    z = np.array(base + [cross, bubble / step, shares[3] + shares[4], dp, math.log2(workload.nodes) / 8])
     mb = pred.memory_breakdown
     mtot = sum(mb.get(k, 0.0) for k in MEMORY_KEYS) or 1.0
     fm = np.array([mb.get(k, 0.0) / mtot for k in MEMORY_KEYS])

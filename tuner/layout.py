@@ -1,7 +1,10 @@
 """The parallel layout of a training run and the rules that make it valid for a workload.
 
-Pure: no I/O. Megatron-DeepSpeed conventions: GPUs = tp * pp * dp, rank order TP fastest, then DP,
-then PP; DeepSpeed's pipeline engine refuses ZeRO-2/3 with pp > 1.
+Pure: no I/O. Megatron conventions: GPUs = tp * cp * pp * dp, rank order TP fastest, then CP, then DP,
+then PP; sequence parallelism (sp) lives inside the TP group; virtual pipeline stages (vp) interleave
+the layers of each pipeline rank; recompute is none, selective (the attention core) or full (every
+layer); ZeRO stage 1 is Megatron's distributed optimizer, and DeepSpeed's pipeline engine refuses
+ZeRO-2/3 with pp > 1.
 """
 
 from __future__ import annotations
@@ -29,16 +32,44 @@ class Dimension:
     default: object = None  # None: required
     searched: bool = True   # chosen by searchers and spaces (dp follows from tp * pp * dp = GPUs)
     log2: bool = False      # searchers compare its values on a log2 scale
+    choices: tuple = ()     # the allowed values of a str dimension, in the order searchers compare them
+    in_key: str = "always"  # "always", or "set": the layout key names it only away from its default
+    flag: str = ""          # the command-line option (predict, plan, search)
+    help: str = ""
 
+    def ordinal(self, value) -> float:
+        """The value as a number searchers compare: a str dimension's index among its choices."""
+        return float(self.choices.index(value)) if self.choices else float(value)
+
+    def text(self, value) -> str:
+        """The value as the key and the trial environment write it (bools 1/0)."""
+        return value if self.type is str else str(int(value))
+
+
+#: Recompute modes, in the order of the memory they save: none keeps every activation, selective
+#: re-runs the attention core in the backward pass, full re-runs every layer from its input.
+RECOMPUTE = ("none", "selective", "full")
 
 DIMENSIONS: tuple[Dimension, ...] = (
-    Dimension("tp", int, "tp", "tp", "TUNER_TP", log2=True),
-    Dimension("pp", int, "pp", "pp", "TUNER_PP", log2=True),
-    Dimension("dp", int, "dp", "dp", "TUNER_DP", searched=False, log2=True),
-    Dimension("micro_batch", int, "mb", "mb", "TUNER_MICRO_BATCH", log2=True),
-    Dimension("zero_stage", int, "z", "zero", "TUNER_ZERO_STAGE", default=1),
-    Dimension("activation_checkpointing", bool, "ac", "ckpt", "TUNER_ACTIVATION_CHECKPOINTING", default=True),
+    Dimension("tp", int, "tp", "tp", "TUNER_TP", log2=True, flag="--tp",
+              help="Tensor-parallel degree (GPUs per layer)."),
+    Dimension("sequence_parallel", bool, "sp", "sp", "TUNER_SEQUENCE_PARALLEL", default=False, in_key="set",
+              flag="--sequence-parallel", help="Megatron sequence parallelism inside the TP group (needs tp > 1)."),
+    Dimension("context_parallel", int, "cp", "cp", "TUNER_CONTEXT_PARALLEL", default=1, log2=True, in_key="set",
+              flag="--cp", help="Context-parallel degree (splits the sequence; ring K/V exchange)."),
+    Dimension("pp", int, "pp", "pp", "TUNER_PP", log2=True, flag="--pp", help="Pipeline-parallel degree (stages)."),
+    Dimension("virtual_pipeline", int, "vp", "vp", "TUNER_VIRTUAL_PIPELINE", default=1, log2=True, in_key="set",
+              flag="--vp", help="Virtual stages per pipeline rank (interleaved 1F1B; layers divisible by pp*vp)."),
+    Dimension("dp", int, "dp", "dp", "TUNER_DP", searched=False, log2=True, flag="--dp",
+              help="Data-parallel degree (default: GPUs / (tp * cp * pp))."),
+    Dimension("micro_batch", int, "mb", "mb", "TUNER_MICRO_BATCH", log2=True, flag="--micro-batch",
+              help="Samples per micro-batch per replica."),
+    Dimension("zero_stage", int, "z", "zero", "TUNER_ZERO_STAGE", default=1, flag="--zero-stage",
+              help="ZeRO stage 0-3 (1 = Megatron's distributed optimizer; 2 and 3 need pp = 1)."),
+    Dimension("recompute", str, "rc", "recompute", "TUNER_RECOMPUTE", default="full", choices=RECOMPUTE,
+              flag="--recompute", help="Activation recompute: none, selective (the attention core) or full."),
 )
+BY_NAME = {d.name: d for d in DIMENSIONS}
 LAYOUT_FIELDS = tuple(d.name for d in DIMENSIONS)
 SEARCHED = tuple(d.name for d in DIMENSIONS if d.searched)     # what a searcher or a space chooses
 
@@ -46,37 +77,61 @@ SEARCHED = tuple(d.name for d in DIMENSIONS if d.searched)     # what a searcher
 class _LayoutMethods:
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.context_parallel * self.pp * self.dp
+
+    @property
+    def checkpointing(self) -> bool:
+        """Whether every layer is recomputed (DeepSpeed's activation checkpointing)."""
+        return self.recompute == "full"
 
     def key(self) -> str:
-        """A stable, readable key: tp4-pp16-dp2-mb1-z1-ac1."""
-        return "-".join(f"{d.short}{int(getattr(self, d.name))}" for d in DIMENSIONS)
+        """A stable, readable key: tp4-pp16-dp2-mb1-z1-rcfull (sp1, cp2, vp4 appear when set)."""
+        return "-".join(f"{d.short}{d.text(getattr(self, d.name))}" for d in DIMENSIONS
+                        if d.in_key == "always" or getattr(self, d.name) != d.default)
 
     def as_dict(self) -> dict:
         return {d.name: getattr(self, d.name) for d in DIMENSIONS}
 
     def env(self) -> dict[str, str]:
-        """The layout as a trial command's environment (TUNER_TP=4, ..., bools as 1/0)."""
-        return {d.env: str(int(getattr(self, d.name))) for d in DIMENSIONS}
+        """The layout as a trial command's environment (TUNER_TP=4, ..., bools as 1/0, TUNER_RECOMPUTE=
+        full); TUNER_ACTIVATION_CHECKPOINTING (1 when recompute is full) stays for older scripts."""
+        env = {d.env: d.text(getattr(self, d.name)) for d in DIMENSIONS}
+        env["TUNER_ACTIVATION_CHECKPOINTING"] = str(int(self.checkpointing))
+        return env
 
     @classmethod
     def from_dict(cls, d: dict) -> "Layout":
-        missing = [f for f in LAYOUT_FIELDS if f not in d]
+        """A layout from its JSON form. Dimensions with a default may be absent; a layout written before
+        recompute had three modes (`activation_checkpointing` true/false) reads as full/none."""
+        d = dict(d)
+        if "recompute" not in d and "activation_checkpointing" in d:
+            ac = d.pop("activation_checkpointing")
+            d["recompute"] = ("full" if ac else "none") if ac in (0, 1) else ac
+        unknown = sorted(set(d) - set(LAYOUT_FIELDS))
+        if unknown:
+            raise InvalidLayout(f"unknown layout key(s) {', '.join(map(str, unknown))}; a layout has "
+                                f"{', '.join(LAYOUT_FIELDS)}")
+        missing = [dim.name for dim in DIMENSIONS if dim.default is None and dim.name not in d]
         if missing:
             raise InvalidLayout(f"layout is missing {', '.join(missing)}; a layout has {', '.join(LAYOUT_FIELDS)}")
-        kw = {}
-        for dim in DIMENSIONS:
-            v = d[dim.name]
-            whole = isinstance(v, (int, float)) and float(v).is_integer()
-            if not whole or (dim.type is bool and v not in (0, 1)):
-                want = "true/false (or 1/0)" if dim.type is bool else "a whole number"
-                raise InvalidLayout(f"layout value {dim.name} = {v!r} must be {want}")
-            kw[dim.name] = dim.type(int(v))
-        return cls(**kw)
+        return cls(**{dim.name: _value(dim, d[dim.name]) for dim in DIMENSIONS if dim.name in d})
 
 
-#: A frozen, ordered layout (tp, pp, dp, micro_batch, zero_stage=1, activation_checkpointing=True), its
-#: fields made from DIMENSIONS.
+def _value(dim: Dimension, v):
+    """One dimension's value from JSON/TOML, or InvalidLayout naming what it must be."""
+    if dim.type is str:
+        if v not in dim.choices:
+            raise InvalidLayout(f"layout value {dim.name} = {v!r} must be one of {', '.join(dim.choices)}")
+        return v
+    whole = isinstance(v, (int, float)) and not isinstance(v, str) and float(v).is_integer()
+    if not whole or (dim.type is bool and v not in (0, 1)):
+        want = "true/false (or 1/0)" if dim.type is bool else "a whole number"
+        raise InvalidLayout(f"layout value {dim.name} = {v!r} must be {want}")
+    return dim.type(int(v))
+
+
+#: A frozen, ordered layout (tp, sequence_parallel=False, context_parallel=1, pp, virtual_pipeline=1,
+#: dp, micro_batch, zero_stage=1, recompute="full"), its fields made from DIMENSIONS.
 Layout = make_dataclass(
     "Layout", [(d.name, d.type) if d.default is None else (d.name, d.type, field(default=d.default))
                for d in DIMENSIONS],
@@ -91,32 +146,69 @@ def micro_batches_per_pipeline(layout: Layout, global_batch: int) -> int:
 
 def why_invalid(layout: Layout, workload: "Workload") -> str | None:
     """The first rule `layout` breaks for `workload`, as a sentence, or None when it is valid."""
-    m, gpus = workload.model, workload.gpus
-    for name in ("tp", "pp", "dp", "micro_batch"):
+    return (why_invalid_values(layout, workload) or why_invalid_cut(layout, workload.model)
+            or why_invalid_schedule(layout, workload))
+
+
+def why_invalid_values(layout: Layout, workload: "Workload") -> str | None:
+    """Rules on the values alone: degrees >= 1, known ZeRO stage and recompute mode, the GPU count."""
+    gpus = workload.gpus
+    for name in ("tp", "context_parallel", "pp", "virtual_pipeline", "dp", "micro_batch"):
         if getattr(layout, name) < 1:
             return f"{name} must be >= 1 (got {getattr(layout, name)})"
     if layout.zero_stage not in (0, 1, 2, 3):
         return f"zero_stage must be 0, 1, 2 or 3 (got {layout.zero_stage})"
+    if layout.recompute not in RECOMPUTE:
+        return f"recompute must be one of {', '.join(RECOMPUTE)} (got {layout.recompute!r})"
     if layout.gpus != gpus:
-        return (f"tp*pp*dp = {layout.tp}*{layout.pp}*{layout.dp} = {layout.gpus} but the workload has "
-                f"{gpus} GPUs ({workload.nodes} nodes x {workload.cluster.gpus_per_node})")
-    if m.num_attention_heads % layout.tp:
-        return f"attention heads ({m.num_attention_heads}) are not divisible by tp={layout.tp}"
-    if m.num_query_groups % layout.tp:
-        return (f"key/value heads (num_query_groups {m.num_query_groups}) are not divisible by tp={layout.tp} "
+        cp = f"*{layout.context_parallel}" if layout.context_parallel > 1 else ""
+        return (f"tp*{'cp*' if cp else ''}pp*dp = {layout.tp}{cp}*{layout.pp}*{layout.dp} = {layout.gpus} but the "
+                f"workload has {gpus} GPUs ({workload.nodes} nodes x {workload.cluster.gpus_per_node})")
+    return None
+
+
+def why_invalid_cut(layout: Layout, m) -> str | None:
+    """Rules the model's shape sets on how tp, sp, cp, pp and vp cut it (they read no other dimension)."""
+    tp, cp = layout.tp, layout.context_parallel
+    if m.num_attention_heads % tp:
+        return f"attention heads ({m.num_attention_heads}) are not divisible by tp={tp}"
+    if m.num_query_groups % tp:
+        return (f"key/value heads (num_query_groups {m.num_query_groups}) are not divisible by tp={tp} "
                 "(each tensor-parallel rank holds whole K/V heads)")
-    if m.hidden_size % layout.tp:
-        return f"hidden size ({m.hidden_size}) is not divisible by tp={layout.tp}"
-    if m.ffn_hidden_size % layout.tp:
-        return f"ffn hidden size ({m.ffn_hidden_size}) is not divisible by tp={layout.tp}"
+    if m.hidden_size % tp:
+        return f"hidden size ({m.hidden_size}) is not divisible by tp={tp}"
+    if m.ffn_hidden_size % tp:
+        return f"ffn hidden size ({m.ffn_hidden_size}) is not divisible by tp={tp}"
+    if layout.sequence_parallel and tp == 1:
+        return "sequence_parallel needs tp > 1 (it splits the sequence across the tensor-parallel group)"
+    if layout.sequence_parallel and m.seq_length % (tp * cp):
+        return (f"sequence length ({m.seq_length}) is not divisible by tp*cp = {tp * cp} "
+                "(sequence parallelism gives each tensor-parallel rank an equal share)")
+    if cp > 1 and m.seq_length % (2 * cp):
+        return (f"sequence length ({m.seq_length}) is not divisible by 2*cp = {2 * cp} (context parallelism "
+                "cuts the sequence into 2*cp chunks to balance causal attention)")
     if m.num_layers % layout.pp:
         return f"layers ({m.num_layers}) are not divisible by pp={layout.pp} (stages must hold equal layers)"
+    if layout.virtual_pipeline > 1 and layout.pp == 1:
+        return "virtual_pipeline > 1 needs pp > 1 (it interleaves the stages of a pipeline)"
+    if m.num_layers % (layout.pp * layout.virtual_pipeline):
+        return (f"layers ({m.num_layers}) are not divisible by pp*vp = {layout.pp}*{layout.virtual_pipeline} "
+                "(every virtual stage holds equal layers)")
+    return None
+
+
+def why_invalid_schedule(layout: Layout, workload: "Workload") -> str | None:
+    """Rules of the batch and of the engines: micro-batches, ZeRO with pipelines."""
     if workload.global_batch % (layout.micro_batch * layout.dp):
         return (f"global batch ({workload.global_batch}) is not divisible by micro_batch*dp = "
                 f"{layout.micro_batch}*{layout.dp}")
     if layout.pp > 1 and layout.zero_stage >= 2:
         return (f"ZeRO-{layout.zero_stage} with pp={layout.pp} is refused by DeepSpeed's pipeline engine "
                 "(use zero_stage 0 or 1 with pipeline parallelism)")
+    m = micro_batches_per_pipeline(layout, workload.global_batch)
+    if layout.virtual_pipeline > 1 and m % layout.pp:
+        return (f"the interleaved schedule needs the micro-batches per pipeline ({m}) to be a multiple of "
+                f"pp={layout.pp} (Megatron's rule with virtual_pipeline > 1)")
     return None
 
 

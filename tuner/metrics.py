@@ -26,8 +26,8 @@ def mfu(samples_per_second: float, workload: Workload) -> float:
 
 
 def megatron_tflops(samples_per_second: float, workload: Workload, layout: Layout) -> float:
-    """Megatron's TFLOPS per GPU (recompute counted when checkpointing) of a measured throughput."""
-    per_sample = megatron_flops(workload.model, 1, layout.activation_checkpointing)
+    """Megatron's TFLOPS per GPU (recomputed work counted) of a measured throughput."""
+    per_sample = megatron_flops(workload.model, 1, layout.recompute)
     return samples_per_second * per_sample / (workload.gpus * 1e12)
 
 

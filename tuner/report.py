@@ -61,8 +61,7 @@ def top_rows(trials, k: int = 10) -> list[dict]:
     """The `k` fastest layouts as table rows (percentages, not fractions). mfu_% ranks; mgt_* is
     Megatron's count with recompute (the Frontier study's figure)."""
     pct = lambda v: None if v is None else 100 * v
-    return [{"rank": i + 1, "trial": t.number, "tp": t.layout.tp, "pp": t.layout.pp, "dp": t.layout.dp,
-             "mb": t.layout.micro_batch, "zero": t.layout.zero_stage, "ckpt": t.layout.activation_checkpointing,
+    return [{"rank": i + 1, "trial": t.number, **flat_layout(t.layout.as_dict()),
              "samples_s": t.samples_per_second, "mfu_%": pct(t.mfu), "pred_mfu_%": pct(t.predicted_mfu),
              "mgt_tflops": t.tflops_per_gpu, "mgt_peak_%": pct(t.peak_fraction),
              "mem_gb": t.peak_memory_gb, "pred_mem_gb": t.predicted_memory_gb}

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import SpecError, UsageError
-from tuner.layout import DIMENSIONS as LAYOUT_DIMS, SEARCHED, Layout, micro_batches_per_pipeline, why_invalid as layout_why_invalid
+from tuner.layout import (BY_NAME, DIMENSIONS as LAYOUT_DIMS, SEARCHED, Layout, micro_batches_per_pipeline,
+                          why_invalid as layout_why_invalid, why_invalid_cut, why_invalid_schedule,
+                          why_invalid_values)
 from tuner.specs import Workload, preset_dir, read_toml
 
 DIMENSIONS = SEARCHED     # the dimensions a space chooses (tuner.layout.DIMENSIONS); dp follows
@@ -23,32 +25,45 @@ _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, as
         ast.Mod: operator.mod, ast.Div: operator.truediv, ast.Lt: operator.lt, ast.LtE: operator.le,
         ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Eq: operator.eq, ast.NotEq: operator.ne,
         ast.USub: operator.neg, ast.Not: operator.not_}
-NAMES = ("tp", "pp", "dp", "micro_batch", "zero_stage", "activation_checkpointing", "gpus", "nodes",
-         "gpus_per_node", "num_layers", "hidden_size", "num_attention_heads", "global_batch", "m")
+NAMES = (*(d.name for d in LAYOUT_DIMS), "gpus", "nodes", "gpus_per_node", "num_layers", "hidden_size",
+         "num_attention_heads", "num_query_groups", "seq_length", "global_batch", "m")
 
 
-def _eval(node: ast.AST, env: dict):
+def _closure(node: ast.AST):
+    """A function env -> value for a checked expression tree (tuner's own small evaluator, no Python
+    eval): each node becomes a closure once, so a constraint costs a few calls per layout."""
     if isinstance(node, ast.Expression):
-        return _eval(node.body, env)
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, bool)):
-        return node.value
+        return _closure(node.body)
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, bool, str)):
+        value = node.value
+        return lambda env: value
     if isinstance(node, ast.Name):
-        return env[node.id]
+        name = node.id
+        return lambda env: env[name]
     if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-        return _OPS[type(node.op)](_eval(node.left, env), _eval(node.right, env))
+        op, left, right = _OPS[type(node.op)], _closure(node.left), _closure(node.right)
+        return lambda env: op(left(env), right(env))
     if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
-        return _OPS[type(node.op)](_eval(node.operand, env))
+        op, operand = _OPS[type(node.op)], _closure(node.operand)
+        return lambda env: op(operand(env))
     if isinstance(node, ast.BoolOp):
-        vals = (_eval(v, env) for v in node.values)
-        return all(vals) if isinstance(node.op, ast.And) else any(vals)
+        parts = [_closure(v) for v in node.values]
+        if isinstance(node.op, ast.And):
+            return lambda env: all(p(env) for p in parts)
+        return lambda env: any(p(env) for p in parts)
     if isinstance(node, ast.Compare):
-        left = _eval(node.left, env)
-        for op, comp in zip(node.ops, node.comparators):
-            right = _eval(comp, env)
-            if not _OPS[type(op)](left, right):
-                return False
-            left = right
-        return True
+        first = _closure(node.left)
+        pairs = [(_OPS[type(op)], _closure(c)) for op, c in zip(node.ops, node.comparators)]
+
+        def compare(env):
+            left = first(env)
+            for op, comp in pairs:
+                right = comp(env)
+                if not op(left, right):
+                    return False
+                left = right
+            return True
+        return compare
     raise ValueError(f"unsupported expression element {type(node).__name__}")
 
 
@@ -65,6 +80,18 @@ def _compile(name: str, expr: str, where: str) -> ast.Expression:
         if not isinstance(n, allowed):
             raise SpecError(f"{where}: constraint '{name}' uses unsupported {type(n).__name__}")
     return tree
+
+
+def _check_choices(dim: str, values: list, where: str) -> None:
+    """Each choice of a dimension has its type (a str dimension: one of its values)."""
+    d = BY_NAME[dim]
+    for v in values:
+        ok = (v in d.choices) if d.type is str else (isinstance(v, bool) if d.type is bool else
+                                                      isinstance(v, int) and not isinstance(v, bool))
+        if not ok:
+            want = (f"one of {', '.join(map(repr, d.choices))}" if d.type is str else
+                    "true or false" if d.type is bool else "whole numbers")
+            raise SpecError(f"{where}: dimension '{dim}' has choice {v!r}; its choices must be {want}")
 
 
 def divisors(n: int) -> list[int]:
@@ -103,6 +130,8 @@ class SearchSpace:
                     raise SpecError(f"{where}: dimension '{k}' = {v!r}: use a list or \"divisors:num_layers\"")
             elif not (isinstance(v, list) and v):
                 raise SpecError(f"{where}: dimension '{k}' must be a non-empty list of choices")
+            else:
+                _check_choices(k, v, where)
         cons = data.get("constraints", {})
         for k, v in cons.items():
             if not isinstance(v, str):
@@ -110,10 +139,18 @@ class SearchSpace:
             _compile(k, v, where)
         return cls(Path(where).stem, dims, cons)
 
+    def pinned(self, values: dict) -> "SearchSpace":
+        """The space with each dimension of `values` fixed to that one choice (plan/search --cp 2 ...)."""
+        if not values:
+            return self
+        return SearchSpace(self.name, {**self.dimensions, **{k: [v] for k, v in values.items()}}, self.constraints)
+
     def choices(self, dim: str, workload: Workload) -> list:
+        """The choices of a dimension; one the space does not name takes its default (micro_batch 1)."""
         v = self.dimensions.get(dim)
         if v is None:
-            return {"zero_stage": [1], "activation_checkpointing": [True], "micro_batch": [1]}.get(dim, [1])
+            default = BY_NAME[dim].default
+            return [1 if default is None else default]
         if isinstance(v, str):
             key = v.split(":", 1)[1]
             n = workload.global_batch if key == "global_batch" else getattr(workload.model, key)
@@ -121,9 +158,10 @@ class SearchSpace:
         return list(v)
 
     def _env(self, layout: Layout, w: Workload) -> dict:
+        m = w.model
         return {**layout.as_dict(), "gpus": w.gpus, "nodes": w.nodes, "gpus_per_node": w.cluster.gpus_per_node,
-                "num_layers": w.model.num_layers, "hidden_size": w.model.hidden_size,
-                "num_attention_heads": w.model.num_attention_heads, "global_batch": w.global_batch,
+                "num_layers": m.num_layers, "hidden_size": m.hidden_size, "num_attention_heads": m.num_attention_heads,
+                "num_query_groups": m.num_query_groups, "seq_length": m.seq_length, "global_batch": w.global_batch,
                 "m": micro_batches_per_pipeline(layout, w.global_batch) if layout.dp else 0}
 
     def why_invalid(self, layout: Layout, workload: Workload) -> str | None:
@@ -135,25 +173,33 @@ class SearchSpace:
                 return f"{dim}={getattr(layout, dim)} is not among the space's choices"
         env = self._env(layout, workload)
         for name, expr in self.constraints.items():
-            if not _eval(_compile(name, expr, self.name), env):
+            if not _closure(_compile(name, expr, self.name))(env):
                 return f"constraint '{name}' ({expr}) does not hold"
         return None
 
     def enumerate_layouts(self, workload: Workload) -> list[Layout]:
-        """Every valid layout of the space for the workload, in a stable order."""
-        compiled = [_compile(k, v, self.name) for k, v in self.constraints.items()]
+        """Every valid layout of the space for the workload, in a stable order. The GPU count fixes dp,
+        so only (tp, cp, pp) that divide it are expanded; the model's cut (tp, sp, cp, pp, vp) is
+        checked once before its micro-batch, ZeRO and recompute choices are."""
+        checks = [_closure(_compile(k, v, self.name)) for k, v in self.constraints.items()]
+        choices = {d: self.choices(d, workload) for d in DIMENSIONS}
+        types = {d.name: d.type for d in LAYOUT_DIMS}
+        cut = [d for d in DIMENSIONS if d in ("tp", "sequence_parallel", "context_parallel", "pp", "virtual_pipeline")]
+        rest = [d for d in DIMENSIONS if d not in cut]
         out = []
-        for values in itertools.product(*(self.choices(d, workload) for d in DIMENSIONS)):
-            v = dict(zip(DIMENSIONS, values))
-            if workload.gpus % (v["tp"] * v["pp"]):
+        for values in itertools.product(*(choices[d] for d in cut)):
+            shape = {d: types[d](v) for d, v in zip(cut, values)}
+            n = shape["tp"] * shape["context_parallel"] * shape["pp"]
+            if workload.gpus % n or why_invalid_cut(Layout(**shape, dp=workload.gpus // n, micro_batch=1),
+                                                    workload.model):
                 continue
-            lay = Layout(**{d.name: d.type(v[d.name]) for d in LAYOUT_DIMS if d.searched},
-                         dp=workload.gpus // (v["tp"] * v["pp"]))
-            if layout_why_invalid(lay, workload):
-                continue
-            env = self._env(lay, workload)
-            if all(_eval(c, env) for c in compiled):
-                out.append(lay)
+            for more in itertools.product(*(choices[d] for d in rest)):
+                lay = Layout(**shape, dp=workload.gpus // n, **{d: types[d](v) for d, v in zip(rest, more)})
+                if why_invalid_values(lay, workload) or why_invalid_schedule(lay, workload):
+                    continue
+                env = self._env(lay, workload)
+                if all(c(env) for c in checks):
+                    out.append(lay)
         return sorted(out)
 
 
@@ -182,7 +228,7 @@ def no_layout_reason(space: SearchSpace, workload: Workload) -> str:
             continue
         for mb in space.choices("micro_batch", workload):
             r = space.why_invalid(Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, zero_stage=min(
-                space.choices("zero_stage", workload)), activation_checkpointing=True), workload)
+                space.choices("zero_stage", workload)), recompute="full"), workload)
             if r:
                 kind = re.sub(r"\d+", "#", r)
                 counts[kind] = counts.get(kind, 0) + 1

@@ -56,6 +56,7 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
     "name": (str, ...),
     "gpus_per_node": (int, ...),
     "peak_tflops": (float, ...),                 # dense bf16/fp16 per GPU
+    "peak_tflops_fp8": (float, None),            # dense FP8 per GPU (none: the GPU has no FP8 GEMMs)
     "memory_gb": (float, ...),                   # per GPU
     "hbm_bandwidth_gbps": (float, ...),          # per GPU
     "intra_node_bandwidth_gbps": (float, ...),   # per GPU, per direction, whole-node groups
@@ -248,6 +249,7 @@ class ClusterSpec:
     flash_attention: bool = True
     group_bandwidth_gbps: dict | None = None
     slurm: dict | None = None
+    peak_tflops_fp8: float | None = None
 
     def intra_group_bandwidth(self, size: int) -> float:
         """Per-GPU bandwidth (GB/s) of a collective group of `size` GPUs inside one node."""
@@ -274,14 +276,20 @@ class ClusterSpec:
         return cls(**d)
 
 
+PRECISIONS = ("bf16", "fp8")
+
+
 @dataclass(frozen=True)
 class Workload:
-    """What a study tunes for: a model on `nodes` nodes of a cluster at a global batch."""
+    """What a study tunes for: a model on `nodes` nodes of a cluster at a global batch, in a precision
+    (bf16, or fp8: the layers' GEMMs at the cluster's FP8 rate, the rest in bf16; MFU is stated
+    against the bf16 peak either way, as published tables do)."""
 
     model: ModelSpec
     cluster: ClusterSpec
     nodes: int
     global_batch: int
+    precision: str = "bf16"
 
     @property
     def gpus(self) -> int:
@@ -289,12 +297,12 @@ class Workload:
 
     def as_dict(self) -> dict:
         return {"model": self.model.as_dict(), "cluster": self.cluster.as_dict(),
-                "nodes": self.nodes, "global_batch": self.global_batch}
+                "nodes": self.nodes, "global_batch": self.global_batch, "precision": self.precision}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Workload":
         return cls(ModelSpec.from_dict(d["model"]), ClusterSpec.from_dict(d["cluster"]),
-                   int(d["nodes"]), int(d["global_batch"]))
+                   int(d["nodes"]), int(d["global_batch"]), d.get("precision") or "bf16")
 
 
 def read_toml(path: Path | Traversable | str) -> dict:
@@ -382,7 +390,7 @@ def load_cluster(name: str) -> ClusterSpec:
 
 
 def make_workload(model: str | ModelSpec, nodes: int, cluster: str | ClusterSpec = "frontier",
-                  global_batch: int | None = None) -> Workload:
+                  global_batch: int | None = None, precision: str = "bf16") -> Workload:
     m = load_model(model) if isinstance(model, str) else model
     c = load_cluster(cluster) if isinstance(cluster, str) else cluster
     if nodes is None:
@@ -398,4 +406,9 @@ def make_workload(model: str | ModelSpec, nodes: int, cluster: str | ClusterSpec
         raise UsageError(f"--global-batch must be at most {MAX_INT} (got {gb})")
     if nodes * c.gpus_per_node > MAX_INT:
         raise UsageError(f"{nodes} nodes x {c.gpus_per_node} GPUs is more than {MAX_INT} GPUs: use fewer --nodes")
-    return Workload(m, c, nodes, gb)
+    if precision not in PRECISIONS:
+        raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)} (got {precision!r})")
+    if precision == "fp8" and not c.peak_tflops_fp8:
+        raise UsageError(f"cluster '{c.name}' has no peak_tflops_fp8 (its GPUs run no FP8 GEMMs, e.g. MI250X): "
+                         "use --precision bf16, or add peak_tflops_fp8 to the cluster file")
+    return Workload(m, c, nodes, gb, precision)

@@ -7,6 +7,7 @@ import time
 import click
 
 from tuner.cli import FORMAT_OPTION, cli
+from tuner.cli.options import layout_options, workload_options
 from tuner.cli.render import flat_layout, render
 from tuner.errors import UsageError
 from tuner.layout import Layout, validate
@@ -14,22 +15,6 @@ from tuner.perfmodel import keeps_headroom, predict as model_predict, rank
 from tuner.best import require_fit
 from tuner.space import load_space, valid_layouts
 from tuner.specs import make_workload
-
-WORKLOAD_OPTIONS = [
-    click.option("--model", required=True, help="Model preset (gpt-1.4b, 22b, 175b, 1t, tiny, small) or TOML path."),
-    click.option("--nodes", type=click.IntRange(min=1), default=None,
-                 help="Number of nodes of the cluster (required; only `search --runner local` defaults to 1)."),
-    click.option("--cluster", default="frontier", show_default=True, help="Cluster preset or TOML path."),
-    click.option("--global-batch", type=click.IntRange(min=1), default=None,
-                 help="Global batch in samples (default: the model's recipe)."),
-]
-
-
-def workload_options(fn):
-    for opt in reversed(WORKLOAD_OPTIONS):
-        fn = opt(fn)
-    return fn
-
 
 def prediction_row(p, w) -> dict:
     """mfu_% (model FLOPs) ranks; mgt_* is Megatron's count with recompute, the Frontier study's figure."""
@@ -41,34 +26,27 @@ def prediction_row(p, w) -> dict:
 
 @cli.command()
 @workload_options
-@click.option("--tp", type=click.IntRange(min=1), required=True, help="Tensor-parallel degree (GPUs per layer).")
-@click.option("--pp", type=click.IntRange(min=1), required=True, help="Pipeline-parallel degree (stages).")
-@click.option("--dp", type=click.IntRange(min=1), default=None, help="Default: GPUs / (tp * pp).")
-@click.option("--micro-batch", type=click.IntRange(min=1), required=True, help="Samples per micro-batch per replica.")
-@click.option("--zero-stage", type=click.IntRange(0, 3), default=1, show_default=True,
-              help="DeepSpeed ZeRO stage (0-3; 2 and 3 need pp = 1).")
-@click.option("--activation-checkpointing/--no-activation-checkpointing", default=True, show_default=True,
-              help="Recompute activations in the backward pass (less memory, more compute).")
+@layout_options(required=("tp", "pp", "micro_batch"))
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
               help="Output format.")
-def predict(model, nodes, cluster, global_batch, tp, pp, dp, micro_batch, zero_stage, activation_checkpointing, fmt):
+def predict(model, nodes, cluster, global_batch, precision, layout, fmt):
     """Predict throughput and memory of one layout.
 
-    Example: tuner predict --model 175b --nodes 16 --tp 4 --pp 16 --micro-batch 1
+    Example: tuner predict --model llama3-70b --cluster h100 --nodes 64 --tp 4 --sequence-parallel --cp 2 --pp 4 --vp 5 --micro-batch 1 --recompute none
     """
-    w = make_workload(model, nodes, cluster, global_batch)
-    if dp is None:
-        if w.gpus % (tp * pp):
-            raise UsageError(f"tp*pp = {tp * pp} does not divide {w.gpus} GPUs; pick tp and pp that do, or pass --dp")
-        dp = w.gpus // (tp * pp)
-    lay = validate(Layout(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero_stage=zero_stage,
-                          activation_checkpointing=activation_checkpointing), w)
+    w = make_workload(model, nodes, cluster, global_batch, precision)
+    if "dp" not in layout:
+        n = layout["tp"] * layout.get("context_parallel", 1) * layout["pp"]
+        if w.gpus % n:
+            raise UsageError(f"tp*cp*pp = {n} does not divide {w.gpus} GPUs; pick degrees that do, or pass --dp")
+        layout["dp"] = w.gpus // n
+    lay = validate(Layout(**layout), w)
     p = model_predict(lay, w)
     if fmt == "json":
         click.echo(render([], "json", json_obj=p.as_dict()))
         return
     click.echo(f"{w.model.name} on {w.nodes} x {w.cluster.name} node(s) = {w.gpus} GPUs, global batch "
-               f"{w.global_batch}, layout {lay.key()}")
+               f"{w.global_batch}, {w.precision}, layout {lay.key()}")
     click.echo(f"  {p.samples_per_second:.2f} samples/s, MFU {100 * p.mfu:.2f} %, step {p.step_time_s:.3f} s; "
                f"Megatron's count (recompute included): {p.tflops_per_gpu:.4g} TFLOPS/GPU = "
                f"{100 * p.peak_fraction:.2f} % of peak")
@@ -85,14 +63,16 @@ def predict(model, nodes, cluster, global_batch, tp, pp, dp, micro_batch, zero_s
 @click.option("--space", default="default", show_default=True, help="Search space name or TOML path.")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="How many layouts to list.")
 @click.option("--all", "show_all", is_flag=True, help="Include layouts that do not fit in memory.")
+@layout_options(pins=True)
 @FORMAT_OPTION
-def plan(model, nodes, cluster, global_batch, space, top, show_all, fmt):
-    """Rank every valid layout by the performance model (a planner answer in seconds).
+def plan(model, nodes, cluster, global_batch, precision, space, top, show_all, layout, fmt):
+    """Rank every valid layout by the performance model (a planner answer in seconds). A layout option
+    (--tp, --cp, --vp, --recompute, ...) pins that dimension.
 
     Example: tuner plan --model 175b --nodes 128 --top 5
     """
-    w = make_workload(model, nodes, cluster, global_batch)
-    sp = load_space(space)
+    w = make_workload(model, nodes, cluster, global_batch, precision)
+    sp = load_space(space).pinned(layout)
     layouts = valid_layouts(sp, w)
     t0 = time.perf_counter()
     ranked = rank(layouts, w)

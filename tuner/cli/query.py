@@ -8,14 +8,14 @@ from tuner.cli import DB_OPTION, FORMAT_OPTION, cli, read_store
 from tuner.cli.render import flat_layout, render
 from tuner.report import ok_trials
 from tuner.errors import TunerError
+from tuner.layout import DIMENSIONS
 from tuner.store import upgrade
 from tuner.trial import Status
 
 # Speed columns: samples_s and mfu_% (model FLOPs, no recompute: the ranking); mgt_tflops and mgt_peak_%
 # are Megatron's count with recompute (the Frontier study's figure), reported beside it, never ranked on.
 SPEED_COLUMNS = ["samples_s", "mfu_%", "mgt_tflops", "mgt_peak_%"]
-TRIAL_COLUMNS = ["trial", "status", "tp", "pp", "dp", "mb", "zero", "ckpt", *SPEED_COLUMNS, "pred_mfu_%", "mem_gb",
-                 "message"]
+TRIAL_COLUMNS = ["trial", "status", *(d.column for d in DIMENSIONS), *SPEED_COLUMNS, "pred_mfu_%", "mem_gb", "message"]
 
 
 def pct(v):

@@ -20,13 +20,20 @@ def _cell(v) -> str:
 
 
 def table(rows: list[dict], columns: list[str] | None = None) -> str:
+    """A text table; layout columns that every row leaves at their default (sp, cp, vp) are left out."""
     if not rows:
         return "(none)"
-    columns = columns or list(rows[0])
+    columns = [c for c in columns or list(rows[0]) if not _at_default(c, rows)]
     cells = [[_cell(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     line = lambda vals: "  ".join(v.rjust(w) if _numeric(v) else v.ljust(w) for v, w in zip(vals, widths)).rstrip()
     return "\n".join([line(columns), line(["-" * w for w in widths]), *(line(r) for r in cells)])
+
+
+def _at_default(column: str, rows: list[dict]) -> bool:
+    from tuner.layout import DIMENSIONS
+    dim = next((d for d in DIMENSIONS if d.column == column and d.in_key == "set"), None)
+    return dim is not None and all(r.get(column, dim.default) == dim.default for r in rows)
 
 
 def _numeric(s: str) -> bool:

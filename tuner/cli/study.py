@@ -10,7 +10,7 @@ import click
 
 from tuner import study as studies
 from tuner.cli import DB_OPTION, FORMAT_OPTION, cli
-from tuner.cli.plan import workload_options
+from tuner.cli.options import layout_options, workload_options
 from tuner.cli.progress import ProgressView
 from tuner.cli.query import best_rows, top_rows
 from tuner.cli.render import render
@@ -114,7 +114,8 @@ def show_result(store, name: str, result, fmt: str) -> None:
               help="Run on even when trials fail the same way (default: stop after 3 in a row with no success).")
 @click.option("--early-stop", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
               help="Stop a real trial whose throughput after warm-up is below this fraction of the best so far.")
-def search(model, nodes, cluster, global_batch, space, runner, searcher, budget, parallel, study, db, seed, fmt,
+@layout_options(pins=True)
+def search(model, nodes, cluster, global_batch, precision, layout, space, runner, searcher, budget, parallel, study, db, seed, fmt,
            time_limit, no_prune, noise, sim_delay, command, gpus, trial_timeout, template, executor, ray_address,
            results_dir, warm_start, stop_threshold, no_stop, keep_going, early_stop):
     """Start a study: propose layouts, run trials, store every result.
@@ -123,8 +124,8 @@ def search(model, nodes, cluster, global_batch, space, runner, searcher, budget,
     """
     if nodes is None and runner == "local":
         nodes = 1
-    w = make_workload(model, nodes, cluster, global_batch)
-    sp = load_space(space)
+    w = make_workload(model, nodes, cluster, global_batch, precision)
+    sp = load_space(space).pinned(layout)
     store = open_store(db)
     name = check_study_name(study) if study else generated_name(w.model.name, nodes, set(store.study_names()))
     if runner == "local" and gpus and gpus != w.gpus:

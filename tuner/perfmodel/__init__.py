@@ -4,12 +4,14 @@ Pure and fast (no I/O, no numpy): `tuner plan` ranks every valid layout with it.
 memory.py, per-micro-batch compute from compute.py, communication from comm.py; every hardware
 constant comes from the workload's ClusterSpec, so the same code predicts any cluster file.
 
-Step time of one iteration, DeepSpeed's 1F1B pipeline without interleaving:
+Step time of one iteration, the 1F1B pipeline (interleaved over v virtual stages per rank):
 
-    step = (m + p - 1) * t_stage(slowest) + t_dp + t_embedding_sync + t_optimizer + t_step_overhead
+    step = (m + (p - 1) / v) * t_stage(slowest) + t_dp + t_embedding_sync + t_optimizer + t_step_overhead
 
-t_stage = compute (GEMMs, attention, element-wise) + TP all-reduces + blocking p2p + a fixed
-per-micro-batch overhead; the slowest stage is the first or last (embedding / LM head and loss).
+t_stage = compute (GEMMs, attention, element-wise) + TP all-reduces (reduce-scatter + all-gather with
+sequence parallelism) + the context-parallel K/V ring beyond the attention it overlaps + blocking p2p
+(v times per micro-batch when interleaved) + a fixed per-micro-batch overhead; the slowest stage is
+the first or last (embedding / LM head and loss).
 DP/ZeRO collectives run after gradient accumulation and are not overlapped with the pipeline.
 t_step_overhead is the cluster's fixed cost per iteration (step_overhead_ms; 0 unless measured, as
 `tuner calibrate` does from real runs of the harness).
@@ -19,35 +21,53 @@ from __future__ import annotations
 
 from tuner.layout import Layout, micro_batches_per_pipeline
 from tuner.perfmodel import comm, compute, memory
+from tuner.perfmodel.compute import shape_of
 from tuner.perfmodel.flops import megatron_flops, model_flops
 from tuner.perfmodel.prediction import Prediction
 from tuner.specs import Workload
 
-__all__ = ["predict", "rank", "keeps_headroom", "Prediction", "stage_times"]
+__all__ = ["predict", "rank", "keeps_headroom", "Prediction", "stage_times", "shape_of"]
+
+
+def layer_comm(layout: Layout, workload: Workload, sh: compute.Shape, attention_s: float) -> dict:
+    """Per layer and micro-batch: TP collectives and the exposed context-parallel ring (K and V go
+    round forward and in each recompute; K, V and their gradients backward; the ring overlaps the
+    attention core it feeds, and only what exceeds it shows)."""
+    model, cluster = workload.model, workload.cluster
+    act = 2.0 * model.seq_length * sh.tokens * model.hidden_size      # one bf16 activation of this rank
+    tp = comm.tp_allreduces_per_layer(sh.recompute) * comm.tp_allreduce_time(cluster, sh.t, act)
+    kv = 2.0 * 2.0 * model.seq_length * sh.tokens * model.kv_size / sh.t
+    passes = 1.0 + (sh.recompute != "none") + 2.0
+    ring = passes * comm.cp_ring_time(cluster, sh.t, sh.c, kv)
+    return {"tp_comm": tp, "cp_comm": max(0.0, ring - attention_s), "activation_bytes": act}
 
 
 def stage_times(layout: Layout, workload: Workload) -> tuple[dict, dict]:
     """Seconds per micro-batch of (first stage, last stage), each a breakdown by component.
     With pp = 1 both are the single stage that holds everything."""
     model, cluster = workload.model, workload.cluster
-    t, p, b, ckpt = layout.tp, layout.pp, layout.micro_batch, layout.activation_checkpointing
+    t, p, sh = layout.tp, layout.pp, shape_of(layout, workload)
     layers = model.num_layers // p
-    lay = compute.layer_times(model, cluster, b, t, ckpt)
-    ar_bytes = 2.0 * model.seq_length * b * model.hidden_size
-    ar = comm.tp_allreduce_time(cluster, t, ar_bytes)
+    lay = compute.layer_times(model, cluster, sh)
+    lc = layer_comm(layout, workload, sh, lay["attention"])
+    act = lc["activation_bytes"]
+    ar = comm.tp_allreduce_time(cluster, t, act)
+    boundary = act / t if sh.sp else act              # sequence parallelism sends the scattered tensor
     base = {
         "gemm": layers * lay["gemm"],
         "attention": layers * lay["attention"],
         "elementwise": layers * lay["elementwise"],
-        "tp_comm": layers * comm.tp_allreduces_per_layer(ckpt) * ar,
-        "p2p": comm.pipeline_p2p_time(cluster, t, layout.dp, p, ar_bytes),
+        "tp_comm": layers * lc["tp_comm"],
+        "p2p": layout.virtual_pipeline * comm.pipeline_p2p_time(cluster, t * sh.c, layout.dp, p, boundary),
         "microbatch_overhead": cluster.microbatch_overhead_ms * 1e-3,
     }
+    if sh.c > 1:
+        base["cp_comm"] = layers * lc["cp_comm"]
     first, last = dict(base), dict(base)
-    emb = compute.embedding_times(model, cluster, b)
+    emb = compute.embedding_times(model, cluster, sh.tokens)
     first["elementwise"] += emb["elementwise"]
     first["tp_comm"] += ar                    # the vocabulary-parallel embedding's forward all-reduce
-    head = compute.lm_head_times(model, cluster, b, t)
+    head = compute.lm_head_times(model, cluster, sh.tokens, t)
     last["gemm"] += head["gemm"]
     last["elementwise"] += head["elementwise"]
     last["tp_comm"] += ar                     # the LM head's input-gradient all-reduce
@@ -63,7 +83,7 @@ def predict(layout: Layout, workload: Workload) -> Prediction:
     model, cluster = workload.model, workload.cluster
     t, p, d = layout.tp, layout.pp, layout.dp
     m = micro_batches_per_pipeline(layout, workload.global_batch)
-    ckpt = layout.activation_checkpointing
+    shards = d * layout.context_parallel         # the ranks that hold the same weights
 
     # ---- memory
     worst_stage, mem = memory.peak_memory(layout, workload, m)
@@ -75,14 +95,14 @@ def predict(layout: Layout, workload: Workload) -> Prediction:
     slow = last if sum(last.values()) >= sum(first.values()) else first
     t_stage = sum(slow.values())
     params_gpu = max(memory.stage_params(model, t, p, 0), memory.stage_params(model, t, p, p - 1))
-    dp = comm.dp_time(cluster, t, d, layout.zero_stage, params_gpu, m, ckpt)
+    dp = comm.dp_time(cluster, t, shards, layout.zero_stage, params_gpu, m, layout.checkpointing)
     tied = memory.tied_embedding_params(model, t, p)     # none when the LM head is untied
-    sync = comm.embedding_sync_time(cluster, t, d, p, tied) if tied else 0.0
-    owned = params_gpu / d if layout.zero_stage >= 1 else params_gpu
+    sync = comm.embedding_sync_time(cluster, t * layout.context_parallel, d, p, tied) if tied else 0.0
+    owned = params_gpu / shards if layout.zero_stage >= 1 else params_gpu
     t_opt = compute.optimizer_time(cluster, owned)
 
     time = {k: m * v for k, v in slow.items()}
-    time["bubble"] = (p - 1) * t_stage
+    time["bubble"] = (p - 1) / layout.virtual_pipeline * t_stage
     time["dp_grad_reduce"] = dp["grad_reduce"]
     time["dp_param_gather"] = dp["param_gather"]
     time["embedding_sync"] = sync
@@ -92,7 +112,7 @@ def predict(layout: Layout, workload: Workload) -> Prediction:
     step = sum(time.values())
 
     gpus = workload.gpus
-    tflops = megatron_flops(model, workload.global_batch, ckpt) / (step * gpus * 1e12)
+    tflops = megatron_flops(model, workload.global_batch, layout.recompute) / (step * gpus * 1e12)
     mfu = model_flops(model, workload.global_batch) / (step * gpus * cluster.peak_tflops * 1e12)
     mem_out = {k: v for k, v in mem.items() if k not in ("total", "params_billion")}
     return Prediction(

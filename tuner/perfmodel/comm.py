@@ -1,12 +1,13 @@
 """Communication costs of a layout: collectives, pipeline p2p, and where each group sits.
 
 Pure functions of a layout, a model and a ClusterSpec (docs/reference/formulas.md). Placement follows
-Megatron-DeepSpeed's rank order: TP varies fastest, then DP, then PP, so
+Megatron's rank order: TP varies fastest, then CP, then DP, then PP, so
 
-    rank = tp_index + t * (dp_index + d * pp_index)
+    rank = tp_index + t * (cp_index + c * (dp_index + d * pp_index))
 
-and a group is described by its size and the rank stride between its members (TP: stride 1,
-DP: stride t, a PP neighbour: stride t*d). Every bandwidth and latency comes from the cluster file.
+and a group is described by its size and the rank stride between its members (TP: stride 1, CP:
+stride t, DP: stride t*c, a PP neighbour: stride t*c*d). Gradients are reduced (and the distributed
+optimizer / ZeRO shards its states) over the d*c ranks that hold the same weights: stride t. Every bandwidth and latency comes from the cluster file.
 
 Bandwidth rules (GB/s per rank, before `network_efficiency`):
 - A group inside one node gets the bandwidth of the smallest aligned block of GPUs that contains it
@@ -79,9 +80,19 @@ def tp_allreduce_time(cluster: ClusterSpec, tp: int, nbytes: float) -> float:
     return allreduce_time(nbytes, tp, group_bandwidth(cluster, tp, 1), cluster)
 
 
-def tp_allreduces_per_layer(checkpointing: bool) -> int:
-    """Megatron: 2 all-reduces forward, 2 backward, 2 more with full recompute (per layer, micro-batch)."""
-    return 6 if checkpointing else 4
+def tp_allreduces_per_layer(recompute: str) -> int:
+    """Megatron: 2 all-reduces forward, 2 backward, 2 more with full recompute (per layer, micro-batch).
+    Sequence parallelism replaces each by a reduce-scatter and an all-gather of the same total time
+    (the backward pass's re-gather of the input runs under the data-gradient GEMM)."""
+    return 6 if recompute == "full" else 4
+
+
+def cp_ring_time(cluster: ClusterSpec, tp: int, cp: int, kv_bytes: float) -> float:
+    """One layer's context-parallel ring for one micro-batch pass: cp - 1 steps, each sending this
+    rank's K and V chunk (`kv_bytes`) to the next rank of the CP group (stride tp)."""
+    if cp <= 1:
+        return 0.0
+    return (cp - 1) * p2p_time(kv_bytes, group_bandwidth(cluster, cp, tp), cluster)
 
 
 def pipeline_p2p_bandwidth(cluster: ClusterSpec, tp: int, dp: int, pp: int) -> float:
@@ -108,7 +119,8 @@ def pipeline_p2p_time(cluster: ClusterSpec, tp: int, dp: int, pp: int, nbytes: f
 
 def dp_time(cluster: ClusterSpec, tp: int, dp: int, zero_stage: int, params: float, m: int,
             checkpointing: bool) -> dict:
-    """Data-parallel / ZeRO collectives per iteration for a GPU holding `params` parameters (fp16).
+    """Data-parallel / ZeRO collectives per iteration for a GPU holding `params` parameters (fp16),
+    over `dp` ranks `tp` apart (with context parallelism: the d*c ranks sharing weights, stride t).
 
     ZeRO-0: all-reduce of the gradients once per step (after gradient accumulation; with PP in
     DeepSpeed not overlapped with compute). ZeRO-1: the same reduction, then an all-gather of the

@@ -8,13 +8,21 @@ Pure functions (docs/reference/formulas.md). Every rate comes from the ClusterSp
 - Element-wise kernels (layer norms, bias + GeLU, dropout, residual adds, the loss) are bound by HBM
   bandwidth: bytes / (hbm_bandwidth * memory_bandwidth_efficiency).
 Passes per micro-batch: forward 1, backward 2 (data and weight gradients), and one more forward of
-every layer with full activation recompute. The LM head is not recomputed.
+every layer with full recompute, of the attention core only with selective recompute. The LM head is
+not recomputed.
+Layout (Shape): context parallelism gives each rank s/cp of the sequence (its GEMMs, element-wise
+work and its share of the causal attention, balanced over 2*cp chunks); sequence parallelism splits
+the element-wise work outside attention and the FFN (norms, dropout, residual adds) by tp too. FP8
+(Transformer Engine) runs the layers' GEMMs at the cluster's FP8 rate and casts every GEMM input
+(read 2 bytes, write 1); attention, the LM head and the element-wise kernels stay in bf16.
 Architecture (ModelSpec): grouped-query attention narrows the QKV GEMM to h x (h + 2kv) and the K/V
 traffic; SwiGLU's gate and up matrices run as one fc1 GEMM of width 2f (as Megatron-Core fuses them)
 and its element-wise kernel reads two f-wide inputs; RoPE adds a fused rotation of Q and K.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from tuner.specs import ClusterSpec, ModelSpec
 
@@ -33,29 +41,64 @@ BACKWARD_TRAFFIC = 2.0          # backward kernels read saved inputs and incomin
 FLASH_BACKWARD_FLOPS = 2.5      # FlashAttention's backward recomputes the scores: 2.5x forward FLOPs
 
 
-def gemm_efficiency(cluster: ClusterSpec, gflop: float) -> float:
-    """eta(F) = eta_max * F / (F + F_knee): the fraction of peak one GEMM of `gflop` GFLOP reaches."""
-    return cluster.matmul_efficiency * gflop / (gflop + cluster.gemm_knee_gflop)
+FP8_CAST_BYTES = 3.0           # an FP8 cast reads bf16 (2 bytes) and writes FP8 (1) per element
 
 
-def gemm_time(cluster: ClusterSpec, flops: float) -> float:
-    """Seconds for one GEMM of `flops` FLOPs on one GPU."""
+@dataclass(frozen=True)
+class Shape:
+    """How one rank's share of a layer is cut: micro-batch b, tensor-parallel t (with or without
+    sequence parallelism), context-parallel c, the recompute mode and the GEMM precision."""
+
+    b: int
+    t: int = 1
+    c: int = 1
+    sp: bool = False
+    recompute: str = "none"
+    fp8: bool = False
+
+    @property
+    def tokens(self) -> float:
+        """Tokens of one micro-batch on one rank's sequence share: b * s / cp is b * (s / c)."""
+        return self.b / self.c
+
+
+def shape_of(layout, workload) -> Shape:
+    """How `layout` (a tuner.layout.Layout) cuts one rank's share of a layer of `workload`."""
+    return Shape(b=layout.micro_batch, t=layout.tp, c=layout.context_parallel, sp=layout.sequence_parallel,
+                 recompute=layout.recompute, fp8=workload.precision == "fp8")
+
+
+def gemm_efficiency(cluster: ClusterSpec, gflop: float, fp8: bool = False) -> float:
+    """eta(F) = eta_max * F / (F + F_knee): the fraction of peak one GEMM of `gflop` GFLOP reaches.
+    FP8 GEMMs need proportionally more work to fill the GPU (the knee scales with the peak)."""
+    knee = cluster.gemm_knee_gflop * (fp8_speedup(cluster) if fp8 else 1.0)
+    return cluster.matmul_efficiency * gflop / (gflop + knee)
+
+
+def fp8_speedup(cluster: ClusterSpec) -> float:
+    return (cluster.peak_tflops_fp8 or cluster.peak_tflops) / cluster.peak_tflops
+
+
+def gemm_time(cluster: ClusterSpec, flops: float, fp8: bool = False) -> float:
+    """Seconds for one GEMM of `flops` FLOPs on one GPU (at the FP8 rate when `fp8`)."""
     if flops <= 0:
         return 0.0
-    return flops / (cluster.peak_tflops * 1e12 * gemm_efficiency(cluster, flops / 1e9))
+    peak = cluster.peak_tflops * (fp8_speedup(cluster) if fp8 else 1.0)
+    return flops / (peak * 1e12 * gemm_efficiency(cluster, flops / 1e9, fp8))
 
 
-def layer_gemm_flops(model: ModelSpec, micro_batch: int, tp: int) -> tuple[float, float, float, float]:
+def layer_gemm_flops(model: ModelSpec, micro_batch: float, tp: int) -> tuple[float, float, float, float]:
     """Forward FLOPs per GPU of the four GEMMs of a layer: QKV (h x (h + 2kv)), attention projection
     (h x h), fc1 (h x f; h x 2f for SwiGLU's fused gate and up), fc2 (f x h). Their sum is
-    2*b*s*(attention weights + FFN weights)/t: 2*b*s*(4h^2 + 2hf)/t for GPT."""
+    2*b*s*(attention weights + FFN weights)/t: 2*b*s*(4h^2 + 2hf)/t for GPT. A fractional micro-batch
+    is a context-parallel rank's share of one (b / cp)."""
     bs2 = 2.0 * micro_batch * model.seq_length
     h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_size
     return (bs2 * h * (h + 2 * kv) / tp, bs2 * h * h / tp, bs2 * h * (model.ffn_matrices - 1) * f / tp,
             bs2 * f * h / tp)
 
 
-def attention_flops(model: ModelSpec, micro_batch: int, tp: int) -> float:
+def attention_flops(model: ModelSpec, micro_batch: float, tp: int) -> float:
     """Forward FLOPs per GPU of the score and value products: 4*b*s^2*h/t."""
     return 4.0 * micro_batch * model.seq_length ** 2 * model.hidden_size / tp
 
@@ -70,30 +113,35 @@ def elementwise_split_bytes(model: ModelSpec) -> float:
     return n
 
 
-def elementwise_bytes(model: ModelSpec, micro_batch: int, tp: int, flash_attention: bool) -> float:
-    """HBM bytes of one layer's element-wise kernels in a forward pass, per GPU."""
-    sbh = model.seq_length * micro_batch * model.hidden_size
-    n = sbh * (ELEMENTWISE_REPLICATED + elementwise_split_bytes(model) / tp)
+def elementwise_bytes(model: ModelSpec, shape: Shape, flash_attention: bool) -> float:
+    """HBM bytes of one layer's element-wise kernels in a forward pass, per GPU. Sequence parallelism
+    splits the replicated part by t; FP8 adds the casts of the four GEMM inputs."""
+    t, h, f = shape.t, model.hidden_size, model.ffn_hidden_size
+    sbh = model.seq_length * shape.tokens * h
+    replicated = ELEMENTWISE_REPLICATED / t if shape.sp else ELEMENTWISE_REPLICATED
+    n = sbh * (replicated + elementwise_split_bytes(model) / t)
+    if shape.fp8:
+        n += sbh * FP8_CAST_BYTES * (3.0 + f / h) / t
     if not flash_attention:
-        n += SCORE_BYTES * model.num_attention_heads * model.seq_length ** 2 * micro_batch / tp
+        n += SCORE_BYTES * model.num_attention_heads * model.seq_length ** 2 * shape.tokens / t
     return n
 
 
-def layer_times(model: ModelSpec, cluster: ClusterSpec, micro_batch: int, tp: int,
-                checkpointing: bool) -> dict:
+def layer_times(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> dict:
     """Seconds of one layer on one GPU for one micro-batch (forward + backward [+ recompute])."""
-    fwd_passes = 2.0 if checkpointing else 1.0      # forward, plus the recompute forward
-    gemm_fwd = sum(gemm_time(cluster, f) for f in layer_gemm_flops(model, micro_batch, tp))
-    attn_fwd = attention_flops(model, micro_batch, tp) / (cluster.peak_tflops * 1e12 * cluster.attention_efficiency)
+    full = 1.0 if shape.recompute == "full" else 0.0            # every layer's forward runs again
+    again = 1.0 if shape.recompute != "none" else 0.0           # selective re-runs the attention core
+    gemm_fwd = sum(gemm_time(cluster, f, shape.fp8) for f in layer_gemm_flops(model, shape.tokens, shape.t))
+    attn_fwd = attention_flops(model, shape.tokens, shape.t) / (cluster.peak_tflops * 1e12 * cluster.attention_efficiency)
     attn_bwd = attn_fwd * (FLASH_BACKWARD_FLOPS if cluster.flash_attention else 2.0)
     hbm = cluster.hbm_bandwidth_gbps * 1e9 * cluster.memory_bandwidth_efficiency
-    elem_fwd = elementwise_bytes(model, micro_batch, tp, cluster.flash_attention) / hbm
-    return {"gemm": gemm_fwd * (fwd_passes + 2.0),
-            "attention": attn_fwd * fwd_passes + attn_bwd,
-            "elementwise": elem_fwd * (fwd_passes + BACKWARD_TRAFFIC)}
+    elem_fwd = elementwise_bytes(model, shape, cluster.flash_attention) / hbm
+    return {"gemm": gemm_fwd * (1.0 + full + 2.0),
+            "attention": attn_fwd * (1.0 + again) + attn_bwd,
+            "elementwise": elem_fwd * (1.0 + full + BACKWARD_TRAFFIC)}
 
 
-def lm_head_times(model: ModelSpec, cluster: ClusterSpec, micro_batch: int, tp: int) -> dict:
+def lm_head_times(model: ModelSpec, cluster: ClusterSpec, micro_batch: float, tp: int) -> dict:
     """Seconds of the last stage's extra work per micro-batch: the LM head GEMM (2*b*s*h*V/t forward,
     backward twice that, never recomputed), the final layer norm and the fp32 cross-entropy
     (about 20 bytes per logit forward + backward)."""
@@ -104,7 +152,7 @@ def lm_head_times(model: ModelSpec, cluster: ClusterSpec, micro_batch: int, tp: 
     return {"gemm": head, "elementwise": loss}
 
 
-def embedding_times(model: ModelSpec, cluster: ClusterSpec, micro_batch: int) -> dict:
+def embedding_times(model: ModelSpec, cluster: ClusterSpec, micro_batch: float) -> dict:
     """Seconds of the first stage's extra work per micro-batch: embedding lookup, position add and
     dropout forward, and the gradient scatter-add backward (about 12 bytes per s*b*h element; kept for
     RoPE models too, whose rotation is counted in each layer)."""

@@ -13,25 +13,29 @@ from __future__ import annotations
 from tuner.specs import ModelSpec
 
 
-def megatron_flops(model: ModelSpec, global_batch: int, recompute: bool) -> float:
+def megatron_flops(model: ModelSpec, global_batch: int, recompute: str | bool) -> float:
     """FLOPs per iteration as Megatron-DeepSpeed logs them (and the Frontier study reports):
-    24·c·B·s·L·h²·(G + s/(6h) + V/(16·L·h)), c = 4 with full activation recompute, 3 without, and
+    24·c·B·s·L·h²·(G + s/(6h) + V/(16·L·h)), c = 4 with full recompute ("full" or True), 3 without
+    ("none" or False); selective recompute re-runs only the attention core: c = 4 on its s/(6h) term
+    and 3 on the rest. And
     G = (attention weights + FFN weights) / (12h²) of one layer: 1 for GPT with f = 4h,
     (2h² + 2h·kv + 3hf)/(12h²) for a GQA + SwiGLU model. The G term is the one Megatron-Core counts
     for GQA and SwiGLU (its `num_floating_point_operations`: (1 + g/a)·h² + 1.5·f·h per 6 FLOPs).
     The LM-head term keeps the study formula's V/(16Lh) in both cases: exact (6·s·h·V per sample) for
     c = 4, where the head is not recomputed, and 3/4 of that for c = 3 — what Megatron-DeepSpeed logs
     and what every MFU figure of this tool uses, so GPT figures stay comparable across versions."""
-    c = 4 if recompute else 3
+    mode = ("full" if recompute else "none") if isinstance(recompute, bool) else recompute
+    c = 4 if mode == "full" else 3
+    c_attn = 3 if mode == "none" else 4
     B, s, L, h, V = (global_batch, model.seq_length, model.num_layers, model.hidden_size, model.vocab_size)
     gemm = (model.attention_weights + model.ffn_weights) / (12 * h * h)
-    return 24.0 * c * B * s * L * h * h * (gemm + s / (6.0 * h) + V / (16.0 * L * h))
+    return 24.0 * B * s * L * h * h * (c * gemm + c_attn * s / (6.0 * h) + c * V / (16.0 * L * h))
 
 
 def model_flops(model: ModelSpec, global_batch: int) -> float:
     """Model FLOPs per iteration (no recompute, c = 3): the numerator of MFU."""
-    return megatron_flops(model, global_batch, recompute=False)
+    return megatron_flops(model, global_batch, recompute="none")
 
 
-def tflops_per_gpu(model: ModelSpec, global_batch: int, recompute: bool, step_time_s: float, gpus: int) -> float:
+def tflops_per_gpu(model: ModelSpec, global_batch: int, recompute: str | bool, step_time_s: float, gpus: int) -> float:
     return megatron_flops(model, global_batch, recompute) / (step_time_s * gpus * 1e12)

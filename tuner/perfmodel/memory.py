@@ -8,11 +8,20 @@ Architecture (ModelSpec): grouped-query attention shrinks K and V (weights h x k
 wide instead of h); SwiGLU has three h x f matrices and keeps its two f-wide fc1 outputs for backward;
 an untied LM head is its own V x h matrix on the last stage (also with pp = 1); RoPE has no parameters;
 RMSNorm has no bias; models without linear biases (Llama) hold none.
+
+Layout: context parallelism gives each rank s/cp of every activation and shards the model states over
+the d*c ranks that hold the same weights; sequence parallelism splits the activations outside
+attention and the FFN by t too (Korthikanti et al.: 34/t instead of 10 + 24/t bytes per s*b*h);
+selective recompute keeps no attention scores (free with FlashAttention, which keeps none anyway);
+the interleaved schedule keeps p*v + p - 1 virtual-stage passes in flight on the first rank instead of
+p (Narayanan et al. 2021: 1 + (p - 1)/(p*v) times the layers' activations). FP8 keeps an FP8 copy of
+the weights (1 byte per parameter) and saves the GEMM inputs for backward in FP8 (1 byte, not 2).
 """
 
 from __future__ import annotations
 
 from tuner.layout import Layout
+from tuner.perfmodel.compute import Shape, shape_of
 from tuner.specs import ModelSpec, Workload
 
 GB = 1e9
@@ -79,50 +88,66 @@ def split_activation_bytes(model: ModelSpec) -> float:
     return 4.0 + 4.0 * kv / h + ffn
 
 
-def activation_bytes_per_layer(model: ModelSpec, micro_batch: int, tp: int, flash_attention: bool) -> float:
-    """Activations one layer stores for backward, per micro-batch, no sequence parallelism:
-    s*b*h*(10 + S/t + 5*a*s/(h*t)), S = split_activation_bytes (24 for GPT); the 10 replicated bytes
-    are the two norms' inputs (4), the QKV and fc1 inputs (4) and two dropout masks (2). FlashAttention
-    keeps no s^2 scores and drops the last term."""
-    s, b, h, a = model.seq_length, micro_batch, model.hidden_size, model.num_attention_heads
-    per = 10.0 + split_activation_bytes(model) / tp
-    if not flash_attention:
-        per += 5.0 * a * s / (h * tp)
-    return s * b * h * per
+def fp8_saved_bytes(model: ModelSpec) -> tuple[float, float]:
+    """Bytes per s*b*h element FP8 saves of (the replicated, the split-by-t) activations: the QKV and
+    fc1 inputs (replicated, 2 of 4 bytes) and the projection and fc2 inputs (split, 1 + f/h)."""
+    return 2.0, 1.0 + model.ffn_hidden_size / model.hidden_size
 
 
-def checkpoint_bytes_per_layer(model: ModelSpec, micro_batch: int) -> float:
-    """With full recompute a layer keeps only its fp16 input: 2*s*b*h."""
-    return 2.0 * model.seq_length * micro_batch * model.hidden_size
+def activation_bytes_per_layer(model: ModelSpec, shape: Shape, flash_attention: bool) -> float:
+    """Activations one layer stores for backward, per micro-batch on one rank:
+    s*b*h*(10 + S/t + 5*a*s/(h*t)) without sequence parallelism, s*b*h*((10 + S)/t + ...) with it,
+    S = split_activation_bytes (24 for GPT); the 10 replicated bytes are the two norms' inputs (4), the
+    QKV and fc1 inputs (4) and two dropout masks (2). FlashAttention (or selective recompute) keeps no
+    s^2 scores and drops the last term. A context-parallel rank keeps s/cp of it."""
+    s, h, a, t = model.seq_length, model.hidden_size, model.num_attention_heads, shape.t
+    replicated, split = 10.0, split_activation_bytes(model)
+    if shape.fp8:
+        saved_r, saved_s = fp8_saved_bytes(model)
+        replicated, split = replicated - saved_r, split - saved_s
+    per = (replicated + split) / t if shape.sp else replicated + split / t
+    if not flash_attention and shape.recompute == "none":
+        per += 5.0 * a * s / (h * t)
+    return s * shape.tokens * h * per
 
 
-def in_flight(stage: int, pp: int, m: int) -> int:
-    """1F1B: stage i holds up to min(p - i, m) micro-batches whose backward has not run yet."""
-    return max(1, min(pp - stage, m))
+def checkpoint_bytes_per_layer(model: ModelSpec, shape: Shape) -> float:
+    """With full recompute a layer keeps only its bf16 input: 2*s*b*h (split by t with sequence
+    parallelism, by cp with context parallelism)."""
+    n = 2.0 * model.seq_length * shape.tokens * model.hidden_size
+    return n / shape.t if shape.sp else n
 
 
-def stage_activation_bytes(model: ModelSpec, layout: Layout, stage: int, m: int, flash_attention: bool) -> float:
+def in_flight(stage: int, pp: int, m: int, vp: int = 1) -> int:
+    """Passes of one (virtual) stage's layers whose backward has not run yet, at the stage's peak.
+    1F1B: stage i holds min(p - i, m) micro-batches. Interleaved (Megatron's warm-up): 2(p - i - 1)
+    + (v - 1)p + 1 virtual-stage passes, at most m*v."""
+    if vp == 1:
+        return max(1, min(pp - stage, m))
+    return max(1, min(2 * (pp - stage - 1) + (vp - 1) * pp + 1, m * vp))
+
+
+def stage_activation_bytes(model: ModelSpec, layout: Layout, stage: int, m: int, shape: Shape,
+                           flash_attention: bool) -> float:
     """Activation memory of stage `stage` at its peak.
 
-    Each in-flight micro-batch keeps, per layer, its checkpoint (full recompute) or its full
-    activations, plus the stage's output tensor (2*s*b*h) that the pipeline engine keeps until the
-    backward pass. With checkpointing, one layer's full activations are live during its recompute;
-    that layer's checkpoint (its input) is one of them, so it is not counted twice."""
-    layers = model.num_layers // layout.pp
-    b, t = layout.micro_batch, layout.tp
-    full = activation_bytes_per_layer(model, b, t, flash_attention)
-    boundary = checkpoint_bytes_per_layer(model, b) if layout.pp > 1 else 0.0
-    if layout.activation_checkpointing:
-        per_mb = layers * checkpoint_bytes_per_layer(model, b) + boundary
-        working = full - checkpoint_bytes_per_layer(model, b)
+    Each in-flight pass keeps, per layer, its checkpoint (full recompute) or its full activations,
+    plus the (virtual) stage's output tensor that the pipeline keeps until the backward pass. With
+    full recompute, one layer's full activations are live during its recompute; that layer's
+    checkpoint (its input) is one of them, so it is not counted twice."""
+    layers = model.num_layers // (layout.pp * layout.virtual_pipeline)     # per pass
+    full = activation_bytes_per_layer(model, shape, flash_attention)
+    ckpt = checkpoint_bytes_per_layer(model, shape)
+    boundary = ckpt if layout.pp > 1 else 0.0
+    if shape.recompute == "full":
+        per_pass, working = layers * ckpt + boundary, full - ckpt
     else:
-        per_mb = layers * full + boundary
-        working = 0.0
-    return in_flight(stage, layout.pp, m) * per_mb + working
+        per_pass, working = layers * full + boundary, 0.0
+    return in_flight(stage, layout.pp, m, layout.virtual_pipeline) * per_pass + working
 
 
-def logits_bytes(model: ModelSpec, micro_batch: int, tp: int) -> float:
-    """fp32 logits for the loss on the last stage: 4 * s*b*V/t."""
+def logits_bytes(model: ModelSpec, micro_batch: float, tp: int) -> float:
+    """fp32 logits for the loss on the last stage: 4 * s*b*V/t (b/cp of a micro-batch per CP rank)."""
     return 4.0 * model.seq_length * micro_batch * model.vocab_size / tp
 
 
@@ -136,13 +161,16 @@ def zero3_gather_bytes(model: ModelSpec, tp: int, dp: int, zero_stage: int) -> f
 # ----------------------------------------------------------------------------------- per stage
 def stage_memory(layout: Layout, workload: Workload, stage: int, m: int) -> dict:
     """Memory breakdown (GB) of one GPU on pipeline stage `stage`; 'total' is the peak."""
-    model, cluster = workload.model, workload.cluster
+    model, cluster, sh = workload.model, workload.cluster, shape_of(layout, workload)
     params = stage_params(model, layout.tp, layout.pp, stage)
-    per = model_state_bytes_per_param(layout.zero_stage, layout.dp)
+    shards = layout.dp * layout.context_parallel
+    per = model_state_bytes_per_param(layout.zero_stage, shards)
     out = {k: params * v / GB for k, v in per.items()}
-    out["activations"] = stage_activation_bytes(model, layout, stage, m, cluster.flash_attention) / GB
-    out["logits"] = logits_bytes(model, layout.micro_batch, layout.tp) / GB if stage == layout.pp - 1 else 0.0
-    out["zero3_buffers"] = zero3_gather_bytes(model, layout.tp, layout.dp, layout.zero_stage) / GB
+    if sh.fp8:
+        out["fp8_weights"] = params / GB
+    out["activations"] = stage_activation_bytes(model, layout, stage, m, sh, cluster.flash_attention) / GB
+    out["logits"] = logits_bytes(model, sh.tokens, layout.tp) / GB if stage == layout.pp - 1 else 0.0
+    out["zero3_buffers"] = zero3_gather_bytes(model, layout.tp, shards, layout.zero_stage) / GB
     out["reserved"] = cluster.memory_reserved_gb
     out["total"] = sum(out.values())
     out["params_billion"] = params / 1e9

@@ -79,6 +79,6 @@ def render_ds_config(layout: Layout, workload: Workload, *, precision: str = "fp
         config["bf16"] = dict(BF16)
     elif precision == "fp16":
         config["fp16"] = dict(FP16)
-    if layout.activation_checkpointing:
+    if layout.checkpointing:
         config["activation_checkpointing"] = dict(ACTIVATION_CHECKPOINTING)
     return config

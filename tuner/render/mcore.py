@@ -60,6 +60,6 @@ def pretrain_args(layout: Layout, workload: Workload, *, precision: str = "bf16"
             *run_args(layout, workload, iterations, precision)]
     if layout.zero_stage >= 1:
         args.append("--use-distributed-optimizer")
-    if layout.activation_checkpointing:
+    if layout.checkpointing:
         args += list(RECOMPUTE_FULL)
     return args + [str(a) for a in extra]

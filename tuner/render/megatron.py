@@ -57,7 +57,7 @@ def pretrain_args(layout: Layout, workload: Workload, *, deepspeed_config_path: 
     """The argv (after `pretrain_gpt.py`) for one trial. `extra` (data paths, tokenizer files) is appended."""
     _check_precision(precision)
     args = [*shape_args(layout, workload), *run_args(layout, workload, iterations, precision)]
-    if layout.activation_checkpointing:
+    if layout.checkpointing:
         # --checkpoint-activations: kept in Megatron-DeepSpeed for DeepSpeed's checkpointing (GPTModelPipe
         # and ParallelTransformer read args.checkpoint_activations); --recompute-* is upstream Megatron's.
         args += ["--checkpoint-activations", "--deepspeed-activation-checkpointing"]

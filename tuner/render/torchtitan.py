@@ -71,7 +71,7 @@ def job_sections(layout: Layout, workload: Workload, *, precision: str = "bf16",
                      "max_norm": GRADIENT_CLIPPING, "steps": iterations,
                      "mixed_precision_param": MIXED_PRECISION[precision]},
         "parallelism": parallelism,
-        "activation_checkpoint": {"mode": "full" if layout.activation_checkpointing else "none"},
+        "activation_checkpoint": {"mode": layout.recompute if layout.recompute != "selective" else "selective"},
     }
 
 

@@ -349,7 +349,7 @@ class SlurmRunner(TrialRunner):
     def _megatron_result(self, trial: TrialSpec, job: _Job, log_path: str) -> TrialResult:
         text = Path(log_path).read_text(errors="replace") if Path(log_path).exists() else ""
         w, lay = trial.workload, trial.layout
-        parsed = megatron.parse_log(text, w.model, w.gpus, recompute=lay.activation_checkpointing,
+        parsed = megatron.parse_log(text, w.model, w.gpus, recompute=lay.recompute,
                                     global_batch=w.global_batch, warmup=self.warmup)
         if parsed is None:
             status = Status.OOM if looks_oom(text) else Status.FAILED

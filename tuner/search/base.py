@@ -6,9 +6,9 @@ Contract (tests/test_searchers.py checks it for every registered searcher):
 - `tell(layout, result)` takes a finished result of its own ask or a replayed one it never asked
   (resume); a told layout is never proposed afterwards.
 - A status other than ok is a failure: never proposed again, and its neighbourhood is deferred. An
-  out-of-memory or pruned (does not fit) layout makes every layout of the same (tp, pp, dp) that needs
-  at least as much memory -- a micro-batch as large or larger, checkpointing off where it was on, a
-  ZeRO stage as low or lower -- "deferred": proposed only after every other unproposed candidate.
+  out-of-memory or pruned (does not fit) layout makes every layout of the same (tp, cp, pp, vp, dp) that
+  needs at least as much memory -- a micro-batch as large or larger, less recompute, sequence
+  parallelism off where it was on, a ZeRO stage as low or lower -- "deferred": proposed only after every other unproposed candidate.
 Pure: no I/O, no threads; the driver serialises calls.
 """
 
@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from tuner.layout import DIMENSIONS, SEARCHED, Layout
+from tuner.layout import BY_NAME, DIMENSIONS, RECOMPUTE, SEARCHED, Layout
 from tuner.trial import Status, TrialResult
 
 #: The dimensions a searcher chooses; dp follows from tp * pp * dp = GPUs.
@@ -48,7 +48,9 @@ def objective(result: TrialResult) -> float | None:
 def needs_more_memory(a: Layout, b: Layout) -> bool:
     """Whether `a` needs at least as much memory per GPU as `b` (same tp, pp, dp; a != b)."""
     return (a != b and (a.tp, a.pp, a.dp) == (b.tp, b.pp, b.dp) and a.micro_batch >= b.micro_batch
-            and a.zero_stage <= b.zero_stage and a.activation_checkpointing <= b.activation_checkpointing)
+            and (a.context_parallel, a.virtual_pipeline) == (b.context_parallel, b.virtual_pipeline)
+            and a.zero_stage <= b.zero_stage and a.sequence_parallel <= b.sequence_parallel
+            and RECOMPUTE.index(a.recompute) <= RECOMPUTE.index(b.recompute))
 
 
 class BaseSearcher:
@@ -70,7 +72,7 @@ class BaseSearcher:
         self.index = {lay: i for i, lay in enumerate(self.candidates)}
         n = len(self.candidates)
         # choices per dimension, from the candidates themselves
-        self.choices = {d: sorted({getattr(c, d) for c in self.candidates}) for d in DIMS}
+        self.choices = {d: sorted({getattr(c, d) for c in self.candidates}, key=BY_NAME[d].ordinal) for d in DIMS}
         self.X = np.array([self.encode(c.as_dict()) for c in self.candidates]).reshape(n, len(DIMS))
         self.used = np.zeros(n, dtype=bool)        # asked or told
         self.deferred = np.zeros(n, dtype=bool)    # dominated by a memory failure
@@ -88,7 +90,9 @@ class BaseSearcher:
         """A point in [0, 1]^len(DIMS): each dimension over its range (log2 where declared so)."""
         out = []
         for d in DIMS:
-            v, ch = float(values[d]), self.choices.get(d) or [values[d]]
+            dim = BY_NAME[d]
+            v = dim.ordinal(values[d])
+            ch = [dim.ordinal(c) for c in self.choices.get(d) or [values[d]]]
             if d in _LOG2:
                 lo, hi = np.log2(max(ch[0], 1)), np.log2(max(ch[-1], 1))
                 out.append((np.log2(max(v, 1)) - lo) / (hi - lo) if hi > lo else 0.0)

@@ -1,7 +1,7 @@
 """CBO: DeepHyper's centralised Bayesian optimisation, the Frontier study's method.
 
 Random-forest surrogate, UCB acquisition, constant liar "cl_min" for ask(n > 1), seeded. Each
-dimension (tp, pp, micro_batch, zero_stage, activation_checkpointing) is an integer index into the
+dimension (tp, sp, cp, pp, vp, micro_batch, zero_stage, recompute) is an integer index into the
 sorted choices the candidates use; dp follows from the GPU count. The problem's sampling function
 draws only unused candidates (non-deferred first), so both the initial random points and the points
 on which the acquisition is maximised are candidates. Failures are told as DeepHyper failure markers

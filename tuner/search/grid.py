@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from tuner.layout import Layout
+from tuner.layout import RECOMPUTE, Layout
 from tuner.search.base import OrderedSearcher
 
 
 def grid_key(lay: Layout) -> tuple:
-    return (lay.tp * lay.pp, lay.tp, lay.pp, lay.micro_batch, not lay.activation_checkpointing, -lay.zero_stage)
+    return (lay.tp * lay.context_parallel * lay.pp, lay.tp, lay.context_parallel, lay.pp, lay.virtual_pipeline,
+            not lay.sequence_parallel, lay.micro_batch, -RECOMPUTE.index(lay.recompute), -lay.zero_stage)
 
 
 class GridSearcher(OrderedSearcher):

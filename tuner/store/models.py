@@ -24,7 +24,7 @@ from tuner.errors import StoreError
 from tuner.layout import DIMENSIONS, Layout
 from tuner.trial import Status
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 STUDY_STATES = ("running", "done", "interrupted")
 
 Json = JSON().with_variant(JSONB(), "postgresql")
@@ -100,7 +100,7 @@ class TrialRow(Base):
     number: Mapped[int] = mapped_column(Integer)
     layout_key: Mapped[str] = mapped_column(String(64))
     for _d in DIMENSIONS:            # one typed column per layout dimension (tuner.layout.DIMENSIONS)
-        locals()[_d.name] = mapped_column(Boolean if _d.type is bool else Integer, nullable=False)
+        locals()[_d.name] = mapped_column({bool: Boolean, int: Integer, str: String(16)}[_d.type], nullable=False)
     del _d
     status: Mapped[str] = mapped_column(String(16))
     tflops_per_gpu: Mapped[float | None] = mapped_column(Float)
@@ -164,7 +164,28 @@ def _migrate_to_2(conn) -> None:
                 predicted_mfu=metrics.mfu(w.global_batch / step, w) if step else None))
 
 
-MIGRATIONS: dict[int, Callable] = {1: _migrate_to_1, 2: _migrate_to_2}
+def _migrate_to_3(conn) -> None:
+    """Today's layout dimensions: sequence_parallel, context_parallel, virtual_pipeline (their
+    defaults for every stored trial) and recompute, which replaces activation_checkpointing (true:
+    full, false: none); layout keys are rewritten in the new form (tp4-pp16-dp2-mb1-z1-rcfull)."""
+    from sqlalchemy import text
+
+    have = {c["name"] for c in inspect(conn).get_columns("trials")}
+    added = {"sequence_parallel": "BOOLEAN NOT NULL DEFAULT FALSE", "context_parallel": "INTEGER NOT NULL DEFAULT 1",
+             "virtual_pipeline": "INTEGER NOT NULL DEFAULT 1", "recompute": "VARCHAR(16) NOT NULL DEFAULT 'full'"}
+    for col, decl in added.items():
+        if col not in have:
+            conn.execute(text(f"ALTER TABLE trials ADD COLUMN {col} {decl}"))
+    if "activation_checkpointing" in have:
+        conn.execute(text("UPDATE trials SET recompute = CASE WHEN activation_checkpointing THEN 'full' "
+                          "ELSE 'none' END"))
+        conn.execute(text("ALTER TABLE trials DROP COLUMN activation_checkpointing"))
+    for row in conn.execute(select(TrialRow.id, *(getattr(TrialRow, d.name) for d in DIMENSIONS))).all():
+        key = Layout(**{d.name: d.type(v) for d, v in zip(DIMENSIONS, row[1:])}).key()
+        conn.execute(update(TrialRow).where(TrialRow.id == row[0]).values(layout_key=key))
+
+
+MIGRATIONS: dict[int, Callable] = {1: _migrate_to_1, 2: _migrate_to_2, 3: _migrate_to_3}
 
 
 def apply_migrations(conn, start: int) -> None:
