@@ -29,7 +29,7 @@ from tuner.perfmodel import predict
 from tuner.report import ok_trials
 from tuner.runners import make_runner
 from tuner.search import make_searcher
-from tuner.search.guided import STUDY_DEFAULTS
+from tuner.search import STUDY_DEFAULTS
 from tuner.space import SearchSpace, valid_layouts
 from tuner.specs import Workload
 from tuner.store import StudyRecord
@@ -55,23 +55,29 @@ def new_record(name: str, workload: Workload, space: SearchSpace, *, searcher: s
                        runner=runner, settings={**base, **settings})
 
 
-#: What the bundled harness (local runner, Slurm template "harness") trains: GPT-style models only.
-HARNESS_MODEL = {"ffn_type": "gelu", "position_embedding": "learned", "tie_embeddings": True,
-                 "normalization": "layernorm", "add_bias_linear": True}
+def _uses_harness(rec: StudyRecord) -> bool:
+    """Whether the study's trials run the bundled harness (local runner, Slurm template "harness")."""
+    return rec.runner == "local" or (rec.runner == "slurm" and
+                                     rec.settings.get("runner_options", {}).get("template", "harness") == "harness")
 
 
 def harness_refusal(rec: StudyRecord, workload: Workload) -> str | None:
     """Why the bundled harness cannot train this study's model as specified (it would run something else)."""
-    harness = rec.runner == "local" or (rec.runner == "slurm" and
-                                        rec.settings.get("runner_options", {}).get("template", "harness") == "harness")
-    m = workload.model
-    off = [f"{k} = {getattr(m, k)!r}" for k, v in HARNESS_MODEL.items() if getattr(m, k) != v]
-    if m.num_query_groups != m.num_attention_heads:
-        off.append(f"num_query_groups = {m.num_query_groups}")
-    if harness and off:
-        return (f"the bundled harness trains GPT-style models only and cannot build {m.name} ({', '.join(off)}); "
-                "use --runner command with your own trainer, or --runner slurm --template megatron")
+    from tuner.runners.harness.support import model_refusal
+
+    refusal = model_refusal(workload.model) if _uses_harness(rec) else None
+    if refusal:
+        return f"{refusal}; use --runner command with your own trainer, or --runner slurm --template megatron"
     return None
+
+
+def harness_layout_refusal(layout) -> str | None:
+    """Why the bundled harness cannot run `layout` (virtual pipeline stages, context parallelism), or
+    None: ask before a trial of a harness runner starts; the harness fails such a trial with the same
+    message if it gets one anyway."""
+    from tuner.runners.harness.support import layout_refusal
+
+    return layout_refusal(layout)
 
 
 def create(store, rec: StudyRecord) -> StudyRecord:

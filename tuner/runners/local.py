@@ -27,6 +27,7 @@ from typing import Sequence
 from tuner.errors import MissingExtra, UsageError, require
 from tuner.runners import TrialRunner
 from tuner.runners.command import CommandRunner, EarlyStop
+from tuner.runners.harness.support import layout_refusal
 from tuner.trial import Status, TrialResult, TrialSpec, failed
 
 HARNESS = "tuner.runners.harness.train"
@@ -143,6 +144,9 @@ class LocalRunner(TrialRunner):
                           f"({trial.workload.nodes} x {trial.workload.cluster.gpus_per_node} of cluster "
                           f"'{trial.workload.cluster.name}'): use --gpus {lay.gpus} or a cluster file "
                           f"with gpus_per_node = {self.gpus} (`tuner calibrate --gpus {self.gpus}`)")
+        refusal = layout_refusal(lay)   # what the harness cannot build fails here, without a launch
+        if refusal:
+            return failed(refusal)
         lock = _device_lock(self._lock_key)
         while not lock.acquire(timeout=0.2):
             if self._cancelled.is_set():

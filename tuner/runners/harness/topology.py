@@ -28,6 +28,7 @@ class Parallel:
     dp_group: object
     topology: PipeModelDataParallelTopology
     grid: PipelineParallelGrid
+    sequence_parallel: bool = False     # norms and residuals hold s/tp of the sequence (when tp > 1)
 
     @property
     def first_stage(self) -> bool:
@@ -42,7 +43,7 @@ def coordinates(rank: int, tp: int, pp: int, dp: int) -> tuple[int, int, int]:
 _STATE: Parallel | None = None
 
 
-def build(tp: int, pp: int, dp: int) -> Parallel:
+def build(tp: int, pp: int, dp: int, sequence_parallel: bool = False) -> Parallel:
     """Create the groups (collective: every rank must call it) and remember them for the model."""
     global _STATE
     world = dist.get_world_size()
@@ -57,7 +58,7 @@ def build(tp: int, pp: int, dp: int) -> Parallel:
     assert (coord.model, coord.data, coord.pipe) == (tp_rank, dp_rank, pp_rank), (coord, rank)
     _STATE = Parallel(tp=tp, pp=pp, dp=dp, tp_rank=tp_rank, pp_rank=pp_rank, dp_rank=dp_rank,
                       tp_group=grid.get_slice_parallel_group(), dp_group=grid.get_data_parallel_group(),
-                      topology=topo, grid=grid)
+                      topology=topo, grid=grid, sequence_parallel=sequence_parallel)
     return _STATE
 
 

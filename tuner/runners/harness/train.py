@@ -23,11 +23,14 @@ Environment:
     TUNER_COLLECTIVE_TIMEOUT_S  timeout of a stuck collective, so a failure never hangs (default 600)
 
 Result JSON (written by rank 0 on success, by the first failing rank otherwise):
-    status ok|oom|failed, tflops_per_gpu (Megatron count, with recompute when checkpointing),
+    status ok|oom|failed, tflops_per_gpu (Megatron count, with the layout's recompute),
     model_tflops_per_gpu (c = 3), peak_fraction (when a peak is known), samples_per_second,
     tokens_per_second, peak_memory_gb (max over ranks), message, losses (one per iteration,
     warm-up included), step_times, samples (really processed in the timed steps), startup_s
-    (process start to end of the first iteration), device, precision, world_size, ds_config.
+    (process start to end of the first iteration), device, precision, world_size, ds_config,
+    recompute, sequence_parallel (in effect: tp > 1), rank0 (what rank 0's layers did: layers,
+    layer_runs and attention_core_runs counting recomputes, residual_tokens = sequence positions
+    held between layers, parameters held).
 The process exits 0 on `ok` and 1 otherwise (so the launcher tears down the other ranks).
 """
 
@@ -47,6 +50,7 @@ import torch
 from tuner.layout import Layout
 from tuner.perfmodel.flops import megatron_flops
 from tuner.render.dsconfig import render_ds_config
+from tuner.runners.harness.support import layout_refusal, model_refusal
 from tuner.specs import ClusterSpec, ModelSpec, Workload
 from tuner.trial import looks_oom
 
@@ -137,6 +141,10 @@ def train(trial: dict, device: torch.device, precision: str, progress: Path, t_s
 
     layout = Layout.from_dict(trial["layout"])
     spec = ModelSpec.from_dict(trial["model"], "trial.json model")
+    refusal = layout_refusal(layout) or model_refusal(spec)
+    if refusal:
+        raise ValueError(refusal)
+    recompute = gpt.recompute_mode(layout)
     world = dist.get_world_size()
     workload = workload_of(trial, spec, world)
     seed = _env_int("TUNER_SEED", 1234)
@@ -153,10 +161,10 @@ def train(trial: dict, device: torch.device, precision: str, progress: Path, t_s
     if os.environ.get("TUNER_LR"):
         config["optimizer"]["params"]["lr"] = float(os.environ["TUNER_LR"])
 
-    par = topology.build(layout.tp, layout.pp, layout.dp)
+    par = topology.build(layout.tp, layout.pp, layout.dp, gpt.sequence_parallel_of(layout))
     if os.environ.get("TUNER_MEMORY_LIMIT_GB"):
         cap_memory(float(os.environ["TUNER_MEMORY_LIMIT_GB"]))
-    module = gpt.build_model(spec, seed, layout.activation_checkpointing)
+    module = gpt.build_model(spec, seed, recompute)
     engine, _, _, _ = deepspeed.initialize(model=module, config=config,
                                            mpu=None if layout.pp > 1 else par.grid,
                                            model_parameters=[p for p in module.parameters() if p.requires_grad])
@@ -211,7 +219,7 @@ def train(trial: dict, device: torch.device, precision: str, progress: Path, t_s
         if rank0:
             step_samples = n_samples * layout.dp   # rank 0 counts its replica's real samples
             sps = step_samples / dt
-            tf = megatron_flops(spec, step_samples, layout.activation_checkpointing) / (dt * world * 1e12)
+            tf = megatron_flops(spec, step_samples, recompute) / (dt * world * 1e12)
             with open(progress, "a") as f:
                 f.write(json.dumps({"step": step + 1, "warmup": step < warmup, "loss": loss, "step_time": dt,
                                     "elapsed": time.time() - t_start, "samples_per_second": sps,
@@ -223,7 +231,7 @@ def train(trial: dict, device: torch.device, precision: str, progress: Path, t_s
     dist.all_reduce(summed)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     real_samples = int(summed[0])
-    tflops = megatron_flops(spec, real_samples, layout.activation_checkpointing) / (timed * world * 1e12)
+    tflops = megatron_flops(spec, real_samples, recompute) / (timed * world * 1e12)
     model_tflops = megatron_flops(spec, real_samples, False) / (timed * world * 1e12)
     result = {"status": "ok", "tflops_per_gpu": tflops, "model_tflops_per_gpu": model_tflops,
               "samples_per_second": real_samples / timed,
@@ -232,7 +240,9 @@ def train(trial: dict, device: torch.device, precision: str, progress: Path, t_s
               "step_times": step_times,
               "samples": real_samples, "timed_steps": steps, "warmup_steps": warmup,
               "startup_s": startup_s, "device": str(device), "precision": precision,
-              "world_size": world, "layout": layout.as_dict(), "ds_config": config}
+              "world_size": world, "layout": layout.as_dict(), "ds_config": config,
+              "recompute": recompute, "sequence_parallel": par.sequence_parallel and par.tp > 1,
+              "rank0": gpt.activity(module)}
     peak = peak_tflops(trial)
     if peak:
         result["peak_fraction"] = tflops / peak
