@@ -74,6 +74,15 @@ def test_batch_sizes_always_consistent(mb, dp, gas, extra, zero, precision):
     json.dumps(cfg)   # serialisable as a DeepSpeed config file
 
 
+@pytest.mark.parametrize("recompute, on", [("full", True), ("selective", False), ("none", False)])
+def test_only_full_recompute_turns_on_deepspeed_activation_checkpointing(recompute, on):
+    """DeepSpeed's activation_checkpointing checkpoints whole layers: selective recompute (the attention core,
+    done by Megatron itself) has no equivalent there, so only full writes the section."""
+    w = make_workload("175b", 16)
+    config = render_ds_config(Layout(tp=4, pp=16, dp=2, micro_batch=1, recompute=recompute), w, precision="bf16")
+    assert ("activation_checkpointing" in config) == on
+
+
 def test_unknown_precision_is_refused():
     layout, workload, _ = CASES["ds_config_tiny_cpu_dp2_z1_fp32.json"]
     with pytest.raises(ValueError, match="precision must be one of"):

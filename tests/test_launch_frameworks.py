@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import tomllib
 from pathlib import Path
@@ -15,7 +16,7 @@ from click.testing import CliRunner
 from tuner.cli import cli
 from tuner.errors import UsageError
 from tuner.layout import Layout
-from tuner.render import mcore, torchtitan
+from tuner.render import mcore, megatron, torchtitan
 from tuner.render.launch import FRAMEWORK_FILES, launch_files
 from tuner.specs import load_cluster, load_model, make_workload
 
@@ -29,7 +30,9 @@ GOLDEN = Path(__file__).parent / "golden"
 # megatron/training/config/training_config.py). All 34 were also found among the 878 option strings of
 # the parser `add_megatron_arguments` builds from that snapshot (imported with its GPU-only dependencies
 # stubbed). `--normalization` takes 'LayerNorm' | 'RMSNorm' (TC:256); `--position-embedding-type` 'rope'
-# (A:2397); `--recompute-granularity` 'full' (TC:532), `--recompute-method` 'uniform' (TC:543).
+# (A:2397); `--recompute-granularity` 'full' | 'selective' (TC:532), `--recompute-method` 'uniform' (TC:543);
+# `--fp8-format` 'hybrid' (TC:587, arg_names metadata). `--virtual-pipeline-model-parallel-size` is not among
+# them (excluded from the generated flags, A:2308): interleaving is `--num-layers-per-virtual-pipeline-stage`.
 MCORE_FLAGS = {
     "--tensor-model-parallel-size": "MPC:55", "--pipeline-model-parallel-size": "MPC:83",
     "--num-layers": "TC:65", "--hidden-size": "TC:145", "--ffn-hidden-size": "TC:180",
@@ -42,7 +45,9 @@ MCORE_FLAGS = {
     "--lr-decay-style": "TR:169", "--weight-decay": "A:2611", "--adam-beta1": "A:2617", "--adam-beta2": "A:2620",
     "--clip-grad": "A:2615", "--init-method-std": "TC:400", "--bf16": "MPC:180", "--fp16": "MPC:177",
     "--use-distributed-optimizer": "A:3156", "--recompute-granularity": "TC:532", "--recompute-method": "TC:543",
-    "--recompute-num-layers": "TC:551",
+    "--recompute-num-layers": "TC:551", "--sequence-parallel": "MPC:94", "--context-parallel-size": "MPC:100",
+    "--num-layers-per-virtual-pipeline-stage": "A:3114", "--fp8-format": "TC:587",
+    "--fp8-amax-history-len": "TC:621", "--fp8-amax-compute-algo": "TC:624",
 }
 
 # torchtitan (pytorch/torchtitan) at 238fa9953e4aec2a62582121564273d7cbb1e9f1 (2026-02-23), the last commit
@@ -64,20 +69,45 @@ TORCHTITAN_KEYS = {
     "parallelism.pipeline_parallel_microbatch_size": "Parallelism:412",
     "parallelism.context_parallel_degree": "Parallelism:428",
     "activation_checkpoint.mode": "ActivationCheckpoint:652 ('selective' | 'full' | 'memory_budget' | 'none')",
+    "activation_checkpoint.selective_ac_option": "ActivationCheckpoint:655 ('op' or a layer period)",
+    "model.converters": "Model:118 (name registered at components/quantization/float8.py:238)",
+    "parallelism.pipeline_parallel_schedule": "Parallelism:396 ('Interleaved1F1B': torch's schedule name)",
+    "parallelism.pipeline_parallel_layers_per_stage": "Parallelism:389",
+    "parallelism.pipeline_parallel_first_stage_less_layers": "Parallelism:377",
+    "parallelism.pipeline_parallel_last_stage_less_layers": "Parallelism:383",
+    "quantize.linear.float8.enable_fsdp_float8_all_gather": "Float8Linear:732 (JobConfig.quantize:1018)",
+    "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp": "Float8Linear:735",
+    "quantize.linear.float8.filter_fqns": "Float8Linear:741",
 }
 
 H100_SLURM = {"partition": "batch", "account": "abc123", "tasks_per_node": 8, "gpus_per_node": 8}
 
 
-def h100_workload(model: str = "llama3-70b", nodes: int = 8):
+def h100_workload(model: str = "llama3-70b", nodes: int = 8, precision: str = "bf16"):
     """The h100 preset has no [slurm] table: one is given here, as a user's cluster file would."""
     cluster = dataclasses.replace(load_cluster("h100"), slurm=H100_SLURM)
-    return make_workload(load_model(model), nodes, cluster)
+    return make_workload(load_model(model), nodes, cluster, precision=precision)
+
+
+def modern_workload(precision: str = "bf16"):
+    """llama3-70b on 64 H100 nodes (512 GPUs, global batch 512), the scale of today's published recipes."""
+    return h100_workload("llama3-70b", 64, precision)
+
+
+def toml_keys(table: dict, prefix: str = "") -> set[str]:
+    """Every key of a parsed TOML file, dotted through its (nested) tables."""
+    keys: set[str] = set()
+    for k, v in table.items():
+        keys |= toml_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k}
+    return keys
 
 
 LLAMA_LAYOUT = Layout(tp=8, pp=4, dp=2, micro_batch=1, zero_stage=1, recompute="full")
 GPT_LAYOUT = Layout(tp=4, pp=16, dp=2, micro_batch=1)
 LAYOUTS = [LLAMA_LAYOUT, Layout(tp=8, pp=1, dp=8, micro_batch=2, zero_stage=0, recompute="none")]
+# tp4 sp cp2 pp4 vp5 mb1 z1, selective recompute: 4*2*4*16 = 512 GPUs; 80 layers = 4 x 5 x 4 per virtual stage.
+MODERN = Layout(tp=4, sequence_parallel=True, context_parallel=2, pp=4, virtual_pipeline=5, dp=16, micro_batch=1,
+                zero_stage=1, recompute="selective")
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
@@ -88,7 +118,9 @@ def test_every_megatron_core_flag_is_checked(lay, model, precision):
     flags = {a for a in args if a.startswith("--")}
     assert flags <= set(MCORE_FLAGS), f"unchecked flags {flags - set(MCORE_FLAGS)}: check them in Megatron-LM"
     assert ("--use-distributed-optimizer" in flags) == (lay.zero_stage >= 1)
-    assert ("--recompute-granularity" in flags) == lay.activation_checkpointing
+    assert ("--recompute-granularity" in flags) == lay.checkpointing
+    assert not flags & {"--sequence-parallel", "--context-parallel-size", "--num-layers-per-virtual-pipeline-stage",
+                        "--fp8-format"}                      # none of the new dimensions is set in these layouts
 
 
 def test_megatron_core_architecture_flags_follow_the_spec():
@@ -110,14 +142,14 @@ def test_megatron_core_refuses_zero_2_and_3(zero):
 def test_every_torchtitan_key_is_checked_and_the_batch_adds_up(lay):
     w = h100_workload()
     job = tomllib.loads(torchtitan.render_job(lay, w, iterations=7))
-    keys = {f"{s}.{k}" for s, table in job.items() for k in table}
+    keys = toml_keys(job)
     assert keys <= set(TORCHTITAN_KEYS), f"unchecked keys {keys - set(TORCHTITAN_KEYS)}: check them in job_config.py"
     p, t = job["parallelism"], job["training"]
     assert p["data_parallel_shard_degree"] * p["tensor_parallel_degree"] * p["pipeline_parallel_degree"] == w.gpus
     assert t["global_batch_size"] == w.global_batch and t["global_batch_size"] % (t["local_batch_size"] * lay.dp) == 0
     if lay.pp > 1:
         assert t["local_batch_size"] % p["pipeline_parallel_microbatch_size"] == 0
-    assert job["activation_checkpoint"]["mode"] == ("full" if lay.activation_checkpointing else "none")
+    assert job["activation_checkpoint"] == {"mode": "full" if lay.checkpointing else "none"}
     assert t["steps"] == 7 and job["model"] == {"name": "llama3", "flavor": "70B"}
 
 
@@ -128,6 +160,133 @@ def test_torchtitan_refuses_fp16_and_a_model_without_a_flavor():
         torchtitan.render_job(GPT_LAYOUT, make_workload("175b", 16))
 
 
+# ---- today's dimensions: sequence, context and interleaved pipeline parallelism, selective recompute, FP8 ----
+def value(args: list[str], flag: str) -> str:
+    assert args.count(flag) == 1, f"{flag} written {args.count(flag)} times"
+    return args[args.index(flag) + 1]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_megatron_core_writes_every_modern_dimension(precision):
+    args = mcore.pretrain_args(MODERN, modern_workload(precision))
+    flags = {a for a in args if a.startswith("--")}
+    assert flags <= set(MCORE_FLAGS), f"unchecked flags {flags - set(MCORE_FLAGS)}: check them in Megatron-LM"
+    assert "--sequence-parallel" in args and value(args, "--context-parallel-size") == "2"
+    assert value(args, "--pipeline-model-parallel-size") == "4"
+    assert value(args, "--num-layers-per-virtual-pipeline-stage") == "4"          # 80 / (pp 4 * vp 5)
+    assert value(args, "--recompute-granularity") == "selective"
+    assert "--recompute-method" not in args and "--recompute-num-layers" not in args   # Megatron: None for selective
+    assert "--use-distributed-optimizer" in args and "--bf16" in args
+    fp8 = ["--fp8-format", "hybrid", "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max"]
+    joined = " ".join(args)
+    assert (" ".join(fp8) in joined) == (precision == "fp8") and ("--fp8-format" in args) == (precision == "fp8")
+
+
+@pytest.mark.parametrize("lay, want", [
+    (MODERN, ["--recompute-granularity", "selective"]),
+    (dataclasses.replace(MODERN, recompute="full"), list(mcore.RECOMPUTE_FULL)),
+    (dataclasses.replace(MODERN, recompute="none"), []),
+])
+def test_megatron_core_recompute_modes(lay, want):
+    args = mcore.pretrain_args(lay, modern_workload())
+    got = args[args.index("--recompute-granularity"):][:len(want)] if want else []
+    assert got == want and ("--recompute-granularity" in args) == bool(want)
+
+
+def test_megatron_core_leaves_unset_dimensions_out():
+    plain = dataclasses.replace(MODERN, sequence_parallel=False, context_parallel=1, virtual_pipeline=1, dp=32)
+    args = mcore.pretrain_args(plain, modern_workload())
+    assert not {"--sequence-parallel", "--context-parallel-size", "--num-layers-per-virtual-pipeline-stage"} & set(args)
+
+
+def test_megatron_core_sbatch_sets_cuda_device_max_connections():
+    """Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with tp or cp > 1 (arguments.py line 1477)."""
+    files = launch_files(MODERN, modern_workload(), "/x", framework="megatron-core", train_iters=10)
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1\n" in files["launch.sbatch"]
+    dp_only = Layout(tp=1, pp=1, dp=512, micro_batch=1, zero_stage=1)
+    files = launch_files(dp_only, modern_workload(), "/x", framework="megatron-core", train_iters=10)
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in files["launch.sbatch"]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_torchtitan_writes_every_modern_dimension(precision):
+    w = modern_workload(precision)
+    text = torchtitan.render_job(MODERN, w)
+    job = tomllib.loads(text)
+    assert toml_keys(job) <= set(TORCHTITAN_KEYS), f"unchecked keys {toml_keys(job) - set(TORCHTITAN_KEYS)}"
+    p = job["parallelism"]
+    assert (p["tensor_parallel_degree"], p["context_parallel_degree"], p["pipeline_parallel_degree"],
+            p["data_parallel_shard_degree"], p["data_parallel_replicate_degree"]) == (4, 2, 4, 16, 1)
+    assert p["pipeline_parallel_schedule"] == "Interleaved1F1B" and p["pipeline_parallel_layers_per_stage"] == 4
+    # torchtitan's own arithmetic (distributed/pipeline_parallel.py lines 66-94): stages per rank must be vp
+    stages = math.ceil((80 + p["pipeline_parallel_first_stage_less_layers"] +
+                        p["pipeline_parallel_last_stage_less_layers"]) / p["pipeline_parallel_layers_per_stage"])
+    assert stages % 4 == 0 and stages // 4 == MODERN.virtual_pipeline
+    assert job["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+    assert "Sequence parallelism: on" in text
+    if precision == "fp8":
+        assert job["model"]["converters"] == ["quantize.linear.float8"]
+        assert job["quantize"]["linear"]["float8"] == {"enable_fsdp_float8_all_gather": True, "filter_fqns": ["output"],
+                                                       "precompute_float8_dynamic_scale_for_fsdp": True}
+    else:
+        assert "converters" not in job["model"] and "quantize" not in job
+
+
+def test_torchtitan_pipeline_without_interleaving_keeps_torchtitans_schedule():
+    job = tomllib.loads(torchtitan.render_job(LLAMA_LAYOUT, h100_workload()))
+    assert "pipeline_parallel_schedule" not in job["parallelism"]
+    assert "pipeline_parallel_layers_per_stage" not in job["parallelism"]
+
+
+MDS = Layout(tp=4, sequence_parallel=True, pp=4, dp=32, micro_batch=1, zero_stage=1, recompute="selective")
+
+
+@pytest.mark.parametrize("lay, words", [
+    (MODERN, "context_parallel 2"),
+    (dataclasses.replace(MODERN, context_parallel=1, dp=32), "virtual_pipeline 5"),
+])
+def test_megatron_deepspeed_refuses_cp_and_vp(lay, words):
+    with pytest.raises(UsageError) as e:
+        launch_files(lay, modern_workload(), "/x", framework="megatron-deepspeed", train_iters=10)
+    msg = str(e.value)
+    assert e.value.exit_code == 2 and "\n" not in msg
+    assert msg.startswith(f"--framework megatron-deepspeed cannot run {words}") and "--framework megatron-core" in msg
+    assert "--ds-sequence-parallel-size" not in " ".join(megatron.pretrain_args(
+        dataclasses.replace(lay, context_parallel=1, virtual_pipeline=1, dp=32), modern_workload()))
+
+
+def test_megatron_deepspeed_fp8_only_where_transformer_engine_runs():
+    with pytest.raises(UsageError, match="cannot run fp8 with pp 4.*use --framework megatron-core"):
+        megatron.pretrain_args(MDS, modern_workload("fp8"))
+    gqa_pp1 = Layout(tp=8, pp=1, dp=64, micro_batch=1, zero_stage=1)
+    with pytest.raises(UsageError, match="cannot run fp8 for 'llama3-70b'.*grouped-query"):
+        megatron.pretrain_args(gqa_pp1, modern_workload("fp8"))
+    args = megatron.pretrain_args(Layout(tp=8, pp=1, dp=8, micro_batch=1), h100_workload("175b", 8, "fp8"))
+    assert " ".join(megatron.FP8) in " ".join(args) and "--no-pipeline-parallel" in args
+    assert "--fp8-hybrid" not in megatron.pretrain_args(Layout(tp=8, pp=1, dp=8, micro_batch=1), h100_workload("175b", 8))
+
+
+def test_megatron_deepspeed_writes_sp_and_selective_recompute():
+    files = launch_files(MDS, modern_workload(), "/x", framework="megatron-deepspeed", train_iters=10)
+    args = files["megatron_args.txt"].split()
+    assert "--sequence-parallel" in args and value(args, "--recompute-granularity") == "selective"
+    assert "--checkpoint-activations" not in args and "--deepspeed-activation-checkpointing" not in args
+    assert "activation_checkpointing" not in json.loads(files["ds_config.json"])   # DeepSpeed's is full only
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1\n" in files["launch.sbatch"]     # Megatron-DeepSpeed raises without
+
+
+def test_cli_refuses_a_layout_megatron_deepspeed_cannot_run(tmp_path, monkeypatch):
+    from tuner.cli import report
+    from tuner.launch import Source
+
+    monkeypatch.setattr(report, "pick_layout", lambda *a: (MODERN, modern_workload(), Source("model")))
+    r = CliRunner().invoke(cli, ["launch", "--model", "llama3-70b", "--nodes", "64", "--cluster", "h100",
+                                 "--train-iters", "10", "--db", f"sqlite:///{tmp_path}/none.db",
+                                 "--out", tmp_path / "no"])
+    assert isinstance(r.exception, UsageError) and r.exception.exit_code == 2
+    assert "cannot run context_parallel 2" in str(r.exception) and not (tmp_path / "no").exists()
+
+
 CASES = {
     "launch_mcore_175b_16n": ("megatron-core", GPT_LAYOUT, lambda: make_workload("175b", 16),
                               "/lustre/orion/abc123/launch", {"account": "abc123", "time_limit": "02:00:00",
@@ -135,6 +294,15 @@ CASES = {
     "launch_mcore_llama3-70b_8n_h100": ("megatron-core", LLAMA_LAYOUT, h100_workload, "/scratch/launch-70b",
                                         {"megatron_dir": "/opt/Megatron-LM"}),
     "launch_torchtitan_llama3-70b_8n_h100": ("torchtitan", LLAMA_LAYOUT, h100_workload, "/scratch/launch-70b", {}),
+    "launch_mcore_llama3-70b_64n_h100_modern_bf16": ("megatron-core", MODERN, modern_workload, "/scratch/launch-70b",
+                                                     {"megatron_dir": "/opt/Megatron-LM"}),
+    "launch_mcore_llama3-70b_64n_h100_modern_fp8": ("megatron-core", MODERN, lambda: modern_workload("fp8"),
+                                                    "/scratch/launch-70b", {"megatron_dir": "/opt/Megatron-LM"}),
+    "launch_torchtitan_llama3-70b_64n_h100_modern_bf16": ("torchtitan", MODERN, modern_workload, "/scratch/launch-70b", {}),
+    "launch_torchtitan_llama3-70b_64n_h100_modern_fp8": ("torchtitan", MODERN, lambda: modern_workload("fp8"),
+                                                         "/scratch/launch-70b", {}),
+    "launch_mds_llama3-70b_64n_h100_sp_selective": ("megatron-deepspeed", MDS, modern_workload, "/scratch/launch-70b",
+                                                    {"megatron_dir": "/opt/Megatron-DeepSpeed"}),
 }
 
 

@@ -219,6 +219,9 @@ MEGATRON_FLAGS = {
     "--clip-grad": 781, "--init-method-std": 1005, "--fp16": 1111, "--bf16": 1113,
     "--checkpoint-activations": 864, "--deepspeed-activation-checkpointing": 1524, "--zero-stage": 1487,
     "--no-pipeline-parallel": 954, "--deepspeed": 54, "--deepspeed_config": 54,
+    # deepspeedai/Megatron-DeepSpeed 4efb479d5317 (arguments.py unchanged since f4157bea69f3):
+    "--sequence-parallel": 972, "--recompute-granularity": 830, "--transformer-impl": 516, "--fp8-hybrid": 508,
+    "--fp8-amax-history-len": 520, "--fp8-amax-compute-algo": 523,
 }
 
 
@@ -229,6 +232,31 @@ def test_every_megatron_flag_exists_in_megatron_deepspeed(lay, precision):
     args = pretrain_args(lay, frontier_trial().workload, precision=precision)
     flags = {a for a in args if a.startswith("--")}
     assert flags <= set(MEGATRON_FLAGS), f"unchecked flags {flags - set(MEGATRON_FLAGS)}: check them in arguments.py"
+
+
+@pytest.mark.parametrize("lay, precision", [
+    (Layout(tp=8, sequence_parallel=True, pp=1, dp=16, micro_batch=2, zero_stage=1, recompute="selective"), "bf16"),
+    (Layout(tp=8, pp=1, dp=16, micro_batch=2, zero_stage=1), "fp8"),
+])
+def test_every_new_dimension_flag_exists_in_megatron_deepspeed(lay, precision):
+    w = dataclasses.replace(frontier_trial().workload, precision=precision)
+    args = pretrain_args(lay, w)
+    flags = {a for a in args if a.startswith("--")}
+    assert flags <= set(MEGATRON_FLAGS), f"unchecked flags {flags - set(MEGATRON_FLAGS)}: check them in arguments.py"
+    assert ("--sequence-parallel" in flags) == lay.sequence_parallel
+    assert ("--recompute-granularity" in flags) == (lay.recompute == "selective")
+    assert ("--fp8-hybrid" in flags) == (precision == "fp8")
+
+
+def test_megatron_template_exports_cuda_device_max_connections_for_sequence_parallel():
+    """Megatron-DeepSpeed raises without CUDA_DEVICE_MAX_CONNECTIONS=1 under --sequence-parallel."""
+    slurm = {**frontier_slurm(**MEGATRON), "env": {}}
+    sp = dataclasses.replace(frontier_trial(), layout=dataclasses.replace(STUDY_LAYOUT, sequence_parallel=True))
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1\n" in render_sbatch(sp, slurm, template="megatron", trial_dir="/t")
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in render_sbatch(frontier_trial(), slurm, template="megatron",
+                                                              trial_dir="/t")
+    once = render_sbatch(sp, frontier_slurm(**MEGATRON), template="megatron", trial_dir="/t")   # the table exports it already
+    assert once.count("export CUDA_DEVICE_MAX_CONNECTIONS=1") == 1
 
 
 def test_megatron_optimizer_is_the_deepspeed_configs():

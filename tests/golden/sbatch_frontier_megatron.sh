@@ -1,5 +1,5 @@
 #!/bin/bash
-# tuner trial 7 of study "gpt175b-frontier": tp4-pp16-dp2-mb1-z1-ac1, model "gpt-175b", 16 node(s), template megatron
+# tuner trial 7 of study "gpt175b-frontier": tp4-pp16-dp2-mb1-z1-rcfull, model "gpt-175b", 16 node(s), template megatron
 #SBATCH --job-name=tuner-gpt175b-frontier-7
 #SBATCH --nodes=16
 #SBATCH --ntasks-per-node=8
@@ -27,10 +27,14 @@ export TUNER_TRIAL_DIR=/lustre/orion/abc123/results/trials/gpt175b-frontier/7
 export TUNER_STUDY=gpt175b-frontier
 export TUNER_TRIAL=7
 export TUNER_TP=4
+export TUNER_SEQUENCE_PARALLEL=0
+export TUNER_CONTEXT_PARALLEL=1
 export TUNER_PP=16
+export TUNER_VIRTUAL_PIPELINE=1
 export TUNER_DP=2
 export TUNER_MICRO_BATCH=1
 export TUNER_ZERO_STAGE=1
+export TUNER_RECOMPUTE=full
 export TUNER_ACTIVATION_CHECKPOINTING=1
 export TUNER_GLOBAL_BATCH=640
 export TUNER_NODES=16

@@ -31,7 +31,9 @@ FP16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale
 BF16 = {"enabled": True}
 
 # Used by deepspeed.checkpointing (the harness's pipeline engine; Megatron-DeepSpeed's
-# --deepspeed-activation-checkpointing reads it too, its own arguments taking precedence).
+# --deepspeed-activation-checkpointing reads it too, its own arguments taking precedence). Written only for
+# recompute "full": DeepSpeed checkpoints whole layers and has no selective mode; selective recompute (the
+# attention core) is Megatron's own (--recompute-granularity selective), so it leaves this section out.
 ACTIVATION_CHECKPOINTING = {"partition_activations": False, "contiguous_memory_optimization": False,
                             "cpu_checkpointing": False}
 

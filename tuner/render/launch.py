@@ -14,6 +14,11 @@ That is `framework="megatron-deepspeed"` (the default). `megatron-core` writes `
 Megatron-LM's `pretrain_gpt.py` (tuner.render.mcore; no DeepSpeed config), `torchtitan` writes
 `torchtitan.toml` (tuner.render.torchtitan); each with its `launch.sbatch` (template `command`) and
 `layout.json`.
+
+What a framework cannot express is refused with one line naming the framework that can (UsageError, exit
+status 2), never rendered as something else: Megatron-DeepSpeed refuses context and interleaved pipeline
+parallelism and FP8 outside its Transformer Engine model (tuner.render.megatron.refusal), Megatron-Core
+ZeRO-2/3, torchtitan fp16 and models without a registered flavor.
 """
 
 from __future__ import annotations
@@ -86,6 +91,8 @@ def launch_files(layout: Layout, workload: Workload, out_dir: str | Path, *, sou
                "gpus": workload.gpus, **batch, "precision": precision, "train_iters": iters,
                "megatron_dir": table["megatron_dir"],
                "submit": f"cd {shlex.quote(str(out_dir))} && sbatch launch.sbatch"}
+    if workload.precision == "fp8":
+        summary["fp8"] = True        # FP8 matmuls on top of the training dtype `precision`
     if framework != "megatron-deepspeed":
         summary["framework"] = framework
     return {**files, "layout.json": json.dumps(summary, indent=2) + "\n"}
@@ -96,6 +103,7 @@ def _framework_files(framework: str, spec: TrialSpec, table: dict, out_dir: str)
     layout, workload = spec.layout, spec.workload
     precision, iters, extra = table["precision"], table["iterations"], table["megatron_args"]
     if framework == "megatron-deepspeed":
+        megatron.check(layout, workload)
         ds = megatron.deepspeed_config(layout, workload, precision=precision)
         args = megatron.pretrain_args(layout, workload, deepspeed_config_path="ds_config.json",
                                       precision=precision, iterations=iters, extra=extra)
@@ -106,7 +114,8 @@ def _framework_files(framework: str, spec: TrialSpec, table: dict, out_dir: str)
         args = mcore.pretrain_args(layout, workload, precision=precision, iterations=iters, extra=extra)
         argv = ["python3", f"{table['megatron_dir'].rstrip('/')}/pretrain_gpt.py", *args]
         return {"megatron_args.txt": "".join(f"{a}\n" for a in args),
-                "launch.sbatch": render_sbatch(spec, table, template="command", command=argv, trial_dir=out_dir)}
+                "launch.sbatch": render_sbatch(spec, table, template="command", command=argv, trial_dir=out_dir,
+                                               env=mcore.launch_env(layout))}
     job = torchtitan.render_job(layout, workload, precision=precision, iterations=iters)
     argv = ["python3", "-m", "torchtitan.train", "--job.config_file", "torchtitan.toml", *extra]
     return {"torchtitan.toml": job,      # torchtitan: installed, or its checkout (--megatron-dir) on PYTHONPATH

@@ -2,8 +2,23 @@
 
 No DeepSpeed config: Megatron-Core builds its own optimizer and data-parallel wrapper. ZeRO maps to
 Megatron-Core's distributed optimizer (`--use-distributed-optimizer`: optimizer states sharded over DP,
-i.e. ZeRO-1). ZeRO-2/3 have no Megatron-Core equivalent beyond the distributed optimizer, so a layout
-with zero_stage 2 or 3 is refused (never launched as something else).
+i.e. ZeRO-1). ZeRO-2/3 have no Megatron-Core equivalent beyond the distributed optimizer (its FSDP paths,
+--use-torch-fsdp2 / --use-megatron-fsdp, are another engine), so a layout with zero_stage 2 or 3 is
+refused (never launched as something else).
+
+The layout's dimensions:
+- sequence_parallel: `--sequence-parallel`; context_parallel > 1: `--context-parallel-size N`;
+- virtual_pipeline > 1: `--num-layers-per-virtual-pipeline-stage L/(pp*vp)` (arguments.py line 3114;
+  `--virtual-pipeline-model-parallel-size` does not exist there: the field is excluded from the
+  generated flags, arguments.py line 2308, and derived from this one at line 974);
+- recompute full: `--recompute-granularity full --recompute-method uniform --recompute-num-layers 1`;
+  selective: `--recompute-granularity selective` (Megatron's default module, core_attn: TC:560);
+- precision fp8 (the workload's): `--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo
+  max` on top of --bf16/--fp16: Megatron-LM's published FP8 recipe, examples/llama/
+  train_llama3_8b_h100_fp8.sh lines 108-110 (its --fp8-param-gather, a memory saving the performance
+  model does not count, is left out); the recipe is TE's default, delayed scaling (TC:594).
+Tensor or context parallelism needs CUDA_DEVICE_MAX_CONNECTIONS=1 before Blackwell (arguments.py line
+1477 asserts it): `launch_env` gives it to the sbatch script.
 
 Every flag was checked against NVIDIA/Megatron-LM at d98e8a64ddf3 (2026-08-22): flags written literally in
 megatron/training/arguments.py, or generated there by ArgumentGroupFactory (megatron/training/
@@ -19,8 +34,13 @@ from tuner.layout import Layout
 from tuner.render.megatron import PRECISIONS, run_args, shape_args
 from tuner.specs import ModelSpec, Workload
 
-# Full recompute of every layer (tuner's activation_checkpointing = the old --checkpoint-activations).
+# Full recompute of every layer (the old --checkpoint-activations).
 RECOMPUTE_FULL = ("--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1")
+# Selective: the attention core of every layer (--recompute-modules defaults to core_attn).
+RECOMPUTE_SELECTIVE = ("--recompute-granularity", "selective")
+# FP8 through Transformer Engine, as examples/llama/train_llama3_8b_h100_fp8.sh (and NeMo's
+# bf16_with_fp8_mixed) run it: hybrid format (E4M3 forward, E5M2 gradients), delayed scaling over 1024 steps.
+FP8 = ("--fp8-format", "hybrid", "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max")
 
 
 def check_zero(layout: Layout) -> None:
@@ -49,17 +69,42 @@ def architecture_args(m: ModelSpec) -> list[str]:
     return args
 
 
+def parallel_args(layout: Layout, m: ModelSpec) -> list[str]:
+    """Sequence, context and interleaved (virtual) pipeline parallelism, each only when the layout uses it."""
+    args: list[str] = []
+    if layout.sequence_parallel:
+        args.append("--sequence-parallel")
+    if layout.context_parallel > 1:
+        args += ["--context-parallel-size", str(layout.context_parallel)]
+    if layout.virtual_pipeline > 1:
+        per_stage = m.num_layers // (layout.pp * layout.virtual_pipeline)
+        args += ["--num-layers-per-virtual-pipeline-stage", str(per_stage)]
+    return args
+
+
+def recompute_args(layout: Layout) -> list[str]:
+    return list({"full": RECOMPUTE_FULL, "selective": RECOMPUTE_SELECTIVE}.get(layout.recompute, ()))
+
+
+def launch_env(layout: Layout) -> dict[str, str]:
+    """Variables the sbatch script exports: Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with tp or cp > 1
+    (before Blackwell; harmless after)."""
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if layout.tp > 1 or layout.context_parallel > 1 else {}
+
+
 def pretrain_args(layout: Layout, workload: Workload, *, precision: str = "bf16", iterations: int = 10,
                   extra: tuple[str, ...] | list[str] = ()) -> list[str]:
-    """The argv (after Megatron-LM's `pretrain_gpt.py`). `extra` (data paths, tokenizer) is appended.
+    """The argv (after Megatron-LM's `pretrain_gpt.py`). `precision` is the training dtype (bf16/fp16);
+    the workload's precision fp8 adds FP8 on top. `extra` (data paths, tokenizer) is appended.
     UsageError for zero_stage 2/3; ValueError for a precision other than fp16/bf16."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     check_zero(layout)
-    args = [*shape_args(layout, workload), *architecture_args(workload.model),
-            *run_args(layout, workload, iterations, precision)]
+    args = [*shape_args(layout, workload), *parallel_args(layout, workload.model),
+            *architecture_args(workload.model), *run_args(layout, workload, iterations, precision)]
+    if workload.precision == "fp8":
+        args += list(FP8)
     if layout.zero_stage >= 1:
         args.append("--use-distributed-optimizer")
-    if layout.checkpointing:
-        args += list(RECOMPUTE_FULL)
+    args += recompute_args(layout)
     return args + [str(a) for a in extra]

@@ -5,13 +5,30 @@ the one DeepSpeed is told about cannot disagree (the Frontier study's micro-batc
 made one log print 149 TFLOPs). The log parser is not a renderer: tuner.runners.megatron.
 
 Every flag written here was checked against microsoft/Megatron-DeepSpeed at f4157bea69f3 (2024-12-24),
-megatron/arguments.py; `--deepspeed` and `--deepspeed_config` are DeepSpeed's own, added there by
-`deepspeed.add_config_arguments(parser)` (arguments.py line 54). tests/test_sbatch.py keeps the list
-(MEGATRON_FLAGS, with the line of each) and fails on a flag that is not in it.
+megatron/arguments.py, and again at deepspeedai/Megatron-DeepSpeed 4efb479d5317 (2025-07-16, the same
+repository renamed); `--deepspeed` and `--deepspeed_config` are DeepSpeed's own, added there by
+`deepspeed.add_config_arguments(parser)`. tests/test_sbatch.py keeps the list (MEGATRON_FLAGS, with the
+line of each) and fails on a flag that is not in it.
+
+The layout's dimensions (arguments.py and megatron/model/transformer.py at 4efb479d5317):
+- sequence_parallel: `--sequence-parallel` (line 972); it needs CUDA_DEVICE_MAX_CONNECTIONS=1 (line 405
+  raises otherwise: `launch_env`); on accelerators other than CUDA (ROCm reports
+  cuda) its layer norm marks weights for sequence parallelism only from 4efb479d5317 (#468) on;
+- recompute full: `--checkpoint-activations --deepspeed-activation-checkpointing` (DeepSpeed's
+  checkpointing, which GPTModelPipe reads); selective: `--recompute-granularity selective` (line 830;
+  ParallelAttention recomputes its core attention, transformer.py line 629, in the pipeline's layers too);
+- precision fp8: `--transformer-impl transformer_engine --fp8-hybrid` with the recipe of tuner.render.mcore
+  (lines 506-526), only where it runs: the Transformer Engine layer is built by ParallelTransformer, the
+  model without DeepSpeed's pipeline (pp 1, transformer.py line 1774), and it asserts no GQA (line 1772);
+- refused (`refusal`): context_parallel > 1 (no such option; `--ds-sequence-parallel-size` is DeepSpeed
+  Ulysses, another split of the sequence, never used in its place) and virtual_pipeline > 1
+  (`--num-layers-per-virtual-pipeline-stage` exists, line 1164, but DeepSpeed's pipeline engine, which
+  runs every pp > 1 here, has no interleaved schedule), and fp8 where the TE layer is not built.
 """
 
 from __future__ import annotations
 
+from tuner.errors import UsageError
 from tuner.layout import Layout
 from tuner.render.dsconfig import render_ds_config
 from tuner.specs import Workload
@@ -21,11 +38,49 @@ PRECISIONS = ("fp16", "bf16")   # Megatron's --fp16 / --bf16
 # Megatron's optimizer: the same Adam as tuner.render.dsconfig.ADAM_PARAMS (a test checks they agree).
 OPTIMIZER_ARGS = ("--lr", "1.0e-4", "--min-lr", "1.0e-5", "--lr-decay-style", "cosine", "--weight-decay", "0.1",
                   "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--clip-grad", "1.0", "--init-method-std", "0.006")
+# FP8 through Transformer Engine: Megatron-DeepSpeed's DelayedScaling, with the recipe of tuner.render.mcore.FP8.
+FP8 = ("--transformer-impl", "transformer_engine", "--fp8-hybrid", "--fp8-amax-history-len", "1024",
+       "--fp8-amax-compute-algo", "max")
+RECOMPUTE_FULL = ("--checkpoint-activations", "--deepspeed-activation-checkpointing")
+RECOMPUTE_SELECTIVE = ("--recompute-granularity", "selective")
+
+_NAME = "--framework megatron-deepspeed"
 
 
 def _check_precision(precision: str) -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+
+
+def refusal(layout: Layout, workload: Workload) -> str | None:
+    """Why Megatron-DeepSpeed cannot run `layout` on `workload` as it is (one line naming the framework that
+    can), or None."""
+    cp, vp, m = layout.context_parallel, layout.virtual_pipeline, workload.model
+    if cp > 1:
+        return (f"{_NAME} cannot run context_parallel {cp}: Megatron-DeepSpeed has no context parallelism "
+                "(--ds-sequence-parallel-size is DeepSpeed Ulysses, a different split); use --framework megatron-core")
+    if vp > 1:
+        return (f"{_NAME} cannot run virtual_pipeline {vp}: DeepSpeed's pipeline engine has no interleaved "
+                "schedule; use --framework megatron-core")
+    if workload.precision == "fp8" and layout.pp > 1:
+        return (f"{_NAME} cannot run fp8 with pp {layout.pp}: its FP8 (Transformer Engine layers) is built only "
+                "without DeepSpeed's pipeline (pp 1); use --framework megatron-core")
+    if workload.precision == "fp8" and m.num_query_groups < m.num_attention_heads:
+        return (f"{_NAME} cannot run fp8 for '{m.name}': its Transformer Engine layer refuses grouped-query "
+                "attention; use --framework megatron-core")
+    return None
+
+
+def check(layout: Layout, workload: Workload) -> None:
+    """UsageError (exit status 2, one line) when Megatron-DeepSpeed cannot run the layout (see `refusal`)."""
+    reason = refusal(layout, workload)
+    if reason:
+        raise UsageError(reason)
+
+
+def launch_env(layout: Layout) -> dict[str, str]:
+    """Variables the sbatch script exports: --sequence-parallel needs CUDA_DEVICE_MAX_CONNECTIONS=1."""
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if layout.sequence_parallel else {}
 
 
 def deepspeed_config(layout: Layout, workload: Workload, *, precision: str = "bf16") -> dict:
@@ -54,13 +109,19 @@ def run_args(layout: Layout, workload: Workload, iterations: int, precision: str
 
 def pretrain_args(layout: Layout, workload: Workload, *, deepspeed_config_path: str = "ds_config.json",
                   precision: str = "bf16", iterations: int = 10, extra: tuple[str, ...] | list[str] = ()) -> list[str]:
-    """The argv (after `pretrain_gpt.py`) for one trial. `extra` (data paths, tokenizer files) is appended."""
+    """The argv (after `pretrain_gpt.py`) for one trial. `extra` (data paths, tokenizer files) is appended.
+    UsageError for a layout Megatron-DeepSpeed cannot run (`refusal`)."""
     _check_precision(precision)
-    args = [*shape_args(layout, workload), *run_args(layout, workload, iterations, precision)]
-    if layout.checkpointing:
-        # --checkpoint-activations: kept in Megatron-DeepSpeed for DeepSpeed's checkpointing (GPTModelPipe
-        # and ParallelTransformer read args.checkpoint_activations); --recompute-* is upstream Megatron's.
-        args += ["--checkpoint-activations", "--deepspeed-activation-checkpointing"]
+    check(layout, workload)
+    args = [*shape_args(layout, workload)]
+    if layout.sequence_parallel:
+        args.append("--sequence-parallel")
+    args += run_args(layout, workload, iterations, precision)
+    if workload.precision == "fp8":
+        args += list(FP8)
+    # full: --checkpoint-activations, kept in Megatron-DeepSpeed for DeepSpeed's checkpointing (GPTModelPipe and
+    # ParallelTransformer read args.checkpoint_activations); selective: upstream Megatron's core-attention recompute.
+    args += list({"full": RECOMPUTE_FULL, "selective": RECOMPUTE_SELECTIVE}.get(layout.recompute, ()))
     args += ["--deepspeed", "--deepspeed_config", deepspeed_config_path, "--zero-stage", str(layout.zero_stage)]
     if layout.pp == 1:
         args.append("--no-pipeline-parallel")   # DeepSpeed's plain engine (ZeRO-2/3 need it)

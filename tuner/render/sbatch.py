@@ -149,10 +149,13 @@ def _q(value: object) -> str:
 
 def render_sbatch(trial: TrialSpec, slurm: dict, *, template: str = "harness", python: str = "python3",
                   trial_dir: str | Path | None = None, time_limit: str | None = None,
-                  command: list[str] | None = None, pythonpath: str | None = None) -> str:
+                  command: list[str] | None = None, pythonpath: str | None = None,
+                  env: dict[str, str] | None = None) -> str:
     """The sbatch script for `trial`. `slurm` is the cluster's [slurm] table (validated here);
     `trial_dir` defaults to trial.trial_dir; `time_limit` overrides the table's; `command` is the argv
-    of the `command` template; `pythonpath` is prepended to PYTHONPATH (where tuner is, if not installed)."""
+    of the `command` template; `pythonpath` is prepended to PYTHONPATH (where tuner is, if not installed);
+    `env`: variables the framework needs (CUDA_DEVICE_MAX_CONNECTIONS), exported after the table's (the
+    megatron template adds Megatron-DeepSpeed's own, tuner.render.megatron.launch_env)."""
     if template not in TEMPLATES:
         raise UsageError(f"unknown Slurm template '{template}'; templates: {', '.join(TEMPLATES)}")
     s = validate_slurm(slurm)
@@ -170,8 +173,9 @@ def render_sbatch(trial: TrialSpec, slurm: dict, *, template: str = "harness", p
     if limit is not None and not _TIME.match(str(limit)):
         raise UsageError(f"time limit must be minutes or [D-]HH:MM[:SS], got {limit!r}")
     argv, preamble = _program(trial, s, template, python, command)
+    exports = {**(env or {}), **(megatron.launch_env(lay) if template == "megatron" else {})}
     lines = [*_directives(trial, s, template, tasks, limit), "",
-             *_environment(trial, s, d, pythonpath), *preamble, "",
+             *_environment(trial, s, d, pythonpath, exports), *preamble, "",
              *_launch(w.nodes, tasks, s, argv)]
     return "\n".join(lines)
 
@@ -195,11 +199,13 @@ def _directives(trial: TrialSpec, s: dict, template: str, tasks: int, limit: str
     return lines + [f"#SBATCH {x}" for x in s["extra_sbatch"]]
 
 
-def _environment(trial: TrialSpec, s: dict, d: str, pythonpath: str | None) -> list[str]:
-    """cd to the trial directory, modules, the table's and the protocol's variables, the rendezvous, setup."""
+def _environment(trial: TrialSpec, s: dict, d: str, pythonpath: str | None, exports: dict[str, str]) -> list[str]:
+    """cd to the trial directory, modules, the table's, the framework's and the protocol's variables, the
+    rendezvous, setup."""
     lines = ["set -uo pipefail", f"cd {_q(d)} || exit 1"]
     lines += [f"module load {_q(m)}" for m in s["modules"]]
     lines += [f"export {k}={_q(v)}" for k, v in public_env(s["env"]).items()]   # never the store's secrets
+    lines += [f"export {k}={_q(v)}" for k, v in exports.items() if s["env"].get(k) != v]   # once, if the table has it
     lines += [f"export {k}={_q(v)}" for k, v in trial_env(trial, d).items()]
     if pythonpath:
         lines.append(f'export PYTHONPATH={_q(pythonpath)}"${{PYTHONPATH:+:$PYTHONPATH}}"')

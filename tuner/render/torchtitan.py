@@ -7,11 +7,28 @@ with that torchtitan (or a release that reads TOML, e.g. v0.2.x):
 `python -m torchtitan.train --job.config_file torchtitan.toml`. tests/test_launch_frameworks.py keeps the
 keys (TORCHTITAN_KEYS, with the line of each) and fails on a key that is not in it.
 
-Mapping: tp -> tensor_parallel_degree, pp -> pipeline_parallel_degree, dp -> data_parallel_shard_degree
-(FSDP2: parameters, gradients and optimizer states all sharded, i.e. ZeRO-3-like whatever the layout's
-zero_stage). torchtitan builds its model from a registered flavor, not from numbers in the file: only
-models whose shape matches a flavor are rendered; any other model is refused. fp16 is refused
-(torchtitan's mixed_precision_param is bfloat16 or float32).
+Mapping: tp -> tensor_parallel_degree, cp -> context_parallel_degree, pp -> pipeline_parallel_degree, dp ->
+data_parallel_shard_degree (FSDP2: parameters, gradients and optimizer states all sharded, i.e. ZeRO-3-like
+whatever the layout's zero_stage; torchtitan's DDP, data_parallel_replicate_degree, refuses any other
+parallelism: models/llama3/infra/parallelize.py line 151).
+- sequence parallel: torchtitan's TP plan always shards the norms over the sequence (parallelize.py lines
+  181, 219, 233: SequenceParallel()), so tp > 1 runs with it whatever the layout's sequence_parallel says
+  (only less activation memory than without; the file says so in a comment);
+- virtual_pipeline > 1: pipeline_parallel_schedule "Interleaved1F1B" (Megatron's interleaved 1F1B) with
+  pipeline_parallel_layers_per_stage = layers/(pp*vp) and the first/last stage "less layers" set to 0, so
+  every virtual stage holds the same layers, as Megatron splits them (distributed/pipeline_parallel.py
+  lines 66-76: embeddings and output otherwise count as one layer each, and 82 layers / 4 are not 20 stages);
+- recompute: activation_checkpoint.mode none | selective | full; selective is torchtitan's per-op
+  selective_ac_option "op" (it saves matmul and attention outputs and recomputes the rest): between none and
+  full like Megatron's selective, but not Megatron's core-attention recompute; a layer period ("2") would be
+  full recompute of every other layer instead;
+- fp8: model.converters = ["quantize.linear.float8"] (the registered name, components/quantization/
+  float8.py line 238; the toml comment's "float8" is not registered) and [quantize.linear.float8] as
+  llama3_405b.toml sets it: tensorwise scaling, float8 FSDP all-gather with precomputed scales, the output
+  layer left in bf16.
+torchtitan builds its model from a registered flavor, not from numbers in the file: only models whose
+shape matches a flavor are rendered; any other model is refused. fp16 is refused (torchtitan's
+mixed_precision_param is bfloat16 or float32).
 """
 
 from __future__ import annotations
@@ -24,6 +41,10 @@ from tuner.specs import ModelSpec, Workload
 # torchtitan/models/llama3/__init__.py at 238fa9953e4a: flavor -> (dim, n_layers, n_heads, n_kv_heads)
 LLAMA3_FLAVORS = {"8B": (4096, 32, 32, 8), "70B": (8192, 80, 64, 8), "405B": (16384, 126, 128, 8)}
 MIXED_PRECISION = {"bf16": "bfloat16"}
+FLOAT8_CONVERTER = "quantize.linear.float8"
+FLOAT8 = {"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True,
+          "filter_fqns": ["output"]}
+SELECTIVE_AC_OPTION = "op"
 
 
 def flavor(m: ModelSpec) -> tuple[str, str]:
@@ -42,48 +63,85 @@ def _toml(value) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
     return repr(value)
+
+
+def parallelism(layout: Layout, m: ModelSpec) -> dict:
+    """The [parallelism] table: degrees, and the pipeline's micro-batch and (interleaved) schedule."""
+    table: dict = {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": layout.dp,
+                   "tensor_parallel_degree": layout.tp, "pipeline_parallel_degree": layout.pp,
+                   "context_parallel_degree": layout.context_parallel}
+    if layout.pp > 1:
+        table["pipeline_parallel_microbatch_size"] = layout.micro_batch
+    if layout.virtual_pipeline > 1:
+        table.update({"pipeline_parallel_schedule": "Interleaved1F1B",
+                      "pipeline_parallel_layers_per_stage": m.num_layers // (layout.pp * layout.virtual_pipeline),
+                      "pipeline_parallel_first_stage_less_layers": 0,
+                      "pipeline_parallel_last_stage_less_layers": 0})
+    return table
+
+
+def activation_checkpoint(layout: Layout) -> dict:
+    if layout.recompute == "selective":
+        return {"mode": "selective", "selective_ac_option": SELECTIVE_AC_OPTION}
+    return {"mode": layout.recompute}
 
 
 def job_sections(layout: Layout, workload: Workload, *, precision: str = "bf16",
                  iterations: int = 10) -> dict[str, dict]:
-    """{section: {key: value}} of the job file. UsageError for fp16 or a model torchtitan has no flavor of."""
+    """{section: {key: value}} of the job file (a dotted section is a nested table). UsageError for fp16 or
+    a model torchtitan has no flavor of."""
     if precision not in MIXED_PRECISION:
         raise UsageError(f"--framework torchtitan trains in bf16 only (mixed_precision_param bfloat16), got {precision}")
     check_batch(layout, workload)
     m, gb = workload.model, workload.global_batch
     name, flav = flavor(m)
+    fp8 = workload.precision == "fp8"
     # With PP, local_batch_size is the rank's batch per step, split into microbatches of the layout's size.
     local = gb // layout.dp if layout.pp > 1 else layout.micro_batch
-    parallelism = {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": layout.dp,
-                   "tensor_parallel_degree": layout.tp, "pipeline_parallel_degree": layout.pp,
-                   "context_parallel_degree": 1}
-    if layout.pp > 1:
-        parallelism["pipeline_parallel_microbatch_size"] = layout.micro_batch
-    return {
+    sections = {
         "job": {"dump_folder": "./outputs", "description": f"tuner launch: {m.name}, {layout.key()}"},
         "metrics": {"log_freq": 1},
-        "model": {"name": name, "flavor": flav},
+        "model": {"name": name, "flavor": flav, **({"converters": [FLOAT8_CONVERTER]} if fp8 else {})},
         "optimizer": {"name": "AdamW", "lr": ADAM_PARAMS["lr"], "beta1": ADAM_PARAMS["betas"][0],
                       "beta2": ADAM_PARAMS["betas"][1], "eps": ADAM_PARAMS["eps"],
                       "weight_decay": ADAM_PARAMS["weight_decay"]},
         "training": {"local_batch_size": local, "global_batch_size": gb, "seq_len": m.seq_length,
                      "max_norm": GRADIENT_CLIPPING, "steps": iterations,
                      "mixed_precision_param": MIXED_PRECISION[precision]},
-        "parallelism": parallelism,
-        "activation_checkpoint": {"mode": layout.recompute if layout.recompute != "selective" else "selective"},
+        "parallelism": parallelism(layout, m),
+        "activation_checkpoint": activation_checkpoint(layout),
     }
+    if fp8:
+        sections["quantize.linear.float8"] = dict(FLOAT8)
+    return sections
 
 
-def render_job(layout: Layout, workload: Workload, *, precision: str = "bf16", iterations: int = 10) -> str:
-    """The TOML job file text."""
-    sections = job_sections(layout, workload, precision=precision, iterations=iterations)
+def _comments(layout: Layout, workload: Workload) -> list[str]:
+    """The header: what the file is and what torchtitan does differently from the layout."""
     lines = [f"# torchtitan job file written by `tuner launch --framework torchtitan` ({workload.nodes} x "
              f"{workload.cluster.name}, {workload.gpus} GPUs)",
              "# Format: torchtitan's TOML job config (job_config.py at 238fa9953e4a, before #2386).",
              "# dp is FSDP's data_parallel_shard_degree: parameters, gradients and optimizer states are all",
              "# sharded over it (ZeRO-3-like), whatever ZeRO stage the layout was measured with.",
              f"# global batch {workload.global_batch} = local batch x gradient accumulation x dp {layout.dp}"]
+    if layout.tp > 1:
+        was = "" if layout.sequence_parallel else "; the layout had it off"
+        lines.append(f"# Sequence parallelism: on (torchtitan's TP always shards norms over the sequence{was}).")
+    if layout.recompute == "selective":
+        lines.append('# Selective recompute: torchtitan\'s per-op AC ("op"), not Megatron\'s core-attention recompute.')
+    if layout.virtual_pipeline > 1:
+        lines.append(f"# Interleaved pipeline: {layout.virtual_pipeline} stages per rank of equal layers, embedding "
+                     "and output beside the first and last.")
+    return lines
+
+
+def render_job(layout: Layout, workload: Workload, *, precision: str = "bf16", iterations: int = 10) -> str:
+    """The TOML job file text."""
+    sections = job_sections(layout, workload, precision=precision, iterations=iterations)
+    lines = _comments(layout, workload)
     for section, keys in sections.items():
         lines += ["", f"[{section}]", *(f"{k} = {_toml(v)}" for k, v in keys.items())]
     return "\n".join(lines) + "\n"
