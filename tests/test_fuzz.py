@@ -232,7 +232,10 @@ def test_search_never_crashes_and_failures_write_nothing(work, files, nodes, gb)
 
 @FUZZ
 @given(layout=st.fixed_dictionaries({k: cli_ints for k in ("tp", "pp", "dp", "micro_batch")},
-                                    optional={"zero_stage": cli_ints, "activation_checkpointing": st.booleans()}),
+                                    optional={"zero_stage": cli_ints, "activation_checkpointing": st.booleans(),
+                                              "context_parallel": cli_ints, "virtual_pipeline": cli_ints,
+                                              "sequence_parallel": st.booleans(),
+                                              "recompute": st.sampled_from(["none", "selective", "full"])}),
        preset=st.sampled_from([("175b", "16", "frontier"), ("22b", "2", "frontier"), ("tiny", "1", "local")]))
 def test_random_layouts_on_presets(work, layout, preset):
     """Random layouts on real presets: valid ones predict, invalid ones name the rule they break."""
@@ -243,5 +246,10 @@ def test_random_layouts_on_presets(work, layout, preset):
         args += ["--zero-stage", str(layout["zero_stage"])]
     if layout.get("activation_checkpointing") is False:
         args.append("--no-activation-checkpointing")
+    for key, flag in (("context_parallel", "--cp"), ("virtual_pipeline", "--vp"), ("recompute", "--recompute")):
+        if key in layout:
+            args += [flag, str(layout[key])]
+    if "sequence_parallel" in layout:
+        args.append("--sequence-parallel" if layout["sequence_parallel"] else "--no-sequence-parallel")
     code, out, err = run_cli(*args)
     assert_clean(args, code, out, err)

@@ -37,7 +37,7 @@ iw = _load("indep_worlds", Path(__file__).parents[1] / "benchmarks")   # physics
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 sc = _load("stop_calibration", Path(__file__).parents[1] / "benchmarks")
 
-SPACE = load_space()
+SPACE = load_space("frontier-2023")   # the Frontier study's dimensions, which these GPT worlds model
 # The model ranks tp2 first on 2 nodes; in this world tp2 is slow and GEMMs are less efficient.
 SLOW_TP2 = {"matmul_efficiency": 0.7, "gemm_knee_gflop": 1.5, "microbatch_overhead_ms": 1.5, "slow": {"tp2": 1.25}}
 SLOW_NET = {"inter_node_bandwidth_gbps": 0.5, "intra_node_bandwidth_gbps": 0.5, "latency_us": 2.0,
@@ -196,9 +196,9 @@ def test_warm_start_from_other_node_counts_corrects_the_model_where_nothing_was_
         ws = warm_start_records(recs, w)
         assert ws.evidence["node_counts"] == [2, 4] and ws.evidence["ok_trials"] >= 8
         shapes = {(r.layout.tp, r.layout.pp, r.layout.micro_batch, r.layout.zero_stage,
-                   r.layout.activation_checkpointing) for r in recs if r.mfu}
+                   r.layout.recompute) for r in recs if r.mfu}
         runs = [lay for lay in wd.candidates if wd.truth(lay)[0] and predict(lay, w).fits and
-                (lay.tp, lay.pp, lay.micro_batch, lay.zero_stage, lay.activation_checkpointing) in shapes]
+                (lay.tp, lay.pp, lay.micro_batch, lay.zero_stage, lay.recompute) in shapes]
         rows = corrected(runs, w, ws.observations)
         truth = [math.log(metrics.mfu(wd.truth(r["layout"])[0], w)) for r in rows]
         err_raw.append(statistics.mean(abs(math.log(r["raw"].mfu) - t) for r, t in zip(rows, truth)))

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from tuner import metrics
-from tuner.layout import Layout
+from tuner.layout import LAYOUT_FIELDS, Layout
 from tuner.runners import RUNNERS, TrialRunner, make_runner
 from tuner.specs import load_cluster, make_workload
 from tuner.trial import Status, TrialResult, TrialSpec
@@ -251,7 +251,7 @@ def test_trial_dir_json_env_and_logs(tmp_path):
     trial = json.loads((d / "trial.json").read_text())
     assert trial == spec("st", 7, zero_stage=0, recompute="none").as_json()
     assert set(trial) == {"study", "trial", "layout", "model", "cluster", "nodes", "gpus", "global_batch"}
-    assert set(trial["layout"]) == {"tp", "pp", "dp", "micro_batch", "zero_stage", "activation_checkpointing"}
+    assert set(trial["layout"]) == set(LAYOUT_FIELDS)
     env = json.loads((d / "env.json").read_text())
     assert env["TUNER_TRIAL_JSON"] == str(d.resolve() / "trial.json")
     assert env["TUNER_RESULT_JSON"] == str(d.resolve() / "result.json")

@@ -24,11 +24,11 @@ SMALL = ALL[::10]                      # 52 candidates spread over every dimensi
 def synthetic(lay: Layout) -> float | None:
     """A made-up MFU with one best layout, or None where it 'runs out of memory'."""
     states = 16.0 / (lay.tp * lay.pp) * {0: 1.0, 1: 0.55, 2: 0.4, 3: 0.25}[lay.zero_stage]
-    activations = lay.micro_batch * (0.15 if lay.activation_checkpointing else 0.6) / lay.tp * 4
+    activations = lay.micro_batch * (0.15 if lay.checkpointing else 0.6) / lay.tp * 4
     if states + activations > 1.5:
         return None
     return (0.6 - 0.08 * abs(math.log2(lay.tp) - 3) - 0.05 * abs(math.log2(lay.pp) - 3)
-            - 0.03 * abs(math.log2(lay.micro_batch) - 2) - (0.07 if lay.activation_checkpointing else 0.0)
+            - 0.03 * abs(math.log2(lay.micro_batch) - 2) - (0.07 if lay.checkpointing else 0.0)
             - 0.02 * lay.zero_stage)
 
 

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from tuner.cli.render import flat_layout
 from tuner.layout import LAYOUT_FIELDS
 from tuner.trial import Status
 

@@ -119,7 +119,11 @@ class SearchSpace:
         unknown = set(data) - {"dimensions", "constraints"}
         if unknown:
             raise SpecError(f"{where}: unknown table(s) {', '.join(sorted(unknown))}; valid: dimensions, constraints")
-        dims = data.get("dimensions", {})
+        dims = dict(data.get("dimensions", {}))
+        if "activation_checkpointing" in dims and "recompute" not in dims:    # a space written before recompute
+            old = dims.pop("activation_checkpointing")
+            dims["recompute"] = [("full" if v else "none") if isinstance(v, bool) else v for v in old] \
+                if isinstance(old, list) else old
         bad = set(dims) - set(DIMENSIONS)
         if bad:
             raise SpecError(f"{where}: unknown dimension(s) {', '.join(sorted(bad))}; valid: {', '.join(DIMENSIONS)}")

@@ -72,6 +72,8 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
     "memory_reserved_gb": (float, 3.0),          # context, communication buffers, workspaces, allocator slack
     "memory_headroom": (float, 0.05),            # share of HBM an unmeasured recommendation keeps free
     "flash_attention": (bool, True),             # whether attention keeps no s^2 scores (and runs fused)
+    "comm_overlap": (bool, False),               # the stack hides communication under compute (Megatron-Core's
+                                                 # TP/DP/p2p overlap); false: DeepSpeed's engine, exposed
     "group_bandwidth_gbps": (dict, None),        # {"2": 200.0, ...} per-GPU bandwidth of an aligned intra-node block
     "slurm": (dict, None),                       # the [slurm] table used by the Slurm runner
 }
@@ -247,6 +249,7 @@ class ClusterSpec:
     memory_reserved_gb: float = 3.0
     memory_headroom: float = 0.05
     flash_attention: bool = True
+    comm_overlap: bool = False
     group_bandwidth_gbps: dict | None = None
     slurm: dict | None = None
     peak_tflops_fp8: float | None = None

@@ -29,7 +29,7 @@ from tuner.perfmodel import predict
 from tuner.report import ok_trials
 from tuner.runners import make_runner
 from tuner.search import make_searcher
-from tuner.search.guided import STUDY_DEFAULTS
+from tuner.search import STUDY_DEFAULTS
 from tuner.space import SearchSpace, valid_layouts
 from tuner.specs import Workload
 from tuner.store import StudyRecord

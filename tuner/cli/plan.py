@@ -12,7 +12,6 @@ from tuner.cli.render import flat_layout, render
 from tuner.errors import UsageError
 from tuner.layout import Layout, validate
 from tuner.perfmodel import keeps_headroom, predict as model_predict, rank
-from tuner.best import require_fit
 from tuner.space import load_space, valid_layouts
 from tuner.specs import make_workload
 
@@ -79,6 +78,7 @@ def plan(model, nodes, cluster, global_batch, precision, space, top, show_all, l
     dt = time.perf_counter() - t0
     fitting = [p for p in ranked if p.fits]
     if not show_all:
+        from tuner.best import require_fit
         require_fit(ranked, w)
     shown = (ranked if show_all else fitting)[:top]
     rows = [{"rank": i + 1, **prediction_row(p, w)} for i, p in enumerate(shown)]

@@ -9,7 +9,6 @@ from tuner.cli.render import flat_layout, render
 from tuner.report import ok_trials
 from tuner.errors import TunerError
 from tuner.layout import DIMENSIONS
-from tuner.store import upgrade
 from tuner.trial import Status
 
 # Speed columns: samples_s and mfu_% (model FLOPs, no recompute: the ranking); mgt_tflops and mgt_peak_%
@@ -185,4 +184,5 @@ def db_upgrade(db):
 
     Example: tuner db upgrade --db sqlite:///results/tuner.db
     """
+    from tuner.store import upgrade
     click.echo(upgrade(db))

@@ -78,7 +78,8 @@ def parquet_bytes(rows: list[dict]) -> bytes:
     import io
     from datetime import datetime
     types = {"study": pa.string(), "trial": pa.int64(), "layout_key": pa.string(),
-             **{d.name: pa.bool_() if d.type is bool else pa.int64() for d in DIMENSIONS}, "status": pa.string(), "runner": pa.string(),
+             **{d.name: {bool: pa.bool_(), int: pa.int64(), str: pa.string()}[d.type] for d in DIMENSIONS},
+             "status": pa.string(), "runner": pa.string(),
              "attempts": pa.int64(), "started": pa.timestamp("us", tz="UTC"), "ended": pa.timestamp("us", tz="UTC"),
              "message": pa.string(), "log_path": pa.string()}
     schema = pa.schema([(c, types.get(c, pa.float64())) for c in EXPORT_COLUMNS])
@@ -162,9 +163,10 @@ def _measured(t) -> tuple:
 @click.option("--cluster", default="frontier", show_default=True, help="Without NAME: cluster preset.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Directory for the launch files.")
 @click.option("--force", is_flag=True, help="Write into an --out directory that is not empty.")
-@click.option("--framework", type=click.Choice(FRAMEWORKS), default="megatron-deepspeed", show_default=True,
+@click.option("--framework", type=click.Choice(("auto", *FRAMEWORKS)), default="auto", show_default=True,
               help="What the files start: Megatron-DeepSpeed (ds_config.json + megatron_args.txt), Megatron-LM's "
-              "Megatron-Core (megatron_args.txt), or torchtitan (torchtitan.toml).")
+              "Megatron-Core (megatron_args.txt), or torchtitan (torchtitan.toml); auto: Megatron-DeepSpeed (the "
+              "Frontier study's stack) when it can run the layout, else Megatron-Core.")
 @click.option("--megatron-dir", default=None, help="The framework's checkout on the cluster (megatron-deepspeed: "
               "default the cluster's [slurm] megatron_dir, else ./Megatron-DeepSpeed beside the files; "
               "megatron-core: default ./Megatron-LM; torchtitan: put on PYTHONPATH, default: installed).")
@@ -193,6 +195,12 @@ def launch(name, model, nodes, cluster, out, force, framework, megatron_dir, acc
     check_out_dir(out, force)
     store = read_store(db, required=bool(name))
     layout, w, src = pick_layout(store, name, model, nodes, cluster)
+    if framework == "auto":
+        from tuner.render import megatron
+        why = megatron.refusal(layout, w)
+        framework = "megatron-core" if why else "megatron-deepspeed"
+        if why:
+            click.echo(f"framework: megatron-core ({why.split(':')[0]})", err=True)
     files = launch_files(layout, w, out.resolve(), source=src, study=src.study or "launch", trial=src.trial or 0,
                          framework=framework, megatron_dir=megatron_dir, account=account, time_limit=time_limit, precision=precision,
                          train_iters=train_iters)

@@ -8,7 +8,6 @@ import sys
 
 import click
 
-from tuner import study as studies
 from tuner.cli import DB_OPTION, FORMAT_OPTION, cli
 from tuner.cli.options import layout_options, workload_options
 from tuner.cli.progress import ProgressView
@@ -17,10 +16,9 @@ from tuner.cli.render import render
 from tuner.errors import UsageError
 from tuner.runners import RUNNERS
 from tuner.search import SEARCHERS
-from tuner.search.guided import STUDY_DEFAULTS
+from tuner.search import STUDY_DEFAULTS
 from tuner.space import load_space
 from tuner.specs import make_workload
-from tuner.store import open_store
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
 ADJECTIVES = ("brisk", "calm", "eager", "keen", "lucid", "nimble", "quiet", "rapid", "steady", "swift", "vivid")
@@ -67,6 +65,7 @@ def show_result(store, name: str, result, fmt: str) -> None:
     why = {"budget": "budget reached", "exhausted": "search space exhausted", "time-limit": "time limit reached",
            "converged": f"stopped early: {searcher.stop_reason}"}
     click.echo(f"\nstudy {name}: {outcome.ran} trial(s) ran, {outcome.pruned} pruned ({why[outcome.reason]}).")
+    from tuner import study as studies
     fast = studies.fastest(store, name)
     if fast:
         t = fast[0]
@@ -126,6 +125,8 @@ def search(model, nodes, cluster, global_batch, precision, layout, space, runner
         nodes = 1
     w = make_workload(model, nodes, cluster, global_batch, precision)
     sp = load_space(space).pinned(layout)
+    from tuner import study as studies
+    from tuner.store import open_store
     store = open_store(db)
     name = check_study_name(study) if study else generated_name(w.model.name, nodes, set(store.study_names()))
     if runner == "local" and gpus and gpus != w.gpus:
@@ -157,6 +158,8 @@ def resume(name, budget, join, force, ray_address, keep_going, db, fmt):
 
     Example: tuner resume my-study --budget 80
     """
+    from tuner import study as studies
+    from tuner.store import open_store
     store = open_store(db)
     rec = store.get_study(name)
     mode = "join" if join else "force" if force else "run"

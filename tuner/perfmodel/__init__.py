@@ -12,6 +12,11 @@ t_stage = compute (GEMMs, attention, element-wise) + TP all-reduces (reduce-scat
 sequence parallelism) + the context-parallel K/V ring beyond the attention it overlaps + blocking p2p
 (v times per micro-batch when interleaved) + a fixed per-micro-batch overhead; the slowest stage is
 the first or last (embedding / LM head and loss).
+
+A cluster with `comm_overlap` describes Megatron-Core's overlaps (--tp-comm-overlap with sequence
+parallelism, --overlap-p2p-comm with interleaving, --overlap-grad-reduce, --overlap-param-gather):
+each of those collectives shows only where it outlasts the compute it runs under -- a layer's GEMMs,
+a stage's compute, the last micro-batch's backward and the first one's forward.
 DP/ZeRO collectives run after gradient accumulation and are not overlapped with the pipeline.
 t_step_overhead is the cluster's fixed cost per iteration (step_overhead_ms; 0 unless measured, as
 `tuner calibrate` does from real runs of the harness).
@@ -53,12 +58,17 @@ def stage_times(layout: Layout, workload: Workload) -> tuple[dict, dict]:
     act = lc["activation_bytes"]
     ar = comm.tp_allreduce_time(cluster, t, act)
     boundary = act / t if sh.sp else act              # sequence parallelism sends the scattered tensor
+    hide = cluster.comm_overlap
+    tp_comm = max(0.0, lc["tp_comm"] - lay["gemm"]) if hide and sh.sp else lc["tp_comm"]
+    p2p = layout.virtual_pipeline * comm.pipeline_p2p_time(cluster, t * sh.c, layout.dp, p, boundary)
+    if hide and layout.virtual_pipeline > 1:
+        p2p = max(0.0, p2p - layers * (lay["gemm"] + lay["attention"]))
     base = {
         "gemm": layers * lay["gemm"],
         "attention": layers * lay["attention"],
         "elementwise": layers * lay["elementwise"],
-        "tp_comm": layers * lc["tp_comm"],
-        "p2p": layout.virtual_pipeline * comm.pipeline_p2p_time(cluster, t * sh.c, layout.dp, p, boundary),
+        "tp_comm": layers * tp_comm,
+        "p2p": p2p,
         "microbatch_overhead": cluster.microbatch_overhead_ms * 1e-3,
     }
     if sh.c > 1:
@@ -96,6 +106,10 @@ def predict(layout: Layout, workload: Workload) -> Prediction:
     t_stage = sum(slow.values())
     params_gpu = max(memory.stage_params(model, t, p, 0), memory.stage_params(model, t, p, p - 1))
     dp = comm.dp_time(cluster, t, shards, layout.zero_stage, params_gpu, m, layout.checkpointing)
+    if cluster.comm_overlap and layout.zero_stage <= 1:     # under the last backward / the first forward
+        compute_mb = slow["gemm"] + slow["attention"] + slow["elementwise"]
+        dp = {"grad_reduce": max(0.0, dp["grad_reduce"] - compute_mb * 2 / 3),
+              "param_gather": max(0.0, dp["param_gather"] - compute_mb / 3)}
     tied = memory.tied_embedding_params(model, t, p)     # none when the LM head is untied
     sync = comm.embedding_sync_time(cluster, t * layout.context_parallel, d, p, tied) if tied else 0.0
     owned = params_gpu / shards if layout.zero_stage >= 1 else params_gpu

@@ -166,8 +166,8 @@ def stage_memory(layout: Layout, workload: Workload, stage: int, m: int) -> dict
     shards = layout.dp * layout.context_parallel
     per = model_state_bytes_per_param(layout.zero_stage, shards)
     out = {k: params * v / GB for k, v in per.items()}
-    if sh.fp8:
-        out["fp8_weights"] = params / GB
+    if sh.fp8:                                   # sharded like the bf16 weights (ZeRO-3 gathers per layer)
+        out["fp8_weights"] = params * per["weights"] / 2.0 / GB
     out["activations"] = stage_activation_bytes(model, layout, stage, m, sh, cluster.flash_attention) / GB
     out["logits"] = logits_bytes(model, sh.tokens, layout.tp) / GB if stage == layout.pp - 1 else 0.0
     out["zero3_buffers"] = zero3_gather_bytes(model, layout.tp, shards, layout.zero_stage) / GB

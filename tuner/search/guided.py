@@ -35,6 +35,7 @@ from scipy.special import ndtr
 from tuner.best import headroom_gb
 from tuner.layout import Layout
 from tuner.perfmodel import predict
+from tuner.search import STUDY_DEFAULTS  # noqa: F401  (re-exported: the study defaults of the stop rule)
 from tuner.search.base import BaseSearcher
 from tuner.search.confidence import beat_probability, margin_of
 from tuner.correction import F_DIM, FM_DIM, GP, Z_DIM, Features, Observations, features, warm_start_records
@@ -44,9 +45,6 @@ N_INITIAL = 3              # model's top pick + best of other (tp, pp) families
 DIVERSE_WITHIN = 0.7       # an initial layout's predicted throughput is at least this fraction of the top
 XI = 0.0                   # EI margin (log space)
 P_FIT_SD = 0.02            # memory ratio noise beyond the learned uncertainty
-#: What a study (`tuner search`) runs guided with: stop when 95 % confident that no layout trains more
-#: than 3 % faster than the recommended one, never on fewer than 8 successful trials.
-STUDY_DEFAULTS = {"stop_threshold": 0.03, "stop_probability": 0.05, "min_trials": 8}
 
 
 def _norm_pdf(z):
