@@ -21,17 +21,26 @@ searcher that trusts the tuner's model gets no help from the world being that mo
 
 Families (FAMILIES): "compute-bound" (GEMM shape, tile and wave effects dominate; fast network, light
 host), "network-bound" (slow, congested, high-latency network, little overlap), "host-bound" (heavy
-per-kernel, per-micro-batch and per-step costs, poor overlap). Constants depend on (family, model, seed),
-never on the node count: the same seed at 2N nodes is the same physics.
+per-kernel, per-micro-batch and per-step costs, poor overlap). Constants depend on (family, model,
+cluster, seed), never on the node count: the same seed at 2N nodes is the same physics.
+
+Today's dimensions (sequence and context parallelism, interleaved stages, selective recompute, FP8) and
+Llama models (GQA, SwiGLU, untied head) on H100 are in benchmarks/indep_modern.py, which also holds the
+step and memory formulas above; with those dimensions off, a GPT model on Frontier gets the formulas of
+the Frontier-only worlds unchanged. Their drawn constants (MODERN_RANGES) come from a second random
+stream, so the constants above are those the Frontier-only worlds drew for the same seed. The worlds of
+WORKLOADS search the Frontier study's space ("frontier-2023"), those of MODERN the default space.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import sys
 import zlib
 from dataclasses import fields, make_dataclass
 from functools import cached_property
+from pathlib import Path
 
 import numpy as np
 
@@ -40,8 +49,15 @@ from tuner.space import load_space
 from tuner.specs import Workload, make_workload
 from tuner.trial import Status, TrialResult, TrialSpec
 
+if str(Path(__file__).resolve().parent) not in sys.path:    # indep_modern.py sits beside this file
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 FAMILIES: tuple[str, ...] = ("compute-bound", "network-bound", "host-bound")
 WORKLOADS: tuple[tuple[str, int], ...] = (("22b", 2), ("22b", 8), ("175b", 16), ("1t", 128))
+#: (model, nodes, cluster, precision) of the worlds of today's dimensions (the default space).
+MODERN: tuple[tuple[str, int, str, str], ...] = (
+    ("llama3-8b", 4, "h100", "bf16"), ("llama3-8b", 8, "h100", "fp8"),
+    ("llama3-70b", 16, "h100", "bf16"), ("llama3-70b", 32, "h100", "fp8"))
 GB = 1e9
 
 # parameter -> (low, high) shared by every family; FAMILY_RANGES override some of them. link_quad and
@@ -75,31 +91,87 @@ FAMILY_RANGES: dict[str, dict[str, tuple[float, float]]] = {
                    "sync_ms": (0.5, 2.5), "dp_overlap": (0.0, 0.2), "z3_prefetch": (0.0, 0.2),
                    "p2p_exposed": (0.9, 1.0), "opt_bytes": (40, 90)},
 }
+# Hardware other than Frontier's MI250X GCDs (whose ranges are those above): datasheet-anchored ranges
+# per cluster, and per family where the family is about that hardware. H100 SXM: 132 SMs, 3.35 TB/s HBM3,
+# NVLink 4 at 450 GB/s per direction through NVSwitch (every block size alike), 8 x 400 Gb/s NICs.
+HARDWARE_RANGES: dict[str, dict[str, tuple[float, float]]] = {
+    "h100": {"n_cu": (132, 132.5), "hbm_gbps": (2900, 3350), "hbm_eta": (0.7, 0.9), "link_pair": (300, 450),
+             "link_quad": (0.85, 1.0), "link_node": (0.85, 1.0), "nic_gbps": (250, 400), "lat_intra_us": (2, 6),
+             "lat_inter_us": (5, 15)},
+}
+HARDWARE_FAMILY: dict[str, dict[str, dict[str, tuple[float, float]]]] = {
+    "h100": {"compute-bound": {"nic_gbps": (340, 400), "link_pair": (380, 450), "lat_inter_us": (3, 8)},
+             "network-bound": {"nic_gbps": (80, 200), "link_pair": (200, 350), "link_quad": (0.7, 1.0),
+                               "link_node": (0.6, 1.0), "lat_intra_us": (5, 15), "lat_inter_us": (15, 50)}},
+}
+# Today's dimensions (indep_modern.py), drawn from their own stream. Sources: Korthikanti et al. 2022
+# (sequence parallelism, selective recompute), Narayanan et al. 2021 (interleaved 1F1B), ring attention /
+# Megatron context parallelism, Transformer Engine FP8, Megatron-Core's communication overlap.
+MODERN_RANGES: dict[str, tuple[float, float]] = {
+    "sp_coll": (1.0, 1.25),     # SP all-gather + reduce-scatter time / the TP all-reduce they replace
+    "sp_overlap": (0.3, 0.9),   # share of SP's all-gather / reduce-scatter hidden under GEMMs (overlapping stack)
+    "sel_cost": (1.0, 1.4),     # selective recompute: re-running the attention core, x its forward time
+    "sel_save": (0.0, 2.0),     # bytes per token x h it frees with flash attention (buffers, masks, stats)
+    "vp_p2p": (1.0, 1.5),       # interleaving: contention of its v-times more pipeline transfers
+    "vp_mb": (0.2, 1.0),        # interleaving: per-micro-batch cost of each extra model chunk, x mb_ms
+    "cp_eff": (0.7, 0.95),      # CP: attention efficiency of the ring's smaller blocks
+    "cp_overlap": (0.5, 1.0),   # CP: share of a ring step's attention that hides its K/V transfer
+    "cp_kernels": (2, 6),       # CP: extra launches per ring step
+    "cp_buf": (2, 4),           # CP: K/V receive buffers held, x one rank's K and V
+    "fp8_speedup": (1.3, 1.9),  # FP8 GEMM rate / bf16
+    "fp8_cast": (3.0, 8.0),     # FP8: HBM bytes per element of a cast GEMM input (read, write, amax, transpose)
+    "fp8_wcast": (0.0, 1.0),    # FP8: share of micro-batches that re-cast the weights (0: cached)
+    "fp8_kernels": (6, 16),     # FP8: extra launches per layer pass (casts, amax, scale updates)
+    "fp8_wbytes": (1.0, 2.0),   # FP8: extra bytes per parameter (FP8 weight copy and transpose)
+    "fp8_act": (0.7, 1.0),      # FP8: activation memory / bf16 (linear inputs saved in FP8)
+    "glu_bytes": (4.0, 10.0),   # SwiGLU: HBM bytes per token x f / t (silu, product and their gradients)
+    "mc_overlap": (0.5, 0.95),  # overlapping stack: share of the DP gradient reduce and parameter gather hidden
+    "mc_p2p": (0.3, 0.9),       # overlapping stack: share of pipeline p2p hidden
+}
+MODERN_FAMILY: dict[str, dict[str, tuple[float, float]]] = {
+    "compute-bound": {"fp8_speedup": (1.4, 1.9), "mc_overlap": (0.7, 0.98), "cp_overlap": (0.7, 1.0)},
+    "network-bound": {"sp_overlap": (0.1, 0.6), "sp_coll": (1.1, 1.4), "cp_overlap": (0.2, 0.7),
+                      "mc_overlap": (0.2, 0.6), "mc_p2p": (0.0, 0.5), "vp_p2p": (1.2, 2.0), "cp_eff": (0.6, 0.85)},
+    "host-bound": {"vp_mb": (0.6, 1.5), "fp8_kernels": (12, 30), "cp_kernels": (4, 12), "mc_overlap": (0.2, 0.7),
+                   "fp8_speedup": (1.3, 1.6)},
+}
 TILES = ((128, 128), (256, 128), (128, 256), (256, 256))
 ATTN_BLOCKS = (64, 128)
 P_FLASH = 0.8
 P_FP32_GRADS = 0.3
 
 
-#: The search space of these worlds: the Frontier study's dimensions (no sp, cp, vp, selective recompute).
+#: The search space of the worlds of WORKLOADS (GPT on Frontier): the Frontier study's dimensions.
 SPACE = "frontier-2023"
+#: ... and of the worlds of MODERN (and of any other cluster): today's dimensions.
+MODERN_SPACE = "default"
 
 def _as_dict(self) -> dict:
     return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-# The drawn constants of one world: one field per BASE_RANGES key (tile a (rows, cols) pair, flash and
-# p2p_scatter booleans, n_cu, attn_block and grad_bytes integers, the rest floats).
-Physics = make_dataclass("Physics", sorted(BASE_RANGES), frozen=True, namespace={"as_dict": _as_dict})
+# The drawn constants of one world: one field per BASE_RANGES and MODERN_RANGES key (tile a (rows, cols)
+# pair, flash and p2p_scatter booleans, n_cu, attn_block and grad_bytes integers, the rest floats).
+Physics = make_dataclass("Physics", sorted(BASE_RANGES) + sorted(MODERN_RANGES), frozen=True,
+                         namespace={"as_dict": _as_dict})
 
 
-def draw_physics(family: str, model_name: str, seed: int) -> Physics:
-    """The constants of (family, model, seed): uniform draws from the family's ranges."""
+def draw_physics(family: str, model_name: str, seed: int, cluster: str = "frontier") -> Physics:
+    """The constants of (family, model, cluster, seed): uniform draws from the family's ranges (and the
+    cluster's hardware ranges away from Frontier); today's dimensions from a second stream."""
     if family not in FAMILIES:
         raise ValueError(f"unknown family '{family}'; families: {', '.join(FAMILIES)}")
-    rng = np.random.default_rng([FAMILIES.index(family), zlib.crc32(model_name.encode()), int(seed)])
-    ranges = {**BASE_RANGES, **FAMILY_RANGES[family]}
+    if cluster != "frontier" and cluster not in HARDWARE_RANGES:
+        raise ValueError(f"no hardware ranges for cluster '{cluster}'; clusters: frontier, {', '.join(HARDWARE_RANGES)}")
+    key = [FAMILIES.index(family), zlib.crc32(model_name.encode()), int(seed)]
+    if cluster != "frontier":
+        key.append(zlib.crc32(cluster.encode()))
+    rng, rng2 = np.random.default_rng(key), np.random.default_rng(key + [2])
+    ranges = {**BASE_RANGES, **FAMILY_RANGES[family], **HARDWARE_RANGES.get(cluster, {}),
+              **HARDWARE_FAMILY.get(cluster, {}).get(family, {})}
     raw = {k: float(rng.uniform(*ranges[k])) for k in sorted(ranges)}
+    modern = {**MODERN_RANGES, **MODERN_FAMILY[family]}
+    raw.update({k: float(rng2.uniform(*modern[k])) for k in sorted(modern)})
     quad = raw["link_pair"] * raw["link_quad"]          # in-node blocks of 4 and 8: a fraction of the pair's
     return Physics(**{**raw, "link_quad": quad, "link_node": quad * raw["link_node"], "n_cu": int(raw["n_cu"]),
                       "tile": TILES[int(raw["tile"])], "attn_block": ATTN_BLOCKS[int(raw["attn_block"])],
@@ -142,33 +214,6 @@ def attention_s(ph: Physics, w: Workload, b: int, t: int) -> tuple[float, float]
     return score_gemms + scores, 2.0 * (score_gemms + scores)
 
 
-def layer_s(ph: Physics, w: Workload, lay: Layout) -> dict:
-    """Seconds of one transformer layer pass on one GPU for one micro-batch: fwd, bwd (with their TP
-    all-reduces) and recompute, each the larger of GPU time and host launch time."""
-    m, peak, b, t = w.model, w.cluster.peak_tflops, lay.micro_batch, lay.tp
-    M, h, f = b * m.seq_length, m.hidden_size, m.ffn_hidden_size
-    g_fwd, g_bwd = gemm_passes(ph, peak, ((M, 3 * h // t, h), (M, h, h // t), (M, f // t, h), (M, h, f // t)))
-    a_fwd, a_bwd = attention_s(ph, w, b, t)
-    ew = M * h * (ph.ew_rep + ph.ew_split / t) / (ph.hbm_gbps * GB * ph.hbm_eta)
-    ar = 2 * collective_s(ph, w, t, 1, 2.0 * M * h, "ar")
-    host, sync = ph.kernels * ph.launch_us * 1e-6, ph.sync_ms * 1e-3
-    fwd = max(g_fwd + a_fwd + ew + ar, host) + sync
-    bwd = max(g_bwd + a_bwd + 2.0 * ew + ar, 2.0 * host) + sync
-    return {"fwd": fwd, "bwd": bwd, "rec": fwd * ph.recompute if lay.checkpointing else 0.0}
-
-
-def ends_s(ph: Physics, w: Workload, lay: Layout) -> tuple[float, float]:
-    """Extra seconds per micro-batch of the first stage (embedding) and the last (LM head, loss)."""
-    m, peak, b, t = w.model, w.cluster.peak_tflops, lay.micro_batch, lay.tp
-    M, h, V = b * m.seq_length, m.hidden_size, m.vocab_size
-    hbm = ph.hbm_gbps * GB * ph.hbm_eta
-    ar = collective_s(ph, w, t, 1, 2.0 * M * h, "ar")
-    first = 14.0 * M * h / hbm + ar
-    head_f, head_b = gemm_passes(ph, peak, ((M, V // t, h),))
-    last = head_f + head_b + 3.0 * ph.logit_bytes * M * V / t / hbm + ar
-    return first, last
-
-
 # ------------------------------------------------------------------------------------------ network
 def intra_bw(ph: Physics, block: int) -> float:
     return {1: math.inf, 2: ph.link_pair, 4: ph.link_quad}.get(block, ph.link_node)
@@ -199,122 +244,23 @@ def collective_s(ph: Physics, w: Workload, size: int, stride: int, nbytes: float
     return min(ring, tree) * (0.5 if kind in ("rs", "ag") else 1.0)
 
 
-def p2p_s(ph: Physics, w: Workload, lay: Layout) -> float:
-    """Exposed seconds of a stage's pipeline sends per micro-batch (activation forward, gradient back)."""
-    if lay.pp <= 1:
-        return 0.0
-    gpn, span = w.cluster.gpus_per_node, lay.tp * lay.dp
-    nbytes = 2.0 * lay.micro_batch * w.model.seq_length * w.model.hidden_size / (lay.tp if ph.p2p_scatter else 1)
-    if span * lay.pp <= gpn:
-        bw, lat = intra_bw(ph, 2 * span), ph.lat_intra_us * 1e-6
-    else:
-        bw, lat = ph.nic_gbps / min(span, gpn), ph.lat_inter_us * 1e-6
-    return ph.p2p_exposed * 2.0 * (nbytes / (bw * GB * ph.coll_eta) + lat)
-
-
-# ------------------------------------------------------------------------------------------ step
-def stage_params(w: Workload, lay: Layout) -> tuple[float, float]:
-    """Parameters per GPU on the first and the last stage (tied embedding copy on the last)."""
-    m, t = w.model, lay.tp
-    h, f, V = m.hidden_size, m.ffn_hidden_size, m.vocab_size
-    layers = m.num_layers // lay.pp * ((4 * h * h + 2 * h * f + 4 * h + f) / t + 4 * h)
-    emb = V * h / t
-    if lay.pp == 1:
-        return layers + emb + m.seq_length * h, layers + emb + m.seq_length * h
-    return layers + emb + m.seq_length * h, layers + emb
-
-
-def zero_s(ph: Physics, w: Workload, lay: Layout, params: float, m: int, bwd_mb: float, compute: float) -> float:
-    """Exposed seconds per step of the DP / ZeRO collectives."""
-    d, t, z = lay.dp, lay.tp, lay.zero_stage
-    if d <= 1:
-        return 0.0
-    grads, weights = params * ph.grad_bytes, params * 2.0
-    overlap = ph.dp_overlap * (1.0 if lay.pp == 1 else 0.5)
-    if z == 0:
-        red = collective_s(ph, w, d, t, grads, "ar")
-        return red - min(overlap * red, bwd_mb)
-    gather = ph.zero_eff * collective_s(ph, w, d, t, weights, "ag")
-    if z == 1:
-        red = ph.zero_eff * collective_s(ph, w, d, t, grads, "rs")
-        return red - min(overlap * red, bwd_mb) + gather
-    red = m * ph.zero_eff * collective_s(ph, w, d, t, grads, "rs")
-    exposed = red - min(overlap * red, m * bwd_mb) + gather
-    if z == 3:
-        passes = 3 if lay.checkpointing else 2
-        layers = w.model.num_layers // lay.pp
-        g3 = m * passes * (collective_s(ph, w, d, t, weights, "ag") + layers * ph.lat_inter_us * 1e-6)
-        exposed += g3 - min(ph.z3_prefetch * g3, compute)
-    return exposed
-
-
-def step_s(ph: Physics, w: Workload, lay: Layout) -> float:
-    """Seconds of one training step (global batch) of `lay`."""
-    m = w.global_batch // (lay.micro_batch * lay.dp)
-    layer = layer_s(ph, w, lay)
-    per_layer = layer["fwd"] + layer["bwd"] + layer["rec"]
-    body = w.model.num_layers // lay.pp * per_layer + p2p_s(ph, w, lay) + ph.mb_ms * 1e-3
-    first, last = ends_s(ph, w, lay)
-    stages = [body + first + last] if lay.pp == 1 else [body + first] + [body] * (lay.pp - 2) + [body + last]
-    pipe = sum(stages) + (m - 1) * max(stages)
-    p_first, p_last = stage_params(w, lay)
-    params = max(p_first, p_last)
-    bwd_mb = w.model.num_layers // lay.pp * layer["bwd"]
-    dp = zero_s(ph, w, lay, params, m, bwd_mb, pipe)
-    sync = collective_s(ph, w, 2, lay.tp * lay.dp * (lay.pp - 1), 2.0 * w.model.vocab_size * w.model.hidden_size
-                        / lay.tp, "ar") if lay.pp > 1 else 0.0
-    owned = params / lay.dp if lay.zero_stage >= 1 else params
-    opt = owned * ph.opt_bytes / (ph.hbm_gbps * GB * ph.hbm_eta)
-    return pipe + dp + sync + opt + ph.step_ms * 1e-3
-
-
-# ------------------------------------------------------------------------------------------ memory
-def stage_memory_gb(ph: Physics, w: Workload, lay: Layout, last: bool) -> float:
-    """Peak GB per GPU on the first (last=False) or the last stage."""
-    mo, t, d, z, b = w.model, lay.tp, lay.dp, lay.zero_stage, lay.micro_batch
-    m = w.global_batch // (b * d)
-    params = stage_params(w, lay)[1 if last else 0]
-    states = params * ((2.0 / d if z >= 3 else 2.0) + (ph.grad_bytes / d if z >= 2 else ph.grad_bytes)
-                       + (12.0 / d if z >= 1 else 12.0))
-    M, h, layers = b * mo.seq_length, mo.hidden_size, mo.num_layers // lay.pp
-    full = M * h * (ph.act_rep + ph.act_split / t)
-    if not ph.flash:
-        full += 5.0 * b * mo.num_attention_heads / t * mo.seq_length ** 2
-    if lay.checkpointing:
-        per_mb, working = layers * 2.0 * M * h, full
-    else:
-        per_mb, working = layers * full, 0.0
-    in_flight = min(1 if last else lay.pp, m)
-    dynamic = in_flight * (per_mb + (2.0 * M * h if lay.pp > 1 else 0.0)) + working
-    if last or lay.pp == 1:
-        dynamic += ph.logit_bytes * M * mo.vocab_size / t
-    buffers = ph.bucket_gb * GB if z >= 1 and d > 1 else 0.0
-    if z == 3 and d > 1:
-        buffers += 2 * 2.0 * (4 * h * h + 2 * h * mo.ffn_hidden_size) / t
-    comms = ph.comm_buf_gb * sum(g > 1 for g in (t, d, lay.pp))
-    return (states + buffers + dynamic * ph.frag) / GB + ph.ctx_gb + comms
-
-
-def peak_memory_gb(ph: Physics, w: Workload, lay: Layout) -> float:
-    if lay.pp == 1:
-        return stage_memory_gb(ph, w, lay, False)
-    return max(stage_memory_gb(ph, w, lay, False), stage_memory_gb(ph, w, lay, True))
-
-
 # ------------------------------------------------------------------------------------------ worlds
 class World:
     """One drawn world for one workload: truth per layout, its optimum, and a runner."""
 
-    def __init__(self, family: str, model: str, nodes: int, seed: int):
-        self.workload = make_workload(model, nodes)
+    def __init__(self, family: str, model: str, nodes: int, seed: int, cluster: str = "frontier",
+                 precision: str = "bf16", space: str | None = None):
+        self.workload = make_workload(model, nodes, cluster, precision=precision)
         self.family, self.seed = family, int(seed)
-        self.physics = draw_physics(family, self.workload.model.name, seed)
-        self.name = f"{family}/{model}@{nodes}n/s{seed}"
+        self.physics = draw_physics(family, self.workload.model.name, seed, self.workload.cluster.name)
+        self.space = space or (SPACE if cluster == "frontier" and precision == "bf16" else MODERN_SPACE)
+        where = "" if cluster == "frontier" else f" {cluster}"
+        self.name = f"{family}/{model}@{nodes}n{where}{'' if precision == 'bf16' else ' ' + precision}/s{seed}"
         self._truth: dict[Layout, tuple[float | None, float]] = {}
 
     @cached_property
     def candidates(self) -> list[Layout]:
-        return load_space(SPACE).enumerate_layouts(self.workload)
+        return load_space(self.space).enumerate_layouts(self.workload)
 
     def truth(self, layout: Layout) -> tuple[float | None, float]:
         """(samples per second, or None when it does not fit; peak memory GB per GPU) of `layout`."""
@@ -336,17 +282,17 @@ class World:
 
 def evaluate(ph: Physics, w: Workload, layout: Layout) -> tuple[float | None, float]:
     """(samples per second or None when out of memory, peak GB per GPU) of a layout in a world."""
-    if (layout.sequence_parallel, layout.context_parallel, layout.virtual_pipeline) != (False, 1, 1) \
-            or layout.recompute == "selective":
-        raise ValueError(f"{layout.key()}: these worlds model the Frontier study's dimensions only ({SPACE})")
-    mem = peak_memory_gb(ph, w, layout)
+    import indep_modern as mod          # the step and memory formulas; it imports this module's primitives
+    mem = mod.peak_memory_gb(ph, w, layout)
     if mem > ph.usable * w.cluster.memory_gb:
         return None, mem
-    return w.global_batch / step_s(ph, w, layout), mem
+    return w.global_batch / mod.step_s(ph, w, layout), mem
 
 
-def draw_world(family: str, model: str, nodes: int, seed: int) -> World:
-    return World(family, model, nodes, seed)
+def draw_world(family: str, model: str, nodes: int, seed: int, cluster: str = "frontier",
+               precision: str = "bf16", space: str | None = None) -> World:
+    """The world of (family, workload, seed); the space: frontier-2023 for bf16 on Frontier, else default."""
+    return World(family, model, nodes, seed, cluster, precision, space)
 
 
 class WorldRunner:

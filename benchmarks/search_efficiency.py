@@ -13,7 +13,10 @@ by the world's fastest over every layout that really runs, including those the m
 Transfer: a 10-trial guided study at N nodes, then the layout `tuner best --nodes 2N` answers from that
 study (tuner.best.best_for_unmeasured), scored against the world at 2N (same physics, same seed).
 
-    python benchmarks/search_efficiency.py [--seeds 10] [--seed-list 1,2,3] [--quick] [--jobs 2]
+`--modern` runs the worlds of today's dimensions instead (indep_worlds.MODERN: Llama 3 on H100, bf16 and
+FP8, over the default space with sequence and context parallelism, interleaving, selective recompute).
+
+    python benchmarks/search_efficiency.py [--seeds 10] [--seed-list 1,2,3] [--quick] [--jobs 2] [--modern]
 
 Prints, per world, the model's rank of the optimum and how the model's memory verdicts disagree with
 the world; per family and searcher the median and the worst seed after 6, 8 and 12 trials; the transfer
@@ -37,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):   # one BLAS thread per process:
     os.environ.setdefault(_var, "1")                                         # --jobs processes share the cores
 
-from indep_worlds import FAMILIES, SPACE, WORKLOADS, World, draw_world  # noqa: E402
+from indep_worlds import FAMILIES, MODERN, WORKLOADS, World, draw_world  # noqa: E402
 
 from tuner.best import best_for_unmeasured  # noqa: E402
 from tuner.driver import Driver  # noqa: E402
@@ -59,7 +62,7 @@ FAR = 20        # a world whose optimum the model ranks beyond this is one the m
 
 def run_study(world: World, searcher: str, seed: int, budget: int, transfer_nodes: int | None = None):
     """(trials that ran, in order; the layout `tuner best` gives for transfer_nodes, or None)."""
-    w, space = world.workload, load_space(SPACE)
+    w, space = world.workload, load_space(world.space)
     store = open_store("sqlite://")
     name = f"{searcher}-{seed}"
     runner = world.runner(noise=NOISE, seed=seed)
@@ -71,7 +74,7 @@ def run_study(world: World, searcher: str, seed: int, budget: int, transfer_node
     trials = sorted(store.trials(name), key=lambda t: t.number)
     best = None
     if transfer_nodes:
-        w2 = make_workload(w.model, transfer_nodes, w.cluster)
+        w2 = make_workload(w.model, transfer_nodes, w.cluster, precision=w.precision)
         best = best_for_unmeasured(w2, space, trials, k=1, studies={name: store.get_study(name)})[0]["layout"]
     store.close()
     return [t for t in trials if t.status != Status.PRUNED], best
@@ -105,16 +108,17 @@ def model_facts(world: World, opt_layout) -> dict:
 
 def evaluate(task: tuple) -> dict:
     """Every searcher and the transfer case on one drawn world."""
-    order, (family, model, nodes, seed, searchers) = task
-    world = draw_world(family, model, nodes, seed)
+    order, (family, (model, nodes, *where), seed, searchers) = task      # where: (cluster, precision) or ()
+    world = draw_world(family, model, nodes, seed, *where)
     opt_layout, opt = world.optimum()
-    out = {"order": order, "family": family, "workload": f"{model}@{nodes}n", "seed": seed,
+    label = f"{model}@{nodes}n" + ("" if not where or where[1] == "bf16" else f"-{where[1]}")
+    out = {"order": order, "family": family, "workload": label, "seed": seed,
            **model_facts(world, opt_layout), "scores": {}}
     for s in searchers:
         trials, _ = run_study(world, s, seed, BUDGET)
         out["scores"][s] = [true_fraction(world, recommended(trials, k), opt) for k in AFTER]
     _, best = run_study(world, "guided", seed, TRANSFER_BUDGET, transfer_nodes=2 * nodes)
-    world2 = draw_world(family, model, 2 * nodes, seed)
+    world2 = draw_world(family, model, 2 * nodes, seed, *where)
     out["transfer"] = true_fraction(world2, best, world2.optimum()[1])
     out["transfer_oom"] = world2.truth(best)[0] is None
     return out
@@ -168,9 +172,10 @@ def tasks_for(args) -> tuple[list[tuple], list[int]]:
     else:
         seeds = [secrets.randbits(31) for _ in range(3 if args.quick and args.seeds is None else args.seeds or 10)]
     searchers = args.searchers.split(",")
-    worlds = [(f, *WORKLOADS[i % len(WORKLOADS)]) for i, f in enumerate(FAMILIES)] if args.quick else \
-        [(f, m, n) for f in FAMILIES for m, n in WORKLOADS]
-    return list(enumerate((f, m, n, seed, searchers) for f, m, n in worlds for seed in seeds)), seeds
+    workloads = MODERN if args.modern else WORKLOADS
+    worlds = [(f, workloads[i % len(workloads)]) for i, f in enumerate(FAMILIES)] if args.quick else \
+        [(f, wl) for f in FAMILIES for wl in workloads]
+    return list(enumerate((f, wl, seed, searchers) for f, wl in worlds for seed in seeds)), seeds
 
 
 def main(argv=None) -> int:
@@ -180,12 +185,14 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="one workload per family (smoke run)")
     ap.add_argument("--searchers", default=",".join(SEARCHERS))
     ap.add_argument("--jobs", type=int, default=2, help="worker processes over (world, seed)")
+    ap.add_argument("--modern", action="store_true",
+                    help="the worlds of today's dimensions (Llama 3 on H100, bf16/FP8, the default space)")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     tasks, seeds = tasks_for(args)
-    print(f"{len(tasks)} worlds ({len(seeds)} seeds), searchers {args.searchers}, budget {BUDGET}, noise {NOISE}, "
+    print(f"{len(tasks)} {'MODERN' if args.modern else 'WORKLOADS'} worlds ({len(seeds)} seeds), searchers {args.searchers}, budget {BUDGET}, noise {NOISE}, "
           f"{args.jobs} processes\nseeds: {','.join(map(str, seeds))}  (reproduce: --seed-list "
-          f"{','.join(map(str, seeds))}{' --quick' if args.quick else ''})\n", flush=True)
+          f"{','.join(map(str, seeds))}{' --quick' if args.quick else ''}{' --modern' if args.modern else ''})\n", flush=True)
     results = []
     with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
         for r in pool.imap_unordered(evaluate, tasks, chunksize=1):

@@ -14,7 +14,10 @@ stated confidence the realised false-stop rate must be at most 1 - c (within bin
 A second table bins every state along the way (after each trial, from the first success), whether or
 not it stopped there: the same claim, checked at every confidence level the searcher states.
 
-    python benchmarks/stop_calibration.py [--runs 200] [--budget 30] [--seed-list 1,2,...] [--jobs 2]
+`--modern` draws the worlds of today's dimensions instead (indep_worlds.MODERN: Llama 3 on H100, bf16
+and FP8, the default space with sp, cp, vp, selective recompute).
+
+    python benchmarks/stop_calibration.py [--runs 200] [--budget 30] [--seed-list 1,2,...] [--jobs 2] [--modern]
 """
 
 from __future__ import annotations
@@ -63,11 +66,19 @@ def drive(s, world, budget: int, seed: int, noise: float = 0.02, after=None) -> 
     return ran
 
 
-def one_search(seed: int, budget: int, noise: float = 0.02, options: dict | None = None) -> dict:
-    """One guided search on the world drawn from `seed`: its stop, and every state along the way."""
+def draw(seed: int, modern: bool = False) -> "iw.World":
+    """The world of `seed`: family and workload cycle with it (MODERN's workloads when `modern`)."""
     fam = iw.FAMILIES[seed % len(iw.FAMILIES)]
-    model, nodes = iw.WORKLOADS[(seed // len(iw.FAMILIES)) % len(iw.WORKLOADS)]
-    world = iw.draw_world(fam, model, nodes, seed)
+    workloads = iw.MODERN if modern else iw.WORKLOADS
+    model, nodes, *where = workloads[(seed // len(iw.FAMILIES)) % len(workloads)]     # where: cluster, precision
+    return iw.draw_world(fam, model, nodes, seed, *where)
+
+
+def one_search(seed: int, budget: int, noise: float = 0.02, options: dict | None = None,
+               modern: bool = False) -> dict:
+    """One guided search on the world drawn from `seed`: its stop, and every state along the way."""
+    world = draw(seed, modern)
+    t0 = time.monotonic()
     _, opt = world.optimum()
     opts = {**STUDY_DEFAULTS, **(options or {})}
     thr = opts["stop_threshold"]
@@ -85,7 +96,7 @@ def one_search(seed: int, budget: int, noise: float = 0.02, options: dict | None
     true = (world.truth(best[0])[0] or 0.0) if best[0] is not None else 0.0
     return {"seed": seed, "world": world.name, "stopped": s.stopped, "trials": len(ran),
             "confidence": s.confidence, "ratio": true / opt, "false": s.stopped and true * (1 + thr) < opt,
-            "states": states}
+            "states": states, "family": world.family, "seconds": time.monotonic() - t0}
 
 
 def wilson(k: int, n: int, sign: int, z: float = 1.96) -> float:
@@ -120,21 +131,21 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--seed-list", default=None, help="comma-separated seeds (reproduce a run); default: drawn now")
     ap.add_argument("--options", default="{}", help="JSON: guided options over the study defaults (explore)")
+    ap.add_argument("--modern", action="store_true",
+                    help="the worlds of today's dimensions (Llama 3 on H100, bf16/FP8, the default space)")
     args = ap.parse_args(argv)
     seeds = ([int(x) for x in args.seed_list.split(",")] if args.seed_list
              else [secrets.randbelow(2**31) for _ in range(args.runs)])
-    print(f"{len(seeds)} guided searches, budget {args.budget}, defaults {STUDY_DEFAULTS}; seeds drawn now: "
-          f"{','.join(map(str, seeds[:12]))}{',...' if len(seeds) > 12 else ''}")
+    print(f"{len(seeds)} guided searches on {'MODERN' if args.modern else 'WORKLOADS'} worlds, budget {args.budget}, "
+          f"defaults {STUDY_DEFAULTS}; seeds drawn now: {','.join(map(str, seeds[:12]))}"
+          f"{',...' if len(seeds) > 12 else ''}  (all: --seed-list {','.join(map(str, seeds))})")
     t0 = time.monotonic()
     with Pool(args.jobs) as pool:
-        runs = pool.starmap(one_search, [(sd, args.budget, 0.02, json.loads(args.options)) for sd in seeds])
+        runs = pool.starmap(one_search, [(sd, args.budget, 0.02, json.loads(args.options), args.modern)
+                                         for sd in seeds])
     stops = [r for r in runs if r["stopped"]]
     false = [r for r in stops if r["false"]]
-    ratios = sorted(r["ratio"] for r in runs)
-    print(f"stopped early in {len(stops)} of {len(runs)} searches (median {_median([r['trials'] for r in stops])} "
-          f"trials); false stops {len(false)} = {len(false) / max(len(stops), 1):.3f} of stops, "
-          f"{len(false) / len(runs):.3f} of searches")
-    print(f"recommended / fastest at the end: median {ratios[len(ratios) // 2]:.3f}, worst {ratios[0]:.3f}")
+    summary(runs, stops, false)
     ok1 = table([(r["confidence"], r["false"]) for r in stops], "At the stops (the figure printed to users)")
     ok2 = table([st for r in runs for st in r["states"]], "Every state along the way (after each trial)")
     for r in false[:10]:
@@ -142,6 +153,27 @@ def main(argv=None) -> int:
               f"of the fastest, stated {100 * r['confidence']:.1f} %")
     print(f"\ncalibrated in every bin: {'yes' if ok1 and ok2 else 'NO'}   ({time.monotonic() - t0:.0f} s)")
     return 0
+
+
+def summary(runs: list[dict], stops: list[dict], false: list[dict]) -> None:
+    """The stop rate, trials to stop and final ratio, overall and per family."""
+    ratios = sorted(r["ratio"] for r in runs)
+    print(f"stopped early in {len(stops)} of {len(runs)} searches (median {_median([r['trials'] for r in stops])} "
+          f"trials); false stops {len(false)} = {len(false) / max(len(stops), 1):.3f} of stops, "
+          f"{len(false) / len(runs):.3f} of searches")
+    print(f"recommended / fastest at the end: median {ratios[len(ratios) // 2]:.3f}, worst {ratios[0]:.3f}; "
+          f"median {_median([r['seconds'] for r in runs]):.1f} s per search")
+    print(f"\n{'family':14} {'runs':>5} {'stopped':>7} {'trials to stop (med, min-max)':>30} {'false':>5} "
+          f"{'ratio med':>9} {'worst':>6}")
+    for fam in iw.FAMILIES:
+        rs = [r for r in runs if r["family"] == fam]
+        if not rs:
+            continue
+        st = sorted(r["trials"] for r in rs if r["stopped"])
+        span = f"{_median(st)} ({st[0]}-{st[-1]})" if st else "-"
+        rat = sorted(r["ratio"] for r in rs)
+        print(f"{fam:14} {len(rs):5d} {len(st):7d} {span:>30} {sum(r['false'] for r in rs):5d} "
+              f"{rat[len(rat) // 2]:9.3f} {rat[0]:6.3f}")
 
 
 def _median(xs):
