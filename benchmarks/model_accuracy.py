@@ -83,7 +83,7 @@ def study_memory():
              f"{100 * (first['total'] / 37.8 - 1):+.1f} %"],
             ["stage 15, allocated peak", f"{last['total'] - res:.1f}", "27.5 (max allocated)",
              f"{100 * ((last['total'] - res) / 27.5 - 1):+.1f} %"],
-            ["middle stage, model states only", f"{memory.stage_params(w.model, 4, 16, 5) * 8 / 1e9:.1f}",
+            ["middle stage, model states only", f"{memory.stage_params(w.model, Layout(tp=4, pp=16, dp=1, micro_batch=1), 5) * 8 / 1e9:.1f}",
              "23.4 (after iteration 1)", "weights + fp32 states, grads freed"]]
     table("175B TP4 PP16 DP2 memory per GCD (GB), target stage 0 within +-15 % of 33.9",
           ["what", "pred", "measured", "error"], rows)

@@ -245,11 +245,13 @@ def test_best_for_an_unmeasured_node_count_is_predicted_with_evidence(tuner):
 
 
 def test_guided_warm_start_and_early_stop(tuner):
-    code, _, err = tuner("search", "--model", "22b", "--nodes", "2", "--warm-start", "--budget", "5", "--study", "w0")
+    study = ("--space", "frontier-2023")       # the Frontier study's dimensions: a space of a few hundred layouts
+    code, _, err = tuner("search", "--model", "22b", "--nodes", "2", "--warm-start", "--budget", "5", "--study", "w0",
+                         *study)
     assert code == 0 and "starting cold" in err
-    assert tuner("search", "--model", "22b", "--nodes", "4", "--budget", "8", "--study", "w1")[0] == 0
+    assert tuner("search", "--model", "22b", "--nodes", "4", "--budget", "8", "--study", "w1", *study)[0] == 0
     code, out, err = tuner("search", "--model", "22b", "--nodes", "8", "--warm-start", "--budget", "40",
-                           "--study", "w2", "--format", "json")
+                           "--study", "w2", "--format", "json", *study)
     assert code == 0 and "warm start from" in err
     got = json.loads(out)
     assert got["stopped_by"] == "converged" and got["ran"] < 40

@@ -173,3 +173,22 @@ def test_no_layout_reason_is_given_whole(tuner, tmp_path):
                                        'seq_length = 4\nvocab_size = 16\nglobal_batch = 7\n')
     code, _, err = tuner("plan", "--model", str(tmp_path / "odd.toml"), "--nodes", "1")
     assert code == 2 and err.strip().endswith(reason), err
+
+
+def test_the_embedding_and_loss_aware_split():
+    """126 layers (llama3-405b) over pp 8: not divisible, but 126 + 2 is -- Megatron-Core's split that
+    counts the embedding and the loss as one layer each: 16 per rank, 15 on the first and the last."""
+    from tuner.layout import stage_layers, uneven_split
+    from tuner.space import load_space
+    w = make_workload("llama3-405b", 128, "h100")
+    lay = Layout(tp=8, sequence_parallel=True, context_parallel=2, pp=8, dp=8, micro_batch=1)
+    assert why_invalid(lay, w) is None and uneven_split(lay, 126)
+    assert [stage_layers(lay, 126, s) for s in range(8)] == [15] + [16] * 6 + [15]
+    assert sum(stage_layers(lay, 126, s) for s in range(8)) == 126
+    even = Layout(tp=8, pp=9, dp=16, micro_batch=1)
+    assert not uneven_split(even, 126) and stage_layers(even, 126, 0) == 14
+    bad = Layout(tp=8, pp=16, virtual_pipeline=3, dp=8, micro_batch=1)        # 48 divides neither 126 nor 128
+    assert "nor are layers + 2" in why_invalid(bad, w)
+    assert {8, 16, 64, 9, 14} <= set(load_space().choices("pp", w))          # stages:num_layers
+    study = load_space("frontier-2023").enumerate_layouts(w)                  # DeepSpeed's even stages only
+    assert study and not any(uneven_split(c, 126) for c in study)

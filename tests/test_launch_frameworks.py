@@ -48,6 +48,8 @@ MCORE_FLAGS = {
     "--recompute-num-layers": "TC:551", "--sequence-parallel": "MPC:94", "--context-parallel-size": "MPC:100",
     "--num-layers-per-virtual-pipeline-stage": "A:3114", "--fp8-format": "TC:587",
     "--fp8-amax-history-len": "TC:621", "--fp8-amax-compute-algo": "TC:624",
+    "--overlap-grad-reduce": "A:3121", "--overlap-param-gather": "A:3148", "--tp-comm-overlap": "MPC:265",
+    "--account-for-embedding-in-pipeline-split": "TC:137", "--account-for-loss-in-pipeline-split": "TC:141",
 }
 
 # torchtitan (pytorch/torchtitan) at 238fa9953e4aec2a62582121564273d7cbb1e9f1 (2026-02-23), the last commit
@@ -182,6 +184,28 @@ def test_megatron_core_writes_every_modern_dimension(precision):
     assert (" ".join(fp8) in joined) == (precision == "fp8") and ("--fp8-format" in args) == (precision == "fp8")
 
 
+def test_the_embedding_and_loss_aware_split_and_the_overlaps_the_model_assumed():
+    """405B's 126 layers over pp 8 x vp 8: (126 + 2) / 64 = 2 layers per virtual stage, the embedding and
+    the loss counted as one layer each; torchtitan the same with its first/last stage "less layers";
+    Megatron-DeepSpeed refuses it. On h100 (comm_overlap) Megatron-Core gets the overlaps predicted."""
+    w = make_workload("llama3-405b", 128, "h100", precision="fp8")
+    lay = Layout(tp=8, sequence_parallel=True, context_parallel=2, pp=8, virtual_pipeline=8, dp=8, micro_batch=1)
+    args = mcore.pretrain_args(lay, w)
+    assert {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"} <= set(args)
+    assert value(args, "--num-layers-per-virtual-pipeline-stage") == "2"
+    assert {"--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap"} <= set(args)
+    table = torchtitan.parallelism(lay, w.model)
+    assert (table["pipeline_parallel_layers_per_stage"], table["pipeline_parallel_first_stage_less_layers"],
+            table["pipeline_parallel_last_stage_less_layers"]) == (2, 1, 1)
+    assert "embedding- and loss-aware split" in megatron.refusal(dataclasses.replace(lay, virtual_pipeline=1,
+                                                                                     context_parallel=1, dp=16), w)
+    even = mcore.pretrain_args(dataclasses.replace(lay, pp=9, virtual_pipeline=7, dp=8),     # 8*2*9*8 = 1152 GPUs
+                               make_workload("llama3-405b", 144, "h100"))
+    assert "--account-for-embedding-in-pipeline-split" not in even
+    frontier = mcore.pretrain_args(GPT_LAYOUT, make_workload("175b", 16))
+    assert not {"--overlap-grad-reduce", "--tp-comm-overlap"} & set(frontier)     # no comm_overlap on frontier
+
+
 @pytest.mark.parametrize("lay, want", [
     (MODERN, ["--recompute-granularity", "selective"]),
     (dataclasses.replace(MODERN, recompute="full"), list(mcore.RECOMPUTE_FULL)),
@@ -280,11 +304,14 @@ def test_cli_refuses_a_layout_megatron_deepspeed_cannot_run(tmp_path, monkeypatc
     from tuner.launch import Source
 
     monkeypatch.setattr(report, "pick_layout", lambda *a: (MODERN, modern_workload(), Source("model")))
-    r = CliRunner().invoke(cli, ["launch", "--model", "llama3-70b", "--nodes", "64", "--cluster", "h100",
-                                 "--train-iters", "10", "--db", f"sqlite:///{tmp_path}/none.db",
-                                 "--out", tmp_path / "no"])
+    args = ["launch", "--model", "llama3-70b", "--nodes", "64", "--cluster", "h100", "--train-iters", "10",
+            "--db", f"sqlite:///{tmp_path}/none.db"]
+    r = CliRunner().invoke(cli, [*args, "--out", tmp_path / "no", "--framework", "megatron-deepspeed"])
     assert isinstance(r.exception, UsageError) and r.exception.exit_code == 2
     assert "cannot run context_parallel 2" in str(r.exception) and not (tmp_path / "no").exists()
+    r = CliRunner().invoke(cli, [*args, "--out", tmp_path / "auto"])          # --framework auto: the one that can
+    assert r.exit_code == 0 and "framework: megatron-core" in r.output, r.output
+    assert (tmp_path / "auto" / "megatron_args.txt").exists() and not (tmp_path / "auto" / "ds_config.json").exists()
 
 
 CASES = {

@@ -83,7 +83,7 @@ def test_llama3_parameter_counts_hand_computed(name):
     assert m.layer_parameters == LAYER[name]
     assert m.num_parameters == PARAMS[name]
     # the memory model holds exactly these: one GPU, one stage, everything
-    assert memory.stage_params(m, 1, 1, 0) == PARAMS[name]
+    assert memory.stage_params(m, Layout(tp=1, pp=1, dp=1, micro_batch=1), 0) == PARAMS[name]
 
 
 def test_gpt_parameter_count_is_the_sc21_formula():
@@ -92,20 +92,20 @@ def test_gpt_parameter_count_is_the_sc21_formula():
     m = load_model("gpt-175b")
     L, h, V, s = 96, 12288, 50688, 2048
     assert m.num_parameters == L * (12 * h * h + 13 * h) + V * h + s * h + 2 * h == 174_609_555_456
-    assert memory.stage_params(m, 1, 1, 0) == m.num_parameters            # tied: one copy on one stage
+    assert memory.stage_params(m, Layout(tp=1, pp=1, dp=1, micro_batch=1), 0) == m.num_parameters            # tied: one copy on one stage
     # with pp > 1 the last stage keeps a copy of the tied embedding (DeepSpeed's TiedLayerSpec)
-    assert sum(memory.stage_params(m, 1, 4, i) for i in range(4)) == m.num_parameters + V * h
+    assert sum(memory.stage_params(m, Layout(tp=1, pp=4, dp=1, micro_batch=1), i) for i in range(4)) == m.num_parameters + V * h
 
 
 def test_untied_head_sits_on_the_last_stage_and_is_never_synchronised():
     m = load_model("llama3-8b")
     V, h = 128256, 4096
-    stages = [memory.stage_params(m, 2, 4, i) for i in range(4)]
+    stages = [memory.stage_params(m, Layout(tp=2, pp=4, dp=1, micro_batch=1), i) for i in range(4)]
     middle = 8 * memory.layer_params(m, 2)
     assert stages[1] == stages[2] == middle
     assert stages[0] == middle + V * h / 2                                    # embedding, no position table
     assert stages[3] == middle + V * h / 2 + h                                # LM head + final RMSNorm
-    assert sum(memory.stage_params(m, 1, 4, i) for i in range(4)) == m.num_parameters   # no copies
+    assert sum(memory.stage_params(m, Layout(tp=1, pp=4, dp=1, micro_batch=1), i) for i in range(4)) == m.num_parameters   # no copies
     assert memory.tied_embedding_params(m, 2, 4) == 0.0
     w = make_workload("llama3-8b", 1, H100)
     assert predict(lay(2, 4, 1), w).time_breakdown["embedding_sync"] == 0.0
@@ -306,18 +306,34 @@ def test_tensor_parallelism_must_split_whole_key_value_heads():
     assert why_invalid(Layout(tp=8, pp=1, dp=2, micro_batch=1), w) is None
 
 
-def test_the_harness_refuses_a_model_it_cannot_build(tmp_path):
-    """The local runner's harness trains GPT-style models: a Llama spec is refused, never run as a GPT."""
+def test_the_harness_runs_only_what_it_can_build(tmp_path):
+    """A study on the local runner's harness: its candidates leave out what the harness cannot run
+    (virtual stages, context parallelism, an uneven split); a space with nothing else, an FP8 study and a
+    model it cannot build are refused before anything is stored -- never run as something else."""
+    import dataclasses
+
     import pytest as _pytest
 
     from tuner import study
     from tuner.errors import UsageError
-    from tuner.space import load_space
+    from tuner.space import SearchSpace, load_space
     from tuner.specs import make_workload
     from tuner.store import open_store
-    w = make_workload("llama3-8b", 1, "local")
     store = open_store(f"sqlite:///{tmp_path}/s.db")
-    rec = study.new_record("l", w, load_space(), runner="local", runner_options={"gpus": 2})
-    with _pytest.raises(UsageError, match="GPT-style models only.*ffn_type = 'swiglu'"):
-        study.create(store, rec)
+    w = make_workload("llama3-tiny", 1, "local")
+    rec = study.new_record("ok", w, load_space(), runner="local", runner_options={"gpus": 2})
+    cands = study.runnable_layouts(rec, w, load_space())
+    assert cands and all(c.virtual_pipeline == 1 and c.context_parallel == 1 for c in cands)
+    assert any(c.sequence_parallel for c in cands)                    # what it can build stays in
+    sim = study.new_record("sim", w, load_space())
+    assert len(study.runnable_layouts(sim, w, load_space())) > len(cands)   # the simulator runs every layout
+    only_vp = SearchSpace.from_dict({"dimensions": {"tp": [1], "pp": [2], "virtual_pipeline": [2]}})
+    for bad, words in ((study.new_record("vp", w, only_vp, runner="local"), "cannot run virtual_pipeline = 2"),
+                       (study.new_record("fp8", dataclasses.replace(w, precision="fp8"), load_space(), runner="local"),
+                        "trains in bf16"),
+                       (study.new_record("odd", dataclasses.replace(w, model=dataclasses.replace(
+                           w.model, hidden_size=8 * 7, ffn_hidden_size=56)), load_space(), runner="local"),
+                        "RoPE with an odd head size")):
+        with _pytest.raises(UsageError, match=words):
+            study.create(store, bad)
     assert store.study_names() == []

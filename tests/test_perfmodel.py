@@ -91,12 +91,12 @@ def test_logits_and_params():
     assert memory.logits_bytes(m, 1, 4) == pytest.approx(4 * 2048 * 50688 / 4)
     h = 12288
     assert memory.layer_params(m, 4) == pytest.approx((12 * h * h + 7 * h) / 4 + 6 * h)
-    middle = memory.stage_params(m, 4, 16, 5)
+    middle = memory.stage_params(m, Layout(tp=4, pp=16, dp=1, micro_batch=1), 5)
     assert middle == pytest.approx(6 * memory.layer_params(m, 4))
     assert middle / 1e9 == pytest.approx(2.72, abs=0.01)          # the authors' log: 2.72 B per GCD
-    first = memory.stage_params(m, 4, 16, 0)
+    first = memory.stage_params(m, Layout(tp=4, pp=16, dp=1, micro_batch=1), 0)
     assert first - middle == pytest.approx(50688 * h / 4 + 2048 * h)
-    whole = sum(memory.stage_params(m, 1, 1, 0) for _ in range(1))
+    whole = sum(memory.stage_params(m, Layout(tp=1, pp=1, dp=1, micro_batch=1), 0) for _ in range(1))
     assert whole == pytest.approx(m.num_parameters, rel=0.01)
 
 

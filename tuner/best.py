@@ -39,8 +39,10 @@ def require_fit(preds, workload: Workload) -> None:
     """Refuse a workload none of whose valid layouts (predictions) fits in memory, naming the smallest."""
     if not any(p.fits for p in preds):
         least = min(preds, key=lambda p: p.memory_gb)
+        fix = ("use a model sized for this machine (tiny, small, llama3-tiny: llama3-8b's architecture at CPU "
+               "size)" if workload.cluster.name.startswith("local") else "use more nodes")
         raise UsageError(f"none of {len(preds)} valid layouts fits in {workload.cluster.memory_gb:g} GB per GPU "
-                         f"(smallest needs {least.memory_gb:.1f} GB: {least.layout.key()}); use more nodes")
+                         f"(smallest needs {least.memory_gb:.1f} GB: {least.layout.key()}); {fix}")
 
 
 def corrected(layouts: list[Layout], workload: Workload, obs: Observations, preds=None) -> list[dict]:

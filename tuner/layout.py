@@ -94,9 +94,11 @@ class _LayoutMethods:
 
     def env(self) -> dict[str, str]:
         """The layout as a trial command's environment (TUNER_TP=4, ..., bools as 1/0, TUNER_RECOMPUTE=
-        full); TUNER_ACTIVATION_CHECKPOINTING (1 when recompute is full) stays for older scripts."""
+        full), TUNER_LAYOUT_KEY; TUNER_ACTIVATION_CHECKPOINTING (1 when recompute is full) stays for
+        older scripts."""
         env = {d.env: d.text(getattr(self, d.name)) for d in DIMENSIONS}
         env["TUNER_ACTIVATION_CHECKPOINTING"] = str(int(self.checkpointing))
+        env["TUNER_LAYOUT_KEY"] = self.key()
         return env
 
     @classmethod
@@ -137,6 +139,11 @@ Layout = make_dataclass(
                for d in DIMENSIONS],
     bases=(_LayoutMethods,), frozen=True, kw_only=True, order=True)
 Layout.__module__ = __name__          # pickles (Ray) find it here
+
+
+def flat_layout(layout: dict) -> dict:
+    """A layout's fields (as_dict) under their table column names (tp, sp, cp, pp, vp, dp, mb, ...)."""
+    return {d.column: layout[d.name] for d in DIMENSIONS}
 
 
 def micro_batches_per_pipeline(layout: Layout, global_batch: int) -> int:
@@ -187,14 +194,28 @@ def why_invalid_cut(layout: Layout, m) -> str | None:
     if cp > 1 and m.seq_length % (2 * cp):
         return (f"sequence length ({m.seq_length}) is not divisible by 2*cp = {2 * cp} (context parallelism "
                 "cuts the sequence into 2*cp chunks to balance causal attention)")
-    if m.num_layers % layout.pp:
-        return f"layers ({m.num_layers}) are not divisible by pp={layout.pp} (stages must hold equal layers)"
     if layout.virtual_pipeline > 1 and layout.pp == 1:
         return "virtual_pipeline > 1 needs pp > 1 (it interleaves the stages of a pipeline)"
-    if m.num_layers % (layout.pp * layout.virtual_pipeline):
-        return (f"layers ({m.num_layers}) are not divisible by pp*vp = {layout.pp}*{layout.virtual_pipeline} "
-                "(every virtual stage holds equal layers)")
+    n, L = layout.pp * layout.virtual_pipeline, m.num_layers
+    if L % n and (layout.pp == 1 or (L + 2) % n):
+        cut = f"pp={layout.pp}" if layout.virtual_pipeline == 1 else f"pp*vp = {layout.pp}*{layout.virtual_pipeline}"
+        return (f"layers ({L}) are not divisible by {cut}, nor are layers + 2 (stages hold equal layers, or "
+                "Megatron-Core's split that counts the embedding and the loss as one layer each)")
     return None
+
+
+def uneven_split(layout: Layout, num_layers: int) -> bool:
+    """Whether the stages use Megatron-Core's embedding- and loss-aware split (pp*vp divides layers + 2,
+    not layers: --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split)."""
+    return num_layers % (layout.pp * layout.virtual_pipeline) != 0
+
+
+def stage_layers(layout: Layout, num_layers: int, stage: int) -> int:
+    """Transformer layers on pipeline rank `stage`: layers / pp, or with the embedding- and loss-aware
+    split (layers + 2) / pp, one fewer on the first rank (the embedding) and on the last (the loss)."""
+    if not uneven_split(layout, num_layers):
+        return num_layers // layout.pp
+    return (num_layers + 2) // layout.pp - (stage == 0) - (stage == layout.pp - 1)
 
 
 def why_invalid_schedule(layout: Layout, workload: "Workload") -> str | None:

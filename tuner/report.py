@@ -14,8 +14,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from tuner.cli.render import flat_layout
-from tuner.layout import LAYOUT_FIELDS
+from tuner.layout import LAYOUT_FIELDS, flat_layout
 from tuner.trial import Status
 
 STATUS_ORDER = [s.value for s in Status]

@@ -85,12 +85,15 @@ def _compile(name: str, expr: str, where: str) -> ast.Expression:
 def _check_choices(dim: str, values: list, where: str) -> None:
     """Each choice of a dimension has its type (a str dimension: one of its values)."""
     d = BY_NAME[dim]
+    low = 0 if dim == "zero_stage" else 1
     for v in values:
         ok = (v in d.choices) if d.type is str else (isinstance(v, bool) if d.type is bool else
-                                                      isinstance(v, int) and not isinstance(v, bool))
+                                                      isinstance(v, int) and not isinstance(v, bool) and v >= low
+                                                      and (dim != "zero_stage" or v <= 3))
         if not ok:
             want = (f"one of {', '.join(map(repr, d.choices))}" if d.type is str else
-                    "true or false" if d.type is bool else "whole numbers")
+                    "true or false" if d.type is bool else "ZeRO stages 0-3" if dim == "zero_stage" else
+                    "whole numbers >= 1")
             raise SpecError(f"{where}: dimension '{dim}' has choice {v!r}; its choices must be {want}")
 
 
@@ -103,7 +106,7 @@ def divisors(n: int) -> list[int]:
 @dataclass(frozen=True)
 class SearchSpace:
     name: str
-    dimensions: dict          # name -> list of choices, or "divisors:<model key>"
+    dimensions: dict          # name -> list of choices, "divisors:<model key>" or "stages:num_layers"
     constraints: dict         # name -> expression text
 
     def as_record(self) -> dict:
@@ -129,9 +132,11 @@ class SearchSpace:
             raise SpecError(f"{where}: unknown dimension(s) {', '.join(sorted(bad))}; valid: {', '.join(DIMENSIONS)}")
         for k, v in dims.items():
             if isinstance(v, str):
-                if not (v.startswith("divisors:") and v.split(":", 1)[1] in ("num_layers", "num_attention_heads",
-                                                                              "hidden_size", "global_batch")):
-                    raise SpecError(f"{where}: dimension '{k}' = {v!r}: use a list or \"divisors:num_layers\"")
+                ok = v == "stages:num_layers" or (v.startswith("divisors:") and v.split(":", 1)[1] in (
+                    "num_layers", "num_attention_heads", "hidden_size", "global_batch"))
+                if not ok:
+                    raise SpecError(f"{where}: dimension '{k}' = {v!r}: use a list, \"divisors:num_layers\" or "
+                                    "\"stages:num_layers\"")
             elif not (isinstance(v, list) and v):
                 raise SpecError(f"{where}: dimension '{k}' must be a non-empty list of choices")
             else:
@@ -155,6 +160,9 @@ class SearchSpace:
         if v is None:
             default = BY_NAME[dim].default
             return [1 if default is None else default]
+        if v == "stages:num_layers":           # even stages, or the embedding- and loss-aware split
+            L = workload.model.num_layers
+            return sorted(set(divisors(L)) | set(divisors(L + 2)) - {L + 2})
         if isinstance(v, str):
             key = v.split(":", 1)[1]
             n = workload.global_batch if key == "global_batch" else getattr(workload.model, key)
@@ -183,27 +191,37 @@ class SearchSpace:
 
     def enumerate_layouts(self, workload: Workload) -> list[Layout]:
         """Every valid layout of the space for the workload, in a stable order. The GPU count fixes dp,
-        so only (tp, cp, pp) that divide it are expanded; the model's cut (tp, sp, cp, pp, vp) is
-        checked once before its micro-batch, ZeRO and recompute choices are."""
-        checks = [_closure(_compile(k, v, self.name)) for k, v in self.constraints.items()]
-        choices = {d: self.choices(d, workload) for d in DIMENSIONS}
-        types = {d.name: d.type for d in LAYOUT_DIMS}
+        so only (tp, cp, pp) that divide it are expanded; the model's cut (tp, sp, cp, pp, vp) is checked
+        once -- its rules and the constraints that read nothing else -- then each micro-batch, before the
+        ZeRO and recompute choices are."""
         cut = [d for d in DIMENSIONS if d in ("tp", "sequence_parallel", "context_parallel", "pp", "virtual_pipeline")]
-        rest = [d for d in DIMENSIONS if d not in cut]
+        rest = [d for d in DIMENSIONS if d not in cut and d != "micro_batch"]
+        early, late = [], []
+        for k, v in self.constraints.items():
+            tree = _compile(k, v, self.name)
+            names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+            (late if names & {"micro_batch", "m", *rest} else early).append(_closure(tree))
+        choices = {d: [BY_NAME[d].type(v) for v in self.choices(d, workload)] for d in DIMENSIONS}
         out = []
         for values in itertools.product(*(choices[d] for d in cut)):
-            shape = {d: types[d](v) for d, v in zip(cut, values)}
+            shape = dict(zip(cut, values))
             n = shape["tp"] * shape["context_parallel"] * shape["pp"]
-            if workload.gpus % n or why_invalid_cut(Layout(**shape, dp=workload.gpus // n, micro_batch=1),
-                                                    workload.model):
+            if workload.gpus % n:
                 continue
-            for more in itertools.product(*(choices[d] for d in rest)):
-                lay = Layout(**shape, dp=workload.gpus // n, **{d: types[d](v) for d, v in zip(rest, more)})
-                if why_invalid_values(lay, workload) or why_invalid_schedule(lay, workload):
+            shape["dp"] = workload.gpus // n
+            probe = Layout(**shape, micro_batch=1)
+            if why_invalid_values(probe, workload) or why_invalid_cut(probe, workload.model) or \
+                    not all(c(self._env(probe, workload)) for c in early):
+                continue
+            for mb in choices["micro_batch"]:
+                if why_invalid_schedule(Layout(**shape, micro_batch=mb, zero_stage=0), workload):
                     continue
-                env = self._env(lay, workload)
-                if all(c(env) for c in checks):
-                    out.append(lay)
+                for more in itertools.product(*(choices[d] for d in rest)):
+                    lay = Layout(**shape, micro_batch=mb, **dict(zip(rest, more)))
+                    if why_invalid_schedule(lay, workload):
+                        continue
+                    if not late or all(c(self._env(lay, workload)) for c in late):
+                        out.append(lay)
         return sorted(out)
 
 

@@ -30,6 +30,7 @@ from tuner.report import ok_trials
 from tuner.runners import make_runner
 from tuner.search import make_searcher
 from tuner.search import STUDY_DEFAULTS
+from tuner.layout import uneven_split
 from tuner.space import SearchSpace, valid_layouts
 from tuner.specs import Workload
 from tuner.store import StudyRecord
@@ -71,6 +72,33 @@ def harness_refusal(rec: StudyRecord, workload: Workload) -> str | None:
     return None
 
 
+def trainer_refusal(rec: StudyRecord, layout, workload: Workload) -> str | None:
+    """Why the study's trainer cannot run `layout` as it is (the harness: no virtual stages, no context
+    parallelism, no FP8; Slurm's megatron template: Megatron-DeepSpeed's limits), or None. The simulator
+    and a user's --command run every layout."""
+    if _uses_harness(rec):
+        if workload.precision != "bf16":
+            return (f"the bundled harness trains in bf16 (fp32 on CPU), not {workload.precision}: use --precision "
+                    "bf16, or --runner command with a trainer that runs FP8 (Transformer Engine)")
+        if uneven_split(layout, workload.model.num_layers):
+            return (f"the bundled harness splits layers evenly over pipeline stages: pp*vp = "
+                    f"{layout.pp * layout.virtual_pipeline} must divide {workload.model.num_layers} layers")
+        return harness_layout_refusal(layout)
+    if rec.runner == "slurm":
+        from tuner.render import megatron
+        return megatron.refusal(layout, workload)
+    return None
+
+
+def runnable_layouts(rec: StudyRecord, workload: Workload, space: SearchSpace) -> list:
+    """The space's valid layouts that the study's trainer can run; UsageError naming why when none is."""
+    layouts = valid_layouts(space, workload)
+    kept = [lay for lay in layouts if not trainer_refusal(rec, lay, workload)]
+    if not kept:
+        raise UsageError(trainer_refusal(rec, layouts[0], workload))
+    return kept
+
+
 def harness_layout_refusal(layout) -> str | None:
     """Why the bundled harness cannot run `layout` (virtual pipeline stages, context parallelism), or
     None: ask before a trial of a harness runner starts; the harness fails such a trial with the same
@@ -84,7 +112,7 @@ def create(store, rec: StudyRecord) -> StudyRecord:
     """Check everything a study needs before storing it: valid layouts that fit, runner options, the
     Ray address. Raises UsageError (nothing stored) or StudyExists."""
     workload, space = Workload.from_dict(rec.workload), SearchSpace.from_record(rec.space)
-    layouts = valid_layouts(space, workload)
+    layouts = runnable_layouts(rec, workload, space)
     s = rec.settings
     runner_for(rec, workload)                     # bad runner input fails before anything is stored
     refusal = harness_refusal(rec, workload)
@@ -150,7 +178,7 @@ def run(store, rec: StudyRecord, *, budget: int | None = None, resumed: bool = F
     """Run `rec` to its budget (or `budget`), its searcher's stop, the space's end or its time limit."""
     s = rec.settings
     workload, space = Workload.from_dict(rec.workload), SearchSpace.from_record(rec.space)
-    candidates = valid_layouts(space, workload)
+    candidates = runnable_layouts(rec, workload, space)
     runner = runner_for(rec, workload)
     if resumed:                                   # no orphan jobs or processes from a dead driver
         gone = runner.cancel_study_jobs(rec.name)

@@ -69,7 +69,4 @@ def render(rows: list[dict], fmt: str, columns: list[str] | None = None, json_ob
     return table(rows, columns)
 
 
-def flat_layout(layout: dict) -> dict:
-    """The layout's fields with their table column names (tuner.layout.DIMENSIONS)."""
-    from tuner.layout import DIMENSIONS
-    return {d.column: layout[d.name] for d in DIMENSIONS}
+from tuner.layout import flat_layout  # noqa: E402,F401  (the layout's table columns)

@@ -24,7 +24,7 @@ t_step_overhead is the cluster's fixed cost per iteration (step_overhead_ms; 0 u
 
 from __future__ import annotations
 
-from tuner.layout import Layout, micro_batches_per_pipeline
+from tuner.layout import Layout, micro_batches_per_pipeline, stage_layers, uneven_split
 from tuner.perfmodel import comm, compute, memory
 from tuner.perfmodel.compute import shape_of
 from tuner.perfmodel.flops import megatron_flops, model_flops
@@ -47,12 +47,12 @@ def layer_comm(layout: Layout, workload: Workload, sh: compute.Shape, attention_
     return {"tp_comm": tp, "cp_comm": max(0.0, ring - attention_s), "activation_bytes": act}
 
 
-def stage_times(layout: Layout, workload: Workload) -> tuple[dict, dict]:
-    """Seconds per micro-batch of (first stage, last stage), each a breakdown by component.
-    With pp = 1 both are the single stage that holds everything."""
+def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = None) -> list[dict]:
+    """Seconds per micro-batch of each distinct pipeline stage, each a breakdown by component: [first,
+    last]; one stage with pp = 1; [first, middle, last] with the embedding- and loss-aware split, whose
+    middle stages hold one more layer than the ends."""
     model, cluster = workload.model, workload.cluster
-    t, p, sh = layout.tp, layout.pp, shape_of(layout, workload)
-    layers = model.num_layers // p
+    t, p, sh = layout.tp, layout.pp, sh or shape_of(layout, workload)
     lay = compute.layer_times(model, cluster, sh)
     lc = layer_comm(layout, workload, sh, lay["attention"])
     act = lc["activation_bytes"]
@@ -61,31 +61,32 @@ def stage_times(layout: Layout, workload: Workload) -> tuple[dict, dict]:
     hide = cluster.comm_overlap
     tp_comm = max(0.0, lc["tp_comm"] - lay["gemm"]) if hide and sh.sp else lc["tp_comm"]
     p2p = layout.virtual_pipeline * comm.pipeline_p2p_time(cluster, t * sh.c, layout.dp, p, boundary)
-    if hide and layout.virtual_pipeline > 1:
-        p2p = max(0.0, p2p - layers * (lay["gemm"] + lay["attention"]))
-    base = {
-        "gemm": layers * lay["gemm"],
-        "attention": layers * lay["attention"],
-        "elementwise": layers * lay["elementwise"],
-        "tp_comm": layers * tp_comm,
-        "p2p": p2p,
-        "microbatch_overhead": cluster.microbatch_overhead_ms * 1e-3,
-    }
-    if sh.c > 1:
-        base["cp_comm"] = layers * lc["cp_comm"]
-    first, last = dict(base), dict(base)
+
+    def body(stage: int) -> dict:
+        layers = stage_layers(layout, model.num_layers, stage)
+        shown = max(0.0, p2p - layers * (lay["gemm"] + lay["attention"])) if hide and layout.virtual_pipeline > 1 else p2p
+        out = {"gemm": layers * lay["gemm"], "attention": layers * lay["attention"],
+               "elementwise": layers * lay["elementwise"], "tp_comm": layers * tp_comm, "p2p": shown,
+               "microbatch_overhead": cluster.microbatch_overhead_ms * 1e-3}
+        if sh.c > 1:
+            out["cp_comm"] = layers * lc["cp_comm"]
+        return out
+
+    first, last = body(0), body(p - 1)
     emb = compute.embedding_times(model, cluster, sh.tokens)
+    head = compute.lm_head_times(model, cluster, sh.tokens, t)
     first["elementwise"] += emb["elementwise"]
     first["tp_comm"] += ar                    # the vocabulary-parallel embedding's forward all-reduce
-    head = compute.lm_head_times(model, cluster, sh.tokens, t)
     last["gemm"] += head["gemm"]
     last["elementwise"] += head["elementwise"]
     last["tp_comm"] += ar                     # the LM head's input-gradient all-reduce
     if p == 1:
-        first["gemm"], first["elementwise"] = last["gemm"], last["elementwise"] + emb["elementwise"]
-        first["tp_comm"] += ar
-        return first, first
-    return first, last
+        last["elementwise"] += emb["elementwise"]
+        last["tp_comm"] += ar
+        return [last]
+    if p > 2 and uneven_split(layout, model.num_layers):
+        return [first, body(1), last]
+    return [first, last]
 
 
 def predict(layout: Layout, workload: Workload) -> Prediction:
@@ -96,15 +97,15 @@ def predict(layout: Layout, workload: Workload) -> Prediction:
     shards = d * layout.context_parallel         # the ranks that hold the same weights
 
     # ---- memory
-    worst_stage, mem = memory.peak_memory(layout, workload, m)
+    sh = shape_of(layout, workload)
+    worst_stage, mem = memory.peak_memory(layout, workload, m, sh)
     fits = mem["total"] <= cluster.memory_gb
     reason = memory.fit_reason(mem, cluster.memory_gb, worst_stage)
 
     # ---- time
-    first, last = stage_times(layout, workload)
-    slow = last if sum(last.values()) >= sum(first.values()) else first
+    slow = max(stage_times(layout, workload, sh), key=lambda st: sum(st.values()))
     t_stage = sum(slow.values())
-    params_gpu = max(memory.stage_params(model, t, p, 0), memory.stage_params(model, t, p, p - 1))
+    params_gpu = max(memory.stage_params(model, layout, s) for s in {0, min(1, p - 1), p - 1})
     dp = comm.dp_time(cluster, t, shards, layout.zero_stage, params_gpu, m, layout.checkpointing)
     if cluster.comm_overlap and layout.zero_stage <= 1:     # under the last backward / the first forward
         compute_mb = slow["gemm"] + slow["attention"] + slow["elementwise"]

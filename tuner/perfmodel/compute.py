@@ -58,7 +58,7 @@ class Shape:
 
     @property
     def tokens(self) -> float:
-        """Tokens of one micro-batch on one rank's sequence share: b * s / cp is b * (s / c)."""
+        """A rank's share of a micro-batch, in sequences: b / cp (b * s / cp tokens)."""
         return self.b / self.c
 
 

@@ -20,7 +20,7 @@ the weights (1 byte per parameter) and saves the GEMM inputs for backward in FP8
 
 from __future__ import annotations
 
-from tuner.layout import Layout
+from tuner.layout import Layout, stage_layers, uneven_split
 from tuner.perfmodel.compute import Shape, shape_of
 from tuner.specs import ModelSpec, Workload
 
@@ -43,12 +43,14 @@ def embedding_params(model: ModelSpec, tp: int) -> float:
     return model.vocab_size * model.hidden_size / tp
 
 
-def stage_params(model: ModelSpec, tp: int, pp: int, stage: int) -> float:
-    """Parameters one GPU holds on pipeline stage `stage`: its layers, plus the word embedding and the
-    learned position table (none with RoPE) on the first stage, and the final normalization and the LM
-    head on the last: a copy of the word embedding when tied and pp > 1 (as DeepSpeed's TiedLayerSpec
-    keeps it), nothing more when tied and pp = 1, its own V x h matrix when untied."""
-    n = model.num_layers // pp * layer_params(model, tp)
+def stage_params(model: ModelSpec, layout: Layout, stage: int) -> float:
+    """Parameters one GPU holds on pipeline stage `stage`: its layers (tuner.layout.stage_layers), plus
+    the word embedding and the learned position table (none with RoPE) on the first stage, and the final
+    normalization and the LM head on the last: a copy of the word embedding when tied and pp > 1 (as
+    DeepSpeed's TiedLayerSpec keeps it), nothing more when tied and pp = 1, its own V x h matrix when
+    untied."""
+    tp, pp = layout.tp, layout.pp
+    n = stage_layers(layout, model.num_layers, stage) * layer_params(model, tp)
     if stage == 0:
         n += embedding_params(model, tp)
         if model.position_embedding == "learned":
@@ -135,7 +137,7 @@ def stage_activation_bytes(model: ModelSpec, layout: Layout, stage: int, m: int,
     plus the (virtual) stage's output tensor that the pipeline keeps until the backward pass. With
     full recompute, one layer's full activations are live during its recompute; that layer's
     checkpoint (its input) is one of them, so it is not counted twice."""
-    layers = model.num_layers // (layout.pp * layout.virtual_pipeline)     # per pass
+    layers = stage_layers(layout, model.num_layers, stage) / layout.virtual_pipeline     # per pass
     full = activation_bytes_per_layer(model, shape, flash_attention)
     ckpt = checkpoint_bytes_per_layer(model, shape)
     boundary = ckpt if layout.pp > 1 else 0.0
@@ -159,10 +161,10 @@ def zero3_gather_bytes(model: ModelSpec, tp: int, dp: int, zero_stage: int) -> f
 
 
 # ----------------------------------------------------------------------------------- per stage
-def stage_memory(layout: Layout, workload: Workload, stage: int, m: int) -> dict:
+def stage_memory(layout: Layout, workload: Workload, stage: int, m: int, sh: Shape | None = None) -> dict:
     """Memory breakdown (GB) of one GPU on pipeline stage `stage`; 'total' is the peak."""
-    model, cluster, sh = workload.model, workload.cluster, shape_of(layout, workload)
-    params = stage_params(model, layout.tp, layout.pp, stage)
+    model, cluster, sh = workload.model, workload.cluster, sh or shape_of(layout, workload)
+    params = stage_params(model, layout, stage)
     shards = layout.dp * layout.context_parallel
     per = model_state_bytes_per_param(layout.zero_stage, shards)
     out = {k: params * v / GB for k, v in per.items()}
@@ -177,14 +179,15 @@ def stage_memory(layout: Layout, workload: Workload, stage: int, m: int) -> dict
     return out
 
 
-def peak_memory(layout: Layout, workload: Workload, m: int) -> tuple[int, dict]:
+def peak_memory(layout: Layout, workload: Workload, m: int, sh: Shape | None = None) -> tuple[int, dict]:
     """The worst stage and its breakdown. Stage 0 holds the most micro-batches in flight and the
-    embedding; the last stage holds the LM head and the logits; middle stages are never worse."""
-    first = stage_memory(layout, workload, 0, m)
-    if layout.pp == 1:
-        return 0, first
-    last = stage_memory(layout, workload, layout.pp - 1, m)
-    return (0, first) if first["total"] >= last["total"] else (layout.pp - 1, last)
+    embedding; the last stage holds the LM head and the logits; other middle stages are never worse
+    than stage 1, which the embedding- and loss-aware split gives one more layer than stage 0."""
+    stages = {0, layout.pp - 1}
+    if layout.pp > 2 and uneven_split(layout, workload.model.num_layers):
+        stages.add(1)
+    sh = sh or shape_of(layout, workload)
+    return max(((s, stage_memory(layout, workload, s, m, sh)) for s in sorted(stages)), key=lambda sm: sm[1]["total"])
 
 
 def fit_reason(breakdown: dict, capacity_gb: float, stage: int) -> str:

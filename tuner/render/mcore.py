@@ -30,7 +30,7 @@ each) and fails on a flag that is not in it.
 from __future__ import annotations
 
 from tuner.errors import UsageError
-from tuner.layout import Layout
+from tuner.layout import Layout, uneven_split
 from tuner.render.megatron import PRECISIONS, run_args, shape_args
 from tuner.specs import ModelSpec, Workload
 
@@ -70,15 +70,33 @@ def architecture_args(m: ModelSpec) -> list[str]:
 
 
 def parallel_args(layout: Layout, m: ModelSpec) -> list[str]:
-    """Sequence, context and interleaved (virtual) pipeline parallelism, each only when the layout uses it."""
+    """Sequence, context and interleaved (virtual) pipeline parallelism, each only when the layout uses it,
+    and the embedding- and loss-aware split when pp*vp divides layers + 2 but not the layers."""
     args: list[str] = []
     if layout.sequence_parallel:
         args.append("--sequence-parallel")
     if layout.context_parallel > 1:
         args += ["--context-parallel-size", str(layout.context_parallel)]
+    uneven = uneven_split(layout, m.num_layers)
+    if uneven:
+        args += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
     if layout.virtual_pipeline > 1:
-        per_stage = m.num_layers // (layout.pp * layout.virtual_pipeline)
+        per_stage = (m.num_layers + 2 * uneven) // (layout.pp * layout.virtual_pipeline)
         args += ["--num-layers-per-virtual-pipeline-stage", str(per_stage)]
+    return args
+
+
+def overlap_args(layout: Layout, workload: Workload) -> list[str]:
+    """The communication overlaps the model assumes on a cluster with comm_overlap (Megatron-Core's DP
+    gradient reduce and parameter gather; TP collectives under the GEMMs with sequence parallelism; p2p
+    overlap is Megatron-LM's default): the launch files run what was predicted."""
+    if not workload.cluster.comm_overlap:
+        return []
+    args = ["--overlap-grad-reduce"]
+    if layout.zero_stage >= 1:
+        args.append("--overlap-param-gather")
+    if layout.sequence_parallel:
+        args.append("--tp-comm-overlap")
     return args
 
 
@@ -101,7 +119,8 @@ def pretrain_args(layout: Layout, workload: Workload, *, precision: str = "bf16"
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     check_zero(layout)
     args = [*shape_args(layout, workload), *parallel_args(layout, workload.model),
-            *architecture_args(workload.model), *run_args(layout, workload, iterations, precision)]
+            *architecture_args(workload.model), *run_args(layout, workload, iterations, precision),
+            *overlap_args(layout, workload)]
     if workload.precision == "fp8":
         args += list(FP8)
     if layout.zero_stage >= 1:

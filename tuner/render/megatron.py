@@ -29,7 +29,7 @@ The layout's dimensions (arguments.py and megatron/model/transformer.py at 4efb4
 from __future__ import annotations
 
 from tuner.errors import UsageError
-from tuner.layout import Layout
+from tuner.layout import Layout, uneven_split
 from tuner.render.dsconfig import render_ds_config
 from tuner.specs import Workload
 
@@ -62,6 +62,9 @@ def refusal(layout: Layout, workload: Workload) -> str | None:
     if vp > 1:
         return (f"{_NAME} cannot run virtual_pipeline {vp}: DeepSpeed's pipeline engine has no interleaved "
                 "schedule; use --framework megatron-core")
+    if uneven_split(layout, m.num_layers):
+        return (f"{_NAME} cannot split {m.num_layers} layers over pp {layout.pp} the way the layout was "
+                "predicted (Megatron-Core's embedding- and loss-aware split); use --framework megatron-core")
     if workload.precision == "fp8" and layout.pp > 1:
         return (f"{_NAME} cannot run fp8 with pp {layout.pp}: its FP8 (Transformer Engine layers) is built only "
                 "without DeepSpeed's pipeline (pp 1); use --framework megatron-core")

@@ -34,7 +34,7 @@ mixed_precision_param is bfloat16 or float32).
 from __future__ import annotations
 
 from tuner.errors import UsageError
-from tuner.layout import Layout
+from tuner.layout import Layout, uneven_split
 from tuner.render.dsconfig import ADAM_PARAMS, GRADIENT_CLIPPING, check_batch
 from tuner.specs import ModelSpec, Workload
 
@@ -75,11 +75,15 @@ def parallelism(layout: Layout, m: ModelSpec) -> dict:
                    "context_parallel_degree": layout.context_parallel}
     if layout.pp > 1:
         table["pipeline_parallel_microbatch_size"] = layout.micro_batch
-    if layout.virtual_pipeline > 1:
-        table.update({"pipeline_parallel_schedule": "Interleaved1F1B",
-                      "pipeline_parallel_layers_per_stage": m.num_layers // (layout.pp * layout.virtual_pipeline),
-                      "pipeline_parallel_first_stage_less_layers": 0,
-                      "pipeline_parallel_last_stage_less_layers": 0})
+    uneven = uneven_split(layout, m.num_layers)
+    if layout.virtual_pipeline > 1 or uneven:
+        # the embedding- and loss-aware split: torchtitan counts the embedding and the output as one layer
+        # each and takes them from the first and the last stage's share ("less layers" 1)
+        table.update({"pipeline_parallel_schedule": "Interleaved1F1B" if layout.virtual_pipeline > 1 else "1F1B",
+                      "pipeline_parallel_layers_per_stage": (m.num_layers + 2 * uneven)
+                      // (layout.pp * layout.virtual_pipeline),
+                      "pipeline_parallel_first_stage_less_layers": int(uneven),
+                      "pipeline_parallel_last_stage_less_layers": int(uneven)})
     return table
 
 

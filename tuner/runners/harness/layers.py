@@ -260,6 +260,7 @@ def rotary_tables(seq: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def apply_rotary(x, cos, sin):
-    """x [b, heads, s, d] rotated by position: x cos + rotate_half(x) sin."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    """x [b, heads, s, d] rotated by position: x cos + rotate_half(x) sin, computed in fp32 and returned
+    in x's dtype (bf16 training keeps Q and K in bf16, like V)."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return (x.float() * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)

@@ -14,7 +14,8 @@ Environment:
     TUNER_STEPS           timed iterations (default 3)
     TUNER_SEED            seed of weights and synthetic data (default 1234)
     TUNER_PEAK_TFLOPS     per-device peak for peak_fraction (default: the cluster preset's, if any)
-    TUNER_PRECISION       fp32 / bf16 / fp16 (default: bf16 on CUDA, fp32 on CPU)
+    TUNER_DTYPE           fp32 / bf16 / fp16 (default: bf16 on CUDA, fp32 on CPU; TUNER_PRECISION is the
+                          study's GEMM precision, bf16 or fp8, which the harness refuses unless bf16)
     TUNER_OPTIMIZER       adam (default: the rendered config's Adam) or sgd (plain SGD, lr 0.1, no
                           clipping: the parallelism tests use it, as its losses expose gradient scale)
     TUNER_LR              overrides the optimizer's learning rate
@@ -265,7 +266,7 @@ def main() -> int:
     # A launcher may bind each rank to its own devices (srun --gpu-bind): wrap the local rank.
     local = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local % torch.cuda.device_count()) if on_cuda else torch.device("cpu")
-    precision = os.environ.get("TUNER_PRECISION") or ("bf16" if on_cuda else "fp32")
+    precision = os.environ.get("TUNER_DTYPE") or ("bf16" if on_cuda else "fp32")
     initialized = False
     try:
         trial = json.loads(Path(os.environ["TUNER_TRIAL_JSON"]).read_text())
