@@ -103,6 +103,22 @@ def test_search_stops_when_space_exhausted(tuner):
     (("search", "--model", "175b", "--nodes", "3"), 2, "valid layouts fits in 64 GB per GPU"),
     (("search", "--model", "175b", "--nodes", "4", "--stop-threshold", "1.5"), 2, "--stop-threshold"),
     (("search", "--model", "175b", "--nodes", "4", "--stop-threshold", "0"), 2, "--stop-threshold"),
+    # today's dimensions: each rule named in one line
+    (("predict", "--model", "llama3-8b", "--cluster", "h100", "--nodes", "1", "--tp", "1", "--sequence-parallel",
+      "--pp", "1", "--micro-batch", "1"), 2, "sequence_parallel needs tp > 1"),
+    (("predict", "--model", "llama3-8b", "--cluster", "h100", "--nodes", "2", "--tp", "16", "--pp", "1",
+      "--micro-batch", "1"), 2, "key/value heads (num_query_groups 8) are not divisible by tp=16"),
+    (("predict", "--model", "llama3-8b", "--cluster", "h100", "--nodes", "3", "--tp", "1", "--cp", "3", "--pp", "1",
+      "--micro-batch", "1"), 2, "not divisible by 2*cp = 6"),
+    (("predict", "--model", "llama3-8b", "--cluster", "h100", "--nodes", "1", "--tp", "1", "--pp", "4", "--vp", "3",
+      "--micro-batch", "1"), 2, "not divisible by pp*vp = 4*3"),
+    (("predict", "--model", "llama3-8b", "--cluster", "h100", "--nodes", "1", "--tp", "1", "--pp", "1", "--vp", "2",
+      "--micro-batch", "1"), 2, "virtual_pipeline > 1 needs pp > 1"),
+    (("predict", "--model", "175b", "--nodes", "16", "--precision", "fp8", "--tp", "4", "--pp", "16",
+      "--micro-batch", "1"), 2, "has no peak_tflops_fp8"),
+    (("predict", "--model", "175b", "--nodes", "16", "--tp", "4", "--pp", "16", "--micro-batch", "1",
+      "--recompute", "none", "--activation-checkpointing"), 2, "contradicts --recompute none"),
+    (("plan", "--model", "175b", "--nodes", "16", "--recompute", "sometimes"), 2, "--recompute"),
 ])
 def test_bad_input_is_one_line(tuner, args, code, words):
     got, out, err = tuner(*args)

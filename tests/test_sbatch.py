@@ -222,7 +222,26 @@ MEGATRON_FLAGS = {
     # deepspeedai/Megatron-DeepSpeed 4efb479d5317 (arguments.py unchanged since f4157bea69f3):
     "--sequence-parallel": 972, "--recompute-granularity": 830, "--transformer-impl": 516, "--fp8-hybrid": 508,
     "--fp8-amax-history-len": 520, "--fp8-amax-compute-algo": 523,
+    "--num-key-value-heads": 623, "--use-rotary-position-embeddings": 633, "--no-position-embedding": 640,
+    "--normalization": 647, "--swiglu": 670, "--untie-embeddings-and-output-weights": 680,
+    "--disable-bias-linear": 937,
 }
+
+
+def test_megatron_deepspeed_builds_the_llama_architecture():
+    """A Llama model launched with Megatron-DeepSpeed gets its architecture flags (never a plain GPT of
+    the same size); a GPT model gets none of them."""
+    from tuner.specs import make_workload
+    w = make_workload("llama3-70b", 8, "h100")
+    args = pretrain_args(Layout(tp=8, sequence_parallel=True, pp=1, dp=8, micro_batch=1, zero_stage=1), w)
+    flags = {a for a in args if a.startswith("--")}
+    assert flags <= set(MEGATRON_FLAGS), f"unchecked flags {flags - set(MEGATRON_FLAGS)}: check them in arguments.py"
+    assert args[args.index("--num-key-value-heads") + 1] == "8" and args[args.index("--normalization") + 1] == "rmsnorm"
+    assert {"--swiglu", "--use-rotary-position-embeddings", "--no-position-embedding",
+            "--untie-embeddings-and-output-weights", "--disable-bias-linear"} <= flags
+    assert args[args.index("--ffn-hidden-size") + 1] == "28672"
+    gpt = {a for a in pretrain_args(STUDY_LAYOUT, frontier_trial().workload) if a.startswith("--")}
+    assert not gpt & {"--swiglu", "--num-key-value-heads", "--normalization", "--use-rotary-position-embeddings"}
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])

@@ -110,13 +110,34 @@ def run_args(layout: Layout, workload: Workload, iterations: int, precision: str
             f"--{precision}"]
 
 
+def architecture_args(m) -> list[str]:
+    """Megatron-DeepSpeed's flags for the model's architecture (megatron/arguments.py at 4efb479d5317:
+    --num-key-value-heads 623, --use-rotary-position-embeddings 633, --no-position-embedding 640,
+    --normalization 647, --swiglu 670, --untie-embeddings-and-output-weights 680, --disable-bias-linear
+    937); a GPT-3-style model needs none."""
+    args: list[str] = []
+    if m.num_query_groups != m.num_attention_heads:
+        args += ["--num-key-value-heads", str(m.num_query_groups)]
+    if m.position_embedding == "rope":
+        args += ["--use-rotary-position-embeddings", "--no-position-embedding"]
+    if m.normalization == "rmsnorm":
+        args += ["--normalization", "rmsnorm"]
+    if m.ffn_type == "swiglu":
+        args.append("--swiglu")
+    if not m.tie_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if not m.add_bias_linear:
+        args.append("--disable-bias-linear")
+    return args
+
+
 def pretrain_args(layout: Layout, workload: Workload, *, deepspeed_config_path: str = "ds_config.json",
                   precision: str = "bf16", iterations: int = 10, extra: tuple[str, ...] | list[str] = ()) -> list[str]:
     """The argv (after `pretrain_gpt.py`) for one trial. `extra` (data paths, tokenizer files) is appended.
     UsageError for a layout Megatron-DeepSpeed cannot run (`refusal`)."""
     _check_precision(precision)
     check(layout, workload)
-    args = [*shape_args(layout, workload)]
+    args = [*shape_args(layout, workload), *architecture_args(workload.model)]
     if layout.sequence_parallel:
         args.append("--sequence-parallel")
     args += run_args(layout, workload, iterations, precision)

@@ -66,82 +66,38 @@ def _reduce_scatter(x, group, dim=SEQ):
     return out.movedim(0, dim).contiguous()
 
 
-class _CopyToTP(torch.autograd.Function):
-    """Megatron's `f`: identity forward, all-reduce of the input gradient over the TP group."""
+def _identity(x, group):
+    return x
 
-    @staticmethod
-    def forward(ctx, x, group):
+
+def _collective(name: str, forward, backward, doc: str):
+    """An autograd Function running `forward(x, group)` over the TP group in the forward pass and
+    `backward(grad, group)` on the gradient (Megatron's mappings between parallel regions)."""
+    def fwd(ctx, x, group):
         ctx.group = group
-        return x
+        return forward(x, group)
 
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_reduce(grad, ctx.group), None
-
-
-class _ReduceFromTP(torch.autograd.Function):
-    """Megatron's `g`: all-reduce of partial sums forward, identity backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        return _all_reduce(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
+    def bwd(ctx, grad):
+        return backward(grad, ctx.group), None
+    return type(name, (torch.autograd.Function,), {"__doc__": doc, "forward": staticmethod(fwd),
+                                                    "backward": staticmethod(bwd)})
 
 
-class _GatherToTP(torch.autograd.Function):
-    """SP's `f`: all-gather along the sequence forward, reduce-scatter of the gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _all_gather(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _reduce_scatter(grad, ctx.group), None
-
-
-class _ReduceScatterFromTP(torch.autograd.Function):
-    """SP's `g`: reduce-scatter of partial sums along the sequence forward, all-gather backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _reduce_scatter(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_gather(grad, ctx.group), None
-
-
-class _ScatterToSequence(torch.autograd.Function):
-    """Into the SP region from replicated values: this rank's slice forward, all-gather backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _split(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_gather(grad, ctx.group), None
-
-
-class _GatherFromSequence(torch.autograd.Function):
-    """Out of the SP region into replicated compute: all-gather forward, this rank's slice backward
-    (every rank computes the same full gradient)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _all_gather(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _split(grad, ctx.group), None
+_CopyToTP = _collective("_CopyToTP", _identity, _all_reduce,
+                        "Megatron's `f`: identity forward, all-reduce of the input gradient over the TP group.")
+_ReduceFromTP = _collective("_ReduceFromTP", _all_reduce, _identity,
+                            "Megatron's `g`: all-reduce of partial sums forward, identity backward.")
+_GatherToTP = _collective("_GatherToTP", _all_gather, _reduce_scatter,
+                          "SP's `f`: all-gather along the sequence forward, reduce-scatter of the gradient backward.")
+_ReduceScatterFromTP = _collective("_ReduceScatterFromTP", _reduce_scatter, _all_gather,
+                                   "SP's `g`: reduce-scatter of partial sums along the sequence forward, all-gather "
+                                   "backward.")
+_ScatterToSequence = _collective("_ScatterToSequence", _split, _all_gather,
+                                 "Into the SP region from replicated values: this rank's slice forward, all-gather "
+                                 "backward.")
+_GatherFromSequence = _collective("_GatherFromSequence", _all_gather, _split,
+                                  "Out of the SP region into replicated compute: all-gather forward, this rank's "
+                                  "slice backward (every rank computes the same full gradient).")
 
 
 def sequence_parallel() -> bool:
