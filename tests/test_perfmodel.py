@@ -305,3 +305,38 @@ def test_checkpointing_lowers_activation_memory(case):
         a_on = memory.stage_activation_bytes(w.model, on, stage, m, shape_of(on, w), w.cluster.flash_attention)
         a_off = memory.stage_activation_bytes(w.model, off, stage, m, shape_of(off, w), w.cluster.flash_attention)
         assert a_on <= a_off + 1e-6
+
+
+def test_each_modern_dimension_has_its_term_in_the_breakdown():
+    """Llama 3 70B on 64 H100 nodes: each dimension moves the term it should, by the amount it should."""
+    w = make_workload("llama3-70b", 64, "h100")
+    base = Layout(tp=4, pp=4, dp=32, micro_batch=1, recompute="none")
+    p0 = predict(base, w)
+    # interleaving: the bubble is (p - 1)/v stage times, the p2p v times as many messages
+    inter = predict(dataclasses.replace(base, virtual_pipeline=5), w)
+    stage = sum(v for k, v in p0.time_breakdown.items() if k not in (
+        "bubble", "dp_grad_reduce", "dp_param_gather", "embedding_sync", "optimizer", "step_overhead"))
+    m = micro_batches_per_pipeline(base, w.global_batch)
+    assert p0.time_breakdown["bubble"] == pytest.approx(3 * stage / m)
+    assert inter.time_breakdown["bubble"] < p0.time_breakdown["bubble"] / 4.5
+    assert inter.memory_breakdown["activations"] > p0.memory_breakdown["activations"]
+    # sequence parallelism: same TP traffic (hidden under the GEMMs on h100), less element-wise work and memory
+    no_overlap = dataclasses.replace(w, cluster=dataclasses.replace(w.cluster, comm_overlap=False))
+    sp = dataclasses.replace(base, sequence_parallel=True)
+    assert predict(sp, no_overlap).time_breakdown["tp_comm"] == pytest.approx(predict(base, no_overlap).time_breakdown["tp_comm"])
+    assert predict(sp, w).time_breakdown["tp_comm"] < predict(base, w).time_breakdown["tp_comm"]
+    assert predict(sp, w).time_breakdown["elementwise"] < p0.time_breakdown["elementwise"]
+    assert predict(sp, w).memory_breakdown["activations"] < p0.memory_breakdown["activations"]
+    # context parallelism: half the sequence per rank, a ring term, half the activations
+    cp = predict(dataclasses.replace(base, context_parallel=2, dp=16), w)
+    assert "cp_comm" in cp.time_breakdown and "cp_comm" not in p0.time_breakdown
+    assert cp.memory_breakdown["activations"] == pytest.approx(p0.memory_breakdown["activations"] / 2, rel=0.02)
+    # selective recompute: one more attention forward, nothing else
+    sel = predict(dataclasses.replace(base, recompute="selective"), w)
+    assert sel.time_breakdown["attention"] > p0.time_breakdown["attention"]
+    assert sel.time_breakdown["gemm"] == pytest.approx(p0.time_breakdown["gemm"])
+    # FP8: GEMMs at up to twice the rate, an FP8 weight copy, MFU still against the bf16 peak
+    f8 = predict(base, dataclasses.replace(w, precision="fp8"))
+    assert p0.time_breakdown["gemm"] / 2 < f8.time_breakdown["gemm"] < p0.time_breakdown["gemm"] * 0.75
+    assert f8.memory_breakdown["fp8_weights"] > 0 and "fp8_weights" not in p0.memory_breakdown
+    assert f8.mfu == pytest.approx(p0.mfu * p0.step_time_s / f8.step_time_s)

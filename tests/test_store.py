@@ -20,6 +20,7 @@ from sqlalchemy import create_engine, text
 from tuner.errors import StoreError, StudyExists, UnknownStudy
 from tuner.layout import Layout
 from tuner.perfmodel.prediction import Prediction
+from tuner.space import SearchSpace
 from tuner.specs import make_workload
 from tuner.store import SCHEMA_VERSION, StudyRecord, open_store, redact
 from tuner.store.models import Base
@@ -283,6 +284,29 @@ class TestStoreContract:
             t = again.best("gpt-22b", "frontier", 8)[0]
         w = make_workload("22b", 8)
         assert t.mfu == pytest.approx(metrics.mfu(12.5, w)) and t.peak_fraction == 0.42
+
+    def test_upgrade_from_schema_2_reads_activation_checkpointing_as_recompute(self, store, shared_url):
+        """A store written when a layout had activation_checkpointing (true/false): upgrade gives every
+        trial recompute full/none, sp off, cp 1, vp 1 and the new layout key; a study's stored space with
+        the old dimension still loads."""
+        store.create_study(study("old2", "22b", 8))
+        on, off = Layout(tp=1, pp=8, dp=8, micro_batch=1), Layout(tp=1, pp=8, dp=8, micro_batch=1, recompute="none")
+        for lay in (on, off):
+            store.record_trial("old2", lay, None, ok(0.3), "sim")
+        with store.engine.begin() as conn:      # as schema 2 left it
+            conn.execute(text("ALTER TABLE trials ADD COLUMN activation_checkpointing BOOLEAN"))
+            conn.execute(text("UPDATE trials SET activation_checkpointing = (recompute = 'full')"))
+            for col in ("sequence_parallel", "context_parallel", "virtual_pipeline", "recompute"):
+                conn.execute(text(f"ALTER TABLE trials DROP COLUMN {col}"))
+            conn.execute(text("UPDATE trials SET layout_key = REPLACE(REPLACE(layout_key, '-rcfull', '-ac1'), "
+                              "'-rcnone', '-ac0')"))
+            conn.execute(text("UPDATE meta SET value = '2' WHERE key = 'schema_version'"))
+        assert "from schema version 2 to 3" in upgrade(shared_url)
+        with open_store(shared_url) as again:
+            got = {t.layout: t for t in again.trials("old2")}
+        assert set(got) == {on, off} and {t.layout.key() for t in got.values()} == {on.key(), off.key()}
+        assert SearchSpace.from_record({"name": "old", "dimensions": {"activation_checkpointing": [True, False]}}) \
+            .dimensions["recompute"] == ["full", "none"]
 
     def test_url_is_redacted(self, store):
         assert "tuner:tuner@" not in store.url and (store.url.startswith("sqlite") or ":***@" in store.url)
