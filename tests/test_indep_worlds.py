@@ -145,7 +145,8 @@ def test_modern_api_and_physics_ranges():
     for key, (lo, hi) in iw.MODERN_RANGES.items():
         vals = [d[key] for d in drawn]
         assert len(set(vals)) == len(vals), key
-    assert all(1.3 <= d["fp8_speedup"] <= 1.9 and d["n_cu"] == 132 and d["hbm_gbps"] >= 2900 for d in drawn)
+    assert all(1.3 <= d["fp8_speedup"] <= 1.9 and d["n_cu"] == 132 and d["hbm_gbps"] >= 2900 and d["flash"]
+               for d in drawn)
     # the modern constants come from their own stream: Frontier's draws are unchanged by them
     assert iw.draw_physics("host-bound", "gpt-22b", 3).mb_ms != iw.draw_physics("host-bound", "gpt-22b", 3, "h100").mb_ms
     with pytest.raises(ValueError, match="no hardware ranges"):
