@@ -95,7 +95,9 @@ FAMILY_RANGES: dict[str, dict[str, tuple[float, float]]] = {
 # per cluster, and per family where the family is about that hardware. H100 SXM: 132 SMs, 3.35 TB/s HBM3,
 # NVLink 4 at 450 GB/s per direction through NVSwitch (every block size alike), 8 x 400 Gb/s NICs.
 HARDWARE_RANGES: dict[str, dict[str, tuple[float, float]]] = {
-    "h100": {"flash": (0, 0.5), "n_cu": (132, 132.5),     # flash: Transformer Engine's fused attention, always "hbm_gbps": (2900, 3350), "hbm_eta": (0.7, 0.9), "link_pair": (300, 450),
+    # flash < P_FLASH always: Transformer Engine's fused attention (8K-token scores would not fit anyway)
+    "h100": {"flash": (0, 0.5), "n_cu": (132, 132.5), "hbm_gbps": (2900, 3350), "hbm_eta": (0.7, 0.9),
+             "link_pair": (300, 450),
              "link_quad": (0.85, 1.0), "link_node": (0.85, 1.0), "nic_gbps": (250, 400), "lat_intra_us": (2, 6),
              "lat_inter_us": (5, 15)},
 }
