@@ -16,8 +16,8 @@ from tuner.space import load_space
 from tuner.specs import make_workload
 from tuner.trial import Status, TrialResult
 
-WORKLOAD = make_workload("175b", 16)   # 128 GPUs, 520 candidates in the default space
-ALL = load_space().enumerate_layouts(WORKLOAD)
+WORKLOAD = make_workload("175b", 16)   # 128 GPUs, 520 candidates in the Frontier study's space
+ALL = load_space("frontier-2023").enumerate_layouts(WORKLOAD)     # the synthetic world models its dimensions
 SMALL = ALL[::10]                      # 52 candidates spread over every dimension
 
 
@@ -101,7 +101,7 @@ class TestSearcherContract:
         for lay, st in zip(failed, statuses):
             s.tell(lay, TrialResult(st))
         dominated = {c for c in cands if needs_more_memory(c, oom)}
-        assert len(dominated) == 4 * 2 * 3 - 1   # micro-batch >= 2, ZeRO <= 1, any recompute, sp off as in the OOM
+        assert len(dominated) == 15       # micro-batch >= 2, ZeRO <= 1, recompute full or none
         dominated |= {c for c in cands if needs_more_memory(c, failed[2])}    # pruned: does not fit
         # every later trial succeeds, so that no new failure defers more layouts
         proposed = run(s, 10_000, batch=2, outcome=lambda lay: TrialResult(Status.OK, mfu=0.3))
@@ -173,3 +173,16 @@ def test_model_based_searchers_beat_random():
     random_median = statistics.median(best("random", seed) for seed in range(9))
     for name in ("cbo", "tpe"):
         assert statistics.median(best(name, seed) for seed in range(3)) > random_median, name
+
+
+@pytest.mark.parametrize("name", SEARCHERS)
+def test_every_searcher_walks_the_modern_space(name):
+    """Over today's space (sp, cp, vp and the three recompute modes vary, recompute a str dimension),
+    every searcher asks distinct candidates only."""
+    w = make_workload("llama3-8b", 2, "h100")
+    cands = load_space().enumerate_layouts(w)[::7]
+    assert {c.recompute for c in cands} == {"none", "selective", "full"} and any(c.virtual_pipeline > 1 for c in cands)
+    assert any(c.sequence_parallel for c in cands) and any(c.context_parallel > 1 for c in cands)
+    s = make_searcher(name, cands, seed=3, workload=w)
+    seen = run(s, 12, batch=3, outcome=lambda lay: TrialResult(Status.OK, mfu=0.3 + 0.01 * lay.tp))
+    assert len(seen) == len(set(seen)) == 12 and set(seen) <= set(cands)
