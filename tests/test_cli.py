@@ -305,3 +305,14 @@ def test_trials_messages_are_cut_only_in_the_table(tuner):
     assert long not in table and "..." in table
     assert long in tuner("trials", "m", "--wide")[1]
     assert long in tuner("trials", "m", "--format", "csv")[1]
+
+
+def test_best_answers_per_precision(tuner):
+    """A bf16 and an fp8 study of the same model and nodes: `best` answers each from its own precision."""
+    common = ("--model", "llama3-8b", "--cluster", "h100", "--nodes", "1", "--budget", "3", "--searcher", "grid")
+    assert tuner("search", *common, "--study", "b16")[0] == 0
+    assert tuner("search", *common, "--precision", "fp8", "--study", "f8")[0] == 0
+    for precision, study in (("bf16", "b16"), ("fp8", "f8")):
+        code, out, _ = tuner("best", "--model", "llama3-8b", "--cluster", "h100", "--nodes", "1", "--precision",
+                             precision, "--format", "json")
+        assert code == 0 and json.loads(out)["study"] == study, (precision, out)

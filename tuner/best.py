@@ -134,9 +134,10 @@ def history(store, model: str, cluster: str, exclude: str | None = None) -> tupl
 def best(store, workload: Workload, k: int = 1, study: str | None = None, space=None) -> Answer:
     """The k fastest layouts for `workload` (its model, cluster, nodes and global batch): stored trials
     when the store (None: no store) has some, else the model corrected by every stored trial of the
-    model and cluster at other node counts or global batches. `study` limits to one study's trials."""
+    model and cluster at other node counts, global batches or precisions (as residuals of the model,
+    which predicts each in its own). `study` limits to one study's trials."""
     found = store.best(workload.model.name, workload.cluster.name, workload.nodes, k=k, study=study,
-                       global_batch=workload.global_batch) if store is not None else []
+                       global_batch=workload.global_batch, precision=workload.precision) if store is not None else []
     if found or study:
         return Answer(found, [])
     from tuner.space import load_space

@@ -64,8 +64,8 @@ def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
     """Features of `layout` on `workload` (None: layout coordinates only, a flat prior)."""
     base = [math.log2(layout.tp) / 4, math.log2(layout.pp) / 6, math.log2(max(layout.dp, 1)) / 8,
             math.log2(layout.micro_batch) / 4, layout.zero_stage / 3, RECOMPUTE.index(layout.recompute) / 2,
-            float(layout.sequence_parallel), math.log2(layout.context_parallel) / 4,
-            math.log2(layout.virtual_pipeline) / 4]
+            0.3 * layout.sequence_parallel, math.log2(layout.context_parallel) / 4,
+            math.log2(layout.virtual_pipeline) / 8]
     if workload is None:
         return Features(np.array(base + [0.0] * 5), np.zeros(F_DIM), np.zeros(FM_DIM), math.log(0.3), 0.0, True)
     pred = pred or predict(layout, workload)

@@ -9,6 +9,7 @@ from tuner.cli.render import flat_layout, render
 from tuner.report import ok_trials
 from tuner.errors import TunerError
 from tuner.layout import DIMENSIONS
+from tuner.specs import PRECISIONS
 from tuner.trial import Status
 
 # Speed columns: samples_s and mfu_% (model FLOPs, no recompute: the ranking); mgt_tflops and mgt_peak_%
@@ -110,11 +111,13 @@ def best_json(t, measured: bool) -> dict:
 @click.option("--cluster", default="frontier", show_default=True, help="Cluster preset or TOML path.")
 @click.option("--global-batch", type=click.IntRange(min=1), default=None,
               help="Global batch in samples (default: the model's). Studies at another one are evidence only.")
+@click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True,
+              help="Only studies in this precision answer (bf16 and fp8 speeds do not compare).")
 @click.option("--study", default=None, help="Only this study.")
 @click.option("-k", "k", type=click.IntRange(min=1), default=1, show_default=True, help="How many layouts.")
 @DB_OPTION
 @FORMAT_OPTION
-def best(model, nodes, cluster, global_batch, study, k, db, fmt):
+def best(model, nodes, cluster, global_batch, precision, study, k, db, fmt):
     """The fastest known layout (samples/s) for a model, cluster and node count, across all studies.
 
     Measured trials at that node count and global batch answer first; otherwise the performance model,
@@ -125,7 +128,7 @@ def best(model, nodes, cluster, global_batch, study, k, db, fmt):
     """
     from tuner.best import best as best_layouts
     from tuner.specs import make_workload
-    w = make_workload(model, nodes, cluster, global_batch)
+    w = make_workload(model, nodes, cluster, global_batch, precision)
     store = read_store(db, required=bool(study))
     if study:
         store.get_study(study)

@@ -273,9 +273,10 @@ class Store:
         return 0 if nums == [] else self._tx(mark, f"marking trials of study '{study}' interrupted", write=True)
 
     def best(self, model: str, cluster: str, nodes: int, k: int = 1, study: str | None = None,
-             global_batch: int | None = None) -> list[TrialRecord]:
+             global_batch: int | None = None, precision: str | None = None) -> list[TrialRecord]:
         """The k fastest ok trials (highest MFU) of every study of that model, cluster and node count
-        (and global batch, when given: speeds at another global batch do not compare).
+        (and global batch and precision, when given: speeds at another batch or in bf16 vs fp8 do not
+        compare; a study stored before precision existed is bf16).
 
         The top k of each matching study (index range on (study_id, status, mfu)), merged:
         fast whatever the number of trials and whether anything matches."""
@@ -286,7 +287,8 @@ class Store:
                                        StudyRow.nodes == int(nodes))
             if global_batch is not None:
                 q = q.where(StudyRow.global_batch == int(global_batch))
-            studies = {r.id: r for r in s.execute(q if study is None else q.where(StudyRow.name == study)).scalars()}
+            studies = {r.id: r for r in s.execute(q if study is None else q.where(StudyRow.name == study)).scalars()
+                       if precision is None or (r.workload or {}).get("precision", "bf16") == precision}
             rows: list[TrialRow] = []
             for sid in studies:
                 rows += s.execute(select(TrialRow).where(
