@@ -260,7 +260,7 @@ def test_recompute_modes_equal_none(llama_baseline, tmp, rc):
 def test_unbuildable_layout_is_a_failed_trial_with_the_refusal(tmp):
     """virtual_pipeline > 1 reaches the harness anyway: a failed trial naming why, never a run of
     something else."""
-    from tuner.study import harness_layout_refusal
+    from tuner.runners.harness.support import layout_refusal as harness_layout_refusal
 
     result, proc = run_trial(tmp, virtual_pipeline=2)
     assert result["status"] == "failed" and proc.returncode != 0
@@ -275,12 +275,15 @@ def _layout(**kw):
 
 
 def test_harness_layout_refusal():
-    from tuner.study import harness_layout_refusal
+    from tuner.runners.harness.support import layout_refusal as harness_layout_refusal
 
     assert harness_layout_refusal(_layout()) is None
     assert harness_layout_refusal(_layout(sequence_parallel=True, recompute="selective")) is None
     assert "virtual_pipeline = 2" in harness_layout_refusal(_layout(virtual_pipeline=2))
     assert "context_parallel = 2" in harness_layout_refusal(_layout(context_parallel=2))
+    assert "must divide 126 layers" in harness_layout_refusal(_layout(pp=8, dp=1), num_layers=126)
+    assert harness_layout_refusal(_layout(pp=2, dp=1), num_layers=126) is None
+    assert "trains in bf16" in harness_layout_refusal(_layout(), num_layers=4, precision="fp8")
 
 
 def test_harness_builds_llama_models_and_refuses_what_it_cannot():

@@ -96,7 +96,7 @@ def test_logits_and_params():
     assert middle / 1e9 == pytest.approx(2.72, abs=0.01)          # the authors' log: 2.72 B per GCD
     first = memory.stage_params(m, Layout(tp=4, pp=16, dp=1, micro_batch=1), 0)
     assert first - middle == pytest.approx(50688 * h / 4 + 2048 * h)
-    whole = sum(memory.stage_params(m, Layout(tp=1, pp=1, dp=1, micro_batch=1), 0) for _ in range(1))
+    whole = memory.stage_params(m, Layout(tp=1, pp=1, dp=1, micro_batch=1), 0)
     assert whole == pytest.approx(m.num_parameters, rel=0.01)
 
 
@@ -328,8 +328,18 @@ def test_each_modern_dimension_has_its_term_in_the_breakdown():
     assert predict(sp, w).time_breakdown["elementwise"] < p0.time_breakdown["elementwise"]
     assert predict(sp, w).memory_breakdown["activations"] < p0.memory_breakdown["activations"]
     # context parallelism: half the sequence per rank, a ring term, half the activations
-    cp = predict(dataclasses.replace(base, context_parallel=2, dp=16), w)
+    cp_lay = dataclasses.replace(base, context_parallel=2, dp=16)
+    cp = predict(cp_lay, w)
     assert "cp_comm" in cp.time_breakdown and "cp_comm" not in p0.time_breakdown
+    # the ring (K and V round the CP group, 3 passes without recompute) is real traffic, shown only where it
+    # outlasts the attention it overlaps: zero here (NVLink, 8K sequence), positive on a slow link
+    m70 = w.model
+    kv = 2 * 2.0 * m70.seq_length * 0.5 * m70.kv_size / 4
+    ring = comm.cp_ring_time(w.cluster, 4, 2, kv)
+    assert ring > 0 and cp.time_breakdown["cp_comm"] == 0.0
+    slow_link = dataclasses.replace(w, cluster=dataclasses.replace(
+        w.cluster, intra_node_bandwidth_gbps=0.05, latency_us=500.0))
+    assert predict(cp_lay, slow_link).time_breakdown["cp_comm"] > 0
     assert cp.memory_breakdown["activations"] == pytest.approx(p0.memory_breakdown["activations"] / 2, rel=0.02)
     # selective recompute: one more attention forward, nothing else
     sel = predict(dataclasses.replace(base, recompute="selective"), w)

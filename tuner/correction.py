@@ -257,10 +257,15 @@ class WarmStart:
 
 
 def _record_workload(rec, workload: Workload, studies: dict | None) -> Workload:
-    gb = getattr(rec, "global_batch", None)
-    if gb is None and studies and getattr(rec, "study", None) in studies:
-        gb = studies[rec.study].global_batch
-    return replace(workload, nodes=int(rec.nodes), global_batch=int(gb or workload.global_batch))
+    """The workload a stored trial ran: `workload` at the trial's node count, and its study's global
+    batch and precision (each trial is a residual of the model in its own workload)."""
+    gb, precision = getattr(rec, "global_batch", None), None
+    if studies and getattr(rec, "study", None) in studies:
+        st = studies[rec.study]
+        gb = gb or st.global_batch
+        precision = (st.workload or {}).get("precision")
+    return replace(workload, nodes=int(rec.nodes), global_batch=int(gb or workload.global_batch),
+                   precision=precision or "bf16")
 
 
 def warm_start_records(records, workload: Workload, studies: dict | None = None) -> WarmStart:

@@ -30,7 +30,7 @@ class Dimension:
     column: str          # the table column
     env: str             # the variable a trial command reads (bools as 1/0)
     default: object = None  # None: required
-    searched: bool = True   # chosen by searchers and spaces (dp follows from tp * pp * dp = GPUs)
+    searched: bool = True   # chosen by searchers and spaces (dp follows from tp * cp * pp * dp = GPUs)
     log2: bool = False      # searchers compare its values on a log2 scale
     choices: tuple = ()     # the allowed values of a str dimension, in the order searchers compare them
     in_key: str = "always"  # "always", or "set": the layout key names it only away from its default

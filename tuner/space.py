@@ -26,7 +26,8 @@ _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, as
         ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Eq: operator.eq, ast.NotEq: operator.ne,
         ast.USub: operator.neg, ast.Not: operator.not_}
 NAMES = (*(d.name for d in LAYOUT_DIMS), "gpus", "nodes", "gpus_per_node", "num_layers", "hidden_size",
-         "num_attention_heads", "num_query_groups", "seq_length", "global_batch", "m")
+         "num_attention_heads", "num_query_groups", "seq_length", "global_batch", "m",
+         "activation_checkpointing")     # recompute == "full", for constraints written before recompute
 
 
 def _closure(node: ast.AST):
@@ -174,6 +175,7 @@ class SearchSpace:
         return {**layout.as_dict(), "gpus": w.gpus, "nodes": w.nodes, "gpus_per_node": w.cluster.gpus_per_node,
                 "num_layers": m.num_layers, "hidden_size": m.hidden_size, "num_attention_heads": m.num_attention_heads,
                 "num_query_groups": m.num_query_groups, "seq_length": m.seq_length, "global_batch": w.global_batch,
+                "activation_checkpointing": layout.recompute == "full",
                 "m": micro_batches_per_pipeline(layout, w.global_batch) if layout.dp else 0}
 
     def why_invalid(self, layout: Layout, workload: Workload) -> str | None:
@@ -244,19 +246,21 @@ def no_layout_reason(space: SearchSpace, workload: Workload) -> str:
     example of it: refusals that differ only in their numbers count as one)."""
     counts: dict[str, int] = {}
     example: dict[str, str] = {}
-    for tp, pp in itertools.product(space.choices("tp", workload), space.choices("pp", workload)):
-        dp = workload.gpus // (tp * pp) if workload.gpus % (tp * pp) == 0 else 0
-        if not dp:
+    pick = {d: space.choices(d, workload) for d in DIMENSIONS}
+    shapes = itertools.product(*(pick[d] for d in ("tp", "context_parallel", "pp", "sequence_parallel",
+                                                   "virtual_pipeline", "micro_batch")))
+    for tp, cp, pp, sp, vp, mb in itertools.islice(shapes, 20_000):
+        if workload.gpus % (tp * cp * pp):
             continue
-        for mb in space.choices("micro_batch", workload):
-            r = space.why_invalid(Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, zero_stage=min(
-                space.choices("zero_stage", workload)), recompute="full"), workload)
-            if r:
-                kind = re.sub(r"\d+", "#", r)
-                counts[kind] = counts.get(kind, 0) + 1
-                example.setdefault(kind, r)
+        r = space.why_invalid(Layout(tp=tp, sequence_parallel=sp, context_parallel=cp, pp=pp, virtual_pipeline=vp,
+                                     dp=workload.gpus // (tp * cp * pp), micro_batch=mb,
+                                     zero_stage=min(pick["zero_stage"]), recompute=pick["recompute"][-1]), workload)
+        if r:
+            kind = re.sub(r"\d+", "#", r)
+            counts[kind] = counts.get(kind, 0) + 1
+            example.setdefault(kind, r)
     if not counts:
-        return f"no tp*pp among the space's choices divides {workload.gpus} GPUs"
+        return f"no tp*cp*pp among the space's choices divides {workload.gpus} GPUs"
     return example[max(counts, key=counts.get)]
 
 

@@ -30,7 +30,6 @@ from tuner.report import ok_trials
 from tuner.runners import make_runner
 from tuner.search import make_searcher
 from tuner.search import STUDY_DEFAULTS
-from tuner.layout import uneven_split
 from tuner.space import SearchSpace, valid_layouts
 from tuner.specs import Workload
 from tuner.store import StudyRecord
@@ -77,13 +76,8 @@ def trainer_refusal(rec: StudyRecord, layout, workload: Workload) -> str | None:
     parallelism, no FP8; Slurm's megatron template: Megatron-DeepSpeed's limits), or None. The simulator
     and a user's --command run every layout."""
     if _uses_harness(rec):
-        if workload.precision != "bf16":
-            return (f"the bundled harness trains in bf16 (fp32 on CPU), not {workload.precision}: use --precision "
-                    "bf16, or --runner command with a trainer that runs FP8 (Transformer Engine)")
-        if uneven_split(layout, workload.model.num_layers):
-            return (f"the bundled harness splits layers evenly over pipeline stages: pp*vp = "
-                    f"{layout.pp * layout.virtual_pipeline} must divide {workload.model.num_layers} layers")
-        return harness_layout_refusal(layout)
+        from tuner.runners.harness.support import layout_refusal
+        return layout_refusal(layout, workload.model.num_layers, workload.precision)
     if rec.runner == "slurm":
         from tuner.render import megatron
         return megatron.refusal(layout, workload)
@@ -97,15 +91,6 @@ def runnable_layouts(rec: StudyRecord, workload: Workload, space: SearchSpace) -
     if not kept:
         raise UsageError(trainer_refusal(rec, layouts[0], workload))
     return kept
-
-
-def harness_layout_refusal(layout) -> str | None:
-    """Why the bundled harness cannot run `layout` (virtual pipeline stages, context parallelism), or
-    None: ask before a trial of a harness runner starts; the harness fails such a trial with the same
-    message if it gets one anyway."""
-    from tuner.runners.harness.support import layout_refusal
-
-    return layout_refusal(layout)
 
 
 def create(store, rec: StudyRecord) -> StudyRecord:

@@ -127,8 +127,9 @@ def export(name, fmt, out, force, db):
     click.echo(f"wrote {len(rows)} trial(s) of study {name} to {out} ({fmt})", err=True)
 
 
-def pick_layout(store, name, model, nodes, cluster):
-    """(layout, workload, source) from a study, else from the store's best, else from the model."""
+def pick_layout(store, name, model, nodes, cluster, precision: str = "bf16"):
+    """(layout, workload, source) from a study, else from the store's best, else from the model (in
+    `precision`, bf16 or fp8)."""
     if name:
         rec = store.get_study(name)
         ok = ok_trials(store.trials(name))
@@ -140,7 +141,7 @@ def pick_layout(store, name, model, nodes, cluster):
         t = ok[0]
         return t.layout, Workload.from_dict(rec.workload), Source("study", *_measured(t))
     from tuner.best import best
-    w = make_workload(load_model(model), nodes, load_cluster(cluster))
+    w = make_workload(load_model(model), nodes, load_cluster(cluster), precision=precision)
     answer = best(store, w)
     if answer.trials:
         t = answer.trials[0]
@@ -150,6 +151,17 @@ def pick_layout(store, name, model, nodes, cluster):
     top = answer.predicted[0]
     return top["layout"], w, Source("model", samples_per_second=top["samples_per_second"], mfu=top["mfu"],
                                     tflops_per_gpu=top["tflops_per_gpu"], peak_fraction=top["peak_fraction"])
+
+
+def auto_framework(layout, w) -> str:
+    """--framework auto: Megatron-Core where the prediction assumed its overlaps (the cluster's
+    comm_overlap) or where Megatron-DeepSpeed cannot run the layout; Megatron-DeepSpeed otherwise."""
+    from tuner.render import megatron
+    why = ("the prediction assumed Megatron-Core's communication overlaps (cluster comm_overlap)"
+           if w.cluster.comm_overlap else megatron.refusal(layout, w))
+    if why:
+        click.echo(f"framework: megatron-core ({why.split(':')[0]})", err=True)
+    return "megatron-core" if why else "megatron-deepspeed"
 
 
 def _measured(t) -> tuple:
@@ -165,14 +177,17 @@ def _measured(t) -> tuple:
 @click.option("--force", is_flag=True, help="Write into an --out directory that is not empty.")
 @click.option("--framework", type=click.Choice(("auto", *FRAMEWORKS)), default="auto", show_default=True,
               help="What the files start: Megatron-DeepSpeed (ds_config.json + megatron_args.txt), Megatron-LM's "
-              "Megatron-Core (megatron_args.txt), or torchtitan (torchtitan.toml); auto: Megatron-DeepSpeed (the "
-              "Frontier study's stack) when it can run the layout, else Megatron-Core.")
+              "Megatron-Core (megatron_args.txt), or torchtitan (torchtitan.toml); auto: Megatron-Core on a cluster "
+              "whose prediction assumed its overlaps (comm_overlap) or for a layout Megatron-DeepSpeed cannot run, "
+              "else Megatron-DeepSpeed (the Frontier study's stack).")
 @click.option("--megatron-dir", default=None, help="The framework's checkout on the cluster (megatron-deepspeed: "
               "default the cluster's [slurm] megatron_dir, else ./Megatron-DeepSpeed beside the files; "
               "megatron-core: default ./Megatron-LM; torchtitan: put on PYTHONPATH, default: installed).")
 @click.option("--account", default=None, help="Slurm account (overrides the cluster's [slurm] table).")
 @click.option("--time", "time_limit", default=None, help="Slurm time limit, minutes or [D-]HH:MM:SS.")
-@click.option("--precision", type=click.Choice(["bf16", "fp16"]), default=None, help="Default: the [slurm] table's, else bf16.")
+@click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]), default=None,
+              help="Training dtype (default: the [slurm] table's, else bf16); fp8: bf16 with FP8 GEMMs, and without "
+              "NAME the best layout of fp8 studies. With NAME the study's own precision applies.")
 @click.option("--train-iters", type=click.IntRange(min=1), required=True,
               help="Training iterations of the real run (required: the [slurm] table's `iterations` are for short trials).")
 @DB_OPTION
@@ -194,13 +209,13 @@ def launch(name, model, nodes, cluster, out, force, framework, megatron_dir, acc
         raise UsageError("--model and --nodes go together: e.g. `tuner launch --model 175b --nodes 16 --out launch/`")
     check_out_dir(out, force)
     store = read_store(db, required=bool(name))
-    layout, w, src = pick_layout(store, name, model, nodes, cluster)
+    layout, w, src = pick_layout(store, name, model, nodes, cluster, "fp8" if precision == "fp8" else "bf16")
+    if precision == "fp8":
+        if w.precision != "fp8":
+            raise UsageError(f"--precision fp8: study '{name}' ran in {w.precision}; its launch files keep it")
+        precision = None                          # the training dtype stays the [slurm] table's / bf16
     if framework == "auto":
-        from tuner.render import megatron
-        why = megatron.refusal(layout, w)
-        framework = "megatron-core" if why else "megatron-deepspeed"
-        if why:
-            click.echo(f"framework: megatron-core ({why.split(':')[0]})", err=True)
+        framework = auto_framework(layout, w)
     files = launch_files(layout, w, out.resolve(), source=src, study=src.study or "launch", trial=src.trial or 0,
                          framework=framework, megatron_dir=megatron_dir, account=account, time_limit=time_limit, precision=precision,
                          train_iters=train_iters)

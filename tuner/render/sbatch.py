@@ -167,7 +167,7 @@ def render_sbatch(trial: TrialSpec, slurm: dict, *, template: str = "harness", p
     tasks = s["tasks_per_node"] or w.cluster.gpus_per_node
     if w.nodes * tasks != lay.gpus:
         raise UsageError(f"the [slurm] table starts {w.nodes} nodes x {tasks} tasks = {w.nodes * tasks} ranks "
-                         f"but layout {lay.key()} needs tp*pp*dp = {lay.gpus}: set tasks_per_node = "
+                         f"but layout {lay.key()} needs tp*cp*pp*dp = {lay.gpus}: set tasks_per_node = "
                          f"{w.cluster.gpus_per_node} (one rank per GPU)")
     limit = time_limit if time_limit is not None else s["time_limit"]
     if limit is not None and not _TIME.match(str(limit)):

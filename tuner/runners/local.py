@@ -139,12 +139,12 @@ class LocalRunner(TrialRunner):
     def run(self, trial: TrialSpec) -> TrialResult:
         lay = trial.layout
         if lay.gpus != self.gpus:
-            return failed(f"layout {lay.key()} uses tp*pp*dp = {lay.gpus} devices but the local runner has "
+            return failed(f"layout {lay.key()} uses tp*cp*pp*dp = {lay.gpus} devices but the local runner has "
                           f"--gpus {self.gpus}; the workload has {trial.workload.gpus} GPUs "
                           f"({trial.workload.nodes} x {trial.workload.cluster.gpus_per_node} of cluster "
                           f"'{trial.workload.cluster.name}'): use --gpus {lay.gpus} or a cluster file "
                           f"with gpus_per_node = {self.gpus} (`tuner calibrate --gpus {self.gpus}`)")
-        refusal = layout_refusal(lay)   # what the harness cannot build fails here, without a launch
+        refusal = layout_refusal(lay, trial.workload.model.num_layers, trial.workload.precision)   # fails unlaunched
         if refusal:
             return failed(refusal)
         lock = _device_lock(self._lock_key)

@@ -21,7 +21,7 @@ import numpy as np
 from tuner.layout import BY_NAME, DIMENSIONS, RECOMPUTE, SEARCHED, Layout
 from tuner.trial import Status, TrialResult
 
-#: The dimensions a searcher chooses; dp follows from tp * pp * dp = GPUs.
+#: The dimensions a searcher chooses; dp follows from tp * cp * pp * dp = GPUs.
 DIMS = SEARCHED
 _LOG2 = {d.name for d in DIMENSIONS if d.log2}
 #: Failures that say "this does not fit in memory".

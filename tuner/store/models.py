@@ -180,9 +180,9 @@ def _migrate_to_3(conn) -> None:
         conn.execute(text("UPDATE trials SET recompute = CASE WHEN activation_checkpointing THEN 'full' "
                           "ELSE 'none' END"))
         conn.execute(text("ALTER TABLE trials DROP COLUMN activation_checkpointing"))
-    for row in conn.execute(select(TrialRow.id, *(getattr(TrialRow, d.name) for d in DIMENSIONS))).all():
-        key = Layout(**{d.name: d.type(v) for d, v in zip(DIMENSIONS, row[1:])}).key()
-        conn.execute(update(TrialRow).where(TrialRow.id == row[0]).values(layout_key=key))
+    # an old key ends in -ac1 / -ac0 and names no new dimension (all at their defaults): one statement
+    conn.execute(text("UPDATE trials SET layout_key = REPLACE(REPLACE(layout_key, '-ac1', '-rcfull'), "
+                      "'-ac0', '-rcnone')"))
 
 
 MIGRATIONS: dict[int, Callable] = {1: _migrate_to_1, 2: _migrate_to_2, 3: _migrate_to_3}

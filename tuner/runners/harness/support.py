@@ -22,10 +22,17 @@ def model_refusal(model) -> str | None:
     return None
 
 
-def layout_refusal(layout) -> str | None:
-    """Why the harness cannot run `layout` (a tuner.layout.Layout, before or after it gained
-    virtual_pipeline and context_parallel), or None."""
-    vp, cp = getattr(layout, "virtual_pipeline", 1), getattr(layout, "context_parallel", 1)
+def layout_refusal(layout, num_layers: int | None = None, precision: str = "bf16") -> str | None:
+    """Why the harness cannot run `layout` (a tuner.layout.Layout) of a model with `num_layers` layers in
+    the study's `precision`, or None: virtual stages, context parallelism, an uneven pipeline split
+    (DeepSpeed's PipelineModule would split otherwise than the layout says) and FP8."""
+    if precision != "bf16":
+        return (f"the bundled harness trains in bf16 (fp32 on CPU), not {precision}: use --precision bf16, or "
+                "--runner command with a trainer that runs FP8 (Transformer Engine)")
+    vp, cp = layout.virtual_pipeline, layout.context_parallel
+    if num_layers is not None and num_layers % (layout.pp * vp):
+        return (f"the bundled harness splits layers evenly over pipeline stages: pp*vp = {layout.pp * vp} must "
+                f"divide {num_layers} layers")
     if vp > 1:
         return (f"the bundled harness cannot run virtual_pipeline = {vp}: DeepSpeed's pipeline engine has "
                 "no interleaved schedule (use virtual_pipeline = 1, or a Megatron trainer through "

@@ -142,7 +142,7 @@ def train(trial: dict, device: torch.device, precision: str, progress: Path, t_s
 
     layout = Layout.from_dict(trial["layout"])
     spec = ModelSpec.from_dict(trial["model"], "trial.json model")
-    refusal = layout_refusal(layout) or model_refusal(spec)
+    refusal = layout_refusal(layout, spec.num_layers, trial.get("precision", "bf16")) or model_refusal(spec)
     if refusal:
         raise ValueError(refusal)
     recompute = gpt.recompute_mode(layout)
