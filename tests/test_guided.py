@@ -270,3 +270,18 @@ def test_a_trial_stopped_early_is_an_upper_bound():
     assert y == [pytest.approx(math.log(0.5))]                     # clamped to the bound
     mu, _ = below.time_gp().predict(z, f)
     assert mu[0] < math.log(0.8)
+
+
+def test_warm_start_predicts_each_trial_in_its_study_precision():
+    """An fp8 study's trial that ran exactly as the model predicts (in fp8) is no evidence that a bf16
+    workload runs faster than predicted: the residual is taken in the trial's own precision."""
+    import dataclasses
+    w16 = make_workload("llama3-8b", 1, "h100")
+    w8 = dataclasses.replace(w16, precision="fp8")
+    lay = Layout(tp=2, sequence_parallel=True, pp=1, dp=4, micro_batch=1, recompute="none")
+    p8 = predict(lay, w8)
+    rec = SimpleNamespace(study="f8", layout=lay, status=Status.OK, nodes=1, mfu=p8.mfu,
+                          peak_memory_gb=p8.memory_gb, model="llama3-8b", cluster="h100")
+    studies = {"f8": SimpleNamespace(global_batch=w8.global_batch, workload=w8.as_dict())}
+    assert warm_start_records([rec], w16, studies).evidence["mean_ratio"] == pytest.approx(1.0)
+    assert warm_start_records([rec], w16).evidence["mean_ratio"] > 1.2      # as bf16 it would look fast
