@@ -275,6 +275,8 @@ class RayExecutor:
         rx = self.ray.exceptions
         if isinstance(exc, rx.TaskCancelledError):
             return TrialResult(Status.INTERRUPTED, message="cancelled through Ray")
+        if self._closed:      # shutdown cancelled it: however the task ended (Ray's interrupt can land anywhere)
+            return TrialResult(Status.INTERRUPTED, message=f"cancelled through Ray ({type(exc).__name__})")
         if isinstance(exc, rx.RayTaskError):
             return None
         if isinstance(exc, rx.OutOfMemoryError):
