@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
+
+# A test run started in the background (`.ci/run &`, `nohup`) inherits SIGINT ignored, and so would every
+# `tuner` the Ctrl-C tests start and interrupt: give this process Python's default handler, which the
+# children then start with (an exec resets a handled signal to its default; an ignored one stays ignored).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # ---- PostgreSQL (store contract tests) --------------------------------------------------------
