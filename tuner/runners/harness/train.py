@@ -82,6 +82,9 @@ def micro_batches(step, layout, par, spec, global_batch, seed, device):
 def classify(exc: BaseException) -> str:
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return "oom"
+    if (isinstance(exc, SystemError) and "without exception set" in str(exc)
+            and resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY):
+        return "oom"      # under the address-space cap a C extension's failed allocation can surface so
     return "oom" if looks_oom(str(exc)) else "failed"
 
 
