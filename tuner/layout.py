@@ -3,8 +3,9 @@
 Pure: no I/O. Megatron conventions: GPUs = tp * cp * pp * dp, rank order TP fastest, then CP, then DP,
 then PP; sequence parallelism (sp) lives inside the TP group; virtual pipeline stages (vp) interleave
 the layers of each pipeline rank; recompute is none, selective (the attention core) or full (every
-layer); ZeRO stage 1 is Megatron's distributed optimizer, and DeepSpeed's pipeline engine refuses
-ZeRO-2/3 with pp > 1.
+layer); ZeRO stage 1 is Megatron's distributed optimizer. What a training stack can run (ZeRO-2/3 with
+pipelines, interleaving, context parallelism, FSDP) is its framework's rule (tuner.frameworks), asked
+for every layout through the workload's framework.
 """
 
 from __future__ import annotations
@@ -154,7 +155,13 @@ def micro_batches_per_pipeline(layout: Layout, global_batch: int) -> int:
 def why_invalid(layout: Layout, workload: "Workload") -> str | None:
     """The first rule `layout` breaks for `workload`, as a sentence, or None when it is valid."""
     return (why_invalid_values(layout, workload) or why_invalid_cut(layout, workload.model)
-            or why_invalid_schedule(layout, workload))
+            or why_invalid_schedule(layout, workload) or why_invalid_framework(layout, workload))
+
+
+def why_invalid_framework(layout: Layout, workload: "Workload") -> str | None:
+    """What the workload's framework cannot run (tuner.frameworks)."""
+    from tuner.frameworks import of
+    return of(workload).refusal(layout, workload)
 
 
 def why_invalid_values(layout: Layout, workload: "Workload") -> str | None:
@@ -219,13 +226,10 @@ def stage_layers(layout: Layout, num_layers: int, stage: int) -> int:
 
 
 def why_invalid_schedule(layout: Layout, workload: "Workload") -> str | None:
-    """Rules of the batch and of the engines: micro-batches, ZeRO with pipelines."""
+    """Rules of the batch and the schedule: micro-batches, the interleaved schedule's multiple."""
     if workload.global_batch % (layout.micro_batch * layout.dp):
         return (f"global batch ({workload.global_batch}) is not divisible by micro_batch*dp = "
                 f"{layout.micro_batch}*{layout.dp}")
-    if layout.pp > 1 and layout.zero_stage >= 2:
-        return (f"ZeRO-{layout.zero_stage} with pp={layout.pp} is refused by DeepSpeed's pipeline engine "
-                "(use zero_stage 0 or 1 with pipeline parallelism)")
     m = micro_batches_per_pipeline(layout, workload.global_batch)
     if layout.virtual_pipeline > 1 and m % layout.pp:
         return (f"the interleaved schedule needs the micro-batches per pipeline ({m}) to be a multiple of "

@@ -18,6 +18,7 @@ from tuner.errors import SpecError, UsageError
 from tuner.layout import (BY_NAME, DIMENSIONS as LAYOUT_DIMS, SEARCHED, Layout, micro_batches_per_pipeline,
                           why_invalid as layout_why_invalid, why_invalid_cut, why_invalid_schedule,
                           why_invalid_values)
+from tuner.frameworks import of as framework_of
 from tuner.specs import Workload, preset_dir, read_toml
 
 DIMENSIONS = SEARCHED     # the dimensions a space chooses (tuner.layout.DIMENSIONS); dp follows
@@ -204,6 +205,7 @@ class SearchSpace:
             names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
             (late if names & {"micro_batch", "m", *rest} else early).append(_closure(tree))
         choices = {d: [BY_NAME[d].type(v) for v in self.choices(d, workload)] for d in DIMENSIONS}
+        refusal = framework_of(workload).refusal
         out = []
         for values in itertools.product(*(choices[d] for d in cut)):
             shape = dict(zip(cut, values))
@@ -220,7 +222,7 @@ class SearchSpace:
                     continue
                 for more in itertools.product(*(choices[d] for d in rest)):
                     lay = Layout(**shape, micro_batch=mb, **dict(zip(rest, more)))
-                    if why_invalid_schedule(lay, workload):
+                    if why_invalid_schedule(lay, workload) or refusal(lay, workload):
                         continue
                     if not late or all(c(self._env(lay, workload)) for c in late):
                         out.append(lay)
@@ -247,13 +249,17 @@ def no_layout_reason(space: SearchSpace, workload: Workload) -> str:
     counts: dict[str, int] = {}
     example: dict[str, str] = {}
     pick = {d: space.choices(d, workload) for d in DIMENSIONS}
-    sp, vp = min(pick["sequence_parallel"]), min(pick["virtual_pipeline"])     # the plainest the space allows
+    vp = min(pick["virtual_pipeline"])     # the plainest the space allows (sp, ZeRO: the plainest the framework runs)
+    allowed = framework_of(workload).zero_stages()
+    zero = min([z for z in pick["zero_stage"] if z in allowed] or pick["zero_stage"])
     for tp, cp, pp, mb in itertools.product(*(pick[d] for d in ("tp", "context_parallel", "pp", "micro_batch"))):
         if workload.gpus % (tp * cp * pp):
             continue
-        r = space.why_invalid(Layout(tp=tp, sequence_parallel=sp, context_parallel=cp, pp=pp, virtual_pipeline=vp,
-                                     dp=workload.gpus // (tp * cp * pp), micro_batch=mb,
-                                     zero_stage=min(pick["zero_stage"]), recompute=pick["recompute"][-1]), workload)
+        tries = [space.why_invalid(Layout(tp=tp, sequence_parallel=sp, context_parallel=cp, pp=pp, virtual_pipeline=vp,
+                                          dp=workload.gpus // (tp * cp * pp), micro_batch=mb, zero_stage=zero,
+                                          recompute=pick["recompute"][-1]), workload)
+                 for sp in sorted(pick["sequence_parallel"])]
+        r = None if None in tries else tries[0]
         if r:
             kind = re.sub(r"\d+", "#", r)
             counts[kind] = counts.get(kind, 0) + 1

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import SpecError, UsageError
+from tuner.frameworks import NAMES as FRAMEWORK_NAMES
 
 PRESET_PACKAGE = "tuner._presets"   # workloads/ and search_spaces/ at the repository root (pyproject package-dir)
 PRESET_KINDS = ("models", "clusters", "search_spaces")
@@ -34,6 +35,7 @@ MODEL_KEYS: dict[str, tuple[type, Any]] = {
     "seq_length": (int, ...),
     "vocab_size": (int, ...),
     "ffn_hidden_size": (int, None),              # the real inner width of the FFN (4h for gelu when absent)
+    "rope_theta": (float, None),                 # RoPE base (Llama 3: 500000; none: the framework's 10000)
     "global_batch": (int, None),
     # Architecture (defaults: the GPT-3-style model of the Frontier study and the GPT presets).
     "num_query_groups": (int, None),             # key/value heads (GQA; 1 = MQA); default num_attention_heads
@@ -72,8 +74,8 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
     "memory_reserved_gb": (float, 3.0),          # context, communication buffers, workspaces, allocator slack
     "memory_headroom": (float, 0.05),            # share of HBM an unmeasured recommendation keeps free
     "flash_attention": (bool, True),             # whether attention keeps no s^2 scores (and runs fused)
-    "comm_overlap": (bool, False),               # the stack hides communication under compute (Megatron-Core's
-                                                 # TP/DP/p2p overlap); false: DeepSpeed's engine, exposed
+    "framework": (str, "megatron-deepspeed"),    # the training stack run here by default (tuner.frameworks):
+                                                 # --framework overrides it per study
     "group_bandwidth_gbps": (dict, None),        # {"2": 200.0, ...} per-GPU bandwidth of an aligned intra-node block
     "slurm": (dict, None),                       # the [slurm] table used by the Slurm runner
 }
@@ -130,6 +132,7 @@ class ModelSpec:
     tie_embeddings: bool = True
     normalization: str = "layernorm"
     add_bias_linear: bool = True
+    rope_theta: float | None = None
 
     def __post_init__(self):
         if not self.ffn_hidden_size:
@@ -249,7 +252,7 @@ class ClusterSpec:
     memory_reserved_gb: float = 3.0
     memory_headroom: float = 0.05
     flash_attention: bool = True
-    comm_overlap: bool = False
+    framework: str = "megatron-deepspeed"
     group_bandwidth_gbps: dict | None = None
     slurm: dict | None = None
     peak_tflops_fp8: float | None = None
@@ -266,7 +269,15 @@ class ClusterSpec:
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "cluster") -> "ClusterSpec":
+        data = dict(data)
+        if "comm_overlap" in data:      # schema < 4: the stack's overlaps were a cluster key; now the framework's
+            overlap = data.pop("comm_overlap")
+            if data.get("framework") is None:
+                data["framework"] = "megatron-core" if overlap else "megatron-deepspeed"
         d = _check("cluster", where, data, CLUSTER_KEYS)
+        if d["framework"] not in FRAMEWORK_NAMES:
+            raise SpecError(f"{where}: cluster key 'framework' must be one of {', '.join(FRAMEWORK_NAMES)}, "
+                            f"got {d['framework'][:200]!r}")
         for k, v in (d["group_bandwidth_gbps"] or {}).items():
             if not (k.isdigit() and isinstance(v, (int, float)) and v > 0):
                 raise SpecError(f"{where}: group_bandwidth_gbps entries are \"<group size>\" = <GB/s>, got {k} = {v!r}")
@@ -286,13 +297,19 @@ PRECISIONS = ("bf16", "fp8")
 class Workload:
     """What a study tunes for: a model on `nodes` nodes of a cluster at a global batch, in a precision
     (bf16, or fp8: the layers' GEMMs at the cluster's FP8 rate, the rest in bf16; MFU is stated
-    against the bf16 peak either way, as published tables do)."""
+    against the bf16 peak either way, as published tables do), trained by a framework
+    (tuner.frameworks: which layouts exist, their memory and their overlaps)."""
 
     model: ModelSpec
     cluster: ClusterSpec
     nodes: int
     global_batch: int
     precision: str = "bf16"
+    framework: str = ""
+
+    def __post_init__(self):
+        if not self.framework:
+            object.__setattr__(self, "framework", self.cluster.framework)
 
     @property
     def gpus(self) -> int:
@@ -300,12 +317,14 @@ class Workload:
 
     def as_dict(self) -> dict:
         return {"model": self.model.as_dict(), "cluster": self.cluster.as_dict(),
-                "nodes": self.nodes, "global_batch": self.global_batch, "precision": self.precision}
+                "nodes": self.nodes, "global_batch": self.global_batch, "precision": self.precision,
+                "framework": self.framework}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Workload":
+        """A stored workload; one stored before frameworks existed runs on its cluster's (comm_overlap: Megatron-Core)."""
         return cls(ModelSpec.from_dict(d["model"]), ClusterSpec.from_dict(d["cluster"]),
-                   int(d["nodes"]), int(d["global_batch"]), d.get("precision") or "bf16")
+                   int(d["nodes"]), int(d["global_batch"]), d.get("precision") or "bf16", d.get("framework") or "")
 
 
 def read_toml(path: Path | Traversable | str) -> dict:
@@ -393,7 +412,7 @@ def load_cluster(name: str) -> ClusterSpec:
 
 
 def make_workload(model: str | ModelSpec, nodes: int, cluster: str | ClusterSpec = "frontier",
-                  global_batch: int | None = None, precision: str = "bf16") -> Workload:
+                  global_batch: int | None = None, precision: str = "bf16", framework: str | None = None) -> Workload:
     m = load_model(model) if isinstance(model, str) else model
     c = load_cluster(cluster) if isinstance(cluster, str) else cluster
     if nodes is None:
@@ -414,4 +433,6 @@ def make_workload(model: str | ModelSpec, nodes: int, cluster: str | ClusterSpec
     if precision == "fp8" and not c.peak_tflops_fp8:
         raise UsageError(f"cluster '{c.name}' has no peak_tflops_fp8 (its GPUs run no FP8 GEMMs, e.g. MI250X): "
                          "use --precision bf16, or add peak_tflops_fp8 to the cluster file")
-    return Workload(m, c, nodes, gb, precision)
+    if framework is not None and framework not in FRAMEWORK_NAMES:
+        raise UsageError(f"--framework must be one of {', '.join(FRAMEWORK_NAMES)} (got {framework!r})")
+    return Workload(m, c, nodes, gb, precision, framework or c.framework)

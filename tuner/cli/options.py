@@ -9,7 +9,13 @@ import click
 
 from tuner.errors import UsageError
 from tuner.layout import DIMENSIONS
+from tuner.frameworks import NAMES as FRAMEWORKS
 from tuner.specs import PRECISIONS
+
+FRAMEWORK_OPTION = click.option(
+    "--framework", type=click.Choice(FRAMEWORKS), default=None,
+    help="Training stack: which layouts exist, their memory and overlaps, and the launch files "
+         "(default: the cluster's; frontier megatron-deepspeed, h100/h200 megatron-core).")
 
 WORKLOAD_OPTIONS = [
     click.option("--model", required=True,
@@ -22,6 +28,7 @@ WORKLOAD_OPTIONS = [
     click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True,
                  help="GEMM precision: fp8 runs the layers' GEMMs at the cluster's peak_tflops_fp8 (MFU stays "
                       "stated against the bf16 peak)."),
+    FRAMEWORK_OPTION,
 ]
 
 

@@ -28,12 +28,15 @@ def prediction_row(p, w) -> dict:
 @layout_options(required=("tp", "pp", "micro_batch"))
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
               help="Output format.")
-def predict(model, nodes, cluster, global_batch, precision, layout, fmt):
+def predict(model, nodes, cluster, global_batch, precision, framework, layout, fmt):
     """Predict throughput and memory of one layout.
 
     Example: tuner predict --model llama3-70b --cluster h100 --nodes 64 --tp 4 --sequence-parallel --cp 2 --pp 4 --vp 5 --micro-batch 1 --recompute none
     """
-    w = make_workload(model, nodes, cluster, global_batch, precision)
+    w = make_workload(model, nodes, cluster, global_batch, precision, framework)
+    if w.framework == "torchtitan":              # FSDP2 always; its TP always shards the sequence
+        layout.setdefault("zero_stage", 3)
+        layout.setdefault("sequence_parallel", layout["tp"] > 1)
     if "dp" not in layout:
         n = layout["tp"] * layout.get("context_parallel", 1) * layout["pp"]
         if w.gpus % n:
@@ -45,7 +48,7 @@ def predict(model, nodes, cluster, global_batch, precision, layout, fmt):
         click.echo(render([], "json", json_obj=p.as_dict()))
         return
     click.echo(f"{w.model.name} on {w.nodes} x {w.cluster.name} node(s) = {w.gpus} GPUs, global batch "
-               f"{w.global_batch}, {w.precision}, layout {lay.key()}")
+               f"{w.global_batch}, {w.precision}, {w.framework}, layout {lay.key()}")
     click.echo(f"  {p.samples_per_second:.2f} samples/s, MFU {100 * p.mfu:.2f} %, step {p.step_time_s:.3f} s; "
                f"Megatron's count (recompute included): {p.tflops_per_gpu:.4g} TFLOPS/GPU = "
                f"{100 * p.peak_fraction:.2f} % of peak")
@@ -64,13 +67,13 @@ def predict(model, nodes, cluster, global_batch, precision, layout, fmt):
 @click.option("--all", "show_all", is_flag=True, help="Include layouts that do not fit in memory.")
 @layout_options(pins=True)
 @FORMAT_OPTION
-def plan(model, nodes, cluster, global_batch, precision, space, top, show_all, layout, fmt):
+def plan(model, nodes, cluster, global_batch, precision, framework, space, top, show_all, layout, fmt):
     """Rank every valid layout by the performance model (a planner answer in seconds). A layout option
     (--tp, --cp, --vp, --recompute, ...) pins that dimension.
 
     Example: tuner plan --model 175b --nodes 128 --top 5
     """
-    w = make_workload(model, nodes, cluster, global_batch, precision)
+    w = make_workload(model, nodes, cluster, global_batch, precision, framework)
     sp = load_space(space).pinned(layout)
     layouts = valid_layouts(sp, w)
     t0 = time.perf_counter()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from tuner.cli import DB_OPTION, FORMAT_OPTION, cli, read_store
+from tuner.cli.options import FRAMEWORK_OPTION
 from tuner.cli.render import flat_layout, render
 from tuner.report import ok_trials
 from tuner.errors import TunerError
@@ -113,11 +114,12 @@ def best_json(t, measured: bool) -> dict:
               help="Global batch in samples (default: the model's). Studies at another one are evidence only.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True,
               help="Only studies in this precision answer (bf16 and fp8 speeds do not compare).")
+@FRAMEWORK_OPTION
 @click.option("--study", default=None, help="Only this study.")
 @click.option("-k", "k", type=click.IntRange(min=1), default=1, show_default=True, help="How many layouts.")
 @DB_OPTION
 @FORMAT_OPTION
-def best(model, nodes, cluster, global_batch, precision, study, k, db, fmt):
+def best(model, nodes, cluster, global_batch, precision, framework, study, k, db, fmt):
     """The fastest known layout (samples/s) for a model, cluster and node count, across all studies.
 
     Measured trials at that node count and global batch answer first; otherwise the performance model,
@@ -128,7 +130,7 @@ def best(model, nodes, cluster, global_batch, precision, study, k, db, fmt):
     """
     from tuner.best import best as best_layouts
     from tuner.specs import make_workload
-    w = make_workload(model, nodes, cluster, global_batch, precision)
+    w = make_workload(model, nodes, cluster, global_batch, precision, framework)
     store = read_store(db, required=bool(study))
     if study:
         store.get_study(study)

@@ -114,7 +114,7 @@ def show_result(store, name: str, result, fmt: str) -> None:
 @click.option("--early-stop", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
               help="Stop a real trial whose throughput after warm-up is below this fraction of the best so far.")
 @layout_options(pins=True)
-def search(model, nodes, cluster, global_batch, precision, layout, space, runner, searcher, budget, parallel, study, db, seed, fmt,
+def search(model, nodes, cluster, global_batch, precision, framework, layout, space, runner, searcher, budget, parallel, study, db, seed, fmt,
            time_limit, no_prune, noise, sim_delay, command, gpus, trial_timeout, template, executor, ray_address,
            results_dir, warm_start, stop_threshold, no_stop, keep_going, early_stop):
     """Start a study: propose layouts, run trials, store every result.
@@ -123,7 +123,7 @@ def search(model, nodes, cluster, global_batch, precision, layout, space, runner
     """
     if nodes is None and runner == "local":
         nodes = 1
-    w = make_workload(model, nodes, cluster, global_batch, precision)
+    w = make_workload(model, nodes, cluster, global_batch, precision, framework)
     sp = load_space(space).pinned(layout)
     from tuner import study as studies
     from tuner.store import open_store

@@ -13,11 +13,12 @@ sequence parallelism) + the context-parallel K/V ring beyond the attention it ov
 (v times per micro-batch when interleaved) + a fixed per-micro-batch overhead; the slowest stage is
 the first or last (embedding / LM head and loss).
 
-A cluster with `comm_overlap` describes Megatron-Core's overlaps (--tp-comm-overlap with sequence
-parallelism, --overlap-p2p-comm with interleaving, --overlap-grad-reduce, --overlap-param-gather):
-each of those collectives shows only where it outlasts the compute it runs under -- a layer's GEMMs,
-a stage's compute, the last micro-batch's backward and the first one's forward.
-DP/ZeRO collectives run after gradient accumulation and are not overlapped with the pipeline.
+The workload's framework (tuner.frameworks) says what is overlapped. Megatron-Core's overlaps
+(--tp-comm-overlap with sequence parallelism, --overlap-p2p-comm with interleaving, --overlap-grad-reduce,
+--overlap-param-gather): each of those collectives shows only where it outlasts the compute it runs under
+-- a layer's GEMMs, a stage's compute, the last micro-batch's backward and the first one's forward.
+Megatron-DeepSpeed overlaps nothing: DP/ZeRO collectives run after gradient accumulation. torchtitan's
+FSDP2 gathers and reduce-scatters layer by layer under the neighbouring layer's compute (`fsdp_time`).
 t_step_overhead is the cluster's fixed cost per iteration (step_overhead_ms; 0 unless measured, as
 `tuner calibrate` does from real runs of the harness).
 """
@@ -25,6 +26,7 @@ t_step_overhead is the cluster's fixed cost per iteration (step_overhead_ms; 0 u
 from __future__ import annotations
 
 from tuner.layout import Layout, micro_batches_per_pipeline, stage_layers, uneven_split
+from tuner.frameworks import of as framework_of
 from tuner.perfmodel import comm, compute, memory
 from tuner.perfmodel.compute import shape_of
 from tuner.perfmodel.flops import megatron_flops, model_flops
@@ -58,13 +60,14 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     act = lc["activation_bytes"]
     ar = comm.tp_allreduce_time(cluster, t, act)
     boundary = act / t if sh.sp else act              # sequence parallelism sends the scattered tensor
-    hide = cluster.comm_overlap
-    tp_comm = max(0.0, lc["tp_comm"] - lay["gemm"]) if hide and sh.sp else lc["tp_comm"]
+    hide = framework_of(workload).overlaps
+    tp_comm = max(0.0, lc["tp_comm"] - lay["gemm"]) if "tp" in hide and sh.sp else lc["tp_comm"]
     p2p = layout.virtual_pipeline * comm.pipeline_p2p_time(cluster, t * sh.c, layout.dp, p, boundary)
 
     def body(stage: int) -> dict:
         layers = stage_layers(layout, model.num_layers, stage)
-        shown = max(0.0, p2p - layers * (lay["gemm"] + lay["attention"])) if hide and layout.virtual_pipeline > 1 else p2p
+        shown = (max(0.0, p2p - layers * (lay["gemm"] + lay["attention"]))
+                 if "p2p" in hide and layout.virtual_pipeline > 1 else p2p)
         out = {"gemm": layers * lay["gemm"], "attention": layers * lay["attention"],
                "elementwise": layers * lay["elementwise"], "tp_comm": layers * tp_comm, "p2p": shown,
                "microbatch_overhead": cluster.microbatch_overhead_ms * 1e-3}
@@ -89,6 +92,33 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     return [first, last]
 
 
+def fsdp_time(layout: Layout, workload: Workload, compute_mb: float, m: int) -> dict:
+    """FSDP2's exposed collectives per iteration over the d*c ranks that shard the weights: each layer's
+    bf16 parameters are all-gathered before its forward and (resharded after it without pipelining)
+    again before its backward, and its gradients reduce-scattered in fp32 after it, each under the
+    neighbouring layer's compute (implicit prefetch); a layer's collectives show only where they outlast
+    that compute, and the first gather and the last reduce-scatter of a pass show whole. Without
+    pipelining that happens every micro-batch (gradients are synchronised at each accumulation step);
+    with pipelining once per step (parameters stay gathered, gradients accumulate unsharded)."""
+    model, cluster = workload.model, workload.cluster
+    shards = layout.dp * layout.context_parallel
+    if shards <= 1:
+        return {"grad_reduce": 0.0, "param_gather": 0.0}
+    bw = comm.group_bandwidth(cluster, shards, layout.tp)
+    layers = stage_layers(layout, model.num_layers, 0) or 1
+    unit = memory.layer_params(model, layout.tp)
+    ag = comm.allgather_time(2.0 * unit, shards, bw, cluster)
+    rs = comm.reduce_scatter_time(4.0 * unit, shards, bw, cluster)
+    edge = max(unit, memory.embedding_params(model, layout.tp))
+    first, last = (comm.allgather_time(2.0 * edge, shards, bw, cluster),
+                   comm.reduce_scatter_time(4.0 * edge, shards, bw, cluster))
+    fwd, bwd = compute_mb / layers / 3.0, 2.0 * compute_mb / layers / 3.0
+    if layout.pp == 1:
+        return {"grad_reduce": m * (last + layers * max(0.0, ag + rs - bwd)),
+                "param_gather": m * (first + layers * max(0.0, ag - fwd))}
+    return {"grad_reduce": last + layers * max(0.0, rs - bwd), "param_gather": first + layers * max(0.0, ag - fwd)}
+
+
 def predict(layout: Layout, workload: Workload) -> Prediction:
     """Predicted throughput, step time and per-GPU peak memory of a valid `layout` on `workload`."""
     model, cluster = workload.model, workload.cluster
@@ -106,9 +136,13 @@ def predict(layout: Layout, workload: Workload) -> Prediction:
     slow = max(stage_times(layout, workload, sh), key=lambda st: sum(st.values()))
     t_stage = sum(slow.values())
     params_gpu = max(memory.stage_params(model, layout, s) for s in {0, min(1, p - 1), p - 1})
-    dp = comm.dp_time(cluster, t, shards, layout.zero_stage, params_gpu, m, layout.checkpointing)
-    if cluster.comm_overlap and layout.zero_stage <= 1:     # under the last backward / the first forward
-        compute_mb = slow["gemm"] + slow["attention"] + slow["elementwise"]
+    fw = framework_of(workload)
+    compute_mb = slow["gemm"] + slow["attention"] + slow["elementwise"]
+    if fw.fsdp:
+        dp = fsdp_time(layout, workload, compute_mb, m)
+    else:
+        dp = comm.dp_time(cluster, t, shards, layout.zero_stage, params_gpu, m, layout.checkpointing)
+    if "dp" in fw.overlaps and not fw.fsdp and layout.zero_stage <= 1:   # under the last backward / first forward
         dp = {"grad_reduce": max(0.0, dp["grad_reduce"] - compute_mb * 2 / 3),
               "param_gather": max(0.0, dp["param_gather"] - compute_mb / 3)}
     tied = memory.tied_embedding_params(model, t, p)     # none when the LM head is untied

@@ -42,6 +42,13 @@ FLASH_BACKWARD_FLOPS = 2.5      # FlashAttention's backward recomputes the score
 
 
 FP8_CAST_BYTES = 3.0           # an FP8 cast reads bf16 (2 bytes) and writes FP8 (1) per element
+# Eager PyTorch runs each element-wise op of a norm, SwiGLU, RoPE or residual as its own kernel: about
+# 2.5 times the HBM traffic of fused kernels (RMSNorm alone: square, mean, rsqrt, two multiplies).
+# Chosen after seeing torchtitan's 2024-12 eager rows (benchmarks/framework_accuracy.py says which).
+UNFUSED_TRAFFIC = 2.5
+# torchtitan's per-op selective recompute saves every other GEMM's output: it re-runs the others
+# (K, output projection, up: ~0.37 of a Llama layer's GEMM FLOPs; 0.4 taken) and the element-wise work.
+OP_SAC_GEMM = 0.4
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,8 @@ class Shape:
     sp: bool = False
     recompute: str = "none"
     fp8: bool = False
+    op_sac: bool = False          # selective = torchtitan's per-op SAC (saves every other GEMM's output)
+    fused: bool = True            # element-wise kernels fused (Transformer Engine, torch.compile) or eager
 
     @property
     def tokens(self) -> float:
@@ -64,8 +73,11 @@ class Shape:
 
 def shape_of(layout, workload) -> Shape:
     """How `layout` (a tuner.layout.Layout) cuts one rank's share of a layer of `workload`."""
+    from tuner.frameworks import of
+    fw = of(workload)
     return Shape(b=layout.micro_batch, t=layout.tp, c=layout.context_parallel, sp=layout.sequence_parallel,
-                 recompute=layout.recompute, fp8=workload.precision == "fp8")
+                 recompute=layout.recompute, fp8=workload.precision == "fp8",
+                 op_sac=fw.selective == "op" and layout.recompute == "selective", fused=fw.fused(workload.precision))
 
 
 def gemm_efficiency(cluster: ClusterSpec, gflop: float, fp8: bool = False) -> float:
@@ -130,15 +142,17 @@ def elementwise_bytes(model: ModelSpec, shape: Shape, flash_attention: bool) -> 
 def layer_times(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> dict:
     """Seconds of one layer on one GPU for one micro-batch (forward + backward [+ recompute])."""
     full = 1.0 if shape.recompute == "full" else 0.0            # every layer's forward runs again
-    again = 1.0 if shape.recompute != "none" else 0.0           # selective re-runs the attention core
+    again = 1.0 if shape.recompute != "none" and not shape.op_sac else 0.0   # selective re-runs attention
+    gemm_again = full + (OP_SAC_GEMM if shape.op_sac else 0.0)
+    elem_again = 1.0 if shape.recompute == "full" or shape.op_sac else 0.0
     gemm_fwd = sum(gemm_time(cluster, f, shape.fp8) for f in layer_gemm_flops(model, shape.tokens, shape.t))
     attn_fwd = attention_flops(model, shape.tokens, shape.t) / (cluster.peak_tflops * 1e12 * cluster.attention_efficiency)
     attn_bwd = attn_fwd * (FLASH_BACKWARD_FLOPS if cluster.flash_attention else 2.0)
     hbm = cluster.hbm_bandwidth_gbps * 1e9 * cluster.memory_bandwidth_efficiency
-    elem_fwd = elementwise_bytes(model, shape, cluster.flash_attention) / hbm
-    return {"gemm": gemm_fwd * (1.0 + full + 2.0),
+    elem_fwd = elementwise_bytes(model, shape, cluster.flash_attention) / hbm * (1.0 if shape.fused else UNFUSED_TRAFFIC)
+    return {"gemm": gemm_fwd * (1.0 + gemm_again + 2.0),
             "attention": attn_fwd * (1.0 + again) + attn_bwd,
-            "elementwise": elem_fwd * (1.0 + full + BACKWARD_TRAFFIC)}
+            "elementwise": elem_fwd * (1.0 + elem_again + BACKWARD_TRAFFIC)}
 
 
 def lm_head_times(model: ModelSpec, cluster: ClusterSpec, micro_batch: float, tp: int) -> dict:

@@ -1,8 +1,10 @@
 """Per-GPU memory of a layout: model states per ZeRO stage, activations under 1F1B, logits, overhead.
 
 Pure functions (docs/reference/formulas.md; Rajbhandari et al. 2020; Korthikanti et al. 2022). Mixed
-precision with Adam: fp16/bf16 weights (2 bytes) and gradients (2), fp32 master weights, momentum and
-variance (12). Sizes are in bytes unless a name says GB.
+precision with Adam: fp16/bf16 weights (2 bytes), gradients in the framework's buffer (2 bytes in
+Megatron-DeepSpeed; 4 in Megatron-Core, which accumulates them in fp32), fp32 master weights, momentum and
+variance (12). torchtitan's FSDP2 shards all of it (fp32 parameters, gradients, Adam: 16/d) and gathers
+each layer's bf16 parameters as it runs (`fsdp_buffers`). Sizes are in bytes unless a name says GB.
 
 Architecture (ModelSpec): grouped-query attention shrinks K and V (weights h x kv, activations kv
 wide instead of h); SwiGLU has three h x f matrices and keeps its two f-wide fc1 outputs for backward;
@@ -68,13 +70,18 @@ def tied_embedding_params(model: ModelSpec, tp: int, pp: int) -> float:
     return embedding_params(model, tp) if model.tie_embeddings and pp > 1 else 0.0
 
 
-def model_state_bytes_per_param(zero_stage: int, dp: int) -> dict:
-    """Bytes per parameter for weights, gradients and optimizer states under a ZeRO stage.
+def model_state_bytes_per_param(zero_stage: int, dp: int, grad_bytes: float = 2.0, fsdp: bool = False) -> dict:
+    """Bytes per parameter for weights, gradients and optimizer states under a ZeRO stage, with a
+    gradient buffer of `grad_bytes` per parameter.
 
-    ZeRO-0: 2 + 2 + 12 = 16; ZeRO-1: 4 + 12/d; ZeRO-2: 2 + 14/d; ZeRO-3: 16/d."""
+    2-byte gradients: ZeRO-0: 2 + 2 + 12 = 16; ZeRO-1: 4 + 12/d; ZeRO-2: 2 + 14/d; ZeRO-3: 16/d.
+    fp32 gradients (Megatron-Core): 18; distributed optimizer 6 + 12/d. FSDP2 (fsdp): fp32 parameters
+    4/d, fp32 gradients 4/d, Adam 8/d."""
     d = max(1, dp)
+    if fsdp:
+        return {"weights": 4.0 / d, "gradients": 4.0 / d, "optimizer": 8.0 / d}
     weights = 2.0 / d if zero_stage >= 3 else 2.0
-    grads = 2.0 / d if zero_stage >= 2 else 2.0
+    grads = grad_bytes / d if zero_stage >= 2 else grad_bytes
     optim = 12.0 / d if zero_stage >= 1 else 12.0
     return {"weights": weights, "gradients": grads, "optimizer": optim}
 
@@ -104,7 +111,9 @@ def activation_bytes_per_layer(model: ModelSpec, shape: Shape, flash_attention: 
     s^2 scores and drops the last term. A context-parallel rank keeps s/cp of it."""
     s, h, a, t = model.seq_length, model.hidden_size, model.num_attention_heads, shape.t
     replicated, split = 10.0, split_activation_bytes(model)
-    if shape.fp8:
+    if shape.op_sac:        # per-op SAC keeps the input, Q, V, the attention output, fc1 (gate) and fc2's output
+        replicated, split = 4.0, 4.0 + 2.0 * (model.kv_size + model.ffn_hidden_size) / h
+    if shape.fp8 and not shape.op_sac:
         saved_r, saved_s = fp8_saved_bytes(model)
         replicated, split = replicated - saved_r, split - saved_s
     per = (replicated + split) / t if shape.sp else replicated + split / t
@@ -153,6 +162,23 @@ def logits_bytes(model: ModelSpec, micro_batch: float, tp: int) -> float:
     return 4.0 * model.seq_length * micro_batch * model.vocab_size / tp
 
 
+def fsdp_buffers(model: ModelSpec, layout: Layout, stage: int, shards: int) -> float:
+    """FSDP2's unsharded working set on one rank. Without pipelining (parameters resharded after each
+    forward): the gathered bf16 parameters of the unit that runs and of the prefetched one (2 x 2 bytes)
+    and the unit's gradients in bf16 and in fp32 for the reduce-scatter (6 bytes), the unit being the
+    largest of a layer and the stage's embedding / output matrix. With pipelining (torchtitan keeps a
+    stage's parameters gathered from forward to backward): the stage's bf16 parameters and their
+    accumulated bf16 gradients (4 bytes each parameter), plus one unit's fp32 reduce buffer."""
+    if shards <= 1:
+        return 0.0
+    unit = layer_params(model, layout.tp)
+    if stage == 0 or stage == layout.pp - 1:
+        unit = max(unit, embedding_params(model, layout.tp))
+    if layout.pp > 1:
+        return 4.0 * stage_params(model, layout, stage) + 4.0 * unit
+    return 10.0 * unit
+
+
 def zero3_gather_bytes(model: ModelSpec, tp: int, dp: int, zero_stage: int) -> float:
     """ZeRO-3 working buffers: about two layers' fp16 parameters gathered (current + prefetch)."""
     if zero_stage < 3 or dp <= 1:
@@ -163,16 +189,18 @@ def zero3_gather_bytes(model: ModelSpec, tp: int, dp: int, zero_stage: int) -> f
 # ----------------------------------------------------------------------------------- per stage
 def stage_memory(layout: Layout, workload: Workload, stage: int, m: int, sh: Shape | None = None) -> dict:
     """Memory breakdown (GB) of one GPU on pipeline stage `stage`; 'total' is the peak."""
-    model, cluster, sh = workload.model, workload.cluster, sh or shape_of(layout, workload)
+    from tuner.frameworks import of
+    model, cluster, sh, fw = workload.model, workload.cluster, sh or shape_of(layout, workload), of(workload)
     params = stage_params(model, layout, stage)
     shards = layout.dp * layout.context_parallel
-    per = model_state_bytes_per_param(layout.zero_stage, shards)
+    per = model_state_bytes_per_param(layout.zero_stage, shards, fw.grad_bytes, fw.fsdp)
     out = {k: params * v / GB for k, v in per.items()}
-    if sh.fp8:                                   # sharded like the bf16 weights (ZeRO-3 gathers per layer)
+    if sh.fp8 and not fw.fsdp:     # sharded like the bf16 weights; FSDP2's float8 casts while it gathers
         out["fp8_weights"] = params * per["weights"] / 2.0 / GB
     out["activations"] = stage_activation_bytes(model, layout, stage, m, sh, cluster.flash_attention) / GB
     out["logits"] = logits_bytes(model, sh.tokens, layout.tp) / GB if stage == layout.pp - 1 else 0.0
-    out["zero3_buffers"] = zero3_gather_bytes(model, layout.tp, shards, layout.zero_stage) / GB
+    out["zero3_buffers"] = (fsdp_buffers(model, layout, stage, shards) if fw.fsdp else
+                            zero3_gather_bytes(model, layout.tp, shards, layout.zero_stage)) / GB
     out["reserved"] = cluster.memory_reserved_gb
     out["total"] = sum(out.values())
     out["params_billion"] = params / 1e9

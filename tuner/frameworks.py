@@ -1,0 +1,134 @@
+"""The training stacks a layout runs on, each declared once: what it can run, how it holds memory, what
+it overlaps, and which files launch it. Pure: no I/O.
+
+A study, a prediction and a launch are for one framework (`Workload.framework`); a cluster preset names
+the stack its users run by default (`framework` in the cluster file: frontier megatron-deepspeed, as in
+the Frontier study; h100/h200 megatron-core). Every rule below is a sentence a user sees (exit 2), and
+`tuner.layout.why_invalid` asks `refusal` for every layout, so searches, plans and `best` propose only
+layouts the framework runs, and `launch` renders them for that framework and no other.
+
+- megatron-deepspeed (microsoft/deepspeedai Megatron-DeepSpeed; DeepSpeed's engine): TP (+SP), PP with
+  DeepSpeed's 1F1B pipeline engine, DP with ZeRO 0-3 (2 and 3 only without a pipeline: the pipeline
+  engine refuses them), full or selective recompute; no context parallelism, no interleaved schedule,
+  no Megatron-Core pipeline split, FP8 only in its Transformer Engine model (pp 1, no GQA). No
+  communication overlap. Gradients kept in the training dtype (2 bytes).
+- megatron-core (NVIDIA Megatron-LM / NeMo / Megatron-Bridge): TP (+SP), CP, PP with the interleaved
+  schedule and the embedding- and loss-aware split, the distributed optimizer (ZeRO-1; 2 and 3 have no
+  Megatron-Core equivalent and are refused), FP8; its overlaps (--tp-comm-overlap with SP,
+  --overlap-p2p-comm, --overlap-grad-reduce, --overlap-param-gather). Gradients accumulate in fp32
+  (`accumulate_allreduce_grads_in_fp32`, forced on with bf16): 2 + 4 + 12/d bytes per parameter with the
+  distributed optimizer (Megatron-LM docs: 6 + 12/d), 18 without.
+- torchtitan (FSDP2): data parallelism is always FSDP (zero_stage 3: fp32 parameters, gradients and Adam
+  states sharded over dp*cp, 16/d bytes), TP always with sequence parallelism, PP (1F1B, interleaved),
+  CP, float8. FSDP gathers each layer's bf16 parameters before its forward and again before its
+  backward, and reduce-scatters its gradients in fp32, overlapped with the neighbouring layer's compute
+  (implicit prefetch); with pipeline parallelism a stage keeps its gathered parameters from forward to
+  backward (reshard_after_forward off: torchtitan's default with PP). Its TP collectives and pipeline
+  p2p are not overlapped (async TP is an opt-in that needs torch.compile).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from tuner.errors import UsageError
+
+if TYPE_CHECKING:
+    from tuner.layout import Layout
+    from tuner.specs import Workload
+
+NAMES = ("megatron-deepspeed", "megatron-core", "torchtitan")
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str
+    title: str
+    overlaps: frozenset         # "tp": TP collectives under the GEMMs (with SP); "p2p": pipeline p2p under
+                                # the interleaved schedule; "dp": DP/ZeRO collectives under compute
+    grad_bytes: float           # bytes per parameter of the gradient buffer
+    fsdp: bool                  # FSDP2: everything sharded, per-layer gather / reduce-scatter
+    memory_sd: float            # measured log-sd of the memory model's peak for this stack (see below)
+    selective: str              # what recompute "selective" is: "core-attention" (Megatron) or "op" (per-op SAC)
+    compiled: str               # when element-wise kernels are fused: "always" (TE) or "fp8" (torch.compile,
+                                # which `tuner launch` switches on with float8; eager otherwise)
+    files: tuple[str, ...]      # what `tuner launch` writes
+    refuse: Callable            # (layout, workload) -> one-line reason or None
+
+    def refusal(self, layout: "Layout", workload: "Workload") -> str | None:
+        """Why this framework cannot run `layout` on `workload` as it is (a sentence), or None."""
+        return self.refuse(layout, workload)
+
+    def fused(self, precision: str) -> bool:
+        return self.compiled == "always" or precision == self.compiled
+
+    def zero_stages(self) -> tuple[int, ...]:
+        return {"megatron-core": (0, 1), "torchtitan": (3,)}.get(self.name, (0, 1, 2, 3))
+
+
+def _megatron_deepspeed(layout, workload) -> str | None:
+    from tuner.layout import uneven_split
+    cp, vp, m, me = layout.context_parallel, layout.virtual_pipeline, workload.model, "megatron-deepspeed"
+    if layout.pp > 1 and layout.zero_stage >= 2:
+        return (f"ZeRO-{layout.zero_stage} with pp={layout.pp} is refused by DeepSpeed's pipeline engine "
+                f"({me}: use zero_stage 0 or 1 with pipeline parallelism)")
+    if cp > 1:
+        return (f"{me} cannot run context_parallel {cp}: Megatron-DeepSpeed has no context parallelism "
+                "(--ds-sequence-parallel-size is DeepSpeed Ulysses, a different split); use --framework megatron-core")
+    if vp > 1:
+        return (f"{me} cannot run virtual_pipeline {vp}: DeepSpeed's pipeline engine has no interleaved "
+                "schedule; use --framework megatron-core")
+    if uneven_split(layout, m.num_layers):
+        return (f"{me} cannot split {m.num_layers} layers over pp {layout.pp} unevenly (Megatron-Core's "
+                "embedding- and loss-aware split); use --framework megatron-core")
+    if workload.precision == "fp8" and layout.pp > 1:
+        return (f"{me} cannot run fp8 with pp {layout.pp}: its FP8 (Transformer Engine layers) is built only "
+                "without DeepSpeed's pipeline (pp 1); use --framework megatron-core")
+    if workload.precision == "fp8" and m.num_query_groups < m.num_attention_heads:
+        return (f"{me} cannot run fp8 for '{m.name}': its Transformer Engine layer refuses grouped-query "
+                "attention; use --framework megatron-core")
+    return None
+
+
+def _megatron_core(layout, workload) -> str | None:
+    if layout.zero_stage >= 2:
+        return (f"megatron-core cannot run zero_stage {layout.zero_stage}: its only ZeRO equivalent is the "
+                "distributed optimizer (zero_stage 1); use zero_stage 0 or 1, or --framework torchtitan (FSDP)")
+    return None
+
+
+def _torchtitan(layout, workload) -> str | None:
+    if layout.zero_stage != 3:
+        return (f"torchtitan shards parameters, gradients and optimizer states with FSDP2 (zero_stage 3), "
+                f"not zero_stage {layout.zero_stage}; use zero_stage 3, or --framework megatron-core")
+    if layout.tp > 1 and not layout.sequence_parallel:
+        return ("torchtitan's tensor parallelism always shards the norms over the sequence: tp > 1 needs "
+                "sequence_parallel on")
+    return None
+
+
+FRAMEWORKS: dict[str, Framework] = {
+    # memory_sd: the spread of log(measured peak / predicted peak) on published runs with a stated peak
+    # and on runs that ran (benchmarks/memory_accuracy.py prints how each was measured).
+    "megatron-deepspeed": Framework("megatron-deepspeed", "Megatron-DeepSpeed", frozenset(), 2.0, False, 0.08,
+                                    "core-attention", "always", ("ds_config.json", "megatron_args.txt", "launch.sbatch", "layout.json"),
+                                    _megatron_deepspeed),
+    "megatron-core": Framework("megatron-core", "Megatron-Core (Megatron-LM, NeMo)",
+                               frozenset({"tp", "p2p", "dp"}), 4.0, False, 0.06,
+                               "core-attention", "always", ("megatron_args.txt", "launch.sbatch", "layout.json"), _megatron_core),
+    "torchtitan": Framework("torchtitan", "torchtitan (FSDP2)", frozenset({"dp"}), 4.0, True, 0.08,
+                            "op", "fp8", ("torchtitan.toml", "launch.sbatch", "layout.json"), _torchtitan),
+}
+
+
+def get(name: str) -> Framework:
+    """The framework called `name`; UsageError naming the choices."""
+    try:
+        return FRAMEWORKS[name]
+    except KeyError:
+        raise UsageError(f"unknown framework {name!r}; frameworks: {', '.join(NAMES)}") from None
+
+
+def of(workload: "Workload") -> Framework:
+    return get(workload.framework)
