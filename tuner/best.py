@@ -6,10 +6,10 @@ predictions otherwise. The application layer `tuner best`, `tuner launch` and no
 trial of the same model and cluster at other node counts (tuner/correction.py), ranked by corrected MFU
 (samples/s for the workload's global batch).
 
-An answer nobody measured keeps a memory margin: a layout is recommended first only if its corrected
-peak memory leaves `headroom` of HBM free, where headroom = min(cluster.memory_headroom, 1.65 x the
-memory correction's sd at that layout) -- the cluster's stated margin (default 5 %), learned down as
-measured peaks of this model and cluster come in. Layouts that fit only without the margin come after.
+An answer nobody measured must fit: a layout is recommended first only if it fits with probability
+>= RECOMMEND_AT (0.95), the probability from the framework's measured memory error (its log-sd,
+tuner.frameworks) as the memory correction's prior, narrowed as measured peaks and OOMs of this model
+and cluster come in. Layouts less likely to fit come after.
 """
 
 from __future__ import annotations
@@ -22,17 +22,12 @@ import numpy as np
 from tuner import metrics
 from tuner.errors import UsageError
 from tuner.layout import Layout
-from tuner.perfmodel import predict
+from tuner.frameworks import of as framework_of
+from tuner.perfmodel import RECOMMEND_AT, predict
 from tuner.specs import Workload
 from tuner.correction import Observations, features, warm_start_records
 
 Z90 = 1.645           # two-sided 90 % interval / one-sided 95 % bound of a normal
-
-
-def headroom_gb(workload: Workload, memory_sd: float = math.inf) -> float:
-    """GB of HBM an unmeasured recommendation keeps free (see the module docstring)."""
-    share = min(workload.cluster.memory_headroom, Z90 * memory_sd)
-    return share * workload.cluster.memory_gb
 
 
 def require_fit(preds, workload: Workload) -> None:
@@ -52,16 +47,16 @@ def corrected(layouts: list[Layout], workload: Workload, obs: Observations, pred
     fts = [features(lay, workload, p) for lay, p in zip(layouts, preds)]
     Z, F, FM = (np.array([getattr(f, a) for f in fts]) for a in ("z", "f", "fm"))
     mu, sd = obs.time_gp().predict(Z, F)
-    mmu, msd = obs.memory_gp().predict(Z, FM)
+    mmu, msd = obs.memory_gp(framework_of(workload).memory_sd).predict(Z, FM)
     cap = workload.cluster.memory_gb
     out = []
     for i, (lay, p, ft) in enumerate(zip(layouts, preds, fts)):
         mem = math.exp(ft.log_mem + mmu[i])
         z = (math.log(cap) - ft.log_mem - mmu[i]) / math.hypot(msd[i], 0.02)
+        p_fit = 0.5 * math.erfc(-z / math.sqrt(2))
         out.append({"layout": lay, "raw": p, "log_mean": ft.log_pred + mu[i], "log_sd": float(sd[i]),
-                    "mfu": math.exp(ft.log_pred + mu[i]), "memory_gb": mem,
-                    "p_fit": 0.5 * math.erfc(-z / math.sqrt(2)),
-                    "headroom_ok": mem <= cap - headroom_gb(workload, float(msd[i]))})
+                    "mfu": math.exp(ft.log_pred + mu[i]), "memory_gb": mem, "p_fit": p_fit,
+                    "headroom_ok": p_fit >= RECOMMEND_AT})
     return out
 
 
@@ -137,7 +132,8 @@ def best(store, workload: Workload, k: int = 1, study: str | None = None, space=
     model and cluster at other node counts, global batches or precisions (as residuals of the model,
     which predicts each in its own). `study` limits to one study's trials."""
     found = store.best(workload.model.name, workload.cluster.name, workload.nodes, k=k, study=study,
-                       global_batch=workload.global_batch, precision=workload.precision) if store is not None else []
+                       global_batch=workload.global_batch, precision=workload.precision,
+                       framework=workload.framework) if store is not None else []
     if found or study:
         return Answer(found, [])
     from tuner.space import load_space

@@ -35,7 +35,7 @@ import numpy as np
 
 from tuner.layout import RECOMPUTE, Layout
 from tuner.perfmodel import comm, predict
-from tuner.specs import Workload
+from tuner.specs import Workload, stored_framework
 from tuner.trial import Status
 
 STAGE_KEYS = ("gemm", "attention", "elementwise", "tp_comm", "cp_comm", "p2p", "microbatch_overhead")
@@ -241,8 +241,11 @@ class Observations:
             return GP(**kw)
         return fit_gp(Z, F, y, noise, **kw)
 
-    def memory_gp(self) -> GP:
-        gp = GP(s_c=0.06, s_w=0.12, s_g=0.06, ell=0.5, noise=0.02)
+    def memory_gp(self, sd: float = 0.06) -> GP:
+        """The memory correction; `sd`, the framework's measured log-sd of the memory model, is the prior
+        spread of a residual before any measurement: shared between a global scale, the memory breakdown's
+        shares and a smooth term so that their prior variance adds up to about sd^2 (tuner.frameworks)."""
+        gp = GP(s_c=0.7 * sd, s_w=sd, s_g=0.5 * sd, ell=0.5, noise=0.02)
         return gp.fit(np.array(self.mZ), np.array(self.mF), self.my, self.mnoise) if self.my else gp
 
 
@@ -258,14 +261,15 @@ class WarmStart:
 
 def _record_workload(rec, workload: Workload, studies: dict | None) -> Workload:
     """The workload a stored trial ran: `workload` at the trial's node count, and its study's global
-    batch and precision (each trial is a residual of the model in its own workload)."""
-    gb, precision = getattr(rec, "global_batch", None), None
+    batch, precision and framework (each trial is a residual of the model in its own workload)."""
+    gb, precision, framework = getattr(rec, "global_batch", None), None, workload.framework
     if studies and getattr(rec, "study", None) in studies:
         st = studies[rec.study]
         gb = gb or st.global_batch
         precision = (st.workload or {}).get("precision")
+        framework = stored_framework(st.workload)
     return replace(workload, nodes=int(rec.nodes), global_batch=int(gb or workload.global_batch),
-                   precision=precision or "bf16")
+                   precision=precision or "bf16", framework=framework)
 
 
 def warm_start_records(records, workload: Workload, studies: dict | None = None) -> WarmStart:

@@ -72,14 +72,16 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
     "microbatch_overhead_ms": (float, 1.0),      # fixed cost per micro-batch per stage (dispatch, p2p sync)
     "step_overhead_ms": (float, 0.0),            # fixed cost per iteration (engine step, optimizer dispatch, loss sync)
     "memory_reserved_gb": (float, 3.0),          # context, communication buffers, workspaces, allocator slack
-    "memory_headroom": (float, 0.05),            # share of HBM an unmeasured recommendation keeps free
     "flash_attention": (bool, True),             # whether attention keeps no s^2 scores (and runs fused)
     "framework": (str, "megatron-deepspeed"),    # the training stack run here by default (tuner.frameworks):
                                                  # --framework overrides it per study
     "group_bandwidth_gbps": (dict, None),        # {"2": 200.0, ...} per-GPU bandwidth of an aligned intra-node block
     "slurm": (dict, None),                       # the [slurm] table used by the Slurm runner
 }
-ALLOW_ZERO = frozenset({"microbatch_overhead_ms", "step_overhead_ms", "memory_headroom"})
+ALLOW_ZERO = frozenset({"microbatch_overhead_ms", "step_overhead_ms"})
+# Keys of older cluster files and stored studies, read and dropped by ClusterSpec.from_dict: comm_overlap
+# (now the framework's overlaps) and memory_headroom (the margin is now a fit probability from the
+# framework's measured memory error).
 
 
 def _check(kind: str, path: str, data: dict, keys: dict[str, tuple[type, Any]]) -> dict:
@@ -250,7 +252,6 @@ class ClusterSpec:
     microbatch_overhead_ms: float = 1.0
     step_overhead_ms: float = 0.0
     memory_reserved_gb: float = 3.0
-    memory_headroom: float = 0.05
     flash_attention: bool = True
     framework: str = "megatron-deepspeed"
     group_bandwidth_gbps: dict | None = None
@@ -270,10 +271,10 @@ class ClusterSpec:
     @classmethod
     def from_dict(cls, data: dict, where: str = "cluster") -> "ClusterSpec":
         data = dict(data)
-        if "comm_overlap" in data:      # schema < 4: the stack's overlaps were a cluster key; now the framework's
-            overlap = data.pop("comm_overlap")
-            if data.get("framework") is None:
-                data["framework"] = "megatron-core" if overlap else "megatron-deepspeed"
+        overlap = data.pop("comm_overlap", None)
+        data.pop("memory_headroom", None)
+        if overlap is not None and data.get("framework") is None:   # the stack whose overlaps it described
+            data["framework"] = "megatron-core" if overlap else "megatron-deepspeed"
         d = _check("cluster", where, data, CLUSTER_KEYS)
         if d["framework"] not in FRAMEWORK_NAMES:
             raise SpecError(f"{where}: cluster key 'framework' must be one of {', '.join(FRAMEWORK_NAMES)}, "
@@ -281,9 +282,6 @@ class ClusterSpec:
         for k, v in (d["group_bandwidth_gbps"] or {}).items():
             if not (k.isdigit() and isinstance(v, (int, float)) and v > 0):
                 raise SpecError(f"{where}: group_bandwidth_gbps entries are \"<group size>\" = <GB/s>, got {k} = {v!r}")
-        if d["memory_headroom"] >= 0.5:
-            raise SpecError(f"{where}: memory_headroom is the share of memory kept free and must be < 0.5, "
-                            f"got {d['memory_headroom']}")
         for k in ("matmul_efficiency", "attention_efficiency", "memory_bandwidth_efficiency", "network_efficiency"):
             if d[k] > 1:
                 raise SpecError(f"{where}: {k} is a fraction of peak and must be <= 1, got {d[k]}")
@@ -325,6 +323,17 @@ class Workload:
         """A stored workload; one stored before frameworks existed runs on its cluster's (comm_overlap: Megatron-Core)."""
         return cls(ModelSpec.from_dict(d["model"]), ClusterSpec.from_dict(d["cluster"]),
                    int(d["nodes"]), int(d["global_batch"]), d.get("precision") or "bf16", d.get("framework") or "")
+
+
+def stored_framework(workload: dict | None) -> str:
+    """The framework of a stored workload (one stored before frameworks: its cluster's stack)."""
+    w = workload or {}
+    if w.get("framework"):
+        return w["framework"]
+    cluster = w.get("cluster") or {}
+    if cluster.get("framework"):
+        return cluster["framework"]
+    return "megatron-core" if cluster.get("comm_overlap") else "megatron-deepspeed"
 
 
 def read_toml(path: Path | Traversable | str) -> dict:

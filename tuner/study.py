@@ -68,6 +68,11 @@ def harness_refusal(rec: StudyRecord, workload: Workload) -> str | None:
     refusal = model_refusal(workload.model) if _uses_harness(rec) else None
     if refusal:
         return f"{refusal}; use --runner command with your own trainer, or --runner slurm --template megatron"
+    template = rec.settings.get("runner_options", {}).get("template")
+    if (_uses_harness(rec) or template == "megatron") and workload.framework != "megatron-deepspeed":
+        trainer = "the bundled harness" if _uses_harness(rec) else "Slurm's megatron template"
+        return (f"{trainer} trains as Megatron-DeepSpeed does, not as {workload.framework}: use --framework "
+                f"megatron-deepspeed, or --runner command with a {workload.framework} trainer")
     return None
 
 

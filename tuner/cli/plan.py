@@ -11,7 +11,8 @@ from tuner.cli.options import layout_options, workload_options
 from tuner.cli.render import flat_layout, render
 from tuner.errors import UsageError
 from tuner.layout import Layout, validate
-from tuner.perfmodel import keeps_headroom, predict as model_predict, rank
+from tuner.frameworks import of as framework_of
+from tuner.perfmodel import RECOMMEND_AT, keeps_headroom, predict as model_predict, rank
 from tuner.space import load_space, valid_layouts
 from tuner.specs import make_workload
 
@@ -20,7 +21,7 @@ def prediction_row(p, w) -> dict:
     return {**flat_layout(p.layout.as_dict()), "samples_s": p.samples_per_second, "mfu_%": 100 * p.mfu,
             "mgt_tflops": p.tflops_per_gpu, "mgt_peak_%": 100 * p.peak_fraction, "step_s": p.step_time_s,
             "mem_gb": p.memory_gb, "mem_%": 100 * p.memory_gb / w.cluster.memory_gb,
-            "fits": "yes" if keeps_headroom(p, w) else ("tight" if p.fits else "no")}
+            "p_fit": p.p_fit, "fits": "yes" if keeps_headroom(p, w) else ("maybe" if p.fits else "no")}
 
 
 @cli.command()
@@ -52,10 +53,11 @@ def predict(model, nodes, cluster, global_batch, precision, framework, layout, f
     click.echo(f"  {p.samples_per_second:.2f} samples/s, MFU {100 * p.mfu:.2f} %, step {p.step_time_s:.3f} s; "
                f"Megatron's count (recompute included): {p.tflops_per_gpu:.4g} TFLOPS/GPU = "
                f"{100 * p.peak_fraction:.2f} % of peak")
-    fit = (("fits" if keeps_headroom(p, w) else f"fits, but inside the {100 * w.cluster.memory_headroom:g} % "
-            "headroom an unmeasured layout should keep") if p.fits else f"DOES NOT FIT: {p.reason}")
+    fit = ("fits" if keeps_headroom(p, w) else f"may not fit: below the {100 * RECOMMEND_AT:g} % an unmeasured "
+           "recommendation needs" if p.fits else f"DOES NOT FIT: {p.reason}")
     click.echo(f"  memory {p.memory_gb:.1f} GB of {w.cluster.memory_gb:.0f} GB per GPU "
-               f"({100 * p.memory_gb / w.cluster.memory_gb:.1f} %; {fit})")
+               f"({100 * p.memory_gb / w.cluster.memory_gb:.1f} %; p_fit {p.p_fit:.3f}, from {w.framework}'s measured "
+               f"memory error; {fit})")
     for title, table in (("memory (GB)", p.memory_breakdown), ("time (s per step)", p.time_breakdown)):
         click.echo(f"  {title}: " + ", ".join(f"{k} {v:.3g}" for k, v in table.items()))
 
@@ -90,6 +92,7 @@ def plan(model, nodes, cluster, global_batch, precision, framework, space, top, 
     click.echo(render(rows, fmt, json_obj=objs))
     if fmt == "table":
         roomy = sum(keeps_headroom(p, w) for p in fitting)
-        click.echo(f"\n{len(ranked)} valid layouts, {len(fitting)} fit in memory, {roomy} with the "
-                   f"{100 * w.cluster.memory_headroom:g} % headroom (fits = yes; tight = only without it); ranked by "
+        click.echo(f"\n{len(ranked)} valid {w.framework} layouts, {len(fitting)} may fit in memory, {roomy} with "
+                   f"p_fit >= {RECOMMEND_AT:g} (fits = yes; maybe = not ruled out; p_fit from {w.framework}'s measured "
+                   f"memory error, sd {framework_of(w).memory_sd:g} in log); ranked by "
                    f"predicted samples/s in {dt * 1000:.0f} ms ({len(ranked) / max(dt, 1e-9):,.0f} layouts/s)")

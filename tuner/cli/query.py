@@ -171,9 +171,9 @@ def predicted_best(store, w, rows: list, model: str, cluster: str, k: int, fmt: 
                  f"stored trials of {w.model.name} on {w.cluster.name})")
         extra = f"; {ev['note'].split('; ', 1)[1]}" if ev.get("other_global_batches") else ""
         click.echo(f"\nPREDICTED, not measured: no trial of {w.model.name} on {w.nodes} x {w.cluster.name} node(s) "
-                   f"at global batch {w.global_batch} in {store.url if store else 'any store'}; {basis}{extra}. Layouts keep "
-                   f"{100 * w.cluster.memory_headroom:g} % of HBM free unless measured peaks show less is needed; "
-                   f"p_fit is the probability that the layout fits in memory. Measure it: tuner search --model "
+                   f"at global batch {w.global_batch} in {store.url if store else 'any store'}; {basis}{extra}. Layouts come "
+                   f"first when they fit with probability >= 0.95 (p_fit: from {w.framework}'s measured memory error, "
+                   f"narrowed by measured peaks of this model). Measure it: tuner search --model "
                    f"{model} --nodes {w.nodes} --cluster {cluster} --warm-start")
 
 

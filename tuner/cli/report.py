@@ -127,7 +127,7 @@ def export(name, fmt, out, force, db):
     click.echo(f"wrote {len(rows)} trial(s) of study {name} to {out} ({fmt})", err=True)
 
 
-def pick_layout(store, name, model, nodes, cluster, precision: str = "bf16"):
+def pick_layout(store, name, model, nodes, cluster, precision: str = "bf16", framework: str | None = None):
     """(layout, workload, source) from a study, else from the store's best, else from the model (in
     `precision`, bf16 or fp8)."""
     if name:
@@ -141,7 +141,7 @@ def pick_layout(store, name, model, nodes, cluster, precision: str = "bf16"):
         t = ok[0]
         return t.layout, Workload.from_dict(rec.workload), Source("study", *_measured(t))
     from tuner.best import best
-    w = make_workload(load_model(model), nodes, load_cluster(cluster), precision=precision)
+    w = make_workload(load_model(model), nodes, load_cluster(cluster), precision=precision, framework=framework)
     answer = best(store, w)
     if answer.trials:
         t = answer.trials[0]
@@ -153,15 +153,15 @@ def pick_layout(store, name, model, nodes, cluster, precision: str = "bf16"):
                                     tflops_per_gpu=top["tflops_per_gpu"], peak_fraction=top["peak_fraction"])
 
 
-def auto_framework(layout, w) -> str:
-    """--framework auto: Megatron-Core where the prediction assumed its overlaps (the cluster's
-    comm_overlap) or where Megatron-DeepSpeed cannot run the layout; Megatron-DeepSpeed otherwise."""
-    from tuner.render import megatron
-    why = ("the prediction assumed Megatron-Core's communication overlaps (cluster comm_overlap)"
-           if w.cluster.comm_overlap else megatron.refusal(layout, w))
-    if why:
-        click.echo(f"framework: megatron-core ({why.split(':')[0]})", err=True)
-    return "megatron-core" if why else "megatron-deepspeed"
+def launch_framework(framework: str | None, w, name: str | None) -> str:
+    """The framework the files are for: the study's (a study's layout was chosen for its framework's rules,
+    memory and speed, so another is refused), or without NAME the workload's (--framework, else the
+    cluster's)."""
+    if name and framework and framework != w.framework:
+        raise UsageError(f"study '{name}' was searched for {w.framework}: its layout's memory and speed are "
+                         f"{w.framework}'s, so its launch files are too; drop --framework, or search again with "
+                         f"--framework {framework}")
+    return w.framework
 
 
 def _measured(t) -> tuple:
@@ -175,11 +175,10 @@ def _measured(t) -> tuple:
 @click.option("--cluster", default="frontier", show_default=True, help="Without NAME: cluster preset.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Directory for the launch files.")
 @click.option("--force", is_flag=True, help="Write into an --out directory that is not empty.")
-@click.option("--framework", type=click.Choice(("auto", *FRAMEWORKS)), default="auto", show_default=True,
-              help="What the files start: Megatron-DeepSpeed (ds_config.json + megatron_args.txt), Megatron-LM's "
-              "Megatron-Core (megatron_args.txt), or torchtitan (torchtitan.toml); auto: Megatron-Core on a cluster "
-              "whose prediction assumed its overlaps (comm_overlap) or for a layout Megatron-DeepSpeed cannot run, "
-              "else Megatron-DeepSpeed (the Frontier study's stack).")
+@click.option("--framework", type=click.Choice(FRAMEWORKS), default=None,
+              help="Without NAME: the training stack whose best layout to launch (default: the cluster's); with NAME "
+              "the study's framework applies. Megatron-DeepSpeed: ds_config.json + megatron_args.txt; Megatron-Core: "
+              "megatron_args.txt; torchtitan: torchtitan.toml.")
 @click.option("--megatron-dir", default=None, help="The framework's checkout on the cluster (megatron-deepspeed: "
               "default the cluster's [slurm] megatron_dir, else ./Megatron-DeepSpeed beside the files; "
               "megatron-core: default ./Megatron-LM; torchtitan: put on PYTHONPATH, default: installed).")
@@ -209,13 +208,13 @@ def launch(name, model, nodes, cluster, out, force, framework, megatron_dir, acc
         raise UsageError("--model and --nodes go together: e.g. `tuner launch --model 175b --nodes 16 --out launch/`")
     check_out_dir(out, force)
     store = read_store(db, required=bool(name))
-    layout, w, src = pick_layout(store, name, model, nodes, cluster, "fp8" if precision == "fp8" else "bf16")
+    layout, w, src = pick_layout(store, name, model, nodes, cluster, "fp8" if precision == "fp8" else "bf16",
+                                 None if name else framework)
     if precision == "fp8":
         if w.precision != "fp8":
             raise UsageError(f"--precision fp8: study '{name}' ran in {w.precision}; its launch files keep it")
         precision = None                          # the training dtype stays the [slurm] table's / bf16
-    if framework == "auto":
-        framework = auto_framework(layout, w)
+    framework = launch_framework(framework, w, name)
     files = launch_files(layout, w, out.resolve(), source=src, study=src.study or "launch", trial=src.trial or 0,
                          framework=framework, megatron_dir=megatron_dir, account=account, time_limit=time_limit, precision=precision,
                          train_iters=train_iters)

@@ -70,7 +70,8 @@ def show_result(store, name: str, result, fmt: str) -> None:
     if fast:
         t = fast[0]
         click.echo(f"recommended: {t.layout.key()} (trial {t.number}): {t.samples_per_second:.4g} samples/s, "
-                   f"MFU {100 * t.mfu:.2f} %. Launch files: tuner launch {name} --out launch/")
+                   f"MFU {100 * t.mfu:.2f} %. Launch files: tuner launch {name} --out launch/ --train-iters ITERS "
+                   "--data-path PATH (or --mock-data)")
     else:
         click.echo(f"no trial succeeded: see `tuner trials {name}` for why")
 
@@ -139,8 +140,8 @@ def search(model, nodes, cluster, global_batch, precision, framework, layout, sp
                 "runner_options": {k: v for k, v in {"noise": noise, "sim_delay": sim_delay, "command": command,
                                    "gpus": gpus, "trial_timeout": trial_timeout, "template": template}.items() if v}}
     rec = studies.create(store, studies.new_record(name, w, sp, searcher=searcher, runner=runner, **settings))
-    click.echo(f"study {name}: {w.model.name} on {nodes} x {w.cluster.name} ({w.gpus} GPUs), searcher {searcher}, "
-               f"runner {runner}, store {store.url}", err=True)
+    click.echo(f"study {name}: {w.model.name} on {nodes} x {w.cluster.name} ({w.gpus} GPUs), {w.framework}, "
+               f"searcher {searcher}, runner {runner}, store {store.url}", err=True)
     run_and_show(store, rec, fmt, lambda **kw: studies.run(store, rec, on_note=_note, **kw))
 
 

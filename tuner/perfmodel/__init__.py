@@ -25,6 +25,8 @@ t_step_overhead is the cluster's fixed cost per iteration (step_overhead_ms; 0 u
 
 from __future__ import annotations
 
+import math
+
 from tuner.layout import Layout, micro_batches_per_pipeline, stage_layers, uneven_split
 from tuner.frameworks import of as framework_of
 from tuner.perfmodel import comm, compute, memory
@@ -33,7 +35,20 @@ from tuner.perfmodel.flops import megatron_flops, model_flops
 from tuner.perfmodel.prediction import Prediction
 from tuner.specs import Workload
 
-__all__ = ["predict", "rank", "keeps_headroom", "Prediction", "stage_times", "shape_of"]
+__all__ = ["predict", "rank", "keeps_headroom", "fit_probability", "Prediction", "stage_times", "shape_of",
+           "PRUNE_BELOW", "RECOMMEND_AT"]
+
+#: A layout is pruned (never launched) only when it fits with probability below PRUNE_BELOW; one is
+#: recommended without a measurement only when it fits with probability at least RECOMMEND_AT. The
+#: probability comes from the framework's measured memory error (tuner.frameworks: memory_sd).
+PRUNE_BELOW = 0.02
+RECOMMEND_AT = 0.95
+
+
+def fit_probability(memory_gb: float, capacity_gb: float, sd: float, mean: float = 0.0) -> float:
+    """P(true peak <= capacity) when log(true / predicted) ~ N(mean, sd)."""
+    z = (math.log(capacity_gb) - math.log(max(memory_gb, 1e-9)) - mean) / max(sd, 1e-6)
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
 
 
 def layer_comm(layout: Layout, workload: Workload, sh: compute.Shape, attention_s: float) -> dict:
@@ -129,8 +144,9 @@ def predict(layout: Layout, workload: Workload) -> Prediction:
     # ---- memory
     sh = shape_of(layout, workload)
     worst_stage, mem = memory.peak_memory(layout, workload, m, sh)
-    fits = mem["total"] <= cluster.memory_gb
-    reason = memory.fit_reason(mem, cluster.memory_gb, worst_stage)
+    p_fit = fit_probability(mem["total"], cluster.memory_gb, framework_of(workload).memory_sd)
+    fits = p_fit >= PRUNE_BELOW
+    reason = memory.fit_reason(mem, cluster.memory_gb, worst_stage) if not fits else ""
 
     # ---- time
     slow = max(stage_times(layout, workload, sh), key=lambda st: sum(st.values()))
@@ -177,18 +193,18 @@ def predict(layout: Layout, workload: Workload) -> Prediction:
         time_breakdown=time,
         reason=reason,
         memory_stage=worst_stage,
+        p_fit=p_fit,
     )
 
 
-def keeps_headroom(pred: Prediction, workload: Workload) -> bool:
-    """Whether a predicted peak leaves the cluster's memory headroom free (an unmeasured answer's margin)."""
-    cluster = workload.cluster
-    return pred.memory_gb <= cluster.memory_gb * (1.0 - cluster.memory_headroom)
+def keeps_headroom(pred: Prediction, workload: Workload | None = None) -> bool:
+    """Whether a layout may be recommended without a measurement: it fits with probability >= RECOMMEND_AT."""
+    return pred.p_fit >= RECOMMEND_AT
 
 
 def rank(layouts, workload: Workload) -> list[Prediction]:
-    """Predictions for `layouts`, fastest first: layouts that fit with the cluster's memory headroom,
-    then those that fit only without it, then those that do not fit; each tier by step time for the
+    """Predictions for `layouts`, fastest first: layouts that fit with probability >= RECOMMEND_AT,
+    then those that may fit, then those that do not; each tier by step time for the
     workload's global batch (samples/s, the same order as MFU), then by lower peak memory. Megatron's
     TFLOPS count recompute, so ordering by them would reward activation checkpointing for the work it
     repeats; step time compares like with like."""

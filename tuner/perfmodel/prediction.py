@@ -16,15 +16,16 @@ class Prediction:
     step_time_s: float
     samples_per_second: float
     memory_gb: float             # peak per GPU, worst stage
-    fits: bool
+    fits: bool                   # p_fit >= PRUNE_BELOW: the model cannot rule it out (not pruned)
     memory_breakdown: dict = field(default_factory=dict)   # GB, on the worst stage
     time_breakdown: dict = field(default_factory=dict)     # seconds per iteration
     reason: str = ""             # why it does not fit, when it does not
     memory_stage: int = 0        # the pipeline stage whose memory is memory_gb (0 = first)
+    p_fit: float = 1.0           # probability that it fits, from the framework's measured memory error
 
     def as_dict(self) -> dict:
         return {"layout": self.layout.as_dict(), "tflops_per_gpu": self.tflops_per_gpu,
                 "peak_fraction": self.peak_fraction, "mfu": self.mfu, "step_time_s": self.step_time_s,
                 "samples_per_second": self.samples_per_second, "memory_gb": self.memory_gb, "fits": self.fits,
-                "reason": self.reason, "memory_stage": self.memory_stage,
+                "p_fit": self.p_fit, "reason": self.reason, "memory_stage": self.memory_stage,
                 "breakdown": {"memory_gb": self.memory_breakdown, "time_s": self.time_breakdown}}

@@ -5,7 +5,7 @@
 - `megatron_args.txt`: Megatron-DeepSpeed's `pretrain_gpt.py` arguments, one per line
   (`mapfile -t ARGS < megatron_args.txt`), from tuner.render.megatron.pretrain_args;
 - `launch.sbatch`: the Slurm script for the cluster's [slurm] table (tuner.render.sbatch, template
-  `megatron`), which writes the same DeepSpeed config next to itself and runs the same arguments;
+  `command`, a launch script), which runs the same arguments with the ds_config.json beside it;
 - `layout.json`: the layout, the workload, where the layout came from and the batch arithmetic.
 Every one of them comes from the same layout and global batch, so the micro-batch, the accumulation
 steps and the global batch agree by construction: global batch = micro_batch * accumulation * dp.
@@ -14,6 +14,13 @@ That is `framework="megatron-deepspeed"` (the default). `megatron-core` writes `
 Megatron-LM's `pretrain_gpt.py` (tuner.render.mcore; no DeepSpeed config), `torchtitan` writes
 `torchtitan.toml` (tuner.render.torchtitan); each with its `launch.sbatch` (template `command`) and
 `layout.json`.
+
+The files run as written wherever they are copied: no path of the machine that wrote them (launch.sbatch
+runs in the directory it is submitted from, `sbatch launch.sbatch` there), no TUNER_* trial variables, a
+job name from the model and the layout, the training data (`data_path` with its `tokenizer`, or
+`mock_data`: exactly one) and checkpoints (`save_dir`, default `checkpoints` beside the files) in each
+framework's own flags and keys. A cluster without a [slurm] table gets a generic script (one rank per GPU)
+with a comment naming what the site adds.
 
 What a framework cannot express is refused with one line naming the framework that can (UsageError, exit
 status 2), never rendered as something else: Megatron-DeepSpeed refuses context and interleaved pipeline
@@ -24,7 +31,6 @@ ZeRO-2/3, torchtitan fp16 and models without a registered flavor.
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 
 from tuner.errors import UsageError
@@ -32,7 +38,7 @@ from tuner.launch import Source
 from tuner.layout import Layout, validate
 from tuner.render import mcore, megatron, torchtitan
 from tuner.render.dsconfig import check_batch
-from tuner.render.sbatch import missing_table_message, render_sbatch, validate_slurm
+from tuner.render.sbatch import generic_slurm, launch_job_name, render_sbatch, validate_slurm
 from tuner.specs import Workload
 from tuner.trial import TrialSpec
 
@@ -43,6 +49,7 @@ FRAMEWORK_FILES = {"megatron-deepspeed": LAUNCH_FILES,
                    "torchtitan": ("torchtitan.toml", "launch.sbatch", "layout.json")}
 DEFAULT_MEGATRON_DIR = "Megatron-DeepSpeed"
 DEFAULT_DIRS = {"megatron-deepspeed": DEFAULT_MEGATRON_DIR, "megatron-core": "Megatron-LM", "torchtitan": None}
+DEFAULT_SAVE_DIR = "checkpoints"
 
 
 def batch_arithmetic(layout: Layout, workload: Workload) -> dict:
@@ -57,7 +64,7 @@ def slurm_table(workload: Workload, *, framework: str = "megatron-deepspeed", me
     """The cluster's [slurm] table with the launch's overrides, validated (UsageError names the bad key)."""
     base = workload.cluster.slurm
     if base is None:
-        raise UsageError(missing_table_message(workload.cluster.name))
+        base = generic_slurm(workload.cluster.gpus_per_node)
     overrides = {"megatron_dir": megatron_dir, "account": account, "partition": partition,
                  "time_limit": time_limit, "precision": precision, "iterations": train_iters}
     table = {**base, **{k: v for k, v in overrides.items() if v is not None}}
@@ -68,29 +75,61 @@ def slurm_table(workload: Workload, *, framework: str = "megatron-deepspeed", me
     return validate_slurm(table, f"cluster '{workload.cluster.name}' [slurm]")
 
 
-def launch_files(layout: Layout, workload: Workload, out_dir: str | Path, *, source: Source | None = None,
-                 study: str = "launch", trial: int = 0, framework: str = "megatron-deepspeed",
-                 **slurm_overrides) -> dict[str, str]:
-    """{file name: text} for launching `layout` on `workload` from `out_dir` (the sbatch script cds there).
+def site_notes(workload: Workload, table: dict) -> list[str]:
+    """The launch script's comment for a cluster without a [slurm] table: what the site adds."""
+    if workload.cluster.slurm is not None:
+        return []
+    missing = [f"#SBATCH --{k}" for k in ("account", "partition") if not table[k]]
+    return [f"Generic script: cluster {json.dumps(workload.cluster.name)} has no [slurm] table. Add your site's "
+            f"{' and '.join(missing) + ', ' if missing else ''}modules and environment here (or a [slurm] table "
+            "to the cluster's TOML; tuner launch --account/--partition set those two)."]
 
-    `framework`: megatron-deepspeed (default), megatron-core or torchtitan. `slurm_overrides`: megatron_dir,
-    account, partition, time_limit, precision, train_iters (see `slurm_table`). Raises InvalidLayout when
-    the layout breaks a rule of the workload, UsageError when the framework cannot express it.
+
+def check_data(framework: str, data_path: str | None, tokenizer: str | None, mock_data: bool,
+               save_dir: str) -> None:
+    """UsageError unless exactly one of data_path and mock_data is given, and no value holds a newline."""
+    if data_path and mock_data:
+        raise UsageError("--data-path and --mock-data exclude each other: give one")
+    if not data_path and not mock_data:
+        raise UsageError("give the training data: --data-path PATH (a dataset prepared for the framework, with "
+                         "--tokenizer NAME_OR_PATH) or --mock-data (synthetic tokens, for a throughput run)")
+    for name, v in (("--data-path", data_path), ("--tokenizer", tokenizer), ("--save-dir", save_dir)):
+        if v is not None and ("\n" in v or "\r" in v or not v.strip()):
+            raise UsageError(f"{name} must be one non-empty line, got {v!r}")
+    if framework == "megatron-deepspeed":
+        megatron.data_args(data_path=data_path, tokenizer=tokenizer, mock_data=mock_data)   # refuses mock data
+
+
+def launch_files(layout: Layout, workload: Workload, out_dir: str | Path | None = None, *,
+                 source: Source | None = None, study: str = "launch", trial: int = 0,
+                 framework: str = "megatron-deepspeed", data_path: str | None = None, tokenizer: str | None = None,
+                 mock_data: bool = False, save_dir: str | None = None, **slurm_overrides) -> dict[str, str]:
+    """{file name: text} for launching `layout` on `workload`; `sbatch launch.sbatch` in their directory runs it.
+
+    `out_dir` is where the caller writes them; no file names it. `framework`: megatron-deepspeed (default),
+    megatron-core or torchtitan. `data_path` (with `tokenizer`, a Hugging Face tokenizer id or directory) or
+    `mock_data`: exactly one. `save_dir`: checkpoints (default "checkpoints", relative to the launch
+    directory). `slurm_overrides`: megatron_dir, account, partition, time_limit, precision, train_iters (see
+    `slurm_table`). Raises InvalidLayout when the layout breaks a rule of the workload, UsageError when the
+    framework cannot express it or the data is missing.
     """
     if framework not in FRAMEWORKS:
         raise UsageError(f"unknown framework {framework!r}; frameworks: {', '.join(FRAMEWORKS)}")
+    save_dir = save_dir or DEFAULT_SAVE_DIR
+    check_data(framework, data_path, tokenizer, mock_data, save_dir)
     validate(layout, workload)
     batch = batch_arithmetic(layout, workload)
     table = slurm_table(workload, framework=framework, **slurm_overrides)
-    precision, iters = table["precision"], table["iterations"]
-    spec = TrialSpec(study=study, number=trial, layout=layout, workload=workload, trial_dir=Path(out_dir))
-    files = _framework_files(framework, spec, table, str(out_dir))
+    spec = TrialSpec(study=study, number=trial, layout=layout, workload=workload)
+    data = {"data_path": data_path, "tokenizer": tokenizer, "mock_data": mock_data}
+    files = _framework_files(framework, spec, table, data, save_dir)
     src = source or Source(kind="model")
     summary = {"layout": layout.as_dict(), "layout_key": layout.key(), "source": src.as_dict(),
                "model": workload.model.name, "cluster": workload.cluster.name, "nodes": workload.nodes,
-               "gpus": workload.gpus, **batch, "precision": precision, "train_iters": iters,
-               "megatron_dir": table["megatron_dir"],
-               "submit": f"cd {shlex.quote(str(out_dir))} && sbatch launch.sbatch"}
+               "gpus": workload.gpus, **batch, "precision": table["precision"], "train_iters": table["iterations"],
+               "megatron_dir": table["megatron_dir"], "data_path": data_path, "tokenizer": tokenizer,
+               "mock_data": mock_data, "save_dir": save_dir,
+               "submit": "sbatch launch.sbatch", "submit_from": "the directory of these files"}
     if workload.precision == "fp8":
         summary["fp8"] = True        # FP8 matmuls on top of the training dtype `precision`
     if framework != "megatron-deepspeed":
@@ -98,26 +137,29 @@ def launch_files(layout: Layout, workload: Workload, out_dir: str | Path, *, sou
     return {**files, "layout.json": json.dumps(summary, indent=2) + "\n"}
 
 
-def _framework_files(framework: str, spec: TrialSpec, table: dict, out_dir: str) -> dict[str, str]:
+def _framework_files(framework: str, spec: TrialSpec, table: dict, data: dict, save_dir: str) -> dict[str, str]:
     """The framework's own files and the launch.sbatch that runs them (layout.json is the caller's)."""
     layout, workload = spec.layout, spec.workload
     precision, iters, extra = table["precision"], table["iterations"], table["megatron_args"]
+    script = {"launch": launch_job_name(workload.model.name, layout), "notes": site_notes(workload, table)}
+    if framework == "torchtitan":
+        job = torchtitan.render_job(layout, workload, precision=precision, iterations=iters, save_dir=save_dir,
+                                    data=torchtitan.data_keys(**data, checkout=table["megatron_dir"]))
+        argv = ["python3", "-m", "torchtitan.train", "--job.config_file", "torchtitan.toml", *extra]
+        return {"torchtitan.toml": job,   # torchtitan: installed, or its checkout (--megatron-dir) on PYTHONPATH
+                "launch.sbatch": render_sbatch(spec, table, template="command", command=argv,
+                                               pythonpath=table["megatron_dir"], **script)}
+    run = [*megatron.checkpoint_args(save_dir), *extra]
     if framework == "megatron-deepspeed":
         megatron.check(layout, workload)
         ds = megatron.deepspeed_config(layout, workload, precision=precision)
-        args = megatron.pretrain_args(layout, workload, deepspeed_config_path="ds_config.json",
-                                      precision=precision, iterations=iters, extra=extra)
-        return {"ds_config.json": json.dumps(ds, indent=2, sort_keys=True) + "\n",
-                "megatron_args.txt": "".join(f"{a}\n" for a in args),
-                "launch.sbatch": render_sbatch(spec, table, template="megatron", trial_dir=out_dir)}
-    if framework == "megatron-core":
-        args = mcore.pretrain_args(layout, workload, precision=precision, iterations=iters, extra=extra)
-        argv = ["python3", f"{table['megatron_dir'].rstrip('/')}/pretrain_gpt.py", *args]
-        return {"megatron_args.txt": "".join(f"{a}\n" for a in args),
-                "launch.sbatch": render_sbatch(spec, table, template="command", command=argv, trial_dir=out_dir,
-                                               env=mcore.launch_env(layout))}
-    job = torchtitan.render_job(layout, workload, precision=precision, iterations=iters)
-    argv = ["python3", "-m", "torchtitan.train", "--job.config_file", "torchtitan.toml", *extra]
-    return {"torchtitan.toml": job,      # torchtitan: installed, or its checkout (--megatron-dir) on PYTHONPATH
-            "launch.sbatch": render_sbatch(spec, table, template="command", command=argv, trial_dir=out_dir,
-                                           pythonpath=table["megatron_dir"])}
+        args = megatron.pretrain_args(layout, workload, deepspeed_config_path="ds_config.json", precision=precision,
+                                      iterations=iters, extra=[*megatron.data_args(**data), *run])
+        files, env = {"ds_config.json": json.dumps(ds, indent=2, sort_keys=True) + "\n"}, megatron.launch_env(layout)
+    else:
+        args = mcore.pretrain_args(layout, workload, precision=precision, iterations=iters,
+                                   extra=[*mcore.data_args(workload.model, **data), *run])
+        files, env = {}, mcore.launch_env(layout)
+    argv = ["python3", f"{table['megatron_dir'].rstrip('/')}/pretrain_gpt.py", *args]
+    return {**files, "megatron_args.txt": "".join(f"{a}\n" for a in args),
+            "launch.sbatch": render_sbatch(spec, table, template="command", command=argv, env=env, **script)}

@@ -17,6 +17,15 @@ The layout's dimensions:
   max` on top of --bf16/--fp16: Megatron-LM's published FP8 recipe, examples/llama/
   train_llama3_8b_h100_fp8.sh lines 108-110 (its --fp8-param-gather, a memory saving the performance
   model does not count, is left out); the recipe is TE's default, delayed scaling (TC:594).
+- the model's rope_theta (when set and not 10000): `--rotary-base` (arguments.py line 2418);
+- the cluster's flash_attention: `--attention-backend flash` (TC:151, AttnBackend.flash, core/transformer/
+  enums.py line 54): Transformer Engine's FlashAttention, the attention the model assumed; the default, auto,
+  lets TE choose, and NVIDIA's Llama 3 recipe picks `fused` (cuDNN), as memory-lean;
+- the launch's data (`data_args`): `--data-path` (line 3255) with `--split` (3266; line 668 warns without it)
+  and `--tokenizer-type HuggingFaceTokenizer` (TR:698) `--tokenizer-model` (TR:714), or `--mock-data`
+  (3302) with `--tokenizer-type NullTokenizer --vocab-size V` (TR:679; core/tokenizers NullTokenizer keeps V
+  as its vocabulary), as examples/llama/train_llama3_8b_h100_fp8.sh lines 133-159 do; checkpoints as
+  Megatron-DeepSpeed's (`--save` TR:395, `--save-interval` TR:398, `--load` TR:430).
 Tensor or context parallelism needs CUDA_DEVICE_MAX_CONNECTIONS=1 before Blackwell (arguments.py line
 1477 asserts it): `launch_env` gives it to the sbatch script.
 
@@ -31,7 +40,7 @@ from __future__ import annotations
 
 from tuner.errors import UsageError
 from tuner.layout import Layout, uneven_split
-from tuner.render.megatron import PRECISIONS, run_args, shape_args
+from tuner.render.megatron import PRECISIONS, SPLIT, rotary_base, run_args, shape_args
 from tuner.specs import ModelSpec, Workload
 
 # Full recompute of every layer (the old --checkpoint-activations).
@@ -41,6 +50,7 @@ RECOMPUTE_SELECTIVE = ("--recompute-granularity", "selective")
 # FP8 through Transformer Engine, as examples/llama/train_llama3_8b_h100_fp8.sh (and NeMo's
 # bf16_with_fp8_mixed) run it: hybrid format (E4M3 forward, E5M2 gradients), delayed scaling over 1024 steps.
 FP8 = ("--fp8-format", "hybrid", "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max")
+FLASH_ATTENTION = ("--attention-backend", "flash")
 
 
 def check_zero(layout: Layout) -> None:
@@ -66,7 +76,21 @@ def architecture_args(m: ModelSpec) -> list[str]:
         args += ["--normalization", "RMSNorm"]
     if not m.add_bias_linear:
         args.append("--disable-bias-linear")
+    if rotary_base(m):
+        args += ["--rotary-base", str(rotary_base(m))]
     return args
+
+
+def data_args(m: ModelSpec, *, data_path: str | None, tokenizer: str | None, mock_data: bool = False) -> list[str]:
+    """The dataset and its Hugging Face tokenizer, or Megatron-LM's mock data (random tokens: a throughput
+    run) with the null tokenizer of the model's vocabulary (or the tokenizer given)."""
+    hf = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", tokenizer] if tokenizer else []
+    if mock_data:
+        return ["--mock-data", *(hf or ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(m.vocab_size)])]
+    if not hf:
+        raise UsageError("--framework megatron-core: --data-path needs --tokenizer NAME_OR_PATH, the Hugging Face "
+                         "tokenizer the data was preprocessed with")
+    return ["--data-path", str(data_path), "--split", SPLIT, *hf]
 
 
 def parallel_args(layout: Layout, m: ModelSpec) -> list[str]:
@@ -121,6 +145,8 @@ def pretrain_args(layout: Layout, workload: Workload, *, precision: str = "bf16"
     args = [*shape_args(layout, workload), *parallel_args(layout, workload.model),
             *architecture_args(workload.model), *run_args(layout, workload, iterations, precision),
             *overlap_args(layout, workload)]
+    if workload.cluster.flash_attention:
+        args += list(FLASH_ATTENTION)     # the attention the model assumed (no score matrix kept)
     if workload.precision == "fp8":
         args += list(FP8)
     if layout.zero_stage >= 1:

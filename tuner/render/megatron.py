@@ -20,6 +20,15 @@ The layout's dimensions (arguments.py and megatron/model/transformer.py at 4efb4
 - precision fp8: `--transformer-impl transformer_engine --fp8-hybrid` with the recipe of tuner.render.mcore
   (lines 506-526), only where it runs: the Transformer Engine layer is built by ParallelTransformer, the
   model without DeepSpeed's pipeline (pp 1, transformer.py line 1774), and it asserts no GQA (line 1772);
+- the model's rope_theta (when set and not Megatron's 10000): `--rotary-position-embeddings-theta` (line 635,
+  dest rope_theta, read by language_model.py line 437);
+- the cluster's flash_attention: `--use-flash-attn-v2` (line 930; FlashAttention-2, as the Frontier study ran,
+  ROCm's port there). transformer.py line 528 takes it for causal self-attention; its core attention is then
+  flash's, so `--recompute-granularity selective` recomputes nothing more (flash keeps no score matrix);
+- the launch's data and checkpoints (`data_args`, `checkpoint_args`): `--data-path` (line 1238), `--split`
+  (1246), `--tokenizer-type HFTokenizer` (1299) `--tokenizer-model` (1309), `--save` (1069), `--save-interval`
+  (1071), `--load` (1077). It has no mock data (no --mock-data; pretrain_gpt.py line 314 builds its datasets
+  from --data-path only): a launch with mock data is refused naming `--framework megatron-core`;
 - refused (`refusal`): context_parallel > 1 (no such option; `--ds-sequence-parallel-size` is DeepSpeed
   Ulysses, another split of the sequence, never used in its place) and virtual_pipeline > 1
   (`--num-layers-per-virtual-pipeline-stage` exists, line 1164, but DeepSpeed's pipeline engine, which
@@ -45,6 +54,11 @@ RECOMPUTE_FULL = ("--checkpoint-activations", "--deepspeed-activation-checkpoint
 RECOMPUTE_SELECTIVE = ("--recompute-granularity", "selective")
 
 _NAME = "--framework megatron-deepspeed"
+
+ROPE_DEFAULT = 10000       # Megatron-LM's --rotary-base and Megatron-DeepSpeed's --rotary-position-embeddings-theta
+SPLIT = "99,1,0"           # train/valid/test shares of --data-path, as Megatron-LM's Llama 3 recipe sets them
+SAVE_INTERVAL = 1000       # iterations between checkpoints (both also save at the end of training)
+FLASH_ATTENTION = ("--use-flash-attn-v2",)
 
 
 def _check_precision(precision: str) -> None:
@@ -110,16 +124,46 @@ def run_args(layout: Layout, workload: Workload, iterations: int, precision: str
             f"--{precision}"]
 
 
+def rotary_base(m) -> int | None:
+    """The model's RoPE base (`rope_theta`, e.g. 500000 for Llama 3) when it is set and not the frameworks'
+    default 10000 (Llama 2's), else None: only then is a flag written."""
+    theta = getattr(m, "rope_theta", None)
+    if theta is None or m.position_embedding != "rope" or theta == ROPE_DEFAULT:
+        return None
+    if theta != int(theta):
+        raise UsageError(f"model '{m.name}': rope_theta {theta} is not an integer; Megatron's flag takes one")
+    return int(theta)
+
+
+def checkpoint_args(save_dir: str) -> list[str]:
+    """Save every SAVE_INTERVAL iterations and at the end into `save_dir`, and resume from it."""
+    return ["--save", save_dir, "--load", save_dir, "--save-interval", str(SAVE_INTERVAL)]
+
+
+def data_args(*, data_path: str | None, tokenizer: str | None, mock_data: bool = False) -> list[str]:
+    """The dataset (a preprocessed `_text_document` prefix) and its Hugging Face tokenizer (model id or
+    directory). UsageError for mock data, which Megatron-DeepSpeed has not."""
+    if mock_data or not data_path:
+        raise UsageError(f"{_NAME} has no mock data (no --mock-data: pretrain_gpt.py reads --data-path only): give "
+                         "--data-path PATH (a preprocessed dataset prefix), or use --framework megatron-core for --mock-data")
+    if not tokenizer:
+        raise UsageError(f"{_NAME}: --data-path needs --tokenizer NAME_OR_PATH, the Hugging Face tokenizer the data "
+                         "was preprocessed with")
+    return ["--data-path", data_path, "--split", SPLIT, "--tokenizer-type", "HFTokenizer", "--tokenizer-model", tokenizer]
+
+
 def architecture_args(m) -> list[str]:
     """Megatron-DeepSpeed's flags for the model's architecture (megatron/arguments.py at 4efb479d5317:
     --num-key-value-heads 623, --use-rotary-position-embeddings 633, --no-position-embedding 640,
     --normalization 647, --swiglu 670, --untie-embeddings-and-output-weights 680, --disable-bias-linear
-    937); a GPT-3-style model needs none."""
+    937, --rotary-position-embeddings-theta 635); a GPT-3-style model needs none."""
     args: list[str] = []
     if m.num_query_groups != m.num_attention_heads:
         args += ["--num-key-value-heads", str(m.num_query_groups)]
     if m.position_embedding == "rope":
         args += ["--use-rotary-position-embeddings", "--no-position-embedding"]
+    if rotary_base(m):
+        args += ["--rotary-position-embeddings-theta", str(rotary_base(m))]
     if m.normalization == "rmsnorm":
         args += ["--normalization", "rmsnorm"]
     if m.ffn_type == "swiglu":
@@ -138,6 +182,8 @@ def pretrain_args(layout: Layout, workload: Workload, *, deepspeed_config_path: 
     _check_precision(precision)
     check(layout, workload)
     args = [*shape_args(layout, workload), *architecture_args(workload.model)]
+    if workload.cluster.flash_attention:
+        args += list(FLASH_ATTENTION)     # the attention the model assumed (no score matrix kept)
     if layout.sequence_parallel:
         args.append("--sequence-parallel")
     args += run_args(layout, workload, iterations, precision)

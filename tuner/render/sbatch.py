@@ -13,7 +13,12 @@ Templates:
   its DeepSpeed config written next to the script; the runner parses its log;
 - `command`: any argv (a command trial under srun), used by tests and for custom launchers.
 Every rank gets torch.distributed's env:// variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
-LOCAL_RANK) from Slurm's, and the command-runner protocol's TUNER_* variables.
+LOCAL_RANK) from Slurm's, and a trial's script the command-runner protocol's TUNER_* variables.
+
+A launch script (`launch=`, `tuner launch`) is the real run's, not a trial's: a readable job name
+(`launch_job_name`), no TUNER_* variables, no exit-status file, and no path of the machine that wrote it: it
+runs in `$SLURM_SUBMIT_DIR` (sbatch from the directory of its files; it stops with a message elsewhere).
+`generic_slurm` is the table of a cluster without one: one rank per GPU, the rest left to the site.
 """
 
 from __future__ import annotations
@@ -124,6 +129,21 @@ def validate_slurm(table: dict | None, where: str = "[slurm]") -> dict:
     return out
 
 
+def generic_slurm(gpus_per_node: int) -> dict:
+    """The [slurm] table of a cluster without one: one rank per GPU (account, partition, modules and
+    environment are the site's: `tuner launch` writes a comment saying so)."""
+    return {"tasks_per_node": gpus_per_node, "gpus_per_node": gpus_per_node}
+
+
+def launch_job_name(model: str, layout) -> str:
+    """<model>-tp<t>[-cp<c>]-pp<p>[-vp<v>]-dp<d>, e.g. llama3-70b-tp4-pp4-dp4, in the characters sbatch and
+    squeue show as they are."""
+    dims = [("tp", layout.tp), ("cp", layout.context_parallel), ("pp", layout.pp),
+            ("vp", layout.virtual_pipeline), ("dp", layout.dp)]
+    name = "-".join([model, *(f"{k}{v}" for k, v in dims if v > 1 or k in ("tp", "pp", "dp"))])
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:120]
+
+
 def job_name(trial: TrialSpec) -> str:
     """tuner-<study>-<number>, reduced to characters sbatch and squeue show as they are."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", f"tuner-{trial.study}-{trial.number}")[:120]
@@ -150,19 +170,20 @@ def _q(value: object) -> str:
 def render_sbatch(trial: TrialSpec, slurm: dict, *, template: str = "harness", python: str = "python3",
                   trial_dir: str | Path | None = None, time_limit: str | None = None,
                   command: list[str] | None = None, pythonpath: str | None = None,
-                  env: dict[str, str] | None = None) -> str:
+                  env: dict[str, str] | None = None, launch: str | None = None, notes: list[str] = ()) -> str:
     """The sbatch script for `trial`. `slurm` is the cluster's [slurm] table (validated here);
     `trial_dir` defaults to trial.trial_dir; `time_limit` overrides the table's; `command` is the argv
     of the `command` template; `pythonpath` is prepended to PYTHONPATH (where tuner is, if not installed);
     `env`: variables the framework needs (CUDA_DEVICE_MAX_CONNECTIONS), exported after the table's (the
-    megatron template adds Megatron-DeepSpeed's own, tuner.render.megatron.launch_env)."""
+    megatron template adds Megatron-DeepSpeed's own, tuner.render.megatron.launch_env).
+    `launch`: the job name of a launch script (`tuner launch`; see the module's doc) instead of a trial's;
+    `notes`: comment lines under its header."""
     if template not in TEMPLATES:
         raise UsageError(f"unknown Slurm template '{template}'; templates: {', '.join(TEMPLATES)}")
     s = validate_slurm(slurm)
     d = trial_dir if trial_dir is not None else trial.trial_dir
-    if d is None:
+    if d is None and launch is None:
         raise UsageError("render_sbatch needs a trial directory (trial.trial_dir or trial_dir=)")
-    d = str(d)
     lay, w = trial.layout, trial.workload
     tasks = s["tasks_per_node"] or w.cluster.gpus_per_node
     if w.nodes * tasks != lay.gpus:
@@ -174,20 +195,28 @@ def render_sbatch(trial: TrialSpec, slurm: dict, *, template: str = "harness", p
         raise UsageError(f"time limit must be minutes or [D-]HH:MM[:SS], got {limit!r}")
     argv, preamble = _program(trial, s, template, python, command)
     exports = {**(env or {}), **(megatron.launch_env(lay) if template == "megatron" else {})}
-    lines = [*_directives(trial, s, template, tasks, limit), "",
-             *_environment(trial, s, d, pythonpath, exports), *preamble, "",
-             *_launch(w.nodes, tasks, s, argv)]
+    lines = [*_directives(trial, s, template, tasks, limit, launch, notes), "",
+             *_environment(trial, s, None if launch else str(d), pythonpath, exports), *preamble, "",
+             *_launch(w.nodes, tasks, s, argv, trial=launch is None)]
     return "\n".join(lines)
 
 
-def _directives(trial: TrialSpec, s: dict, template: str, tasks: int, limit: str | None) -> list[str]:
-    """The shebang, a comment naming the trial, and the #SBATCH lines."""
+def _header(trial: TrialSpec, template: str, launch: str | None) -> str:
     lay, w = trial.layout, trial.workload
-    lines = ["#!/bin/bash",
-             f"# tuner trial {trial.number} of study {json.dumps(trial.study)}: {lay.key()}, "
-             f"model {json.dumps(w.model.name)}, {w.nodes} node(s), template {template}",
-             f"#SBATCH --job-name={job_name(trial)}",
-             f"#SBATCH --nodes={w.nodes}",
+    if launch is None:
+        return (f"# tuner trial {trial.number} of study {json.dumps(trial.study)}: {lay.key()}, "
+                f"model {json.dumps(w.model.name)}, {w.nodes} node(s), template {template}")
+    return (f"# tuner launch: {lay.key()}, model {json.dumps(w.model.name)}, {w.nodes} node(s) of "
+            f"{json.dumps(w.cluster.name)}, global batch {w.global_batch}. Submit from this directory: sbatch launch.sbatch")
+
+
+def _directives(trial: TrialSpec, s: dict, template: str, tasks: int, limit: str | None,
+                launch: str | None = None, notes: list[str] = ()) -> list[str]:
+    """The shebang, a comment naming the trial (or the launch, and its notes), and the #SBATCH lines."""
+    lines = ["#!/bin/bash", _header(trial, template, launch),
+             *("# " + n.replace("\r", "\\r").replace("\n", "\\n") for n in notes),
+             f"#SBATCH --job-name={launch or job_name(trial)}",
+             f"#SBATCH --nodes={trial.workload.nodes}",
              f"#SBATCH --ntasks-per-node={tasks}"]
     for key, opt in (("gpus_per_node", "gpus-per-node"), ("cpus_per_task", "cpus-per-task"),
                      ("account", "account"), ("partition", "partition"), ("qos", "qos")):
@@ -199,14 +228,22 @@ def _directives(trial: TrialSpec, s: dict, template: str, tasks: int, limit: str
     return lines + [f"#SBATCH {x}" for x in s["extra_sbatch"]]
 
 
-def _environment(trial: TrialSpec, s: dict, d: str, pythonpath: str | None, exports: dict[str, str]) -> list[str]:
-    """cd to the trial directory, modules, the table's, the framework's and the protocol's variables, the
-    rendezvous, setup."""
-    lines = ["set -uo pipefail", f"cd {_q(d)} || exit 1"]
+# A launch script runs beside its files, wherever they were copied: in the directory sbatch was run from.
+_LAUNCH_CD = ['cd "${SLURM_SUBMIT_DIR:-.}" || exit 1',
+              'if [ ! -f layout.json ]; then echo "tuner: no layout.json in $PWD: run sbatch in the directory of '
+              'launch.sbatch (cd DIR && sbatch launch.sbatch)" >&2; exit 1; fi']
+
+
+def _environment(trial: TrialSpec, s: dict, d: str | None, pythonpath: str | None,
+                 exports: dict[str, str]) -> list[str]:
+    """cd to the trial directory (a launch: the submit directory), modules, the table's, the framework's and
+    (a trial) the protocol's variables, the rendezvous, setup."""
+    lines = ["set -uo pipefail", *([f"cd {_q(d)} || exit 1"] if d is not None else _LAUNCH_CD)]
     lines += [f"module load {_q(m)}" for m in s["modules"]]
     lines += [f"export {k}={_q(v)}" for k, v in public_env(s["env"]).items()]   # never the store's secrets
     lines += [f"export {k}={_q(v)}" for k, v in exports.items() if s["env"].get(k) != v]   # once, if the table has it
-    lines += [f"export {k}={_q(v)}" for k, v in trial_env(trial, d).items()]
+    if d is not None:
+        lines += [f"export {k}={_q(v)}" for k, v in trial_env(trial, d).items()]
     if pythonpath:
         lines.append(f'export PYTHONPATH={_q(pythonpath)}"${{PYTHONPATH:+:$PYTHONPATH}}"')
     lines += ['export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
@@ -234,8 +271,8 @@ def _program(trial: TrialSpec, s: dict, template: str, python: str,
     return argv, ["cat > ds_config.json <<'TUNER_DS_CONFIG_EOF'", ds, "TUNER_DS_CONFIG_EOF"]
 
 
-def _launch(nodes: int, tasks: int, s: dict, argv: list[str]) -> list[str]:
-    """srun of `argv` on every rank, and the exit status written where the runner looks for it."""
+def _launch(nodes: int, tasks: int, s: dict, argv: list[str], trial: bool = True) -> list[str]:
+    """srun of `argv` on every rank, and (a trial) the exit status written where the runner looks for it."""
     srun = ["srun", f"--nodes={nodes}", f"--ntasks-per-node={tasks}"]
     if s["gpus_per_node"] is not None:
         srun.append(f"--gpus-per-node={s['gpus_per_node']}")
@@ -249,5 +286,5 @@ def _launch(nodes: int, tasks: int, s: dict, argv: list[str]) -> list[str]:
             "master $MASTER_ADDR:$MASTER_PORT\"",
             launch + " \\", "    " + " ".join(_q(a) for a in argv),
             "rc=$?",
-            "printf '%s\\n' \"$rc\" > exit_status.tmp && mv exit_status.tmp exit_status",
+            *(["printf '%s\\n' \"$rc\" > exit_status.tmp && mv exit_status.tmp exit_status"] if trial else []),
             "exit \"$rc\"", ""]

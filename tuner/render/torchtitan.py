@@ -26,8 +26,21 @@ parallelism: models/llama3/infra/parallelize.py line 151).
   float8.py line 238; the toml comment's "float8" is not registered) and [quantize.linear.float8] as
   llama3_405b.toml sets it: tensorwise scaling, float8 FSDP all-gather with precomputed scales, the output
   layer left in bf16.
+- fp8 also turns on torch.compile of the model and the loss ([compile] enable, components, job_config.py
+  lines 722-725, as llama3_405b.toml does): float8 without compile is slower than bf16 (components/
+  quantization/float8.py line 33 reads it);
+- attention: the llama3 flavors' attn_type "sdpa" (model/args.py line 45), PyTorch's scaled_dot_product_attention,
+  which runs its FlashAttention kernel for causal bf16 attention: nothing to write for flash_attention;
+- the launch's data: [training] dataset "c4" (torchtitan's streaming C4 loader, hf_datasets/text_datasets.py
+  line 37: load_dataset(dataset_path, name="en", split="train")) with dataset_path, and [model] hf_assets_path
+  the tokenizer directory (tokenizer_path is deprecated there); mock data is its test set "c4_test" (2K
+  samples, line 42) and test tokenizer from the torchtitan checkout's tests/assets (the flavor keeps its
+  128256 vocabulary, model/args.py line 33, whatever the tokenizer's);
+- checkpoints: [checkpoint] enable, folder (under [job] dump_folder, components/checkpoint.py line 264),
+  interval; torchtitan resumes from the folder's latest step.
 torchtitan builds its model from a registered flavor, not from numbers in the file: only models whose
-shape matches a flavor are rendered; any other model is refused. fp16 is refused (torchtitan's
+shape matches a flavor (and rope_theta, when the model sets it, the flavors' 500000) are rendered; any other
+model is refused. fp16 is refused (torchtitan's
 mixed_precision_param is bfloat16 or float32).
 """
 
@@ -45,13 +58,18 @@ FLOAT8_CONVERTER = "quantize.linear.float8"
 FLOAT8 = {"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True,
           "filter_fqns": ["output"]}
 SELECTIVE_AC_OPTION = "op"
+ROPE_THETA = 500000            # every llama3 flavor's rope_theta
+COMPILE = {"enable": True, "components": ["model", "loss"]}
+DATASET, MOCK_DATASET = "c4", "c4_test"
+SAVE_INTERVAL = 1000           # as tuner.render.megatron.SAVE_INTERVAL
 
 
 def flavor(m: ModelSpec) -> tuple[str, str]:
     """(model name, flavor) of torchtitan's registered model with m's shape, or UsageError."""
     shape = (m.hidden_size, m.num_layers, m.num_attention_heads, m.num_query_groups)
+    theta = getattr(m, "rope_theta", None)
     for name, s in LLAMA3_FLAVORS.items():
-        if s == shape and m.ffn_type == "swiglu" and m.position_embedding == "rope":
+        if s == shape and m.ffn_type == "swiglu" and m.position_embedding == "rope" and theta in (None, ROPE_THETA):
             return "llama3", name
     raise UsageError(f"--framework torchtitan cannot describe model '{m.name}': torchtitan builds a registered "
                      f"model flavor and none (llama3 {', '.join(LLAMA3_FLAVORS)}) has its architecture; use "
@@ -93,10 +111,25 @@ def activation_checkpoint(layout: Layout) -> dict:
     return {"mode": layout.recompute}
 
 
-def job_sections(layout: Layout, workload: Workload, *, precision: str = "bf16",
-                 iterations: int = 10) -> dict[str, dict]:
-    """{section: {key: value}} of the job file (a dotted section is a nested table). UsageError for fp16 or
-    a model torchtitan has no flavor of."""
+def data_keys(*, data_path: str | None, tokenizer: str | None, mock_data: bool = False,
+              checkout: str | None = None) -> tuple[dict, dict]:
+    """([training] keys, [model] keys) of the launch's data: a dataset in C4's format and its tokenizer's
+    Hugging Face assets directory, or (mock data) torchtitan's c4_test and test tokenizer from its checkout
+    (default ./torchtitan beside the files)."""
+    tests = f"{(checkout or 'torchtitan').rstrip('/')}/tests/assets"
+    if mock_data:
+        return ({"dataset": MOCK_DATASET, "dataset_path": f"{tests}/c4_test"},
+                {"hf_assets_path": tokenizer or f"{tests}/tokenizer"})
+    if not tokenizer:
+        raise UsageError("--framework torchtitan: --data-path needs --tokenizer DIR, the directory of the Hugging "
+                         "Face tokenizer files (torchtitan's scripts/download_hf_assets.py writes one)")
+    return {"dataset": DATASET, "dataset_path": str(data_path)}, {"hf_assets_path": tokenizer}
+
+
+def job_sections(layout: Layout, workload: Workload, *, precision: str = "bf16", iterations: int = 10,
+                 data: tuple[dict, dict] = ({}, {}), save_dir: str | None = None) -> dict[str, dict]:
+    """{section: {key: value}} of the job file (a dotted section is a nested table). `data`: `data_keys`;
+    `save_dir`: checkpoints on, in that folder. UsageError for fp16 or a model torchtitan has no flavor of."""
     if precision not in MIXED_PRECISION:
         raise UsageError(f"--framework torchtitan trains in bf16 only (mixed_precision_param bfloat16), got {precision}")
     check_batch(layout, workload)
@@ -108,22 +141,25 @@ def job_sections(layout: Layout, workload: Workload, *, precision: str = "bf16",
     sections = {
         "job": {"dump_folder": "./outputs", "description": f"tuner launch: {m.name}, {layout.key()}"},
         "metrics": {"log_freq": 1},
-        "model": {"name": name, "flavor": flav, **({"converters": [FLOAT8_CONVERTER]} if fp8 else {})},
+        "model": {"name": name, "flavor": flav, **data[1], **({"converters": [FLOAT8_CONVERTER]} if fp8 else {})},
         "optimizer": {"name": "AdamW", "lr": ADAM_PARAMS["lr"], "beta1": ADAM_PARAMS["betas"][0],
                       "beta2": ADAM_PARAMS["betas"][1], "eps": ADAM_PARAMS["eps"],
                       "weight_decay": ADAM_PARAMS["weight_decay"]},
         "training": {"local_batch_size": local, "global_batch_size": gb, "seq_len": m.seq_length,
                      "max_norm": GRADIENT_CLIPPING, "steps": iterations,
-                     "mixed_precision_param": MIXED_PRECISION[precision]},
+                     "mixed_precision_param": MIXED_PRECISION[precision], **data[0]},
         "parallelism": parallelism(layout, m),
         "activation_checkpoint": activation_checkpoint(layout),
     }
+    if save_dir:
+        sections["checkpoint"] = {"enable": True, "folder": save_dir, "interval": SAVE_INTERVAL}
     if fp8:
+        sections["compile"] = {**COMPILE, "components": list(COMPILE["components"])}
         sections["quantize.linear.float8"] = dict(FLOAT8)
     return sections
 
 
-def _comments(layout: Layout, workload: Workload) -> list[str]:
+def _comments(layout: Layout, workload: Workload, sections: dict[str, dict]) -> list[str]:
     """The header: what the file is and what torchtitan does differently from the layout."""
     lines = [f"# torchtitan job file written by `tuner launch --framework torchtitan` ({workload.nodes} x "
              f"{workload.cluster.name}, {workload.gpus} GPUs)",
@@ -139,13 +175,25 @@ def _comments(layout: Layout, workload: Workload) -> list[str]:
     if layout.virtual_pipeline > 1:
         lines.append(f"# Interleaved pipeline: {layout.virtual_pipeline} stages per rank of equal layers, embedding "
                      "and output beside the first and last.")
+    if "compile" in sections:
+        lines.append("# float8 runs compiled (torch.compile of the model and the loss): without it, it is slower than bf16.")
+    dataset = sections["training"].get("dataset")
+    if dataset == MOCK_DATASET:
+        lines.append("# Mock data: torchtitan's c4_test and test tokenizer, from its checkout's tests/assets.")
+    elif dataset:
+        lines.append('# Data: read as C4 (load_dataset(dataset_path, name="en", split="train", streaming=True), '
+                     'its "text" field).')
+    if "checkpoint" in sections:
+        lines.append("# Checkpoints: in [job] dump_folder / [checkpoint] folder; a rerun resumes from the latest.")
     return lines
 
 
-def render_job(layout: Layout, workload: Workload, *, precision: str = "bf16", iterations: int = 10) -> str:
-    """The TOML job file text."""
-    sections = job_sections(layout, workload, precision=precision, iterations=iterations)
-    lines = _comments(layout, workload)
+def render_job(layout: Layout, workload: Workload, *, precision: str = "bf16", iterations: int = 10,
+               data: tuple[dict, dict] = ({}, {}), save_dir: str | None = None) -> str:
+    """The TOML job file text (`data`, `save_dir`: see `job_sections`)."""
+    sections = job_sections(layout, workload, precision=precision, iterations=iterations, data=data,
+                            save_dir=save_dir)
+    lines = _comments(layout, workload, sections)
     for section, keys in sections.items():
         lines += ["", f"[{section}]", *(f"{k} = {_toml(v)}" for k, v in keys.items())]
     return "\n".join(lines) + "\n"

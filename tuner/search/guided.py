@@ -32,7 +32,8 @@ import math
 import numpy as np
 from scipy.special import ndtr
 
-from tuner.best import headroom_gb
+from tuner.frameworks import of as framework_of
+from tuner.perfmodel import RECOMMEND_AT
 from tuner.layout import Layout
 from tuner.perfmodel import predict
 from tuner.search import STUDY_DEFAULTS  # noqa: F401  (re-exported: the study defaults of the stop rule)
@@ -90,7 +91,8 @@ class GuidedSearcher(BaseSearcher):
         self._learned = 0                       # results that taught something (the stop rule's cache key)
         self._checked: int | None = None
         if workload is not None:                # unmeasured first picks keep the memory headroom
-            self.roomy = self.log_mem <= math.log(max(self.capacity - headroom_gb(workload), 1e-9))
+            self.memory_sd = framework_of(workload).memory_sd
+            self.roomy = self.p_fit() >= RECOMMEND_AT
         else:
             self.roomy = np.ones(n, dtype=bool)
 
@@ -155,7 +157,7 @@ class GuidedSearcher(BaseSearcher):
         mem = Observations()
         mem.extend(self.history)
         mem.extend(self.own)
-        mu, sd = mem.memory_gp().predict(self.Z, self.FM)
+        mu, sd = mem.memory_gp(self.memory_sd).predict(self.Z, self.FM)
         z = (math.log(self.capacity) - self.log_mem - mu) / np.hypot(sd, P_FIT_SD)
         return ndtr(z)
 

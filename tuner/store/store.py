@@ -24,6 +24,7 @@ from sqlalchemy.pool import StaticPool
 from tuner.errors import BudgetSpent, NoStore, StoreError, StudyExists, UnknownStudy
 from tuner.store.engine import BUSY_TIMEOUT_S, URL_HINT, _engine_for, _reason, _sqlstate, redact
 from tuner.layout import Layout
+from tuner.specs import stored_framework
 from tuner.perfmodel.prediction import Prediction
 from tuner.store.models import (MEASURED, PREDICTED, SCHEMA_VERSION, STUDY_STATES, MetaRow, StudyRecord, StudyRow,
                                 TrialRecord, TrialRow, apply_migrations, newer_error, read_version, scrub, utcnow,
@@ -273,10 +274,12 @@ class Store:
         return 0 if nums == [] else self._tx(mark, f"marking trials of study '{study}' interrupted", write=True)
 
     def best(self, model: str, cluster: str, nodes: int, k: int = 1, study: str | None = None,
-             global_batch: int | None = None, precision: str | None = None) -> list[TrialRecord]:
+             global_batch: int | None = None, precision: str | None = None,
+             framework: str | None = None) -> list[TrialRecord]:
         """The k fastest ok trials (highest MFU) of every study of that model, cluster and node count
         (and global batch and precision, when given: speeds at another batch or in bf16 vs fp8 do not
-        compare; a study stored before precision existed is bf16).
+        compare; a study stored before precision existed is bf16), and framework (a layout's speed and
+        memory are its framework's).
 
         The top k of each matching study (index range on (study_id, status, mfu)), merged:
         fast whatever the number of trials and whether anything matches."""
@@ -288,7 +291,8 @@ class Store:
             if global_batch is not None:
                 q = q.where(StudyRow.global_batch == int(global_batch))
             studies = {r.id: r for r in s.execute(q if study is None else q.where(StudyRow.name == study)).scalars()
-                       if precision is None or (r.workload or {}).get("precision", "bf16") == precision}
+                       if (precision is None or (r.workload or {}).get("precision", "bf16") == precision)
+                       and (framework is None or stored_framework(r.workload) == framework)}
             rows: list[TrialRow] = []
             for sid in studies:
                 rows += s.execute(select(TrialRow).where(
