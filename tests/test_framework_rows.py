@@ -1,0 +1,101 @@
+"""benchmarks/data/framework_published.toml: published, measured throughputs of FSDP (llm-foundry),
+torchtitan and Megatron-Core runs. Checks the rows' shape only (keys, presets, values); no prediction."""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tuner.specs import load_cluster, load_model
+
+DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "framework_published.toml"
+REQUIRED = ("framework", "source", "release", "model", "cluster", "gpus", "precision", "seq_length", "global_batch",
+            "micro_batch", "tp", "pp", "cp", "vp", "sequence_parallel", "recompute", "distributed_optimizer",
+            "tokens_per_s_per_gpu", "note")
+OPTIONAL = ("zero_stage", "model_tflops_per_gpu", "peak_memory_gib", "oom")
+FRAMEWORKS = ("torchtitan", "fsdp", "megatron-core", "megatron-deepspeed")
+UNSTATED = "unstated"
+
+
+@functools.cache
+def _rows() -> list[dict]:
+    with open(DATA, "rb") as f:
+        return tomllib.load(f)["row"]
+
+
+@functools.cache
+def _model(name):
+    return load_model(name)
+
+
+@functools.cache
+def _cluster(name):
+    return load_cluster(name)
+
+
+def test_file_has_rows_of_every_stack():
+    rows = _rows()
+    assert 40 <= len(rows) <= 150
+    assert {r["framework"] for r in rows} == {"torchtitan", "fsdp", "megatron-core"}
+    assert any("peak_memory_gib" in r for r in rows)
+
+
+@pytest.mark.parametrize("i", range(len(_rows())))
+def test_row(i):
+    r = _rows()[i]
+    where = f"row {i + 1} ({r.get('model')}, {r.get('gpus')} GPUs)"
+    missing = [k for k in REQUIRED if k not in r]
+    assert not missing, f"{where} lacks {missing}"
+    unknown = set(r) - set(REQUIRED) - set(OPTIONAL)
+    assert not unknown, f"{where} has unknown keys {unknown} (no 'apart': every row is in the headline)"
+    assert r["framework"] in FRAMEWORKS, where
+    assert r["precision"] in ("bf16", "fp8"), where
+    assert r["recompute"] in ("none", "selective", "full", UNSTATED), where
+    for k in ("sequence_parallel", "distributed_optimizer"):
+        assert r[k] in (True, False, UNSTATED), f"{where}: {k}"
+    for k in ("source", "release", "note"):
+        assert isinstance(r[k], str) and r[k].strip(), f"{where}: {k}"
+    assert " @ " in r["source"], f"{where}: source names no commit"
+
+    for k in ("gpus", "seq_length", "global_batch", "micro_batch", "tp", "pp", "cp", "vp"):
+        assert isinstance(r[k], int) and r[k] >= 1, f"{where}: {k} = {r[k]!r}"
+    for k in ("tokens_per_s_per_gpu", "model_tflops_per_gpu", "peak_memory_gib"):
+        if k in r:
+            assert isinstance(r[k], (int, float)) and r[k] > 0, f"{where}: {k} = {r[k]!r}"
+    if "peak_memory_gib" in r:
+        assert "GiB" in r["note"] or "GB" in r["note"], f"{where}: the note must say what the memory figure is"
+    if "oom" in r:
+        assert r["oom"] is True, where
+    if "zero_stage" in r:
+        assert r["zero_stage"] in (0, 1, 2, 3), where
+    if r["framework"] in ("fsdp", "torchtitan"):
+        assert r.get("zero_stage") in (2, 3), f"{where}: FSDP rows shard parameters or gradients"
+
+    # the layout divides the GPUs and the batch
+    model_par = r["tp"] * r["pp"] * r["cp"]
+    assert r["gpus"] % model_par == 0, where
+    dp = r["gpus"] // model_par
+    assert r["global_batch"] % (r["micro_batch"] * dp) == 0, f"{where}: global batch not a whole number of micro-batches"
+    if r["vp"] > 1:
+        assert r["pp"] > 1, where
+
+    model = _model(r["model"])
+    cluster = _cluster(r["cluster"])
+    assert model.name == r["model"] and cluster.name == r["cluster"]
+    assert r["gpus"] % cluster.gpus_per_node == 0, f"{where}: not whole {cluster.name} nodes"
+    if r["precision"] == "fp8":
+        assert cluster.peak_tflops_fp8, f"{where}: an FP8 row on a cluster without an FP8 peak"
+    if "peak_memory_gib" in r:
+        # a reading in GiB cannot exceed the GPU's memory (GB) by more than the GiB/GB ratio
+        assert r["peak_memory_gib"] * 1.073741824 <= cluster.memory_gb * 1.001, f"{where}: memory above the GPU's"
+
+
+def test_no_duplicate_rows():
+    seen = set()
+    for r in _rows():
+        key = tuple(r[k] for k in REQUIRED if k != "note")
+        assert key not in seen, f"duplicate row: {key[:8]}"
+        seen.add(key)
