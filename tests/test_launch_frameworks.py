@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import os
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -50,6 +51,13 @@ MCORE_FLAGS = {
     "--fp8-amax-history-len": "TC:621", "--fp8-amax-compute-algo": "TC:624",
     "--overlap-grad-reduce": "A:3121", "--overlap-param-gather": "A:3148", "--tp-comm-overlap": "MPC:265",
     "--account-for-embedding-in-pipeline-split": "TC:137", "--account-for-loss-in-pipeline-split": "TC:141",
+    # issue "launch files that run as written": the RoPE base, the attention the model assumed, data, checkpoints
+    "--rotary-base": "A:2418 (int, default 10000)",
+    "--attention-backend": "TC:151 (AttnBackend: 'flash' = core/transformer/enums.py:54)",
+    "--data-path": "A:3255", "--split": "A:3266 (A:668 warns without it)", "--mock-data": "A:3302",
+    "--tokenizer-type": "TR:698 ('HuggingFaceTokenizer' | 'NullTokenizer')", "--tokenizer-model": "TR:714",
+    "--vocab-size": "TR:679 (NullTokenizer keeps it: core/tokenizers/text/libraries/null_tokenizer.py:18)",
+    "--save": "TR:395", "--load": "TR:430", "--save-interval": "TR:398",
 }
 
 # torchtitan (pytorch/torchtitan) at 238fa9953e4aec2a62582121564273d7cbb1e9f1 (2026-02-23), the last commit
@@ -80,9 +88,16 @@ TORCHTITAN_KEYS = {
     "quantize.linear.float8.enable_fsdp_float8_all_gather": "Float8Linear:732 (JobConfig.quantize:1018)",
     "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp": "Float8Linear:735",
     "quantize.linear.float8.filter_fqns": "Float8Linear:741",
+    # data, tokenizer, checkpoints, compile (JobConfig.checkpoint:1013, .compile:1017)
+    "training.dataset": "Training:244 ('c4' | 'c4_test': hf_datasets/text_datasets.py:37, 42)",
+    "training.dataset_path": "Training:247", "model.hf_assets_path": "Model:107 (tokenizer_path:114 is deprecated)",
+    "checkpoint.enable": "Checkpoint:488", "checkpoint.folder": "Checkpoint:513", "checkpoint.interval": "Checkpoint:519",
+    "compile.enable": "Compile:722", "compile.components": "Compile:725 ('model', 'loss')",
 }
 
 H100_SLURM = {"partition": "batch", "account": "abc123", "tasks_per_node": 8, "gpus_per_node": 8}
+MOCK = {"mock_data": True}
+DATA = {"data_path": "/lustre/data/pile_text_document", "tokenizer": "meta-llama/Meta-Llama-3-70B"}
 
 
 def h100_workload(model: str = "llama3-70b", nodes: int = 8, precision: str = "bf16"):
@@ -129,7 +144,7 @@ def test_megatron_core_architecture_flags_follow_the_spec():
     llama = mcore.architecture_args(load_model("llama3-70b"))
     assert llama == ["--group-query-attention", "--num-query-groups", "8", "--swiglu", "--position-embedding-type",
                      "rope", "--untie-embeddings-and-output-weights", "--normalization", "RMSNorm",
-                     "--disable-bias-linear"]
+                     "--disable-bias-linear", "--rotary-base", "500000"]
     assert mcore.architecture_args(load_model("175b")) == []          # GPT-3: Megatron's defaults
 
 
@@ -225,10 +240,10 @@ def test_megatron_core_leaves_unset_dimensions_out():
 
 def test_megatron_core_sbatch_sets_cuda_device_max_connections():
     """Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with tp or cp > 1 (arguments.py line 1477)."""
-    files = launch_files(MODERN, modern_workload(), "/x", framework="megatron-core", train_iters=10)
+    files = launch_files(MODERN, modern_workload(), "/x", framework="megatron-core", train_iters=10, **MOCK)
     assert "export CUDA_DEVICE_MAX_CONNECTIONS=1\n" in files["launch.sbatch"]
     dp_only = Layout(tp=1, pp=1, dp=512, micro_batch=1, zero_stage=1)
-    files = launch_files(dp_only, modern_workload(), "/x", framework="megatron-core", train_iters=10)
+    files = launch_files(dp_only, modern_workload(), "/x", framework="megatron-core", train_iters=10, **MOCK)
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in files["launch.sbatch"]
 
 
@@ -262,6 +277,11 @@ def test_torchtitan_pipeline_without_interleaving_keeps_torchtitans_schedule():
     assert "pipeline_parallel_layers_per_stage" not in job["parallelism"]
 
 
+def z3(lay: Layout) -> Layout:
+    """torchtitan's layouts: FSDP2, zero_stage 3 (tuner.frameworks)."""
+    return dataclasses.replace(lay, zero_stage=3, sequence_parallel=lay.tp > 1)
+
+
 MDS = Layout(tp=4, sequence_parallel=True, pp=4, dp=32, micro_batch=1, zero_stage=1, recompute="selective")
 
 
@@ -271,10 +291,10 @@ MDS = Layout(tp=4, sequence_parallel=True, pp=4, dp=32, micro_batch=1, zero_stag
 ])
 def test_megatron_deepspeed_refuses_cp_and_vp(lay, words):
     with pytest.raises(UsageError) as e:
-        launch_files(lay, modern_workload(), "/x", framework="megatron-deepspeed", train_iters=10)
+        launch_files(lay, modern_workload(), "/x", framework="megatron-deepspeed", train_iters=10, **DATA)
     msg = str(e.value)
     assert e.value.exit_code == 2 and "\n" not in msg
-    assert msg.startswith(f"--framework megatron-deepspeed cannot run {words}") and "--framework megatron-core" in msg
+    assert f"megatron-deepspeed cannot run {words}" in msg and "--framework megatron-core" in msg
     assert "--ds-sequence-parallel-size" not in " ".join(megatron.pretrain_args(
         dataclasses.replace(lay, context_parallel=1, virtual_pipeline=1, dp=32), modern_workload()))
 
@@ -291,7 +311,7 @@ def test_megatron_deepspeed_fp8_only_where_transformer_engine_runs():
 
 
 def test_megatron_deepspeed_writes_sp_and_selective_recompute():
-    files = launch_files(MDS, modern_workload(), "/x", framework="megatron-deepspeed", train_iters=10)
+    files = launch_files(MDS, modern_workload(), "/x", framework="megatron-deepspeed", train_iters=10, **DATA)
     args = files["megatron_args.txt"].split()
     assert "--sequence-parallel" in args and value(args, "--recompute-granularity") == "selective"
     assert "--checkpoint-activations" not in args and "--deepspeed-activation-checkpointing" not in args
@@ -305,7 +325,7 @@ def test_cli_refuses_a_layout_megatron_deepspeed_cannot_run(tmp_path, monkeypatc
 
     monkeypatch.setattr(report, "pick_layout", lambda *a: (MODERN, modern_workload(), Source("model")))
     args = ["launch", "--model", "llama3-70b", "--nodes", "64", "--cluster", "h100", "--train-iters", "10",
-            "--db", f"sqlite:///{tmp_path}/none.db"]
+            "--data-path", "/data/x", "--tokenizer", "meta-llama/Meta-Llama-3-70B", "--db", f"sqlite:///{tmp_path}/none.db"]
     r = CliRunner().invoke(cli, [*args, "--out", tmp_path / "no", "--framework", "megatron-deepspeed"])
     assert isinstance(r.exception, UsageError) and r.exception.exit_code == 2
     assert "cannot run context_parallel 2" in str(r.exception) and not (tmp_path / "no").exists()
@@ -314,30 +334,34 @@ def test_cli_refuses_a_layout_megatron_deepspeed_cannot_run(tmp_path, monkeypatc
     assert (tmp_path / "auto" / "megatron_args.txt").exists() and not (tmp_path / "auto" / "ds_config.json").exists()
 
 
+GPT_DATA = {"data_path": "/lustre/orion/abc123/data/pile_text_document", "tokenizer": "gpt2"}
+TT_DATA = {"data_path": "/lustre/data/c4", "tokenizer": "/lustre/assets/hf/Llama-3.1-70B"}
+# name: (framework, layout, workload, launch_files keyword arguments)
 CASES = {
     "launch_mcore_175b_16n": ("megatron-core", GPT_LAYOUT, lambda: make_workload("175b", 16),
-                              "/lustre/orion/abc123/launch", {"account": "abc123", "time_limit": "02:00:00",
-                                                              "megatron_dir": "/lustre/orion/abc123/Megatron-LM"}),
-    "launch_mcore_llama3-70b_8n_h100": ("megatron-core", LLAMA_LAYOUT, h100_workload, "/scratch/launch-70b",
-                                        {"megatron_dir": "/opt/Megatron-LM"}),
-    "launch_torchtitan_llama3-70b_8n_h100": ("torchtitan", LLAMA_LAYOUT, h100_workload, "/scratch/launch-70b", {}),
-    "launch_mcore_llama3-70b_64n_h100_modern_bf16": ("megatron-core", MODERN, modern_workload, "/scratch/launch-70b",
-                                                     {"megatron_dir": "/opt/Megatron-LM"}),
+                              {"account": "abc123", "time_limit": "02:00:00",
+                               "megatron_dir": "/lustre/orion/abc123/Megatron-LM", **GPT_DATA}),
+    "launch_mcore_llama3-70b_8n_h100": ("megatron-core", LLAMA_LAYOUT, h100_workload,
+                                        {"megatron_dir": "/opt/Megatron-LM", **MOCK}),
+    "launch_torchtitan_llama3-70b_8n_h100": ("torchtitan", z3(LLAMA_LAYOUT), h100_workload, MOCK),
+    "launch_mcore_llama3-70b_64n_h100_modern_bf16": ("megatron-core", MODERN, modern_workload,
+                                                     {"megatron_dir": "/opt/Megatron-LM", **DATA}),
     "launch_mcore_llama3-70b_64n_h100_modern_fp8": ("megatron-core", MODERN, lambda: modern_workload("fp8"),
-                                                    "/scratch/launch-70b", {"megatron_dir": "/opt/Megatron-LM"}),
-    "launch_torchtitan_llama3-70b_64n_h100_modern_bf16": ("torchtitan", MODERN, modern_workload, "/scratch/launch-70b", {}),
-    "launch_torchtitan_llama3-70b_64n_h100_modern_fp8": ("torchtitan", MODERN, lambda: modern_workload("fp8"),
-                                                         "/scratch/launch-70b", {}),
-    "launch_mds_llama3-70b_64n_h100_sp_selective": ("megatron-deepspeed", MDS, modern_workload, "/scratch/launch-70b",
-                                                    {"megatron_dir": "/opt/Megatron-DeepSpeed"}),
+                                                    {"megatron_dir": "/opt/Megatron-LM", **MOCK}),
+    "launch_torchtitan_llama3-70b_64n_h100_modern_bf16": ("torchtitan", z3(MODERN), modern_workload,
+                                                          {**TT_DATA, "save_dir": "/lustre/ckpt/70b"}),
+    "launch_torchtitan_llama3-70b_64n_h100_modern_fp8": ("torchtitan", z3(MODERN), lambda: modern_workload("fp8"),
+                                                         {"megatron_dir": "/opt/torchtitan", **MOCK}),
+    "launch_mds_llama3-70b_64n_h100_sp_selective": ("megatron-deepspeed", MDS, modern_workload,
+                                                    {"megatron_dir": "/opt/Megatron-DeepSpeed", **DATA}),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_framework_launch_files_match_golden(case):
     """Regenerate with TUNER_UPDATE_GOLDEN=1 and review the diff."""
-    framework, lay, workload, out, kw = CASES[case]
-    files = launch_files(lay, workload(), out, framework=framework, train_iters=5000, **kw)
+    framework, lay, workload, kw = CASES[case]
+    files = launch_files(lay, workload(), "/scratch/launch-70b", framework=framework, train_iters=5000, **kw)
     assert tuple(files) == FRAMEWORK_FILES[framework]
     for name, text in files.items():
         path = GOLDEN / case / name
@@ -348,12 +372,12 @@ def test_framework_launch_files_match_golden(case):
 
 
 def test_the_sbatch_runs_the_files_it_ships_with():
-    files = launch_files(LLAMA_LAYOUT, h100_workload(), "/x", framework="megatron-core", train_iters=10)
+    files = launch_files(LLAMA_LAYOUT, h100_workload(), "/x", framework="megatron-core", train_iters=10, **MOCK)
     args = files["megatron_args.txt"].split()
     assert "Megatron-LM/pretrain_gpt.py " + " ".join(args) in files["launch.sbatch"]
     assert "ds_config" not in files["launch.sbatch"]
-    files = launch_files(LLAMA_LAYOUT, h100_workload(), "/x", framework="torchtitan", train_iters=10,
-                         megatron_dir="/opt/torchtitan")
+    files = launch_files(z3(LLAMA_LAYOUT), h100_workload(), "/x", framework="torchtitan", train_iters=10,
+                         megatron_dir="/opt/torchtitan", **MOCK)
     assert "-m torchtitan.train --job.config_file torchtitan.toml" in files["launch.sbatch"]
     assert "export PYTHONPATH=/opt/torchtitan" in files["launch.sbatch"]
     assert json.loads(files["layout.json"])["framework"] == "torchtitan"
@@ -361,7 +385,7 @@ def test_the_sbatch_runs_the_files_it_ships_with():
 
 def test_cli_framework_option(tmp_path):
     db = f"sqlite:///{tmp_path}/none.db"
-    base = ["launch", "--nodes", "8", "--train-iters", "100", "--db", db]
+    base = ["launch", "--nodes", "8", "--train-iters", "100", "--mock-data", "--db", db]
     r = CliRunner().invoke(cli, [*base, "--model", "llama3-70b", "--framework", "torchtitan", "--out", tmp_path / "tt"])
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in (tmp_path / "tt").iterdir()) == sorted(FRAMEWORK_FILES["torchtitan"])
@@ -375,3 +399,166 @@ def test_cli_framework_option(tmp_path):
     assert "cannot describe model 'gpt-175b'" in str(r.exception) and not (tmp_path / "no").exists()
     r = CliRunner().invoke(cli, [*base, "--model", "175b", "--framework", "nope", "--out", tmp_path / "no"])
     assert r.exit_code == 2 and "megatron-core" in r.output
+
+
+# ---- launch files that run as written: data, checkpoints, RoPE base, flash attention, compile, any cluster ----
+def flags(args: list[str]) -> set[str]:
+    return {a for a in args if a.startswith("--")}
+
+
+@pytest.mark.parametrize("data", [MOCK, DATA, {**DATA, "tokenizer": "gpt2"}])
+@pytest.mark.parametrize("framework", ["megatron-core", "megatron-deepspeed", "torchtitan"])
+def test_every_launch_flag_and_key_is_checked(framework, data):
+    lay = Layout(tp=8, pp=1, dp=8, micro_batch=1, zero_stage=1)
+    lay = z3(lay) if framework == "torchtitan" else lay
+    if framework == "megatron-deepspeed" and data is MOCK:
+        with pytest.raises(UsageError) as e:
+            launch_files(lay, h100_workload(), framework=framework, train_iters=10, **data)
+        msg = str(e.value)
+        assert e.value.exit_code == 2 and "\n" not in msg
+        assert "no mock data" in msg and "--data-path PATH" in msg and "--framework megatron-core" in msg
+        return
+    files = launch_files(lay, h100_workload(), framework=framework, train_iters=10, **data)
+    if framework == "torchtitan":
+        keys = toml_keys(tomllib.loads(files["torchtitan.toml"]))
+        assert keys <= set(TORCHTITAN_KEYS), f"unchecked keys {keys - set(TORCHTITAN_KEYS)}"
+        return
+    from test_sbatch import MEGATRON_FLAGS
+    known = set(MCORE_FLAGS) if framework == "megatron-core" else set(MEGATRON_FLAGS)
+    got = flags(files["megatron_args.txt"].split("\n"))
+    assert got <= known, f"unchecked flags {got - known}"
+
+
+def test_megatron_core_data_tokenizer_and_checkpoints():
+    mock = mcore.pretrain_args(LLAMA_LAYOUT, h100_workload(), extra=mcore.data_args(load_model("llama3-70b"),
+                                                                                     data_path=None, tokenizer=None,
+                                                                                     mock_data=True))
+    assert "--mock-data" in mock and value(mock, "--tokenizer-type") == "NullTokenizer"
+    assert value(mock, "--vocab-size") == "128256" and "--data-path" not in mock
+    files = launch_files(LLAMA_LAYOUT, h100_workload(), framework="megatron-core", train_iters=10, **DATA)
+    args = files["megatron_args.txt"].splitlines()
+    assert value(args, "--data-path") == DATA["data_path"] and value(args, "--split") == "99,1,0"
+    assert value(args, "--tokenizer-type") == "HuggingFaceTokenizer"
+    assert value(args, "--tokenizer-model") == DATA["tokenizer"] and "--mock-data" not in args
+    assert value(args, "--save") == value(args, "--load") == "checkpoints" and value(args, "--save-interval") == "1000"
+    files = launch_files(LLAMA_LAYOUT, h100_workload(), framework="megatron-core", train_iters=10, save_dir="/ck", **MOCK)
+    args = files["megatron_args.txt"].splitlines()
+    assert value(args, "--save") == value(args, "--load") == "/ck"
+    assert json.loads(files["layout.json"])["save_dir"] == "/ck"
+
+
+def test_megatron_deepspeed_data_tokenizer_and_checkpoints():
+    files = launch_files(MDS, modern_workload(), framework="megatron-deepspeed", train_iters=10, **DATA)
+    args = files["megatron_args.txt"].splitlines()
+    assert value(args, "--data-path") == DATA["data_path"] and value(args, "--tokenizer-type") == "HFTokenizer"
+    assert value(args, "--tokenizer-model") == DATA["tokenizer"]
+    assert value(args, "--save") == value(args, "--load") == "checkpoints" and value(args, "--save-interval") == "1000"
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({}, ["--data-path PATH", "--mock-data"]),
+    ({**DATA, "mock_data": True}, ["exclude each other"]),
+    ({"data_path": "/d"}, ["--tokenizer NAME_OR_PATH"]),
+    ({"data_path": "/d\nrm -rf /", "tokenizer": "t"}, ["--data-path must be one non-empty line"]),
+])
+@pytest.mark.parametrize("framework", ["megatron-core", "megatron-deepspeed"])
+def test_launch_needs_the_training_data(framework, kw, words):
+    with pytest.raises(UsageError) as e:
+        launch_files(LLAMA_LAYOUT, h100_workload(), framework=framework, train_iters=10, **kw)
+    assert e.value.exit_code == 2 and "\n" not in str(e.value).replace("\\n", "")
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_torchtitan_data_tokenizer_checkpoints_and_mock_data():
+    job = tomllib.loads(launch_files(z3(LLAMA_LAYOUT), h100_workload(), framework="torchtitan", train_iters=10,
+                                     **TT_DATA)["torchtitan.toml"])
+    assert job["training"]["dataset"] == "c4" and job["training"]["dataset_path"] == TT_DATA["data_path"]
+    assert job["model"]["hf_assets_path"] == TT_DATA["tokenizer"]
+    assert job["checkpoint"] == {"enable": True, "folder": "checkpoints", "interval": 1000}
+    mock = tomllib.loads(launch_files(z3(LLAMA_LAYOUT), h100_workload(), framework="torchtitan", train_iters=10,
+                                      megatron_dir="/opt/torchtitan", **MOCK)["torchtitan.toml"])
+    assert mock["training"]["dataset"] == "c4_test"
+    assert mock["training"]["dataset_path"] == "/opt/torchtitan/tests/assets/c4_test"
+    assert mock["model"]["hf_assets_path"] == "/opt/torchtitan/tests/assets/tokenizer"
+    with pytest.raises(UsageError, match="--tokenizer DIR"):
+        launch_files(z3(LLAMA_LAYOUT), h100_workload(), framework="torchtitan", train_iters=10, data_path="/d")
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_torchtitan_compiles_float8(precision):
+    job = tomllib.loads(torchtitan.render_job(MODERN, modern_workload(precision)))
+    if precision == "fp8":
+        assert job["compile"] == {"enable": True, "components": ["model", "loss"]}
+    else:
+        assert "compile" not in job
+
+
+def test_rotary_base_from_the_models_rope_theta():
+    llama3, llama2 = load_model("llama3-70b"), load_model("llama2-70b")
+    assert getattr(llama3, "rope_theta", None) == 500000
+    assert value(mcore.architecture_args(llama3), "--rotary-base") == "500000"
+    assert value(megatron.architecture_args(llama3), "--rotary-position-embeddings-theta") == "500000"
+    for m in (llama2, dataclasses.replace(llama3, rope_theta=10000.0), dataclasses.replace(llama3, rope_theta=None),
+              load_model("175b")):
+        assert "--rotary-base" not in mcore.architecture_args(m)            # Megatron's default 10000, or no RoPE
+        assert "--rotary-position-embeddings-theta" not in megatron.architecture_args(m)
+    with pytest.raises(UsageError, match="cannot describe model"):            # no llama3 flavor has another base
+        torchtitan.flavor(dataclasses.replace(llama3, rope_theta=1e6))
+
+
+def test_flash_attention_where_the_model_assumed_it():
+    lay = Layout(tp=8, pp=1, dp=8, micro_batch=1, zero_stage=1)
+    w = h100_workload()
+    no_flash = dataclasses.replace(w, cluster=dataclasses.replace(w.cluster, flash_attention=False))
+    assert value(mcore.pretrain_args(lay, w), "--attention-backend") == "flash"
+    assert "--attention-backend" not in mcore.pretrain_args(lay, no_flash)
+    gpt = h100_workload("175b")
+    assert "--use-flash-attn-v2" in megatron.pretrain_args(lay, gpt)
+    assert "--use-flash-attn-v2" not in megatron.pretrain_args(lay, dataclasses.replace(gpt, cluster=no_flash.cluster))
+
+
+CLUSTERS = sorted(p.stem for p in (Path(__file__).parent.parent / "workloads" / "clusters").glob("*.toml"))
+
+
+@pytest.mark.parametrize("framework", ["megatron-deepspeed", "megatron-core"])
+@pytest.mark.parametrize("cluster", CLUSTERS)
+def test_every_cluster_preset_launches(cluster, framework, tmp_path):
+    """Every preset gets a launch script, a generic one where the cluster has no [slurm] table; and no file
+    holds a path of the machine that wrote it or a TUNER_* trial variable."""
+    c = load_cluster(cluster)
+    w = make_workload("tiny", 1, c)
+    lay = Layout(tp=1, pp=1, dp=c.gpus_per_node, micro_batch=w.global_batch // c.gpus_per_node)
+    files = launch_files(lay, w, tmp_path, framework=framework, train_iters=10, **GPT_DATA)
+    sb = files["launch.sbatch"]
+    subprocess.run(["bash", "-n"], input=sb, text=True, check=True)
+    assert f"#SBATCH --ntasks-per-node={(c.slurm or {}).get('tasks_per_node') or c.gpus_per_node}" in sb
+    assert f"#SBATCH --job-name=tiny-tp1-pp1-dp{c.gpus_per_node}\n" in sb
+    assert ("no [slurm] table" in sb) == (c.slurm is None)
+    if c.slurm is None:
+        assert f"#SBATCH --gpus-per-node={c.gpus_per_node}" in sb and "#SBATCH --account" in sb.split("\n")[2]
+    for name, text in files.items():
+        for where in (str(tmp_path), os.getcwd(), str(Path.home())):
+            assert where not in text, f"{name} holds {where}, a path of the machine that wrote it"
+        assert "TUNER_" not in text, f"{name} holds a tuner trial variable"
+    assert json.loads(files["layout.json"])["submit"] == "sbatch launch.sbatch"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden_launch_files_hold_no_writer_paths_or_trial_variables(case):
+    framework, lay, workload, kw = CASES[case]
+    for out in ("/scratch/launch-70b", "/some/where/else"):
+        files = launch_files(lay, workload(), out, framework=framework, train_iters=5000, **kw)
+        assert not any(out in text or "TUNER_" in text for text in files.values())
+
+
+def test_a_launch_script_runs_in_its_submit_directory(tmp_path):
+    files = launch_files(LLAMA_LAYOUT, h100_workload(), framework="megatron-core", train_iters=10, **MOCK)
+    sb = files["launch.sbatch"]
+    assert 'cd "${SLURM_SUBMIT_DIR:-.}" || exit 1' in sb and "exit_status" not in sb
+    prologue = sb.split("export MASTER_ADDR=")[0]
+    env = {**os.environ, "SLURM_SUBMIT_DIR": str(tmp_path)}
+    r = subprocess.run(["bash", "-c", prologue + "pwd"], env=env, capture_output=True, text=True)
+    assert r.returncode == 1 and "no layout.json" in r.stderr and "sbatch launch.sbatch" in r.stderr
+    (tmp_path / "layout.json").write_text(files["layout.json"])
+    r = subprocess.run(["bash", "-c", prologue + "pwd"], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == str(tmp_path)

@@ -225,6 +225,10 @@ MEGATRON_FLAGS = {
     "--num-key-value-heads": 623, "--use-rotary-position-embeddings": 633, "--no-position-embedding": 640,
     "--normalization": 647, "--swiglu": 670, "--untie-embeddings-and-output-weights": 680,
     "--disable-bias-linear": 937,
+    # the launch's RoPE base, flash attention, data and checkpoints (4efb479d5317): --rotary-position-embeddings-theta
+    # (dest rope_theta), --use-flash-attn-v2, --tokenizer-type HFTokenizer (a choice at 1306)
+    "--rotary-position-embeddings-theta": 635, "--use-flash-attn-v2": 930, "--data-path": 1238, "--split": 1246,
+    "--tokenizer-type": 1299, "--tokenizer-model": 1309, "--save": 1069, "--save-interval": 1071, "--load": 1077,
 }
 
 
@@ -358,3 +362,25 @@ def test_missing_sbatch_is_one_line(monkeypatch):
     with pytest.raises(UsageError) as e:
         make_runner("slurm", cluster=load_cluster("local-slurm"))
     assert str(e.value) == "sbatch not found: --runner slurm needs Slurm's client commands on PATH"
+
+
+# ---- launch scripts (tuner launch): no trial variables, no writer's path, a readable name, any cluster ----
+def test_a_launch_script_is_not_a_trial_script():
+    from tuner.render.sbatch import launch_job_name
+    script = render_sbatch(frontier_trial(), frontier_slurm(), template="command", command=["true"],
+                           launch=launch_job_name("gpt-175b", STUDY_LAYOUT), notes=["a note\nsplit"])
+    assert "#SBATCH --job-name=gpt-175b-tp4-pp16-dp2\n" in script and "# a note\\nsplit\n" in script
+    assert "TUNER_" not in script and TRIAL_DIR not in script and "exit_status" not in script
+    assert 'cd "${SLURM_SUBMIT_DIR:-.}"' in script
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    trial = render_sbatch(frontier_trial(), frontier_slurm(), template="command", command=["true"], trial_dir=TRIAL_DIR)
+    assert "export TUNER_TRIAL=7" in trial and f"cd {TRIAL_DIR}" in trial and "exit_status" in trial
+
+
+def test_launch_job_names_are_readable_and_sbatch_safe():
+    from tuner.render.sbatch import generic_slurm, launch_job_name
+    modern = Layout(tp=4, sequence_parallel=True, context_parallel=2, pp=4, virtual_pipeline=5, dp=16, micro_batch=1)
+    assert launch_job_name("llama3-70b", modern) == "llama3-70b-tp4-cp2-pp4-vp5-dp16"
+    assert launch_job_name("llama3-70b", Layout(tp=4, pp=4, dp=4, micro_batch=1)) == "llama3-70b-tp4-pp4-dp4"
+    assert re.fullmatch(r"[A-Za-z0-9_.-]+", launch_job_name("my model; rm -rf /\n", STUDY_LAYOUT))
+    assert validate_slurm(generic_slurm(8))["gpus_per_node"] == 8

@@ -30,6 +30,7 @@ ZeRO-2/3, torchtitan fp16 and models without a registered flavor.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -117,6 +118,8 @@ def launch_files(layout: Layout, workload: Workload, out_dir: str | Path | None 
         raise UsageError(f"unknown framework {framework!r}; frameworks: {', '.join(FRAMEWORKS)}")
     save_dir = save_dir or DEFAULT_SAVE_DIR
     check_data(framework, data_path, tokenizer, mock_data, save_dir)
+    if getattr(workload, "framework", framework) != framework:     # the launch's framework runs the layout
+        workload = dataclasses.replace(workload, framework=framework)
     validate(layout, workload)
     batch = batch_arithmetic(layout, workload)
     table = slurm_table(workload, framework=framework, **slurm_overrides)
