@@ -29,7 +29,7 @@ Megatron-DeepSpeed), every formula reduces to the Frontier-only worlds' formulas
   head stay bf16); each GEMM input is cast (fp8_cast bytes per element), weights re-cast in a share
   fp8_wcast of micro-batches, fp8_kernels more launches per pass; fp8_wbytes more bytes per parameter
   (FP8 weight copies), activations x fp8_act.
-- Overlapping stack (the cluster's comm_overlap: Megatron-Core --overlap-grad-reduce, --overlap-param-
+- Overlapping stack (the workload's framework other than megatron-deepspeed: Megatron-Core --overlap-grad-reduce, --overlap-param-
   gather, --overlap-p2p-comm): mc_overlap of the DP gradient reduce (bounded by the backward) and of
   the parameter all-gather (bounded by a forward) hidden, mc_p2p of the pipeline sends.
 """
@@ -58,7 +58,7 @@ def tp_comm_s(ph: Physics, w: Workload, lay: Layout, nbytes: float, count: int) 
     ar = count * collective_s(ph, w, lay.tp, 1, nbytes, "ar")
     if not lay.sequence_parallel:
         return ar
-    return ar * ph.sp_coll * (1.0 - ph.sp_overlap if w.cluster.comm_overlap else 1.0)
+    return ar * ph.sp_coll * (1.0 - ph.sp_overlap if (w.framework != "megatron-deepspeed") else 1.0)
 
 
 def cp_attention_s(ph: Physics, w: Workload, lay: Layout) -> tuple[float, float]:
@@ -165,7 +165,7 @@ def p2p_s(ph: Physics, w: Workload, lay: Layout) -> float:
     exposed = ph.p2p_exposed * 2.0 * (nbytes / (bw * GB * ph.coll_eta) + lat)
     if lay.virtual_pipeline > 1:
         exposed *= lay.virtual_pipeline * ph.vp_p2p
-    return exposed * (1.0 - ph.mc_p2p) if w.cluster.comm_overlap else exposed
+    return exposed * (1.0 - ph.mc_p2p) if (w.framework != "megatron-deepspeed") else exposed
 
 
 # ------------------------------------------------------------------------------------------ step
@@ -211,7 +211,7 @@ def zero_s(ph: Physics, w: Workload, lay: Layout, params: float, m: int, fb_mb: 
     if d <= 1:
         return 0.0
     grads, weights = params * ph.grad_bytes, params * 2.0
-    stack = w.cluster.comm_overlap
+    stack = (w.framework != "megatron-deepspeed")
     overlap = ph.mc_overlap if stack else ph.dp_overlap * (1.0 if lay.pp == 1 else 0.5)
     if z == 0:
         red = collective_s(ph, w, d, t, grads, "ar")

@@ -67,6 +67,8 @@ def layout_of(row: dict) -> Layout:
     sp = tp > 1 if row["sequence_parallel"] == UNSTATED else row["sequence_parallel"]
     rc = "none" if row["recompute"] == UNSTATED else row["recompute"]
     zero = row.get("zero_stage", 0 if row["distributed_optimizer"] is False else 1)
+    if row.get("framework") == "torchtitan":          # FSDP2; its TP always shards the sequence
+        sp, zero = tp > 1, 3
     return Layout(tp=tp, pp=pp, dp=dp, micro_batch=row["micro_batch"], zero_stage=zero, recompute=rc,
                   sequence_parallel=sp, context_parallel=cp, virtual_pipeline=row["vp"])
 
@@ -79,7 +81,7 @@ def workload_of(row: dict):
     if row["gpus"] % cluster.gpus_per_node:
         raise ValueError(f"{row['gpus']} GPUs is not a whole number of {cluster.name} nodes")
     return make_workload(model, row["gpus"] // cluster.gpus_per_node, cluster, row["global_batch"],
-                         precision=row["precision"])
+                         precision=row["precision"], framework=row.get("framework"))
 
 
 def evaluate(row: dict) -> dict:

@@ -6,6 +6,9 @@ import dataclasses
 import functools
 import math
 
+from tuner.frameworks import of as framework_of
+from tuner.perfmodel import PRUNE_BELOW
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -266,7 +269,8 @@ def test_prediction_is_sane(case):
     pr = predict(layout, w)
     assert math.isfinite(pr.step_time_s) and pr.step_time_s > 0
     assert 0 < pr.mfu < 1 and pr.tflops_per_gpu > 0
-    assert pr.memory_gb > 0 and pr.fits == (pr.memory_gb <= w.cluster.memory_gb)
+    assert pr.memory_gb > 0 and pr.fits == (pr.p_fit >= PRUNE_BELOW) and 0 <= pr.p_fit <= 1
+    assert (pr.p_fit >= 0.5) == (pr.memory_gb <= w.cluster.memory_gb * math.exp(-framework_of(w).memory_bias))
     assert all(v >= 0 for v in pr.time_breakdown.values())
 
 
@@ -321,7 +325,7 @@ def test_each_modern_dimension_has_its_term_in_the_breakdown():
     assert inter.time_breakdown["bubble"] < p0.time_breakdown["bubble"] / 4.5
     assert inter.memory_breakdown["activations"] > p0.memory_breakdown["activations"]
     # sequence parallelism: same TP traffic (hidden under the GEMMs on h100), less element-wise work and memory
-    no_overlap = dataclasses.replace(w, cluster=dataclasses.replace(w.cluster, comm_overlap=False))
+    no_overlap = dataclasses.replace(w, framework="megatron-deepspeed")       # overlaps nothing
     sp = dataclasses.replace(base, sequence_parallel=True)
     assert predict(sp, no_overlap).time_breakdown["tp_comm"] == pytest.approx(predict(base, no_overlap).time_breakdown["tp_comm"])
     assert predict(sp, w).time_breakdown["tp_comm"] < predict(base, w).time_breakdown["tp_comm"]

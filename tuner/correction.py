@@ -35,6 +35,7 @@ import numpy as np
 
 from tuner.layout import RECOMPUTE, Layout
 from tuner.perfmodel import comm, predict
+from tuner.frameworks import of as framework_of
 from tuner.specs import Workload, stored_framework
 from tuner.trial import Status
 
@@ -81,8 +82,9 @@ def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
     mb = pred.memory_breakdown
     mtot = sum(mb.get(k, 0.0) for k in MEMORY_KEYS) or 1.0
     fm = np.array([mb.get(k, 0.0) / mtot for k in MEMORY_KEYS])
+    bias = framework_of(workload).memory_bias        # the framework's measured memory bias is the prior mean
     return Features(z, np.array(shares + [dp, other]), fm, math.log(max(pred.mfu, FLOOR)),
-                    math.log(max(pred.memory_gb, 1e-6)), bool(pred.fits))
+                    math.log(max(pred.memory_gb, 1e-6)) + bias, bool(pred.fits))
 
 
 # ------------------------------------------------------------------------------------------------ GP

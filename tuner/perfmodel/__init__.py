@@ -144,7 +144,8 @@ def predict(layout: Layout, workload: Workload) -> Prediction:
     # ---- memory
     sh = shape_of(layout, workload)
     worst_stage, mem = memory.peak_memory(layout, workload, m, sh)
-    p_fit = fit_probability(mem["total"], cluster.memory_gb, framework_of(workload).memory_sd)
+    fw = framework_of(workload)
+    p_fit = fit_probability(mem["total"], cluster.memory_gb, fw.memory_sd, fw.memory_bias)
     fits = p_fit >= PRUNE_BELOW
     reason = memory.fit_reason(mem, cluster.memory_gb, worst_stage) if not fits else ""
 
@@ -152,7 +153,6 @@ def predict(layout: Layout, workload: Workload) -> Prediction:
     slow = max(stage_times(layout, workload, sh), key=lambda st: sum(st.values()))
     t_stage = sum(slow.values())
     params_gpu = max(memory.stage_params(model, layout, s) for s in {0, min(1, p - 1), p - 1})
-    fw = framework_of(workload)
     compute_mb = slow["gemm"] + slow["attention"] + slow["elementwise"]
     if fw.fsdp:
         dp = fsdp_time(layout, workload, compute_mb, m)
