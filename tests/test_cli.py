@@ -55,7 +55,9 @@ def test_the_recommendation_is_the_fastest_measured_layout_everywhere(tuner, tmp
     from tuner.report import top_rows
     with open_store(tuner.db) as store:
         assert top_rows(store.trials("first"), 1)[0]["trial"] == fastest["trial"]
-    assert tuner("launch", "first", "--out", str(tmp_path / "l"), "--train-iters", "100")[0] == 0
+    assert tuner("launch", "first", "--out", str(tmp_path / "l"), "--train-iters", "100", "--mock-data", "--framework", "megatron-core")[0] != 0
+    assert tuner("launch", "first", "--out", str(tmp_path / "l"), "--train-iters", "100", "--data-path", "/d",
+                 "--tokenizer", "gpt2")[0] == 0
     assert json.loads((tmp_path / "l" / "layout.json").read_text())["layout"] == fastest["layout"]
     if busy["trial"] != fastest["trial"]:          # a recompute-heavy layout counts more FLOPs, trains slower
         assert busy["samples_per_second"] < fastest["samples_per_second"]

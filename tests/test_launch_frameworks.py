@@ -319,19 +319,26 @@ def test_megatron_deepspeed_writes_sp_and_selective_recompute():
     assert "export CUDA_DEVICE_MAX_CONNECTIONS=1\n" in files["launch.sbatch"]     # Megatron-DeepSpeed raises without
 
 
-def test_cli_refuses_a_layout_megatron_deepspeed_cannot_run(tmp_path, monkeypatch):
-    from tuner.cli import report
-    from tuner.launch import Source
-
-    monkeypatch.setattr(report, "pick_layout", lambda *a: (MODERN, modern_workload(), Source("model")))
-    args = ["launch", "--model", "llama3-70b", "--nodes", "64", "--cluster", "h100", "--train-iters", "10",
-            "--data-path", "/data/x", "--tokenizer", "meta-llama/Meta-Llama-3-70B", "--db", f"sqlite:///{tmp_path}/none.db"]
-    r = CliRunner().invoke(cli, [*args, "--out", tmp_path / "no", "--framework", "megatron-deepspeed"])
+def test_cli_launches_the_framework_asked_for_and_never_switches(tmp_path):
+    """--framework megatron-deepspeed on h100 launches the best layout Megatron-DeepSpeed runs (its DeepSpeed
+    config, no cp/vp); a study searched for Megatron-Core is launched with Megatron-Core, and asking for another
+    framework is refused naming the study's."""
+    db = f"sqlite:///{tmp_path}/s.db"
+    args = ["--model", "llama3-70b", "--nodes", "8", "--cluster", "h100", "--train-iters", "10",
+            "--data-path", "/data/x", "--tokenizer", "meta-llama/Meta-Llama-3-70B", "--db", db]
+    r = CliRunner().invoke(cli, ["launch", *args, "--out", tmp_path / "ds", "--framework", "megatron-deepspeed"])
+    assert r.exit_code == 0, r.output
+    lay = json.loads((tmp_path / "ds" / "layout.json").read_text())["layout"]
+    assert (tmp_path / "ds" / "ds_config.json").exists() and lay["context_parallel"] == lay["virtual_pipeline"] == 1
+    r = CliRunner().invoke(cli, ["search", "--model", "llama3-70b", "--nodes", "8", "--cluster", "h100", "--budget", "3",
+                                 "--study", "mc", "--db", db])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["launch", "mc", *args[6:], "--out", tmp_path / "no", "--framework", "torchtitan"])
     assert isinstance(r.exception, UsageError) and r.exception.exit_code == 2
-    assert "cannot run context_parallel 2" in str(r.exception) and not (tmp_path / "no").exists()
-    r = CliRunner().invoke(cli, [*args, "--out", tmp_path / "auto"])          # --framework auto: the one that can
-    assert r.exit_code == 0 and "framework: megatron-core" in r.output, r.output
-    assert (tmp_path / "auto" / "megatron_args.txt").exists() and not (tmp_path / "auto" / "ds_config.json").exists()
+    assert "searched for megatron-core" in str(r.exception) and not (tmp_path / "no").exists()
+    r = CliRunner().invoke(cli, ["launch", "mc", *args[6:], "--out", tmp_path / "mc"])
+    assert r.exit_code == 0 and (tmp_path / "mc" / "megatron_args.txt").exists(), r.output
+    assert not (tmp_path / "mc" / "ds_config.json").exists()
 
 
 GPT_DATA = {"data_path": "/lustre/orion/abc123/data/pile_text_document", "tokenizer": "gpt2"}
@@ -394,7 +401,8 @@ def test_cli_framework_option(tmp_path):
                                  "--out", tmp_path / "mc"])
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in (tmp_path / "mc").iterdir()) == sorted(FRAMEWORK_FILES["megatron-core"])
-    r = CliRunner().invoke(cli, [*base, "--model", "175b", "--framework", "torchtitan", "--out", tmp_path / "no"])
+    r = CliRunner().invoke(cli, [*base, "--model", "175b", "--nodes", "64", "--framework", "torchtitan",
+                                 "--out", tmp_path / "no"])
     assert isinstance(r.exception, UsageError) and r.exception.exit_code == 2      # `tuner` exits 2 with the line
     assert "cannot describe model 'gpt-175b'" in str(r.exception) and not (tmp_path / "no").exists()
     r = CliRunner().invoke(cli, [*base, "--model", "175b", "--framework", "nope", "--out", tmp_path / "no"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from pathlib import Path
 
@@ -187,19 +188,26 @@ def _measured(t) -> tuple:
 @click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]), default=None,
               help="Training dtype (default: the [slurm] table's, else bf16); fp8: bf16 with FP8 GEMMs, and without "
               "NAME the best layout of fp8 studies. With NAME the study's own precision applies.")
+@click.option("--data-path", default=None, help="The training data (Megatron's --data-path prefix; torchtitan's dataset "
+              "path). One of --data-path or --mock-data is required.")
+@click.option("--mock-data", is_flag=True, help="Random tokens instead of a dataset: a throughput run (Megatron-LM's "
+              "--mock-data, torchtitan's c4_test; Megatron-DeepSpeed has none).")
+@click.option("--tokenizer", default=None, help="Tokenizer the data was made with: a Hugging Face name or directory.")
+@click.option("--save-dir", default=None, help="Checkpoint directory, saved to and resumed from (default: checkpoints).")
+@click.option("--partition", default=None, help="Slurm partition (overrides the cluster's [slurm] table).")
 @click.option("--train-iters", type=click.IntRange(min=1), required=True,
               help="Training iterations of the real run (required: the [slurm] table's `iterations` are for short trials).")
 @DB_OPTION
-def launch(name, model, nodes, cluster, out, force, framework, megatron_dir, account, time_limit, precision, train_iters, db):
-    """Write the launch files (ds_config.json, megatron_args.txt, launch.sbatch) for the best layout.
-
-    --framework megatron-core writes Megatron-LM's pretrain_gpt.py arguments instead (no DeepSpeed config),
-    --framework torchtitan a torchtitan TOML job file.
+def launch(name, model, nodes, cluster, out, force, framework, megatron_dir, account, time_limit, precision, data_path,
+           mock_data, tokenizer, save_dir, partition, train_iters, db):
+    """Write the launch files of the best layout for its framework: Megatron-DeepSpeed (ds_config.json,
+    megatron_args.txt), Megatron-Core (Megatron-LM's megatron_args.txt) or torchtitan (torchtitan.toml),
+    each with launch.sbatch and layout.json. A study's layout is launched with the study's framework.
 
     With NAME: the best trial of that study. With --model and --nodes: the best trial in the store for that
     model, cluster and node count, or, when none is stored, the performance model's top-ranked layout.
 
-    Example: tuner launch --model 175b --nodes 16 --out launch/ && sbatch launch/launch.sbatch
+    Example: tuner launch --model 175b --nodes 16 --out launch/ --train-iters 5000 --data-path /data/gpt_text_document --tokenizer gpt2
     """
     if bool(name) == bool(model or nodes):
         raise UsageError("give a study NAME, or --model and --nodes (not both): "
@@ -217,7 +225,8 @@ def launch(name, model, nodes, cluster, out, force, framework, megatron_dir, acc
     framework = launch_framework(framework, w, name)
     files = launch_files(layout, w, out.resolve(), source=src, study=src.study or "launch", trial=src.trial or 0,
                          framework=framework, megatron_dir=megatron_dir, account=account, time_limit=time_limit, precision=precision,
-                         train_iters=train_iters)
+                         train_iters=train_iters, data_path=data_path, mock_data=mock_data, tokenizer=tokenizer,
+                         save_dir=save_dir, partition=partition)
     write_files(out, files)
     (out / "launch.sbatch").chmod(0o755)
     batch = json.loads(files["layout.json"])
@@ -232,4 +241,4 @@ def launch(name, model, nodes, cluster, out, force, framework, megatron_dir, acc
     elif framework == "megatron-deepspeed" and not (megatron_dir or (w.cluster.slurm or {}).get("megatron_dir")):
         click.echo(f"note: pretrain_gpt.py is taken from {batch['megatron_dir']}/ beside the files: pass "
                    "--megatron-dir to point at your checkout", err=True)
-    click.echo(f"submit: {batch['submit']}")
+    click.echo(f"submit: cd {shlex.quote(str(out))} && {batch['submit']}")

@@ -39,6 +39,7 @@ each) and fails on a flag that is not in it.
 from __future__ import annotations
 
 from tuner.errors import UsageError
+from tuner.frameworks import of as framework_of
 from tuner.layout import Layout, uneven_split
 from tuner.render.megatron import PRECISIONS, SPLIT, rotary_base, run_args, shape_args
 from tuner.specs import ModelSpec, Workload
@@ -111,10 +112,10 @@ def parallel_args(layout: Layout, m: ModelSpec) -> list[str]:
 
 
 def overlap_args(layout: Layout, workload: Workload) -> list[str]:
-    """The communication overlaps the model assumes on a cluster with comm_overlap (Megatron-Core's DP
+    """The communication overlaps the model assumes for Megatron-Core (tuner.frameworks: its DP
     gradient reduce and parameter gather; TP collectives under the GEMMs with sequence parallelism; p2p
     overlap is Megatron-LM's default): the launch files run what was predicted."""
-    if not workload.cluster.comm_overlap:
+    if "dp" not in framework_of(workload).overlaps:
         return []
     args = ["--overlap-grad-reduce"]
     if layout.zero_stage >= 1:
