@@ -11,7 +11,10 @@ framework torchtitan (FSDP), the stack tuner has for FSDP; its "fsdp" label is k
 Held out: a third of the rows, chosen by a hash of each row's source and configuration (not by looking
 at them), is reported apart from the rows that could have informed a choice, per framework:
 - chosen after seeing rows: `UNFUSED_TRAFFIC` (tuner/perfmodel/compute.py, 2.5) after one torchtitan
-  row (8B, 8 GPUs, FSDP eager: 5,762 tokens/s/GPU); `comm_overlap` of Megatron-Core after the NVIDIA rows
+  row (8B, 8 GPUs, FSDP eager: 5,762 tokens/s/GPU); `FA2_ON_HOPPER` (2.0: PyTorch SDPA's FlashAttention-2
+  against the fused attention the H100 constants describe) on the TUNING rows of fsdp and torchtitan (1.6,
+  2.0 and 2.4 tried; before it, torchtitan bf16 / fp8 medians were 20 % / 38 % and fsdp bf16 8.4 %, all
+  too fast, worst on long sequences); Megatron-Core's overlaps after the NVIDIA rows
   of llama_published.toml (issue 14); the frameworks' `memory_sd` (tuner/frameworks.py) from the
   spread of log(measured / predicted peak) of the tuning rows with a stated peak, printed below;
 - nothing else was fitted: the cluster files' constants are quoted hardware numbers.

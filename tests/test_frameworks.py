@@ -109,3 +109,19 @@ def test_the_default_search_recommends_what_the_framework_runs_and_launch_writes
     r = CliRunner().invoke(cli, ["best", "--model", "175b", "--nodes", "16", "--framework", "megatron-core",
                                  "--format", "json", "--db", db])
     assert r.exit_code == 0 and json.loads(r.stdout)["predicted"] is True    # another stack's trials are not its answer
+
+
+@pytest.mark.parametrize("framework, files", [("megatron-core", {"megatron_args.txt"}),
+                                              ("torchtitan", {"torchtitan.toml"})])
+def test_on_h100_each_framework_searches_and_launches_its_own_files(tmp_path, framework, files):
+    db = f"sqlite:///{tmp_path}/s.db"
+    r = CliRunner().invoke(cli, ["search", "--model", "llama3-8b", "--cluster", "h100", "--nodes", "2", "--budget", "5",
+                                 "--framework", framework, "--study", "s", "--db", db])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["launch", "s", "--out", str(tmp_path / "l"), "--train-iters", "10", "--mock-data",
+                                 "--db", db])
+    assert r.exit_code == 0, r.output
+    written = {p.name for p in (tmp_path / "l").iterdir()}
+    assert files <= written and "ds_config.json" not in written
+    lay = json.loads((tmp_path / "l" / "layout.json").read_text())["layout"]
+    assert frameworks.get(framework).refusal(Layout.from_dict(lay), make_workload("llama3-8b", 2, "h100")) is None

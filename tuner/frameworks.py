@@ -52,6 +52,8 @@ class Framework:
     memory_sd: float            # log-sd of (true peak / predicted peak) for this stack (see FRAMEWORKS)
     memory_bias: float          # mean of log(true peak / predicted peak) for this stack
     selective: str              # what recompute "selective" is: "core-attention" (Megatron) or "op" (per-op SAC)
+    attention: str              # the attention kernel: "fused" (Transformer Engine / cuDNN; FlashAttention on
+                                # ROCm) or "sdpa" (PyTorch SDPA's FlashAttention-2, tuner.perfmodel.compute)
     compiled: str               # when element-wise kernels are fused: "always" (TE) or "fp8" (torch.compile,
                                 # which `tuner launch` switches on with float8; eager otherwise)
     files: tuple[str, ...]      # what `tuner launch` writes
@@ -117,13 +119,13 @@ FRAMEWORKS: dict[str, Framework] = {
     # round sd under which none of the 33 published Megatron-Core runs that ran (predicted up to 89 GB of
     # 80) would be pruned (p_fit < 0.02), and the Frontier study's 175B peak (33.9 GB) is within it.
     "megatron-deepspeed": Framework("megatron-deepspeed", "Megatron-DeepSpeed", frozenset(), 2.0, False, 0.08, 0.0,
-                                    "core-attention", "always", ("ds_config.json", "megatron_args.txt", "launch.sbatch", "layout.json"),
+                                    "core-attention", "fused", "always", ("ds_config.json", "megatron_args.txt", "launch.sbatch", "layout.json"),
                                     _megatron_deepspeed),
     "megatron-core": Framework("megatron-core", "Megatron-Core (Megatron-LM, NeMo)",
                                frozenset({"tp", "p2p", "dp"}), 4.0, False, 0.08, 0.0,
-                               "core-attention", "always", ("megatron_args.txt", "launch.sbatch", "layout.json"), _megatron_core),
+                               "core-attention", "fused", "always", ("megatron_args.txt", "launch.sbatch", "layout.json"), _megatron_core),
     "torchtitan": Framework("torchtitan", "torchtitan (FSDP2)", frozenset({"dp"}), 4.0, True, 0.20, 0.30,
-                            "op", "fp8", ("torchtitan.toml", "launch.sbatch", "layout.json"), _torchtitan),
+                            "op", "sdpa", "fp8", ("torchtitan.toml", "launch.sbatch", "layout.json"), _torchtitan),
 }
 
 

@@ -41,13 +41,12 @@ from tuner.render import mcore, megatron, torchtitan
 from tuner.render.dsconfig import check_batch
 from tuner.render.sbatch import generic_slurm, launch_job_name, render_sbatch, validate_slurm
 from tuner.specs import Workload
+from tuner.frameworks import FRAMEWORKS as FRAMEWORK_SPECS, NAMES
 from tuner.trial import TrialSpec
 
-LAUNCH_FILES = ("ds_config.json", "megatron_args.txt", "launch.sbatch", "layout.json")
-FRAMEWORKS = ("megatron-deepspeed", "megatron-core", "torchtitan")
-FRAMEWORK_FILES = {"megatron-deepspeed": LAUNCH_FILES,
-                   "megatron-core": ("megatron_args.txt", "launch.sbatch", "layout.json"),
-                   "torchtitan": ("torchtitan.toml", "launch.sbatch", "layout.json")}
+FRAMEWORKS = NAMES                     # declared once, with their files, in tuner.frameworks
+FRAMEWORK_FILES = {name: fw.files for name, fw in FRAMEWORK_SPECS.items()}
+LAUNCH_FILES = FRAMEWORK_FILES["megatron-deepspeed"]
 DEFAULT_MEGATRON_DIR = "Megatron-DeepSpeed"
 DEFAULT_DIRS = {"megatron-deepspeed": DEFAULT_MEGATRON_DIR, "megatron-core": "Megatron-LM", "torchtitan": None}
 DEFAULT_SAVE_DIR = "checkpoints"

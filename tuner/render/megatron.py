@@ -38,7 +38,7 @@ The layout's dimensions (arguments.py and megatron/model/transformer.py at 4efb4
 from __future__ import annotations
 
 from tuner.errors import UsageError
-from tuner.layout import Layout, uneven_split
+from tuner.layout import Layout
 from tuner.render.dsconfig import render_ds_config
 from tuner.specs import Workload
 
@@ -68,24 +68,9 @@ def _check_precision(precision: str) -> None:
 
 def refusal(layout: Layout, workload: Workload) -> str | None:
     """Why Megatron-DeepSpeed cannot run `layout` on `workload` as it is (one line naming the framework that
-    can), or None."""
-    cp, vp, m = layout.context_parallel, layout.virtual_pipeline, workload.model
-    if cp > 1:
-        return (f"{_NAME} cannot run context_parallel {cp}: Megatron-DeepSpeed has no context parallelism "
-                "(--ds-sequence-parallel-size is DeepSpeed Ulysses, a different split); use --framework megatron-core")
-    if vp > 1:
-        return (f"{_NAME} cannot run virtual_pipeline {vp}: DeepSpeed's pipeline engine has no interleaved "
-                "schedule; use --framework megatron-core")
-    if uneven_split(layout, m.num_layers):
-        return (f"{_NAME} cannot split {m.num_layers} layers over pp {layout.pp} the way the layout was "
-                "predicted (Megatron-Core's embedding- and loss-aware split); use --framework megatron-core")
-    if workload.precision == "fp8" and layout.pp > 1:
-        return (f"{_NAME} cannot run fp8 with pp {layout.pp}: its FP8 (Transformer Engine layers) is built only "
-                "without DeepSpeed's pipeline (pp 1); use --framework megatron-core")
-    if workload.precision == "fp8" and m.num_query_groups < m.num_attention_heads:
-        return (f"{_NAME} cannot run fp8 for '{m.name}': its Transformer Engine layer refuses grouped-query "
-                "attention; use --framework megatron-core")
-    return None
+    can), or None: the framework's own rules (tuner.frameworks)."""
+    from tuner.frameworks import get
+    return get("megatron-deepspeed").refusal(layout, workload)
 
 
 def check(layout: Layout, workload: Workload) -> None:
