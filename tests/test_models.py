@@ -330,8 +330,10 @@ def test_the_harness_runs_only_what_it_can_build(tmp_path):
     # the simulator runs every layout the framework has: Megatron-Core's interleaving and context parallelism
     assert any(c.virtual_pipeline > 1 for c in study.runnable_layouts(sim, wc, load_space()))
     only_vp = SearchSpace.from_dict({"dimensions": {"tp": [1], "pp": [2], "virtual_pipeline": [2]}})
-    for bad, words in ((study.new_record("vp", w, only_vp, runner="local"), "cannot run virtual_pipeline = 2"),
-                       (study.new_record("fp8", dataclasses.replace(w, precision="fp8"), load_space(), runner="local"),
+    for bad, words in ((study.new_record("vp", wc, only_vp, runner="local"), "cannot run virtual_pipeline = 2"),
+                       (study.new_record("vp", w, only_vp, runner="local"), "megatron-deepspeed cannot run virtual"),
+                       (study.new_record("mc", wc, load_space(), runner="local"), "trains as Megatron-DeepSpeed does"),
+                       (study.new_record("fp8", dataclasses.replace(wc, precision="fp8"), load_space(), runner="local"),
                         "trains in bf16"),
                        (study.new_record("odd", dataclasses.replace(w, model=dataclasses.replace(
                            w.model, hidden_size=8 * 7, ffn_hidden_size=56)), load_space(), runner="local"),
