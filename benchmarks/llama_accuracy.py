@@ -5,16 +5,17 @@ Run: python benchmarks/model_accuracy.py (this section is part of it), or python
 The rows live in benchmarks/data/llama_published.toml, each with its source (repository, path, commit)
 and release: NVIDIA's DGX Cloud benchmarking recipes (NeMo 24.09 and 24.12, BF16 and FP8), NeMo 24.07's
 performance summary and Megatron-Bridge's (25.11 to 26.04.01, FP8), all on DGX H100, and torchtitan's
-benchmarks (Grand Teton H100, 500 W, HBM2e: another machine than h100.toml's, so reported apart).
+benchmarks (Grand Teton H100, 500 W, HBM2e: predicted on their own hardware, h100-gt.toml, with
+torchtitan's framework; issue 18 put them in the headline).
 Every prediction uses the constants of workloads/clusters/<cluster>.toml as they are: no number was
 fitted to these rows. One modelling choice was made after seeing them: the first run showed every
-DGX H100 row with TP > 1 predicted 10-20 % slow, and h100.toml gained `comm_overlap = true` (Megatron-
+DGX H100 row with TP > 1 predicted 10-20 % slow, and h100.toml gained `comm_overlap = true` (now the
+megatron-core framework's overlaps, tuner/frameworks.py; Megatron-
 Core's TP/p2p/DP overlaps, which these recipes switch on; hidden where compute runs beside them, no
 fitted fraction). Before it: bf16 median |error| 11.6 %, fp8 11.6 %. These rows are therefore not a
-clean held-out test of that term, and the section says so when it prints. Rows whose hardware or layout is not what the model is
-given (`apart` in the data) are printed but kept out of the headline medians, and rows whose layout the
-model's rules refuse (`model_refuses`) would be listed only (none today: 405B's 126 layers over PP 8 are
-predicted with Megatron-Core's embedding- and loss-aware split). The same recipe measured in several
+clean held-out test of that term, and the section says so when it prints. No row is
+reported apart; rows whose layout the model's rules refuse (`model_refuses`) are listed (one today:
+Megatron-Bridge's FSDP run of 8B, which the megatron-core framework does not model). The same recipe measured in several
 releases counts once per release in the row medians; the summary also gives the median over distinct
 configurations (model, GPUs, precision, layout), each the mean of its releases.
 """
@@ -159,7 +160,7 @@ def main(table=None) -> dict:
     no_fit = [r for r, e in results if not e["refused"] and not e["fits"]]
     print("\nSummary (target: median |error| <= 8 % and no row that ran predicted not to fit):")
     for p in ("bf16", "fp8"):
-        print("  " + _summary(f"{p}, DGX H100 rows", head[p]))
+        print("  " + _summary(f"{p}, every row (each with its framework)", head[p]))
         configs: dict = {}
         for r, e in results:
             if not e["refused"] and not r.get("apart") and r["precision"] == p:
@@ -167,14 +168,15 @@ def main(table=None) -> dict:
         if configs:
             print("  " + _summary(f"{p}, distinct configurations", [statistics.fmean(v) for v in configs.values()]))
     for p in ("bf16", "fp8"):
-        print("  " + _summary(f"{p}, reported apart (other hardware or ambiguous layout)", apart[p]))
+        if apart[p]:
+            print("  " + _summary(f"{p}, reported apart", apart[p]))
     print(f"  rows that ran but are predicted not to fit: {len(no_fit)}"
           + (" (" + ", ".join(f"{r['model']} {r['gpus']} GPUs {r['precision']} {_release(r)}" for r in no_fit) + ")"
              if no_fit else ""))
     kinds = [e["kind"] for r, e in results if e["refused"]]
     print(f"  rows not predicted: {len(kinds)}" + "".join(f"; {k}: {kinds.count(k)}" for k in sorted(set(kinds))))
     print("  in-sample rows (used to choose a constant): no number was fitted, but the headline rows are in-sample "
-          "for one modelling choice: comm_overlap (h100.toml) was switched on after these rows showed TP > 1 runs "
+          "for one modelling choice: Megatron-Core's overlaps (then h100.toml's comm_overlap) were switched on after these rows showed TP > 1 runs "
           "10-20 % faster than predicted without it (medians then 11.6 % bf16 / 11.6 % fp8)")
     return {"results": results, "headline": head, "apart": apart}
 

@@ -10,7 +10,7 @@ from tuner.cli.render import flat_layout, render
 from tuner.report import ok_trials
 from tuner.errors import TunerError
 from tuner.layout import DIMENSIONS
-from tuner.specs import PRECISIONS
+from tuner.specs import PRECISIONS, stored_framework
 from tuner.trial import Status
 
 # Speed columns: samples_s and mfu_% (model FLOPs, no recompute: the ranking); mgt_tflops and mgt_peak_%
@@ -72,7 +72,7 @@ def studies(db, fmt):
     for s in store.list_studies():
         counts = store.counts(s.name)
         rows.append({"study": s.name, "model": s.model, "cluster": s.cluster, "nodes": s.nodes,
-                     "searcher": s.searcher, "runner": s.runner, "state": s.state,
+                     "framework": stored_framework(s.workload), "searcher": s.searcher, "runner": s.runner, "state": s.state,
                      "trials": sum(v for k, v in counts.items() if k != "pruned"), "ok": counts.get("ok", 0),
                      "pruned": counts.get("pruned", 0), "created": str(s.created)[:19]})
     click.echo(render(rows, fmt))
