@@ -75,7 +75,7 @@ def run_study(world: World, searcher: str, seed: int, budget: int, transfer_node
     best = None
     if transfer_nodes:
         w2 = make_workload(w.model, transfer_nodes, w.cluster, precision=w.precision)
-        best = best_for_unmeasured(w2, space, trials, k=1, studies={name: store.get_study(name)})[0]["layout"]
+        best = best_for_unmeasured(w2, space, trials, k=1, studies={name: store.get_study(name)})[0]
     store.close()
     return [t for t in trials if t.status != Status.PRUNED], best
 
@@ -117,10 +117,11 @@ def evaluate(task: tuple) -> dict:
     for s in searchers:
         trials, _ = run_study(world, s, seed, BUDGET)
         out["scores"][s] = [true_fraction(world, recommended(trials, k), opt) for k in AFTER]
-    _, best = run_study(world, "guided", seed, TRANSFER_BUDGET, transfer_nodes=2 * nodes)
+    _, answer = run_study(world, "guided", seed, TRANSFER_BUDGET, transfer_nodes=2 * nodes)
     world2 = draw_world(family, model, 2 * nodes, seed, *where)
-    out["transfer"] = true_fraction(world2, best, world2.optimum()[1])
-    out["transfer_oom"] = world2.truth(best)[0] is None
+    out["transfer"] = true_fraction(world2, answer["layout"], world2.optimum()[1])
+    out["transfer_oom"] = world2.truth(answer["layout"])[0] is None
+    out["transfer_p_fit"] = answer["p_fit"]
     return out
 
 
@@ -163,6 +164,10 @@ def print_scores(results: list[dict], searchers: list[str]) -> None:
         ooms = sum(r["transfer_oom"] for r in rs)
         print(f"{fam:14} {'transfer':8} {cell([r['transfer'] for r in rs]):>15}  (guided {TRANSFER_BUDGET} trials "
               f"at N -> best at 2N: true / fastest at 2N; OOM at 2N in {ooms} of {len(rs)})")
+    stated = [r["transfer_p_fit"] for r in results]
+    if stated:     # p_fit is printed to users as a probability: the realised fit rate must match it
+        print(f"\ntransfer picks' stated p_fit: mean {sum(stated) / len(stated):.3f}, lowest {min(stated):.3f}; "
+              f"realised fit rate {1 - sum(r['transfer_oom'] for r in results) / len(results):.3f} of {len(results)}")
     print()
 
 

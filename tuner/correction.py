@@ -245,9 +245,9 @@ class Observations:
 
     def memory_gp(self, sd: float = 0.06) -> GP:
         """The memory correction; `sd`, the framework's measured log-sd of the memory model, is the prior
-        spread of a residual before any measurement: shared between a global scale, the memory breakdown's
-        shares and a smooth term so that their prior variance adds up to about sd^2 (tuner.frameworks)."""
-        gp = GP(s_c=0.7 * sd, s_w=sd, s_g=0.5 * sd, ell=0.5, noise=0.02)
+        spread of its global scale (tuner.frameworks); the breakdown's shares and the smooth term keep
+        their own priors, so a correction learned at one node count can still move where the shares do."""
+        gp = GP(s_c=sd, s_w=0.12, s_g=0.06, ell=0.5, noise=0.02)
         return gp.fit(np.array(self.mZ), np.array(self.mF), self.my, self.mnoise) if self.my else gp
 
 
