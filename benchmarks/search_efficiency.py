@@ -45,7 +45,7 @@ from indep_worlds import FAMILIES, MODERN, WORKLOADS, World, draw_world  # noqa:
 from tuner.best import best_for_unmeasured  # noqa: E402
 from tuner.driver import Driver  # noqa: E402
 from tuner.executors import InlineExecutor  # noqa: E402
-from tuner.perfmodel import rank  # noqa: E402
+from tuner.perfmodel import RECOMMEND_AT, rank  # noqa: E402
 from tuner.search import make_searcher  # noqa: E402
 from tuner.space import load_space  # noqa: E402
 from tuner.specs import make_workload  # noqa: E402
@@ -100,7 +100,7 @@ def model_facts(world: World, opt_layout) -> dict:
     runs = {p.layout: world.truth(p.layout)[0] is not None for p in preds}
     top_v = world.truth(order[0])[0] or 0.0
     return {"rank": order.index(opt_layout) + 1, "candidates": len(preds), "runs": sum(runs.values()),
-            "oom_fit": sum(p.fits and not runs[p.layout] for p in preds),
+            "oom_fit": sum(p.p_fit >= RECOMMEND_AT and not runs[p.layout] for p in preds),
             "run_pruned": sum(runs[p.layout] and not p.fits for p in preds),
             "opt_pruned": not next(p.fits for p in preds if p.layout == opt_layout),
             "model_top": top_v / world.truth(opt_layout)[0]}
@@ -145,7 +145,8 @@ def print_worlds(results: list[dict]) -> None:
                   f"{med('run_pruned'):10g} {med('model_top'):7.3f}  {ranks}")
     far = sum(r["rank"] > FAR for r in results)
     print(f"\n{far} of {len(results)} worlds have their optimum ranked beyond {FAR} by the model; "
-          f"{sum(r['oom_fit'] > 0 for r in results)} have an OOM among layouts the model says fit, "
+          f"{sum(r['oom_fit'] > 0 for r in results)} have an OOM among layouts the model would recommend "
+          f"unmeasured (p_fit >= {RECOMMEND_AT}), "
           f"{sum(r['run_pruned'] > 0 for r in results)} a running layout the model prunes\n")
 
 
