@@ -111,21 +111,28 @@ def _torchtitan(layout, workload) -> str | None:
     return None
 
 
+# memory_bias, memory_sd: log(measured peak / predicted peak) on published runs (benchmarks/
+# framework_accuracy.py prints them per framework, on its tuning and held-out rows).
+# - torchtitan: measured on the 11 tuning rows with a stated peak (torchtitan states the allocator's
+#   reserved peak): mean +0.30, sd 0.20 (held-out: +0.38, 0.15).
+# - Megatron stacks: no published Megatron-Core run states its peak, so their sd is NOT measured. 0.08 is
+#   chosen so that none of the 33 published Megatron-Core runs that ran is pruned (that needs >= 0.053:
+#   the largest is predicted at 89 GB of 80) with room to spare; the Frontier study's one stated peak
+#   (175B stage 0: 37.8 GB reserved, 38.0 predicted) sits at -0.005.
+_COMMON = ("launch.sbatch", "layout.json")
 FRAMEWORKS: dict[str, Framework] = {
-    # memory_bias, memory_sd: log(measured peak / predicted peak) on published runs, from the rows of
-    # benchmarks/framework_accuracy.py's tuning split (its held-out split checks them). torchtitan: 11
-    # tuning rows with a stated peak (torchtitan states the allocator's reserved peak): mean +0.30, sd
-    # 0.20. Megatron-Core and Megatron-DeepSpeed: no published run states a peak; 0.08 is the smallest
-    # round sd under which none of the 33 published Megatron-Core runs that ran (predicted up to 89 GB of
-    # 80) would be pruned (p_fit < 0.02), and the Frontier study's 175B peak (33.9 GB) is within it.
-    "megatron-deepspeed": Framework("megatron-deepspeed", "Megatron-DeepSpeed", frozenset(), 2.0, False, 0.08, 0.0,
-                                    "core-attention", "fused", "always", ("ds_config.json", "megatron_args.txt", "launch.sbatch", "layout.json"),
-                                    _megatron_deepspeed),
-    "megatron-core": Framework("megatron-core", "Megatron-Core (Megatron-LM, NeMo)",
-                               frozenset({"tp", "p2p", "dp"}), 4.0, False, 0.08, 0.0,
-                               "core-attention", "fused", "always", ("megatron_args.txt", "launch.sbatch", "layout.json"), _megatron_core),
-    "torchtitan": Framework("torchtitan", "torchtitan (FSDP2)", frozenset({"dp"}), 4.0, True, 0.20, 0.30,
-                            "op", "sdpa", "fp8", ("torchtitan.toml", "launch.sbatch", "layout.json"), _torchtitan),
+    "megatron-deepspeed": Framework(
+        name="megatron-deepspeed", title="Megatron-DeepSpeed", overlaps=frozenset(), grad_bytes=2.0, fsdp=False,
+        memory_sd=0.08, memory_bias=0.0, selective="core-attention", attention="fused", compiled="always",
+        files=("ds_config.json", "megatron_args.txt", *_COMMON), refuse=_megatron_deepspeed),
+    "megatron-core": Framework(
+        name="megatron-core", title="Megatron-Core (Megatron-LM, NeMo)", overlaps=frozenset({"tp", "p2p", "dp"}),
+        grad_bytes=4.0, fsdp=False, memory_sd=0.08, memory_bias=0.0, selective="core-attention", attention="fused",
+        compiled="always", files=("megatron_args.txt", *_COMMON), refuse=_megatron_core),
+    "torchtitan": Framework(
+        name="torchtitan", title="torchtitan (FSDP2)", overlaps=frozenset({"dp"}), grad_bytes=4.0, fsdp=True,
+        memory_sd=0.20, memory_bias=0.30, selective="op", attention="sdpa", compiled="fp8",
+        files=("torchtitan.toml", *_COMMON), refuse=_torchtitan),
 }
 
 

@@ -141,7 +141,7 @@ def best(model, nodes, cluster, global_batch, precision, framework, study, k, db
                          f"node(s) at global batch {w.global_batch}")
     if not found:
         return predicted_best(store, w, answer.predicted, model, cluster, k, fmt)
-    objs = [best_json(t, measured=t.runner != "sim") for t in found]
+    objs = [{**best_json(t, measured=t.runner != "sim"), "framework": w.framework} for t in found]
     if fmt == "json":
         click.echo(render([], "json", json_obj=objs[0] if k == 1 else objs))
         return
@@ -155,7 +155,7 @@ def best(model, nodes, cluster, global_batch, precision, framework, study, k, db
 def predicted_best(store, w, rows: list, model: str, cluster: str, k: int, fmt: str) -> None:
     """No measurement at this node count: the model's fastest, corrected by measurements at other counts."""
     objs = [{**{k_: v for k_, v in r.items() if k_ != "key"}, "layout": r["layout"].as_dict(), "status": "predicted",
-             "runner": None, "measured": False, "study": None, "trial": None} for r in rows]
+             "runner": None, "measured": False, "study": None, "trial": None, "framework": w.framework} for r in rows]
     if fmt == "json":
         click.echo(render([], "json", json_obj=objs[0] if k == 1 else objs))
         return
