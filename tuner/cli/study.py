@@ -18,7 +18,7 @@ from tuner.runners import RUNNERS
 from tuner.search import SEARCHERS
 from tuner.search import STUDY_DEFAULTS
 from tuner.space import load_space
-from tuner.specs import make_workload
+from tuner.specs import make_workload, stored_framework
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
 ADJECTIVES = ("brisk", "calm", "eager", "keen", "lucid", "nimble", "quiet", "rapid", "steady", "swift", "vivid")
@@ -69,9 +69,11 @@ def show_result(store, name: str, result, fmt: str) -> None:
     fast = studies.fastest(store, name)
     if fast:
         t = fast[0]
+        fw = stored_framework(store.get_study(name).workload)
+        data = "--data-path PATH --tokenizer NAME" + ("" if fw == "megatron-deepspeed" else " (or --mock-data)")
         click.echo(f"recommended: {t.layout.key()} (trial {t.number}): {t.samples_per_second:.4g} samples/s, "
-                   f"MFU {100 * t.mfu:.2f} %. Launch files: tuner launch {name} --out launch/ --train-iters ITERS "
-                   "--data-path PATH (or --mock-data)")
+                   f"MFU {100 * t.mfu:.2f} %. Launch files ({fw}): tuner launch {name} --out launch/ "
+                   f"--train-iters ITERS {data}")
     else:
         click.echo(f"no trial succeeded: see `tuner trials {name}` for why")
 
