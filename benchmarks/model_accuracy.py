@@ -61,10 +61,10 @@ def study_layouts():
         pr = predict(layout, make_workload(model, nodes, FRONTIER, gb))
         rows.append([name, layout.key(), nodes * 8, f"{pr.tflops_per_gpu:.1f}", f"{study:.1f}",
                      f"{100 * (pr.tflops_per_gpu / study - 1):+.1f} %", pct(pr.peak_fraction), pct(pr.mfu),
-                     f"{pr.step_time_s:.1f}", f"{pr.memory_gb:.1f}", "yes" if pr.fits else "NO"])
+                     f"{pr.step_time_s:.1f}", f"{pr.memory_gb:.1f}", f"{pr.p_fit:.2f}"])
     table("Frontier study layouts: TFLOPS per GCD (Megatron count with recompute), target +-5 %. IN-SAMPLE: "
           "frontier.toml's matmul_efficiency and gemm_knee_gflop were chosen against these three rows",
-          ["model", "layout", "GCDs", "pred", "study", "error", "% peak", "MFU", "step s", "mem GB", "fits"], rows)
+          ["model", "layout", "GCDs", "pred", "study", "error", "% peak", "MFU", "step s", "mem GB", "p_fit"], rows)
 
 
 def study_memory():
@@ -131,9 +131,9 @@ def tp_findings():
             pr = predict(layout, w)
             rows.append([model, layout.key(), f"{pr.tflops_per_gpu:.1f}", pct(pr.mfu),
                          pct(pr.time_breakdown["tp_comm"] / pr.step_time_s), f"{pr.memory_gb:.1f}",
-                         "yes" if pr.fits else "NO"])
+                         f"{pr.p_fit:.2f}"])
     table("TP degree, other things equal (same GPUs, PP, micro-batch and m = 64): TP across nodes loses; "
-          "among TP > 1, TP = 2 is fastest", ["model", "layout", "TFLOPS", "MFU", "TP comm", "mem GB", "fits"], rows)
+          "among TP > 1, TP = 2 is fastest", ["model", "layout", "TFLOPS", "MFU", "TP comm", "mem GB", "p_fit"], rows)
 
 
 def bubbles():

@@ -250,7 +250,8 @@ def test_trial_dir_json_env_and_logs(tmp_path):
     assert r.peak_fraction == pytest.approx(r.tflops_per_gpu / load_cluster("frontier").peak_tflops)
     trial = json.loads((d / "trial.json").read_text())
     assert trial == spec("st", 7, zero_stage=0, recompute="none").as_json()
-    assert set(trial) == {"study", "trial", "layout", "model", "cluster", "nodes", "gpus", "global_batch", "precision"}
+    assert set(trial) == {"study", "trial", "layout", "model", "cluster", "nodes", "gpus", "global_batch", "precision",
+                          "framework"}
     assert set(trial["layout"]) == set(LAYOUT_FIELDS)
     env = json.loads((d / "env.json").read_text())
     assert env["TUNER_TRIAL_JSON"] == str(d.resolve() / "trial.json")
@@ -263,6 +264,7 @@ def test_trial_dir_json_env_and_logs(tmp_path):
         "TUNER_ACTIVATION_CHECKPOINTING": "0", "TUNER_GLOBAL_BATCH": "16", "TUNER_NODES": "1", "TUNER_GPUS": "2"}
     assert float(env["TUNER_PEAK_TFLOPS"]) == load_cluster("frontier").peak_tflops
     assert env["TUNER_PRECISION"] == "bf16" and env["TUNER_RECOMPUTE"] == "none"
+    assert env["TUNER_FRAMEWORK"] == trial["framework"] == "megatron-deepspeed"
     assert env["TUNER_LAYOUT_KEY"] == "tp1-pp1-dp2-mb2-z0-rcnone"
     assert (d / "cwd.txt").read_text() == str(d.resolve())
     assert "trial 7 layout" in (d / "stdout.log").read_text()

@@ -22,12 +22,13 @@ import numpy as np
 from tuner import metrics
 from tuner.errors import UsageError
 from tuner.layout import Layout
-from tuner.frameworks import of as framework_of
-from tuner.perfmodel import RECOMMEND_AT, predict
+from tuner.frameworks import of as framework_of, runnable
+from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT, predict
 from tuner.specs import Workload
 from tuner.correction import Observations, features, warm_start_records
 
 Z90 = 1.645           # two-sided 90 % interval / one-sided 95 % bound of a normal
+STALE_MARGIN = 64     # more stored trials asked for than answered: some may be refused by their framework
 
 
 def require_fit(preds, workload: Workload) -> None:
@@ -52,7 +53,7 @@ def corrected(layouts: list[Layout], workload: Workload, obs: Observations, pred
     out = []
     for i, (lay, p, ft) in enumerate(zip(layouts, preds, fts)):
         mem = math.exp(ft.log_mem + mmu[i])
-        z = (math.log(cap) - ft.log_mem - mmu[i]) / math.hypot(msd[i], 0.02)
+        z = (math.log(cap) - ft.log_mem - mmu[i]) / math.hypot(msd[i], MEMORY_NOISE_SD)
         p_fit = 0.5 * math.erfc(-z / math.sqrt(2))
         out.append({"layout": lay, "raw": p, "log_mean": ft.log_pred + mu[i], "log_sd": float(sd[i]),
                     "mfu": math.exp(ft.log_pred + mu[i]), "memory_gb": mem, "p_fit": p_fit,
@@ -131,9 +132,10 @@ def best(store, workload: Workload, k: int = 1, study: str | None = None, space=
     when the store (None: no store) has some, else the model corrected by every stored trial of the
     model and cluster at other node counts, global batches or precisions (as residuals of the model,
     which predicts each in its own). `study` limits to one study's trials."""
-    found = store.best(workload.model.name, workload.cluster.name, workload.nodes, k=k, study=study,
+    found = store.best(workload.model.name, workload.cluster.name, workload.nodes, k=k + STALE_MARGIN, study=study,
                        global_batch=workload.global_batch, precision=workload.precision,
                        framework=workload.framework) if store is not None else []
+    found = runnable(found, workload)[:k]       # a study stored before frameworks may hold refused layouts
     if found or study:
         return Answer(found, [])
     from tuner.space import load_space

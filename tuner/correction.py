@@ -34,14 +34,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from tuner.layout import RECOMPUTE, Layout
-from tuner.perfmodel import comm, predict
+from tuner.perfmodel import (MEMORY_KEYS, MEMORY_NOISE_SD, MEMORY_SHARE_SD, MEMORY_SMOOTH_SD, comm, memory_shares,
+                             predict)
 from tuner.frameworks import of as framework_of
 from tuner.specs import Workload, stored_framework
 from tuner.trial import Status
 
 STAGE_KEYS = ("gemm", "attention", "elementwise", "tp_comm", "cp_comm", "p2p", "microbatch_overhead")
-MEMORY_KEYS = ("weights", "gradients", "optimizer", "fp8_weights", "activations", "logits", "zero3_buffers",
-               "reserved")
 STOPPED_NOISE = 0.03          # log-noise of a stopped trial's upper bound (a few steps after warm-up)
 HISTORY_NOISE = 0.04          # extra log-noise of a stored trial from another study (drift between runs)
 OOM_MARGIN = 0.03             # an OOM says the memory ratio is at least capacity/predicted; assume a bit more
@@ -79,9 +78,7 @@ def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
     other = max(0.0, 1.0 - sum(shares) - dp)
     cross = float(comm.crosses_nodes(workload.cluster, layout.tp, 1))
     z = np.array(base + [cross, bubble / step, shares[3] + shares[4], dp, math.log2(workload.nodes) / 8])
-    mb = pred.memory_breakdown
-    mtot = sum(mb.get(k, 0.0) for k in MEMORY_KEYS) or 1.0
-    fm = np.array([mb.get(k, 0.0) / mtot for k in MEMORY_KEYS])
+    fm = np.array(memory_shares(pred.memory_breakdown))
     bias = framework_of(workload).memory_bias        # the framework's measured memory bias is the prior mean
     return Features(z, np.array(shares + [dp, other]), fm, math.log(max(pred.mfu, FLOOR)),
                     math.log(max(pred.memory_gb, 1e-6)) + bias, bool(pred.fits))
@@ -246,8 +243,9 @@ class Observations:
     def memory_gp(self, sd: float = 0.06) -> GP:
         """The memory correction; `sd`, the framework's measured log-sd of the memory model, is the prior
         spread of its global scale (tuner.frameworks); the breakdown's shares and the smooth term keep
-        their own priors, so a correction learned at one node count can still move where the shares do."""
-        gp = GP(s_c=sd, s_w=0.12, s_g=0.06, ell=0.5, noise=0.02)
+        their own priors, so a correction learned at one node count can still move where the shares do.
+        With no data its prior is the one `predict` states p_fit with (tuner.perfmodel.memory_prior_sd)."""
+        gp = GP(s_c=sd, s_w=MEMORY_SHARE_SD, s_g=MEMORY_SMOOTH_SD, ell=0.5, noise=0.02)
         return gp.fit(np.array(self.mZ), np.array(self.mF), self.my, self.mnoise) if self.my else gp
 
 

@@ -107,7 +107,7 @@ def _torchtitan(layout, workload) -> str | None:
                 f"not zero_stage {layout.zero_stage}; use zero_stage 3, or --framework megatron-core")
     if layout.tp > 1 and not layout.sequence_parallel:
         return ("torchtitan's tensor parallelism always shards the norms over the sequence: tp > 1 needs "
-                "sequence_parallel on")
+                "sequence_parallel on (--sequence-parallel)")
     return None
 
 
@@ -146,3 +146,10 @@ def get(name: str) -> Framework:
 
 def of(workload: "Workload") -> Framework:
     return get(workload.framework)
+
+
+def runnable(trials, workload: "Workload") -> list:
+    """The trials (anything with a `layout`) whose layout the workload's framework runs: a study stored
+    before frameworks existed may hold layouts its framework refuses (it is read as its cluster's stack)."""
+    fw = of(workload)
+    return [t for t in trials if fw.refusal(t.layout, workload) is None]

@@ -66,7 +66,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("micro_batch", int, "mb", "mb", "TUNER_MICRO_BATCH", log2=True, flag="--micro-batch",
               help="Samples per micro-batch per replica."),
     Dimension("zero_stage", int, "z", "zero", "TUNER_ZERO_STAGE", default=1, flag="--zero-stage",
-              help="ZeRO stage 0-3 (1 = Megatron's distributed optimizer; 2 and 3 need pp = 1)."),
+              help="ZeRO stage 0-3 (1 = Megatron's distributed optimizer, 3 = FSDP; what each --framework runs: "
+              "README, Frameworks)."),
     Dimension("recompute", str, "rc", "recompute", "TUNER_RECOMPUTE", default="full", choices=RECOMPUTE,
               flag="--recompute", help="Activation recompute: none, selective (the attention core) or full."),
 )

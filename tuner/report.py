@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from tuner.layout import LAYOUT_FIELDS, flat_layout
+from tuner.specs import stored_framework
 from tuner.trial import Status
 
 STATUS_ORDER = [s.value for s in Status]
@@ -318,7 +319,9 @@ def build_report(study, trials, *, generated: datetime | None = None) -> Report:
             parts.append(f"<p class='best'><b>Best layout</b> (trial {b.number}, {kind}): <code>{e(b.layout.key())}"
                          f"</code>: {_fmt(b.samples_per_second)} samples/s, MFU {100 * b.mfu:.2f} % (Megatron's "
                          f"count with recompute: {_fmt(b.tflops_per_gpu)} TFLOPS per GPU = "
-                         f"{100 * b.peak_fraction:.2f} % of peak). Launch files: <code>tuner launch {e(study.name)} --out launch/</code></p>")
+                         f"{100 * b.peak_fraction:.2f} % of peak), {e(stored_framework(study.workload))}, "
+                         f"{e((study.workload or {}).get('precision', 'bf16'))}. Launch files: <code>tuner launch "
+                         f"{e(study.name)} --out launch/ --train-iters ITERS --data-path PATH --tokenizer NAME</code></p>")
         else:
             parts.append(f"<p class='note'>None of the {len(finished)} finished trial(s) succeeded, so there is no "
                          "best layout, no best-so-far curve, no heatmap and no model-error plot; see the status "

@@ -78,12 +78,12 @@ def harness_refusal(rec: StudyRecord, workload: Workload) -> str | None:
 
 def trainer_refusal(rec: StudyRecord, layout, workload: Workload) -> str | None:
     """Why the study's trainer cannot run `layout` as it is (the harness: no virtual stages, no context
-    parallelism, no FP8; Slurm's megatron template: Megatron-DeepSpeed's limits), or None. The simulator
-    and a user's --command run every layout."""
+    parallelism, no FP8; Slurm's megatron template: Megatron-DeepSpeed's limits), or None. The simulator,
+    a user's --command and Slurm's command template run every layout of the study's framework."""
     if _uses_harness(rec):
         from tuner.runners.harness.support import layout_refusal
         return layout_refusal(layout, workload.model.num_layers, workload.precision)
-    if rec.runner == "slurm":
+    if rec.runner == "slurm" and rec.settings.get("runner_options", {}).get("template") == "megatron":
         from tuner.render import megatron
         return megatron.refusal(layout, workload)
     return None
@@ -214,5 +214,8 @@ def resume(store, name: str, *, budget: int | None = None, mode: str = "run", ra
 
 
 def fastest(store, name: str, k: int = 1) -> list:
-    """The k fastest successful trials of a study (highest MFU): the recommendation first."""
-    return ok_trials(store.trials(name, [Status.OK]))[:k]
+    """The k fastest successful trials of a study (highest MFU) that its framework runs: the recommendation
+    first."""
+    from tuner.frameworks import runnable
+    workload = Workload.from_dict(store.get_study(name).workload)
+    return runnable(ok_trials(store.trials(name, [Status.OK])), workload)[:k]

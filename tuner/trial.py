@@ -50,7 +50,7 @@ class TrialSpec:
         return {"study": self.study, "trial": self.number, "layout": self.layout.as_dict(),
                 "model": {k: v for k, v in w.model.as_dict().items() if v is not None},
                 "cluster": w.cluster.name, "nodes": w.nodes, "gpus": w.gpus,
-                "global_batch": w.global_batch, "precision": w.precision}
+                "global_batch": w.global_batch, "precision": w.precision, "framework": w.framework}
 
 
 @dataclass

@@ -42,6 +42,7 @@ export TUNER_NODES=16
 export TUNER_GPUS=128
 export TUNER_PEAK_TFLOPS=191.5
 export TUNER_PRECISION=bf16
+export TUNER_FRAMEWORK=megatron-deepspeed
 export TUNER_MODEL=gpt-175b
 export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
 export MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"

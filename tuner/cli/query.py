@@ -130,10 +130,10 @@ def best(model, nodes, cluster, global_batch, precision, framework, study, k, db
     """
     from tuner.best import best as best_layouts
     from tuner.specs import make_workload
-    w = make_workload(model, nodes, cluster, global_batch, precision, framework)
     store = read_store(db, required=bool(study))
-    if study:
-        store.get_study(study)
+    if study and framework is None:           # one study's trials answer in its own framework
+        framework = stored_framework(store.get_study(study).workload)
+    w = make_workload(model, nodes, cluster, global_batch, precision, framework)
     answer = best_layouts(store, w, k=k, study=study)
     found = answer.trials
     if not found and study:
@@ -174,7 +174,7 @@ def predicted_best(store, w, rows: list, model: str, cluster: str, k: int, fmt: 
                    f"at global batch {w.global_batch} in {store.url if store else 'any store'}; {basis}{extra}. Layouts come "
                    f"first when they fit with probability >= 0.95 (p_fit: from {w.framework}'s measured memory error, "
                    f"narrowed by measured peaks of this model). Measure it: tuner search --model "
-                   f"{model} --nodes {w.nodes} --cluster {cluster} --warm-start")
+                   f"{model} --nodes {w.nodes} --cluster {cluster} --framework {w.framework} --warm-start")
 
 
 @cli.group()

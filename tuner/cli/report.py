@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import time
@@ -14,6 +15,7 @@ from tuner.layout import DIMENSIONS
 from tuner.cli.render import to_csv
 from tuner.errors import MissingExtra, TunerError, UsageError
 from tuner.launch import Source
+from tuner.frameworks import runnable
 from tuner.render.launch import FRAMEWORK_FILES, FRAMEWORKS, launch_files
 from tuner.report import EXPORT_COLUMNS, FIGURES, build_report, export_rows, ok_trials
 from tuner.specs import Workload, load_cluster, load_model, make_workload
@@ -133,14 +135,16 @@ def pick_layout(store, name, model, nodes, cluster, precision: str = "bf16", fra
     `precision`, bf16 or fp8)."""
     if name:
         rec = store.get_study(name)
-        ok = ok_trials(store.trials(name))
+        w = Workload.from_dict(rec.workload)
+        if framework and "framework" not in rec.workload:    # stored before frameworks: its files are the user's call
+            w = dataclasses.replace(w, framework=framework)
+        ok = runnable(ok_trials(store.trials(name)), w)
         if not ok:
-            w = rec.workload
-            raise TunerError(f"study '{name}' has no successful trial to launch: continue it with `tuner resume "
-                             f"{name}`, or take the model's best with `tuner launch --model {w['model']['name']} "
-                             f"--nodes {w['nodes']} --cluster {w['cluster']['name']} --out DIR`")
-        t = ok[0]
-        return t.layout, Workload.from_dict(rec.workload), Source("study", *_measured(t))
+            raise TunerError(f"study '{name}' has no successful trial that {w.framework} runs: continue it with "
+                             f"`tuner resume {name}`, or take the model's best with `tuner launch --model "
+                             f"{w.model.name} --nodes {w.nodes} --cluster {w.cluster.name} --framework {w.framework} "
+                             "--out DIR --train-iters ITERS --data-path PATH --tokenizer NAME`")
+        return ok[0].layout, w, Source("study", *_measured(ok[0]))
     from tuner.best import best
     w = make_workload(load_model(model), nodes, load_cluster(cluster), precision=precision, framework=framework)
     answer = best(store, w)
@@ -156,8 +160,8 @@ def pick_layout(store, name, model, nodes, cluster, precision: str = "bf16", fra
 
 def launch_framework(framework: str | None, w, name: str | None) -> str:
     """The framework the files are for: the study's (a study's layout was chosen for its framework's rules,
-    memory and speed, so another is refused), or without NAME the workload's (--framework, else the
-    cluster's)."""
+    memory and speed, so another is refused; one stored before frameworks takes --framework), or without
+    NAME the workload's (--framework, else the cluster's)."""
     if name and framework and framework != w.framework:
         raise UsageError(f"study '{name}' was searched for {w.framework}: its layout's memory and speed are "
                          f"{w.framework}'s, so its launch files are too; drop --framework, or search again with "
@@ -217,7 +221,7 @@ def launch(name, model, nodes, cluster, out, force, framework, megatron_dir, acc
     check_out_dir(out, force)
     store = read_store(db, required=bool(name))
     layout, w, src = pick_layout(store, name, model, nodes, cluster, "fp8" if precision == "fp8" else "bf16",
-                                 None if name else framework)
+                                 framework)
     if precision == "fp8":
         if w.precision != "fp8":
             raise UsageError(f"--precision fp8: study '{name}' ran in {w.precision}; its launch files keep it")

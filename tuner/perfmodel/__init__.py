@@ -35,14 +35,32 @@ from tuner.perfmodel.flops import megatron_flops, model_flops
 from tuner.perfmodel.prediction import Prediction
 from tuner.specs import Workload
 
-__all__ = ["predict", "rank", "keeps_headroom", "fit_probability", "Prediction", "stage_times", "shape_of",
-           "PRUNE_BELOW", "RECOMMEND_AT"]
+__all__ = ["predict", "rank", "keeps_headroom", "fit_probability", "memory_prior_sd", "memory_shares", "Prediction",
+           "stage_times", "shape_of", "PRUNE_BELOW", "RECOMMEND_AT", "MEMORY_KEYS"]
 
 #: A layout is pruned (never launched) only when it fits with probability below PRUNE_BELOW; one is
-#: recommended without a measurement only when it fits with probability at least RECOMMEND_AT. The
-#: probability comes from the framework's measured memory error (tuner.frameworks: memory_sd).
+#: recommended without a measurement only when it fits with probability at least RECOMMEND_AT.
 PRUNE_BELOW = 0.02
 RECOMMEND_AT = 0.95
+#: The prior of log(true peak / predicted peak) before any measurement, the same one the memory
+#: correction (tuner.correction.Observations.memory_gp) starts from, so that `predict`, `plan`, `best` and
+#: guided state one p_fit: N(framework bias, sd^2 + (SHARE_SD |shares|)^2 + SMOOTH_SD^2 + NOISE_SD^2), sd
+#: the framework's measured spread (tuner.frameworks), the other terms how the error may differ between
+#: layouts (per memory component, and smoothly over the layout).
+MEMORY_SHARE_SD, MEMORY_SMOOTH_SD, MEMORY_NOISE_SD = 0.12, 0.06, 0.02
+MEMORY_KEYS = ("weights", "gradients", "optimizer", "fp8_weights", "activations", "logits", "zero3_buffers",
+               "reserved")
+
+
+def memory_shares(breakdown: dict) -> list[float]:
+    """Each memory component's share of the peak (MEMORY_KEYS order): the memory correction's features."""
+    total = sum(breakdown.get(k, 0.0) for k in MEMORY_KEYS) or 1.0
+    return [breakdown.get(k, 0.0) / total for k in MEMORY_KEYS]
+
+
+def memory_prior_sd(framework_sd: float, shares: list[float]) -> float:
+    return math.sqrt(framework_sd ** 2 + MEMORY_SHARE_SD ** 2 * sum(x * x for x in shares)
+                     + MEMORY_SMOOTH_SD ** 2 + MEMORY_NOISE_SD ** 2)
 
 
 def fit_probability(memory_gb: float, capacity_gb: float, sd: float, mean: float = 0.0) -> float:
@@ -145,9 +163,10 @@ def predict(layout: Layout, workload: Workload) -> Prediction:
     sh = shape_of(layout, workload)
     worst_stage, mem = memory.peak_memory(layout, workload, m, sh)
     fw = framework_of(workload)
-    p_fit = fit_probability(mem["total"], cluster.memory_gb, fw.memory_sd, fw.memory_bias)
+    p_fit = fit_probability(mem["total"], cluster.memory_gb, memory_prior_sd(fw.memory_sd, memory_shares(mem)),
+                            fw.memory_bias)
     fits = p_fit >= PRUNE_BELOW
-    reason = memory.fit_reason(mem, cluster.memory_gb, worst_stage) if not fits else ""
+    reason = memory.fit_reason(mem, cluster.memory_gb, worst_stage) if mem["total"] > cluster.memory_gb else ""
 
     # ---- time
     slow = max(stage_times(layout, workload, sh), key=lambda st: sum(st.values()))

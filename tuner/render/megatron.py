@@ -130,7 +130,7 @@ def data_args(*, data_path: str | None, tokenizer: str | None, mock_data: bool =
     directory). UsageError for mock data, which Megatron-DeepSpeed has not."""
     if mock_data or not data_path:
         raise UsageError(f"{_NAME} has no mock data (no --mock-data: pretrain_gpt.py reads --data-path only): give "
-                         "--data-path PATH (a preprocessed dataset prefix), or use --framework megatron-core for --mock-data")
+                         "--data-path PATH (a preprocessed dataset prefix) and --tokenizer NAME_OR_PATH")
     if not tokenizer:
         raise UsageError(f"{_NAME}: --data-path needs --tokenizer NAME_OR_PATH, the Hugging Face tokenizer the data "
                          "was preprocessed with")

@@ -67,6 +67,7 @@ def trial_env(trial: TrialSpec, result_path: Path) -> dict[str, str]:
         **lay.env(),             # TUNER_TP, TUNER_PP, ... (tuner.layout.DIMENSIONS)
         "TUNER_GLOBAL_BATCH": str(w.global_batch), "TUNER_NODES": str(w.nodes), "TUNER_GPUS": str(w.gpus),
         "TUNER_PEAK_TFLOPS": repr(float(w.cluster.peak_tflops)), "TUNER_PRECISION": w.precision,
+        "TUNER_FRAMEWORK": w.framework,
     }
 
 

@@ -33,7 +33,7 @@ import numpy as np
 from scipy.special import ndtr
 
 from tuner.frameworks import of as framework_of
-from tuner.perfmodel import RECOMMEND_AT
+from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT
 from tuner.layout import Layout
 from tuner.perfmodel import predict
 from tuner.search import STUDY_DEFAULTS  # noqa: F401  (re-exported: the study defaults of the stop rule)
@@ -45,7 +45,7 @@ from tuner.trial import Status, TrialResult
 N_INITIAL = 3              # model's top pick + best of other (tp, pp) families
 DIVERSE_WITHIN = 0.7       # an initial layout's predicted throughput is at least this fraction of the top
 XI = 0.0                   # EI margin (log space)
-P_FIT_SD = 0.02            # memory ratio noise beyond the learned uncertainty
+P_FIT_SD = MEMORY_NOISE_SD     # memory ratio noise beyond the learned uncertainty (as predict states p_fit)
 
 
 def _norm_pdf(z):
