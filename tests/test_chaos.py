@@ -371,4 +371,6 @@ def test_resume_refuses_a_study_a_live_driver_runs(tmp_path):
     assert r.returncode == 0, r.stderr
     with open_store(db) as s:
         trials = s.trials("live")
-    assert sum(t.status == Status.OK for t in trials) == 6 and all(t.status.finished for t in trials)
+    ran = [t for t in trials if t.status != Status.PRUNED]      # a layout a little over the HBM runs (simulated OOM)
+    assert len(ran) == 6 and all(t.status in (Status.OK, Status.OOM) for t in ran)
+    assert all(t.status.finished for t in trials)

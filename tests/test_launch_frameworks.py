@@ -424,7 +424,7 @@ def test_every_launch_flag_and_key_is_checked(framework, data):
             launch_files(lay, h100_workload(), framework=framework, train_iters=10, **data)
         msg = str(e.value)
         assert e.value.exit_code == 2 and "\n" not in msg
-        assert "no mock data" in msg and "--data-path PATH" in msg and "--framework megatron-core" in msg
+        assert "no mock data" in msg and "--data-path PATH" in msg and "--tokenizer" in msg
         return
     files = launch_files(lay, h100_workload(), framework=framework, train_iters=10, **data)
     if framework == "torchtitan":
