@@ -134,8 +134,7 @@ def launch_files(layout: Layout, workload: Workload, out_dir: str | Path | None 
                "submit": "sbatch launch.sbatch", "submit_from": "the directory of these files"}
     if workload.precision == "fp8":
         summary["fp8"] = True        # FP8 matmuls on top of the training dtype `precision`
-    if framework != "megatron-deepspeed":
-        summary["framework"] = framework
+    summary["framework"] = framework
     return {**files, "layout.json": json.dumps(summary, indent=2) + "\n"}
 
 
