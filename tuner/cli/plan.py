@@ -93,6 +93,7 @@ def plan(model, nodes, cluster, global_batch, precision, framework, space, top, 
     if fmt == "table":
         roomy = sum(keeps_headroom(p, w) for p in fitting)
         click.echo(f"\n{len(ranked)} valid {w.framework} layouts, {len(fitting)} may fit in memory, {roomy} with "
-                   f"p_fit >= {RECOMMEND_AT:g} (fits = yes; maybe = not ruled out; p_fit from {w.framework}'s measured "
-                   f"memory error, sd {framework_of(w).memory_sd:g} in log); ranked by "
+                   f"p_fit >= {RECOMMEND_AT:g} (fits = yes; maybe = not ruled out; p_fit from {w.framework}'s memory "
+                   f"error: bias {framework_of(w).memory_bias:+g}, sd {framework_of(w).memory_sd:g} in log, and per-layout "
+                   "terms); ranked by "
                    f"predicted samples/s in {dt * 1000:.0f} ms ({len(ranked) / max(dt, 1e-9):,.0f} layouts/s)")
