@@ -57,6 +57,8 @@ class Framework:
     compiled: str               # when element-wise kernels are fused: "always" (TE) or "fp8" (torch.compile,
                                 # which `tuner launch` switches on with float8; eager otherwise)
     files: tuple[str, ...]      # what `tuner launch` writes
+    zero_stages: tuple[int, ...]  # the ZeRO stages it has (first: what `predict` assumes when none is given)
+    sp_with_tp: bool            # its tensor parallelism always shards the sequence
     refuse: Callable            # (layout, workload) -> one-line reason or None
 
     def refusal(self, layout: "Layout", workload: "Workload") -> str | None:
@@ -65,9 +67,6 @@ class Framework:
 
     def fused(self, precision: str) -> bool:
         return self.compiled == "always" or precision == self.compiled
-
-    def zero_stages(self) -> tuple[int, ...]:
-        return {"megatron-core": (0, 1), "torchtitan": (3,)}.get(self.name, (0, 1, 2, 3))
 
 
 def _megatron_deepspeed(layout, workload) -> str | None:
@@ -95,17 +94,17 @@ def _megatron_deepspeed(layout, workload) -> str | None:
 
 
 def _megatron_core(layout, workload) -> str | None:
-    if layout.zero_stage >= 2:
+    if layout.zero_stage not in FRAMEWORKS["megatron-core"].zero_stages:
         return (f"megatron-core cannot run zero_stage {layout.zero_stage}: its only ZeRO equivalent is the "
                 "distributed optimizer (zero_stage 1); use zero_stage 0 or 1, or --framework torchtitan (FSDP)")
     return None
 
 
 def _torchtitan(layout, workload) -> str | None:
-    if layout.zero_stage != 3:
+    if layout.zero_stage not in FRAMEWORKS["torchtitan"].zero_stages:
         return (f"torchtitan shards parameters, gradients and optimizer states with FSDP2 (zero_stage 3), "
                 f"not zero_stage {layout.zero_stage}; use zero_stage 3, or --framework megatron-core")
-    if layout.tp > 1 and not layout.sequence_parallel:
+    if layout.tp > 1 and not layout.sequence_parallel:      # FRAMEWORKS["torchtitan"].sp_with_tp
         return ("torchtitan's tensor parallelism always shards the norms over the sequence: tp > 1 needs "
                 "sequence_parallel on (--sequence-parallel)")
     return None
@@ -124,15 +123,17 @@ FRAMEWORKS: dict[str, Framework] = {
     "megatron-deepspeed": Framework(
         name="megatron-deepspeed", title="Megatron-DeepSpeed", overlaps=frozenset(), grad_bytes=2.0, fsdp=False,
         memory_sd=0.08, memory_bias=0.0, selective="core-attention", attention="fused", compiled="always",
-        files=("ds_config.json", "megatron_args.txt", *_COMMON), refuse=_megatron_deepspeed),
+        files=("ds_config.json", "megatron_args.txt", *_COMMON), zero_stages=(1, 0, 2, 3), sp_with_tp=False,
+        refuse=_megatron_deepspeed),
     "megatron-core": Framework(
         name="megatron-core", title="Megatron-Core (Megatron-LM, NeMo)", overlaps=frozenset({"tp", "p2p", "dp"}),
         grad_bytes=4.0, fsdp=False, memory_sd=0.08, memory_bias=0.0, selective="core-attention", attention="fused",
-        compiled="always", files=("megatron_args.txt", *_COMMON), refuse=_megatron_core),
+        compiled="always", files=("megatron_args.txt", *_COMMON), zero_stages=(1, 0), sp_with_tp=False,
+        refuse=_megatron_core),
     "torchtitan": Framework(
         name="torchtitan", title="torchtitan (FSDP2)", overlaps=frozenset({"dp"}), grad_bytes=4.0, fsdp=True,
         memory_sd=0.20, memory_bias=0.30, selective="op", attention="sdpa", compiled="fp8",
-        files=("torchtitan.toml", *_COMMON), refuse=_torchtitan),
+        files=("torchtitan.toml", *_COMMON), zero_stages=(3,), sp_with_tp=True, refuse=_torchtitan),
 }
 
 

@@ -250,7 +250,7 @@ def no_layout_reason(space: SearchSpace, workload: Workload) -> str:
     example: dict[str, str] = {}
     pick = {d: space.choices(d, workload) for d in DIMENSIONS}
     vp = min(pick["virtual_pipeline"])     # the plainest the space allows (sp, ZeRO: the plainest the framework runs)
-    allowed = framework_of(workload).zero_stages()
+    allowed = framework_of(workload).zero_stages
     zero = min([z for z in pick["zero_stage"] if z in allowed] or pick["zero_stage"])
     for tp, cp, pp, mb in itertools.product(*(pick[d] for d in ("tp", "context_parallel", "pp", "micro_batch"))):
         if workload.gpus % (tp * cp * pp):

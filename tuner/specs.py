@@ -79,9 +79,18 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
     "slurm": (dict, None),                       # the [slurm] table used by the Slurm runner
 }
 ALLOW_ZERO = frozenset({"microbatch_overhead_ms", "step_overhead_ms"})
-# Keys of older cluster files and stored studies, read and dropped by ClusterSpec.from_dict: comm_overlap
-# (now the framework's overlaps) and memory_headroom (the margin is now a fit probability from the
-# framework's measured memory error).
+#: Keys of older cluster files and stored studies, read and dropped by ClusterSpec.from_dict: comm_overlap
+#: (now the framework's overlaps: true meant Megatron-Core) and memory_headroom (the margin is now a fit
+#: probability from the framework's measured memory error).
+RETIRED_CLUSTER_KEYS = ("comm_overlap", "memory_headroom")
+
+
+def cluster_framework(cluster: dict) -> str:
+    """A cluster file's (or stored cluster's) framework; one written before frameworks: the stack its
+    comm_overlap described."""
+    if cluster.get("framework") is not None:
+        return cluster["framework"]
+    return "megatron-core" if cluster.get("comm_overlap") else "megatron-deepspeed"
 
 
 def _check(kind: str, path: str, data: dict, keys: dict[str, tuple[type, Any]]) -> dict:
@@ -270,11 +279,8 @@ class ClusterSpec:
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "cluster") -> "ClusterSpec":
-        data = dict(data)
-        overlap = data.pop("comm_overlap", None)
-        data.pop("memory_headroom", None)
-        if overlap is not None and data.get("framework") is None:   # the stack whose overlaps it described
-            data["framework"] = "megatron-core" if overlap else "megatron-deepspeed"
+        framework = cluster_framework(data)          # before the retired keys are dropped
+        data = {**{k: v for k, v in data.items() if k not in RETIRED_CLUSTER_KEYS}, "framework": framework}
         d = _check("cluster", where, data, CLUSTER_KEYS)
         if d["framework"] not in FRAMEWORK_NAMES:
             raise SpecError(f"{where}: cluster key 'framework' must be one of {', '.join(FRAMEWORK_NAMES)}, "
@@ -328,12 +334,7 @@ class Workload:
 def stored_framework(workload: dict | None) -> str:
     """The framework of a stored workload (one stored before frameworks: its cluster's stack)."""
     w = workload or {}
-    if w.get("framework"):
-        return w["framework"]
-    cluster = w.get("cluster") or {}
-    if cluster.get("framework"):
-        return cluster["framework"]
-    return "megatron-core" if cluster.get("comm_overlap") else "megatron-deepspeed"
+    return w.get("framework") or cluster_framework(w.get("cluster") or {})
 
 
 def read_toml(path: Path | Traversable | str) -> dict:

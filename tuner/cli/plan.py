@@ -35,8 +35,9 @@ def predict(model, nodes, cluster, global_batch, precision, framework, layout, f
     Example: tuner predict --model llama3-70b --cluster h100 --nodes 64 --tp 4 --sequence-parallel --cp 2 --pp 4 --vp 5 --micro-batch 1 --recompute none
     """
     w = make_workload(model, nodes, cluster, global_batch, precision, framework)
-    if w.framework == "torchtitan":              # FSDP2 always; its TP always shards the sequence
-        layout.setdefault("zero_stage", 3)
+    fw = framework_of(w)                         # what the framework runs where an option is left out
+    layout.setdefault("zero_stage", fw.zero_stages[0])
+    if fw.sp_with_tp:
         layout.setdefault("sequence_parallel", layout["tp"] > 1)
     if "dp" not in layout:
         n = layout["tp"] * layout.get("context_parallel", 1) * layout["pp"]
