@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import click
@@ -36,17 +37,55 @@ def read_store(db, required: bool = True):
     return store
 
 
+class _EchoHandler(logging.Handler):
+    """The "tuner" logger's records on the stderr of the moment (click.echo: also under CliRunner):
+    INFO as they are, warnings and errors with their level first."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = record.getMessage()
+            prefix = f"{record.levelname.lower()}: " if record.levelno >= logging.WARNING else ""
+            click.echo(prefix + msg, err=True)
+        except Exception:            # an output error never kills a search
+            self.handleError(record)
+
+
+def log_to_stderr(debug: bool) -> None:
+    """Show tuner's log (INFO and above; DEBUG with --debug: every trial's start and end) on stderr."""
+    logger = logging.getLogger("tuner")
+    if not any(isinstance(h, _EchoHandler) for h in logger.handlers):
+        logger.addHandler(_EchoHandler())
+    logger.setLevel(logging.DEBUG if debug else logging.INFO)
+    logger.propagate = False
+
+
 DB_OPTION = click.option("--db", envvar="TUNER_DB", default=None, callback=_withhold_store_password,
                          help="Results store URL (default sqlite:///results/tuner.db; env TUNER_DB).")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+#: How the top-level description names a layout dimension; one not listed reads as its option (--flag).
+DIMENSION_LABELS = {"tp": "TP", "sequence_parallel": "SP", "context_parallel": "CP", "pp": "PP",
+                    "virtual_pipeline": "VP", "dp": "DP", "zero_stage": "ZeRO"}
+
+
+def description() -> str:
+    """`tuner --help`'s first line, from today's dimensions, precisions and frameworks."""
+    from tuner.frameworks import NAMES
+    from tuner.layout import DIMENSIONS
+    from tuner.specs import PRECISIONS
+    dims = ", ".join(DIMENSION_LABELS.get(d.name, d.flag[2:]) for d in DIMENSIONS)
+    return (f"Find the fastest parallel layout ({dims}) and precision ({' or '.join(PRECISIONS)}) for training "
+            f"an LLM with one training framework ({', '.join(NAMES)}).")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+             help=description())
 @click.version_option(__version__, prog_name="tuner")
 @click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
 @click.pass_context
 def cli(ctx, debug):
-    """Find the fastest parallel layout (TP, PP, DP, micro-batch, ZeRO, checkpointing) for LLM training."""
     ctx.obj = {"debug": debug}
+    log_to_stderr(debug)
 
 
 def _quiet_stdout() -> None:

@@ -9,20 +9,39 @@ import click
 
 from tuner.errors import UsageError
 from tuner.layout import DIMENSIONS
-from tuner.frameworks import NAMES as FRAMEWORKS
-from tuner.specs import PRECISIONS
+from tuner.frameworks import FRAMEWORKS, NAMES as FRAMEWORKS_NAMES
+from tuner.specs import MODEL_ALIASES, PRECISIONS, cluster_framework, read_toml, shipped_presets
+
+
+def preset_list(kind: str) -> str:
+    """The shipped presets of `kind` ('models', 'clusters', 'search_spaces') as help text reads them, a
+    model's short alias beside it (gpt-175b (175b)): read from the preset folders, so a new file appears."""
+    alias = {v: k for k, v in MODEL_ALIASES.items()} if kind == "models" else {}
+    return ", ".join(f"{n} ({alias[n]})" if n in alias else n for n in sorted(shipped_presets(kind)))
+
+
+def cluster_frameworks() -> dict[str, list[str]]:
+    """framework -> the shipped cluster presets that run it by default (their `framework` key)."""
+    by: dict[str, list[str]] = {}
+    for name, path in sorted(shipped_presets("clusters").items()):
+        by.setdefault(cluster_framework(read_toml(path)), []).append(name)
+    return {fw: by[fw] for fw in FRAMEWORKS_NAMES if fw in by}
+
+
+FRAMEWORK_DEFAULTS = "; ".join(f"{fw} on {', '.join(names)}" for fw, names in cluster_frameworks().items())
+MODELS = f"preset ({preset_list('models')}) or TOML path"       # "Model " + MODELS: the --model help
+CLUSTERS = f"preset ({preset_list('clusters')}) or TOML path"
 
 FRAMEWORK_OPTION = click.option(
-    "--framework", type=click.Choice(FRAMEWORKS), default=None,
+    "--framework", type=click.Choice(FRAMEWORKS_NAMES), default=None,
     help="Training stack: which layouts exist, their memory and overlaps, and the launch files "
-         "(default: the cluster's; frontier megatron-deepspeed, h100/h200 megatron-core).")
+         f"(default: the cluster's: {FRAMEWORK_DEFAULTS}).")
 
 WORKLOAD_OPTIONS = [
-    click.option("--model", required=True,
-                 help="Model preset (gpt-1.4b, 22b, 175b, 1t, llama3-8b, llama3-70b, llama3-405b, tiny, small) or TOML path."),
+    click.option("--model", required=True, help=f"Model {MODELS}."),
     click.option("--nodes", type=click.IntRange(min=1), default=None,
                  help="Number of nodes of the cluster (required; only `search --runner local` defaults to 1)."),
-    click.option("--cluster", default="frontier", show_default=True, help="Cluster preset or TOML path."),
+    click.option("--cluster", default="frontier", show_default=True, help=f"Cluster {CLUSTERS}."),
     click.option("--global-batch", type=click.IntRange(min=1), default=None,
                  help="Global batch in samples (default: the model's recipe)."),
     click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True,
@@ -38,12 +57,32 @@ def workload_options(fn):
     return fn
 
 
-def _dimension_option(d, required: bool):
+def _by_framework(value) -> str:
+    """'megatron-deepspeed 1, megatron-core 1, torchtitan 3': a per-framework default, from FRAMEWORKS."""
+    return ", ".join(f"{name} {value(fw)}" for name, fw in FRAMEWORKS.items())
+
+
+def predict_default(d) -> str:
+    """What `predict` uses for a dimension left out (tuner.cli.plan.predict fills these in)."""
+    if d.name == "zero_stage":
+        return f"the framework's: {_by_framework(lambda fw: fw.zero_stages[0])}"
+    if d.name == "sequence_parallel":
+        always = [name for name, fw in FRAMEWORKS.items() if fw.sp_with_tp]
+        return f"on when tp > 1 for {', '.join(always)} (its TP always shards the sequence), else off"
+    if d.name == "dp" or d.default is None:
+        return ""                       # required, or its help says how it follows from the others
+    return str(d.default).lower() if d.type is bool else str(d.default)
+
+
+def _dimension_option(d, required: bool, pins: bool):
+    """A dimension's option. Its help says what happens when it is left out: with `pins` (plan, search)
+    the dimension is searched over the space's values; else (predict) the default predict uses."""
+    shown = predict_default(d) if not pins else "searched over the --space when omitted"
+    shown = "" if not shown or required else (f" [{shown}]" if pins else f" [default: {shown}]")
     if d.type is bool:
-        return click.option(f"{d.flag}/--no-{d.flag[2:]}", d.name, default=None, help=d.help)
+        return click.option(f"{d.flag}/--no-{d.flag[2:]}", d.name, default=None, help=d.help + shown)
     kind = click.Choice(d.choices) if d.type is str else (
         click.IntRange(0, 3) if d.name == "zero_stage" else click.IntRange(min=1))
-    shown = f" [default: {d.default if d.type is not bool else str(d.default).lower()}]" if d.default is not None else ""
     return click.option(d.flag, d.name, type=kind, required=required, default=None, help=d.help + shown)
 
 
@@ -68,6 +107,6 @@ def layout_options(required: tuple = (), pins: bool = False):
                                help="Old spelling of --recompute full / --recompute none.")(wrapper)
         for d in reversed(DIMENSIONS):
             if not pins or d.searched:
-                wrapper = _dimension_option(d, d.name in required)(wrapper)
+                wrapper = _dimension_option(d, d.name in required, pins)(wrapper)
         return wrapper
     return deco

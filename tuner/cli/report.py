@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from tuner.cli import DB_OPTION, cli, read_store
+from tuner.cli.options import CLUSTERS, MODELS
 from tuner.layout import DIMENSIONS
 from tuner.cli.render import to_csv
 from tuner.errors import MissingExtra, TunerError, UsageError
@@ -175,9 +176,9 @@ def _measured(t) -> tuple:
 
 @cli.command()
 @click.argument("name", required=False)
-@click.option("--model", default=None, help="Without NAME: model preset or TOML path.")
+@click.option("--model", default=None, help=f"Without NAME: model {MODELS}.")
 @click.option("--nodes", type=click.IntRange(min=1), default=None, help="Without NAME: number of nodes.")
-@click.option("--cluster", default="frontier", show_default=True, help="Without NAME: cluster preset.")
+@click.option("--cluster", default="frontier", show_default=True, help=f"Without NAME: cluster {CLUSTERS}.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Directory for the launch files.")
 @click.option("--force", is_flag=True, help="Write into an --out directory that is not empty.")
 @click.option("--framework", type=click.Choice(FRAMEWORKS), default=None,
