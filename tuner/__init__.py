@@ -1,3 +1,27 @@
-"""tuner: search for the fastest parallel layout of a large-model training run."""
+"""tuner: search for the fastest parallel layout of a large-model training run.
+
+The library's facade (tuner.api), documented in README ("tuner as a library"):
+
+    import tuner
+    study = tuner.create_study(model="175b", nodes=16, budget=20)
+    study.optimize()
+    study.best()
+"""
+
+import logging
 
 __version__ = "0.1.0"
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())   # a library logs; the application shows it
+
+_FACADE = ("create_study", "load_study", "Study", "register_runner", "unregister_runner", "runner_names",
+           "TrialSpec", "TrialResult", "TrialRunner", "Status", "Layout")
+__all__ = list(_FACADE)
+
+
+def __getattr__(name):
+    """The facade, imported on first use (`import tuner` stays cheap for the CLI)."""
+    if name in _FACADE:
+        from tuner import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'tuner' has no attribute {name!r}")

@@ -7,6 +7,7 @@ A trial's failure is a result; only driver bugs and store failures raise.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -17,12 +18,13 @@ from typing import Callable
 
 from tuner import lease, metrics
 from tuner.lease import HEARTBEAT_S
-from tuner.errors import BudgetSpent, TunerError, UsageError
+from tuner.errors import BudgetSpent, Displaced, TunerError, UsageError
 from tuner.layout import Layout
 from tuner.perfmodel import predict
 from tuner.specs import Workload
 from tuner.trial import Status, TrialResult, TrialSpec, trial_dir
 
+log = logging.getLogger(__name__)
 MAX_INFRA_RETRIES = 1
 SAME_FAILURES = 3    # consecutive identical failures, with no success yet, that stop a study
 
@@ -86,6 +88,8 @@ class Driver:
         self._claimed: set[int] = set()      # claimed by this driver, not finished: interrupted on Ctrl-C
         self.lease_mode, self.keep_going = lease_mode, keep_going
         self._spent = False                  # the study's budget is spent (by any of its drivers)
+        self.epoch: int | None = None        # the lease's epoch (tuner.lease): claims and results are fenced
+        self._displaced = False              # the heartbeat saw the study taken over
         self._streak: tuple[str, int] = ("", 0)
         self._abort: str | None = None
         if early_stop:          # runners that watch no progress ignore it; executors carry it to the trial
@@ -133,13 +137,14 @@ class Driver:
     def _launch(self, number: int, layout: Layout, attempt: int = 0) -> None:
         fut = self.executor.submit(self.runner, self._spec(number, layout))
         self._inflight[fut] = (number, layout, attempt)
+        log.debug("trial %d started: %s", number, layout.key())
 
     def _claim(self, layout: Layout, pred) -> int | None:
         """Claim `layout` within the study's budget; None when another driver has it or the budget is spent."""
         if self._spent:
             return None
         try:
-            number = self.store.claim_trial(self.study, layout, pred, self.runner.name, budget=self.budget)
+            number = self.store.claim_trial(self.study, layout, pred, self.runner.name, epoch=self.epoch)
         except BudgetSpent:
             self._spent = True
             return None
@@ -158,7 +163,7 @@ class Driver:
                 pred = predict(lay, self.workload)
                 if self.prune and not pred.fits:
                     res = TrialResult(Status.PRUNED, peak_memory_gb=pred.memory_gb, message=pred.reason)
-                    if self.store.record_trial(self.study, lay, pred, res, self.runner.name) is not None:
+                    if self.store.record_trial(self.study, lay, pred, res, self.runner.name, self.epoch) is not None:
                         self.progress.pruned += 1
                     self.searcher.tell(lay, res)
                     continue
@@ -185,8 +190,9 @@ class Driver:
         if result.retryable and attempt < MAX_INFRA_RETRIES:
             self._launch(number, layout, attempt + 1)
             return
-        self.store.finish_trial(self.study, number, result)
+        self.store.finish_trial(self.study, number, result, epoch=self.epoch)
         self._claimed.discard(number)
+        log.debug("trial %d %s %s: %s", number, result.status, layout.key(), result.message or "")
         self.searcher.tell(layout, result)
         self.progress.ran += 1
         self.progress.last = _Finished(number, layout, result)
@@ -213,6 +219,22 @@ class Driver:
     def _lease(self, change) -> None:
         self.store.modify_study_settings(self.study, change)
 
+    def _take(self, settings: dict) -> dict:
+        change = lease.take(settings, self.study, self.lease_mode)
+        self.epoch = change["epoch"]
+        return change
+
+    def _beat(self, settings: dict) -> dict | None:
+        """Renew the lease and follow the study's budget (raised by `resume --budget` elsewhere); a study
+        taken over since this driver's epoch is noted, and the lease is not renewed."""
+        change = lease.refresh(settings, self.epoch)
+        if change is None:
+            self._displaced = True
+        elif settings.get("budget") and int(settings["budget"]) != self.budget:
+            self.budget = self.progress.budget = int(settings["budget"])
+            self._spent = False
+        return change
+
     def _fill(self, reruns: list, deadline: float | None) -> bool:
         """Launch what the free slots allow; False once the time limit has passed."""
         if deadline and time.monotonic() >= deadline:
@@ -234,12 +256,16 @@ class Driver:
     def run(self) -> Outcome:
         """Run the study (its searcher's candidates: tuner.space.valid_layouts) to an end; see Outcome."""
         deadline = time.monotonic() + self.time_limit if self.time_limit else None
-        self._lease(lambda st: lease.take(st, self.study, self.lease_mode))
+        self._lease(self._take)
         beat = _Heartbeat(self)                  # keeps the lease fresh while a trial runs, inline too
         reruns = self._replay()
         self.on_progress(self.progress)
         try:
             reason = self._loop(reruns, deadline)
+        except Displaced as exc:       # another driver owns the study now: stop, write nothing more
+            self.runner.cancel()
+            self.executor.shutdown()
+            raise TunerError(str(exc)) from None
         except KeyboardInterrupt:
             n = self._interrupt()
             raise Interrupted(f"interrupted: {n} running trial(s) marked interrupted; "
@@ -264,9 +290,14 @@ class Driver:
         """Run trials until the budget, the space, the searcher or the time limit ends it; why it ended."""
         reason = "budget"
         while True:
+            if self._displaced:
+                raise Displaced(self.study)
+            before = len(self._inflight)
             if not self._fill(reruns, deadline):
                 reason = "time-limit"
             self._in_flight()
+            if len(self._inflight) > before:       # the live view shows what just started
+                self.on_progress(self.progress)
             if not self._inflight:
                 if self._abort:
                     raise TunerError(self._abort)
@@ -305,7 +336,7 @@ class _Heartbeat:
     def _run(self, driver: "Driver") -> None:
         while not self._stop.wait(HEARTBEAT_S):
             try:
-                driver._lease(lease.refresh)
+                driver._lease(driver._beat)
             except TunerError:          # a lost store: the driver's own next call reports it
                 pass
 

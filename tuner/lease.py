@@ -6,6 +6,10 @@ within three heartbeats.
 `take` is the one decision, made by the store under a row lock (Store.modify_study_settings), so that
 of N drivers started at the same instant on a study exactly one gets in (mode "run"), unless they
 came to join (mode "join") or to take over from a driver that died on another host ("force").
+
+Fencing: `settings["epoch"]` counts take-overs. "force" raises it; a driver keeps the epoch it took the
+lease in, and the store refuses its claims and results once the epoch has moved on (Displaced), and
+`refresh` never re-adds a displaced driver's lease. Joining leaves the epoch alone.
 Pure apart from reading the clock, the host name and the process table.
 """
 
@@ -58,9 +62,15 @@ def live_driver(settings: dict) -> str | None:
     return f"host {v.get('host')} pid {v.get('pid')}, seen {now - float(v.get('seen', 0)):.0f} s ago"
 
 
+def epoch(settings: dict) -> int:
+    """How many times the study was taken over (`--force`): a driver's lease is good for one epoch."""
+    return int(settings.get("epoch") or 0)
+
+
 def take(settings: dict, study: str, mode: str) -> dict:
-    """The settings change that gives this driver a lease on `study`, or UsageError when another live
-    driver runs it and `mode` is "run"."""
+    """The settings change that gives this driver a lease on `study` (and, with "force", a new epoch
+    that fences the drivers it displaces), or UsageError when another live driver runs it and `mode`
+    is "run"."""
     if mode not in MODES:
         raise ValueError(f"lease mode must be one of {MODES}, got {mode!r}")
     live = live_driver(settings)
@@ -68,12 +78,15 @@ def take(settings: dict, study: str, mode: str) -> dict:
         raise UsageError(f"study '{study}' is being run by a live driver ({live}): attach a second driver with "
                          f"`tuner resume {study} --join`, or, if that driver is gone, `tuner resume {study} --force`")
     keep = {} if mode == "force" else holders(settings)
-    return {"driver": None, "drivers": {**keep, me(): {"host": socket.gethostname(), "pid": os.getpid(),
-                                                       "seen": time.time()}}}
+    return {"driver": None, "epoch": epoch(settings) + (mode == "force"),
+            "drivers": {**keep, me(): {"host": socket.gethostname(), "pid": os.getpid(), "seen": time.time()}}}
 
 
-def refresh(settings: dict) -> dict:
-    """The settings change that renews this driver's lease (keeping the other live ones)."""
+def refresh(settings: dict, held: int | None = None) -> dict | None:
+    """The settings change that renews this driver's lease (keeping the other live ones); None (no
+    change) when the study has moved on from the epoch `held` this driver took it in."""
+    if held is not None and epoch(settings) != held:
+        return None
     return {"drivers": {**holders(settings), me(): {"host": socket.gethostname(), "pid": os.getpid(),
                                                     "seen": time.time()}}}
 

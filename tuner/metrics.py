@@ -51,3 +51,16 @@ def complete(result, workload: Workload, layout: Layout):
 
 def samples_from_step_time(step_time_s: float, workload: Workload) -> float:
     return workload.global_batch / step_time_s
+
+
+def rank_key(mfu_value: float, memory_gb: float | None, layout: Layout) -> tuple:
+    """The one order of the recommendation, used by the store, every report and the guided searcher's
+    stop line: fastest (highest MFU) first; at equal speed the smaller peak memory (more headroom),
+    then the layout key, so that every front end names the same layout whatever order trials ran in."""
+    return (-mfu_value, memory_gb if memory_gb is not None else float("inf"), layout.key())
+
+
+def trial_rank_key(t) -> tuple:
+    """rank_key of a stored trial: its measured peak memory, else the model's."""
+    memory = t.peak_memory_gb if t.peak_memory_gb is not None else getattr(t, "predicted_memory_gb", None)
+    return rank_key(t.mfu, memory, t.layout)

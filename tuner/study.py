@@ -11,14 +11,18 @@ calls these and renders what they return; benchmarks, tests and notebooks call t
     result = study.run(store, rec)          # result.outcome, result.searcher.confidence, ...
     study.fastest(store, "my-study")        # the recommended trial
 
-Messages a user should see (a warm start's evidence, leftovers cancelled on resume) go to `on_note`.
+Messages a user should see (a warm start's evidence, leftovers cancelled on resume) are logged to
+`logging.getLogger("tuner.study")` (the CLI prints the "tuner" logger's INFO and above on stderr).
+The documented facade for notebooks and workflows is tuner.api (tuner.create_study / load_study).
 """
 
 from __future__ import annotations
 
+import logging
+import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from tuner import lease
 from tuner.best import history, require_fit
@@ -27,7 +31,8 @@ from tuner.errors import UsageError
 from tuner.executors import make_executor
 from tuner.perfmodel import predict
 from tuner.report import ok_trials
-from tuner.runners import make_runner
+from tuner.runners import RUNNERS, TrialRunner, make_runner
+from tuner.runners.registry import as_runner, lookup, unavailable
 from tuner.search import make_searcher
 from tuner.search import STUDY_DEFAULTS
 from tuner.space import SearchSpace, valid_layouts
@@ -35,7 +40,26 @@ from tuner.specs import Workload
 from tuner.store import StudyRecord
 from tuner.trial import Status
 
-Note = Callable[[str], None]
+log = logging.getLogger(__name__)
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
+ADJECTIVES = ("brisk", "calm", "eager", "keen", "lucid", "nimble", "quiet", "rapid", "steady", "swift", "vivid")
+NOUNS = ("otter", "falcon", "lynx", "heron", "marten", "orca", "puffin", "raven", "tapir", "wren", "yak")
+
+
+def check_study_name(name: str) -> str:
+    if not NAME_RE.match(name) or ".." in name:
+        raise UsageError(f"study name {name!r} is not allowed: use letters, digits, '.', '_' and '-' "
+                         "(at most 80, starting with a letter or digit)")
+    return name
+
+
+def generated_name(model: str, nodes: int, taken: set[str]) -> str:
+    rng = random.Random()
+    while True:
+        name = f"{model}-{nodes}n-{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}-{rng.randint(100, 999)}"
+        if name not in taken:
+            return name
 
 
 @dataclass
@@ -98,13 +122,14 @@ def runnable_layouts(rec: StudyRecord, workload: Workload, space: SearchSpace) -
     return kept
 
 
-def create(store, rec: StudyRecord) -> StudyRecord:
+def create(store, rec: StudyRecord, runner: TrialRunner | None = None) -> StudyRecord:
     """Check everything a study needs before storing it: valid layouts that fit, runner options, the
-    Ray address. Raises UsageError (nothing stored) or StudyExists."""
+    Ray address. Raises UsageError (nothing stored) or StudyExists. `runner`: the study's runner when
+    it is not one tuner can build by its name (a Python object, tuner.runners.registry)."""
     workload, space = Workload.from_dict(rec.workload), SearchSpace.from_record(rec.space)
     layouts = runnable_layouts(rec, workload, space)
     s = rec.settings
-    runner_for(rec, workload)                     # bad runner input fails before anything is stored
+    runner_for(rec, workload, runner)             # bad runner input fails before anything is stored
     refusal = harness_refusal(rec, workload)
     if refusal:
         raise UsageError(refusal)
@@ -117,10 +142,22 @@ def create(store, rec: StudyRecord) -> StudyRecord:
     return store.get_study(rec.name)
 
 
-def runner_for(rec: StudyRecord, workload: Workload):
-    """The runner of a study, from the options stored with it."""
+def runner_for(rec: StudyRecord, workload: Workload, given: TrialRunner | None = None):
+    """The runner of a study: `given` (which must carry the study's runner name: measurements of two
+    runners do not mix), else the one its stored name and options build (built in, registered in
+    this process or an installed entry point), else UsageError saying how to continue the study."""
     opts, s = rec.settings.get("runner_options", {}), rec.settings
     name, results_dir = rec.runner, Path(s.get("results_dir", "results"))
+    if given is not None:
+        if given.name != name:
+            raise UsageError(f"study '{rec.name}' is run by runner '{name}', not '{given.name}': measurements of "
+                             "two runners do not mix; create another study (--warm-start reuses this one's)")
+        return given
+    if name not in RUNNERS:
+        found = lookup(name)
+        if found is None:
+            raise unavailable(name, rec.name)
+        return as_runner(found, name, opts)
     if name == "sim":
         return make_runner("sim", noise=opts.get("noise", 0.0), delay=opts.get("sim_delay", 0.0), seed=s.get("seed", 0))
     common = {"trial_timeout": opts.get("trial_timeout"), "results_dir": results_dir}
@@ -137,7 +174,7 @@ def runner_for(rec: StudyRecord, workload: Workload):
     return make_runner(name)
 
 
-def searcher_for(store, rec: StudyRecord, workload: Workload, candidates: list, on_note: Note):
+def searcher_for(store, rec: StudyRecord, workload: Workload, candidates: list):
     """The study's searcher; guided with the study defaults, its stop rule and any warm start."""
     s, options = rec.settings, {}
     if rec.searcher == "guided":
@@ -145,41 +182,43 @@ def searcher_for(store, rec: StudyRecord, workload: Workload, candidates: list, 
         threshold = s.get("stop_threshold", STUDY_DEFAULTS["stop_threshold"])
         options["stop_threshold"] = None if s.get("no_stop") or not threshold else threshold   # 0: an old "never"
         if s.get("warm_start"):
-            options["history"], options["history_studies"] = _warm_start(store, rec, workload, on_note)
+            options["history"], options["history_studies"] = _warm_start(store, rec, workload)
     return make_searcher(rec.searcher, candidates, seed=s.get("seed", 0), workload=workload,
                          parallel=s.get("parallel", 1), **options)
 
 
-def _warm_start(store, rec: StudyRecord, workload: Workload, on_note: Note) -> tuple[list, dict]:
+def _warm_start(store, rec: StudyRecord, workload: Workload) -> tuple[list, dict]:
     from tuner.correction import warm_start_records
     records, studies = history(store, workload.model.name, workload.cluster.name, exclude=rec.name)
     ev = warm_start_records(records, workload, studies).evidence
     if not ev.get("trials"):
-        on_note(f"warning: --warm-start found no stored trials of {workload.model.name} on "
-                f"{workload.cluster.name}: starting cold")
+        log.warning("--warm-start found no stored trials of %s on %s: starting cold", workload.model.name,
+                    workload.cluster.name)
         return [], {}
-    on_note(f"warm start from {ev['trials']} trial(s) of {len(studies)} studies at node counts "
-            f"{', '.join(map(str, ev.get('node_counts', [])))}")
+    log.info("warm start from %d trial(s) of %d studies at node counts %s", ev["trials"], len(studies),
+             ", ".join(map(str, ev.get("node_counts", []))))
     return records, studies
 
 
 def run(store, rec: StudyRecord, *, budget: int | None = None, resumed: bool = False, lease_mode: str = "run",
-        keep_going: bool = False, on_progress=None, on_note: Note = lambda msg: None) -> Result:
-    """Run `rec` to its budget (or `budget`), its searcher's stop, the space's end or its time limit."""
+        keep_going: bool = False, on_progress=None, runner: TrialRunner | None = None,
+        time_limit: float | None = None) -> Result:
+    """Run `rec` to its budget (or `budget`), its searcher's stop, the space's end or its time limit
+    (or `time_limit` seconds from now)."""
     s = rec.settings
     workload, space = Workload.from_dict(rec.workload), SearchSpace.from_record(rec.space)
     candidates = runnable_layouts(rec, workload, space)
-    runner = runner_for(rec, workload)
+    runner = runner_for(rec, workload, runner)
     if resumed:                                   # no orphan jobs or processes from a dead driver
         gone = runner.cancel_study_jobs(rec.name)
         if gone:
             what = "Slurm job(s)" if rec.runner == "slurm" else "trial(s) whose processes were still running"
-            on_note(f"stopped {len(gone)} {what} left by the stopped driver: {', '.join(map(str, gone))}")
-    searcher = searcher_for(store, rec, workload, candidates, on_note)
+            log.warning("stopped %d %s left by the stopped driver: %s", len(gone), what, ", ".join(map(str, gone)))
+    searcher = searcher_for(store, rec, workload, candidates)
     executor = make_executor(s.get("executor", "thread"), s.get("parallel", 1), **s.get("executor_options", {}))
     driver = Driver(store=store, study=rec.name, workload=workload, searcher=searcher, runner=runner,
                     executor=executor, budget=budget or s["budget"], parallel=s.get("parallel", 1),
-                    time_limit=s.get("time_limit"), prune=s.get("prune", True),
+                    time_limit=time_limit or s.get("time_limit"), prune=s.get("prune", True),
                     results_dir=Path(s.get("results_dir", "results")), on_progress=on_progress,
                     early_stop=s.get("early_stop"), lease_mode=lease_mode,
                     keep_going=keep_going or s.get("keep_going", False))
@@ -194,15 +233,18 @@ def run(store, rec: StudyRecord, *, budget: int | None = None, resumed: bool = F
 
 
 def resume(store, name: str, *, budget: int | None = None, mode: str = "run", ray_address: str | None = None,
-           keep_going: bool = False, on_progress=None, on_note: Note = lambda msg: None) -> Result:
+           keep_going: bool = False, on_progress=None, runner: TrialRunner | None = None,
+           time_limit: float | None = None) -> Result:
     """Continue a study: take its lease atomically (mode run | join | force), re-run what a dead driver
-    left running (not with join: those are another live driver's), raise its budget, run it."""
-    store.get_study(name)
+    left running (not with join: those are another live driver's), raise its budget, run it. A study
+    whose runner this process cannot build is refused before anything changes."""
+    rec = store.get_study(name)
+    runner = runner_for(rec, Workload.from_dict(rec.workload), runner)
     store.modify_study_settings(name, lambda st: lease.take(st, name, mode))   # one driver gets in
     if mode != "join":
         n = store.mark_interrupted(name)
         if n:
-            on_note(f"{n} trial(s) left running by a stopped driver will run again")
+            log.warning("%d trial(s) left running by a stopped driver will run again", n)
     if ray_address:
         from tuner.executors.ray import check_address
         check_address(ray_address)
@@ -210,7 +252,7 @@ def resume(store, name: str, *, budget: int | None = None, mode: str = "run", ra
     if budget:
         store.update_study_settings(name, {"budget": budget})
     return run(store, store.get_study(name), resumed=mode != "join", lease_mode=mode, keep_going=keep_going,
-               on_progress=on_progress, on_note=on_note)
+               on_progress=on_progress, runner=runner, time_limit=time_limit)
 
 
 def fastest(store, name: str, k: int = 1) -> list:

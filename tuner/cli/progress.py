@@ -1,5 +1,6 @@
 """Live progress of a running study: on a terminal a rich view (bar with time left, best-so-far, a
-table of running and recent trials); otherwise one plain line per finished trial."""
+table of running and recent trials, shown as each starts and ends); otherwise one plain line per
+trial that starts and one per trial that ends."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class ProgressView:
         self.tty = hasattr(stream, "isatty") and stream.isatty()
         self._live = None
         self._seen_last = None
+        self._started: set[int] = set()
 
     def __enter__(self):
         if self.tty:
@@ -76,6 +78,11 @@ class ProgressView:
             self._bar.update(self._task, completed=p.ran)
             self._live.update(self._view(p))
             return
+        for number, layout in p.running_trials:           # what started since the last update
+            if number not in self._started:
+                self._started.add(number)
+                print(f"[{time.strftime('%H:%M:%S')}] trial {number} running {layout.key()}", file=self.stream,
+                      flush=True)
         last = p.last
         if last is not None and last is not self._seen_last:
             self._seen_last = last

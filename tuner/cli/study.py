@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import random
-import re
 import sys
+from pathlib import Path
 
 import click
 
@@ -14,35 +13,30 @@ from tuner.cli.progress import ProgressView
 from tuner.cli.query import best_rows, top_rows
 from tuner.cli.render import render
 from tuner.errors import UsageError
-from tuner.runners import RUNNERS
+from tuner.runners.registry import runner_names
 from tuner.search import SEARCHERS
 from tuner.search import STUDY_DEFAULTS
-from tuner.space import load_space
-from tuner.specs import make_workload, stored_framework
+from tuner.specs import Workload, stored_framework
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
-ADJECTIVES = ("brisk", "calm", "eager", "keen", "lucid", "nimble", "quiet", "rapid", "steady", "swift", "vivid")
-NOUNS = ("otter", "falcon", "lynx", "heron", "marten", "orca", "puffin", "raven", "tapir", "wren", "yak")
+CONFIG_TABLES = "tuner.config_tables"
 
 
-def check_study_name(name: str) -> str:
-    if not NAME_RE.match(name) or ".." in name:
-        raise UsageError(f"study name {name!r} is not allowed: use letters, digits, '.', '_' and '-' "
-                         "(at most 80, starting with a letter or digit)")
-    return name
+def placeholder(key: str) -> str:
+    """What --config puts in place of a [model] / [cluster] / [space] table until search() reads it."""
+    return f"<[{key}] of --config>"
 
 
-def generated_name(model: str, nodes: int, taken: set[str]) -> str:
-    rng = random.Random()
-    while True:
-        name = f"{model}-{nodes}n-{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}-{rng.randint(100, 999)}"
-        if name not in taken:
-            return name
-
-
-def _note(msg: str) -> None:
-    click.echo(msg, err=True)
-
+def _read_config(ctx, param, path):
+    """--config: the file's keys become this command's defaults (a flag given on the command line wins)."""
+    if path is None:
+        return None
+    from tuner.config import TABLES, check, read
+    o = check(read(path), f"--config {path}")
+    ctx.meta[CONFIG_TABLES] = {k: v for k, v in o.items() if k in TABLES and isinstance(v, dict)}
+    defaults = {k: placeholder(k) if k in ctx.meta[CONFIG_TABLES] else v for k, v in o.items()}
+    defaults.pop("runner_options", None)
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+    return path
 
 def run_and_show(store, rec, fmt: str, run, budget: int | None = None) -> None:
     """Run a study with the live view on stderr, then print the fastest layouts and the recommendation."""
@@ -79,9 +73,11 @@ def show_result(store, name: str, result, fmt: str) -> None:
 
 
 @cli.command()
+@click.option("--config", type=click.Path(dir_okay=False, path_type=Path), default=None, is_eager=True,
+              callback=_read_config, help="A study.toml: every option below as a key (`tuner config NAME` writes one).")
 @workload_options
 @click.option("--space", default="default", show_default=True, help="Search space name or TOML path.")
-@click.option("--runner", type=click.Choice(RUNNERS), default="sim", show_default=True,
+@click.option("--runner", type=click.Choice(runner_names()), default="sim", show_default=True,
               help="What runs a trial: the simulator (the model's prediction), your --command, DeepSpeed on "
               "this machine, or Slurm jobs.")
 @click.option("--searcher", type=click.Choice(SEARCHERS), default=SEARCHERS[0], show_default=True,
@@ -117,34 +113,25 @@ def show_result(store, name: str, result, fmt: str) -> None:
 @click.option("--early-stop", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
               help="Stop a real trial whose throughput after warm-up is below this fraction of the best so far.")
 @layout_options(pins=True)
-def search(model, nodes, cluster, global_batch, precision, framework, layout, space, runner, searcher, budget, parallel, study, db, seed, fmt,
-           time_limit, no_prune, noise, sim_delay, command, gpus, trial_timeout, template, executor, ray_address,
-           results_dir, warm_start, stop_threshold, no_stop, keep_going, early_stop):
+def search(layout, db, fmt, config, **options):
     """Start a study: propose layouts, run trials, store every result.
+
+    Every option may also come from a study.toml (--config; `tuner config NAME` writes a stored
+    study's): a flag given here wins over the file.
 
     Example: tuner search --model 175b --nodes 128 --budget 30
     """
-    if nodes is None and runner == "local":
-        nodes = 1
-    w = make_workload(model, nodes, cluster, global_batch, precision, framework)
-    sp = load_space(space).pinned(layout)
     from tuner import study as studies
+    from tuner.config import record
     from tuner.store import open_store
+    tables = click.get_current_context().meta.get(CONFIG_TABLES, {})
+    options = {**options, **layout, **{k: v for k, v in tables.items() if options.get(k) in (placeholder(k), None)}}
     store = open_store(db)
-    name = check_study_name(study) if study else generated_name(w.model.name, nodes, set(store.study_names()))
-    if runner == "local" and gpus and gpus != w.gpus:
-        raise UsageError(f"--gpus {gpus} but {w.model.name} on {nodes} x {w.cluster.name} node(s) is {w.gpus} "
-                         f"GPUs: use --cluster local with --nodes 1, or --gpus {w.gpus}")
-    settings = {"seed": seed, "budget": budget, "parallel": parallel, "time_limit": time_limit,
-                "prune": not no_prune, "executor": executor, "results_dir": results_dir, "early_stop": early_stop,
-                "warm_start": warm_start, "stop_threshold": stop_threshold, "no_stop": no_stop, "keep_going": keep_going,
-                "executor_options": {"address": ray_address} if executor == "ray" else {},
-                "runner_options": {k: v for k, v in {"noise": noise, "sim_delay": sim_delay, "command": command,
-                                   "gpus": gpus, "trial_timeout": trial_timeout, "template": template}.items() if v}}
-    rec = studies.create(store, studies.new_record(name, w, sp, searcher=searcher, runner=runner, **settings))
-    click.echo(f"study {name}: {w.model.name} on {nodes} x {w.cluster.name} ({w.gpus} GPUs), {w.framework}, "
-               f"searcher {searcher}, runner {runner}, store {store.url}", err=True)
-    run_and_show(store, rec, fmt, lambda **kw: studies.run(store, rec, on_note=_note, **kw))
+    rec = studies.create(store, record(options, set(store.study_names())))
+    w = Workload.from_dict(rec.workload)
+    click.echo(f"study {rec.name}: {w.model.name} on {w.nodes} x {w.cluster.name} ({w.gpus} GPUs), {w.framework}, "
+               f"searcher {rec.searcher}, runner {rec.runner}, store {store.url}", err=True)
+    run_and_show(store, rec, fmt, lambda **kw: studies.run(store, rec, **kw))
 
 
 @cli.command()
@@ -167,5 +154,28 @@ def resume(name, budget, join, force, ray_address, keep_going, db, fmt):
     rec = store.get_study(name)
     mode = "join" if join else "force" if force else "run"
     run_and_show(store, rec, fmt, lambda **kw: studies.resume(
-        store, name, budget=budget, mode=mode, ray_address=ray_address, keep_going=keep_going, on_note=_note, **kw),
+        store, name, budget=budget, mode=mode, ray_address=ray_address, keep_going=keep_going, **kw),
         budget)
+
+
+@cli.command("config")
+@click.argument("name")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="File to write (default stdout).")
+@click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
+@DB_OPTION
+def config_cmd(name, out, force, db):
+    """Write a stored study's settings as a study.toml that `tuner search --config` reads.
+
+    Example: tuner config my-study --out study.toml && tuner search --config study.toml --study my-study-2
+    """
+    from tuner.cli import read_store
+    from tuner.config import dumps
+    text = dumps(read_store(db).get_study(name))
+    if out is None:
+        click.echo(text, nl=False)
+        return
+    if out.exists() and not force:
+        raise UsageError(f"--out {out} exists: choose another file, or pass --force to overwrite it")
+    out.write_text(text)
+    click.echo(f"wrote study {name}'s settings to {out}", err=True)

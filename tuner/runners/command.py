@@ -92,25 +92,30 @@ def parse_result(path: Path, trial: TrialSpec) -> TrialResult:
                       "object with a 'status' of ok, oom or failed")
     except (OSError, UnicodeDecodeError) as exc:
         return failed(f"result file {path} cannot be read: {exc}")
+    return result_from_dict(data, trial, f"result file {path}", "the command must write")
+
+
+def result_from_dict(data, trial: TrialSpec, where: str, must: str) -> TrialResult:
+    """A result object (the command runner's result.json, a Python trial function's dict) as a
+    TrialResult; anything malformed is a failed result naming `where` and what it `must` give."""
     if not isinstance(data, dict) or "status" not in data:
-        return failed(f"result file {path} has no 'status'; the command must write a JSON object "
-                      "with a 'status' of ok, oom or failed")
+        return failed(f"{where} has no 'status'; {must} a JSON object with a 'status' of ok, oom or failed")
     status = RESULT_STATUSES.get(str(data["status"]).lower())
     if status is None:
-        return failed(f"result file {path}: status {data['status']!r} is not one of ok, oom, failed")
+        return failed(f"{where}: status {data['status']!r} is not one of ok, oom, failed")
     values = {}
     for key in NUMBER_FIELDS:
         v = data.get(key)
         if v is None:
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            return failed(f"result file {path}: '{key}' must be a finite number >= 0, got {v!r}")
+            return failed(f"{where}: '{key}' must be a finite number >= 0, got {v!r}")
         values[key] = float(v)
     step = values.pop("step_time_s", None)
     if not values.get("samples_per_second") and step:
         values["samples_per_second"] = samples_from_step_time(step, trial.workload)
     if status == Status.OK and not values.get("samples_per_second"):
-        return failed(f"result file {path}: status ok needs 'samples_per_second' (or 'step_time_s') > 0, "
+        return failed(f"{where}: status ok needs 'samples_per_second' (or 'step_time_s') > 0, "
                       "and it has neither; tuner derives MFU and TFLOPS from it ('tflops_per_gpu' alone "
                       "is not accepted)")
     result = TrialResult(status, message=str(data.get("message") or "")[-2000:], **values)

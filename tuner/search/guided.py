@@ -35,6 +35,7 @@ from scipy.special import ndtr
 from tuner.frameworks import of as framework_of
 from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT
 from tuner.layout import Layout
+from tuner.metrics import rank_key
 from tuner.perfmodel import predict
 from tuner.search import STUDY_DEFAULTS  # noqa: F401  (re-exported: the study defaults of the stop rule)
 from tuner.search.base import BaseSearcher
@@ -71,6 +72,7 @@ class GuidedSearcher(BaseSearcher):
         self.FM = np.array([f.fm for f in self.fts]).reshape(n, FM_DIM)
         self.log_pred = np.array([f.log_pred for f in self.fts])
         self.log_mem = np.array([f.log_mem for f in self.fts])
+        self.mem_gb = [p.memory_gb if p is not None else None for p in preds]   # stored as predicted_memory_gb
         self.family = [(c.tp, c.pp) for c in self.candidates]
         self._tiebreak = np.random.default_rng([self.seed, 11]).permutation(n) * 1e-12
         ws = warm_start_records(history, workload, history_studies) if (history and workload is not None) else None
@@ -81,6 +83,7 @@ class GuidedSearcher(BaseSearcher):
         self.best_log: float | None = None
         self.best_layout: Layout | None = None
         self.best_index: int | None = None
+        self.best_key: tuple | None = None
         self.n_ok = 0
         self.confidence: float | None = None    # P(no layout beats the recommended one by > threshold)
         self.stop_reason: str | None = None
@@ -118,10 +121,11 @@ class GuidedSearcher(BaseSearcher):
             self.mem_scale = max(self.mem_scale, result.peak_memory_gb / math.exp(ft.log_mem))
         if result.status == Status.OK and result.mfu:
             self.n_ok += 1
-            v = math.log(max(result.mfu, 1e-6))
-            tie = v == self.best_log and i is not None and self.best_index is not None and i < self.best_index
-            if self.best_log is None or v > self.best_log or tie:   # ties: the lower index, in any tell order
-                self.best_log, self.best_layout, self.best_index = v, layout, i
+            memory = result.peak_memory_gb if result.peak_memory_gb is not None else self.mem_gb[i] if i is not None else None
+            key = rank_key(result.mfu, memory, layout)
+            if self.best_key is None or key < self.best_key:   # the store's order (tuner.metrics), in any tell order
+                self.best_key, self.best_layout, self.best_index = key, layout, i
+                self.best_log = math.log(max(result.mfu, 1e-6))
 
     def tell_claimed_elsewhere(self, layout: Layout) -> None:
         """Another driver runs `layout`: never propose it, and do not wait for its result."""
