@@ -21,7 +21,7 @@ from tuner.render.launch import FRAMEWORK_FILES, FRAMEWORKS, launch_files
 from tuner.report import EXPORT_COLUMNS, FIGURES, build_report, export_rows, ok_trials
 from tuner.specs import Workload, load_cluster, load_model, make_workload
 
-EXPORT_FORMATS = ("csv", "json", "parquet")
+EXPORT_FORMATS = ("csv", "json", "parquet", "optuna")
 
 
 def check_out_dir(out: Path, force: bool) -> None:
@@ -97,18 +97,27 @@ def parquet_bytes(rows: list[dict]) -> bytes:
 @cli.command()
 @click.argument("name")
 @click.option("--format", "fmt", type=click.Choice(EXPORT_FORMATS), default="csv", show_default=True,
-              help="csv and json (records) print to stdout without --out; parquet needs the 'report' extra.")
+              help="csv and json (records) print to stdout without --out; parquet needs the 'report' extra; "
+              "optuna writes an optuna study to --storage.")
 @click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="File to write (default stdout; required for parquet).")
-@click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
+@click.option("--storage", default=None, help="--format optuna: the optuna storage URL to write the study to "
+              "(e.g. sqlite:///optuna.db), a database of its own, not --db.")
+@click.option("--force", is_flag=True, help="Overwrite an existing --out file (optuna: replace the study of that name "
+              "in --storage).")
 @DB_OPTION
-def export(name, fmt, out, force, db):
+def export(name, fmt, out, storage, force, db):
     """Export every trial of a study: layout, status, measured and predicted metrics.
 
-    Read back with pandas: pd.read_csv(f), pd.read_json(f), pd.read_parquet(f).
+    Read back with pandas: pd.read_csv(f), pd.read_json(f), pd.read_parquet(f). --format optuna writes an
+    optuna study (value: MFU, maximised; params: the layout) for optuna-dashboard and optuna's importances.
 
     Example: tuner export my-study --format parquet --out trials.parquet
     """
+    if fmt == "optuna":
+        return export_optuna(name, out, storage, force, db)
+    if storage is not None:
+        raise UsageError(f"--storage is for --format optuna; --format {fmt} writes to --out or stdout: drop --storage")
     if fmt == "parquet" and out is None:
         raise UsageError("--format parquet is binary: pass --out FILE.parquet")
     if out is not None and out.exists() and not force:
@@ -129,6 +138,18 @@ def export(name, fmt, out, force, db):
         raise UsageError(f"--out {out}: directory {out.parent} does not exist")
     out.write_bytes(data) if isinstance(data, bytes) else out.write_text(data)
     click.echo(f"wrote {len(rows)} trial(s) of study {name} to {out} ({fmt})", err=True)
+
+
+def export_optuna(name: str, out, storage: str | None, force: bool, db) -> None:
+    """`export --format optuna`: the study as an optuna study in --storage (tuner.optuna_export)."""
+    if storage is None:
+        raise UsageError("--format optuna writes an optuna study: pass --storage URL, e.g. --storage sqlite:///optuna.db")
+    if out is not None:
+        raise UsageError("--format optuna writes to --storage, not to a file: drop --out")
+    from tuner.optuna_export import write_study
+    store = read_store(db)
+    rec = store.get_study(name)
+    click.echo(write_study(storage, rec, store.trials(name), store_url=store.engine.url, force=force).line())
 
 
 def pick_layout(store, name, model, nodes, cluster, precision: str = "bf16", framework: str | None = None):
