@@ -15,16 +15,13 @@ import threading
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import MetaData, create_engine, text
 
 from tuner.errors import StoreError, StudyExists, UnknownStudy
 from tuner.layout import Layout
 from tuner.perfmodel.prediction import Prediction
-from tuner.space import SearchSpace
 from tuner.specs import make_workload
-from tuner.store import SCHEMA_VERSION, StudyRecord, open_store, redact
-from tuner.store.models import Base
-from tuner import metrics
+from tuner.store import StudyRecord, open_store, redact
 from tuner.store.store import upgrade
 from tuner.trial import Status, TrialResult
 
@@ -46,8 +43,12 @@ def ok(mfu: float, **kw) -> TrialResult:
 
 
 def _reset_pg(url: str) -> None:
+    """Drop every table (the store's and its tuner_alembic_version)."""
     engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
-    Base.metadata.drop_all(engine)
+    with engine.begin() as conn:
+        found = MetaData()
+        found.reflect(conn)
+        found.drop_all(conn)
     engine.dispose()
 
 
@@ -243,70 +244,6 @@ class TestStoreContract:
             store.record_trial("s", layout, None, TrialResult(st), "sim")
         store.claim_trial("s", LAYOUTS[10], None, "sim")
         assert store.counts("s") == {"ok": 2, "oom": 1, "pruned": 1, "running": 1}
-
-    # ---- schema -----------------------------------------------------------------------------
-    def test_schema_version_mismatch(self, store, shared_url):
-        def set_version(v: int) -> None:
-            with store.engine.begin() as conn:
-                conn.execute(text("UPDATE meta SET value = :v WHERE key = 'schema_version'"), {"v": str(v)})
-
-        store.create_study(study("kept"))
-        set_version(SCHEMA_VERSION - 1)
-        with pytest.raises(StoreError, match=r"run `tuner db upgrade --db .*`") as err:
-            open_store(shared_url)
-        assert "\n" not in str(err.value)
-        assert "upgraded" in upgrade(shared_url)
-        assert "up to date" in upgrade(shared_url)
-        with open_store(shared_url) as again:
-            assert again.study_names() == ["kept"]
-        set_version(SCHEMA_VERSION + 1)
-        with pytest.raises(StoreError, match=r"upgrade tuner \(`pip install -U tuner`\)"):
-            open_store(shared_url)
-        with pytest.raises(StoreError, match="pip install -U tuner"):
-            upgrade(shared_url)
-
-    def test_upgrade_from_schema_1_recomputes_mfu_from_samples_per_second(self, store, shared_url):
-        """A store written before MFU existed: upgrade adds it from each trial's samples/s and model."""
-        store.create_study(study("old", "22b", 8))
-        lay = Layout(tp=1, pp=8, dp=8, micro_batch=1)
-        store.record_trial("old", lay, None, TrialResult(Status.OK, tflops_per_gpu=80.0, peak_fraction=0.42,
-                                                         samples_per_second=12.5), "sim")
-        with store.engine.begin() as conn:      # as schema 1 left it: no mfu, the old index
-            conn.execute(text("DROP INDEX IF EXISTS ix_trials_speed"))
-            for col in ("mfu", "predicted_mfu"):
-                conn.execute(text(f"ALTER TABLE trials DROP COLUMN {col}"))
-            conn.execute(text("CREATE INDEX ix_trials_best ON trials (study_id, status, peak_fraction)"))
-            conn.execute(text("UPDATE meta SET value = '1' WHERE key = 'schema_version'"))
-        with pytest.raises(StoreError, match="tuner db upgrade"):
-            open_store(shared_url)
-        assert "from schema version 1 to 3" in upgrade(shared_url)
-        with open_store(shared_url) as again:
-            t = again.best("gpt-22b", "frontier", 8)[0]
-        w = make_workload("22b", 8)
-        assert t.mfu == pytest.approx(metrics.mfu(12.5, w)) and t.peak_fraction == 0.42
-
-    def test_upgrade_from_schema_2_reads_activation_checkpointing_as_recompute(self, store, shared_url):
-        """A store written when a layout had activation_checkpointing (true/false): upgrade gives every
-        trial recompute full/none, sp off, cp 1, vp 1 and the new layout key; a study's stored space with
-        the old dimension still loads."""
-        store.create_study(study("old2", "22b", 8))
-        on, off = Layout(tp=1, pp=8, dp=8, micro_batch=1), Layout(tp=1, pp=8, dp=8, micro_batch=1, recompute="none")
-        for lay in (on, off):
-            store.record_trial("old2", lay, None, ok(0.3), "sim")
-        with store.engine.begin() as conn:      # as schema 2 left it
-            conn.execute(text("ALTER TABLE trials ADD COLUMN activation_checkpointing BOOLEAN"))
-            conn.execute(text("UPDATE trials SET activation_checkpointing = (recompute = 'full')"))
-            for col in ("sequence_parallel", "context_parallel", "virtual_pipeline", "recompute"):
-                conn.execute(text(f"ALTER TABLE trials DROP COLUMN {col}"))
-            conn.execute(text("UPDATE trials SET layout_key = REPLACE(REPLACE(layout_key, '-rcfull', '-ac1'), "
-                              "'-rcnone', '-ac0')"))
-            conn.execute(text("UPDATE meta SET value = '2' WHERE key = 'schema_version'"))
-        assert "from schema version 2 to 3" in upgrade(shared_url)
-        with open_store(shared_url) as again:
-            got = {t.layout: t for t in again.trials("old2")}
-        assert set(got) == {on, off} and {t.layout.key() for t in got.values()} == {on.key(), off.key()}
-        assert SearchSpace.from_record({"name": "old", "dimensions": {"activation_checkpointing": [True, False]}}) \
-            .dimensions["recompute"] == ["full", "none"]
 
     def test_url_is_redacted(self, store):
         assert "tuner:tuner@" not in store.url and (store.url.startswith("sqlite") or ":***@" in store.url)

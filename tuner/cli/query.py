@@ -1,4 +1,4 @@
-"""`tuner studies`, `tuner trials`, `tuner best`, `tuner db upgrade`: read the store."""
+"""`tuner studies`, `tuner trials`, `tuner best`, `tuner db upgrade` / `current`: read the store."""
 
 from __future__ import annotations
 
@@ -185,9 +185,20 @@ def db():
 @db.command("upgrade")
 @DB_OPTION
 def db_upgrade(db):
-    """Upgrade the store's schema to this tuner's version.
+    """Upgrade the store's schema to this tuner's version (creating it if empty); say from which to which.
 
     Example: tuner db upgrade --db sqlite:///results/tuner.db
     """
     from tuner.store import upgrade
     click.echo(upgrade(db))
+
+
+@db.command("current")
+@DB_OPTION
+def db_current(db):
+    """Print the store's schema version and revision, and whether this tuner can use it as it is.
+
+    Example: tuner db current --db sqlite:///results/tuner.db
+    """
+    from tuner.store import current
+    click.echo(current(db))

@@ -3,7 +3,7 @@ the database. See store.py for the contract."""
 
 from tuner.store.models import SCHEMA_VERSION, StudyRecord, TrialRecord
 from tuner.store.engine import DEFAULT_URL, redact
-from tuner.store.store import Store, open_store, upgrade
+from tuner.store.store import Store, current, open_store, upgrade
 
 __all__ = ["Store", "StudyRecord", "TrialRecord", "open_store", "DEFAULT_URL", "redact", "SCHEMA_VERSION",
-           "upgrade"]
+           "upgrade", "current"]

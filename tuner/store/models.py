@@ -1,7 +1,9 @@
-"""The store's schema (SQLAlchemy 2 ORM), its versions and migrations, and the records it hands out.
+"""The store's schema (SQLAlchemy 2 ORM) and the records it hands out; its history (Alembic revisions,
+one per schema version) is in tuner/store/migrations/.
 
-Tables: `meta` (schema_version), `studies` (one search) and a wide, typed `trials` table (one measured
-or predicted layout: the six layout fields, the measured metrics and the predicted ones as columns).
+Tables: `meta` (schema_version, read by tuners older than Alembic), `studies` (one search) and a wide,
+typed `trials` table (one measured or predicted layout: one column per layout dimension, the measured
+metrics and the predicted ones).
 A layout is at most once per study: unique (study_id, layout_key). Trials are ranked by `mfu` (model-FLOPs
 utilisation from the measured samples/s: training speed); `tflops_per_gpu` / `peak_fraction` keep
 Megatron's count (recompute included), reported beside it.
@@ -12,18 +14,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any
 
-from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text,
-                        UniqueConstraint, inspect, select, update)
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 import tuner
-from tuner.errors import StoreError
 from tuner.layout import DIMENSIONS, Layout
 from tuner.trial import Status
 
+# The head revision of tuner/store/migrations/versions/ ("0003" is 3): bump it with each new revision.
 SCHEMA_VERSION = 3
 STUDY_STATES = ("running", "done", "interrupted")
 
@@ -120,96 +121,6 @@ class TrialRow(Base):
     ended_at: Mapped[datetime | None] = mapped_column(Stamp)
     attempts: Mapped[int] = mapped_column(Integer, default=1)
     extra: Mapped[dict] = mapped_column(Json)
-
-
-# ---- schema versions ----------------------------------------------------------------------------
-def read_version(conn) -> int | None:
-    """The stored schema version; 0 for tuner tables without one; None for an empty database."""
-    names = set(inspect(conn).get_table_names())
-    if "meta" in names:
-        row = conn.execute(select(MetaRow.value).where(MetaRow.key == "schema_version")).scalar()
-        if row is not None:
-            return int(row)
-    return 0 if names & {"studies", "trials"} else None
-
-
-def _migrate_to_1(conn) -> None:
-    Base.metadata.create_all(conn, checkfirst=True)
-
-
-def _migrate_to_2(conn) -> None:
-    """Rank by training speed: add mfu / predicted_mfu, computed from the stored samples/s and
-    predicted step time with each study's own workload; the speed index replaces the old one."""
-    from sqlalchemy import text
-
-    from tuner import metrics
-    from tuner.specs import Workload
-
-    have = {c["name"] for c in inspect(conn).get_columns("trials")}
-    for col in ("mfu", "predicted_mfu"):
-        if col not in have:
-            conn.execute(text(f"ALTER TABLE trials ADD COLUMN {col} FLOAT"))
-    conn.execute(text("DROP INDEX IF EXISTS ix_trials_best"))
-    conn.execute(text("CREATE INDEX IF NOT EXISTS ix_trials_speed ON trials (study_id, status, mfu)"))
-    for sid, wl in conn.execute(select(StudyRow.id, StudyRow.workload)).all():
-        try:
-            w = Workload.from_dict(wl)
-        except Exception:        # a study whose workload no longer loads keeps mfu empty (never ranked)
-            continue
-        rows = conn.execute(select(TrialRow.id, TrialRow.samples_per_second, TrialRow.predicted_step_time_s)
-                            .where(TrialRow.study_id == sid)).all()
-        for tid, sps, step in rows:
-            conn.execute(update(TrialRow).where(TrialRow.id == tid).values(
-                mfu=metrics.mfu(sps, w) if sps else None,
-                predicted_mfu=metrics.mfu(w.global_batch / step, w) if step else None))
-
-
-def _migrate_to_3(conn) -> None:
-    """Today's layout dimensions: sequence_parallel, context_parallel, virtual_pipeline (their
-    defaults for every stored trial) and recompute, which replaces activation_checkpointing (true:
-    full, false: none); layout keys are rewritten in the new form (tp4-pp16-dp2-mb1-z1-rcfull)."""
-    from sqlalchemy import text
-
-    have = {c["name"] for c in inspect(conn).get_columns("trials")}
-    added = {"sequence_parallel": "BOOLEAN NOT NULL DEFAULT FALSE", "context_parallel": "INTEGER NOT NULL DEFAULT 1",
-             "virtual_pipeline": "INTEGER NOT NULL DEFAULT 1", "recompute": "VARCHAR(16) NOT NULL DEFAULT 'full'"}
-    for col, decl in added.items():
-        if col not in have:
-            conn.execute(text(f"ALTER TABLE trials ADD COLUMN {col} {decl}"))
-    if "activation_checkpointing" in have:
-        conn.execute(text("UPDATE trials SET recompute = CASE WHEN activation_checkpointing THEN 'full' "
-                          "ELSE 'none' END"))
-        conn.execute(text("ALTER TABLE trials DROP COLUMN activation_checkpointing"))
-    # an old key ends in -ac1 / -ac0 and names no new dimension (all at their defaults): one statement
-    conn.execute(text("UPDATE trials SET layout_key = REPLACE(REPLACE(layout_key, '-ac1', '-rcfull'), "
-                      "'-ac0', '-rcnone')"))
-
-
-MIGRATIONS: dict[int, Callable] = {1: _migrate_to_1, 2: _migrate_to_2, 3: _migrate_to_3}
-
-
-def apply_migrations(conn, start: int) -> None:
-    for version in range(start + 1, SCHEMA_VERSION + 1):
-        MIGRATIONS[version](conn)
-    updated = conn.execute(update(MetaRow).where(MetaRow.key == "schema_version")
-                           .values(value=str(SCHEMA_VERSION))).rowcount
-    if not updated:
-        conn.execute(MetaRow.__table__.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
-
-
-def verify_schema(conn) -> None:
-    insp = inspect(conn)
-    for table in Base.metadata.sorted_tables:
-        have = {c["name"] for c in insp.get_columns(table.name)}
-        missing = sorted({c.name for c in table.columns} - have)
-        if missing:
-            raise StoreError(f"table {table.name} lacks column(s) {', '.join(missing)}: "
-                             "this is not a tuner results store, or it was edited by hand; use another --db")
-
-
-def newer_error(shown: str, version: int) -> StoreError:
-    return StoreError(f"the results store at {shown} has schema version {version}, newer than this tuner "
-                      f"understands ({SCHEMA_VERSION}): upgrade tuner (`pip install -U tuner`)")
 
 
 MEASURED = ("tflops_per_gpu", "peak_fraction", "samples_per_second", "mfu", "peak_memory_gb")

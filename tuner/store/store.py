@@ -26,9 +26,9 @@ from tuner.store.engine import BUSY_TIMEOUT_S, URL_HINT, _engine_for, _reason, _
 from tuner.layout import Layout
 from tuner.specs import stored_framework
 from tuner.perfmodel.prediction import Prediction
-from tuner.store.models import (MEASURED, PREDICTED, SCHEMA_VERSION, STUDY_STATES, MetaRow, StudyRecord, StudyRow,
-                                TrialRecord, TrialRow, apply_migrations, newer_error, read_version, scrub, utcnow,
-                                verify_schema)
+from tuner.store import migrations
+from tuner.store.models import (MEASURED, PREDICTED, STUDY_STATES, MetaRow, StudyRecord, StudyRow, TrialRecord,
+                                TrialRow, scrub, utcnow)
 from tuner.trial import Status, TrialResult
 
 RECONNECT_DELAYS_S = (0.25, 0.5, 1.0, 2.0, 4.0)   # then give up with a StoreError
@@ -105,19 +105,18 @@ class Store:
                 raise self._error(exc, doing) from None
 
     def _open(self, create: bool = True) -> None:
-        """Create a fresh schema, check the version, and prove we can write. No retries: fail fast."""
+        """Create a fresh schema, check the revision, and prove we can write. No retries: fail fast."""
         def init(s: Session) -> None:
             conn = s.connection()
-            version = read_version(conn)
-            if version is None and not create:
+            state = migrations.read_state(conn)
+            if state.empty and not create:
                 raise NoStore(self.url)
-            if version is None:
-                apply_migrations(conn, 0)
-            elif version < SCHEMA_VERSION:
-                raise StoreError(f"the results store at {self.url} has schema version {version}, this tuner needs "
-                                 f"{SCHEMA_VERSION}: run `tuner db upgrade --db {self.url}`")
-            elif version > SCHEMA_VERSION:
-                raise newer_error(self.url, version)
+            if state.empty:
+                migrations.create(conn)
+                return
+            migrations.require_head(state, self.url)
+            if state.legacy:     # today's schema, written before tuner used Alembic: record its revision
+                migrations.stamp(conn, migrations.HEAD)
             elif self._sqlite:   # a read-only file fails here, before any work starts
                 conn.execute(update(MetaRow).where(MetaRow.key == "schema_version").values(value=MetaRow.value))
         for attempt in range(5):
@@ -335,24 +334,21 @@ def open_store(url: str | None = None, create: bool = True) -> Store:
     return store
 
 
-def upgrade(url: str | None = None) -> str:
-    """Bring the schema at `url` to SCHEMA_VERSION (creating it if empty); return what was done."""
-    engine, parsed, shown = _engine_for(url)
+def _schema_tx(url: str | None, fn: Callable, doing: str, create: bool = True, write: bool = True) -> str:
+    """fn(connection, shown URL) in one transaction on the store at `url`, without opening it as a Store."""
+    engine, parsed, shown = _engine_for(url, create)
     store = Store(engine, parsed, shown)
-    def run(s: Session) -> str:
-        conn = s.connection()
-        version = read_version(conn)
-        if version is not None and version > SCHEMA_VERSION:
-            raise newer_error(store.url, version)
-        if version == SCHEMA_VERSION:
-            verify_schema(conn)
-            return f"results store at {store.url} is up to date (schema version {SCHEMA_VERSION})"
-        apply_migrations(conn, version or 0)
-        verify_schema(conn)
-        if version is None:
-            return f"created the results store at {store.url} (schema version {SCHEMA_VERSION})"
-        return f"upgraded the results store at {store.url} from schema version {version} to {SCHEMA_VERSION}"
     try:
-        return store._tx(run, "upgrading its schema", write=True, reconnect=False)
+        return store._tx(lambda s: fn(s.connection(), store.url), doing, write=write, reconnect=False)
     finally:
         engine.dispose()
+
+
+def upgrade(url: str | None = None) -> str:
+    """Bring the schema at `url` to this tuner's revision (creating it if empty); say from which to which."""
+    return _schema_tx(url, migrations.upgrade, "upgrading its schema")
+
+
+def current(url: str | None = None) -> str:
+    """The revision of the store at `url` and whether it is up to date; creates nothing."""
+    return _schema_tx(url, migrations.current, "reading its schema version", create=False, write=False)
