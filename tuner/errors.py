@@ -6,7 +6,9 @@ runtime failure the user can act on. Anything else is a bug and shows a tracebac
 
 from __future__ import annotations
 
+import errno
 import importlib.util
+import os
 import sys
 
 
@@ -61,6 +63,15 @@ class BudgetSpent(TunerError):
     """A claim found the study's budget spent (by this driver or another one on the same study)."""
 
 
+class Displaced(TunerError):
+    """Another driver took the study over (`tuner resume --force`): this driver's lease is from an old
+    epoch, so the store refuses its claims and results (tuner.lease)."""
+
+    def __init__(self, study: str):
+        super().__init__(f"study '{study}' was taken over by another driver (`tuner resume {study} --force`): "
+                         "this driver stopped and wrote nothing more")
+
+
 class StoreError(TunerError):
     """The results store cannot be reached or has the wrong schema."""
 
@@ -101,3 +112,44 @@ def require(module: str) -> None:
         found = False
     if not found:
         raise MissingExtra(module, EXTRAS.get(module))
+
+
+#: errno -> (what the file system said, the kind of fix) of the OSErrors the user's environment causes:
+#: a path tuner was told to use that it may not write, a full disk, a file where a directory belongs.
+#: Not bugs: one line naming the path and the fix, exit 2 (PathError). Any other OSError is a bug.
+ENVIRONMENT_ERRNOS = {
+    errno.EACCES: ("permission denied", "permission"), errno.EPERM: ("operation not permitted", "permission"),
+    errno.EROFS: ("read-only file system", "permission"), errno.ENOSPC: ("no space left on device", "space"),
+    errno.EDQUOT: ("disk quota exceeded", "space"), errno.EFBIG: ("file too large", "space"),
+    errno.ENOTDIR: ("a part of the path is a file, not a directory", "path"),
+    errno.EISDIR: ("is a directory", "path"), errno.ENAMETOOLONG: ("file name too long", "path"),
+    errno.ELOOP: ("too many levels of symbolic links", "path"),
+}   # not ENOENT: tuner checks the paths it is given, so a missing file it meets is its own bug
+#: Where a path comes from when the caller does not say (the options that choose where tuner writes).
+ANY_OPTION = "--out, --results-dir, or --db / TUNER_DB for the store"
+
+
+class PathError(UsageError):
+    """The user's file system refused a path tuner was told to use (permission denied, read-only file
+    system, disk full, not a directory): one line naming the path and the fix. CLI exit status 2, like
+    any other input of the user's that needs changing (the path, its permissions, free space)."""
+
+
+def environment_error(exc: BaseException, option: str | None = None, path: os.PathLike | str | None = None
+                      ) -> PathError | None:
+    """The PathError an OSError of the user's environment stands for (ENVIRONMENT_ERRNOS), else None.
+    `option` names the command-line option that chose the path (--out) and `path` its value, for a
+    message about what the user gave rather than a file tuner made inside it."""
+    if not isinstance(exc, OSError) or exc.errno not in ENVIRONMENT_ERRNOS:
+        return None
+    said, kind = ENVIRONMENT_ERRNOS[exc.errno]
+    failed = exc.filename if exc.filename is not None else path
+    where = os.path.abspath(os.fsdecode(failed)) if failed is not None else None
+    shown = f"{option} {path}" if option and path is not None else (where or "writing the output")
+    detail = f" ({where})" if where and option and path is not None and where != os.path.abspath(path) else ""
+    other = f"another {option}" if option else f"another location ({ANY_OPTION})"
+    folder = where if where and os.path.exists(where) else where and os.path.dirname(where)   # refused in it
+    fix = {"permission": f"make {folder} writable, or choose {other}" if folder else f"choose {other}",
+           "space": f"free space on that file system, or choose {other}",
+           "path": f"choose {other}"}[kind]
+    return PathError(f"{shown}: {said}{detail}: {fix}")

@@ -8,7 +8,7 @@ import sys
 import click
 
 from tuner import __version__
-from tuner.errors import TunerError, missing_extra
+from tuner.errors import TunerError, environment_error, missing_extra
 
 FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
                              show_default=True, help="Output format.")
@@ -126,10 +126,12 @@ def main(argv=None) -> None:
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
     except Exception as exc:  # a bug: one line unless --debug
-        missing = missing_extra(exc)   # an optional dependency is not installed: name the extra
-        if missing is not None and not debug:
-            click.echo(f"error: {missing}", err=True)
-            sys.exit(missing.exit_code)
+        # not a bug: an optional dependency is not installed (name the extra), or the user's file system
+        # refused a path (permission denied, read-only, disk full, not a directory: name the path, the fix)
+        known = missing_extra(exc) or environment_error(exc)
+        if known is not None and not debug:
+            click.echo(f"error: {known}", err=True)
+            sys.exit(known.exit_code)
         if debug:
             raise
         click.echo(f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", err=True)

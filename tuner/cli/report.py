@@ -12,6 +12,7 @@ import click
 
 from tuner.cli import DB_OPTION, cli, read_store
 from tuner.cli.options import CLUSTERS, MODELS
+from tuner.cli.outdir import write_files
 from tuner.layout import DIMENSIONS
 from tuner.cli.render import to_csv
 from tuner.errors import MissingExtra, TunerError, UsageError
@@ -31,16 +32,6 @@ def check_out_dir(out: Path, force: bool) -> None:
     if out.is_dir() and any(out.iterdir()) and not force:
         raise UsageError(f"--out {out} exists and is not empty: choose another --out, or pass --force to "
                          "overwrite the files tuner writes there")
-
-
-def write_files(out: Path, files: dict[str, bytes | str]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    for name, data in files.items():
-        path = out / name
-        if isinstance(data, str):
-            path.write_text(data)
-        else:
-            path.write_bytes(data)
 
 
 @cli.command()
@@ -63,9 +54,7 @@ def report(name, out, force, db):
     check_out_dir(out, force)
     trials = store.trials(name)
     rep = build_report(rec, trials)
-    for stale in set(FIGURES) - set(rep.figures):      # figures of an earlier report that has none now
-        (out / stale).unlink(missing_ok=True)
-    write_files(out, rep.files())
+    write_files(out, rep.files(), remove=FIGURES)     # and the figures of an earlier report that has none now
     dt = time.perf_counter() - t0
     if not rep.finished:
         click.echo(f"study {name} has no finished trials yet: the report says so and has no plots", err=True)
@@ -253,8 +242,8 @@ def launch(name, model, nodes, cluster, out, force, framework, megatron_dir, acc
                          framework=framework, megatron_dir=megatron_dir, account=account, time_limit=time_limit, precision=precision,
                          train_iters=train_iters, data_path=data_path, mock_data=mock_data, tokenizer=tokenizer,
                          save_dir=save_dir, partition=partition)
-    write_files(out, files)
-    (out / "launch.sbatch").chmod(0o755)
+    write_files(out, files, executable=("launch.sbatch",),      # and another framework's files of an earlier launch
+                remove=tuple(n for names in FRAMEWORK_FILES.values() for n in names))
     batch = json.loads(files["layout.json"])
     click.echo(f"layout {layout.key()} for {w.model.name} on {w.nodes} x {w.cluster.name} ({w.gpus} GPUs): "
                f"{src.describe()}")
