@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from tuner.layout import LAYOUT_FIELDS, flat_layout
+from tuner.metrics import trial_rank_key
 from tuner.specs import stored_framework
 from tuner.trial import Status
 
@@ -53,9 +54,9 @@ def export_rows(trials) -> list[dict]:
 
 
 def ok_trials(trials) -> list:
-    """Successful trials with a measured speed, fastest (highest MFU) first (ties: lower trial number)."""
+    """Successful trials with a measured speed, fastest (highest MFU) first (ties: tuner.metrics.rank_key)."""
     ok = [t for t in trials if t.status == Status.OK and t.mfu is not None]
-    return sorted(ok, key=lambda t: (-t.mfu, t.number))
+    return sorted(ok, key=trial_rank_key)
 
 
 def top_rows(trials, k: int = 10) -> list[dict]:

@@ -21,9 +21,10 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
-from tuner.errors import BudgetSpent, NoStore, StoreError, StudyExists, UnknownStudy
+from tuner.errors import BudgetSpent, Displaced, NoStore, StoreError, StudyExists, UnknownStudy
 from tuner.store.engine import BUSY_TIMEOUT_S, URL_HINT, _engine_for, _reason, _sqlstate, redact
 from tuner.layout import Layout
+from tuner.metrics import trial_rank_key
 from tuner.specs import stored_framework
 from tuner.perfmodel.prediction import Prediction
 from tuner.store import migrations
@@ -33,6 +34,7 @@ from tuner.trial import Status, TrialResult
 
 RECONNECT_DELAYS_S = (0.25, 0.5, 1.0, 2.0, 4.0)   # then give up with a StoreError
 CONFLICT_RETRIES = 100
+TIES = 16            # best(): rows read beyond k per study, so that equal speeds are ordered by rank_key
 T = TypeVar("T")
 
 
@@ -194,9 +196,19 @@ class Store:
         self._tx(modify, f"updating study '{name}'", write=True)
 
     # ---- trials -------------------------------------------------------------------------------
+    def _fence(self, s: Session, sid: int, study: str, epoch: int | None) -> dict:
+        """The study's settings; Displaced when `epoch` (a driver's lease) is not the study's any more."""
+        settings = s.execute(select(StudyRow.settings).where(StudyRow.id == sid)).scalar() or {}
+        if epoch is not None and int(settings.get("epoch") or 0) != epoch:
+            raise Displaced(study)
+        return settings
+
     def _claim(self, s: Session, study: str, layout: Layout, prediction: Prediction | None, runner: str,
-               budget: int | None = None) -> int | None:
+               budget: int | None = None, epoch: int | None = None) -> int | None:
         sid = self._study_id(s, study, lock=True)     # serialises claims on one study (PostgreSQL)
+        if epoch is not None:                          # a driver's claim: fenced, within the stored budget
+            settings = self._fence(s, sid, study, epoch)
+            budget = budget if budget is not None else settings.get("budget")
         if budget is not None:                         # the budget holds across every driver of the study
             spent = s.execute(select(func.count()).where(TrialRow.study_id == sid, TrialRow.status.not_in(
                 [Status.PRUNED.value, Status.INTERRUPTED.value]))).scalar()
@@ -232,25 +244,36 @@ class Store:
             row.extra = {**(row.extra or {}), **scrub(dict(extra))}
 
     def claim_trial(self, study: str, layout: Layout, prediction: Prediction | None, runner: str,
-                    budget: int | None = None) -> int | None:
+                    budget: int | None = None, epoch: int | None = None) -> int | None:
         """Mark `layout` running in `study` and return its trial number, or None if another has it.
-        With `budget`: BudgetSpent when the study's trials that ran or run (not pruned) reach it."""
-        return self._tx(lambda s: self._claim(s, study, layout, prediction, runner, budget),
+        With `budget`, or `epoch` (a driver's lease, tuner.lease) and the budget stored with the study
+        now: BudgetSpent when the study's trials that ran or run (not pruned) reach it. With `epoch`:
+        Displaced when the study was taken over since."""
+        return self._tx(lambda s: self._claim(s, study, layout, prediction, runner, budget, epoch),
                         f"claiming {layout.key()} in study '{study}'", write=True, retry_conflicts=True)
 
     def record_trial(self, study: str, layout: Layout, prediction: Prediction | None, result: TrialResult,
-                     runner: str) -> int | None:
+                     runner: str, epoch: int | None = None) -> int | None:
         """Claim and finish in one transaction (a layout pruned without running)."""
         def record(s: Session) -> int | None:
+            if epoch is not None:
+                self._fence(s, self._study_id(s, study, lock=True), study, epoch)
             number = self._claim(s, study, layout, prediction, runner)
             if number is not None:
                 self._finish(s, self._study_id(s, study), number, result, None)
             return number
         return self._tx(record, f"recording {layout.key()} in study '{study}'", write=True, retry_conflicts=True)
 
-    def finish_trial(self, study: str, number: int, result: TrialResult, extra: dict | None = None) -> None:
-        self._tx(lambda s: self._finish(s, self._study_id(s, study), number, result, extra),
-                 f"finishing trial {number} of study '{study}'", write=True)
+    def finish_trial(self, study: str, number: int, result: TrialResult, extra: dict | None = None,
+                     epoch: int | None = None) -> None:
+        """Store a claimed trial's result; with `epoch`, Displaced (nothing written) when the study was
+        taken over since that driver's lease."""
+        def finish(s: Session) -> None:
+            sid = self._study_id(s, study)
+            if epoch is not None:
+                self._fence(s, sid, study, epoch)
+            self._finish(s, sid, number, result, extra)
+        self._tx(finish, f"finishing trial {number} of study '{study}'", write=True)
 
     def trials(self, study: str, statuses: Iterable[Status] | None = None) -> list[TrialRecord]:
         def get(s: Session) -> list[TrialRecord]:
@@ -296,9 +319,10 @@ class Store:
             for sid in studies:
                 rows += s.execute(select(TrialRow).where(
                     TrialRow.study_id == sid, TrialRow.status == Status.OK.value, TrialRow.mfu.is_not(None))
-                    .order_by(TrialRow.mfu.desc(), TrialRow.number).limit(k)).scalars()
-            rows.sort(key=lambda t: (-t.mfu, t.study_id, t.number))
-            return [TrialRecord.from_row(t, studies[t.study_id]) for t in rows[:k]]
+                    .order_by(TrialRow.mfu.desc(), TrialRow.number).limit(k + TIES)).scalars()
+            found = sorted((TrialRecord.from_row(t, studies[t.study_id]) for t in rows),
+                           key=lambda t: (*trial_rank_key(t), t.study, t.number))
+            return found[:k]
         return self._tx(run, "finding the best trials")
 
     def counts(self, study: str) -> dict[str, int]:
