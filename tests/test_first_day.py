@@ -123,3 +123,25 @@ def test_pyproject_description_names_todays_dimensions():
     desc = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["description"]
     for label in ("TP", "SP", "CP", "PP", "VP", "DP", "micro-batch", "ZeRO", "recompute", "precision"):
         assert label in desc, label
+
+
+# ---- 6. studies shows precision and global batch ---------------------------------------------
+def test_studies_shows_precision_and_global_batch(tuner):
+    for args in (("--model", "tiny", "--cluster", "local", "--study", "plain"),
+                 ("--model", "llama3-8b", "--cluster", "h100", "--precision", "fp8", "--global-batch", "256",
+                  "--study", "fp8-run")):
+        code, _, err = tuner("search", *args, "--nodes", "1", "--budget", "2")
+        assert code == 0, err
+    code, out, _ = tuner("studies", "--format", "json")
+    rows = {r["study"]: r for r in json.loads(out)}
+    assert (rows["plain"]["precision"], rows["plain"]["global_batch"]) == ("bf16", 16)      # tiny's recipe
+    assert (rows["fp8-run"]["precision"], rows["fp8-run"]["global_batch"]) == ("fp8", 256)
+    code, out, _ = tuner("studies", "--format", "csv")
+    head, *lines = out.strip().splitlines()
+    cols = head.split(",")
+    fp8 = dict(zip(cols, next(line for line in lines if line.startswith("fp8-run")).split(",")))
+    assert (fp8["precision"], fp8["global_batch"], fp8["framework"]) == ("fp8", "256", "megatron-core")
+    code, out, _ = tuner("studies")
+    header, _, *table = out.strip().splitlines()
+    assert "global_batch" in header.split() and "precision" in header.split()
+    assert any(line.split()[0] == "fp8-run" and "fp8" in line.split() and "256" in line.split() for line in table)

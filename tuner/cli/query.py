@@ -72,6 +72,7 @@ def studies(db, fmt):
     for s in store.list_studies():
         counts = store.counts(s.name)
         rows.append({"study": s.name, "model": s.model, "cluster": s.cluster, "nodes": s.nodes,
+                     "global_batch": s.global_batch, "precision": s.workload.get("precision") or "bf16",  # older: bf16
                      "framework": stored_framework(s.workload), "searcher": s.searcher, "runner": s.runner, "state": s.state,
                      "trials": sum(v for k, v in counts.items() if k != "pruned"), "ok": counts.get("ok", 0),
                      "pruned": counts.get("pruned", 0), "created": str(s.created)[:19]})
