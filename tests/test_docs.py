@@ -34,3 +34,17 @@ def test_the_cited_notes_are_the_ones_the_model_uses():
     text = (ROOT / "docs/reference/formulas.md").read_text()
     assert "24·c·B·s·L·h²·(1 + s/(6h) + V/(16·L·h))" in text        # flops.py's Megatron count
     assert "fit it from two runs" in text                              # calibrate.py's quote
+
+
+def test_every_command_has_a_runnable_example_in_the_readme():
+    """Every user-visible command (and `db` subcommand) appears in a README code block as `tuner NAME ...`."""
+    import click
+
+    from tuner.cli import cli
+    readme = (ROOT / "README.md").read_text()
+    blocks = "\n".join(re.findall(r"```[a-z]*\n(.*?)```", readme, re.S))
+    names = []
+    for name, cmd in cli.commands.items():
+        names += [f"{name} {sub}" for sub in cmd.commands] if isinstance(cmd, click.Group) else [name]
+    missing = [n for n in names if not re.search(rf"(^|\s|\()tuner {n}\b", blocks, re.M)]
+    assert missing == [], f"commands without an example in a README code block: {missing}"
