@@ -145,3 +145,69 @@ def test_studies_shows_precision_and_global_batch(tuner):
     header, _, *table = out.strip().splitlines()
     assert "global_batch" in header.split() and "precision" in header.split()
     assert any(line.split()[0] == "fp8-run" and "fp8" in line.split() and "256" in line.split() for line in table)
+
+
+# ---- 7. the report's heatmap and model-error panel -------------------------------------------
+def report_trial(number, runner="local", mfu=0.30, **layout):
+    from tuner.layout import Layout
+    from tuner.store import TrialRecord
+    from tuner.trial import Status
+    lay = Layout(**{"tp": 4, "pp": 8, "dp": 4, "micro_batch": 1, **layout})
+    return TrialRecord(study="st", number=number, layout=lay, status=Status.OK, mfu=mfu, peak_fraction=mfu * 4 / 3,
+                       tflops_per_gpu=191.5 * mfu * 4 / 3, samples_per_second=100 * mfu, peak_memory_gb=40.0,
+                       predicted_mfu=0.35, predicted_memory_gb=45.0, runner=runner)
+
+
+def report_of(trials, monkeypatch):
+    """build_report's page and the titles and texts of every figure it drew (read before rendering)."""
+    import tuner.report as report
+    from tuner.specs import make_workload
+    from tuner.store import StudyRecord
+    drawn, real_png = [], report._png
+
+    def png(fig):
+        drawn.append(" | ".join([a.get_title() for a in fig.axes] + [t.get_text() for a in fig.axes for t in a.texts]))
+        return real_png(fig)
+    monkeypatch.setattr(report, "_png", png)
+    rec = StudyRecord(name="st", workload=make_workload("175b", 16).as_dict(), space={}, searcher="random",
+                      runner=trials[0].runner, state="done")
+    return report.build_report(rec, trials), drawn
+
+
+HEATMAP_TRIALS = [  # one TP x PP cell (4, 8) whose best differs from the plain layout in sp, cp, vp, recompute
+    (1, dict()), (2, dict(sequence_parallel=True, context_parallel=2, virtual_pipeline=2, recompute="selective",
+                          dp=2, zero_stage=0, mfu=0.41)), (3, dict(recompute="none", mfu=0.36)),
+    (4, dict(tp=8, dp=2, mfu=0.33))]
+
+
+def test_heatmap_says_what_each_cell_collapses_and_names_the_best_layout_in_full(monkeypatch):
+    from tuner.report import COLLAPSED
+    trials = [report_trial(n, **kw) for n, kw in HEATMAP_TRIALS]
+    rep, drawn = report_of(trials, monkeypatch)
+    best = trials[1].layout.key()
+    assert best == "tp4-sp1-cp2-pp8-vp2-dp2-mb1-z0-rcselective"
+    assert set(COLLAPSED) == {"sp", "cp", "vp", "dp", "mb", "zero", "recompute"}
+    (heat,) = [d for d in drawn if "TP x PP" in d]
+    assert "ckpt" not in heat and "ckpt" not in rep.html
+    assert "sp, cp, vp, dp, mb, zero, recompute" in heat and best in heat
+    assert "41.0\nn=3" in heat and "33.0\nn=1" in heat                  # best of the cell, how many it holds
+    cells = rep.html[rep.html.index("<h2>MFU by TP x PP</h2>"):]
+    assert "sp, cp, vp, dp, mb, zero, recompute" in cells and f"<code>{best}</code>" in cells
+    assert f"<td>{best}</td>" in cells and f"<td>{trials[3].layout.key()}</td>" in cells   # each cell's best
+
+
+def test_a_simulated_study_has_no_measured_vs_predicted_panel(monkeypatch):
+    rep, drawn = report_of([report_trial(n, runner="sim", **kw) for n, kw in HEATMAP_TRIALS], monkeypatch)
+    assert "model_error.png" not in rep.figures and not any("Measured vs predicted" in d for d in drawn)
+    assert "measured vs predicted" not in rep.html and "ran in the simulator" in rep.html
+    assert "(trial 2, predicted by the simulator)" in rep.html and "Top ten layouts (simulated" in rep.html
+    assert any(d.startswith("Best so far (simulated)") for d in drawn)
+
+
+def test_measured_vs_predicted_leaves_simulated_trials_out(monkeypatch):
+    trials = [report_trial(1, runner="sim"), report_trial(2, mfu=0.40), report_trial(3, mfu=0.30, tp=8, dp=2)]
+    rep, drawn = report_of(trials, monkeypatch)
+    (err,) = [d for d in drawn if "Measured vs predicted" in d]
+    assert "n=2 " in err                                                  # the two measured trials only
+    assert "model_error.png" in rep.figures and "1 simulated trial(s) are left out" in rep.html
+    assert "(trial 2, measured)" in rep.html and "Top ten layouts</h2>" in rep.html

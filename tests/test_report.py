@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import re
@@ -97,7 +98,7 @@ def _images(page: str) -> list[bytes]:
 
 
 def test_report_embeds_every_figure_as_a_png():
-    rep = build_report(study_record(), MIXED)
+    rep = build_report(study_record(), [dataclasses.replace(t, runner="local") for t in MIXED])   # measured
     imgs = _images(rep.html)
     assert len(imgs) == len(FIGURES) == len(rep.figures)
     assert all(img.startswith(PNG_MAGIC) for img in imgs)
@@ -202,9 +203,10 @@ def run(*args, ok=True):
 def test_report_cli_writes_the_page_and_refuses_a_non_empty_out(db, tmp_path):
     out = tmp_path / "rep"
     r = run("report", "s1", "--out", out, "--db", db)
-    assert "wrote" in r.output and "4 figure(s)" in r.output
+    assert "wrote" in r.output and "3 figure(s)" in r.output     # a simulator study: no model-error plot
     page = (out / "index.html").read_text()
-    assert len(_images(page)) == 4 and all((out / f).read_bytes().startswith(PNG_MAGIC) for f in FIGURES)
+    drawn = [f for f in FIGURES if f != "model_error.png"]
+    assert len(_images(page)) == 3 and all((out / f).read_bytes().startswith(PNG_MAGIC) for f in drawn)
     r = run("report", "s1", "--out", out, "--db", db, ok=False)
     assert isinstance(r.exception, UsageError) and "--force" in str(r.exception)
     run("report", "s1", "--out", out, "--db", db, "--force")
@@ -302,7 +304,7 @@ def test_report_renders_in_headless_chromium(db, tmp_path):
     dom = chromium("--dump-dom", probe.as_uri(), cwd=tmp_path)
     found = re.search(r'data-images="(\d+):(\d+)"', dom.stdout)
     assert found, (dom.stdout[:500], dom.stderr[-2000:])
-    assert found.group(1) == found.group(2) == "4"    # every <img> decoded with naturalWidth > 0
+    assert found.group(1) == found.group(2) == "3"    # every <img> decoded with naturalWidth > 0
     shot = tmp_path / "shot.png"
     chromium("--hide-scrollbars", "--window-size=1200,2400", f"--screenshot={shot}", (out / "index.html").as_uri(),
              cwd=tmp_path)

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from tuner.layout import LAYOUT_FIELDS, flat_layout
+from tuner.layout import DIMENSIONS, LAYOUT_FIELDS, flat_layout
 from tuner.metrics import trial_rank_key
 from tuner.specs import stored_framework
 from tuner.trial import Status
@@ -28,6 +28,10 @@ EXPORT_COLUMNS = ["study", "trial", "layout_key", *LAYOUT_FIELDS, "status", "sam
                   "predicted_memory_gb", "predicted_step_time_s", "runner", "attempts", "started", "ended",
                   "duration_s", "message", "log_path"]
 FIGURES = ("best_so_far.png", "tp_pp_heatmap.png", "model_error.png", "status_counts.png")
+#: Runners whose numbers are the performance model's own prediction, not a measurement.
+SIMULATED = ("sim",)
+#: What each TP x PP cell of the heatmap takes the best over: every other dimension (table columns).
+COLLAPSED = tuple(d.column for d in DIMENSIONS if d.name not in ("tp", "pp"))
 
 
 # ------------------------------------------------------------------------------------------- rows
@@ -96,15 +100,28 @@ def best_so_far(trials) -> tuple[list[int], list[float], list[int], list[float]]
     return xs, ys, ok_x, ok_y
 
 
+def tp_pp_cells(trials) -> dict[tuple[int, int], tuple]:
+    """(tp, pp) -> (the fastest ok trial with that TP and PP, whatever its other dimensions (COLLAPSED),
+    how many ok trials the cell holds)."""
+    cells: dict[tuple[int, int], tuple] = {}
+    for t in ok_trials(trials):                       # fastest first: a cell's first trial is its best
+        key = (t.layout.tp, t.layout.pp)
+        best, n = cells.get(key, (t, 0))
+        cells[key] = (best, n + 1)
+    return cells
+
+
 def tp_pp_grid(trials) -> tuple[list[int], list[int], list[list[float | None]]]:
     """(tps, pps, grid[pp index][tp index]): the best MFU of each TP x PP over the other dims."""
-    best: dict[tuple[int, int], float] = {}
-    for t in ok_trials(trials):
-        key = (t.layout.tp, t.layout.pp)
-        best[key] = max(best.get(key, 0.0), t.mfu)
-    tps = sorted({tp for tp, _ in best})
-    pps = sorted({pp for _, pp in best})
-    return tps, pps, [[best.get((tp, pp)) for tp in tps] for pp in pps]
+    cells = tp_pp_cells(trials)
+    tps = sorted({tp for tp, _ in cells})
+    pps = sorted({pp for _, pp in cells})
+    return tps, pps, [[cells[(tp, pp)][0].mfu if (tp, pp) in cells else None for tp in tps] for pp in pps]
+
+
+def simulated(t) -> bool:
+    """Whether a trial's numbers are the simulator's (the model's prediction), not a measurement."""
+    return t.runner in SIMULATED
 
 
 def pairs(trials, measured: str, predicted: str) -> tuple[list[float], list[float]]:
@@ -148,16 +165,20 @@ def fig_best_so_far(trials) -> bytes | None:
     ax.step(xs, [100 * v for v in ys], where="post", color="#1565c0", lw=2, label="best so far", zorder=3)
     ax.set_xlabel("trial number")
     ax.set_ylabel("MFU (%): training speed")
-    ax.set_title("Best so far")
+    ax.set_title("Best so far" + (" (simulated)" if all(simulated(t) for t in trials if t.mfu is not None) else ""))
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     return _png(fig)
 
 
 def fig_tp_pp_heatmap(trials) -> bytes | None:
+    """Each cell: the best MFU at that TP and PP over every other dimension, and how many ok trials it
+    holds; the cell of the best layout outlined, its whole key in the title."""
     tps, pps, grid = tp_pp_grid(trials)
     if not tps:
         return None
+    cells = tp_pp_cells(trials)
+    top = ok_trials(trials)[0]
     plt = _plt()
     import numpy as np
     data = np.array([[math.nan if v is None else 100 * v for v in row] for row in grid])
@@ -167,14 +188,18 @@ def fig_tp_pp_heatmap(trials) -> bytes | None:
     ax.set_yticks(range(len(pps)), [str(v) for v in pps])
     ax.set_xlabel("TP")
     ax.set_ylabel("PP")
-    ax.set_title("MFU (%) by TP x PP (best over DP, micro-batch, ZeRO, ckpt)", fontsize=9)
+    ax.set_title(f"MFU (%) by TP x PP: each cell the best trial over {', '.join(COLLAPSED)} (n: ok trials)\n"
+                 f"best (outlined): {top.layout.key()}", fontsize=8)
     finite = data[~np.isnan(data)]
     mid = (finite.min() + finite.max()) / 2 if finite.size else 0
     for i in range(len(pps)):
         for j in range(len(tps)):
             v = data[i, j]
-            ax.text(j, i, "-" if math.isnan(v) else f"{v:.1f}", ha="center", va="center", fontsize=8,
+            n = cells.get((tps[j], pps[i]), (None, 0))[1]
+            ax.text(j, i, "-" if math.isnan(v) else f"{v:.1f}\nn={n}", ha="center", va="center", fontsize=8,
                     color="#9e9e9e" if math.isnan(v) else ("black" if v > mid else "white"))
+    bj, bi = tps.index(top.layout.tp), pps.index(top.layout.pp)
+    ax.add_patch(plt.Rectangle((bj - 0.5, bi - 0.5), 1, 1, fill=False, edgecolor="#d50000", lw=2.5))
     fig.colorbar(im, ax=ax, label="MFU (%)")
     return _png(fig)
 
@@ -237,8 +262,9 @@ def fig_status_counts(trials) -> bytes | None:
 
 def figures(trials, memory_capacity_gb: float | None = None) -> dict[str, bytes | None]:
     """Every figure as PNG bytes, None where there is nothing to draw (keys: FIGURES)."""
+    measured = [t for t in trials if not simulated(t)]        # the simulator's numbers are the model's own
     return dict(zip(FIGURES, (fig_best_so_far(trials), fig_tp_pp_heatmap(trials),
-                              fig_model_error(trials, memory_capacity_gb), fig_status_counts(trials))))
+                              fig_model_error(measured, memory_capacity_gb), fig_status_counts(trials))))
 
 
 # ------------------------------------------------------------------------------------------- page
@@ -292,6 +318,41 @@ def _img(name: str, png: bytes | None, alt: str, missing: str) -> str:
     return f"<figure><img src='data:image/png;base64,{data}' alt='{html.escape(alt)}' data-file='{name}'></figure>"
 
 
+def heatmap_section(trials, png: bytes | None) -> list[str]:
+    """The TP x PP heatmap, what its cells collapse, and each cell's best layout in full."""
+    e, cells = html.escape, tp_pp_cells(trials)
+    if not cells:
+        return ["<h2>MFU by TP x PP</h2>", _img(FIGURES[1], png, "MFU by TP and PP", "no successful trial yet")]
+    top = ok_trials(trials)[0]
+    rows = [{"tp": tp, "pp": pp, "mfu_%": 100 * b.mfu, "ok trials": n, "best layout": b.layout.key(),
+             "trial": b.number} for (tp, pp), (b, n) in sorted(cells.items(), key=lambda c: (-c[1][0].mfu, c[0]))]
+    return ["<h2>MFU by TP x PP</h2>", _img(FIGURES[1], png, "MFU by TP and PP", "no successful trial yet"),
+            f"<p>Each cell is the best successful trial with that TP and PP over every other dimension "
+            f"({e(', '.join(COLLAPSED))}); <i>n</i> is how many successful trials the cell holds. The outlined "
+            f"cell holds the best layout, <code>{e(top.layout.key())}</code>.</p>",
+            f"<details><summary>The best layout of each of the {len(cells)} cells</summary>{html_table(rows)}"
+            "</details>"]
+
+
+def model_error_section(trials, png: bytes | None) -> list[str]:
+    """Measured against predicted, from measured trials only: a simulated trial's numbers are the
+    model's prediction (times its --noise), so comparing the two would show the noise, not the error."""
+    finished = [t for t in trials if t.status.finished and t.status != Status.PRUNED]
+    sims = sum(simulated(t) for t in finished)
+    if finished and sims == len(finished):
+        return ["<h2>The model's error</h2>",
+                f"<p class='note'>Every trial of this study ran in the simulator (runner {html.escape(', '.join(SIMULATED))}): its MFU "
+                "and memory are the performance model's own prediction (times the <code>--noise</code> factor, if "
+                "set), so comparing them with the prediction would show that noise, not the model's error; no "
+                "plot. Trials on real hardware (<code>--runner local</code>, <code>slurm</code> or "
+                "<code>command</code>) measure it.</p>"]
+    left_out = (f"<p>{sims} simulated trial(s) are left out: their numbers are the model's own.</p>"
+                if sims else "")
+    return ["<h2>The model's error: measured vs predicted</h2>",
+            _img(FIGURES[2], png, "measured vs predicted MFU and memory",
+                 "no successful measured trial has both a measurement and a prediction"), left_out]
+
+
 def build_report(study, trials, *, generated: datetime | None = None) -> Report:
     """The report of `study` (a StudyRecord) from its `trials` (TrialRecords)."""
     e = html.escape
@@ -316,7 +377,7 @@ def build_report(study, trials, *, generated: datetime | None = None) -> Report:
         figs = {k: v for k, v in drawn.items() if v is not None}
         if ok:
             b = ok[0]
-            kind = "predicted by the simulator" if b.runner == "sim" else "measured"
+            kind = "predicted by the simulator" if simulated(b) else "measured"
             parts.append(f"<p class='best'><b>Best layout</b> (trial {b.number}, {kind}): <code>{e(b.layout.key())}"
                          f"</code>: {_fmt(b.samples_per_second)} samples/s, MFU {100 * b.mfu:.2f} % (Megatron's "
                          f"count with recompute: {_fmt(b.tflops_per_gpu)} TFLOPS per GPU = "
@@ -329,16 +390,14 @@ def build_report(study, trials, *, generated: datetime | None = None) -> Report:
                          "counts below and the trials' messages (<code>tuner trials "
                          f"{e(study.name)}</code>).</p>")
         none = "no successful trial yet"
+        sim = " (simulated: the model's predictions)" if ok and all(simulated(t) for t in ok) else ""
         parts += ["<div class='row'><div><h2>Best so far</h2>",
                   _img(FIGURES[0], drawn[FIGURES[0]], "best so far by trial number", none),
                   "</div><div><h2>Trials by status</h2>",
                   _img(FIGURES[3], drawn[FIGURES[3]], "trial status counts", none), "</div></div>",
-                  "<h2>Top ten layouts</h2>", html_table(top_rows(trials, 10)),
-                  "<h2>MFU by TP x PP</h2>",
-                  _img(FIGURES[1], drawn[FIGURES[1]], "MFU by TP and PP", none),
-                  "<h2>The model's error: measured vs predicted</h2>",
-                  _img(FIGURES[2], drawn[FIGURES[2]], "measured vs predicted MFU and memory",
-                       "no successful trial has both a measurement and a prediction")]
+                  f"<h2>Top ten layouts{sim}</h2>", html_table(top_rows(trials, 10)),
+                  *heatmap_section(trials, drawn[FIGURES[1]]),
+                  *model_error_section(trials, drawn[FIGURES[2]])]
     page = (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>tuner report: {e(study.name)}"
             f"</title><style>{CSS}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")
     return Report(html=page, figures=figs, finished=len(finished), ok=len(ok))
