@@ -211,3 +211,14 @@ def test_measured_vs_predicted_leaves_simulated_trials_out(monkeypatch):
     assert "n=2 " in err                                                  # the two measured trials only
     assert "model_error.png" in rep.figures and "1 simulated trial(s) are left out" in rep.html
     assert "(trial 2, measured)" in rep.html and "Top ten layouts</h2>" in rep.html
+
+
+# ---- 8. docs/report.png: referenced, and made by a script that runs the README's example ----------
+def test_readme_report_picture_exists_and_its_script_runs_the_readme_example():
+    readme = (ROOT / "README.md").read_text()
+    (png,) = re.findall(r"!\[[^\]]*\]\((docs/report\.png)\)", readme)
+    assert (ROOT / png).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert "bash docs/report-png.sh" in readme
+    script = " ".join((ROOT / "docs/report-png.sh").read_text().replace("\\\n", " ").split())
+    example = re.search(r"tuner search --model 175b --nodes 64 [^\n#]*--study frontier-175b-64n", readme).group(0)
+    assert " ".join(example.split()) in script and "tuner report frontier-175b-64n" in script

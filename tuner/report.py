@@ -283,7 +283,8 @@ class Report:
 
 
 CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;
-color:#212121;padding:0 1em}h1{margin-bottom:.2em}.meta{color:#616161}table{border-collapse:collapse;margin:1em 0}
+color:#212121;padding:0 1em}h1{margin-bottom:.2em}.meta{color:#616161}table{border-collapse:collapse;margin:1em 0;
+font-size:.9em}.scroll{overflow-x:auto}
 td,th{border:1px solid #ddd;padding:4px 8px;font-variant-numeric:tabular-nums}th{background:#f5f5f5}
 td.n{text-align:right}.note{background:#fff8e1;border-left:4px solid #ffb300;padding:.6em 1em}
 .best{background:#e8f5e9;border-left:4px solid #2e7d32;padding:.6em 1em}figure{margin:1.2em 0}
@@ -308,7 +309,7 @@ def html_table(rows: list[dict]) -> str:
     body = "".join("<tr>" + "".join(
         f"<td class='n'>{e(_fmt(v))}</td>" if isinstance(v, (int, float)) and not isinstance(v, bool)
         else f"<td>{e(_fmt(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f"<div class='scroll'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
 
 
 def _img(name: str, png: bytes | None, alt: str, missing: str) -> str:
