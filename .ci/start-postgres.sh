@@ -49,4 +49,11 @@ if [[ -z $(psql_q "SELECT 1 FROM pg_database WHERE datname = '${DB}'") ]]; then
     su postgres -c "createdb -O ${ROLE} ${DB}" >&2
 fi
 
+# Up means usable: the tests' own login (password over TCP on loopback) answers.
+if [[ $(PGPASSWORD="${PASSWORD}" psql -h 127.0.0.1 -p 5432 -U "${ROLE}" -d "${DB}" -qtAX -c 'SELECT 1' 2>&1) != 1 ]]; then
+    echo "start-postgres.sh: PostgreSQL is up but ${ROLE}@127.0.0.1/${DB} cannot log in with its password;" \
+         "see /etc/postgresql/${PG_VERSION}/${PG_CLUSTER}/pg_hba.conf" >&2
+    exit 1
+fi
+
 echo "${URL}"

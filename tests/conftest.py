@@ -14,14 +14,25 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# ---- services (PostgreSQL, Slurm, chromium) ---------------------------------------------------
+def service_unavailable(service: str, reason: str):
+    """A test needs `service` and it is not there: skip, saying how to start it; under CI (TUNER_CI=1,
+    set by .ci/run, which starts every service its suites need) fail instead, so that a suite CI is
+    meant to run never passes by skipping."""
+    if os.environ.get("TUNER_CI", "") not in ("", "0"):
+        pytest.fail(f"{service} is not available under CI (TUNER_CI=1), so its tests would only skip: {reason}",
+                    pytrace=False)
+    pytest.skip(reason)
+
+
 # ---- PostgreSQL (store contract tests) --------------------------------------------------------
 @pytest.fixture(scope="session")
 def pg_url() -> str:
-    """A PostgreSQL URL from TUNER_TEST_PG_URL (printed by `.ci/start-postgres.sh`), else skip."""
+    """A PostgreSQL URL from TUNER_TEST_PG_URL (printed by `.ci/start-postgres.sh`), else skip (CI: fail)."""
     url = os.environ.get("TUNER_TEST_PG_URL")
     if not url:
-        pytest.skip("PostgreSQL not configured: run `.ci/start-postgres.sh` as root and set "
-                    "TUNER_TEST_PG_URL to the URL it prints")
+        service_unavailable("PostgreSQL", "PostgreSQL not configured: run `.ci/start-postgres.sh` as root and "
+                            "set TUNER_TEST_PG_URL to the URL it prints")
     return url
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
+from conftest import service_unavailable
 from tuner.layout import Layout
 from tuner.render.sbatch import render_sbatch
 from tuner.runners.command import CommandRunner
@@ -125,7 +126,7 @@ def test_password_not_shown_for_an_unreachable_database(tuner, tmp_path, url):
 def pg_secret_url(pg_url):
     """A PostgreSQL role and database with a password found nowhere else (needs root and psql)."""
     if os.geteuid() != 0 or shutil.which("psql") is None:
-        pytest.skip("creating a PostgreSQL role needs root and psql")
+        service_unavailable("psql", "creating a PostgreSQL role needs root and psql")   # CI: fails
     tag = uuid.uuid4().hex[:8]
     role, db, secret = f"chaos_{tag}", f"chaos_{tag}", f"Pw-{uuid.uuid4().hex}"
 
@@ -135,7 +136,7 @@ def pg_secret_url(pg_url):
 
     r = psql(f"CREATE ROLE {role} LOGIN PASSWORD '{secret}'")
     if r.returncode != 0:
-        pytest.skip(f"cannot create a PostgreSQL role: {r.stderr.strip()}")
+        service_unavailable("PostgreSQL", f"cannot create a PostgreSQL role: {r.stderr.strip()}")
     psql(f"CREATE DATABASE {db} OWNER {role}")
     yield f"postgresql+psycopg://{role}:{secret}@127.0.0.1:5432/{db}", secret
     psql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")

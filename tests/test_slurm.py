@@ -24,6 +24,7 @@ from tuner.trial import Status, TrialSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_runners import Case, TestRunnerContract, trial_processes  # noqa: E402,F401  (the shared contract)
+from conftest import service_unavailable  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(240)]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -50,7 +51,7 @@ def _slurm_ready() -> str | None:
 def slurm():
     reason = _slurm_ready()
     if reason:
-        pytest.skip(reason)
+        service_unavailable("Slurm", reason)      # under CI (TUNER_CI=1): a failure, not a skip
 
 
 def trial(study: str, number: int = 0, **layout) -> TrialSpec:
