@@ -73,7 +73,7 @@ def test_model_and_cluster_help_list_every_shipped_preset():
     models, clusters = shipped_presets("models"), shipped_presets("clusters")
     assert len(models) >= 18 and len(clusters) >= 8
     alias = {v: k for k, v in MODEL_ALIASES.items()}
-    for command, prefix in (("predict", ""), ("plan", ""), ("search", ""), ("launch", "")):
+    for command in ("predict", "plan", "search", "launch", "best"):
         m, c = option_help(command, "model"), option_help(command, "cluster")
         for name in models:
             assert re.search(rf"[ (]{re.escape(name)}[,) ]", m), (command, name, m)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from tuner.cli import DB_OPTION, FORMAT_OPTION, cli, read_store
-from tuner.cli.options import FRAMEWORK_OPTION
+from tuner.cli.options import CLUSTERS, FRAMEWORK_OPTION, MODELS
 from tuner.cli.render import flat_layout, render
 from tuner.report import ok_trials
 from tuner.errors import TunerError
@@ -107,10 +107,10 @@ def best_json(t, measured: bool) -> dict:
 
 
 @cli.command()
-@click.option("--model", required=True, help="Model preset or TOML path.")
+@click.option("--model", required=True, help=f"Model {MODELS}.")
 @click.option("--nodes", required=True, type=click.IntRange(min=1),
               help="Node count to answer for (measured studies at it, else a corrected prediction).")
-@click.option("--cluster", default="frontier", show_default=True, help="Cluster preset or TOML path.")
+@click.option("--cluster", default="frontier", show_default=True, help=f"Cluster {CLUSTERS}.")
 @click.option("--global-batch", type=click.IntRange(min=1), default=None,
               help="Global batch in samples (default: the model's). Studies at another one are evidence only.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True,
