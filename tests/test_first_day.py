@@ -222,3 +222,11 @@ def test_readme_report_picture_exists_and_its_script_runs_the_readme_example():
     script = " ".join((ROOT / "docs/report-png.sh").read_text().replace("\\\n", " ").split())
     example = re.search(r"tuner search --model 175b --nodes 64 [^\n#]*--study frontier-175b-64n", readme).group(0)
     assert " ".join(example.split()) in script and "tuner report frontier-175b-64n" in script
+
+
+def test_a_missing_required_layout_option_is_named_not_a_traceback(tuner):
+    """click >= 8.3 reads an explicit default=None as given: required options must not pass one."""
+    code, _, err = tuner("predict", "--model", "175b", "--nodes", "16", "--tp", "4")
+    assert code == 2 and "Missing option '--pp'" in err and "internal error" not in err
+    code, _, err = tuner("predict", "--model", "175b", "--nodes", "16", "--tp", "4", "--pp", "8")
+    assert code == 2 and "Missing option '--micro-batch'" in err

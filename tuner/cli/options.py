@@ -83,7 +83,8 @@ def _dimension_option(d, required: bool, pins: bool):
         return click.option(f"{d.flag}/--no-{d.flag[2:]}", d.name, default=None, help=d.help + shown)
     kind = click.Choice(d.choices) if d.type is str else (
         click.IntRange(0, 3) if d.name == "zero_stage" else click.IntRange(min=1))
-    return click.option(d.flag, d.name, type=kind, required=required, default=None, help=d.help + shown)
+    unset = {} if required else {"default": None}     # click >= 8.3 takes default=None as given: no "missing"
+    return click.option(d.flag, d.name, type=kind, required=required, help=d.help + shown, **unset)
 
 
 def layout_options(required: tuple = (), pins: bool = False):
