@@ -72,6 +72,10 @@ class Framework:
 def _megatron_deepspeed(layout, workload) -> str | None:
     from tuner.layout import uneven_split
     cp, vp, m, me = layout.context_parallel, layout.virtual_pipeline, workload.model, "megatron-deepspeed"
+    if m.is_moe:
+        return (f"{me} cannot run the mixture-of-experts model '{m.name}' here: its MoE is DeepSpeed-MoE (--num-experts "
+                "list, --topk, capacity-bound gating, experts as wide as the dense FFN), which tuner neither models nor "
+                "launches; use --framework megatron-core or torchtitan")
     if layout.pp > 1 and layout.zero_stage >= 2:
         return (f"ZeRO-{layout.zero_stage} with pp={layout.pp} is refused by DeepSpeed's pipeline engine "
                 f"({me}: use zero_stage 0 or 1 with pipeline parallelism)")
@@ -97,6 +101,9 @@ def _megatron_core(layout, workload) -> str | None:
     if layout.zero_stage not in FRAMEWORKS["megatron-core"].zero_stages:
         return (f"megatron-core cannot run zero_stage {layout.zero_stage}: its only ZeRO equivalent is the "
                 "distributed optimizer (zero_stage 1); use zero_stage 0 or 1, or --framework torchtitan (FSDP)")
+    if layout.expert_parallel > 1 and layout.tp > 1 and not layout.sequence_parallel:
+        return (f"megatron-core with expert_parallel {layout.expert_parallel} and tp {layout.tp} needs "
+                "sequence_parallel on (model_parallel_config.py: \"sequence parallelism must be used\")")
     return None
 
 
@@ -107,6 +114,13 @@ def _torchtitan(layout, workload) -> str | None:
     if layout.tp > 1 and not layout.sequence_parallel:      # FRAMEWORKS["torchtitan"].sp_with_tp
         return ("torchtitan's tensor parallelism always shards the norms over the sequence: tp > 1 needs "
                 "sequence_parallel on (--sequence-parallel)")
+    ep, etp, tp = layout.expert_parallel, layout.expert_tensor_parallel, layout.tp
+    if workload.model.is_moe and ep == 1 and etp != tp:
+        return (f"torchtitan without expert parallelism splits the experts over the TP group: with ep 1, "
+                f"expert_tensor_parallel must equal tp ({tp}), got {etp}")
+    if ep > 1 and etp not in (1, tp):
+        return (f"torchtitan runs expert_tensor_parallel 1 or tp ({tp}) only (ParallelDims: \"Currently we only "
+                f"support ETP=TP or ETP=1\"), got {etp}")
     return None
 
 

@@ -197,7 +197,8 @@ class SearchSpace:
         so only (tp, cp, pp) that divide it are expanded; the model's cut (tp, sp, cp, pp, vp) is checked
         once -- its rules and the constraints that read nothing else -- then each micro-batch, before the
         ZeRO and recompute choices are."""
-        cut = [d for d in DIMENSIONS if d in ("tp", "sequence_parallel", "context_parallel", "pp", "virtual_pipeline")]
+        cut = [d for d in DIMENSIONS if d in ("tp", "sequence_parallel", "context_parallel", "pp", "virtual_pipeline",
+                                              "expert_parallel", "expert_tensor_parallel")]
         rest = [d for d in DIMENSIONS if d not in cut and d != "micro_batch"]
         early, late = [], []
         for k, v in self.constraints.items():

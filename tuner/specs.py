@@ -11,7 +11,7 @@ reading those files.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from functools import cached_property
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -44,13 +44,44 @@ MODEL_KEYS: dict[str, tuple[type, Any]] = {
     "tie_embeddings": (bool, True),              # LM head shares the word embedding; false: its own V x h matrix
     "normalization": (str, "layernorm"),         # "layernorm" (weight and bias) | "rmsnorm" (weight only)
     "add_bias_linear": (bool, True),             # biases on the linear layers (GPT: yes; Llama: none)
+    "head_dim": (int, None),                     # width of one attention head (Megatron --kv-channels); default
+                                                 # hidden_size / num_attention_heads (Qwen3: 128 at h 2048, 32 heads)
+    "qk_layernorm": (bool, False),               # RMSNorm on each head's query and key (Qwen3)
+    # Multi-latent attention (DeepSeek-V2/V3; Megatron-Core --multi-latent-attention and its MLA flags)
+    "multi_latent_attention": (bool, False),
+    "q_lora_rank": (int, None),                  # query down-projection rank (none: a full h x a*(qk+rope) query)
+    "kv_lora_rank": (int, None),                 # the compressed key/value latent's width
+    "qk_head_dim": (int, None),                  # per-head query/key width without the rotary part
+    "qk_pos_emb_head_dim": (int, None),          # per-head rotary width (its key part is shared by all heads)
+    "v_head_dim": (int, None),                   # per-head value width
+    # Mixture of experts (Megatron-Core's names in brackets). num_experts 0: a dense model.
+    "num_experts": (int, 0),                     # routed experts per MoE layer (--num-experts)
+    "moe_top_k": (int, None),                    # routed experts per token (--moe-router-topk); needed with experts
+    "num_shared_experts": (int, 0),              # experts every token goes through (x moe_ffn_hidden_size:
+                                                 # --moe-shared-expert-intermediate-size)
+    "moe_ffn_hidden_size": (int, None),          # one expert's FFN width (--moe-ffn-hidden-size); default ffn_hidden_size
+    "moe_layer_freq": (int, 1),                  # every k-th layer (after the first dense ones) is MoE (--moe-layer-freq)
+    "moe_first_dense_layers": (int, 0),          # dense layers before the first MoE layer (DeepSeek-V3: 3)
+    "moe_capacity_factor": (float, None),        # expert capacity / fair share, tokens over it dropped
+                                                 # (--moe-expert-capacity-factor); none: dropless
+    "moe_router_score_function": (str, "softmax"),  # "softmax" | "sigmoid" (DeepSeek-V3)
+    "moe_router_num_groups": (int, None),        # group-limited routing: expert groups (DeepSeek-V3 n_group 8)
+    "moe_router_group_topk": (int, None),        # groups a token may use (DeepSeek-V3 topk_group 4)
+    "moe_router_topk_scaling_factor": (float, None),  # routed weights' scale (DeepSeek-V3 2.5)
+    "moe_router_expert_bias": (bool, False),     # aux-loss-free balancing: a per-expert routing bias (DeepSeek-V3)
 }
 # Allowed values of the model's string keys other than the name.
 MODEL_CHOICES: dict[str, tuple[str, ...]] = {
     "ffn_type": ("gelu", "swiglu"),
     "position_embedding": ("learned", "rope"),
     "normalization": ("layernorm", "rmsnorm"),
+    "moe_router_score_function": ("softmax", "sigmoid"),
 }
+#: MoE keys that need num_experts > 0.
+MOE_KEYS = ("moe_top_k", "num_shared_experts", "moe_ffn_hidden_size", "moe_layer_freq", "moe_first_dense_layers",
+            "moe_capacity_factor", "moe_router_num_groups", "moe_router_group_topk", "moe_router_topk_scaling_factor")
+#: Multi-latent attention's widths (all needed with multi_latent_attention, q_lora_rank optional).
+MLA_KEYS = ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
 
 # Every hardware constant the performance model uses lives here, with its documented default.
 # Numbers must be > 0, except the fixed overheads (ALLOW_ZERO), which may be measured as none.
@@ -78,7 +109,9 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
     "group_bandwidth_gbps": (dict, None),        # {"2": 200.0, ...} per-GPU bandwidth of an aligned intra-node block
     "slurm": (dict, None),                       # the [slurm] table used by the Slurm runner
 }
-ALLOW_ZERO = frozenset({"microbatch_overhead_ms", "step_overhead_ms"})
+#: Numbers that may be 0: the fixed overheads (measured as none) and counts whose 0 means "none".
+ALLOW_ZERO = frozenset({"microbatch_overhead_ms", "step_overhead_ms", "num_experts", "num_shared_experts",
+                        "moe_first_dense_layers"})
 #: Keys of older cluster files and stored studies, read and dropped by ClusterSpec.from_dict: comm_overlap
 #: (now the framework's overlaps: true meant Megatron-Core) and memory_headroom (the margin is now a fit
 #: probability from the framework's measured memory error).
@@ -144,6 +177,26 @@ class ModelSpec:
     normalization: str = "layernorm"
     add_bias_linear: bool = True
     rope_theta: float | None = None
+    head_dim: int = 0                       # 0: hidden_size / num_attention_heads
+    qk_layernorm: bool = False
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_head_dim: int | None = None
+    qk_pos_emb_head_dim: int | None = None
+    v_head_dim: int | None = None
+    num_experts: int = 0                    # 0: dense
+    moe_top_k: int = 0
+    num_shared_experts: int = 0
+    moe_ffn_hidden_size: int = 0            # 0: ffn_hidden_size
+    moe_layer_freq: int = 1
+    moe_first_dense_layers: int = 0
+    moe_capacity_factor: float | None = None   # None: dropless
+    moe_router_score_function: str = "softmax"
+    moe_router_num_groups: int | None = None
+    moe_router_group_topk: int | None = None
+    moe_router_topk_scaling_factor: float | None = None
+    moe_router_expert_bias: bool = False
 
     def __post_init__(self):
         if not self.ffn_hidden_size:
@@ -153,12 +206,35 @@ class ModelSpec:
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
         if not self.num_query_groups:
             object.__setattr__(self, "num_query_groups", self.num_attention_heads)
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.num_experts and not self.moe_ffn_hidden_size:
+            object.__setattr__(self, "moe_ffn_hidden_size", self.ffn_hidden_size)
 
     # ---- sizes (docs/reference/formulas.md; Megatron-Core's GPT layer), computed once per spec: the
     # performance model reads them on every prediction
     @cached_property
     def head_size(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        """d: hidden_size / num_attention_heads, or the model's head_dim."""
+        return self.head_dim
+
+    # ---- mixture of experts (Megatron-Core's MoE layer: a router h x E, E routed experts of width
+    # moe_ffn_hidden_size of which moe_top_k run per token, and shared experts every token runs)
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @cached_property
+    def moe_layer_pattern(self) -> tuple[bool, ...]:
+        """Per layer, whether it is an MoE layer: after moe_first_dense_layers dense layers, every
+        moe_layer_freq-th layer (layer i - first with (i - first) % freq == 0; Megatron-Core's integer
+        --moe-layer-freq N is the same with no dense layers first: gpt_layer_specs.py, i % N == 0)."""
+        first, freq = self.moe_first_dense_layers, self.moe_layer_freq
+        return tuple(self.is_moe and i >= first and (i - first) % freq == 0 for i in range(self.num_layers))
+
+    @cached_property
+    def num_moe_layers(self) -> int:
+        return sum(self.moe_layer_pattern)
 
     @cached_property
     def kv_size(self) -> int:
@@ -222,11 +298,19 @@ class ModelSpec:
         return self.num_layers * self.layer_parameters + self.embedding_parameters + self.output_parameters
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """Every key; those of later architectures (head_dim, MLA, MoE) only away from their defaults,
+        so a dense model's stored form is what it was before they existed."""
+        d = asdict(self)
+        for k in LATER_KEYS:
+            if d[k] == _DATACLASS_DEFAULTS[k] or (k == "head_dim" and d[k] == self.hidden_size // self.num_attention_heads) \
+                    or (k == "moe_ffn_hidden_size" and not self.is_moe):
+                del d[k]
+        return d
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "model") -> "ModelSpec":
         d = _check("model", where, data, MODEL_KEYS)
+        _check_moe(d, data, where)
         for k, allowed in MODEL_CHOICES.items():
             if d[k] not in allowed:
                 raise SpecError(f"{where}: model key '{k}' must be one of {', '.join(map(repr, allowed))}, "
@@ -240,7 +324,47 @@ class ModelSpec:
         if d["ffn_type"] != "gelu" and d["ffn_hidden_size"] is None:
             raise SpecError(f"{where}: ffn_type \"{d['ffn_type']}\" needs ffn_hidden_size, the real inner width "
                             "(e.g. 14336 for Llama 3 8B); only gelu defaults it to 4 * hidden_size")
-        return cls(**{**d, "ffn_hidden_size": d["ffn_hidden_size"] or 0, "num_query_groups": d["num_query_groups"] or 0})
+        return cls(**{**d, "ffn_hidden_size": d["ffn_hidden_size"] or 0, "num_query_groups": d["num_query_groups"] or 0,
+                      "head_dim": d["head_dim"] or 0, "moe_top_k": d["moe_top_k"] or 0,
+                      "moe_ffn_hidden_size": d["moe_ffn_hidden_size"] or 0})
+
+
+#: Model keys added with MoE and MLA: ModelSpec.as_dict leaves them out at their defaults.
+LATER_KEYS = ("head_dim", "qk_layernorm", "multi_latent_attention", *MLA_KEYS, "q_lora_rank", "num_experts",
+              *MOE_KEYS, "moe_router_score_function", "moe_router_expert_bias")
+_DATACLASS_DEFAULTS = {f.name: f.default for f in fields(ModelSpec)}
+
+
+def _check_moe(d: dict, data: dict, where: str) -> None:
+    """The MoE and MLA keys of a checked model `d` (`data`: as given) agree with each other."""
+    E, k = d["num_experts"], d["moe_top_k"]
+    if not E:
+        given = [key for key in MOE_KEYS if data.get(key) not in (None, MODEL_KEYS[key][1])]
+        if given:
+            raise SpecError(f"{where}: model key(s) {', '.join(given)} describe experts: set num_experts (routed "
+                            "experts per MoE layer), or remove them for a dense model")
+    elif k is None or k > E:
+        raise SpecError(f"{where}: num_experts {E} needs moe_top_k, the routed experts per token (1 to {E}), "
+                        f"got {k}")
+    if d["moe_first_dense_layers"] >= d["num_layers"]:
+        raise SpecError(f"{where}: moe_first_dense_layers {d['moe_first_dense_layers']} leaves no MoE layer of "
+                        f"{d['num_layers']}")
+    groups, gk = d["moe_router_num_groups"], d["moe_router_group_topk"]
+    if (groups is None) != (gk is None):
+        raise SpecError(f"{where}: group-limited routing needs both moe_router_num_groups and moe_router_group_topk")
+    if groups is not None and (E % groups or gk > groups):
+        raise SpecError(f"{where}: moe_router_num_groups {groups} must divide num_experts {E} and be >= "
+                        f"moe_router_group_topk {gk}")
+    if d["multi_latent_attention"]:
+        missing = [key for key in MLA_KEYS if d[key] is None]
+        if missing:
+            raise SpecError(f"{where}: multi_latent_attention needs {', '.join(missing)} (DeepSeek-V3: kv_lora_rank "
+                            "512, qk_head_dim 128, qk_pos_emb_head_dim 64, v_head_dim 128)")
+    else:
+        given = [key for key in (*MLA_KEYS, "q_lora_rank") if d[key] is not None]
+        if given:
+            raise SpecError(f"{where}: model key(s) {', '.join(given)} describe multi-latent attention: set "
+                            "multi_latent_attention = true, or remove them")
 
 
 @dataclass(frozen=True)

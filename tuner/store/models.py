@@ -24,7 +24,7 @@ from tuner.errors import StoreError
 from tuner.layout import DIMENSIONS, Layout
 from tuner.trial import Status
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 STUDY_STATES = ("running", "done", "interrupted")
 
 Json = JSON().with_variant(JSONB(), "postgresql")
@@ -185,7 +185,18 @@ def _migrate_to_3(conn) -> None:
                       "'-ac0', '-rcnone')"))
 
 
-MIGRATIONS: dict[int, Callable] = {1: _migrate_to_1, 2: _migrate_to_2, 3: _migrate_to_3}
+def _migrate_to_4(conn) -> None:
+    """Expert parallelism: the expert_parallel and expert_tensor_parallel columns, 1 (their default)
+    for every stored trial; layout keys are unchanged (a dimension at its default is not in the key)."""
+    from sqlalchemy import text
+
+    have = {c["name"] for c in inspect(conn).get_columns("trials")}
+    for col in ("expert_parallel", "expert_tensor_parallel"):
+        if col not in have:
+            conn.execute(text(f"ALTER TABLE trials ADD COLUMN {col} INTEGER NOT NULL DEFAULT 1"))
+
+
+MIGRATIONS: dict[int, Callable] = {1: _migrate_to_1, 2: _migrate_to_2, 3: _migrate_to_3, 4: _migrate_to_4}
 
 
 def apply_migrations(conn, start: int) -> None:
