@@ -46,7 +46,8 @@ class Framework:
     name: str
     title: str
     overlaps: frozenset         # "tp": TP collectives under the GEMMs (with SP); "p2p": pipeline p2p under
-                                # the interleaved schedule; "dp": DP/ZeRO collectives under compute
+                                # the interleaved schedule; "dp": DP/ZeRO collectives under compute; "ep": the
+                                # MoE all-to-all under another micro-batch's compute (where `ep_overlap` holds)
     grad_bytes: float           # bytes per parameter of the gradient buffer
     fsdp: bool                  # FSDP2: everything sharded, per-layer gather / reduce-scatter
     memory_sd: float            # log-sd of (true peak / predicted peak) for this stack (see FRAMEWORKS)
@@ -67,6 +68,14 @@ class Framework:
 
     def fused(self, precision: str) -> bool:
         return self.compiled == "always" or precision == self.compiled
+
+    def ep_overlap(self, layout: "Layout") -> bool:
+        """Whether the MoE token all-to-all runs under compute: Megatron-Core's
+        --overlap-moe-expert-parallel-comm (the 1F1B schedule overlaps one micro-batch's dispatch and
+        combine with another's forward/backward), which transformer_config.py allows only with ep > 1,
+        without full recompute and, with pp > 1, with the interleaved schedule."""
+        return ("ep" in self.overlaps and layout.expert_parallel > 1 and layout.recompute != "full"
+                and (layout.pp == 1 or layout.virtual_pipeline > 1))
 
 
 def _megatron_deepspeed(layout, workload) -> str | None:
@@ -101,9 +110,10 @@ def _megatron_core(layout, workload) -> str | None:
     if layout.zero_stage not in FRAMEWORKS["megatron-core"].zero_stages:
         return (f"megatron-core cannot run zero_stage {layout.zero_stage}: its only ZeRO equivalent is the "
                 "distributed optimizer (zero_stage 1); use zero_stage 0 or 1, or --framework torchtitan (FSDP)")
-    if layout.expert_parallel > 1 and layout.tp > 1 and not layout.sequence_parallel:
-        return (f"megatron-core with expert_parallel {layout.expert_parallel} and tp {layout.tp} needs "
-                "sequence_parallel on (model_parallel_config.py: \"sequence parallelism must be used\")")
+    if workload.model.is_moe and layout.tp > 1 and not layout.sequence_parallel:
+        return (f"megatron-core runs the mixture-of-experts model '{workload.model.name}' with tp {layout.tp} only "
+                "with sequence_parallel on (model_parallel_config.py with expert parallelism: \"sequence "
+                "parallelism must be used\"; tuner models the token dispatch on sequence-split tokens)")
     return None
 
 
@@ -140,7 +150,7 @@ FRAMEWORKS: dict[str, Framework] = {
         files=("ds_config.json", "megatron_args.txt", *_COMMON), zero_stages=(1, 0, 2, 3), sp_with_tp=False,
         refuse=_megatron_deepspeed),
     "megatron-core": Framework(
-        name="megatron-core", title="Megatron-Core (Megatron-LM, NeMo)", overlaps=frozenset({"tp", "p2p", "dp"}),
+        name="megatron-core", title="Megatron-Core (Megatron-LM, NeMo)", overlaps=frozenset({"tp", "p2p", "dp", "ep"}),
         grad_bytes=4.0, fsdp=False, memory_sd=0.08, memory_bias=0.0, selective="core-attention", attention="fused",
         compiled="always", files=("megatron_args.txt", *_COMMON), zero_stages=(1, 0), sp_with_tp=False,
         refuse=_megatron_core),

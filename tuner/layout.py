@@ -268,6 +268,28 @@ def stage_layers(layout: Layout, num_layers: int, stage: int) -> int:
     return (num_layers + 2) // layout.pp - (stage == 0) - (stage == layout.pp - 1)
 
 
+def stage_layer_indices(layout: Layout, num_layers: int, stage: int) -> list[int]:
+    """The transformer layers on pipeline rank `stage`, in order: its virtual stages stage, stage + pp,
+    ... of pp*vp contiguous chunks, each layers/(pp*vp) long, or with the embedding- and loss-aware split
+    (layers + 2)/(pp*vp) long with one fewer in the first and the last chunk (Megatron-Core)."""
+    n = layout.pp * layout.virtual_pipeline
+    if uneven_split(layout, num_layers):
+        size = (num_layers + 2) // n
+        sizes = [size - (c == 0) - (c == n - 1) for c in range(n)]
+    else:
+        sizes = [num_layers // n] * n
+    starts = [sum(sizes[:c]) for c in range(n)]
+    return [i for c in range(stage, n, layout.pp) for i in range(starts[c], starts[c] + sizes[c])]
+
+
+def stage_moe_layers(layout: Layout, model, stage: int) -> int:
+    """How many of pipeline rank `stage`'s layers are MoE layers (model.moe_layer_pattern); 0 for a dense model."""
+    if not model.is_moe:
+        return 0
+    pattern = model.moe_layer_pattern
+    return sum(pattern[i] for i in stage_layer_indices(layout, model.num_layers, stage))
+
+
 def why_invalid_schedule(layout: Layout, workload: "Workload") -> str | None:
     """Rules of the batch and the schedule: micro-batches, the interleaved schedule's multiple."""
     if workload.global_batch % (layout.micro_batch * layout.dp):

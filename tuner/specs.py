@@ -241,28 +241,73 @@ class ModelSpec:
         """Width of K and of V: num_query_groups x head size (= h for multi-head attention)."""
         return self.num_query_groups * self.head_size
 
+    # Widths (per token, all heads) of the attention's tensors. Standard attention: Q a*d, K and V kv,
+    # the output (the projection's input) a*d (= h unless head_dim says otherwise). Multi-latent
+    # attention (DeepSeek-V3) up-projects its latents to per-head Q and K of qk_head_dim +
+    # qk_pos_emb_head_dim and V of v_head_dim: a*192, a*192 and a*128, much wider than h.
+    @cached_property
+    def q_width(self) -> int:
+        if self.multi_latent_attention:
+            return self.num_attention_heads * (self.qk_head_dim + self.qk_pos_emb_head_dim)
+        return self.num_attention_heads * self.head_size
+
+    @cached_property
+    def k_width(self) -> int:
+        return self.q_width if self.multi_latent_attention else self.kv_size
+
+    @cached_property
+    def v_width(self) -> int:
+        return self.num_attention_heads * self.v_head_dim if self.multi_latent_attention else self.kv_size
+
+    @cached_property
+    def o_width(self) -> int:
+        return self.v_width if self.multi_latent_attention else self.q_width
+
+    @cached_property
+    def attention_core_width(self) -> float:
+        """(Q width + output width) / 2: the score product does 2*s*q and the value product 2*s*o FLOPs per
+        token, 4*s*h together for standard attention with a*d = h."""
+        return (self.q_width + self.o_width) / 2
+
     @cached_property
     def ffn_matrices(self) -> int:
         """Weight matrices of the FFN: 2 (gelu: fc1, fc2), 3 (swiglu: gate, up, down)."""
         return 3 if self.ffn_type == "swiglu" else 2
 
     @cached_property
-    def attention_weights(self) -> int:
-        """Q, K, V and output projection weights of one layer: 2h^2 + 2h*kv (4h^2 multi-head)."""
+    def qkv_weights(self) -> int:
+        """The weights that make Q, K and V: h x (q + 2kv); with MLA the down-projections to the query
+        latent (h x q_lora_rank; none without it) and to the key/value latent plus the shared rotary key
+        (h x (kv_lora_rank + rope)), and the up-projections from them (q_lora x a*(qk + rope),
+        kv_lora x a*(qk + v))."""
         h = self.hidden_size
-        return 2 * h * h + 2 * h * self.kv_size
+        if not self.multi_latent_attention:
+            return h * (self.q_width + 2 * self.kv_size)
+        a, q_lora, kv_lora = self.num_attention_heads, self.q_lora_rank, self.kv_lora_rank
+        q = h * q_lora + q_lora * self.q_width if q_lora else h * self.q_width
+        return q + h * (kv_lora + self.qk_pos_emb_head_dim) + kv_lora * a * (self.qk_head_dim + self.v_head_dim)
+
+    @cached_property
+    def attention_weights(self) -> int:
+        """Q, K, V and output projection weights of one layer: 2h^2 + 2h*kv (4h^2 multi-head) when a*d = h."""
+        return self.qkv_weights + self.o_width * self.hidden_size
 
     @cached_property
     def ffn_weights(self) -> int:
-        """FFN weights of one layer: 2hf (gelu) or 3hf (swiglu)."""
+        """FFN weights of one dense layer: 2hf (gelu) or 3hf (swiglu)."""
         return self.ffn_matrices * self.hidden_size * self.ffn_hidden_size
+
+    @cached_property
+    def attention_biases_split(self) -> int:
+        """QKV biases (split across tensor-parallel ranks)."""
+        return self.q_width + self.k_width + self.v_width if self.add_bias_linear else 0
 
     @cached_property
     def layer_biases_split(self) -> int:
         """Biases split across tensor-parallel ranks: QKV (h + 2kv) and fc1 (f, 2f for swiglu)."""
         if not self.add_bias_linear:
             return 0
-        return self.hidden_size + 2 * self.kv_size + (self.ffn_matrices - 1) * self.ffn_hidden_size
+        return self.attention_biases_split + (self.ffn_matrices - 1) * self.ffn_hidden_size
 
     @cached_property
     def layer_biases_replicated(self) -> int:
@@ -275,10 +320,61 @@ class ModelSpec:
         return (2 if self.normalization == "layernorm" else 1) * self.hidden_size
 
     @cached_property
+    def layer_norm_params(self) -> int:
+        """A layer's normalizations: its two of width h, the per-head query and key norms (qk_layernorm:
+        2d) and MLA's norms of its latents (q_lora_rank + kv_lora_rank)."""
+        n = 2 * self.norm_params + (2 * self.head_size if self.qk_layernorm else 0)
+        if self.multi_latent_attention:
+            n += (self.q_lora_rank or 0) + self.kv_lora_rank
+        return n
+
+    @cached_property
     def layer_parameters(self) -> int:
-        """One layer: weights, biases and its two normalizations."""
+        """One dense layer: weights, biases and its normalizations."""
         return (self.attention_weights + self.ffn_weights + self.layer_biases_split
-                + self.layer_biases_replicated + 2 * self.norm_params)
+                + self.layer_biases_replicated + self.layer_norm_params)
+
+    # ---- MoE layers: the attention of a dense layer, then a router (h x E), num_experts routed experts
+    # and the shared experts (one FFN num_shared_experts x moe_ffn_hidden_size wide, as Megatron-Core's
+    # --moe-shared-expert-intermediate-size builds it)
+    @cached_property
+    def expert_parameters(self) -> int:
+        """One routed expert: its FFN matrices (h x f_e, f_e x h) and their biases when the model has them."""
+        f = self.moe_ffn_hidden_size
+        bias = (self.ffn_matrices - 1) * f + self.hidden_size if self.add_bias_linear else 0
+        return self.ffn_matrices * self.hidden_size * f + bias
+
+    @cached_property
+    def shared_expert_width(self) -> int:
+        return self.num_shared_experts * self.moe_ffn_hidden_size
+
+    @cached_property
+    def shared_expert_parameters(self) -> int:
+        f = self.shared_expert_width
+        if not f:
+            return 0
+        bias = (self.ffn_matrices - 1) * f + self.hidden_size if self.add_bias_linear else 0
+        return self.ffn_matrices * self.hidden_size * f + bias
+
+    @cached_property
+    def router_parameters(self) -> int:
+        return self.hidden_size * self.num_experts
+
+    @cached_property
+    def moe_dense_parameters(self) -> int:
+        """An MoE layer's parameters outside the routed experts: attention, router, shared experts, norms."""
+        attn_bias = self.attention_biases_split + self.hidden_size if self.add_bias_linear else 0
+        return (self.attention_weights + attn_bias + self.layer_norm_params + self.router_parameters
+                + self.shared_expert_parameters)
+
+    @cached_property
+    def moe_layer_parameters(self) -> int:
+        return self.moe_dense_parameters + self.num_experts * self.expert_parameters
+
+    @cached_property
+    def moe_layer_active_parameters(self) -> int:
+        """The parameters one token uses in an MoE layer: all but the routed experts it is not sent to."""
+        return self.moe_dense_parameters + self.moe_top_k * self.expert_parameters
 
     @cached_property
     def embedding_parameters(self) -> int:
@@ -293,9 +389,31 @@ class ModelSpec:
 
     @cached_property
     def num_parameters(self) -> int:
-        """L * layer + embeddings + final norm [+ untied LM head]. GPT (f = 4h, tied, learned positions,
-        biases, LayerNorm): L(12h^2 + 13h) + Vh + sh + 2h, as Narayanan et al. (SC21) count it."""
-        return self.num_layers * self.layer_parameters + self.embedding_parameters + self.output_parameters
+        """Dense layers + MoE layers + embeddings + final norm [+ untied LM head]. GPT (f = 4h, tied,
+        learned positions, biases, LayerNorm): L(12h^2 + 13h) + Vh + sh + 2h, as Narayanan et al. (SC21)
+        count it. An MoE model's total: every routed expert counted (Mixtral 8x7B: 46.7B)."""
+        dense = self.num_layers - self.num_moe_layers
+        return (dense * self.layer_parameters + self.num_moe_layers * self.moe_layer_parameters
+                + self.embedding_parameters + self.output_parameters)
+
+    @cached_property
+    def active_parameters(self) -> int:
+        """The parameters one token uses: as num_parameters with top_k routed experts per MoE layer
+        (Mixtral 8x7B: 12.9B; DeepSeek-V3: 37B); num_parameters for a dense model."""
+        dense = self.num_layers - self.num_moe_layers
+        return (dense * self.layer_parameters + self.num_moe_layers * self.moe_layer_active_parameters
+                + self.embedding_parameters + self.output_parameters)
+
+    @cached_property
+    def gemm_weights_per_token(self) -> int:
+        """Weights every token multiplies in the layers' GEMMs (attention, dense FFNs, router, the top_k
+        routed and the shared experts; biases and norms left out): 2x this is the layers' forward GEMM
+        FLOPs per token. L * (attention + FFN weights) for a dense model."""
+        dense = self.num_layers - self.num_moe_layers
+        moe = (self.attention_weights + self.router_parameters + self.moe_top_k * self.ffn_matrices
+               * self.hidden_size * self.moe_ffn_hidden_size + self.ffn_matrices * self.hidden_size
+               * self.shared_expert_width)
+        return dense * (self.attention_weights + self.ffn_weights) + self.num_moe_layers * moe
 
     def as_dict(self) -> dict:
         """Every key; those of later architectures (head_dim, MLA, MoE) only away from their defaults,
