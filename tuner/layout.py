@@ -11,6 +11,7 @@ for every layout through the workload's framework.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, make_dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from tuner.errors import InvalidLayout
@@ -286,8 +287,14 @@ def stage_moe_layers(layout: Layout, model, stage: int) -> int:
     """How many of pipeline rank `stage`'s layers are MoE layers (model.moe_layer_pattern); 0 for a dense model."""
     if not model.is_moe:
         return 0
-    pattern = model.moe_layer_pattern
-    return sum(pattern[i] for i in stage_layer_indices(layout, model.num_layers, stage))
+    return _moe_layers_on(model.num_layers, model.moe_first_dense_layers, model.moe_layer_freq, layout.pp,
+                          layout.virtual_pipeline, stage)
+
+
+@lru_cache(maxsize=4096)
+def _moe_layers_on(num_layers: int, first_dense: int, freq: int, pp: int, vp: int, stage: int) -> int:
+    lay = Layout(tp=1, pp=pp, virtual_pipeline=vp, dp=1, micro_batch=1)
+    return sum(i >= first_dense and (i - first_dense) % freq == 0 for i in stage_layer_indices(lay, num_layers, stage))
 
 
 def why_invalid_schedule(layout: Layout, workload: "Workload") -> str | None:

@@ -169,3 +169,28 @@ def moe_flops_per_token(model: ModelSpec) -> float:
     count the router, top_k routed experts and the shared experts, as Megatron-Core's
     num_floating_point_operations does (training.py, moe_layer_flops) plus the router it leaves out."""
     return 2.0 * model.gemm_weights_per_token
+
+
+def ep_group_nodes(cluster: ClusterSpec, ep: int, etp: int) -> int:
+    """Nodes one EP group spans: its ep ranks are etp apart, ep*etp consecutive ranks from a group start."""
+    if not comm.crosses_nodes(cluster, ep, etp):
+        return 1
+    return -(-ep * etp // cluster.gpus_per_node)
+
+
+def moe_summary(layout, workload, prediction) -> str:
+    """One line on the MoE side of a prediction: the all-to-all's share and where its group lies, the
+    experts one GPU holds, the expert-data-parallel replicas, and active against total parameters."""
+    from tuner.layout import expert_data_parallel
+    m, c = workload.model, workload.cluster
+    ep, etp = layout.expert_parallel, layout.expert_tensor_parallel
+    nodes = ep_group_nodes(c, ep, etp)
+    where = "no all-to-all (ep 1)" if ep == 1 else (
+        f"EP group of {ep} GPUs {etp} apart {'inside one node (NVLink)' if nodes == 1 else f'over {nodes} nodes (network)'}")
+    t = prediction.time_breakdown
+    a2a, over = t.get("all_to_all", 0.0), t.get("moe_overhead", 0.0)
+    split = f", each split {etp} ways" if etp > 1 else ""
+    return (f"MoE: all-to-all {a2a:.3g} s of the {prediction.step_time_s:.3g} s step ({100 * a2a / prediction.step_time_s:.1f} %; "
+            f"{where}), MoE layer overhead {over:.3g} s; {m.num_experts // ep} of {m.num_experts} experts per GPU{split}, "
+            f"expert-data-parallel {expert_data_parallel(layout)}; {m.active_parameters / 1e9:.1f} B of "
+            f"{m.num_parameters / 1e9:.1f} B parameters active per token (MFU counts the active ones)")
