@@ -25,6 +25,11 @@ layouts the framework runs, and `launch` renders them for that framework and no 
   (implicit prefetch); with pipeline parallelism a stage keeps its gathered parameters from forward to
   backward (reshard_after_forward off: torchtitan's default with PP). Its TP collectives and pipeline
   p2p are not overlapped (async TP is an opt-in that needs torch.compile).
+Mixture of experts (issue 20): Megatron-Core runs any ep/etp the layout rules allow (tp > 1 with sequence
+parallelism) and overlaps the all-to-all where --overlap-moe-expert-parallel-comm may run (`ep_overlap`);
+torchtitan runs etp 1 or tp with ep > 1 (ParallelDims) and splits experts over TP without EP; Megatron-
+DeepSpeed's MoE is DeepSpeed-MoE (top-1/2 capacity gating, experts as wide as the FFN), which tuner neither
+models nor launches, so it refuses MoE models.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ then PP; sequence parallelism (sp) lives inside the TP group; virtual pipeline s
 the layers of each pipeline rank; recompute is none, selective (the attention core) or full (every
 layer); ZeRO stage 1 is Megatron's distributed optimizer. What a training stack can run (ZeRO-2/3 with
 pipelines, interleaving, context parallelism, FSDP) is its framework's rule (tuner.frameworks), asked
-for every layout through the workload's framework.
+for every layout through the workload's framework. Mixture-of-experts models add expert parallelism (ep)
+and expert tensor parallelism (etp, default 1: whole experts, not Megatron-Core's default etp = tp): the
+MoE layers regroup each stage's tp*cp*dp GPUs as etp x ep x expert-dp (why_invalid_experts).
 """
 
 from __future__ import annotations

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import asdict, dataclass, fields
-from functools import cached_property
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
+from tuner.architecture import MLA_KEYS, MOE_KEYS, ArchitectureSizes, check_moe
 from tuner.errors import SpecError, UsageError
 from tuner.frameworks import NAMES as FRAMEWORK_NAMES
 
@@ -77,11 +77,6 @@ MODEL_CHOICES: dict[str, tuple[str, ...]] = {
     "normalization": ("layernorm", "rmsnorm"),
     "moe_router_score_function": ("softmax", "sigmoid"),
 }
-#: MoE keys that need num_experts > 0.
-MOE_KEYS = ("moe_top_k", "num_shared_experts", "moe_ffn_hidden_size", "moe_layer_freq", "moe_first_dense_layers",
-            "moe_capacity_factor", "moe_router_num_groups", "moe_router_group_topk", "moe_router_topk_scaling_factor")
-#: Multi-latent attention's widths (all needed with multi_latent_attention, q_lora_rank optional).
-MLA_KEYS = ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
 
 # Every hardware constant the performance model uses lives here, with its documented default.
 # Numbers must be > 0, except the fixed overheads (ALLOW_ZERO), which may be measured as none.
@@ -156,11 +151,12 @@ def _check(kind: str, path: str, data: dict, keys: dict[str, tuple[type, Any]]) 
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(ArchitectureSizes):
     """A decoder-only transformer. Notation: L layers, h hidden, a heads, g query groups (key/value
     heads), d = h/a the head size, kv = g*d the width of K and of V, f the FFN inner width, V vocabulary,
     s sequence. One layer holds Q and O (h x h each), K and V (h x kv each), and the FFN: gelu h x f and
-    f x h; swiglu h x f twice (gate and up, one fused fc1 of width 2f in Megatron) and f x h."""
+    f x h; swiglu h x f twice (gate and up, one fused fc1 of width 2f in Megatron) and f x h. Its
+    sizes (weights, parameters, MoE and MLA widths) are tuner.architecture.ArchitectureSizes."""
 
     name: str
     num_layers: int
@@ -211,210 +207,6 @@ class ModelSpec:
         if self.num_experts and not self.moe_ffn_hidden_size:
             object.__setattr__(self, "moe_ffn_hidden_size", self.ffn_hidden_size)
 
-    # ---- sizes (docs/reference/formulas.md; Megatron-Core's GPT layer), computed once per spec: the
-    # performance model reads them on every prediction
-    @cached_property
-    def head_size(self) -> int:
-        """d: hidden_size / num_attention_heads, or the model's head_dim."""
-        return self.head_dim
-
-    # ---- mixture of experts (Megatron-Core's MoE layer: a router h x E, E routed experts of width
-    # moe_ffn_hidden_size of which moe_top_k run per token, and shared experts every token runs)
-    @property
-    def is_moe(self) -> bool:
-        return self.num_experts > 0
-
-    @cached_property
-    def moe_layer_pattern(self) -> tuple[bool, ...]:
-        """Per layer, whether it is an MoE layer: after moe_first_dense_layers dense layers, every
-        moe_layer_freq-th layer (layer i - first with (i - first) % freq == 0; Megatron-Core's integer
-        --moe-layer-freq N is the same with no dense layers first: gpt_layer_specs.py, i % N == 0)."""
-        first, freq = self.moe_first_dense_layers, self.moe_layer_freq
-        return tuple(self.is_moe and i >= first and (i - first) % freq == 0 for i in range(self.num_layers))
-
-    @cached_property
-    def num_moe_layers(self) -> int:
-        return sum(self.moe_layer_pattern)
-
-    @cached_property
-    def kv_size(self) -> int:
-        """Width of K and of V: num_query_groups x head size (= h for multi-head attention)."""
-        return self.num_query_groups * self.head_size
-
-    # Widths (per token, all heads) of the attention's tensors. Standard attention: Q a*d, K and V kv,
-    # the output (the projection's input) a*d (= h unless head_dim says otherwise). Multi-latent
-    # attention (DeepSeek-V3) up-projects its latents to per-head Q and K of qk_head_dim +
-    # qk_pos_emb_head_dim and V of v_head_dim: a*192, a*192 and a*128, much wider than h.
-    @cached_property
-    def q_width(self) -> int:
-        if self.multi_latent_attention:
-            return self.num_attention_heads * (self.qk_head_dim + self.qk_pos_emb_head_dim)
-        return self.num_attention_heads * self.head_size
-
-    @cached_property
-    def k_width(self) -> int:
-        return self.q_width if self.multi_latent_attention else self.kv_size
-
-    @cached_property
-    def v_width(self) -> int:
-        return self.num_attention_heads * self.v_head_dim if self.multi_latent_attention else self.kv_size
-
-    @cached_property
-    def o_width(self) -> int:
-        return self.v_width if self.multi_latent_attention else self.q_width
-
-    @cached_property
-    def attention_core_width(self) -> float:
-        """(Q width + output width) / 2: the score product does 2*s*q and the value product 2*s*o FLOPs per
-        token, 4*s*h together for standard attention with a*d = h."""
-        return (self.q_width + self.o_width) / 2
-
-    @cached_property
-    def ffn_matrices(self) -> int:
-        """Weight matrices of the FFN: 2 (gelu: fc1, fc2), 3 (swiglu: gate, up, down)."""
-        return 3 if self.ffn_type == "swiglu" else 2
-
-    @cached_property
-    def qkv_weights(self) -> int:
-        """The weights that make Q, K and V: h x (q + 2kv); with MLA the down-projections to the query
-        latent (h x q_lora_rank; none without it) and to the key/value latent plus the shared rotary key
-        (h x (kv_lora_rank + rope)), and the up-projections from them (q_lora x a*(qk + rope),
-        kv_lora x a*(qk + v))."""
-        h = self.hidden_size
-        if not self.multi_latent_attention:
-            return h * (self.q_width + 2 * self.kv_size)
-        a, q_lora, kv_lora = self.num_attention_heads, self.q_lora_rank, self.kv_lora_rank
-        q = h * q_lora + q_lora * self.q_width if q_lora else h * self.q_width
-        return q + h * (kv_lora + self.qk_pos_emb_head_dim) + kv_lora * a * (self.qk_head_dim + self.v_head_dim)
-
-    @cached_property
-    def attention_weights(self) -> int:
-        """Q, K, V and output projection weights of one layer: 2h^2 + 2h*kv (4h^2 multi-head) when a*d = h."""
-        return self.qkv_weights + self.o_width * self.hidden_size
-
-    @cached_property
-    def ffn_weights(self) -> int:
-        """FFN weights of one dense layer: 2hf (gelu) or 3hf (swiglu)."""
-        return self.ffn_matrices * self.hidden_size * self.ffn_hidden_size
-
-    @cached_property
-    def attention_biases_split(self) -> int:
-        """QKV biases (split across tensor-parallel ranks)."""
-        return self.q_width + self.k_width + self.v_width if self.add_bias_linear else 0
-
-    @cached_property
-    def layer_biases_split(self) -> int:
-        """Biases split across tensor-parallel ranks: QKV (h + 2kv) and fc1 (f, 2f for swiglu)."""
-        if not self.add_bias_linear:
-            return 0
-        return self.attention_biases_split + (self.ffn_matrices - 1) * self.ffn_hidden_size
-
-    @cached_property
-    def layer_biases_replicated(self) -> int:
-        """Biases every tensor-parallel rank keeps whole: attention projection and fc2 (h each)."""
-        return 2 * self.hidden_size if self.add_bias_linear else 0
-
-    @cached_property
-    def norm_params(self) -> int:
-        """Parameters of one normalization: 2h (LayerNorm weight and bias) or h (RMSNorm weight)."""
-        return (2 if self.normalization == "layernorm" else 1) * self.hidden_size
-
-    @cached_property
-    def layer_norm_params(self) -> int:
-        """A layer's normalizations: its two of width h, the per-head query and key norms (qk_layernorm:
-        2d) and MLA's norms of its latents (q_lora_rank + kv_lora_rank)."""
-        n = 2 * self.norm_params + (2 * self.head_size if self.qk_layernorm else 0)
-        if self.multi_latent_attention:
-            n += (self.q_lora_rank or 0) + self.kv_lora_rank
-        return n
-
-    @cached_property
-    def layer_parameters(self) -> int:
-        """One dense layer: weights, biases and its normalizations."""
-        return (self.attention_weights + self.ffn_weights + self.layer_biases_split
-                + self.layer_biases_replicated + self.layer_norm_params)
-
-    # ---- MoE layers: the attention of a dense layer, then a router (h x E), num_experts routed experts
-    # and the shared experts (one FFN num_shared_experts x moe_ffn_hidden_size wide, as Megatron-Core's
-    # --moe-shared-expert-intermediate-size builds it)
-    @cached_property
-    def expert_parameters(self) -> int:
-        """One routed expert: its FFN matrices (h x f_e, f_e x h) and their biases when the model has them."""
-        f = self.moe_ffn_hidden_size
-        bias = (self.ffn_matrices - 1) * f + self.hidden_size if self.add_bias_linear else 0
-        return self.ffn_matrices * self.hidden_size * f + bias
-
-    @cached_property
-    def shared_expert_width(self) -> int:
-        return self.num_shared_experts * self.moe_ffn_hidden_size
-
-    @cached_property
-    def shared_expert_parameters(self) -> int:
-        f = self.shared_expert_width
-        if not f:
-            return 0
-        bias = (self.ffn_matrices - 1) * f + self.hidden_size if self.add_bias_linear else 0
-        return self.ffn_matrices * self.hidden_size * f + bias
-
-    @cached_property
-    def router_parameters(self) -> int:
-        return self.hidden_size * self.num_experts
-
-    @cached_property
-    def moe_dense_parameters(self) -> int:
-        """An MoE layer's parameters outside the routed experts: attention, router, shared experts, norms."""
-        attn_bias = self.attention_biases_split + self.hidden_size if self.add_bias_linear else 0
-        return (self.attention_weights + attn_bias + self.layer_norm_params + self.router_parameters
-                + self.shared_expert_parameters)
-
-    @cached_property
-    def moe_layer_parameters(self) -> int:
-        return self.moe_dense_parameters + self.num_experts * self.expert_parameters
-
-    @cached_property
-    def moe_layer_active_parameters(self) -> int:
-        """The parameters one token uses in an MoE layer: all but the routed experts it is not sent to."""
-        return self.moe_dense_parameters + self.moe_top_k * self.expert_parameters
-
-    @cached_property
-    def embedding_parameters(self) -> int:
-        """Word embedding V*h, plus the learned position table s*h."""
-        h = self.hidden_size
-        return self.vocab_size * h + (self.seq_length * h if self.position_embedding == "learned" else 0)
-
-    @cached_property
-    def output_parameters(self) -> int:
-        """The final normalization, and the LM head's V*h matrix when it is not tied to the embedding."""
-        return self.norm_params + (0 if self.tie_embeddings else self.vocab_size * self.hidden_size)
-
-    @cached_property
-    def num_parameters(self) -> int:
-        """Dense layers + MoE layers + embeddings + final norm [+ untied LM head]. GPT (f = 4h, tied,
-        learned positions, biases, LayerNorm): L(12h^2 + 13h) + Vh + sh + 2h, as Narayanan et al. (SC21)
-        count it. An MoE model's total: every routed expert counted (Mixtral 8x7B: 46.7B)."""
-        dense = self.num_layers - self.num_moe_layers
-        return (dense * self.layer_parameters + self.num_moe_layers * self.moe_layer_parameters
-                + self.embedding_parameters + self.output_parameters)
-
-    @cached_property
-    def active_parameters(self) -> int:
-        """The parameters one token uses: as num_parameters with top_k routed experts per MoE layer
-        (Mixtral 8x7B: 12.9B; DeepSeek-V3: 37B); num_parameters for a dense model."""
-        dense = self.num_layers - self.num_moe_layers
-        return (dense * self.layer_parameters + self.num_moe_layers * self.moe_layer_active_parameters
-                + self.embedding_parameters + self.output_parameters)
-
-    @cached_property
-    def gemm_weights_per_token(self) -> int:
-        """Weights every token multiplies in the layers' GEMMs (attention, dense FFNs, router, the top_k
-        routed and the shared experts; biases and norms left out): 2x this is the layers' forward GEMM
-        FLOPs per token. L * (attention + FFN weights) for a dense model."""
-        dense = self.num_layers - self.num_moe_layers
-        moe = (self.attention_weights + self.router_parameters + self.moe_top_k * self.ffn_matrices
-               * self.hidden_size * self.moe_ffn_hidden_size + self.ffn_matrices * self.hidden_size
-               * self.shared_expert_width)
-        return dense * (self.attention_weights + self.ffn_weights) + self.num_moe_layers * moe
-
     def as_dict(self) -> dict:
         """Every key; those of later architectures (head_dim, MLA, MoE) only away from their defaults,
         so a dense model's stored form is what it was before they existed."""
@@ -428,7 +220,7 @@ class ModelSpec:
     @classmethod
     def from_dict(cls, data: dict, where: str = "model") -> "ModelSpec":
         d = _check("model", where, data, MODEL_KEYS)
-        _check_moe(d, data, where)
+        check_moe(d, data, where, MODEL_KEYS)
         for k, allowed in MODEL_CHOICES.items():
             if d[k] not in allowed:
                 raise SpecError(f"{where}: model key '{k}' must be one of {', '.join(map(repr, allowed))}, "
@@ -451,38 +243,6 @@ class ModelSpec:
 LATER_KEYS = ("head_dim", "qk_layernorm", "multi_latent_attention", *MLA_KEYS, "q_lora_rank", "num_experts",
               *MOE_KEYS, "moe_router_score_function", "moe_router_expert_bias")
 _DATACLASS_DEFAULTS = {f.name: f.default for f in fields(ModelSpec)}
-
-
-def _check_moe(d: dict, data: dict, where: str) -> None:
-    """The MoE and MLA keys of a checked model `d` (`data`: as given) agree with each other."""
-    E, k = d["num_experts"], d["moe_top_k"]
-    if not E:
-        given = [key for key in MOE_KEYS if data.get(key) not in (None, MODEL_KEYS[key][1])]
-        if given:
-            raise SpecError(f"{where}: model key(s) {', '.join(given)} describe experts: set num_experts (routed "
-                            "experts per MoE layer), or remove them for a dense model")
-    elif k is None or k > E:
-        raise SpecError(f"{where}: num_experts {E} needs moe_top_k, the routed experts per token (1 to {E}), "
-                        f"got {k}")
-    if d["moe_first_dense_layers"] >= d["num_layers"]:
-        raise SpecError(f"{where}: moe_first_dense_layers {d['moe_first_dense_layers']} leaves no MoE layer of "
-                        f"{d['num_layers']}")
-    groups, gk = d["moe_router_num_groups"], d["moe_router_group_topk"]
-    if (groups is None) != (gk is None):
-        raise SpecError(f"{where}: group-limited routing needs both moe_router_num_groups and moe_router_group_topk")
-    if groups is not None and (E % groups or gk > groups):
-        raise SpecError(f"{where}: moe_router_num_groups {groups} must divide num_experts {E} and be >= "
-                        f"moe_router_group_topk {gk}")
-    if d["multi_latent_attention"]:
-        missing = [key for key in MLA_KEYS if d[key] is None]
-        if missing:
-            raise SpecError(f"{where}: multi_latent_attention needs {', '.join(missing)} (DeepSeek-V3: kv_lora_rank "
-                            "512, qk_head_dim 128, qk_pos_emb_head_dim 64, v_head_dim 128)")
-    else:
-        given = [key for key in (*MLA_KEYS, "q_lora_rank") if d[key] is not None]
-        if given:
-            raise SpecError(f"{where}: model key(s) {', '.join(given)} describe multi-latent attention: set "
-                            "multi_latent_attention = true, or remove them")
 
 
 @dataclass(frozen=True)

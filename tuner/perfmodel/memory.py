@@ -15,7 +15,9 @@ Layout: context parallelism gives each rank s/cp of every activation and shards 
 the d*c ranks that hold the same weights; sequence parallelism splits the activations outside
 attention and the FFN by t too (Korthikanti et al.: 34/t instead of 10 + 24/t bytes per s*b*h);
 selective recompute keeps no attention scores (free with FlashAttention, which keeps none anyway);
-the interleaved schedule keeps p*v + p - 1 virtual-stage passes in flight on the first rank instead of
+mixture-of-experts layers hold their routed experts on 1/(ep*etp) of the GPUs and shard those states over
+the expert-data-parallel group (tuner.perfmodel.moe); the interleaved schedule keeps p*v + p - 1
+virtual-stage passes in flight on the first rank instead of
 p (Narayanan et al. 2021: 1 + (p - 1)/(p*v) times the layers' activations). FP8 keeps an FP8 copy of
 the weights (1 byte per parameter) and saves the GEMM inputs for backward in FP8 (1 byte, not 2).
 """
