@@ -25,6 +25,11 @@ layouts the framework runs, and `launch` renders them for that framework and no 
   (implicit prefetch); with pipeline parallelism a stage keeps its gathered parameters from forward to
   backward (reshard_after_forward off: torchtitan's default with PP). Its TP collectives and pipeline
   p2p are not overlapped (async TP is an opt-in that needs torch.compile).
+Mixture of experts (issue 20): Megatron-Core runs any ep/etp the layout rules allow (tp > 1 with sequence
+parallelism) and overlaps the all-to-all where --overlap-moe-expert-parallel-comm may run (`ep_overlap`);
+torchtitan runs etp 1 or tp with ep > 1 (ParallelDims) and splits experts over TP without EP; Megatron-
+DeepSpeed's MoE is DeepSpeed-MoE (top-1/2 capacity gating, experts as wide as the FFN), which tuner neither
+models nor launches, so it refuses MoE models.
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ class Framework:
     name: str
     title: str
     overlaps: frozenset         # "tp": TP collectives under the GEMMs (with SP); "p2p": pipeline p2p under
-                                # the interleaved schedule; "dp": DP/ZeRO collectives under compute
+                                # the interleaved schedule; "dp": DP/ZeRO collectives under compute; "ep": the
+                                # MoE all-to-all under another micro-batch's compute (where `ep_overlap` holds)
     grad_bytes: float           # bytes per parameter of the gradient buffer
     fsdp: bool                  # FSDP2: everything sharded, per-layer gather / reduce-scatter
     memory_sd: float            # log-sd of (true peak / predicted peak) for this stack (see FRAMEWORKS)
@@ -68,10 +74,22 @@ class Framework:
     def fused(self, precision: str) -> bool:
         return self.compiled == "always" or precision == self.compiled
 
+    def ep_overlap(self, layout: "Layout") -> bool:
+        """Whether the MoE token all-to-all runs under compute: Megatron-Core's
+        --overlap-moe-expert-parallel-comm (the 1F1B schedule overlaps one micro-batch's dispatch and
+        combine with another's forward/backward), which transformer_config.py allows only with ep > 1,
+        without full recompute and, with pp > 1, with the interleaved schedule."""
+        return ("ep" in self.overlaps and layout.expert_parallel > 1 and layout.recompute != "full"
+                and (layout.pp == 1 or layout.virtual_pipeline > 1))
+
 
 def _megatron_deepspeed(layout, workload) -> str | None:
     from tuner.layout import uneven_split
     cp, vp, m, me = layout.context_parallel, layout.virtual_pipeline, workload.model, "megatron-deepspeed"
+    if m.is_moe:
+        return (f"{me} cannot run the mixture-of-experts model '{m.name}' here: its MoE is DeepSpeed-MoE (--num-experts "
+                "list, --topk, capacity-bound gating, experts as wide as the dense FFN), which tuner neither models nor "
+                "launches; use --framework megatron-core or torchtitan")
     if layout.pp > 1 and layout.zero_stage >= 2:
         return (f"ZeRO-{layout.zero_stage} with pp={layout.pp} is refused by DeepSpeed's pipeline engine "
                 f"({me}: use zero_stage 0 or 1 with pipeline parallelism)")
@@ -97,6 +115,10 @@ def _megatron_core(layout, workload) -> str | None:
     if layout.zero_stage not in FRAMEWORKS["megatron-core"].zero_stages:
         return (f"megatron-core cannot run zero_stage {layout.zero_stage}: its only ZeRO equivalent is the "
                 "distributed optimizer (zero_stage 1); use zero_stage 0 or 1, or --framework torchtitan (FSDP)")
+    if workload.model.is_moe and layout.tp > 1 and not layout.sequence_parallel:
+        return (f"megatron-core runs the mixture-of-experts model '{workload.model.name}' with tp {layout.tp} only "
+                "with sequence_parallel on (model_parallel_config.py with expert parallelism: \"sequence "
+                "parallelism must be used\"; tuner models the token dispatch on sequence-split tokens)")
     return None
 
 
@@ -107,6 +129,13 @@ def _torchtitan(layout, workload) -> str | None:
     if layout.tp > 1 and not layout.sequence_parallel:      # FRAMEWORKS["torchtitan"].sp_with_tp
         return ("torchtitan's tensor parallelism always shards the norms over the sequence: tp > 1 needs "
                 "sequence_parallel on (--sequence-parallel)")
+    ep, etp, tp = layout.expert_parallel, layout.expert_tensor_parallel, layout.tp
+    if workload.model.is_moe and ep == 1 and etp != tp:
+        return (f"torchtitan without expert parallelism splits the experts over the TP group: with ep 1, "
+                f"expert_tensor_parallel must equal tp ({tp}), got {etp}")
+    if ep > 1 and etp not in (1, tp):
+        return (f"torchtitan runs expert_tensor_parallel 1 or tp ({tp}) only (ParallelDims: \"Currently we only "
+                f"support ETP=TP or ETP=1\"), got {etp}")
     return None
 
 
@@ -126,7 +155,7 @@ FRAMEWORKS: dict[str, Framework] = {
         files=("ds_config.json", "megatron_args.txt", *_COMMON), zero_stages=(1, 0, 2, 3), sp_with_tp=False,
         refuse=_megatron_deepspeed),
     "megatron-core": Framework(
-        name="megatron-core", title="Megatron-Core (Megatron-LM, NeMo)", overlaps=frozenset({"tp", "p2p", "dp"}),
+        name="megatron-core", title="Megatron-Core (Megatron-LM, NeMo)", overlaps=frozenset({"tp", "p2p", "dp", "ep"}),
         grad_bytes=4.0, fsdp=False, memory_sd=0.08, memory_bias=0.0, selective="core-attention", attention="fused",
         compiled="always", files=("megatron_args.txt", *_COMMON), zero_stages=(1, 0), sp_with_tp=False,
         refuse=_megatron_core),

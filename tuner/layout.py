@@ -5,12 +5,15 @@ then PP; sequence parallelism (sp) lives inside the TP group; virtual pipeline s
 the layers of each pipeline rank; recompute is none, selective (the attention core) or full (every
 layer); ZeRO stage 1 is Megatron's distributed optimizer. What a training stack can run (ZeRO-2/3 with
 pipelines, interleaving, context parallelism, FSDP) is its framework's rule (tuner.frameworks), asked
-for every layout through the workload's framework.
+for every layout through the workload's framework. Mixture-of-experts models add expert parallelism (ep)
+and expert tensor parallelism (etp, default 1: whole experts, not Megatron-Core's default etp = tp): the
+MoE layers regroup each stage's tp*cp*dp GPUs as etp x ep x expert-dp (why_invalid_experts).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, make_dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from tuner.errors import InvalidLayout
@@ -63,6 +66,13 @@ DIMENSIONS: tuple[Dimension, ...] = (
               flag="--vp", help="Virtual stages per pipeline rank (interleaved 1F1B; layers divisible by pp*vp)."),
     Dimension("dp", int, "dp", "dp", "TUNER_DP", searched=False, log2=True, flag="--dp",
               help="Data-parallel degree (default: GPUs / (tp * cp * pp))."),
+    Dimension("expert_parallel", int, "ep", "ep", "TUNER_EXPERT_PARALLEL", default=1, log2=True, in_key="set",
+              flag="--ep", help="Expert-parallel degree: GPUs that share one MoE layer's experts (each holds "
+              "num_experts/ep; tokens reach them by all-to-all). MoE models only."),
+    Dimension("expert_tensor_parallel", int, "etp", "etp", "TUNER_EXPERT_TENSOR_PARALLEL", default=1, log2=True,
+              in_key="set", flag="--etp", help="Expert tensor-parallel degree: GPUs that split each expert's "
+              "weights (1: whole experts, as NVIDIA's MoE recipes run; not Megatron-Core's own default, etp = tp, "
+              "so launch always writes it). MoE models only."),
     Dimension("micro_batch", int, "mb", "mb", "TUNER_MICRO_BATCH", log2=True, flag="--micro-batch",
               help="Samples per micro-batch per replica."),
     Dimension("zero_stage", int, "z", "zero", "TUNER_ZERO_STAGE", default=1, flag="--zero-stage",
@@ -135,7 +145,8 @@ def _value(dim: Dimension, v):
 
 
 #: A frozen, ordered layout (tp, sequence_parallel=False, context_parallel=1, pp, virtual_pipeline=1,
-#: dp, micro_batch, zero_stage=1, recompute="full"), its fields made from DIMENSIONS.
+#: dp, expert_parallel=1, expert_tensor_parallel=1, micro_batch, zero_stage=1, recompute="full"), its
+#: fields made from DIMENSIONS.
 Layout = make_dataclass(
     "Layout", [(d.name, d.type) if d.default is None else (d.name, d.type, field(default=d.default))
                for d in DIMENSIONS],
@@ -168,7 +179,8 @@ def why_invalid_framework(layout: Layout, workload: "Workload") -> str | None:
 def why_invalid_values(layout: Layout, workload: "Workload") -> str | None:
     """Rules on the values alone: degrees >= 1, known ZeRO stage and recompute mode, the GPU count."""
     gpus = workload.gpus
-    for name in ("tp", "context_parallel", "pp", "virtual_pipeline", "dp", "micro_batch"):
+    for name in ("tp", "context_parallel", "pp", "virtual_pipeline", "dp", "expert_parallel", "expert_tensor_parallel",
+                 "micro_batch"):
         if getattr(layout, name) < 1:
             return f"{name} must be >= 1 (got {getattr(layout, name)})"
     if layout.zero_stage not in (0, 1, 2, 3):
@@ -182,8 +194,41 @@ def why_invalid_values(layout: Layout, workload: "Workload") -> str | None:
     return None
 
 
+def why_invalid_experts(layout: Layout, m) -> str | None:
+    """Rules of expert parallelism (ep) and expert tensor parallelism (etp) for model `m`. Megatron-Core
+    (parallel_state.initialize_model_parallel, "MoE parallel folding") and torchtitan (ParallelDims) regroup
+    the tp*cp*dp GPUs of each pipeline stage for the MoE layers as etp x ep x expert-dp, etp fastest in the
+    rank order: so ep*etp must divide tp*cp*dp (with etp = tp: ep divides cp*dp), and the experts split
+    evenly over ep (whole experts) and etp (each expert's FFN width)."""
+    ep, etp = layout.expert_parallel, layout.expert_tensor_parallel
+    if not m.is_moe:
+        if ep > 1 or etp > 1:
+            which = "expert_parallel" if ep > 1 else "expert_tensor_parallel"
+            return (f"{which} {ep if ep > 1 else etp} needs a mixture-of-experts model: '{m.name}' is dense "
+                    "(num_experts 0); use ep 1 and etp 1")
+        return None
+    if m.num_experts % ep:
+        return f"num_experts ({m.num_experts}) is not divisible by expert_parallel={ep} (each rank holds whole experts)"
+    if m.moe_ffn_hidden_size % etp:
+        return f"moe_ffn_hidden_size ({m.moe_ffn_hidden_size}) is not divisible by expert_tensor_parallel={etp}"
+    dense = layout.tp * layout.context_parallel * layout.dp
+    if dense % (ep * etp):
+        return (f"ep*etp = {ep}*{etp} does not divide tp*cp*dp = {dense}: the MoE layers regroup each pipeline "
+                "stage's GPUs as etp x ep x expert-dp (Megatron-Core's MoE parallel folding)")
+    return None
+
+
+def expert_data_parallel(layout: Layout) -> int:
+    """Replicas of each expert (expert-dp): tp*cp*dp / (ep*etp)."""
+    return layout.tp * layout.context_parallel * layout.dp // (layout.expert_parallel * layout.expert_tensor_parallel)
+
+
 def why_invalid_cut(layout: Layout, m) -> str | None:
-    """Rules the model's shape sets on how tp, sp, cp, pp and vp cut it (they read no other dimension)."""
+    """Rules the model's shape sets on how tp, sp, cp, pp, vp, ep and etp cut it (they read no other
+    dimension but dp, which the GPU count fixes)."""
+    reason = why_invalid_experts(layout, m)
+    if reason:
+        return reason
     tp, cp = layout.tp, layout.context_parallel
     if m.num_attention_heads % tp:
         return f"attention heads ({m.num_attention_heads}) are not divisible by tp={tp}"
@@ -224,6 +269,34 @@ def stage_layers(layout: Layout, num_layers: int, stage: int) -> int:
     if not uneven_split(layout, num_layers):
         return num_layers // layout.pp
     return (num_layers + 2) // layout.pp - (stage == 0) - (stage == layout.pp - 1)
+
+
+def stage_layer_indices(layout: Layout, num_layers: int, stage: int) -> list[int]:
+    """The transformer layers on pipeline rank `stage`, in order: its virtual stages stage, stage + pp,
+    ... of pp*vp contiguous chunks, each layers/(pp*vp) long, or with the embedding- and loss-aware split
+    (layers + 2)/(pp*vp) long with one fewer in the first and the last chunk (Megatron-Core)."""
+    n = layout.pp * layout.virtual_pipeline
+    if uneven_split(layout, num_layers):
+        size = (num_layers + 2) // n
+        sizes = [size - (c == 0) - (c == n - 1) for c in range(n)]
+    else:
+        sizes = [num_layers // n] * n
+    starts = [sum(sizes[:c]) for c in range(n)]
+    return [i for c in range(stage, n, layout.pp) for i in range(starts[c], starts[c] + sizes[c])]
+
+
+def stage_moe_layers(layout: Layout, model, stage: int) -> int:
+    """How many of pipeline rank `stage`'s layers are MoE layers (model.moe_layer_pattern); 0 for a dense model."""
+    if not model.is_moe:
+        return 0
+    return _moe_layers_on(model.num_layers, model.moe_first_dense_layers, model.moe_layer_freq, layout.pp,
+                          layout.virtual_pipeline, stage)
+
+
+@lru_cache(maxsize=4096)
+def _moe_layers_on(num_layers: int, first_dense: int, freq: int, pp: int, vp: int, stage: int) -> int:
+    lay = Layout(tp=1, pp=pp, virtual_pipeline=vp, dp=1, micro_batch=1)
+    return sum(i >= first_dense and (i - first_dense) % freq == 0 for i in stage_layer_indices(lay, num_layers, stage))
 
 
 def why_invalid_schedule(layout: Layout, workload: "Workload") -> str | None:

@@ -22,12 +22,13 @@ from tuner.frameworks import of as framework_of
 from tuner.specs import Workload, preset_dir, read_toml
 
 DIMENSIONS = SEARCHED     # the dimensions a space chooses (tuner.layout.DIMENSIONS); dp follows
+EXPERT_DIMS = ("expert_parallel", "expert_tensor_parallel")
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
         ast.Mod: operator.mod, ast.Div: operator.truediv, ast.Lt: operator.lt, ast.LtE: operator.le,
         ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Eq: operator.eq, ast.NotEq: operator.ne,
         ast.USub: operator.neg, ast.Not: operator.not_}
 NAMES = (*(d.name for d in LAYOUT_DIMS), "gpus", "nodes", "gpus_per_node", "num_layers", "hidden_size",
-         "num_attention_heads", "num_query_groups", "seq_length", "global_batch", "m",
+         "num_attention_heads", "num_query_groups", "seq_length", "global_batch", "m", "num_experts",
          "activation_checkpointing")     # recompute == "full", for constraints written before recompute
 
 
@@ -135,9 +136,10 @@ class SearchSpace:
         for k, v in dims.items():
             if isinstance(v, str):
                 ok = v == "stages:num_layers" or (v.startswith("divisors:") and v.split(":", 1)[1] in (
-                    "num_layers", "num_attention_heads", "hidden_size", "global_batch"))
+                    "num_layers", "num_attention_heads", "hidden_size", "global_batch", "num_experts"))
                 if not ok:
-                    raise SpecError(f"{where}: dimension '{k}' = {v!r}: use a list, \"divisors:num_layers\" or "
+                    raise SpecError(f"{where}: dimension '{k}' = {v!r}: use a list, \"divisors:num_layers\" "
+                                    "(num_attention_heads, hidden_size, global_batch, num_experts) or "
                                     "\"stages:num_layers\"")
             elif not (isinstance(v, list) and v):
                 raise SpecError(f"{where}: dimension '{k}' must be a non-empty list of choices")
@@ -168,7 +170,9 @@ class SearchSpace:
         if isinstance(v, str):
             key = v.split(":", 1)[1]
             n = workload.global_batch if key == "global_batch" else getattr(workload.model, key)
-            return divisors(n)
+            return divisors(n) if n else [1]        # a dense model's num_experts 0: ep 1 only
+        if dim in EXPERT_DIMS and not workload.model.is_moe and BY_NAME[dim].default in v:
+            return [BY_NAME[dim].default]           # a dense model has no experts to split
         return list(v)
 
     def _env(self, layout: Layout, w: Workload) -> dict:
@@ -176,6 +180,7 @@ class SearchSpace:
         return {**layout.as_dict(), "gpus": w.gpus, "nodes": w.nodes, "gpus_per_node": w.cluster.gpus_per_node,
                 "num_layers": m.num_layers, "hidden_size": m.hidden_size, "num_attention_heads": m.num_attention_heads,
                 "num_query_groups": m.num_query_groups, "seq_length": m.seq_length, "global_batch": w.global_batch,
+                "num_experts": m.num_experts,
                 "activation_checkpointing": layout.recompute == "full",
                 "m": micro_batches_per_pipeline(layout, w.global_batch) if layout.dp else 0}
 
@@ -197,7 +202,8 @@ class SearchSpace:
         so only (tp, cp, pp) that divide it are expanded; the model's cut (tp, sp, cp, pp, vp) is checked
         once -- its rules and the constraints that read nothing else -- then each micro-batch, before the
         ZeRO and recompute choices are."""
-        cut = [d for d in DIMENSIONS if d in ("tp", "sequence_parallel", "context_parallel", "pp", "virtual_pipeline")]
+        cut = [d for d in DIMENSIONS if d in ("tp", "sequence_parallel", "context_parallel", "pp", "virtual_pipeline",
+                                              "expert_parallel", "expert_tensor_parallel")]
         rest = [d for d in DIMENSIONS if d not in cut and d != "micro_batch"]
         early, late = [], []
         for k, v in self.constraints.items():

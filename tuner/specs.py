@@ -11,13 +11,13 @@ reading those files.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import asdict, dataclass
-from functools import cached_property
+from dataclasses import asdict, dataclass, fields
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
+from tuner.architecture import MLA_KEYS, MOE_KEYS, ArchitectureSizes, check_moe
 from tuner.errors import SpecError, UsageError
 from tuner.frameworks import NAMES as FRAMEWORK_NAMES
 
@@ -44,12 +44,38 @@ MODEL_KEYS: dict[str, tuple[type, Any]] = {
     "tie_embeddings": (bool, True),              # LM head shares the word embedding; false: its own V x h matrix
     "normalization": (str, "layernorm"),         # "layernorm" (weight and bias) | "rmsnorm" (weight only)
     "add_bias_linear": (bool, True),             # biases on the linear layers (GPT: yes; Llama: none)
+    "head_dim": (int, None),                     # width of one attention head (Megatron --kv-channels); default
+                                                 # hidden_size / num_attention_heads (Qwen3: 128 at h 2048, 32 heads)
+    "qk_layernorm": (bool, False),               # RMSNorm on each head's query and key (Qwen3)
+    # Multi-latent attention (DeepSeek-V2/V3; Megatron-Core --multi-latent-attention and its MLA flags)
+    "multi_latent_attention": (bool, False),
+    "q_lora_rank": (int, None),                  # query down-projection rank (none: a full h x a*(qk+rope) query)
+    "kv_lora_rank": (int, None),                 # the compressed key/value latent's width
+    "qk_head_dim": (int, None),                  # per-head query/key width without the rotary part
+    "qk_pos_emb_head_dim": (int, None),          # per-head rotary width (its key part is shared by all heads)
+    "v_head_dim": (int, None),                   # per-head value width
+    # Mixture of experts (Megatron-Core's names in brackets). num_experts 0: a dense model.
+    "num_experts": (int, 0),                     # routed experts per MoE layer (--num-experts)
+    "moe_top_k": (int, None),                    # routed experts per token (--moe-router-topk); needed with experts
+    "num_shared_experts": (int, 0),              # experts every token goes through (x moe_ffn_hidden_size:
+                                                 # --moe-shared-expert-intermediate-size)
+    "moe_ffn_hidden_size": (int, None),          # one expert's FFN width (--moe-ffn-hidden-size); default ffn_hidden_size
+    "moe_layer_freq": (int, 1),                  # every k-th layer (after the first dense ones) is MoE (--moe-layer-freq)
+    "moe_first_dense_layers": (int, 0),          # dense layers before the first MoE layer (DeepSeek-V3: 3)
+    "moe_capacity_factor": (float, None),        # expert capacity / fair share, tokens over it dropped
+                                                 # (--moe-expert-capacity-factor); none: dropless
+    "moe_router_score_function": (str, "softmax"),  # "softmax" | "sigmoid" (DeepSeek-V3)
+    "moe_router_num_groups": (int, None),        # group-limited routing: expert groups (DeepSeek-V3 n_group 8)
+    "moe_router_group_topk": (int, None),        # groups a token may use (DeepSeek-V3 topk_group 4)
+    "moe_router_topk_scaling_factor": (float, None),  # routed weights' scale (DeepSeek-V3 2.5)
+    "moe_router_expert_bias": (bool, False),     # aux-loss-free balancing: a per-expert routing bias (DeepSeek-V3)
 }
 # Allowed values of the model's string keys other than the name.
 MODEL_CHOICES: dict[str, tuple[str, ...]] = {
     "ffn_type": ("gelu", "swiglu"),
     "position_embedding": ("learned", "rope"),
     "normalization": ("layernorm", "rmsnorm"),
+    "moe_router_score_function": ("softmax", "sigmoid"),
 }
 
 # Every hardware constant the performance model uses lives here, with its documented default.
@@ -78,7 +104,9 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
     "group_bandwidth_gbps": (dict, None),        # {"2": 200.0, ...} per-GPU bandwidth of an aligned intra-node block
     "slurm": (dict, None),                       # the [slurm] table used by the Slurm runner
 }
-ALLOW_ZERO = frozenset({"microbatch_overhead_ms", "step_overhead_ms"})
+#: Numbers that may be 0: the fixed overheads (measured as none) and counts whose 0 means "none".
+ALLOW_ZERO = frozenset({"microbatch_overhead_ms", "step_overhead_ms", "num_experts", "num_shared_experts",
+                        "moe_first_dense_layers"})
 #: Keys of older cluster files and stored studies, read and dropped by ClusterSpec.from_dict: comm_overlap
 #: (now the framework's overlaps: true meant Megatron-Core) and memory_headroom (the margin is now a fit
 #: probability from the framework's measured memory error).
@@ -123,11 +151,12 @@ def _check(kind: str, path: str, data: dict, keys: dict[str, tuple[type, Any]]) 
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(ArchitectureSizes):
     """A decoder-only transformer. Notation: L layers, h hidden, a heads, g query groups (key/value
     heads), d = h/a the head size, kv = g*d the width of K and of V, f the FFN inner width, V vocabulary,
     s sequence. One layer holds Q and O (h x h each), K and V (h x kv each), and the FFN: gelu h x f and
-    f x h; swiglu h x f twice (gate and up, one fused fc1 of width 2f in Megatron) and f x h."""
+    f x h; swiglu h x f twice (gate and up, one fused fc1 of width 2f in Megatron) and f x h. Its
+    sizes (weights, parameters, MoE and MLA widths) are tuner.architecture.ArchitectureSizes."""
 
     name: str
     num_layers: int
@@ -144,6 +173,26 @@ class ModelSpec:
     normalization: str = "layernorm"
     add_bias_linear: bool = True
     rope_theta: float | None = None
+    head_dim: int = 0                       # 0: hidden_size / num_attention_heads
+    qk_layernorm: bool = False
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_head_dim: int | None = None
+    qk_pos_emb_head_dim: int | None = None
+    v_head_dim: int | None = None
+    num_experts: int = 0                    # 0: dense
+    moe_top_k: int = 0
+    num_shared_experts: int = 0
+    moe_ffn_hidden_size: int = 0            # 0: ffn_hidden_size
+    moe_layer_freq: int = 1
+    moe_first_dense_layers: int = 0
+    moe_capacity_factor: float | None = None   # None: dropless
+    moe_router_score_function: str = "softmax"
+    moe_router_num_groups: int | None = None
+    moe_router_group_topk: int | None = None
+    moe_router_topk_scaling_factor: float | None = None
+    moe_router_expert_bias: bool = False
 
     def __post_init__(self):
         if not self.ffn_hidden_size:
@@ -153,80 +202,25 @@ class ModelSpec:
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
         if not self.num_query_groups:
             object.__setattr__(self, "num_query_groups", self.num_attention_heads)
-
-    # ---- sizes (docs/reference/formulas.md; Megatron-Core's GPT layer), computed once per spec: the
-    # performance model reads them on every prediction
-    @cached_property
-    def head_size(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @cached_property
-    def kv_size(self) -> int:
-        """Width of K and of V: num_query_groups x head size (= h for multi-head attention)."""
-        return self.num_query_groups * self.head_size
-
-    @cached_property
-    def ffn_matrices(self) -> int:
-        """Weight matrices of the FFN: 2 (gelu: fc1, fc2), 3 (swiglu: gate, up, down)."""
-        return 3 if self.ffn_type == "swiglu" else 2
-
-    @cached_property
-    def attention_weights(self) -> int:
-        """Q, K, V and output projection weights of one layer: 2h^2 + 2h*kv (4h^2 multi-head)."""
-        h = self.hidden_size
-        return 2 * h * h + 2 * h * self.kv_size
-
-    @cached_property
-    def ffn_weights(self) -> int:
-        """FFN weights of one layer: 2hf (gelu) or 3hf (swiglu)."""
-        return self.ffn_matrices * self.hidden_size * self.ffn_hidden_size
-
-    @cached_property
-    def layer_biases_split(self) -> int:
-        """Biases split across tensor-parallel ranks: QKV (h + 2kv) and fc1 (f, 2f for swiglu)."""
-        if not self.add_bias_linear:
-            return 0
-        return self.hidden_size + 2 * self.kv_size + (self.ffn_matrices - 1) * self.ffn_hidden_size
-
-    @cached_property
-    def layer_biases_replicated(self) -> int:
-        """Biases every tensor-parallel rank keeps whole: attention projection and fc2 (h each)."""
-        return 2 * self.hidden_size if self.add_bias_linear else 0
-
-    @cached_property
-    def norm_params(self) -> int:
-        """Parameters of one normalization: 2h (LayerNorm weight and bias) or h (RMSNorm weight)."""
-        return (2 if self.normalization == "layernorm" else 1) * self.hidden_size
-
-    @cached_property
-    def layer_parameters(self) -> int:
-        """One layer: weights, biases and its two normalizations."""
-        return (self.attention_weights + self.ffn_weights + self.layer_biases_split
-                + self.layer_biases_replicated + 2 * self.norm_params)
-
-    @cached_property
-    def embedding_parameters(self) -> int:
-        """Word embedding V*h, plus the learned position table s*h."""
-        h = self.hidden_size
-        return self.vocab_size * h + (self.seq_length * h if self.position_embedding == "learned" else 0)
-
-    @cached_property
-    def output_parameters(self) -> int:
-        """The final normalization, and the LM head's V*h matrix when it is not tied to the embedding."""
-        return self.norm_params + (0 if self.tie_embeddings else self.vocab_size * self.hidden_size)
-
-    @cached_property
-    def num_parameters(self) -> int:
-        """L * layer + embeddings + final norm [+ untied LM head]. GPT (f = 4h, tied, learned positions,
-        biases, LayerNorm): L(12h^2 + 13h) + Vh + sh + 2h, as Narayanan et al. (SC21) count it."""
-        return self.num_layers * self.layer_parameters + self.embedding_parameters + self.output_parameters
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.num_experts and not self.moe_ffn_hidden_size:
+            object.__setattr__(self, "moe_ffn_hidden_size", self.ffn_hidden_size)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """Every key; those of later architectures (head_dim, MLA, MoE) only away from their defaults,
+        so a dense model's stored form is what it was before they existed."""
+        d = asdict(self)
+        for k in LATER_KEYS:
+            if d[k] == _DATACLASS_DEFAULTS[k] or (k == "head_dim" and d[k] == self.hidden_size // self.num_attention_heads) \
+                    or (k == "moe_ffn_hidden_size" and not self.is_moe):
+                del d[k]
+        return d
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "model") -> "ModelSpec":
         d = _check("model", where, data, MODEL_KEYS)
+        check_moe(d, data, where, MODEL_KEYS)
         for k, allowed in MODEL_CHOICES.items():
             if d[k] not in allowed:
                 raise SpecError(f"{where}: model key '{k}' must be one of {', '.join(map(repr, allowed))}, "
@@ -240,7 +234,15 @@ class ModelSpec:
         if d["ffn_type"] != "gelu" and d["ffn_hidden_size"] is None:
             raise SpecError(f"{where}: ffn_type \"{d['ffn_type']}\" needs ffn_hidden_size, the real inner width "
                             "(e.g. 14336 for Llama 3 8B); only gelu defaults it to 4 * hidden_size")
-        return cls(**{**d, "ffn_hidden_size": d["ffn_hidden_size"] or 0, "num_query_groups": d["num_query_groups"] or 0})
+        return cls(**{**d, "ffn_hidden_size": d["ffn_hidden_size"] or 0, "num_query_groups": d["num_query_groups"] or 0,
+                      "head_dim": d["head_dim"] or 0, "moe_top_k": d["moe_top_k"] or 0,
+                      "moe_ffn_hidden_size": d["moe_ffn_hidden_size"] or 0})
+
+
+#: Model keys added with MoE and MLA: ModelSpec.as_dict leaves them out at their defaults.
+LATER_KEYS = ("head_dim", "qk_layernorm", "multi_latent_attention", *MLA_KEYS, "q_lora_rank", "num_experts",
+              *MOE_KEYS, "moe_router_score_function", "moe_router_expert_bias")
+_DATACLASS_DEFAULTS = {f.name: f.default for f in fields(ModelSpec)}
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,8 @@ DB_OPTION = click.option("--db", envvar="TUNER_DB", default=None, callback=_with
 
 #: How the top-level description names a layout dimension; one not listed reads as its option (--flag).
 DIMENSION_LABELS = {"tp": "TP", "sequence_parallel": "SP", "context_parallel": "CP", "pp": "PP",
-                    "virtual_pipeline": "VP", "dp": "DP", "zero_stage": "ZeRO"}
+                    "virtual_pipeline": "VP", "dp": "DP", "zero_stage": "ZeRO", "expert_parallel": "EP",
+                    "expert_tensor_parallel": "ETP"}
 
 
 def description() -> str:

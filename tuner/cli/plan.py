@@ -13,6 +13,7 @@ from tuner.errors import UsageError
 from tuner.layout import Layout, validate
 from tuner.frameworks import of as framework_of
 from tuner.perfmodel import RECOMMEND_AT, keeps_headroom, predict as model_predict, rank
+from tuner.perfmodel.moe import moe_summary
 from tuner.space import load_space, valid_layouts
 from tuner.specs import make_workload
 
@@ -39,6 +40,8 @@ def predict(model, nodes, cluster, global_batch, precision, framework, layout, f
     layout.setdefault("zero_stage", fw.zero_stages[0])
     if fw.sp_with_tp:
         layout.setdefault("sequence_parallel", layout["tp"] > 1)
+    if fw.fsdp and w.model.is_moe and layout.get("expert_parallel", 1) == 1:   # torchtitan: experts split over TP
+        layout.setdefault("expert_tensor_parallel", layout["tp"])
     if "dp" not in layout:
         n = layout["tp"] * layout.get("context_parallel", 1) * layout["pp"]
         if w.gpus % n:
@@ -61,6 +64,8 @@ def predict(model, nodes, cluster, global_batch, precision, framework, layout, f
                f"memory error; {fit})")
     for title, table in (("memory (GB)", p.memory_breakdown), ("time (s per step)", p.time_breakdown)):
         click.echo(f"  {title}: " + ", ".join(f"{k} {v:.3g}" for k, v in table.items()))
+    if w.model.is_moe:
+        click.echo("  " + moe_summary(lay, w, p))
 
 
 @cli.command()

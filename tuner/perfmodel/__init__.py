@@ -10,8 +10,10 @@ Step time of one iteration, the 1F1B pipeline (interleaved over v virtual stages
 
 t_stage = compute (GEMMs, attention, element-wise) + TP all-reduces (reduce-scatter + all-gather with
 sequence parallelism) + the context-parallel K/V ring beyond the attention it overlaps + blocking p2p
-(v times per micro-batch when interleaved) + a fixed per-micro-batch overhead; the slowest stage is
-the first or last (embedding / LM head and loss).
+(v times per micro-batch when interleaved) + a fixed per-micro-batch overhead, and for mixture-of-experts
+layers the token all-to-all (`all_to_all`, hidden under compute where Megatron-Core overlaps it) and a
+fixed per-layer `moe_overhead` (tuner.perfmodel.moe); the slowest stage is the first or last (embedding /
+LM head and loss; dense layers first, as DeepSeek-V3's, only make the first stage lighter).
 
 The workload's framework (tuner.frameworks) says what is overlapped. Megatron-Core's overlaps
 (--tp-comm-overlap with sequence parallelism, --overlap-p2p-comm with interleaving, --overlap-grad-reduce,
@@ -27,9 +29,10 @@ from __future__ import annotations
 
 import math
 
-from tuner.layout import Layout, micro_batches_per_pipeline, stage_layers, uneven_split
+from tuner.layout import (Layout, expert_data_parallel, micro_batches_per_pipeline, stage_layers, stage_moe_layers,
+                          uneven_split)
 from tuner.frameworks import of as framework_of
-from tuner.perfmodel import comm, compute, memory
+from tuner.perfmodel import comm, compute, memory, moe
 from tuner.perfmodel.compute import shape_of
 from tuner.perfmodel.flops import megatron_flops, model_flops
 from tuner.perfmodel.prediction import Prediction
@@ -89,23 +92,31 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     model, cluster = workload.model, workload.cluster
     t, p, sh = layout.tp, layout.pp, sh or shape_of(layout, workload)
     lay = compute.layer_times(model, cluster, sh)
+    lay_moe = moe.moe_layer_times(model, cluster, sh) if model.is_moe else lay
+    a2a = moe.alltoall_seconds(model, cluster, sh) if model.is_moe else 0.0
     lc = layer_comm(layout, workload, sh, lay["attention"])
     act = lc["activation_bytes"]
     ar = comm.tp_allreduce_time(cluster, t, act)
     boundary = act / t if sh.sp else act              # sequence parallelism sends the scattered tensor
     hide = framework_of(workload).overlaps
+    ep_hidden = framework_of(workload).ep_overlap(layout)
     tp_comm = max(0.0, lc["tp_comm"] - lay["gemm"]) if "tp" in hide and sh.sp else lc["tp_comm"]
     p2p = layout.virtual_pipeline * comm.pipeline_p2p_time(cluster, t * sh.c, layout.dp, p, boundary)
 
     def body(stage: int) -> dict:
         layers = stage_layers(layout, model.num_layers, stage)
-        shown = (max(0.0, p2p - layers * (lay["gemm"] + lay["attention"]))
+        n_moe = stage_moe_layers(layout, model, stage)
+        out = {k: (layers - n_moe) * lay[k] + n_moe * lay_moe[k] for k in ("gemm", "attention", "elementwise")}
+        shown = (max(0.0, p2p - out["gemm"] - out["attention"])
                  if "p2p" in hide and layout.virtual_pipeline > 1 else p2p)
-        out = {"gemm": layers * lay["gemm"], "attention": layers * lay["attention"],
-               "elementwise": layers * lay["elementwise"], "tp_comm": layers * tp_comm, "p2p": shown,
-               "microbatch_overhead": cluster.microbatch_overhead_ms * 1e-3}
+        out.update({"tp_comm": layers * tp_comm, "p2p": shown,
+                    "microbatch_overhead": cluster.microbatch_overhead_ms * 1e-3})
         if sh.c > 1:
             out["cp_comm"] = layers * lc["cp_comm"]
+        if model.is_moe:      # the MoE token dispatch and combine; under the stage's compute where overlapped
+            busy = out["gemm"] + out["attention"] + out["elementwise"]
+            out["all_to_all"] = max(0.0, n_moe * a2a - busy) if ep_hidden else n_moe * a2a
+            out["moe_overhead"] = n_moe * moe.MOE_LAYER_OVERHEAD_MS * 1e-3
         return out
 
     first, last = body(0), body(p - 1)
@@ -139,10 +150,17 @@ def fsdp_time(layout: Layout, workload: Workload, compute_mb: float, m: int) -> 
         return {"grad_reduce": 0.0, "param_gather": 0.0}
     bw = comm.group_bandwidth(cluster, shards, layout.tp)
     layers = stage_layers(layout, model.num_layers, 0) or 1
-    unit = memory.layer_params(model, layout.tp)
-    ag = comm.allgather_time(2.0 * unit, shards, bw, cluster)
-    rs = comm.reduce_scatter_time(4.0 * unit, shards, bw, cluster)
-    edge = max(unit, memory.embedding_params(model, layout.tp))
+    unit = memory.max_layer_params(model, layout)
+    experts = 0.0
+    if model.is_moe:    # the routed experts gather over their own (expert-dp) group, ep*etp apart
+        experts = moe.moe_layer_params(model, layout.tp, layout.expert_parallel, layout.expert_tensor_parallel)[1]
+    dense = unit - experts
+    edp, stride = expert_data_parallel(layout), layout.expert_parallel * layout.expert_tensor_parallel
+    ebw = comm.group_bandwidth(cluster, edp, stride)
+    ag = comm.allgather_time(2.0 * dense, shards, bw, cluster) + comm.allgather_time(2.0 * experts, edp, ebw, cluster)
+    rs = (comm.reduce_scatter_time(4.0 * dense, shards, bw, cluster)
+          + comm.reduce_scatter_time(4.0 * experts, edp, ebw, cluster))
+    edge = max(dense, memory.embedding_params(model, layout.tp))
     first, last = (comm.allgather_time(2.0 * edge, shards, bw, cluster),
                    comm.reduce_scatter_time(4.0 * edge, shards, bw, cluster))
     fwd, bwd = compute_mb / layers / 3.0, 2.0 * compute_mb / layers / 3.0
@@ -171,18 +189,24 @@ def predict(layout: Layout, workload: Workload) -> Prediction:
     # ---- time
     slow = max(stage_times(layout, workload, sh), key=lambda st: sum(st.values()))
     t_stage = sum(slow.values())
-    params_gpu = max(memory.stage_params(model, layout, s) for s in {0, min(1, p - 1), p - 1})
+    params_gpu, experts_gpu = max((memory.stage_params(model, layout, s), memory.stage_expert_params(model, layout, s))
+                                  for s in {0, min(1, p - 1), p - 1})
+    edp = expert_data_parallel(layout)
     compute_mb = slow["gemm"] + slow["attention"] + slow["elementwise"]
     if fw.fsdp:
         dp = fsdp_time(layout, workload, compute_mb, m)
     else:
-        dp = comm.dp_time(cluster, t, shards, layout.zero_stage, params_gpu, m, layout.checkpointing)
+        dp = comm.dp_time(cluster, t, shards, layout.zero_stage, params_gpu - experts_gpu, m, layout.checkpointing)
+        if experts_gpu:         # expert gradients: over the expert-dp group, ep*etp apart
+            de = comm.dp_time(cluster, layout.expert_parallel * layout.expert_tensor_parallel, edp, layout.zero_stage,
+                              experts_gpu, m, layout.checkpointing)
+            dp = {k: dp[k] + de[k] for k in dp}
     if "dp" in fw.overlaps and not fw.fsdp and layout.zero_stage <= 1:   # under the last backward / first forward
         dp = {"grad_reduce": max(0.0, dp["grad_reduce"] - compute_mb * 2 / 3),
               "param_gather": max(0.0, dp["param_gather"] - compute_mb / 3)}
     tied = memory.tied_embedding_params(model, t, p)     # none when the LM head is untied
     sync = comm.embedding_sync_time(cluster, t * layout.context_parallel, d, p, tied) if tied else 0.0
-    owned = params_gpu / shards if layout.zero_stage >= 1 else params_gpu
+    owned = (params_gpu - experts_gpu) / shards + experts_gpu / edp if layout.zero_stage >= 1 else params_gpu
     t_opt = compute.optimizer_time(cluster, owned)
 
     time = {k: m * v for k, v in slow.items()}

@@ -68,6 +68,22 @@ def reduce_scatter_time(nbytes: float, size: int, bw_gbps: float, cluster: Clust
 allgather_time = reduce_scatter_time
 
 
+def alltoall_time(cluster: ClusterSpec, nbytes: float, size: int, stride: int) -> float:
+    """One all-to-all in which each of `size` ranks, `stride` apart, sends `nbytes` spread evenly over the
+    group (1/size of it to itself). The part for ranks on the same node goes over NVLink at the
+    intra-node bandwidth; the part for other nodes leaves through the node's injection bandwidth, which
+    all GPUs of the node share while their groups exchange at the same time (inter-node / GPUs per
+    node each); the two proceed at once, so the slower sets the time; plus one latency per node the
+    group spans (the NIC's messages to each remote node)."""
+    if size <= 1 or nbytes <= 0:
+        return 0.0
+    gpn = cluster.gpus_per_node
+    local = size if not crosses_nodes(cluster, size, stride) else max(1, min(size, gpn // stride)) if stride < gpn else 1
+    intra = nbytes * (local - 1) / size / _bw_bytes(cluster, cluster.intra_node_bandwidth_gbps) if local > 1 else 0.0
+    inter = nbytes * (size - local) / size / _bw_bytes(cluster, cluster.inter_node_bandwidth_gbps / gpn)
+    return max(intra, inter) + (size // local) * cluster.latency_us * 1e-6
+
+
 def p2p_time(nbytes: float, bw_gbps: float, cluster: ClusterSpec) -> float:
     """One point-to-point message: n / bw + latency."""
     if nbytes <= 0:

@@ -71,6 +71,8 @@ class Shape:
     op_sac: bool = False          # selective = torchtitan's per-op SAC (saves every other GEMM's output)
     fused: bool = True            # element-wise kernels fused (Transformer Engine, torch.compile) or eager
     attention_slowdown: float = 1.0   # attention kernel time relative to the cluster's attention_efficiency
+    ep: int = 1                   # expert-parallel and expert tensor-parallel degrees (MoE layers)
+    etp: int = 1
 
     @property
     def tokens(self) -> float:
@@ -85,7 +87,8 @@ def shape_of(layout, workload) -> Shape:
     return Shape(b=layout.micro_batch, t=layout.tp, c=layout.context_parallel, sp=layout.sequence_parallel,
                  recompute=layout.recompute, fp8=workload.precision == "fp8",
                  op_sac=fw.selective == "op" and layout.recompute == "selective", fused=fw.fused(workload.precision),
-                 attention_slowdown=FA2_ON_HOPPER if fw.attention == "sdpa" and workload.cluster.peak_tflops_fp8 else 1.0)
+                 attention_slowdown=FA2_ON_HOPPER if fw.attention == "sdpa" and workload.cluster.peak_tflops_fp8 else 1.0,
+                 ep=layout.expert_parallel, etp=layout.expert_tensor_parallel)
 
 
 def gemm_efficiency(cluster: ClusterSpec, gflop: float, fp8: bool = False) -> float:
@@ -108,29 +111,47 @@ def gemm_time(cluster: ClusterSpec, flops: float, fp8: bool = False) -> float:
 
 
 def layer_gemm_flops(model: ModelSpec, micro_batch: float, tp: int) -> tuple[float, float, float, float]:
-    """Forward FLOPs per GPU of the four GEMMs of a layer: QKV (h x (h + 2kv)), attention projection
-    (h x h), fc1 (h x f; h x 2f for SwiGLU's fused gate and up), fc2 (f x h). Their sum is
-    2*b*s*(attention weights + FFN weights)/t: 2*b*s*(4h^2 + 2hf)/t for GPT. A fractional micro-batch
-    is a context-parallel rank's share of one (b / cp)."""
+    """Forward FLOPs per GPU of the four GEMMs of a layer: QKV (h x (h + 2kv); MLA's down- and
+    up-projections together), attention projection (h x h), fc1 (h x f; h x 2f for SwiGLU's fused gate
+    and up), fc2 (f x h). Their sum is 2*b*s*(attention weights + FFN weights)/t: 2*b*s*(4h^2 + 2hf)/t
+    for GPT. A fractional micro-batch is a context-parallel rank's share of one (b / cp). MLA's
+    down-projections are counted split by t like the rest (Megatron-Core runs them whole on every TP
+    rank: 8 % of DeepSeek-V3's attention weights, so an underestimate of its attention GEMMs below 8 %)."""
     bs2 = 2.0 * micro_batch * model.seq_length
-    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_size
-    return (bs2 * h * (h + 2 * kv) / tp, bs2 * h * h / tp, bs2 * h * (model.ffn_matrices - 1) * f / tp,
+    h, f = model.hidden_size, model.ffn_hidden_size
+    return (bs2 * model.qkv_weights / tp, bs2 * model.o_width * h / tp, bs2 * h * (model.ffn_matrices - 1) * f / tp,
             bs2 * f * h / tp)
 
 
 def attention_flops(model: ModelSpec, micro_batch: float, tp: int) -> float:
-    """Forward FLOPs per GPU of the score and value products: 4*b*s^2*h/t."""
-    return 4.0 * micro_batch * model.seq_length ** 2 * model.hidden_size / tp
+    """Forward FLOPs per GPU of the score and value products: 4*b*s^2*h/t (h: the attention core's
+    width, ModelSpec.attention_core_width, for MLA or a head_dim other than h/a)."""
+    return 4.0 * micro_batch * model.seq_length ** 2 * model.attention_core_width / tp
+
+
+def attention_split_bytes(model: ModelSpec) -> float:
+    """Bytes per s*b*h element of the attention's element-wise traffic split by t: the fused kernel
+    reads Q, K, V and writes O (4 + 4kv/h for GPT), and RoPE rotates Q and K (read + write: 4 + 4kv/h;
+    MLA rotates only its rotary dimensions, a per-head part of Q and one shared key)."""
+    h = model.hidden_size
+    n = 2.0 * (model.q_width + model.k_width + model.v_width + model.o_width) / h
+    if model.position_embedding == "rope":
+        if model.multi_latent_attention:
+            n += 4.0 * (model.num_attention_heads + 1) * model.qk_pos_emb_head_dim / h
+        else:
+            n += 4.0 * (model.q_width + model.kv_size) / h
+    return n
+
+
+def activation_function_bytes(model: ModelSpec) -> float:
+    """Bytes per element of an FFN's inner width that its activation function moves: gelu reads and
+    writes it (4), SwiGLU reads gate and up and writes their product (6)."""
+    return 6.0 if model.ffn_type == "swiglu" else 4.0
 
 
 def elementwise_split_bytes(model: ModelSpec) -> float:
     """Bytes per s*b*h element of the element-wise traffic split by t (24 for GPT)."""
-    h, kv, f = model.hidden_size, model.kv_size, model.ffn_hidden_size
-    n = 4.0 + 4.0 * kv / h                                                # attention reads Q, K, V, writes O
-    n += (6.0 if model.ffn_type == "swiglu" else 4.0) * f / h            # the FFN's activation function
-    if model.position_embedding == "rope":
-        n += 4.0 + 4.0 * kv / h                                           # rotate Q and K: read + write
-    return n
+    return attention_split_bytes(model) + activation_function_bytes(model) * model.ffn_hidden_size / model.hidden_size
 
 
 def elementwise_bytes(model: ModelSpec, shape: Shape, flash_attention: bool) -> float:
@@ -147,18 +168,30 @@ def elementwise_bytes(model: ModelSpec, shape: Shape, flash_attention: bool) -> 
     return n
 
 
-def layer_times(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> dict:
-    """Seconds of one layer on one GPU for one micro-batch (forward + backward [+ recompute])."""
+def _passes(shape: Shape) -> tuple[float, float, float, float]:
+    """(GEMM, attention-core, element-wise) forward passes repeated by recompute, and 1 when full."""
     full = 1.0 if shape.recompute == "full" else 0.0            # every layer's forward runs again
     again = 1.0 if shape.recompute != "none" and not shape.op_sac else 0.0   # selective re-runs attention
     gemm_again = full + (OP_SAC_GEMM if shape.op_sac else 0.0)
     elem_again = 1.0 if shape.recompute == "full" or shape.op_sac else 0.0
+    return gemm_again, again, elem_again, full
+
+
+def layer_times(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> dict:
+    """Seconds of one dense layer on one GPU for one micro-batch (forward + backward [+ recompute])."""
+    gemm_again, again, elem_again, _ = _passes(shape)
     gemm_fwd = sum(gemm_time(cluster, f, shape.fp8) for f in layer_gemm_flops(model, shape.tokens, shape.t))
+    return _assemble(model, cluster, shape, gemm_fwd, elementwise_bytes(model, shape, cluster.flash_attention))
+
+
+def _assemble(model: ModelSpec, cluster: ClusterSpec, shape: Shape, gemm_fwd: float, elem_bytes: float) -> dict:
+    """A layer's seconds from its forward GEMM seconds and element-wise bytes, with its attention core."""
+    gemm_again, again, elem_again, _ = _passes(shape)
     attn_fwd = (attention_flops(model, shape.tokens, shape.t) * shape.attention_slowdown
                 / (cluster.peak_tflops * 1e12 * cluster.attention_efficiency))
     attn_bwd = attn_fwd * (FLASH_BACKWARD_FLOPS if cluster.flash_attention else 2.0)
     hbm = cluster.hbm_bandwidth_gbps * 1e9 * cluster.memory_bandwidth_efficiency
-    elem_fwd = elementwise_bytes(model, shape, cluster.flash_attention) / hbm * (1.0 if shape.fused else UNFUSED_TRAFFIC)
+    elem_fwd = elem_bytes / hbm * (1.0 if shape.fused else UNFUSED_TRAFFIC)
     return {"gemm": gemm_fwd * (1.0 + gemm_again + 2.0),
             "attention": attn_fwd * (1.0 + again) + attn_bwd,
             "elementwise": elem_fwd * (1.0 + elem_again + BACKWARD_TRAFFIC)}

@@ -6,6 +6,17 @@ of h x h, and SwiGLU has three h x f matrices instead of two (ModelSpec.attentio
 ModelSpec.ffn_weights). The attention core (QK^T and the value product) does 4*s*h per token whatever
 the number of key/value heads. The LM head does 2*h*V per token, tied or not: tying changes the
 parameters, not the work. Position embeddings (learned or RoPE) and normalizations are not counted.
+
+Mixture of experts: a token's FLOPs are those of the weights it is multiplied by (its ACTIVE parameters,
+ModelSpec.gemm_weights_per_token): in an MoE layer the router, its top_k routed experts and the shared
+experts, never the experts it is not sent to. This is the convention of Megatron-Core's
+num_floating_point_operations (megatron/training/training.py: routed FLOPs x moe_router_topk plus the
+shared experts; NVIDIA's Megatron-Bridge tables report "Model TFLOP/s/GPU" with it) and of DeepSeek-V3's
+report (MFU on 37B activated parameters), plus the router's h x E GEMM, which Megatron-Core leaves out
+(0.3 % of DeepSeek-V3's layer FLOPs). So MoE MFU is active-parameter MFU. Multi-latent attention counts
+its down- and up-projections (ModelSpec.qkv_weights) and its core at Q/K width a*(qk + rope) and V width
+a*v (ModelSpec.attention_core_width). Attention keeps this tool's full-s^2 count (Megatron-Core now
+halves it for the causal mask), so MFU here is not Megatron-Bridge's "Model TFLOP/s" over peak.
 """
 
 from __future__ import annotations
@@ -28,8 +39,12 @@ def megatron_flops(model: ModelSpec, global_batch: int, recompute: str | bool) -
     c = 4 if mode == "full" else 3
     c_attn = 3 if mode == "none" else 4
     B, s, L, h, V = (global_batch, model.seq_length, model.num_layers, model.hidden_size, model.vocab_size)
-    gemm = (model.attention_weights + model.ffn_weights) / (12 * h * h)
-    return 24.0 * B * s * L * h * h * (c * gemm + c_attn * s / (6.0 * h) + c * V / (16.0 * L * h))
+    if model.is_moe or model.multi_latent_attention:     # per-layer weights differ: their sum over the layers
+        gemm = model.gemm_weights_per_token / (12 * L * h * h)
+    else:
+        gemm = (model.attention_weights + model.ffn_weights) / (12 * h * h)
+    core = model.attention_core_width / h          # 1 unless MLA or head_dim * heads != h
+    return 24.0 * B * s * L * h * h * (c * gemm + c_attn * core * s / (6.0 * h) + c * V / (16.0 * L * h))
 
 
 def model_flops(model: ModelSpec, global_batch: int) -> float:

@@ -15,15 +15,18 @@ Layout: context parallelism gives each rank s/cp of every activation and shards 
 the d*c ranks that hold the same weights; sequence parallelism splits the activations outside
 attention and the FFN by t too (Korthikanti et al.: 34/t instead of 10 + 24/t bytes per s*b*h);
 selective recompute keeps no attention scores (free with FlashAttention, which keeps none anyway);
-the interleaved schedule keeps p*v + p - 1 virtual-stage passes in flight on the first rank instead of
+mixture-of-experts layers hold their routed experts on 1/(ep*etp) of the GPUs and shard those states over
+the expert-data-parallel group (tuner.perfmodel.moe); the interleaved schedule keeps p*v + p - 1
+virtual-stage passes in flight on the first rank instead of
 p (Narayanan et al. 2021: 1 + (p - 1)/(p*v) times the layers' activations). FP8 keeps an FP8 copy of
 the weights (1 byte per parameter) and saves the GEMM inputs for backward in FP8 (1 byte, not 2).
 """
 
 from __future__ import annotations
 
-from tuner.layout import Layout, stage_layers, uneven_split
+from tuner.layout import Layout, expert_data_parallel, stage_layers, stage_moe_layers, uneven_split
 from tuner.perfmodel.compute import Shape, shape_of
+from tuner.perfmodel.moe import moe_activation_bytes, moe_layer_params
 from tuner.specs import ModelSpec, Workload
 
 GB = 1e9
@@ -52,7 +55,10 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> float:
     DeepSpeed's TiedLayerSpec keeps it), nothing more when tied and pp = 1, its own V x h matrix when
     untied."""
     tp, pp = layout.tp, layout.pp
-    n = stage_layers(layout, model.num_layers, stage) * layer_params(model, tp)
+    moe = stage_moe_layers(layout, model, stage)
+    n = (stage_layers(layout, model.num_layers, stage) - moe) * layer_params(model, tp)
+    if moe:
+        n += moe * sum(moe_layer_params(model, tp, layout.expert_parallel, layout.expert_tensor_parallel))
     if stage == 0:
         n += embedding_params(model, tp)
         if model.position_embedding == "learned":
@@ -62,6 +68,21 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> float:
         if pp > 1 or not model.tie_embeddings:
             n += embedding_params(model, tp)
     return n
+
+
+def stage_expert_params(model: ModelSpec, layout: Layout, stage: int) -> float:
+    """The routed-expert parameters among stage_params: sharded over the expert-data-parallel group
+    (tuner.layout.expert_data_parallel), not over dp*cp like the rest."""
+    moe = stage_moe_layers(layout, model, stage)
+    return moe * moe_layer_params(model, layout.tp, layout.expert_parallel, layout.expert_tensor_parallel)[1] if moe else 0.0
+
+
+def max_layer_params(model: ModelSpec, layout: Layout) -> float:
+    """One GPU's share of the largest layer (an MoE layer with its local experts, or a dense one)."""
+    dense = layer_params(model, layout.tp) if model.num_moe_layers < model.num_layers else 0.0
+    if not model.is_moe:
+        return dense
+    return max(dense, sum(moe_layer_params(model, layout.tp, layout.expert_parallel, layout.expert_tensor_parallel)))
 
 
 def tied_embedding_params(model: ModelSpec, tp: int, pp: int) -> float:
@@ -146,14 +167,17 @@ def stage_activation_bytes(model: ModelSpec, layout: Layout, stage: int, m: int,
     plus the (virtual) stage's output tensor that the pipeline keeps until the backward pass. With
     full recompute, one layer's full activations are live during its recompute; that layer's
     checkpoint (its input) is one of them, so it is not counted twice."""
-    layers = stage_layers(layout, model.num_layers, stage) / layout.virtual_pipeline     # per pass
-    full = activation_bytes_per_layer(model, shape, flash_attention)
+    moe = stage_moe_layers(layout, model, stage)
+    dense = stage_layers(layout, model.num_layers, stage) - moe
+    full_dense = activation_bytes_per_layer(model, shape, flash_attention)
+    full_moe = moe_activation_bytes(model, shape, flash_attention) if moe else 0.0
     ckpt = checkpoint_bytes_per_layer(model, shape)
     boundary = ckpt if layout.pp > 1 else 0.0
     if shape.recompute == "full":
-        per_pass, working = layers * ckpt + boundary, full - ckpt
+        per_pass = (dense + moe) / layout.virtual_pipeline * ckpt + boundary
+        working = max(full_dense if dense else 0.0, full_moe) - ckpt
     else:
-        per_pass, working = layers * full + boundary, 0.0
+        per_pass, working = (dense * full_dense + moe * full_moe) / layout.virtual_pipeline + boundary, 0.0
     return in_flight(stage, layout.pp, m, layout.virtual_pipeline) * per_pass + working
 
 
@@ -171,7 +195,7 @@ def fsdp_buffers(model: ModelSpec, layout: Layout, stage: int, shards: int) -> f
     accumulated bf16 gradients (4 bytes each parameter), plus one unit's fp32 reduce buffer."""
     if shards <= 1:
         return 0.0
-    unit = layer_params(model, layout.tp)
+    unit = max_layer_params(model, layout)
     if stage == 0 or stage == layout.pp - 1:
         unit = max(unit, embedding_params(model, layout.tp))
     if layout.pp > 1:
@@ -192,11 +216,13 @@ def stage_memory(layout: Layout, workload: Workload, stage: int, m: int, sh: Sha
     from tuner.frameworks import of
     model, cluster, sh, fw = workload.model, workload.cluster, sh or shape_of(layout, workload), of(workload)
     params = stage_params(model, layout, stage)
+    experts = stage_expert_params(model, layout, stage)
     shards = layout.dp * layout.context_parallel
     per = model_state_bytes_per_param(layout.zero_stage, shards, fw.grad_bytes, fw.fsdp)
-    out = {k: params * v / GB for k, v in per.items()}
+    per_e = model_state_bytes_per_param(layout.zero_stage, expert_data_parallel(layout), fw.grad_bytes, fw.fsdp)
+    out = {k: ((params - experts) * v + experts * per_e[k]) / GB for k, v in per.items()}
     if sh.fp8 and not fw.fsdp:     # sharded like the bf16 weights; FSDP2's float8 casts while it gathers
-        out["fp8_weights"] = params * per["weights"] / 2.0 / GB
+        out["fp8_weights"] = out["weights"] / 2.0
     out["activations"] = stage_activation_bytes(model, layout, stage, m, sh, cluster.flash_attention) / GB
     out["logits"] = logits_bytes(model, sh.tokens, layout.tp) / GB if stage == layout.pp - 1 else 0.0
     out["zero3_buffers"] = (fsdp_buffers(model, layout, stage, shards) if fw.fsdp else

@@ -26,6 +26,20 @@ The layout's dimensions:
   (3302) with `--tokenizer-type NullTokenizer --vocab-size V` (TR:679; core/tokenizers NullTokenizer keeps V
   as its vocabulary), as examples/llama/train_llama3_8b_h100_fp8.sh lines 133-159 do; checkpoints as
   Megatron-DeepSpeed's (`--save` TR:395, `--save-interval` TR:398, `--load` TR:430).
+Mixture of experts (`moe_args`, issue 20): `--num-experts` (A:3518), `--moe-router-topk` (TC:760),
+`--moe-ffn-hidden-size` (TC:740), `--moe-shared-expert-intermediate-size` (TC:701, num_shared_experts x the
+expert width), `--moe-layer-freq` (A:3520) as a list expression when some layers are dense ("([0]*3+[1]*58)"),
+`--moe-expert-capacity-factor` (TC:917) for a capacity-bound router, the router's score function, groups,
+scaling and expert bias (TC:808, 780, 796, 804, 816), its load balancing (A:3532, A:3536: "aux_loss" with
+Megatron's recommended start 1e-2, or DeepSeek-V3's sequence-wise loss at its 1e-4 with the expert bias);
+the token dispatcher tuner models, `--moe-token-dispatcher-type alltoall` (TC:891; the default is
+allgather), grouped expert GEMMs `--moe-grouped-gemm` (TC:850); the layout's `--expert-model-parallel-size`
+(MPC:127) and `--expert-tensor-parallel-size` (MPC:130) always (tuner's etp defaults to 1, Megatron's to tp),
+and `--overlap-moe-expert-parallel-comm` (MPC:343) where the model overlapped the all-to-all
+(tuner.frameworks ep_overlap). Attention beyond the shape: `--kv-channels` (TC:184) when head_dim is not
+h / heads, `--qk-layernorm` (TC:259), and multi-latent attention `--multi-latent-attention` (TC:288) with
+`--q-lora-rank` (A:3548), `--kv-lora-rank` (A:3550), `--qk-head-dim` (A:3552), `--qk-pos-emb-head-dim`
+(A:3554), `--v-head-dim` (A:3556).
 Tensor or context parallelism needs CUDA_DEVICE_MAX_CONNECTIONS=1 before Blackwell (arguments.py line
 1477 asserts it): `launch_env` gives it to the sbatch script.
 
@@ -79,6 +93,57 @@ def architecture_args(m: ModelSpec) -> list[str]:
         args.append("--disable-bias-linear")
     if rotary_base(m):
         args += ["--rotary-base", str(rotary_base(m))]
+    if m.head_dim != m.hidden_size // m.num_attention_heads and not m.multi_latent_attention:
+        args += ["--kv-channels", str(m.head_dim)]
+    if m.qk_layernorm:
+        args.append("--qk-layernorm")
+    if m.multi_latent_attention:
+        args += ["--multi-latent-attention", *(["--q-lora-rank", str(m.q_lora_rank)] if m.q_lora_rank else []),
+                 "--kv-lora-rank", str(m.kv_lora_rank), "--qk-head-dim", str(m.qk_head_dim),
+                 "--qk-pos-emb-head-dim", str(m.qk_pos_emb_head_dim), "--v-head-dim", str(m.v_head_dim)]
+    return args
+
+
+def moe_layer_freq(m: ModelSpec) -> str:
+    """--moe-layer-freq: "1" (every layer) or the per-layer pattern as a list expression Megatron evaluates
+    (moe_freq_type): "([0]*3+[1]*58)" for DeepSeek-V3, the explicit list otherwise."""
+    pattern = [int(x) for x in m.moe_layer_pattern]
+    if all(pattern):
+        return "1"
+    first = m.moe_first_dense_layers
+    if m.moe_layer_freq == 1:
+        return f"([0]*{first}+[1]*{m.num_layers - first})"
+    return "[" + ",".join(map(str, pattern)) + "]"
+
+
+def moe_args(layout: Layout, workload: Workload) -> list[str]:
+    """The MoE layers and the layout's expert parallelism (nothing for a dense model)."""
+    m = workload.model
+    if not m.is_moe:
+        return []
+    args = ["--num-experts", str(m.num_experts), "--moe-router-topk", str(m.moe_top_k),
+            "--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size), "--moe-layer-freq", moe_layer_freq(m),
+            "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm",
+            "--expert-model-parallel-size", str(layout.expert_parallel),
+            "--expert-tensor-parallel-size", str(layout.expert_tensor_parallel)]
+    if m.num_shared_experts:
+        args += ["--moe-shared-expert-intermediate-size", str(m.shared_expert_width)]
+    if m.moe_capacity_factor:
+        args += ["--moe-expert-capacity-factor", f"{m.moe_capacity_factor:g}"]
+    if m.moe_router_score_function != "softmax":
+        args += ["--moe-router-score-function", m.moe_router_score_function]
+    if m.moe_router_num_groups:
+        args += ["--moe-router-num-groups", str(m.moe_router_num_groups),
+                 "--moe-router-group-topk", str(m.moe_router_group_topk)]
+    if m.moe_router_topk_scaling_factor:
+        args += ["--moe-router-topk-scaling-factor", f"{m.moe_router_topk_scaling_factor:g}"]
+    if m.moe_router_expert_bias:      # DeepSeek-V3: aux-loss-free balancing plus a small sequence-wise loss
+        args += ["--moe-router-enable-expert-bias", "--moe-router-load-balancing-type", "seq_aux_loss",
+                 "--moe-aux-loss-coeff", "1e-4"]
+    else:
+        args += ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", "1e-2"]
+    if framework_of(workload).ep_overlap(layout):
+        args.append("--overlap-moe-expert-parallel-comm")
     return args
 
 
@@ -144,8 +209,8 @@ def pretrain_args(layout: Layout, workload: Workload, *, precision: str = "bf16"
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     check_zero(layout)
     args = [*shape_args(layout, workload), *parallel_args(layout, workload.model),
-            *architecture_args(workload.model), *run_args(layout, workload, iterations, precision),
-            *overlap_args(layout, workload)]
+            *architecture_args(workload.model), *moe_args(layout, workload),
+            *run_args(layout, workload, iterations, precision), *overlap_args(layout, workload)]
     if workload.cluster.flash_attention:
         args += list(FLASH_ATTENTION)     # the attention the model assumed (no score matrix kept)
     if workload.precision == "fp8":

@@ -38,6 +38,10 @@ parallelism: models/llama3/infra/parallelize.py line 151).
   128256 vocabulary, model/args.py line 33, whatever the tokenizer's);
 - checkpoints: [checkpoint] enable, folder (under [job] dump_folder, components/checkpoint.py line 264),
   interval; torchtitan resumes from the folder's latest step.
+- mixture of experts: parallelism.expert_parallel_degree and expert_tensor_parallel_degree (job_config.py
+  lines 454, 464; torchtitan takes ep from dp_shard*cp*tp and runs etp 1 or tp, tuner.frameworks); with
+  fp8 the experts' grouped GEMMs through the "quantize.grouped_mm.float8" converter (fqns ["experts"]) and
+  the router gate left in bf16, as torchtitan/models/deepseek_v3/train_configs/deepseek_v3_671b.toml sets it.
 torchtitan builds its model from a registered flavor, not from numbers in the file: only models whose
 shape matches a flavor (and rope_theta, when the model sets it, the flavors' 500000) are rendered; any other
 model is refused. fp16 is refused (torchtitan's
@@ -64,16 +68,45 @@ DATASET, MOCK_DATASET = "c4", "c4_test"
 SAVE_INTERVAL = 1000           # as tuner.render.megatron.SAVE_INTERVAL
 
 
+# Mixture-of-experts flavors at 238fa9953e4a, by the ModelSpec values they fix: torchtitan/models/qwen3/
+# __init__.py lines 145-167 ("30B-A3B": dim 2048, 48 layers, 32 heads, 4 kv heads, head_dim 128, qk_norm,
+# moe_inter_dim 768, 128 experts, top_k 8, no shared expert, softmax, rope_theta 1e6) and torchtitan/models/
+# deepseek_v3/__init__.py lines 130-157 ("671B": dim 7168, inter_dim 18432, moe_inter_dim 2048, 61 layers,
+# 3 dense, 128 heads, 256 experts, 1 shared, top_k 8, 8 groups of which 4, sigmoid, route_scale 2.5, MLA
+# q_lora 1536, kv_lora 512, qk 128 + rope 64, v 128). Its "235B-A22B" has rope_theta 5e6 (Qwen3-235B-A22B's
+# own config: 1e6), so it is not Qwen3-235B-A22B; Mixtral has no torchtitan flavor.
+MOE_FLAVORS = {
+    ("qwen3", "30B-A3B"): {"hidden_size": 2048, "num_layers": 48, "num_attention_heads": 32, "num_query_groups": 4,
+                           "head_dim": 128, "qk_layernorm": True, "moe_ffn_hidden_size": 768, "num_experts": 128,
+                           "moe_top_k": 8, "num_shared_experts": 0, "moe_router_score_function": "softmax",
+                           "rope_theta": 1000000.0},
+    ("deepseek_v3", "671B"): {"hidden_size": 7168, "ffn_hidden_size": 18432, "moe_ffn_hidden_size": 2048,
+                              "num_layers": 61, "moe_first_dense_layers": 3, "num_attention_heads": 128,
+                              "num_experts": 256, "num_shared_experts": 1, "moe_top_k": 8, "moe_router_num_groups": 8,
+                              "moe_router_group_topk": 4, "moe_router_score_function": "sigmoid",
+                              "moe_router_topk_scaling_factor": 2.5, "multi_latent_attention": True,
+                              "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_head_dim": 128,
+                              "qk_pos_emb_head_dim": 64, "v_head_dim": 128},
+}
+GROUPED_MM_FLOAT8 = "quantize.grouped_mm.float8"     # components/quantization/float8.py line 239
+
+
 def flavor(m: ModelSpec) -> tuple[str, str]:
     """(model name, flavor) of torchtitan's registered model with m's shape, or UsageError."""
-    shape = (m.hidden_size, m.num_layers, m.num_attention_heads, m.num_query_groups)
-    theta = getattr(m, "rope_theta", None)
-    for name, s in LLAMA3_FLAVORS.items():
-        if s == shape and m.ffn_type == "swiglu" and m.position_embedding == "rope" and theta in (None, ROPE_THETA):
-            return "llama3", name
+    if m.is_moe:
+        for key, fixed in MOE_FLAVORS.items():
+            if all(getattr(m, k) == v for k, v in fixed.items()) and m.ffn_type == "swiglu":
+                return key
+    else:
+        shape = (m.hidden_size, m.num_layers, m.num_attention_heads, m.num_query_groups)
+        theta = getattr(m, "rope_theta", None)
+        for name, s in LLAMA3_FLAVORS.items():
+            if s == shape and m.ffn_type == "swiglu" and m.position_embedding == "rope" and theta in (None, ROPE_THETA):
+                return "llama3", name
+    known = ", ".join([f"llama3 {', '.join(LLAMA3_FLAVORS)}", *(" ".join(k) for k in MOE_FLAVORS)])
     raise UsageError(f"--framework torchtitan cannot describe model '{m.name}': torchtitan builds a registered "
-                     f"model flavor and none (llama3 {', '.join(LLAMA3_FLAVORS)}) has its architecture; use "
-                     "--framework megatron-core or megatron-deepspeed")
+                     f"model flavor and none ({known}) has its architecture; use --framework megatron-core"
+                     + ("" if m.is_moe else " or megatron-deepspeed"))
 
 
 def _toml(value) -> str:
@@ -91,6 +124,9 @@ def parallelism(layout: Layout, m: ModelSpec) -> dict:
     table: dict = {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": layout.dp,
                    "tensor_parallel_degree": layout.tp, "pipeline_parallel_degree": layout.pp,
                    "context_parallel_degree": layout.context_parallel}
+    if m.is_moe:     # Parallelism lines 454, 464: the experts over ep ranks (borrowed from dp*cp*tp), etp 1 or tp
+        table.update({"expert_parallel_degree": layout.expert_parallel,
+                      "expert_tensor_parallel_degree": layout.expert_tensor_parallel})
     if layout.pp > 1:
         table["pipeline_parallel_microbatch_size"] = layout.micro_batch
     uneven = uneven_split(layout, m.num_layers)
@@ -141,7 +177,8 @@ def job_sections(layout: Layout, workload: Workload, *, precision: str = "bf16",
     sections = {
         "job": {"dump_folder": "./outputs", "description": f"tuner launch: {m.name}, {layout.key()}"},
         "metrics": {"log_freq": 1},
-        "model": {"name": name, "flavor": flav, **data[1], **({"converters": [FLOAT8_CONVERTER]} if fp8 else {})},
+        "model": {"name": name, "flavor": flav, **data[1],
+                  **({"converters": [FLOAT8_CONVERTER, *([GROUPED_MM_FLOAT8] if m.is_moe else [])]} if fp8 else {})},
         "optimizer": {"name": "AdamW", "lr": ADAM_PARAMS["lr"], "beta1": ADAM_PARAMS["betas"][0],
                       "beta2": ADAM_PARAMS["betas"][1], "eps": ADAM_PARAMS["eps"],
                       "weight_decay": ADAM_PARAMS["weight_decay"]},
@@ -156,6 +193,9 @@ def job_sections(layout: Layout, workload: Workload, *, precision: str = "bf16",
     if fp8:
         sections["compile"] = {**COMPILE, "components": list(COMPILE["components"])}
         sections["quantize.linear.float8"] = dict(FLOAT8)
+        if m.is_moe:    # as deepseek_v3_671b.toml: the router stays bf16, the experts' grouped GEMMs run float8
+            sections["quantize.linear.float8"]["filter_fqns"] = [*FLOAT8["filter_fqns"], "router.gate"]
+            sections[GROUPED_MM_FLOAT8] = {"fqns": ["experts"]}
     return sections
 
 

@@ -1,0 +1,329 @@
+"""Mixture-of-experts models and expert parallelism (issue 20): the model keys and presets against the
+published parameter counts, the layout rules of ep / etp, active-parameter FLOPs, memory sharded by EP,
+the all-to-all inside a node and across nodes, the launch flags (checked against the frameworks' own
+argument definitions), the search space, the store migration and the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+
+import pytest
+from sqlalchemy import text
+
+from tuner.errors import SpecError
+from tuner.frameworks import FRAMEWORKS
+from tuner.layout import Layout, expert_data_parallel, stage_layer_indices, stage_layers, stage_moe_layers, why_invalid
+from tuner.perfmodel import comm, memory, predict
+from tuner.perfmodel.compute import shape_of
+from tuner.perfmodel.flops import model_flops
+from tuner.perfmodel.moe import alltoall_seconds, ep_group_nodes
+from tuner.render import mcore, torchtitan
+from tuner.space import load_space
+from tuner.specs import ModelSpec, load_cluster, load_model, make_workload
+from tuner.store import SCHEMA_VERSION, open_store
+from tuner.store.store import upgrade
+
+from tests.test_launch_frameworks import MCORE_FLAGS, TORCHTITAN_KEYS, toml_keys
+from tests.test_store import ok, study
+
+# Megatron-LM at d98e8a64ddf3 (as tests/test_launch_frameworks.py): A: megatron/training/arguments.py, TC:
+# megatron/core/transformer/transformer_config.py, MPC: megatron/core/model_parallel_config.py. The TC and MPC
+# fields are generated flags (ArgumentGroupFactory, "--" + field with "_" -> "-"); none of them is in
+# arguments.py's exclude list (lines 2279-2371), which does exclude moe_layer_freq,
+# moe_router_load_balancing_type and moe_aux_loss_coeff: those three are the literal A: flags.
+MOE_FLAGS = {
+    "--num-experts": "A:3518 (num_moe_experts is excluded from the generated flags: 'args uses same var')",
+    "--moe-router-topk": "TC:760", "--moe-ffn-hidden-size": "TC:740",
+    "--moe-layer-freq": "A:3520 (moe_freq_type: an int or a list expression)",
+    "--moe-token-dispatcher-type": "TC:891 ('allgather' | 'alltoall' | 'flex', default allgather)",
+    "--moe-grouped-gemm": "TC:850", "--moe-shared-expert-intermediate-size": "TC:701",
+    "--moe-expert-capacity-factor": "TC:917", "--moe-router-score-function": "TC:808 ('softmax' | 'sigmoid')",
+    "--moe-router-num-groups": "TC:780", "--moe-router-group-topk": "TC:796",
+    "--moe-router-topk-scaling-factor": "TC:804", "--moe-router-enable-expert-bias": "TC:816",
+    "--moe-router-load-balancing-type": "A:3532 ('aux_loss' | 'seq_aux_loss' | ...)", "--moe-aux-loss-coeff": "A:3536",
+    "--expert-model-parallel-size": "MPC:127", "--expert-tensor-parallel-size": "MPC:130 (None: tp, arguments.py 587)",
+    "--overlap-moe-expert-parallel-comm": "MPC:343 (transformer_config.py 3002-3041: ep > 1, no full recompute, "
+                                           "vp with pp > 1, alltoall/flex dispatcher)",
+    "--kv-channels": "TC:184", "--qk-layernorm": "TC:259", "--multi-latent-attention": "TC:288",
+    "--q-lora-rank": "A:3548", "--kv-lora-rank": "A:3550", "--qk-head-dim": "A:3552",
+    "--qk-pos-emb-head-dim": "A:3554", "--v-head-dim": "A:3556",
+}
+# torchtitan at 238fa9953e4a (as TORCHTITAN_KEYS): torchtitan/config/job_config.py.
+TORCHTITAN_MOE_KEYS = {
+    "parallelism.expert_parallel_degree": "Parallelism:454",
+    "parallelism.expert_tensor_parallel_degree": "Parallelism:464 ('etp = tp' or 'etp = 1')",
+    "quantize.grouped_mm.float8.fqns": "Float8GroupedMM:757 (converter name: components/quantization/float8.py:239)",
+}
+PRESETS = ("mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3")
+
+
+def h100(model: str, nodes: int, framework: str = "megatron-core", precision: str = "bf16"):
+    return make_workload(model, nodes, "h100", precision=precision, framework=framework)
+
+
+# ------------------------------------------------------------------------------------ presets, counts
+@pytest.mark.parametrize("name, total, active", [
+    ("mixtral-8x7b", 46.7e9, 12.9e9),          # Jiang et al. 2024 (arXiv:2401.04088)
+    ("mixtral-8x22b", 141e9, 39e9),            # Mistral AI's announcement
+    ("qwen3-30b-a3b", 30.5e9, 3.3e9),          # Qwen3 technical report, Table 2
+    ("qwen3-235b-a22b", 235e9, 22e9),
+])
+def test_preset_parameters_match_the_published_totals(name, total, active):
+    m = load_model(name)
+    assert m.num_parameters == pytest.approx(total, rel=0.01)
+    assert m.active_parameters == pytest.approx(active, rel=0.02)
+
+
+def test_deepseek_v3_counts_and_its_dense_layers():
+    """671 B total; 36.7 B activated of which 0.9 B the output head (DeepSeek-V3's README_WEIGHTS.md), so
+    the count leaves out the input embedding, which multiplies nothing."""
+    m = load_model("deepseek-v3")
+    assert m.num_parameters == pytest.approx(671e9, rel=0.002)
+    assert m.active_parameters - m.vocab_size * m.hidden_size == pytest.approx(36.7e9, rel=0.005)
+    assert m.moe_layer_pattern[:4] == (False, False, False, True) and m.num_moe_layers == 58
+    mla = m.attention_weights          # q 7168x1536 + 1536x128x192, kv 7168x576 + 512x128x256, o 16384x7168
+    assert mla == 7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 * 128 * 256 + 128 * 128 * 7168
+
+
+def test_every_layer_is_counted_once():
+    m = load_model("deepseek-v3")
+    dense = m.num_layers - m.num_moe_layers
+    assert m.num_parameters == (dense * m.layer_parameters + m.num_moe_layers * m.moe_layer_parameters
+                                + m.embedding_parameters + m.output_parameters)
+    moe_layer = m.moe_dense_parameters + m.num_experts * m.expert_parameters
+    assert m.moe_layer_parameters == moe_layer and m.expert_parameters == 3 * 7168 * 2048
+
+
+def test_model_keys_are_checked():
+    base = {"name": "x", "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 128,
+            "vocab_size": 100, "ffn_type": "swiglu", "ffn_hidden_size": 128}
+    with pytest.raises(SpecError, match="needs moe_top_k"):
+        ModelSpec.from_dict({**base, "num_experts": 8})
+    with pytest.raises(SpecError, match="describe experts: set num_experts"):
+        ModelSpec.from_dict({**base, "moe_top_k": 2})
+    with pytest.raises(SpecError, match="moe_router_num_groups 3 must divide num_experts 8"):
+        ModelSpec.from_dict({**base, "num_experts": 8, "moe_top_k": 2, "moe_router_num_groups": 3,
+                             "moe_router_group_topk": 1})
+    with pytest.raises(SpecError, match="multi_latent_attention needs kv_lora_rank"):
+        ModelSpec.from_dict({**base, "multi_latent_attention": True})
+    m = ModelSpec.from_dict({**base, "num_experts": 8, "moe_top_k": 2})
+    assert m.moe_ffn_hidden_size == 128 and m.moe_layer_pattern == (True,) * 4     # default: the FFN width
+
+
+@pytest.mark.parametrize("name", PRESETS + ("llama3-70b", "175b"))
+def test_stored_form_round_trips_and_a_dense_model_keeps_its_old_form(name):
+    m = load_model(name)
+    assert ModelSpec.from_dict(m.as_dict()) == m
+    if not m.is_moe:
+        assert not {"num_experts", "moe_top_k", "head_dim", "multi_latent_attention"} & set(m.as_dict())
+
+
+# ------------------------------------------------------------------------------------------- FLOPs
+def test_flops_count_the_active_experts_only():
+    """MFU's FLOPs: top_k routed experts (and shared ones, and the router) per token, never the others:
+    doubling the experts at the same top_k doubles the expert parameters and leaves the FLOPs."""
+    m = load_model("mixtral-8x7b")
+    more = dataclasses.replace(m, num_experts=16)
+    assert more.num_parameters - m.num_parameters == 8 * 32 * (m.expert_parameters + m.hidden_size)   # + router rows
+    s, h, L, V = m.seq_length, m.hidden_size, m.num_layers, m.vocab_size
+    expected = 6 * s * (m.gemm_weights_per_token + V * h * 0.75) + 12 * s * s * h * L
+    assert model_flops(m, 1) == pytest.approx(expected, rel=1e-9)
+    # top_k x expert FLOPs per MoE layer, plus attention and router
+    per_layer = m.attention_weights + m.router_parameters + 2 * m.expert_parameters
+    assert m.gemm_weights_per_token == L * per_layer
+    assert model_flops(more, 1) - model_flops(m, 1) == pytest.approx(6 * s * L * h * 8, rel=1e-9)  # the router only
+
+
+def test_dense_flops_are_unchanged():
+    m = load_model("175b")
+    s, h, L, V = m.seq_length, m.hidden_size, m.num_layers, m.vocab_size
+    assert model_flops(m, 1) == pytest.approx(72 * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h)), rel=1e-12)
+
+
+# ------------------------------------------------------------------------------------------- rules
+def test_layout_rules_of_expert_parallelism():
+    w = h100("mixtral-8x7b", 8)
+    good = Layout(tp=2, sequence_parallel=True, pp=1, dp=32, expert_parallel=8, micro_batch=1)
+    assert why_invalid(good, w) is None and expert_data_parallel(good) == 8
+    assert "not divisible by expert_parallel=16" in why_invalid(dataclasses.replace(good, expert_parallel=16), w)
+    folded = dataclasses.replace(good, tp=8, dp=8, expert_parallel=8, expert_tensor_parallel=8)
+    assert why_invalid(folded, w) is None      # MoE parallel folding: ep*etp = 64 = tp*cp*dp
+    too_many = Layout(tp=1, pp=8, dp=8, expert_parallel=8, expert_tensor_parallel=2, micro_batch=1)
+    assert "does not divide tp*cp*dp = 8" in why_invalid(too_many, w)
+    assert "only with sequence_parallel on" in why_invalid(dataclasses.replace(good, sequence_parallel=False), w)
+    dense = h100("llama3-8b", 1)
+    assert "needs a mixture-of-experts model" in why_invalid(Layout(tp=1, pp=1, dp=8, expert_parallel=2,
+                                                                     micro_batch=1), dense)
+
+
+def test_framework_rules():
+    lay = Layout(tp=2, sequence_parallel=True, pp=1, dp=32, expert_parallel=8, micro_batch=1, zero_stage=1)
+    assert "DeepSpeed-MoE" in why_invalid(lay, h100("mixtral-8x7b", 8, "megatron-deepspeed"))
+    tt = h100("mixtral-8x7b", 8, "torchtitan")
+    z3 = dataclasses.replace(lay, zero_stage=3)
+    assert why_invalid(z3, tt) is None
+    assert "ETP=TP or ETP=1" in why_invalid(dataclasses.replace(z3, tp=4, dp=16, expert_tensor_parallel=2), tt)
+    assert "must equal tp (2)" in why_invalid(dataclasses.replace(z3, expert_parallel=1), tt)
+
+
+def test_dense_layout_keys_do_not_change():
+    assert Layout(tp=4, pp=16, dp=2, micro_batch=1).key() == "tp4-pp16-dp2-mb1-z1-rcfull"
+    moe = Layout(tp=2, sequence_parallel=True, pp=4, dp=16, expert_parallel=8, expert_tensor_parallel=2, micro_batch=1)
+    assert moe.key() == "tp2-sp1-pp4-dp16-ep8-etp2-mb1-z1-rcfull"
+    assert Layout.from_dict(moe.as_dict()) == moe
+    assert Layout.from_dict({"tp": 4, "pp": 16, "dp": 2, "micro_batch": 1}).expert_parallel == 1
+
+
+def test_stage_layers_follow_megatrons_chunks():
+    m = load_model("deepseek-v3")
+    lay = Layout(tp=1, pp=3, dp=1, micro_batch=1)             # (61 + 2) / 3: 20, 21, 20 layers
+    sizes = [len(stage_layer_indices(lay, 61, s)) for s in range(3)]
+    assert sizes == [stage_layers(lay, 61, s) for s in range(3)] == [20, 21, 20]
+    assert [stage_moe_layers(lay, m, s) for s in range(3)] == [17, 21, 20]    # the 3 dense layers on stage 0
+
+
+# ------------------------------------------------------------------------------------------ memory
+def test_expert_memory_shrinks_with_ep_and_is_sharded_over_expert_dp():
+    w = h100("mixtral-8x7b", 8)
+    mems = {}
+    for ep in (1, 2, 4, 8):
+        lay = Layout(tp=1, pp=4, dp=16, expert_parallel=ep, micro_batch=1, zero_stage=1)
+        experts = memory.stage_expert_params(w.model, lay, 0)
+        assert experts == pytest.approx(8 * w.model.num_layers // 4 * w.model.expert_parameters / ep)
+        mems[ep] = memory.stage_memory(lay, w, 0, 16)
+    assert mems[1]["weights"] > mems[2]["weights"] > mems[4]["weights"] > mems[8]["weights"]
+    # the distributed optimizer shards expert states over expert-dp = 16/ep: their optimizer bytes stay equal
+    lay1, lay8 = (Layout(tp=1, pp=4, dp=16, expert_parallel=e, micro_batch=1) for e in (1, 8))
+    e1, e8 = (memory.stage_expert_params(w.model, lay, 0) for lay in (lay1, lay8))
+    dense = memory.stage_params(w.model, lay1, 0) - e1
+    assert mems[1]["optimizer"] * 1e9 == pytest.approx(12 * dense / 16 + 12 * e1 / 16)
+    assert mems[8]["optimizer"] * 1e9 == pytest.approx(12 * dense / 16 + 12 * e8 / 2)
+
+
+# ------------------------------------------------------------------------------------- all-to-all
+def test_alltoall_inside_a_node_is_faster_than_across_nodes():
+    c = load_cluster("h100")
+    n = 256e6
+    inside, across = comm.alltoall_time(c, n, 8, 1), comm.alltoall_time(c, n, 16, 1)
+    assert across > 3 * inside                     # NVLink 450 GB/s against 50 GB/s of injection per GPU
+    assert comm.alltoall_time(c, n, 8, 2) > inside      # ep 8, etp 2: 16 consecutive ranks, two nodes
+    assert ep_group_nodes(c, 8, 1) == 1 and ep_group_nodes(c, 8, 2) == 2 and ep_group_nodes(c, 64, 1) == 8
+    assert comm.alltoall_time(c, n, 1, 1) == 0.0
+
+
+def test_the_alltoall_is_its_own_term_in_predict():
+    """With full recompute Megatron-Core cannot overlap it: the term is whole, and larger when the EP
+    group leaves the node (ep 16) than inside it (ep 8) for the same tokens."""
+    w = h100("qwen3-30b-a3b", 2)
+    inside = Layout(tp=1, pp=1, dp=16, expert_parallel=8, micro_batch=1, recompute="full")
+    across = dataclasses.replace(inside, expert_parallel=16)
+    a, b = predict(inside, w), predict(across, w)
+    assert a.time_breakdown["all_to_all"] > 0 and b.time_breakdown["all_to_all"] > 2 * a.time_breakdown["all_to_all"]
+    m = 512 // 16
+    per_layer = alltoall_seconds(w.model, w.cluster, shape_of(inside, w))
+    assert a.time_breakdown["all_to_all"] == pytest.approx(m * 48 * per_layer)
+    dense = predict(Layout(tp=1, pp=1, dp=16, micro_batch=1), h100("llama3-8b", 2))
+    assert "all_to_all" not in dense.time_breakdown
+
+
+def test_megatron_core_overlaps_the_alltoall_only_where_it_may():
+    w = h100("qwen3-30b-a3b", 2)
+    lay = Layout(tp=1, pp=1, dp=16, expert_parallel=16, micro_batch=1, recompute="none")
+    fw = FRAMEWORKS["megatron-core"]
+    assert fw.ep_overlap(lay) and not fw.ep_overlap(dataclasses.replace(lay, recompute="full"))
+    assert not fw.ep_overlap(dataclasses.replace(lay, pp=2, dp=8, expert_parallel=8))        # pp > 1 needs vp
+    assert not FRAMEWORKS["torchtitan"].ep_overlap(lay)
+    hidden, whole = predict(lay, w), predict(lay, dataclasses.replace(w, framework="torchtitan"))
+    assert hidden.time_breakdown["all_to_all"] < whole.time_breakdown["all_to_all"]
+
+
+# ------------------------------------------------------------------------------------------ launch
+def _flags(args):
+    return {a for a in args if a.startswith("--")}
+
+
+@pytest.mark.parametrize("model, lay", [
+    ("mixtral-8x7b", Layout(tp=2, sequence_parallel=True, pp=4, virtual_pipeline=2, dp=8, expert_parallel=8,
+                            micro_batch=1, recompute="none")),
+    ("deepseek-v3", Layout(tp=8, sequence_parallel=True, pp=1, dp=128, expert_parallel=64, micro_batch=1,
+                           recompute="full")),
+    ("qwen3-30b-a3b", Layout(tp=1, pp=1, dp=64, expert_parallel=16, micro_batch=1, recompute="selective")),
+])
+def test_megatron_core_moe_flags_are_checked(model, lay):
+    w = h100(model, 8 if model == "mixtral-8x7b" else 128 if model == "deepseek-v3" else 8)
+    args = mcore.pretrain_args(lay, w)
+    assert _flags(args) <= set(MCORE_FLAGS) | set(MOE_FLAGS), _flags(args) - set(MCORE_FLAGS) - set(MOE_FLAGS)
+    v = {a: args[i + 1] for i, a in enumerate(args[:-1])}
+    m = w.model
+    assert v["--num-experts"] == str(m.num_experts) and v["--moe-router-topk"] == str(m.moe_top_k)
+    assert v["--expert-model-parallel-size"] == str(lay.expert_parallel)
+    assert v["--expert-tensor-parallel-size"] == "1"          # written: Megatron's default would be tp
+    assert v["--moe-token-dispatcher-type"] == "alltoall" and "--moe-grouped-gemm" in args
+    assert ("--overlap-moe-expert-parallel-comm" in args) == FRAMEWORKS["megatron-core"].ep_overlap(lay)
+    if model == "deepseek-v3":
+        assert v["--moe-layer-freq"] == "([0]*3+[1]*58)" and v["--moe-shared-expert-intermediate-size"] == "2048"
+        assert v["--q-lora-rank"] == "1536" and "--multi-latent-attention" in args
+        assert v["--moe-router-score-function"] == "sigmoid" and "--moe-router-enable-expert-bias" in args
+    if model == "qwen3-30b-a3b":
+        assert v["--kv-channels"] == "128" and "--qk-layernorm" in args and v["--moe-layer-freq"] == "1"
+
+
+def test_megatron_core_dense_flags_are_unchanged():
+    args = mcore.pretrain_args(Layout(tp=8, pp=4, dp=2, micro_batch=1), h100("llama3-70b", 8))
+    assert not {a for a in _flags(args) if a in MOE_FLAGS}
+
+
+def test_torchtitan_moe_keys_and_flavors():
+    w = h100("qwen3-30b-a3b", 2, "torchtitan", "fp8")
+    lay = Layout(tp=1, pp=1, dp=16, expert_parallel=8, micro_batch=1, zero_stage=3, recompute="none")
+    job = tomllib.loads(torchtitan.render_job(lay, w))
+    assert toml_keys(job) <= set(TORCHTITAN_KEYS) | set(TORCHTITAN_MOE_KEYS)
+    assert job["model"]["name"] == "qwen3" and job["model"]["flavor"] == "30B-A3B"
+    assert job["parallelism"]["expert_parallel_degree"] == 8 and job["parallelism"]["expert_tensor_parallel_degree"] == 1
+    assert job["model"]["converters"] == ["quantize.linear.float8", "quantize.grouped_mm.float8"]
+    assert torchtitan.flavor(load_model("deepseek-v3")) == ("deepseek_v3", "671B")
+    for name in ("mixtral-8x7b", "qwen3-235b-a22b"):        # no flavor; the 235B flavor's RoPE base is 5e6
+        with pytest.raises(Exception, match="cannot describe model"):
+            torchtitan.flavor(load_model(name))
+
+
+# ------------------------------------------------------------------------------- space, store, CLI
+def test_the_default_space_offers_ep_for_moe_models_only():
+    space = load_space()
+    moe, dense = h100("mixtral-8x7b", 8), h100("llama3-8b", 8)
+    assert space.choices("expert_parallel", moe) == [1, 2, 4, 8]
+    assert space.choices("expert_parallel", dense) == [1] and space.choices("expert_tensor_parallel", dense) == [1]
+    assert space.pinned({"expert_parallel": 4}).choices("expert_parallel", dense) == [4]     # refused later, named
+    layouts = space.pinned({"tp": 2, "pp": 1, "micro_batch": 1}).enumerate_layouts(moe)
+    assert {lay.expert_parallel for lay in layouts} == {1, 2, 4, 8}
+    assert all(why_invalid(lay, moe) is None for lay in layouts)
+
+
+def test_an_old_store_gains_the_expert_columns(tmp_path):
+    from tuner.store import migrations
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    lay = Layout(tp=1, pp=8, dp=8, micro_batch=1)
+    with open_store(url) as s:
+        s.create_study(study("old3", "22b", 8))
+        s.record_trial("old3", lay, None, ok(0.3), "sim")
+        with s.engine.begin() as conn:      # as schema 3 left it
+            for col in ("expert_parallel", "expert_tensor_parallel"):
+                conn.execute(text(f"ALTER TABLE trials DROP COLUMN {col}"))
+            conn.execute(text("UPDATE meta SET value = '3' WHERE key = 'schema_version'"))
+            conn.execute(text(f"UPDATE {migrations.VERSION_TABLE} SET version_num = '0003'"))
+    assert f"from schema version 3 to {SCHEMA_VERSION}" in upgrade(url)     # Alembic revision 0004
+    with open_store(url) as s:
+        (t,) = s.trials("old3")
+    assert t.layout == lay and t.layout.key() == lay.key() and t.layout.expert_parallel == 1
+
+
+def test_predict_prints_the_moe_line(tuner):
+    code, out, err = tuner("predict", "--model", "qwen3-30b-a3b", "--cluster", "h100", "--nodes", "2", "--tp", "1",
+                           "--pp", "1", "--ep", "16", "--micro-batch", "1", "--recompute", "full")
+    assert code == 0, err
+    assert "ep16" in out and "all_to_all" in out
+    assert "MoE: all-to-all" in out and "over 2 nodes (network)" in out and "3.4 B of 30.5 B" in out
+    code, out, err = tuner("predict", "--model", "llama3-8b", "--cluster", "h100", "--nodes", "1", "--tp", "1",
+                           "--pp", "1", "--ep", "2", "--micro-batch", "1")
+    assert code == 2 and "needs a mixture-of-experts model" in err and "Traceback" not in err

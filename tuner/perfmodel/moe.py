@@ -1,0 +1,196 @@
+"""Mixture-of-experts layers: their compute, activations, parameters and the token all-to-all. Pure.
+
+An MoE layer (Megatron-Core's MoELayer; torchtitan's MoE) is a dense layer's attention, then a router
+(h x E, run on every token), `moe_top_k` of E routed experts per token and the shared experts every token
+runs (one FFN num_shared_experts x moe_ffn_hidden_size wide, split by TP like a dense FFN).
+
+Where the experts live (tuner.layout.why_invalid_experts): each pipeline stage's tp*cp*dp GPUs are
+regrouped for the MoE layers as etp x ep x expert-dp, etp fastest in rank order, so an EP group is ep
+ranks `etp` apart, spanning ep*etp consecutive ranks (inside a node when that block fits in one). A rank
+holds E/ep experts, each split etp ways. With sequence parallelism (Megatron-Core needs it with EP and
+TP; torchtitan always shards the sequence) a rank routes its T = b*s/(cp*tp) tokens: the dispatch
+all-to-all sends each token's hidden state to the EP ranks of its top_k experts, (ep - 1)/ep of them
+elsewhere, the combine all-to-all brings the expert outputs back; the etp ranks of an expert then
+all-gather the tokens they share and reduce-scatter the outputs. Per GPU the routed experts do
+2*T*top_k*(expert weights) FLOPs forward whatever ep and etp are, as a grouped GEMM of E/ep local
+experts, each on T*top_k*ep*etp/E tokens, run as one kernel (tuner.perfmodel.compute.gemm_time of
+their total).
+
+Routing is taken as balanced: every expert gets its fair share of tokens (MOE_LOAD = 1), as NVIDIA's
+published MoE benchmarks force (Megatron-Bridge performance summary: "we force-balance the token
+distribution among experts"; Megatron-Core --moe-router-force-load-balancing). A capacity factor below 1
+drops the excess (the load is the factor); a dropless router in real training runs its busiest rank
+slower than this, which the model does not see.
+"""
+
+from __future__ import annotations
+
+from tuner.perfmodel import comm
+from tuner.perfmodel.compute import (ELEMENTWISE_REPLICATED, FP8_CAST_BYTES, SCORE_BYTES, Shape, _assemble, _passes,
+                                     activation_function_bytes, attention_split_bytes, gemm_time)
+from tuner.specs import ClusterSpec, ModelSpec
+
+MOE_LOAD = 1.0          # tokens an expert gets / its fair share (balanced routing; see the module's docstring)
+PERMUTE_BYTES = 8.0     # per routed token copy and h: permute before dispatch and unpermute after combine,
+                        # each reads and writes a bf16 hidden state (2 x 2 x 2 bytes)
+# A fixed cost per MoE layer and micro-batch (forward + backward) beyond its FLOPs and bytes: the dropless
+# router's device-to-host sync of the tokens per expert (Megatron-Core's alltoall dispatcher sizes its
+# buffers from it every layer), which drains the launch queue, and the many small kernels of routing,
+# permutation and the load-balancing loss that then run launch-bound. Chosen after seeing rows:
+# benchmarks/moe_accuracy.py's tuning rows of current releases (0, 1, 1.5, 2, 2.5 and 3 ms tried; 2.5 gives
+# the smallest median error: without it every MoE row was predicted 17-55 % too fast, the dense H100 rows
+# of the same tables 0-20 %). Independent of the layer's size: it fits Qwen3-30B-A3B (h 2048) and
+# Qwen3-235B-A22B (h 4096) alike.
+MOE_LAYER_OVERHEAD_MS = 2.5
+ROUTER_BYTES = 12.0     # per token and expert: fp32 router logits written, read by the softmax/top-k, probs written
+
+
+def load(model: ModelSpec) -> float:
+    """Tokens per expert relative to a fair share: MOE_LOAD, or the capacity factor when it is lower."""
+    cf = model.moe_capacity_factor
+    return min(MOE_LOAD, cf) if cf else MOE_LOAD
+
+
+def rank_tokens(model: ModelSpec, shape: Shape) -> float:
+    """Tokens a rank routes per micro-batch: b*s/cp, split by tp with sequence parallelism."""
+    n = model.seq_length * shape.tokens
+    return n / shape.t if shape.sp else n
+
+
+def routed_pairs(model: ModelSpec, shape: Shape) -> float:
+    """(token, expert) pairs one GPU's experts process per micro-batch: T * top_k * load * etp (the etp
+    ranks of an expert each see every token sent to it, and hold 1/etp of its width)."""
+    return rank_tokens(model, shape) * model.moe_top_k * load(model) * shape.etp
+
+
+def moe_gemm_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> float:
+    """Forward seconds of an MoE layer's GEMMs on one GPU for one micro-batch: QKV and projection (as a
+    dense layer's), the router, the shared experts (split by tp) and the routed experts' fc1 and fc2 as
+    grouped GEMMs: all local experts in one kernel (Megatron-Core --moe-grouped-gemm; torchtitan's
+    grouped_mm), at the efficiency of a GEMM of their total FLOPs."""
+    h, t, fp8 = model.hidden_size, shape.t, shape.fp8
+    bs2 = 2.0 * model.seq_length * shape.tokens
+    m = model.ffn_matrices
+    f_sh, f_e = model.shared_expert_width, model.moe_ffn_hidden_size
+    seconds = gemm_time(cluster, bs2 * model.qkv_weights / t, fp8) + gemm_time(cluster, bs2 * model.o_width * h / t, fp8)
+    seconds += gemm_time(cluster, 2.0 * rank_tokens(model, shape) * h * model.num_experts)     # router, bf16
+    if f_sh:
+        seconds += gemm_time(cluster, bs2 * h * (m - 1) * f_sh / t, fp8) + gemm_time(cluster, bs2 * f_sh * h / t, fp8)
+    pairs2, width = 2.0 * routed_pairs(model, shape), f_e / shape.etp     # all local experts' tokens, one kernel
+    grouped = gemm_time(cluster, pairs2 * h * (m - 1) * width, fp8) + gemm_time(cluster, pairs2 * width * h, fp8)
+    return seconds + grouped
+
+
+def moe_elementwise_bytes(model: ModelSpec, shape: Shape, flash_attention: bool) -> float:
+    """HBM bytes of an MoE layer's element-wise kernels in a forward pass, per GPU: a dense layer's
+    norms, residuals and attention; the shared experts' activation; the routed experts' activation on
+    this GPU's pairs; the permutation around the all-to-alls; the router's softmax and top-k."""
+    t, h = shape.t, model.hidden_size
+    sbh = model.seq_length * shape.tokens * h
+    replicated = ELEMENTWISE_REPLICATED / t if shape.sp else ELEMENTWISE_REPLICATED
+    act = activation_function_bytes(model)
+    n = sbh * (replicated + (attention_split_bytes(model) + act * model.shared_expert_width / h) / t)
+    pairs, tokens = routed_pairs(model, shape), rank_tokens(model, shape)
+    n += pairs * act * model.moe_ffn_hidden_size / shape.etp
+    n += tokens * model.moe_top_k * load(model) * h * PERMUTE_BYTES + tokens * model.num_experts * ROUTER_BYTES
+    if shape.fp8:
+        n += sbh * FP8_CAST_BYTES * (2.0 + model.shared_expert_width / h) / t + pairs * FP8_CAST_BYTES * (
+            h + model.moe_ffn_hidden_size / shape.etp)
+    if not flash_attention:
+        n += SCORE_BYTES * model.num_attention_heads * model.seq_length ** 2 * shape.tokens / t
+    return n
+
+
+def moe_layer_times(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> dict:
+    """Seconds of one MoE layer on one GPU for one micro-batch (forward + backward [+ recompute]),
+    without its all-to-all (`alltoall_seconds`)."""
+    return _assemble(model, cluster, shape, moe_gemm_seconds(model, cluster, shape),
+                     moe_elementwise_bytes(model, shape, cluster.flash_attention))
+
+
+# ------------------------------------------------------------------------------------ communication
+def alltoall_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> float:
+    """The token dispatch and combine of one MoE layer for one micro-batch on one GPU: two all-to-alls
+    forward, two backward (the gradients go the other way), two more with full recompute, each moving
+    this rank's T*top_k bf16 hidden states over its EP group (ep ranks, etp apart); and with etp > 1 the
+    expert-TP all-gather of the dispatched tokens and reduce-scatter of the outputs (one all-reduce's
+    worth per pass)."""
+    _, _, _, full = _passes(shape)
+    passes = 2.0 + full
+    tokens = rank_tokens(model, shape) * model.moe_top_k * load(model)
+    nbytes = 2.0 * tokens * model.hidden_size
+    seconds = 2.0 * passes * comm.alltoall_time(cluster, nbytes, shape.ep, shape.etp)
+    if shape.etp > 1:
+        bw = comm.group_bandwidth(cluster, shape.etp, 1)
+        seconds += passes * comm.allreduce_time(nbytes * shape.etp, shape.etp, bw, cluster)
+    return seconds
+
+
+# ----------------------------------------------------------------------------------------- memory
+def moe_layer_params(model: ModelSpec, tp: int, ep: int, etp: int) -> tuple[float, float]:
+    """(parameters outside the routed experts, routed-expert parameters) of one MoE layer on one GPU:
+    attention, QKV biases and shared experts split by tp, the router, norms and projection bias whole;
+    the routed experts split over ep (whole experts) and etp (each one's width)."""
+    h = model.hidden_size
+    split = model.attention_weights + model.attention_biases_split + model.shared_expert_parameters
+    whole = model.router_parameters + model.layer_norm_params + (h if model.add_bias_linear else 0)
+    return split / tp + whole, model.num_experts * model.expert_parameters / (ep * etp)
+
+
+def moe_activation_bytes(model: ModelSpec, shape: Shape, flash_attention: bool) -> float:
+    """Activations one MoE layer stores for backward, per micro-batch on one GPU: a dense layer's 10
+    replicated bytes per s*b*h element and its attention's (split by t), the shared experts' FFN inputs
+    (as a dense FFN's), and per routed pair the dispatched hidden state (2h bytes), the expert's inner
+    activations ((6 or 4)*f/etp: SwiGLU keeps gate and up and fc2's input), the combine's input (2h per
+    token copy) and the fp32 routing probabilities (4 per token and expert). Per-op selective recompute
+    (torchtitan) keeps every other GEMM output: half the inner activations."""
+    s, h, t = model.seq_length, model.hidden_size, shape.t
+    attention = 2.0 * (model.q_width + model.k_width + model.v_width + model.o_width) / h
+    replicated, split = 10.0, attention + activation_function_bytes(model) * model.shared_expert_width / h
+    inner = activation_function_bytes(model)
+    if shape.op_sac:
+        replicated, split, inner = 4.0, 4.0 + 2.0 * (model.kv_size + model.shared_expert_width) / h, inner / 2
+    fp8 = shape.fp8 and not shape.op_sac          # GEMM inputs saved in FP8 (1 byte): QKV, projection, fc1, fc2
+    if fp8:
+        replicated, split = replicated - 1.0, split - 1.0 - model.shared_expert_width / h
+    per = (replicated + split) / t if shape.sp else replicated + split / t
+    n = s * shape.tokens * h * per
+    if not flash_attention and shape.recompute == "none":
+        n += s * shape.tokens * h * 5.0 * model.num_attention_heads * s / (h * t)
+    pairs, tokens = routed_pairs(model, shape), rank_tokens(model, shape)
+    width = model.moe_ffn_hidden_size / shape.etp
+    n += pairs * ((1.0 if fp8 else 2.0) * h + (inner - (1.0 if fp8 else 0.0)) * width)
+    n += tokens * model.moe_top_k * load(model) * 2.0 * h + tokens * model.num_experts * 4.0
+    return n
+
+
+def moe_flops_per_token(model: ModelSpec) -> float:
+    """Forward GEMM FLOPs per token of the layers (2 x ModelSpec.gemm_weights_per_token): the MoE layers
+    count the router, top_k routed experts and the shared experts, as Megatron-Core's
+    num_floating_point_operations does (training.py, moe_layer_flops) plus the router it leaves out."""
+    return 2.0 * model.gemm_weights_per_token
+
+
+def ep_group_nodes(cluster: ClusterSpec, ep: int, etp: int) -> int:
+    """Nodes one EP group spans: its ep ranks are etp apart, ep*etp consecutive ranks from a group start."""
+    if not comm.crosses_nodes(cluster, ep, etp):
+        return 1
+    return -(-ep * etp // cluster.gpus_per_node)
+
+
+def moe_summary(layout, workload, prediction) -> str:
+    """One line on the MoE side of a prediction: the all-to-all's share and where its group lies, the
+    experts one GPU holds, the expert-data-parallel replicas, and active against total parameters."""
+    from tuner.layout import expert_data_parallel
+    m, c = workload.model, workload.cluster
+    ep, etp = layout.expert_parallel, layout.expert_tensor_parallel
+    nodes = ep_group_nodes(c, ep, etp)
+    where = "no all-to-all (ep 1)" if ep == 1 else (
+        f"EP group of {ep} GPUs {etp} apart {'inside one node (NVLink)' if nodes == 1 else f'over {nodes} nodes (network)'}")
+    t = prediction.time_breakdown
+    a2a, over = t.get("all_to_all", 0.0), t.get("moe_overhead", 0.0)
+    split = f", each split {etp} ways" if etp > 1 else ""
+    return (f"MoE: all-to-all {a2a:.3g} s of the {prediction.step_time_s:.3g} s step ({100 * a2a / prediction.step_time_s:.1f} %; "
+            f"{where}), MoE layer overhead {over:.3g} s; {m.num_experts // ep} of {m.num_experts} experts per GPU{split}, "
+            f"expert-data-parallel {expert_data_parallel(layout)}; {m.active_parameters / 1e9:.1f} B of "
+            f"{m.num_parameters / 1e9:.1f} B parameters active per token (MFU counts the active ones)")
