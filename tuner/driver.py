@@ -220,9 +220,10 @@ class Driver:
         self.store.modify_study_settings(self.study, change)
 
     def _take(self, settings: dict) -> dict:
+        """Take the lease, and store this driver's budget as the study's: from here on the row holds it."""
         change = lease.take(settings, self.study, self.lease_mode)
         self.epoch = change["epoch"]
-        return change
+        return {**change, "budget": self.budget}
 
     def _beat(self, settings: dict) -> dict | None:
         """Renew the lease and follow the study's budget (raised by `resume --budget` elsewhere); a study
