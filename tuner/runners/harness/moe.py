@@ -45,8 +45,9 @@ from torch import nn
 
 from tuner.runners.harness import topology
 from tuner.runners.harness.layers import (INIT_STD, ColumnParallelLinear, RowParallelLinear, _all_gather,
-                                          _collective, _CopyToTP, _GatherFromSequence, _reduce_scatter, _ScatterToSequence,
-                                          column_shard, ffn_activation, row_shard, seeded, sequence_parallel)
+                                          _collective, _CopyToTP, _GatherFromSequence, _reduce_scatter,
+                                          _ScatterToSequence, column_shard, ffn_activation, row_shard, seeded,
+                                          sequence_parallel)
 
 AUX_LOSS_COEFF = 1e-2   # TUNER_MOE_AUX_LOSS_COEFF: Megatron-Core's --moe-aux-loss-coeff of NVIDIA's MoE recipes
 
@@ -131,7 +132,7 @@ def regroup(counts: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
     """Rows arrive in chunks ordered by counts' index (source..., local expert) with counts[..., e] rows
     each; return the row permutation that orders them by local expert (then source, keeping each
     chunk's order), and the rows per local expert."""
-    flat = counts.reshape(-1, counts.shape[-1])
+    flat = counts.reshape(-1, counts.shape[-1]).cpu()      # a few dozen numbers: index on the host
     starts = torch.cumsum(flat.flatten(), 0) - flat.flatten()
     starts = starts.view_as(flat)
     index = [torch.arange(int(starts[s, e]), int(starts[s, e] + flat[s, e]))
@@ -190,7 +191,7 @@ class MoELayer(DeepSpeedMoE):
                                             f"layer{index}.shared.fc1", seed, bias=False),
                 "fc2": RowParallelLinear(width, spec.hidden_size, f"layer{index}.shared.fc2", seed, out_std,
                                          bias=False)})
-        self.runs = {"tokens": 0, "expert_rows": 0, "sent_to_other_ranks": 0, "aux_loss": 0.0}
+        self.runs = {"expert_rows": 0, "sent_to_other_ranks": 0, "aux_loss": 0.0}
 
     def set_deepspeed_parallelism(self, *args, **kwargs):
         """DeepSpeed calls this to create its expert groups: topology.build registered them already."""
@@ -238,15 +239,15 @@ class MoELayer(DeepSpeedMoE):
         sources = recv[None]
         if par.etp > 1:
             sources = _all_gather(recv[None], par.etp_group, dim=0)              # [etp peer, source, expert]
-            rows = _GatherRows.apply(rows, par.etp_group, sources.sum((1, 2)).tolist())
+            peer_rows = sources.sum((1, 2)).tolist()
+            rows = _GatherRows.apply(rows, par.etp_group, peer_rows)
         perm, per_expert = regroup(sources)
         out = self.experts(rows.index_select(0, perm), per_expert).index_select(0, torch.argsort(perm))
         if par.etp > 1:
-            out = _ReduceScatterRows.apply(out, par.etp_group, sources.sum((1, 2)).tolist())
+            out = _ReduceScatterRows.apply(out, par.etp_group, peer_rows)
         if par.ep > 1:
             out = _AllToAll.apply(out, par.ep_group, recv.sum(1).tolist(), send.sum(1).tolist())
         out = out.index_select(0, torch.argsort(order)).view(-1, k, tokens.shape[1])
-        self.runs["tokens"] += tokens.shape[0]
         self.runs["expert_rows"] += sum(per_expert)
         self.runs["sent_to_other_ranks"] += int(send.sum() - send[par.ep_rank].sum())
         return (out * probs.unsqueeze(-1).to(out.dtype)).sum(1)
