@@ -106,7 +106,7 @@ def trainer_refusal(rec: StudyRecord, layout, workload: Workload) -> str | None:
     a user's --command and Slurm's command template run every layout of the study's framework."""
     if _uses_harness(rec):
         from tuner.runners.harness.support import layout_refusal
-        return layout_refusal(layout, workload.model.num_layers, workload.precision)
+        return layout_refusal(layout, workload.model.num_layers, workload.precision, model=workload.model)
     if rec.runner == "slurm" and rec.settings.get("runner_options", {}).get("template") == "megatron":
         from tuner.render import megatron
         return megatron.refusal(layout, workload)

@@ -144,7 +144,8 @@ class LocalRunner(TrialRunner):
                           f"({trial.workload.nodes} x {trial.workload.cluster.gpus_per_node} of cluster "
                           f"'{trial.workload.cluster.name}'): use --gpus {lay.gpus} or a cluster file "
                           f"with gpus_per_node = {self.gpus} (`tuner calibrate --gpus {self.gpus}`)")
-        refusal = layout_refusal(lay, trial.workload.model.num_layers, trial.workload.precision)   # fails unlaunched
+        refusal = layout_refusal(lay, trial.workload.model.num_layers, trial.workload.precision,
+                                 model=trial.workload.model)   # fails unlaunched
         if refusal:
             return failed(refusal)
         lock = _device_lock(self._lock_key)

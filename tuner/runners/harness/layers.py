@@ -71,14 +71,15 @@ def _identity(x, group):
 
 
 def _collective(name: str, forward, backward, doc: str):
-    """An autograd Function running `forward(x, group)` over the TP group in the forward pass and
-    `backward(grad, group)` on the gradient (Megatron's mappings between parallel regions)."""
-    def fwd(ctx, x, group):
-        ctx.group = group
-        return forward(x, group)
+    """An autograd Function running `forward(x, group, *args)` over a group (the TP group, or the MoE
+    layer's expert groups, whose collectives take split sizes as `args`) in the forward pass and
+    `backward(grad, group, *args)` on the gradient (Megatron's mappings between parallel regions)."""
+    def fwd(ctx, x, group, *args):
+        ctx.group, ctx.args = group, args
+        return forward(x, group, *args)
 
     def bwd(ctx, grad):
-        return backward(grad, ctx.group), None
+        return backward(grad.contiguous(), ctx.group, *ctx.args), None, *(None for _ in ctx.args)
     return type(name, (torch.autograd.Function,), {"__doc__": doc, "forward": staticmethod(fwd),
                                                     "backward": staticmethod(bwd)})
 
@@ -127,6 +128,31 @@ def seeded(shape, name: str, seed: int, std: float) -> torch.Tensor:
     return torch.randn(shape, generator=gen, device=device()) * std
 
 
+def column_shard(full: torch.Tensor, blocks: list[int], rank: int, n: int) -> torch.Tensor:
+    """Rank `rank` of `n`'s rows of a column-parallel weight [sum(blocks), d_in]: the same slice of each
+    output block (Q, K, V; gate and up), so every rank holds matching heads and columns."""
+    shards, start = [], 0
+    for width in blocks:
+        per = width // n
+        shards.append(full[start + rank * per:start + (rank + 1) * per])
+        start += width
+    return torch.cat(shards).contiguous()
+
+
+def row_shard(full: torch.Tensor, rank: int, n: int) -> torch.Tensor:
+    """Rank `rank` of `n`'s input columns of a row-parallel weight [d_out, d_in]."""
+    per = full.shape[1] // n
+    return full[:, rank * per:(rank + 1) * per].contiguous()
+
+
+def ffn_activation(y, swiglu: bool):
+    """The FFN's activation of fc1's output: SwiGLU silu(gate) * up (gate and up: y's two halves) or GeLU."""
+    if swiglu:
+        gate, up = y.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    return F.gelu(y)
+
+
 def device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
@@ -144,12 +170,7 @@ class ColumnParallelLinear(nn.Module):
         par = topology.current()
         self.group, self.tp = par.tp_group, par.tp
         full = seeded((sum(blocks), d_in), name, seed, INIT_STD)
-        shards, start = [], 0
-        for width in blocks:
-            per = width // par.tp
-            shards.append(full[start + par.tp_rank * per:start + (par.tp_rank + 1) * per])
-            start += width
-        self.weight = nn.Parameter(torch.cat(shards).contiguous())
+        self.weight = nn.Parameter(column_shard(full, blocks, par.tp_rank, par.tp))
         self.weight.tensor_model_parallel = True
         self.bias = None
         if bias:
@@ -172,9 +193,8 @@ class RowParallelLinear(nn.Module):
         super().__init__()
         par = topology.current()
         self.group, self.tp = par.tp_group, par.tp
-        per = d_in // par.tp
         full = seeded((d_out, d_in), name, seed, std)
-        self.weight = nn.Parameter(full[:, par.tp_rank * per:(par.tp_rank + 1) * per].contiguous())
+        self.weight = nn.Parameter(row_shard(full, par.tp_rank, par.tp))
         self.weight.tensor_model_parallel = True
         self.bias = nn.Parameter(torch.zeros(d_out, device=device())) if bias else None   # replicated
 

@@ -10,6 +10,10 @@ replicated on every TP rank; the head is therefore not vocab-parallel (V*h extra
 not counted). With pp > 1 a tied LM head is DeepSpeed's TiedLayerSpec: the word embedding lives on
 the first and the last stage, its gradients summed between them.
 
+Mixture of experts (num_experts > 0): the layers of spec.moe_layer_pattern replace the FFN with
+moe.MoELayer (router, E experts of width moe_ffn_hidden_size held E/ep per rank, shared experts),
+split over the expert grid of topology.py (ep, etp); the other layers keep the dense FFN.
+
 Recompute (Megatron's --recompute-granularity): "none" keeps every activation, "selective" re-runs the
 attention core (softmax(QK^T)V) in the backward pass, "full" re-runs every transformer layer from its
 input (torch.utils.checkpoint, non-reentrant; DeepSpeed's activation_checkpoint_interval = 1 under PP).
@@ -27,8 +31,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from tuner.runners.harness import topology
+from tuner.runners.harness.moe import MoELayer
 from tuner.runners.harness.layers import (INIT_STD, ColumnParallelLinear, Norm, RowParallelLinear,
-                                          apply_rotary, gather_from_sequence, rotary_tables,
+                                          apply_rotary, ffn_activation, gather_from_sequence, rotary_tables,
                                           scatter_to_sequence, seeded)
 from tuner.specs import ModelSpec
 
@@ -102,8 +107,12 @@ class Block(nn.Module):
         self.qkv = ColumnParallelLinear(h, [h, kv, kv], f"layer{index}.qkv", seed, bias)
         self.proj = RowParallelLinear(h, h, f"layer{index}.proj", seed, out_std, bias)
         self.norm2 = Norm(h, spec.normalization)
-        self.fc1 = ColumnParallelLinear(h, [f, f] if self.swiglu else [f], f"layer{index}.fc1", seed, bias)
-        self.fc2 = RowParallelLinear(f, h, f"layer{index}.fc2", seed, out_std, bias)
+        self.moe = None
+        if spec.num_experts and spec.moe_layer_pattern[index]:
+            self.moe = MoELayer(spec, index, seed, out_std)
+        else:
+            self.fc1 = ColumnParallelLinear(h, [f, f] if self.swiglu else [f], f"layer{index}.fc1", seed, bias)
+            self.fc2 = RowParallelLinear(f, h, f"layer{index}.fc2", seed, out_std, bias)
 
     def core_attention(self, q, k, v):
         """softmax(QK^T / sqrt(d)) V, causal; query head j uses K/V group j // (heads / groups)."""
@@ -130,13 +139,9 @@ class Block(nn.Module):
         return self.proj(a.transpose(1, 2).reshape(b, s, self.heads * d))
 
     def mlp(self, x):
-        y = self.fc1(self.norm2(x))
-        if self.swiglu:
-            gate, up = y.chunk(2, dim=-1)
-            y = F.silu(gate) * up
-        else:
-            y = F.gelu(y)
-        return self.fc2(y)
+        if self.moe is not None:
+            return self.moe(self.norm2(x))
+        return self.fc2(ffn_activation(self.fc1(self.norm2(x)), self.swiglu))
 
     def _forward(self, x):
         self.runs["layer"] += 1
@@ -216,12 +221,21 @@ def pipeline_gpt(spec: ModelSpec, seed: int, recompute: str):
 
 def activity(module) -> dict:
     """What this rank's layers really did: forward runs of the layers and of the attention core
-    (recomputes included), the sequence positions of the residual stream, and the parameters held."""
+    (recomputes included), the sequence positions of the residual stream, and the parameters held;
+    with MoE layers also the experts held per layer, the (token, expert) rows its experts ran, the rows
+    it sent to experts on other ranks, and the last micro-batch's load-balancing loss summed over layers."""
     blocks = [m for m in module.modules() if isinstance(m, Block)]
-    return {"layers": len(blocks), "layer_runs": sum(b.runs["layer"] for b in blocks),
-            "attention_core_runs": sum(b.runs["attention_core"] for b in blocks),
-            "residual_tokens": max((b.runs["tokens"] for b in blocks), default=0),
-            "parameters": sum(p.numel() for p in module.parameters())}
+    out = {"layers": len(blocks), "layer_runs": sum(b.runs["layer"] for b in blocks),
+           "attention_core_runs": sum(b.runs["attention_core"] for b in blocks),
+           "residual_tokens": max((b.runs["tokens"] for b in blocks), default=0),
+           "parameters": sum(p.numel() for p in module.parameters())}
+    moe = [b.moe for b in blocks if b.moe is not None]
+    if moe:
+        out.update(moe_layers=len(moe), local_experts=moe[0].num_local_experts,
+                   expert_rows=sum(m.runs["expert_rows"] for m in moe),
+                   rows_sent_to_other_ranks=sum(m.runs["sent_to_other_ranks"] for m in moe),
+                   aux_loss=sum(float(m.runs["aux_loss"]) for m in moe))
+    return out
 
 
 def check_buildable(spec: ModelSpec, tp: int) -> None:
@@ -235,6 +249,15 @@ def check_buildable(spec: ModelSpec, tp: int) -> None:
                          f"heads ({spec.num_query_groups})")
     if spec.position_embedding == "rope" and (spec.hidden_size // spec.num_attention_heads) % 2:
         raise ValueError("RoPE needs an even head size")
+    if spec.num_experts:
+        par = topology.current()
+        shared = spec.num_shared_experts * spec.moe_ffn_hidden_size
+        for what, n, name, by in (("experts", spec.num_experts, "ep", par.ep),
+                                  ("moe_ffn_hidden_size", spec.moe_ffn_hidden_size, "etp", par.etp),
+                                  ("shared experts' width", shared, "tp", tp),
+                                  ("sequence length (MoE layers split it over TP)", spec.seq_length, "tp", tp)):
+            if n % by:
+                raise ValueError(f"{what} ({n}) is not divisible by {name}={by}")
 
 
 def build_model(spec: ModelSpec, seed: int, recompute="none"):
@@ -252,7 +275,10 @@ def build_model(spec: ModelSpec, seed: int, recompute="none"):
     # replicated parameters. Mark what each rank must count: its TP shards, and the replicated
     # parameters on TP rank 0 only; a tied embedding once, on its first stage (DeepSpeed marks the
     # last stage's copy ds_pipe_replicated, which clip_grad_norm_ would count again).
+    # Expert weights count on every rank (DeepSpeed then averages the ranks' norms over DP: with ep > 1
+    # its norm of an MoE model is not the global norm, see README's MoE section).
     for p in module.parameters():
-        counted = bool(getattr(p, "tensor_model_parallel", False)) or par.tp_rank == 0
+        counted = bool(getattr(p, "tensor_model_parallel", False)) or par.tp_rank == 0 or not getattr(
+            p, "allreduce", True)
         p.model_parallel = counted and not getattr(p, "ds_pipe_replicated", False)
     return module

@@ -9,9 +9,22 @@ SUPPORTED_MODEL = {"ffn_type": ("gelu", "swiglu"), "position_embedding": ("learn
                    "normalization": ("layernorm", "rmsnorm")}
 
 
+#: Architecture keys the harness does not build, with the value it does build (MLA, QK-norm, MoE routing
+#: beyond top-k softmax/sigmoid with dropless dispatch: capacity drops, group-limited routing, the
+#: aux-loss-free expert bias).
+UNSUPPORTED_AT = {"multi_latent_attention": False, "qk_layernorm": False, "moe_capacity_factor": None,
+                  "moe_router_num_groups": None, "moe_router_group_topk": None, "moe_router_expert_bias": False}
+
+
 def model_refusal(model) -> str | None:
     """Why the harness cannot build `model` (a ModelSpec) as specified, or None."""
     off = [f"{k} = {getattr(model, k)!r}" for k, ok in SUPPORTED_MODEL.items() if getattr(model, k) not in ok]
+    off += [f"{k} = {getattr(model, k)!r}" for k, built in UNSUPPORTED_AT.items()
+            if getattr(model, k, built) != built]
+    if getattr(model, "head_dim", 0) not in (0, model.hidden_size // model.num_attention_heads):
+        off.append(f"head_dim = {model.head_dim} (its heads are hidden_size / num_attention_heads wide)")
+    if getattr(model, "num_experts", 0) and model.add_bias_linear:
+        off.append("add_bias_linear = True with experts (its experts have no biases)")
     heads, groups = model.num_attention_heads, model.num_query_groups
     if heads % groups:
         off.append(f"num_query_groups = {groups} does not divide num_attention_heads = {heads}")
@@ -22,10 +35,11 @@ def model_refusal(model) -> str | None:
     return None
 
 
-def layout_refusal(layout, num_layers: int | None = None, precision: str = "bf16") -> str | None:
+def layout_refusal(layout, num_layers: int | None = None, precision: str = "bf16", model=None) -> str | None:
     """Why the harness cannot run `layout` (a tuner.layout.Layout) of a model with `num_layers` layers in
     the study's `precision`, or None: virtual stages, context parallelism, an uneven pipeline split
-    (DeepSpeed's PipelineModule would split otherwise than the layout says) and FP8."""
+    (DeepSpeed's PipelineModule would split otherwise than the layout says), FP8, and (given the
+    ModelSpec `model`) ZeRO-3 with a mixture of experts."""
     if precision != "bf16":
         return (f"the bundled harness trains in bf16 (fp32 on CPU), not {precision}: use --precision bf16, or "
                 "--runner command with a trainer that runs FP8 (Transformer Engine)")
@@ -41,4 +55,7 @@ def layout_refusal(layout, num_layers: int | None = None, precision: str = "bf16
         return (f"the bundled harness cannot run context_parallel = {cp}: it has no context parallelism "
                 "(use context_parallel = 1, or a Megatron trainer through --runner command / "
                 "--runner slurm --template megatron)")
+    if getattr(model, "num_experts", 0) and layout.zero_stage == 3:
+        return ("the bundled harness cannot run zero_stage = 3 with a mixture-of-experts model: DeepSpeed's "
+                "ZeRO-3 does not partition its MoE layers (use zero_stage 0, 1 or 2)")
     return None

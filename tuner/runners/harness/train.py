@@ -22,6 +22,7 @@ Environment:
     TUNER_MEMORY_LIMIT_GB caps this process's address space growth (RLIMIT_AS) before the model
                           is built, so an oversized layout fails as `oom` on CPU (default: none)
     TUNER_COLLECTIVE_TIMEOUT_S  timeout of a stuck collective, so a failure never hangs (default 600)
+    TUNER_MOE_AUX_LOSS_COEFF    MoE models: the load-balancing loss coefficient (default 0.01; 0: none)
 
 Result JSON (written by rank 0 on success, by the first failing rank otherwise):
     status ok|oom|failed, tflops_per_gpu (Megatron count, with the layout's recompute),
@@ -31,7 +32,10 @@ Result JSON (written by rank 0 on success, by the first failing rank otherwise):
     (process start to end of the first iteration), device, precision, world_size, ds_config,
     recompute, sequence_parallel (in effect: tp > 1), rank0 (what rank 0's layers did: layers,
     layer_runs and attention_core_runs counting recomputes, residual_tokens = sequence positions
-    held between layers, parameters held).
+    held between layers, parameters held; for an MoE model also moe_layers, local_experts,
+    expert_rows = (token, expert) rows its experts ran, rows_sent_to_other_ranks, aux_loss).
+TFLOPS count an MoE model's active parameters (tuner.perfmodel.flops). The layout's expert_parallel and
+expert_tensor_parallel split the MoE layers (moe.py); the world size stays tp*pp*dp.
 The process exits 0 on `ok` and 1 otherwise (so the launcher tears down the other ranks).
 """
 
@@ -145,7 +149,7 @@ def train(trial: dict, device: torch.device, precision: str, progress: Path, t_s
 
     layout = Layout.from_dict(trial["layout"])
     spec = ModelSpec.from_dict(trial["model"], "trial.json model")
-    refusal = layout_refusal(layout, spec.num_layers, trial.get("precision", "bf16")) or model_refusal(spec)
+    refusal = layout_refusal(layout, spec.num_layers, trial.get("precision", "bf16"), model=spec) or model_refusal(spec)
     if refusal:
         raise ValueError(refusal)
     recompute = gpt.recompute_mode(layout)
@@ -165,7 +169,14 @@ def train(trial: dict, device: torch.device, precision: str, progress: Path, t_s
     if os.environ.get("TUNER_LR"):
         config["optimizer"]["params"]["lr"] = float(os.environ["TUNER_LR"])
 
-    par = topology.build(layout.tp, layout.pp, layout.dp, gpt.sequence_parallel_of(layout))
+    par = topology.build(layout.tp, layout.pp, layout.dp, gpt.sequence_parallel_of(layout),
+                         ep=layout.expert_parallel, etp=layout.expert_tensor_parallel, experts=spec.is_moe)
+    if spec.is_moe:
+        from tuner.runners.harness.moe import AuxLossAutoScaler, aux_loss_coeff
+        if precision == "fp16" and aux_loss_coeff() > 0:
+            raise ValueError("the MoE load-balancing loss's gradient skips fp16 loss scaling: use TUNER_DTYPE "
+                             "bf16 or fp32, or TUNER_MOE_AUX_LOSS_COEFF=0")
+        AuxLossAutoScaler.scale = 1.0 / config["gradient_accumulation_steps"]   # as DeepSpeed scales the LM loss
     if os.environ.get("TUNER_MEMORY_LIMIT_GB"):
         cap_memory(float(os.environ["TUNER_MEMORY_LIMIT_GB"]))
     module = gpt.build_model(spec, seed, recompute)
