@@ -93,6 +93,11 @@ def harness_refusal(rec: StudyRecord, workload: Workload) -> str | None:
     if refusal:
         return f"{refusal}; use --runner command with your own trainer, or --runner slurm --template megatron"
     template = rec.settings.get("runner_options", {}).get("template")
+    if _uses_harness(rec) and workload.model.is_moe and workload.framework == "megatron-core":
+        return None         # the harness's MoE layer is Megatron-Core's (router, dropless all-to-all, groups)
+    if _uses_harness(rec) and workload.model.is_moe:
+        return (f"the bundled harness trains a mixture of experts as Megatron-Core does, not as "
+                f"{workload.framework}: add --framework megatron-core")
     if (_uses_harness(rec) or template == "megatron") and workload.framework != "megatron-deepspeed":
         trainer = "the bundled harness" if _uses_harness(rec) else "Slurm's megatron template"
         return (f"{trainer} trains as Megatron-DeepSpeed does, not as {workload.framework}: use --framework "
