@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 import pytest
 
@@ -12,6 +13,11 @@ import pytest
 # children then start with (an exec resets a handled signal to its default; an ignored one stays ignored).
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# DeepSpeed builds its CPU op into TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions, shared by every
+# venv): two checkouts rebuilding it there in turn, or a build killed midway (its stale `lock`), hang every
+# later harness run at start. One build folder per venv; an explicit setting wins.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
 
 # ---- services (PostgreSQL, Slurm, chromium) ---------------------------------------------------
