@@ -240,3 +240,56 @@ def test_the_docs_notebook_runs_as_written(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "recommended:" in out and "trials stored" in out and 'model = "llama3-70b"' in out
     assert (tmp_path / "notebook.db").exists()
+
+
+# ---- review fixes ------------------------------------------------------------------------------------
+def test_a_config_files_runner_is_used_not_the_simulator(db, tmp_path):
+    (tmp_path / "cmd.toml").write_text('model = "22b"\nnodes = 4\nrunner = "command"\ncommand = "python train.py"\n')
+    study = tuner.create_study("c", storage=db, config=str(tmp_path / "cmd.toml"), budget=2)
+    assert study.record.runner == "command" and study.record.settings["runner_options"]["command"] == "python train.py"
+
+
+def test_a_refused_optimize_leaves_the_budget_alone(db):
+    import time as _time
+    study = tuner.create_study("busy", storage=db, budget=6, **SMALL)
+    study.optimize(n_trials=1)
+    other = {"elsewhere:1": {"host": "elsewhere", "pid": 1, "seen": _time.time()}}   # a live driver elsewhere
+    study.store.update_study_settings("busy", {"drivers": other})
+    with pytest.raises(UsageError, match="being run by a live driver"):
+        tuner.load_study("busy", storage=db).optimize(n_trials=3)
+    assert study.record.settings["budget"] == 1
+
+
+def test_a_runner_object_keeps_its_name(db):
+    tuner.create_study("named", storage=db, runner=measured, budget=1, **SMALL).optimize()
+    def other(trial):
+        return 1.0
+    with pytest.raises(UsageError, match="is run by runner 'measured', not 'other'"):
+        tuner.load_study("named", storage=db, runner=other)
+    assert tuner.load_study("named", storage=db, runner=other, runner_name="measured").runner.name == "measured"
+
+
+def test_runner_names_that_cannot_work_are_refused_with_the_fix(db):
+    with pytest.raises(UsageError, match="unknown runner 'nope': give one of sim, command, local, slurm"):
+        tuner.create_study(storage=db, runner="nope", **SMALL)
+    with pytest.raises(UsageError, match="pass runner_name="):
+        tuner.create_study(storage=db, runner=lambda t: 1.0, **SMALL)
+
+
+def test_config_keys_may_be_spelled_as_the_flags(tuner, tmp_path):
+    (tmp_path / "s.toml").write_text('model = "22b"\nnodes = 4\nbudget = 2\ncp = 1\nep = 1\nmicro_batch = 2\n')
+    code, _, err = tuner("search", "--config", "s.toml", "--study", "flags")
+    assert code == 0, err
+    from tuner.store import open_store
+    with open_store(tuner.db) as store:
+        dims = store.get_study("flags").space["dimensions"]
+    assert dims["context_parallel"] == [1] and dims["expert_parallel"] == [1] and dims["micro_batch"] == [2]
+
+
+def test_a_python_runners_study_file_says_how_to_use_it(tuner, tmp_path):
+    (tmp_path / "p.toml").write_text('model = "22b"\nnodes = 4\nrunner = "short_run"\n')
+    code, _, err = tuner("search", "--config", "p.toml")
+    assert code == 2 and "tuner.create_study(config=FILE, runner=short_run)" in err
+    assert tuner("search", "--model", "22b", "--nodes", "4", "--budget", "1", "--study", "o")[0] == 0
+    code, _, err = tuner("config", "o", "--out", str(tmp_path / "missing" / "o.toml"))
+    assert code == 2 and "does not exist" in err and "internal error" not in err

@@ -74,15 +74,14 @@ class Study:
             if n_trials < 1:
                 raise UsageError("n_trials must be >= 1")
             counted = sum(t.status not in (Status.PRUNED, Status.INTERRUPTED) for t in self.trials)
-            budget = counted + int(n_trials)
-            self.store.update_study_settings(self.name, {"budget": budget})
+            budget = counted + int(n_trials)      # stored once the lease is taken (a refused call changes nothing)
         progress = (lambda p: [cb(p) for cb in callbacks]) if callbacks else None
         if fresh:
-            result = studies.run(self.store, self.store.get_study(self.name), runner=self.runner,
+            result = studies.run(self.store, self.store.get_study(self.name), runner=self.runner, budget=budget,
                                  on_progress=progress, time_limit=timeout)
         else:
             result = studies.resume(self.store, self.name, mode="join" if join else "run", runner=self.runner,
-                                    on_progress=progress, time_limit=timeout)
+                                    budget=budget, on_progress=progress, time_limit=timeout)
         self.confidence = result.searcher.confidence
         self.stop_reason = result.searcher.stop_reason
         return result.outcome
@@ -109,18 +108,24 @@ class Study:
 
 
 def _runner(runner: Any, runner_name: str | None, options: dict) -> tuple[str, TrialRunner | None]:
-    """(stored name, object) of the runner argument: a name, or an object with its name."""
+    """(stored name, object) of the runner argument: a name tuner can build, or an object with its name."""
     if isinstance(runner, str):
         if runner_name:
             raise UsageError("runner_name names a runner object: give runner=<object> with it")
+        if runner not in runner_names():
+            raise UsageError(f"unknown runner '{runner}': give one of {', '.join(runner_names())}, register one "
+                             "(tuner.register_runner), or pass the runner object itself (runner=my_function)")
         return runner, None
-    name = check_name(runner_name or default_name(runner))
+    name = runner_name or default_name(runner)
+    if not runner_name and name == "<lambda>":
+        raise UsageError("a lambda has no name to store with the study: pass runner_name='my-trainer' with it")
+    name = check_name(name)
     if name in RUNNERS:
         raise UsageError(f"runner object named '{name}', a built-in runner's name: pass runner_name='my-trainer'")
     return name, as_runner(runner, name, options.get("runner_options"))
 
 
-def create_study(name: str | None = None, *, storage=None, runner: Any = "sim", runner_name: str | None = None,
+def create_study(name: str | None = None, *, storage=None, runner: Any = None, runner_name: str | None = None,
                  config: str | None = None, load_if_exists: bool = False, **options) -> Study:
     """Create (and store) a study; nothing runs until `optimize()`.
 
@@ -131,12 +136,11 @@ def create_study(name: str | None = None, *, storage=None, runner: Any = "sim", 
     already stored is loaded instead (its stored settings win)."""
     store = _store(storage)
     if load_if_exists and name and name in store.study_names():
-        return load_study(name, storage=store, runner=None if isinstance(runner, str) else runner,
-                          runner_name=runner_name)
+        return load_study(name, storage=store, runner=runner, runner_name=runner_name)
     given = {**(read(config) if config else {}), **options}
     if name:
         given["study"] = name
-    stored_name, obj = _runner(runner, runner_name, given)
+    stored_name, obj = _runner(runner if runner is not None else given.get("runner", "sim"), runner_name, given)
     given["runner"] = stored_name
     rec = record(_checked(given, "create_study"), set(store.study_names()))
     rec = studies.create(store, rec, obj)
@@ -147,7 +151,7 @@ def _checked(given: dict, where: str) -> dict:
     """Checked options, a runner name outside the CLI's built-in choices included."""
     runner = given.pop("runner", "sim")
     o = check(given, where)
-    o["runner"] = runner
+    o["runner"] = runner          # checked by _runner (a Python object's name is not in the registry)
     return o
 
 
@@ -157,8 +161,9 @@ def load_study(name: str, *, storage=None, runner: Any = None, runner_name: str 
     store = _store(storage)
     rec = store.get_study(name)
     obj = None
-    if runner is not None and not isinstance(runner, str):
-        obj = as_runner(runner, runner_name or rec.runner, rec.settings.get("runner_options"))
+    if runner is not None and not isinstance(runner, str):     # its own name: runner_for refuses another one
+        obj = as_runner(runner, runner_name or default_name(runner), rec.settings.get("runner_options"))
+        studies.runner_for(rec, None, obj)
     elif isinstance(runner, str) and runner != rec.runner:
         raise UsageError(f"study '{name}' is run by runner '{rec.runner}', not '{runner}'")
     return Study(store, name, obj)

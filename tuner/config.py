@@ -29,8 +29,14 @@ def _params() -> dict[str, click.Parameter]:
     return {p.name: p for p in search.params if p.name not in NOT_SETTINGS and p.name != "activation_checkpointing"}
 
 
+def _aliases() -> dict[str, str]:
+    """Each option's flag spelled as a key (ep, cp, micro_batch, ...) -> its parameter's name."""
+    return {o.lstrip("-").replace("-", "_"): p.name for p in _params().values() for o in getattr(p, "opts", [])
+            if o.startswith("--")}
+
+
 def keys() -> list[str]:
-    return sorted([*_params(), *TABLES])
+    return sorted({*_params(), *TABLES})
 
 
 def read(path: str | Path) -> dict:
@@ -49,7 +55,8 @@ def read(path: str | Path) -> dict:
 
 def check(options: dict, where: str = "study settings") -> dict:
     """`options` converted and checked by `tuner search`'s own parameters; tables kept as given."""
-    params, out = _params(), {}
+    params, out, alias = _params(), {}, _aliases()
+    options = {alias.get(k, k) if k not in params else k: v for k, v in options.items()}   # ep = 2 is expert_parallel
     unknown = sorted(set(options) - set(params) - set(TABLES))
     if unknown:
         raise UsageError(f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(keys())}")
@@ -60,11 +67,24 @@ def check(options: dict, where: str = "study settings") -> dict:
             continue
         if k in ("runner_options",):
             raise UsageError(f"{where}: '{k}' must be a table")
+        if k == "runner":
+            out[k] = _runner_name(v, where)
+            continue
         try:
             out[k] = None if v is None else params[k].type_cast_value(ctx, v)
         except click.BadParameter as exc:
             raise UsageError(f"{where}: {k} = {v!r}: {exc.format_message()}") from None
     return out
+
+
+def _runner_name(v, where: str) -> str:
+    """A runner this process can build by name; a Python runner's study is created from Python."""
+    from tuner.runners.registry import runner_names
+    if v not in runner_names():
+        raise UsageError(f"{where}: runner = {v!r} is not one this tuner can build ({', '.join(runner_names())}): "
+                         f"a study of a Python runner is created from Python, tuner.create_study(config=FILE, "
+                         f"runner={v}), or install it as a 'tuner.runners' entry point")
+    return v
 
 
 def settings_of(o: dict) -> dict:

@@ -125,6 +125,10 @@ class SearchSpace:
         unknown = set(data) - {"dimensions", "constraints"}
         if unknown:
             raise SpecError(f"{where}: unknown table(s) {', '.join(sorted(unknown))}; valid: dimensions, constraints")
+        for table in ("dimensions", "constraints"):
+            if not isinstance(data.get(table, {}), dict):
+                raise SpecError(f"{where}: '{table}' must be a table ([{table}] with one key per entry), "
+                                f"got {data[table]!r}"[:300])
         dims = dict(data.get("dimensions", {}))
         if "activation_checkpointing" in dims and "recompute" not in dims:    # a space written before recompute
             old = dims.pop("activation_checkpointing")

@@ -63,13 +63,23 @@ def show_result(store, name: str, result, fmt: str) -> None:
     fast = studies.fastest(store, name)
     if fast:
         t = fast[0]
-        fw = stored_framework(store.get_study(name).workload)
-        data = "--data-path PATH --tokenizer NAME" + ("" if fw == "megatron-deepspeed" else " (or --mock-data)")
         click.echo(f"recommended: {t.layout.key()} (trial {t.number}): {t.samples_per_second:.4g} samples/s, "
-                   f"MFU {100 * t.mfu:.2f} %. Launch files ({fw}): tuner launch {name} --out launch/ "
-                   f"--train-iters ITERS {data}")
+                   f"MFU {100 * t.mfu:.2f} %. {_launch_hint(store, name, t.layout)}")
     else:
         click.echo(f"no trial succeeded: see `tuner trials {name}` for why")
+
+
+def _launch_hint(store, name: str, layout) -> str:
+    """The `tuner launch` command for the recommendation, or why its framework's files cannot express it."""
+    from tuner.errors import UsageError as Refused
+    from tuner.render.launch import launch_files
+    w = Workload.from_dict(store.get_study(name).workload)
+    try:
+        launch_files(layout, w, framework=w.framework, data_path="PATH", tokenizer="NAME")
+    except Refused as exc:
+        return f"No launch files ({w.framework}): {exc}"
+    data = "--data-path PATH --tokenizer NAME" + ("" if w.framework == "megatron-deepspeed" else " (or --mock-data)")
+    return f"Launch files ({w.framework}): tuner launch {name} --out launch/ --train-iters ITERS {data}"
 
 
 @cli.command()
@@ -177,5 +187,7 @@ def config_cmd(name, out, force, db):
         return
     if out.exists() and not force:
         raise UsageError(f"--out {out} exists: choose another file, or pass --force to overwrite it")
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {out}: directory {out.parent} does not exist: create it, or choose another --out")
     out.write_text(text)
     click.echo(f"wrote study {name}'s settings to {out}", err=True)
