@@ -17,7 +17,7 @@ from tuner.layout import Layout, expert_data_parallel, stage_layer_indices, stag
 from tuner.perfmodel import comm, memory, predict
 from tuner.perfmodel.compute import shape_of
 from tuner.perfmodel.flops import model_flops
-from tuner.perfmodel.moe import alltoall_seconds, ep_group_nodes
+from tuner.perfmodel.moe import TokenExchange, alltoall_seconds, ep_group_nodes, flex_alltoall_time
 from tuner.render import mcore, torchtitan
 from tuner.space import load_space
 from tuner.specs import ModelSpec, load_cluster, load_model, make_workload
@@ -236,6 +236,38 @@ def test_megatron_core_overlaps_the_alltoall_only_where_it_may():
     assert not FRAMEWORKS["torchtitan"].ep_overlap(lay)
     hidden, whole = predict(lay, w), predict(lay, dataclasses.replace(w, framework="torchtitan"))
     assert hidden.time_breakdown["all_to_all"] < whole.time_breakdown["all_to_all"]
+
+
+def test_an_exchange_without_the_overlap_exposes_the_whole_alltoall():
+    """A run configured without --overlap-moe-expert-parallel-comm (NVIDIA's Qwen3-30B-A3B H100 config):
+    every dispatch and combine of every micro-batch shows; the default is what `launch` writes."""
+    w = h100("qwen3-30b-a3b", 2)
+    lay = Layout(tp=1, pp=1, dp=16, expert_parallel=16, micro_batch=1, recompute="none")
+    off = predict(lay, w, TokenExchange(overlap=False))
+    per_layer = alltoall_seconds(w.model, w.cluster, shape_of(lay, w))
+    assert off.time_breakdown["all_to_all"] == pytest.approx((512 // 16) * 48 * per_layer)
+    assert predict(lay, w).time_breakdown["all_to_all"] < off.time_breakdown["all_to_all"]
+    assert predict(lay, w, TokenExchange(overlap=True)).step_time_s == predict(lay, w).step_time_s
+    full = dataclasses.replace(lay, recompute="full")      # Megatron-Core refuses the overlap there: no effect
+    assert predict(full, w, TokenExchange(overlap=True)).step_time_s == predict(full, w).step_time_s
+
+
+def test_the_flex_dispatcher_sends_a_token_once_per_remote_node():
+    """HybridEP / DeepEP: over 2 nodes of 8 a token with top-8 of 128 experts crosses the network once
+    (it almost surely has an expert on the other node), where the alltoall dispatcher sends the 4 copies
+    for the other node's experts; NVLink carries one copy per GPU hit, not per expert."""
+    w = h100("qwen3-30b-a3b", 2)
+    sh = shape_of(Layout(tp=1, pp=1, dp=16, expert_parallel=16, micro_batch=1, recompute="none"), w)
+    m, c = w.model, w.cluster
+    tokens = 4096
+    flex = flex_alltoall_time(m, c, sh, 2.0 * m.hidden_size)
+    one_copy = tokens * 2.0 * m.hidden_size / (c.network_efficiency * comm.GB * c.inter_node_bandwidth_gbps / 8)
+    assert one_copy < flex < 1.01 * one_copy + 2 * c.latency_us * 1e-6
+    alltoall = comm.alltoall_time(c, tokens * m.moe_top_k * 2.0 * m.hidden_size, 16, 1)
+    assert alltoall == pytest.approx(4 * one_copy, rel=0.01)
+    assert alltoall_seconds(m, c, sh, "flex") == pytest.approx(4 * flex)     # dispatch + combine, fwd + bwd
+    inside = shape_of(Layout(tp=1, pp=1, dp=16, expert_parallel=8, micro_batch=1), w)
+    assert 0 < flex_alltoall_time(m, c, inside, 2.0 * m.hidden_size) < alltoall_seconds(m, c, inside) / 4
 
 
 # ------------------------------------------------------------------------------------------ launch

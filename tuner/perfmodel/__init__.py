@@ -85,7 +85,8 @@ def layer_comm(layout: Layout, workload: Workload, sh: compute.Shape, attention_
     return {"tp_comm": tp, "cp_comm": max(0.0, ring - attention_s), "activation_bytes": act}
 
 
-def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = None) -> list[dict]:
+def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = None,
+                exchange: moe.TokenExchange | None = None) -> list[dict]:
     """Seconds per micro-batch of each distinct pipeline stage, each a breakdown by component: [first,
     last]; one stage with pp = 1; [first, middle, last] with the embedding- and loss-aware split, whose
     middle stages hold one more layer than the ends."""
@@ -93,13 +94,14 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     t, p, sh = layout.tp, layout.pp, sh or shape_of(layout, workload)
     lay = compute.layer_times(model, cluster, sh)
     lay_moe = moe.moe_layer_times(model, cluster, sh) if model.is_moe else lay
-    a2a = moe.alltoall_seconds(model, cluster, sh) if model.is_moe else 0.0
+    exchange = exchange or moe.TokenExchange()
+    a2a = moe.alltoall_seconds(model, cluster, sh, exchange.dispatcher) if model.is_moe else 0.0
     lc = layer_comm(layout, workload, sh, lay["attention"])
     act = lc["activation_bytes"]
     ar = comm.tp_allreduce_time(cluster, t, act)
     boundary = act / t if sh.sp else act              # sequence parallelism sends the scattered tensor
     hide = framework_of(workload).overlaps
-    ep_hidden = framework_of(workload).ep_overlap(layout)
+    ep_hidden = framework_of(workload).ep_overlap(layout) and exchange.overlap is not False
     tp_comm = max(0.0, lc["tp_comm"] - lay["gemm"]) if "tp" in hide and sh.sp else lc["tp_comm"]
     p2p = layout.virtual_pipeline * comm.pipeline_p2p_time(cluster, t * sh.c, layout.dp, p, boundary)
 
@@ -170,8 +172,9 @@ def fsdp_time(layout: Layout, workload: Workload, compute_mb: float, m: int) -> 
     return {"grad_reduce": last + layers * max(0.0, rs - bwd), "param_gather": first + layers * max(0.0, ag - fwd)}
 
 
-def predict(layout: Layout, workload: Workload) -> Prediction:
-    """Predicted throughput, step time and per-GPU peak memory of a valid `layout` on `workload`."""
+def predict(layout: Layout, workload: Workload, exchange: moe.TokenExchange | None = None) -> Prediction:
+    """Predicted throughput, step time and per-GPU peak memory of a valid `layout` on `workload`; an MoE
+    model's tokens moved as `exchange` says (default: as `tuner launch` writes the layout)."""
     model, cluster = workload.model, workload.cluster
     t, p, d = layout.tp, layout.pp, layout.dp
     m = micro_batches_per_pipeline(layout, workload.global_batch)
@@ -187,7 +190,7 @@ def predict(layout: Layout, workload: Workload) -> Prediction:
     reason = memory.fit_reason(mem, cluster.memory_gb, worst_stage) if mem["total"] > cluster.memory_gb else ""
 
     # ---- time
-    slow = max(stage_times(layout, workload, sh), key=lambda st: sum(st.values()))
+    slow = max(stage_times(layout, workload, sh, exchange), key=lambda st: sum(st.values()))
     t_stage = sum(slow.values())
     params_gpu, experts_gpu = max((memory.stage_params(model, layout, s), memory.stage_expert_params(model, layout, s))
                                   for s in {0, min(1, p - 1), p - 1})

@@ -25,6 +25,8 @@ slower than this, which the model does not see.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tuner.perfmodel import comm
 from tuner.perfmodel.compute import (ELEMENTWISE_REPLICATED, FP8_CAST_BYTES, SCORE_BYTES, Shape, _assemble, _passes,
                                      activation_function_bytes, attention_split_bytes, gemm_time)
@@ -109,17 +111,64 @@ def moe_layer_times(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> dic
 
 
 # ------------------------------------------------------------------------------------ communication
-def alltoall_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> float:
+@dataclass(frozen=True)
+class TokenExchange:
+    """How a run moves the tokens between the EP ranks, where it is not what `tuner launch` writes
+    (benchmarks/moe_accuracy.py predicts published runs as they were configured).
+    overlap: Megatron-Core's --overlap-moe-expert-parallel-comm on or off; None: where the framework
+    allows it (tuner.frameworks ep_overlap), as `launch` writes it.
+    dispatcher: "alltoall" (--moe-token-dispatcher-type alltoall, what `launch` writes) or "flex"
+    (Megatron-Core's flex dispatcher with its DeepEP or HybridEP backend, `flex_alltoall_time`)."""
+
+    overlap: bool | None = None
+    dispatcher: str = "alltoall"
+
+
+DISPATCHERS = ("alltoall", "flex")
+
+
+def _miss(experts: int, held: float, top_k: int) -> float:
+    """Probability that none of a token's top_k experts (distinct, uniform: balanced routing) is among
+    `held` of the `experts`."""
+    p = 1.0
+    for i in range(top_k):
+        p *= max(0.0, experts - held - i) / (experts - i)
+    return p
+
+
+def flex_alltoall_time(model: ModelSpec, cluster: ClusterSpec, shape: Shape, token_bytes: float) -> float:
+    """One dispatch (or combine) of Megatron-Core's flex dispatcher (DeepEP / HybridEP: the permutation
+    fused into the exchange): a token crosses the network ONCE per remote node that holds any of its
+    top_k experts (to the GPU of its local rank there, which forwards it over NVLink), and NVLink once
+    per GPU holding any of them, where the alltoall dispatcher sends a copy per (token, expert) pair;
+    the combine reduces a node's expert outputs before they cross back. The network part leaves through
+    the GPU's own NIC (inter-node / GPUs per node); the two parts run at once, the slower sets the time."""
+    ep, gpn = shape.ep, cluster.gpus_per_node
+    if ep <= 1:
+        return 0.0
+    local = ep if not comm.crosses_nodes(cluster, ep, shape.etp) else max(1, min(ep, gpn // shape.etp))
+    nodes, e, k = ep // local, model.num_experts, model.moe_top_k
+    hit_gpu, hit_node = 1.0 - _miss(e, e / ep, k), 1.0 - _miss(e, e * local / ep, k)
+    per_token = token_bytes * rank_tokens(model, shape)
+    bw = cluster.network_efficiency * comm.GB
+    intra = per_token * nodes * (local - 1) * hit_gpu / (bw * cluster.intra_node_bandwidth_gbps)
+    inter = per_token * (nodes - 1) * hit_node / (bw * cluster.inter_node_bandwidth_gbps / gpn)
+    return max(intra, inter) + nodes * cluster.latency_us * 1e-6
+
+
+def alltoall_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Shape, dispatcher: str = "alltoall") -> float:
     """The token dispatch and combine of one MoE layer for one micro-batch on one GPU: two all-to-alls
     forward, two backward (the gradients go the other way), two more with full recompute, each moving
-    this rank's T*top_k bf16 hidden states over its EP group (ep ranks, etp apart); and with etp > 1 the
-    expert-TP all-gather of the dispatched tokens and reduce-scatter of the outputs (one all-reduce's
-    worth per pass)."""
+    this rank's T*top_k bf16 hidden states over its EP group (ep ranks, etp apart; the flex dispatcher:
+    `flex_alltoall_time`); and with etp > 1 the expert-TP all-gather of the dispatched tokens and
+    reduce-scatter of the outputs (one all-reduce's worth per pass)."""
     _, _, _, full = _passes(shape)
     passes = 2.0 + full
     tokens = rank_tokens(model, shape) * model.moe_top_k * load(model)
     nbytes = 2.0 * tokens * model.hidden_size
-    seconds = 2.0 * passes * comm.alltoall_time(cluster, nbytes, shape.ep, shape.etp)
+    one = (flex_alltoall_time(model, cluster, shape, 2.0 * model.hidden_size) if dispatcher == "flex"
+           else comm.alltoall_time(cluster, nbytes, shape.ep, shape.etp))
+    seconds = 2.0 * passes * one
     if shape.etp > 1:
         bw = comm.group_bandwidth(cluster, shape.etp, 1)
         seconds += passes * comm.allreduce_time(nbytes * shape.etp, shape.etp, bw, cluster)
