@@ -163,6 +163,19 @@ def test_no_layout_reason_names_the_rule():
     assert no_layout_reason(sp, w2)
 
 
+@pytest.mark.parametrize("model, cluster, nodes, pins, rule", [
+    ("gpt-22b", "frontier", 2, {"expert_parallel": 2}, "expert_parallel 2 needs a mixture-of-experts model"),
+    ("mixtral-8x7b", "h100", 8, {"expert_parallel": 3}, "num_experts (8) is not divisible by expert_parallel=3"),
+    ("mixtral-8x7b", "h100", 1, {"expert_parallel": 8, "expert_tensor_parallel": 4, "tp": 1},
+     "ep*etp = 8*4 does not divide tp*cp*dp = 8"),
+])
+def test_no_layout_reason_probes_the_expert_dimensions(model, cluster, nodes, pins, rule):
+    """Issue 20 review: a pinned ep / etp that leaves no layout is blamed, not the probe's plain ep 1."""
+    sp, w = load_space().pinned(pins), make_workload(model, nodes, cluster)
+    assert not sp.enumerate_layouts(w)
+    assert rule in no_layout_reason(sp, w)
+
+
 def test_no_layout_reason_is_given_whole(tuner, tmp_path):
     """Issue 12 item 10: the reason is the whole sentence, numbers and parentheses included."""
     odd = ModelSpec("odd", 2, 8, 2, 4, 16, global_batch=7)     # 8 GPUs: tp, pp <= 2, so dp >= 2

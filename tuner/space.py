@@ -262,11 +262,13 @@ def no_layout_reason(space: SearchSpace, workload: Workload) -> str:
     vp = min(pick["virtual_pipeline"])     # the plainest the space allows (sp, ZeRO: the plainest the framework runs)
     allowed = framework_of(workload).zero_stages
     zero = min([z for z in pick["zero_stage"] if z in allowed] or pick["zero_stage"])
-    for tp, cp, pp, mb in itertools.product(*(pick[d] for d in ("tp", "context_parallel", "pp", "micro_batch"))):
+    cuts = ("tp", "context_parallel", "pp", "micro_batch", "expert_parallel", "expert_tensor_parallel")
+    for tp, cp, pp, mb, ep, etp in itertools.product(*(pick[d] for d in cuts)):
         if workload.gpus % (tp * cp * pp):
             continue
         tries = [space.why_invalid(Layout(tp=tp, sequence_parallel=sp, context_parallel=cp, pp=pp, virtual_pipeline=vp,
-                                          dp=workload.gpus // (tp * cp * pp), micro_batch=mb, zero_stage=zero,
+                                          dp=workload.gpus // (tp * cp * pp), expert_parallel=ep,
+                                          expert_tensor_parallel=etp, micro_batch=mb, zero_stage=zero,
                                           recompute=pick["recompute"][-1]), workload)
                  for sp in sorted(pick["sequence_parallel"])]
         r = None if None in tries else tries[0]
