@@ -32,14 +32,34 @@ def service_unavailable(service: str, reason: str):
 
 
 # ---- PostgreSQL (store contract tests) --------------------------------------------------------
+def reset_pg(url: str) -> None:
+    """Drop every table of the test database (the store's, its tuner_alembic_version, anything a test left)."""
+    from sqlalchemy import MetaData, create_engine
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.begin() as conn:
+            found = MetaData()
+            found.reflect(conn)
+            found.drop_all(conn)
+    finally:
+        engine.dispose()
+
+
 @pytest.fixture(scope="session")
-def pg_url() -> str:
+def pg_server_url() -> str:
     """A PostgreSQL URL from TUNER_TEST_PG_URL (printed by `.ci/start-postgres.sh`), else skip (CI: fail)."""
     url = os.environ.get("TUNER_TEST_PG_URL")
     if not url:
         service_unavailable("PostgreSQL", "PostgreSQL not configured: run `.ci/start-postgres.sh` as root and "
                             "set TUNER_TEST_PG_URL to the URL it prints")
     return url
+
+
+@pytest.fixture
+def pg_url(pg_server_url) -> str:
+    """pg_server_url's database, emptied: every test starts from no tables, whatever the one before it left."""
+    reset_pg(pg_server_url)
+    return pg_server_url
 
 
 # ---- the CLI, in-process --------------------------------------------------------------------

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
 
 from tuner.driver import Driver
 from tuner.errors import TunerError
@@ -34,12 +33,7 @@ def tuner_proc(args, cwd, db) -> subprocess.Popen:
 def shared_db(request, tmp_path):
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'shared.db'}"
-    url = request.getfixturevalue("pg_url")
-    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
-    with engine.begin() as conn:
-        conn.execute(text("DROP TABLE IF EXISTS trials, studies, meta CASCADE"))
-    engine.dispose()
-    return url
+    return request.getfixturevalue("pg_url")          # emptied by the fixture (tests/conftest.py)
 
 
 def ran(db: str, study: str) -> list:

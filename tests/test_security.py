@@ -123,7 +123,7 @@ def test_password_not_shown_for_an_unreachable_database(tuner, tmp_path, url):
 
 
 @pytest.fixture(scope="module")
-def pg_secret_url(pg_url):
+def pg_secret_url(pg_server_url):
     """A PostgreSQL role and database with a password found nowhere else (needs root and psql)."""
     if os.geteuid() != 0 or shutil.which("psql") is None:
         service_unavailable("psql", "creating a PostgreSQL role needs root and psql")   # CI: fails
