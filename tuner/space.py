@@ -262,8 +262,9 @@ def no_layout_reason(space: SearchSpace, workload: Workload) -> str:
     vp = min(pick["virtual_pipeline"])     # the plainest the space allows (sp, ZeRO: the plainest the framework runs)
     allowed = framework_of(workload).zero_stages
     zero = min([z for z in pick["zero_stage"] if z in allowed] or pick["zero_stage"])
-    cuts = ("tp", "context_parallel", "pp", "micro_batch", "expert_parallel", "expert_tensor_parallel")
-    for tp, cp, pp, mb, ep, etp in itertools.product(*(pick[d] for d in cuts)):
+    ep, etp = min(pick["expert_parallel"]), min(pick["expert_tensor_parallel"])   # the plainest, or the pin
+    cuts = ("tp", "context_parallel", "pp", "micro_batch")
+    for tp, cp, pp, mb in itertools.product(*(pick[d] for d in cuts)):
         if workload.gpus % (tp * cp * pp):
             continue
         tries = [space.why_invalid(Layout(tp=tp, sequence_parallel=sp, context_parallel=cp, pp=pp, virtual_pipeline=vp,
