@@ -55,10 +55,15 @@ def load_rows() -> list[dict]:
     return rows
 
 
-def held_out(row: dict) -> bool:
-    key = "|".join(str(row.get(k)) for k in ("source", "model", "gpus", "precision", "seq_length", "global_batch",
-                                              "micro_batch", "tp", "pp", "cp", "vp", "recompute", "zero_stage"))
+def hashed_third(row: dict, keys: tuple) -> bool:
+    """Whether `row` is in the held-out third: a hash of its `keys`, never a look at its error."""
+    key = "|".join(str(row.get(k)) for k in keys)
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 3 == 0
+
+
+def held_out(row: dict) -> bool:
+    return hashed_third(row, ("source", "model", "gpus", "precision", "seq_length", "global_batch", "micro_batch",
+                              "tp", "pp", "cp", "vp", "recompute", "zero_stage"))
 
 
 def layout_of(row: dict, framework: str) -> Layout:
@@ -92,7 +97,7 @@ def evaluate(row: dict) -> dict:
     return out
 
 
-def _stats(errors: list[float]) -> str:
+def error_stats(errors: list[float]) -> str:
     if not errors:
         return "no rows"
     a = [abs(e) for e in errors]
@@ -127,7 +132,7 @@ def main(all_rows: bool = False) -> dict:
             for p in ("bf16", "fp8"):
                 errs = [e["error"] for r, e in sel if r["precision"] == p]
                 if errs:
-                    print(f"  {label:8s} {p}: {_stats(errs)}")
+                    print(f"  {label:8s} {p}: {error_stats(errs)}")
             ran = [e for r, e in sel if not r.get("oom")]
             pruned = sum(e["p_fit"] < PRUNE_BELOW for e in ran)
             unlikely = sum(e["p_fit"] < 0.5 for e in ran)

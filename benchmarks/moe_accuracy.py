@@ -46,8 +46,6 @@ the rows stay "unstated" and the "stated" line is the check of the exchange mode
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import statistics
 import sys
 import tomllib
 from pathlib import Path
@@ -59,6 +57,9 @@ from tuner.perfmodel import PRUNE_BELOW, predict  # noqa: E402
 from tuner.perfmodel.moe import TokenExchange  # noqa: E402
 from tuner.specs import load_cluster, load_model, make_workload  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from framework_accuracy import error_stats, hashed_third  # noqa: E402  (one held-out rule, one summary)
+
 DATA = Path(__file__).resolve().parent / "data" / "moe_published.toml"
 OLDER = ("25.09", "25.11", "26.02 ")       # releases before 26.02.01 (the trailing space keeps 26.02.01 out)
 
@@ -69,9 +70,8 @@ def load_rows() -> list[dict]:
 
 
 def held_out(row: dict) -> bool:
-    key = "|".join(str(row.get(k)) for k in ("source", "model", "gpus", "precision", "seq_length", "global_batch",
-                                              "micro_batch", "tp", "pp", "cp", "vp", "ep", "recompute"))
-    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 3 == 0
+    return hashed_third(row, ("source", "model", "gpus", "precision", "seq_length", "global_batch", "micro_batch",
+                              "tp", "pp", "cp", "vp", "ep", "recompute"))
 
 
 def older(row: dict) -> bool:
@@ -112,14 +112,6 @@ def evaluate(row: dict) -> dict:
             "step_s": pr.step_time_s}
 
 
-def stats(errors: list[float]) -> str:
-    if not errors:
-        return "no rows"
-    a = [abs(e) for e in errors]
-    return (f"{len(a):2d} rows, median |error| {100 * statistics.median(a):5.1f} %, worst "
-            f"{100 * max(errors, key=abs):+6.1f} %, mean {100 * statistics.fmean(errors):+6.1f} %")
-
-
 def main(all_rows: bool = False) -> dict:
     results = [(r, evaluate(r)) for r in load_rows()]
     print("== Published MoE runs, megatron-core on DGX-H100 (tokens/s/GPU: predicted / measured - 1)")
@@ -139,7 +131,7 @@ def main(all_rows: bool = False) -> dict:
     for label, sel in (("all", ok), ("stated", stated), ("current", current), ("  tuning", [x for x in current if not held_out(x[0])]),
                        ("  held-out", [x for x in current if held_out(x[0])]),
                        ("older", [x for x in ok if older(x[0])])):
-        print(f"  {label:10s} {stats([e['error'] for _, e in sel])}")
+        print(f"  {label:10s} {error_stats([e['error'] for _, e in sel])}")
     pruned = sum(e["p_fit"] < PRUNE_BELOW for _, e in ok)
     print(f"  memory: of {len(ok)} runs that ran, {pruned} would be pruned (p_fit < {PRUNE_BELOW}), "
           f"{sum(e['p_fit'] < 0.5 for _, e in ok)} have p_fit < 0.5 (no row states its peak memory)")
