@@ -20,6 +20,20 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
 
+# ---- the "tuner" logger -----------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _tuner_logger_restored():
+    """A CLI command run in-process (CliRunner) gives the "tuner" logger its stderr handler, a level and
+    propagate=False; put it back after every test, so that no test sees what an earlier one left."""
+    import logging
+    logger = logging.getLogger("tuner")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:] = saved[0]
+    logger.setLevel(saved[1])
+    logger.propagate = saved[2]
+
+
 # ---- services (PostgreSQL, Slurm, chromium) ---------------------------------------------------
 def service_unavailable(service: str, reason: str):
     """A test needs `service` and it is not there: skip, saying how to start it; under CI (TUNER_CI=1,
