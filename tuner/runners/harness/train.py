@@ -47,6 +47,7 @@ import resource
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -141,22 +142,8 @@ def workload_of(trial: dict, spec: ModelSpec, world: int) -> Workload:
     return Workload(spec, cluster, 1, int(gb))
 
 
-def train(trial: dict, device: torch.device, precision: str, progress: Path, t_start: float) -> dict:
-    import deepspeed
-    import torch.distributed as dist
-
-    from tuner.runners.harness import model as gpt, topology
-
-    layout = Layout.from_dict(trial["layout"])
-    spec = ModelSpec.from_dict(trial["model"], "trial.json model")
-    refusal = layout_refusal(layout, spec.num_layers, trial.get("precision", "bf16"), model=spec) or model_refusal(spec)
-    if refusal:
-        raise ValueError(refusal)
-    recompute = gpt.recompute_mode(layout)
-    world = dist.get_world_size()
-    workload = workload_of(trial, spec, world)
-    seed = _env_int("TUNER_SEED", 1234)
-    warmup, steps = _env_int("TUNER_WARMUP_STEPS", 1), _env_int("TUNER_STEPS", 3)
+def ds_config(layout: Layout, workload: Workload, precision: str, device: torch.device) -> dict:
+    """The rendered DeepSpeed config with the harness's optimizer choices (TUNER_OPTIMIZER, TUNER_LR)."""
     config = render_ds_config(layout, workload, precision=precision)
     if os.environ.get("TUNER_OPTIMIZER", "adam").lower() == "sgd":
         # For proofs of parallelism: the update is linear in the gradient, so a gradient that is
@@ -168,7 +155,36 @@ def train(trial: dict, device: torch.device, precision: str, progress: Path, t_s
         config["optimizer"]["params"]["torch_adam"] = True   # FusedAdam is a CUDA kernel
     if os.environ.get("TUNER_LR"):
         config["optimizer"]["params"]["lr"] = float(os.environ["TUNER_LR"])
+    return config
 
+
+@dataclass
+class Run:
+    """One rank's trial: what it trains, how, and its engine."""
+    layout: Layout
+    spec: ModelSpec
+    workload: Workload
+    config: dict
+    recompute: str
+    par: object          # topology.Parallel
+    module: torch.nn.Module
+    engine: object       # deepspeed engine
+
+
+def set_up(trial: dict, device: torch.device, precision: str) -> Run:
+    """Check the trial, build the process groups, the model and the DeepSpeed engine."""
+    import deepspeed
+    import torch.distributed as dist
+
+    from tuner.runners.harness import model as gpt, topology
+
+    layout = Layout.from_dict(trial["layout"])
+    spec = ModelSpec.from_dict(trial["model"], "trial.json model")
+    refusal = layout_refusal(layout, spec.num_layers, trial.get("precision", "bf16"), model=spec) or model_refusal(spec)
+    if refusal:
+        raise ValueError(refusal)
+    workload = workload_of(trial, spec, dist.get_world_size())
+    config = ds_config(layout, workload, precision, device)
     par = topology.build(layout.tp, layout.pp, layout.dp, gpt.sequence_parallel_of(layout),
                          ep=layout.expert_parallel, etp=layout.expert_tensor_parallel, experts=spec.is_moe)
     if spec.is_moe:
@@ -179,13 +195,48 @@ def train(trial: dict, device: torch.device, precision: str, progress: Path, t_s
         AuxLossAutoScaler.scale = 1.0 / config["gradient_accumulation_steps"]   # as DeepSpeed scales the LM loss
     if os.environ.get("TUNER_MEMORY_LIMIT_GB"):
         cap_memory(float(os.environ["TUNER_MEMORY_LIMIT_GB"]))
-    module = gpt.build_model(spec, seed, recompute)
+    recompute = gpt.recompute_mode(layout)
+    module = gpt.build_model(spec, _env_int("TUNER_SEED", 1234), recompute)
     engine, _, _, _ = deepspeed.initialize(model=module, config=config,
                                            mpu=None if layout.pp > 1 else par.grid,
                                            model_parameters=[p for p in module.parameters() if p.requires_grad])
-    counts_samples = par.first_stage and par.tp_rank == 0
-    rank0 = dist.get_rank() == 0
-    losses, grad_norms, step_times, samples = [], [], [], 0
+    return Run(layout, spec, workload, config, recompute, par, module, engine)
+
+
+def one_step(run: Run, batches, device: torch.device) -> tuple[float, int]:
+    """One iteration over this replica's micro-batches: (the replicas' mean loss, samples this rank fed)."""
+    import torch.distributed as dist
+    n_samples = 0
+
+    def counted(it):
+        nonlocal n_samples
+        for tokens, labels in it:
+            n_samples += tokens.shape[0]
+            yield tokens, labels
+
+    if run.layout.pp > 1:
+        return float(run.engine.train_batch(data_iter=counted(batches))), n_samples
+    total, count = 0.0, 0
+    for tokens, labels in counted(batches):
+        micro_loss = run.engine(tokens, labels)
+        run.engine.backward(micro_loss)
+        run.engine.step()
+        total, count = total + float(micro_loss.detach()), count + 1
+    t = torch.tensor([total / count], dtype=torch.float64, device=device)
+    if run.layout.dp > 1:
+        dist.all_reduce(t, group=run.par.dp_group)
+    return float(t) / run.layout.dp, n_samples
+
+
+def train(trial: dict, device: torch.device, precision: str, progress: Path, t_start: float) -> dict:
+    import torch.distributed as dist
+
+    run = set_up(trial, device, precision)
+    layout, spec, world = run.layout, run.spec, dist.get_world_size()
+    seed = _env_int("TUNER_SEED", 1234)
+    warmup, steps = _env_int("TUNER_WARMUP_STEPS", 1), _env_int("TUNER_STEPS", 3)
+    counts_samples = run.par.first_stage and run.par.tp_rank == 0
+    losses, grad_norms, step_times, samples, startup_s, t_timed = [], [], [], 0, None, time.perf_counter()
 
     def sync():
         if device.type == "cuda":
@@ -193,75 +244,59 @@ def train(trial: dict, device: torch.device, precision: str, progress: Path, t_s
         dist.barrier()
 
     sync()
-    t_timed = None
-    startup_s = None
     for step in range(warmup + steps):
         if step == warmup:
             sync()
             t_timed = time.perf_counter()
         t0 = time.perf_counter()
-        n_samples = 0
-        batches = micro_batches(step, layout, par, spec, workload.global_batch, seed, device)
-        if layout.pp > 1:
-            def counted(it):
-                nonlocal n_samples
-                for tokens, labels in it:
-                    n_samples += tokens.shape[0]
-                    yield tokens, labels
-            loss = float(engine.train_batch(data_iter=counted(batches)))
-        else:
-            total = 0.0
-            count = 0
-            for tokens, labels in batches:
-                n_samples += tokens.shape[0]
-                micro_loss = engine(tokens, labels)
-                engine.backward(micro_loss)
-                engine.step()
-                total, count = total + float(micro_loss.detach()), count + 1
-            t = torch.tensor([total / count], dtype=torch.float64, device=device)
-            if layout.dp > 1:
-                dist.all_reduce(t, group=par.dp_group)
-            loss = float(t) / layout.dp
+        batches = micro_batches(step, layout, run.par, spec, run.workload.global_batch, seed, device)
+        loss, n_samples = one_step(run, batches, device)
         dt = time.perf_counter() - t0
+        norm = run.engine.get_global_grad_norm()
         losses.append(loss)
-        norm = engine.get_global_grad_norm()
         grad_norms.append(None if norm is None else float(norm))
         step_times.append(dt)
-        if startup_s is None:
-            startup_s = time.time() - t_start
+        startup_s = time.time() - t_start if startup_s is None else startup_s
         if step >= warmup and counts_samples:
             samples += n_samples
-        if rank0:
+        if dist.get_rank() == 0:
             step_samples = n_samples * layout.dp   # rank 0 counts its replica's real samples
-            sps = step_samples / dt
-            tf = megatron_flops(spec, step_samples, recompute) / (dt * world * 1e12)
             with open(progress, "a") as f:
                 f.write(json.dumps({"step": step + 1, "warmup": step < warmup, "loss": loss, "step_time": dt,
-                                    "elapsed": time.time() - t_start, "samples_per_second": sps,
-                                    "tflops_per_gpu": tf}) + "\n")
+                                    "elapsed": time.time() - t_start, "samples_per_second": step_samples / dt,
+                                    "tflops_per_gpu": megatron_flops(spec, step_samples, run.recompute)
+                                    / (dt * world * 1e12)}) + "\n")
     sync()
     timed = time.perf_counter() - t_timed
+    result = summary(run, samples, timed, device, precision, world)
+    result.update(losses=losses, grad_norms=grad_norms, step_times=step_times, timed_steps=steps,
+                  warmup_steps=warmup, startup_s=startup_s)
+    peak = peak_tflops(trial)
+    if peak:
+        result["peak_fraction"] = result["tflops_per_gpu"] / peak
+    return result
+
+
+def summary(run: Run, samples: int, timed: float, device: torch.device, precision: str, world: int) -> dict:
+    """The result of the timed steps: samples summed and peak memory maxed over the ranks."""
+    import torch.distributed as dist
+
+    from tuner.runners.harness import model as gpt
+
     stats = torch.tensor([float(samples), peak_memory_gb(device)], dtype=torch.float64, device=device)
     summed = stats.clone()
     dist.all_reduce(summed)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
-    real_samples = int(summed[0])
-    tflops = megatron_flops(spec, real_samples, recompute) / (timed * world * 1e12)
-    model_tflops = megatron_flops(spec, real_samples, False) / (timed * world * 1e12)
-    result = {"status": "ok", "tflops_per_gpu": tflops, "model_tflops_per_gpu": model_tflops,
-              "samples_per_second": real_samples / timed,
-              "tokens_per_second": real_samples * spec.seq_length / timed,
-              "peak_memory_gb": float(stats[1]), "message": "", "losses": losses, "grad_norms": grad_norms,
-              "step_times": step_times,
-              "samples": real_samples, "timed_steps": steps, "warmup_steps": warmup,
-              "startup_s": startup_s, "device": str(device), "precision": precision,
-              "world_size": world, "layout": layout.as_dict(), "ds_config": config,
-              "recompute": recompute, "sequence_parallel": par.sequence_parallel and par.tp > 1,
-              "rank0": gpt.activity(module)}
-    peak = peak_tflops(trial)
-    if peak:
-        result["peak_fraction"] = tflops / peak
-    return result
+    real_samples, spec = int(summed[0]), run.spec
+    return {"status": "ok",
+            "tflops_per_gpu": megatron_flops(spec, real_samples, run.recompute) / (timed * world * 1e12),
+            "model_tflops_per_gpu": megatron_flops(spec, real_samples, False) / (timed * world * 1e12),
+            "samples_per_second": real_samples / timed,
+            "tokens_per_second": real_samples * spec.seq_length / timed,
+            "peak_memory_gb": float(stats[1]), "message": "", "samples": real_samples,
+            "device": str(device), "precision": precision, "world_size": world,
+            "layout": run.layout.as_dict(), "ds_config": run.config, "recompute": run.recompute,
+            "sequence_parallel": run.par.sequence_parallel and run.par.tp > 1, "rank0": gpt.activity(run.module)}
 
 
 def main() -> int:
