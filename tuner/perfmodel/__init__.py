@@ -172,6 +172,27 @@ def fsdp_time(layout: Layout, workload: Workload, compute_mb: float, m: int) -> 
     return {"grad_reduce": last + layers * max(0.0, rs - bwd), "param_gather": first + layers * max(0.0, ag - fwd)}
 
 
+def gradient_sync_time(layout: Layout, workload: Workload, fw, slow: dict, m: int, params_gpu: float,
+                       experts_gpu: float) -> dict:
+    """The data-parallel gradient reduce and parameter gather of one step beyond what hides under compute:
+    FSDP2's layer by layer, else DP/ZeRO's over the dense replicas plus the expert gradients' over the
+    expert-dp group (ep*etp ranks apart); Megatron-Core overlaps them with the last backward / first forward."""
+    cluster, t = workload.cluster, layout.tp
+    compute_mb = slow["gemm"] + slow["attention"] + slow["elementwise"]
+    if fw.fsdp:
+        return fsdp_time(layout, workload, compute_mb, m)
+    dp = comm.dp_time(cluster, t, layout.dp * layout.context_parallel, layout.zero_stage, params_gpu - experts_gpu,
+                      m, layout.checkpointing)
+    if experts_gpu:
+        de = comm.dp_time(cluster, layout.expert_parallel * layout.expert_tensor_parallel,
+                          expert_data_parallel(layout), layout.zero_stage, experts_gpu, m, layout.checkpointing)
+        dp = {k: dp[k] + de[k] for k in dp}
+    if "dp" in fw.overlaps and layout.zero_stage <= 1:
+        dp = {"grad_reduce": max(0.0, dp["grad_reduce"] - compute_mb * 2 / 3),
+              "param_gather": max(0.0, dp["param_gather"] - compute_mb / 3)}
+    return dp
+
+
 def predict(layout: Layout, workload: Workload, exchange: moe.TokenExchange | None = None) -> Prediction:
     """Predicted throughput, step time and per-GPU peak memory of a valid `layout` on `workload`; an MoE
     model's tokens moved as `exchange` says (default: as `tuner launch` writes the layout)."""
@@ -195,18 +216,7 @@ def predict(layout: Layout, workload: Workload, exchange: moe.TokenExchange | No
     params_gpu, experts_gpu = max((memory.stage_params(model, layout, s), memory.stage_expert_params(model, layout, s))
                                   for s in {0, min(1, p - 1), p - 1})
     edp = expert_data_parallel(layout)
-    compute_mb = slow["gemm"] + slow["attention"] + slow["elementwise"]
-    if fw.fsdp:
-        dp = fsdp_time(layout, workload, compute_mb, m)
-    else:
-        dp = comm.dp_time(cluster, t, shards, layout.zero_stage, params_gpu - experts_gpu, m, layout.checkpointing)
-        if experts_gpu:         # expert gradients: over the expert-dp group, ep*etp apart
-            de = comm.dp_time(cluster, layout.expert_parallel * layout.expert_tensor_parallel, edp, layout.zero_stage,
-                              experts_gpu, m, layout.checkpointing)
-            dp = {k: dp[k] + de[k] for k in dp}
-    if "dp" in fw.overlaps and not fw.fsdp and layout.zero_stage <= 1:   # under the last backward / first forward
-        dp = {"grad_reduce": max(0.0, dp["grad_reduce"] - compute_mb * 2 / 3),
-              "param_gather": max(0.0, dp["param_gather"] - compute_mb / 3)}
+    dp = gradient_sync_time(layout, workload, fw, slow, m, params_gpu, experts_gpu)
     tied = memory.tied_embedding_params(model, t, p)     # none when the LM head is untied
     sync = comm.embedding_sync_time(cluster, t * layout.context_parallel, d, p, tied) if tied else 0.0
     owned = (params_gpu - experts_gpu) / shards + experts_gpu / edp if layout.zero_stage >= 1 else params_gpu
