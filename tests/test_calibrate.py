@@ -13,7 +13,8 @@ from tuner.calibrate_fit import (HEADER, cluster_from_measurements, fit_gemm, fi
                                  render_toml, with_overhead)
 from tuner.layout import Layout
 from tuner.errors import UsageError
-from tuner.specs import CLUSTER_KEYS, ClusterSpec, load_cluster, shipped_presets
+from tuner.presets import shipped_presets
+from tuner.specs import CLUSTER_KEYS, ClusterSpec, load_cluster
 
 
 def fake_measurements(gpus=2):

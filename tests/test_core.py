@@ -6,7 +6,8 @@ from hypothesis import given, settings, strategies as st
 from tuner.errors import InvalidLayout, SpecError, UsageError
 from tuner.layout import Layout, micro_batches_per_pipeline, validate, why_invalid
 from tuner.space import SearchSpace, load_space, no_layout_reason
-from tuner.specs import ClusterSpec, ModelSpec, load_cluster, load_model, make_workload, presets
+from tuner.presets import presets
+from tuner.specs import ClusterSpec, ModelSpec, load_cluster, load_model, make_workload
 
 W175 = make_workload("175b", 16)   # 128 GCDs, global batch 640
 

@@ -13,7 +13,8 @@ import pytest
 from tuner.cli import cli
 from tuner.frameworks import FRAMEWORKS, NAMES
 from tuner.layout import DIMENSIONS, SEARCHED
-from tuner.specs import MODEL_ALIASES, cluster_framework, read_toml, shipped_presets
+from tuner.presets import MODEL_ALIASES, read_toml, shipped_presets
+from tuner.specs import cluster_framework
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tuner.space import load_space
-from tuner.specs import load_cluster, load_model, preset_dir, presets, shipped_preset_at, shipped_presets
+from tuner.presets import preset_dir, presets, shipped_preset_at, shipped_presets
+from tuner.specs import load_cluster, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"gpt-1.4b", "gpt-22b", "gpt-175b", "gpt-1t", "tiny", "small"}

@@ -45,7 +45,8 @@ from pathlib import Path
 
 from tuner.calibrate_fit import HEADER, cluster_from_measurements, render_toml, with_overhead
 from tuner.errors import MissingExtra, UsageError
-from tuner.specs import ClusterSpec, read_toml, shipped_preset_at, shipped_presets
+from tuner.presets import read_toml, shipped_preset_at, shipped_presets
+from tuner.specs import ClusterSpec
 
 CPU_SIZES = (128, 256, 512, 1024)
 CUDA_SIZES = (1024, 2048, 4096, 8192)

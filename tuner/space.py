@@ -19,7 +19,8 @@ from tuner.layout import (BY_NAME, DIMENSIONS as LAYOUT_DIMS, SEARCHED, Layout, 
                           why_invalid as layout_why_invalid, why_invalid_cut, why_invalid_schedule,
                           why_invalid_values)
 from tuner.frameworks import of as framework_of
-from tuner.specs import Workload, preset_dir, read_toml
+from tuner.presets import preset_dir, read_toml
+from tuner.specs import Workload
 
 DIMENSIONS = SEARCHED     # the dimensions a space chooses (tuner.layout.DIMENSIONS); dp follows
 EXPERT_DIMS = ("expert_parallel", "expert_tensor_parallel")

@@ -1,30 +1,20 @@
 """Model, cluster and workload specs, loaded from TOML with unknown keys rejected.
 
-A spec is named by a preset name (`gpt-175b`, alias `175b`; `frontier`) or by a path to a TOML file.
-Names are looked up first in ./workloads/{models,clusters}/ of the working directory (so a file written
-by `tuner calibrate` wins), then in the presets shipped inside the package: the repository's top-level
-workloads/ and search_spaces/, which pyproject.toml maps onto the package `tuner._presets` (no copies),
-read through importlib.resources so that editable and wheel installs both find them. Pure apart from
-reading those files.
+A spec is named by a preset name (`gpt-175b`, alias `175b`; `frontier`) or by a path to a TOML file,
+found as tuner.presets says. Pure apart from reading those files.
 """
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import asdict, dataclass, fields
-from importlib import resources
-from importlib.resources.abc import Traversable
-from pathlib import Path
 from typing import Any
 
 from tuner.architecture import MLA_KEYS, MOE_KEYS, ArchitectureSizes, check_moe
 from tuner.errors import SpecError, UsageError
 from tuner.frameworks import NAMES as FRAMEWORK_NAMES
+from tuner.presets import find_spec_file, read_toml
 
-PRESET_PACKAGE = "tuner._presets"   # workloads/ and search_spaces/ at the repository root (pyproject package-dir)
-PRESET_KINDS = ("models", "clusters", "search_spaces")
 MAX_INT = 2**31 - 1   # every count is stored in 32-bit integer columns (PostgreSQL INTEGER)
-MODEL_ALIASES = {"1.4b": "gpt-1.4b", "22b": "gpt-22b", "175b": "gpt-175b", "1t": "gpt-1t"}
 
 # key -> (type, default); a default of ... means required.
 MODEL_KEYS: dict[str, tuple[type, Any]] = {
@@ -337,80 +327,6 @@ def stored_framework(workload: dict | None) -> str:
     """The framework of a stored workload (one stored before frameworks: its cluster's stack)."""
     w = workload or {}
     return w.get("framework") or cluster_framework(w.get("cluster") or {})
-
-
-def read_toml(path: Path | Traversable | str) -> dict:
-    try:
-        with (Path(path) if isinstance(path, str) else path).open("rb") as f:
-            return tomllib.load(f)
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecError(f"{path}: malformed TOML: {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start}): TOML files must be UTF-8") from None
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read: {exc.strerror}") from None
-
-
-def preset_dir(kind: str) -> Traversable:
-    """The folder of the shipped presets of `kind` ('models', 'clusters' or 'search_spaces'), through
-    importlib.resources (a file-system path in editable and wheel installs)."""
-    if kind not in PRESET_KINDS:
-        raise ValueError(f"unknown preset kind {kind!r}; one of {', '.join(PRESET_KINDS)}")
-    if kind == "search_spaces":
-        return _preset_package("search_spaces")
-    return _preset_package("workloads") / kind
-
-
-def _preset_package(sub: str) -> Traversable:
-    try:
-        return resources.files(f"{PRESET_PACKAGE}.{sub}")
-    except ModuleNotFoundError:
-        # a source checkout imported without being pip-installed (or installed before the presets moved
-        # to the repository root, whose editable finder does not map them): the folder beside the package
-        src = Path(__file__).resolve().parents[1] / sub
-        if (src / "__init__.py").is_file():
-            return src
-        raise
-
-
-def shipped_presets(kind: str) -> dict[str, Traversable]:
-    """name -> file of every shipped preset of `kind`."""
-    return {t.name[:-len(".toml")]: t for t in preset_dir(kind).iterdir() if t.name.endswith(".toml") and t.is_file()}
-
-
-def shipped_preset_at(path: Path | str) -> str | None:
-    """'cluster preset NAME' (or model, search space) when `path` is a shipped preset file, both paths
-    resolved (links and '..' followed; in the repository root ./workloads/clusters/local.toml is one),
-    else None. What `tuner calibrate` refuses to write over."""
-    target = Path(path).resolve()
-    for kind in PRESET_KINDS:
-        for name, t in shipped_presets(kind).items():
-            if isinstance(t, Path) and t.resolve() == target:   # only a file-system preset can be written over
-                return f"{kind[:-1].replace('_', ' ')} preset '{name}'"
-    return None
-
-
-def presets(kind: str) -> list[str]:
-    """Names of the shipped and local presets of `kind` ('models' or 'clusters')."""
-    names = set(shipped_presets(kind))
-    names |= {p.stem for p in (Path("workloads") / kind).glob("*.toml")}
-    return sorted(names)
-
-
-def find_spec_file(kind: str, name: str) -> Path | Traversable:
-    if name.endswith(".toml") or "/" in name:
-        p = Path(name)
-        if not p.is_file():
-            raise SpecError(f"{kind[:-1]} file {name} does not exist")
-        return p
-    name = MODEL_ALIASES.get(name.lower(), name) if kind == "models" else name
-    for base in (Path("workloads") / kind, preset_dir(kind)):
-        p = base / f"{name}.toml"
-        if p.is_file():
-            return p
-    aliases = f" (aliases: {', '.join(MODEL_ALIASES)})" if kind == "models" else ""
-    raise SpecError(f"unknown {kind[:-1]} '{name}'; presets: {', '.join(presets(kind))}{aliases}; "
-                    "or give a path to a TOML file")
 
 
 def load_model(name: str) -> ModelSpec:

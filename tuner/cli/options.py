@@ -10,7 +10,8 @@ import click
 from tuner.errors import UsageError
 from tuner.layout import DIMENSIONS
 from tuner.frameworks import FRAMEWORKS, NAMES as FRAMEWORKS_NAMES
-from tuner.specs import MODEL_ALIASES, PRECISIONS, cluster_framework, read_toml, shipped_presets
+from tuner.presets import MODEL_ALIASES, read_toml, shipped_presets
+from tuner.specs import PRECISIONS, cluster_framework
 
 
 def preset_list(kind: str) -> str:
