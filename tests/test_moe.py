@@ -359,3 +359,17 @@ def test_predict_prints_the_moe_line(tuner):
     code, out, err = tuner("predict", "--model", "llama3-8b", "--cluster", "h100", "--nodes", "1", "--tp", "1",
                            "--pp", "1", "--ep", "2", "--micro-batch", "1")
     assert code == 2 and "needs a mixture-of-experts model" in err and "Traceback" not in err
+
+
+def test_predict_turns_sequence_parallelism_on_where_megatron_core_requires_it(tuner):
+    """Megatron-Core runs an MoE model with tp > 1 only with sequence parallelism: predict assumes it when not
+    told (as it does for torchtitan's TP), and a layout that turns it off is refused naming the flag."""
+    args = ("predict", "--model", "qwen3-30b-a3b", "--cluster", "h100", "--nodes", "2", "--framework",
+            "megatron-core", "--tp", "2", "--pp", "1", "--ep", "8", "--micro-batch", "1")
+    code, out, err = tuner(*args)
+    assert code == 0 and "tp2-sp1-" in out, err
+    code, _, err = tuner(*args, "--no-sequence-parallel")
+    assert code == 2 and "add --sequence-parallel" in err and "Traceback" not in err
+    code, out, err = tuner("predict", "--model", "llama3-8b", "--cluster", "h100", "--nodes", "1", "--framework",
+                           "megatron-core", "--tp", "2", "--pp", "1", "--micro-batch", "1")
+    assert code == 0 and "tp2-pp1-" in out, err           # a dense model: off, Megatron's default

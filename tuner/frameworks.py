@@ -66,6 +66,11 @@ class Framework:
     zero_stages: tuple[int, ...]  # the ZeRO stages it has (first: what `predict` assumes when none is given)
     sp_with_tp: bool            # its tensor parallelism always shards the sequence
     refuse: Callable            # (layout, workload) -> one-line reason or None
+    sp_with_moe_tp: bool = False  # it runs an MoE model with tp > 1 only with sequence parallelism
+
+    def needs_sp(self, model) -> bool:
+        """Whether tp > 1 needs sequence parallelism for `model` here (what `predict` assumes when not told)."""
+        return self.sp_with_tp or (self.sp_with_moe_tp and model.is_moe)
 
     def refusal(self, layout: "Layout", workload: "Workload") -> str | None:
         """Why this framework cannot run `layout` on `workload` as it is (a sentence), or None."""
@@ -115,10 +120,11 @@ def _megatron_core(layout, workload) -> str | None:
     if layout.zero_stage not in FRAMEWORKS["megatron-core"].zero_stages:
         return (f"megatron-core cannot run zero_stage {layout.zero_stage}: its only ZeRO equivalent is the "
                 "distributed optimizer (zero_stage 1); use zero_stage 0 or 1, or --framework torchtitan (FSDP)")
-    if workload.model.is_moe and layout.tp > 1 and not layout.sequence_parallel:
+    if workload.model.is_moe and layout.tp > 1 and not layout.sequence_parallel:   # sp_with_moe_tp
         return (f"megatron-core runs the mixture-of-experts model '{workload.model.name}' with tp {layout.tp} only "
                 "with sequence_parallel on (model_parallel_config.py with expert parallelism: \"sequence "
-                "parallelism must be used\"; tuner models the token dispatch on sequence-split tokens)")
+                "parallelism must be used\"; tuner models the token dispatch on sequence-split tokens): "
+                "add --sequence-parallel")
     return None
 
 
@@ -158,7 +164,7 @@ FRAMEWORKS: dict[str, Framework] = {
         name="megatron-core", title="Megatron-Core (Megatron-LM, NeMo)", overlaps=frozenset({"tp", "p2p", "dp", "ep"}),
         grad_bytes=4.0, fsdp=False, memory_sd=0.08, memory_bias=0.0, selective="core-attention", attention="fused",
         compiled="always", files=("megatron_args.txt", *_COMMON), zero_stages=(1, 0), sp_with_tp=False,
-        refuse=_megatron_core),
+        sp_with_moe_tp=True, refuse=_megatron_core),
     "torchtitan": Framework(
         name="torchtitan", title="torchtitan (FSDP2)", overlaps=frozenset({"dp"}), grad_bytes=4.0, fsdp=True,
         memory_sd=0.20, memory_bias=0.30, selective="op", attention="sdpa", compiled="fp8",

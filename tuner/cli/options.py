@@ -69,7 +69,9 @@ def predict_default(d) -> str:
         return f"the framework's: {_by_framework(lambda fw: fw.zero_stages[0])}"
     if d.name == "sequence_parallel":
         always = [name for name, fw in FRAMEWORKS.items() if fw.sp_with_tp]
-        return f"on when tp > 1 for {', '.join(always)} (its TP always shards the sequence), else off"
+        moe = [name for name, fw in FRAMEWORKS.items() if fw.sp_with_moe_tp]
+        return (f"on when tp > 1 for {', '.join(always)} (its TP always shards the sequence) and for an MoE "
+                f"model on {', '.join(moe)} (which requires it), else off")
     if d.name == "dp" or d.default is None:
         return ""                       # required, or its help says how it follows from the others
     return str(d.default).lower() if d.type is bool else str(d.default)

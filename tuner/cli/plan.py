@@ -38,7 +38,7 @@ def predict(model, nodes, cluster, global_batch, precision, framework, layout, f
     w = make_workload(model, nodes, cluster, global_batch, precision, framework)
     fw = framework_of(w)                         # what the framework runs where an option is left out
     layout.setdefault("zero_stage", fw.zero_stages[0])
-    if fw.sp_with_tp:
+    if fw.needs_sp(w.model):
         layout.setdefault("sequence_parallel", layout["tp"] > 1)
     if fw.fsdp and w.model.is_moe and layout.get("expert_parallel", 1) == 1:   # torchtitan: experts split over TP
         layout.setdefault("expert_tensor_parallel", layout["tp"])
