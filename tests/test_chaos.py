@@ -255,7 +255,7 @@ def _no_trial_ran(tmp_path):
 def test_sqlite_in_missing_directory_fails_before_any_trial(tuner, tmp_path):
     db = f"sqlite:///{tmp_path / 'no' / 'such' / 'dir' / 't.db'}"
     code, out, err = tuner("search", "--model", "22b", "--nodes", "2", "--budget", "2", "--db", db, "--study", "m")
-    assert code == 1 and "does not exist" in err and "Traceback" not in err
+    assert code == 2 and "does not exist" in err and "Traceback" not in err    # bad input: exit 2
     assert len(err.strip().splitlines()) == 1 and out == ""
     assert not (tmp_path / "no").exists() and _no_trial_ran(tmp_path)
 
@@ -266,7 +266,7 @@ def test_read_only_sqlite_uri_fails_before_any_trial(tuner, tmp_path):
     shutil.rmtree(tmp_path / "results", ignore_errors=True)
     db = f"sqlite:///file:{tmp_path / 'tuner.db'}?mode=ro&uri=true"
     code, out, err = tuner("search", "--model", "22b", "--nodes", "2", "--budget", "2", "--db", db, "--study", "ro")
-    assert code == 1 and "read-only" in err and "Traceback" not in err
+    assert code == 2 and "read-only" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and _no_trial_ran(tmp_path)
     with open_store(tuner.db) as s:
         assert s.study_names() == ["first"]
@@ -287,7 +287,7 @@ def test_read_only_mount_fails_before_any_trial(tuner, tmp_path):
                                f"sqlite:///{mnt / 'tuner.db'}", "--study", "ro")
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True)
-    assert code == 1 and "read-only" in err and "Traceback" not in err
+    assert code == 2 and "read-only" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and _no_trial_ran(tmp_path)
     with open_store(tuner.db) as s:
         assert s.study_names() == ["first"]

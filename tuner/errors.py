@@ -76,6 +76,11 @@ class StoreError(TunerError):
     """The results store cannot be reached or has the wrong schema."""
 
 
+class StoreNotWritable(UsageError, StoreError):
+    """The --db the user gave cannot be written (read-only file or directory, missing directory): bad
+    input, exit 2, and still a StoreError for whoever catches those."""
+
+
 # The pip extra (pyproject.toml) that installs each optional module; None: a base dependency.
 EXTRAS = {"psycopg": "postgres", "ray": "ray", "deepspeed": "deepspeed", "torch": "deepspeed",
           "pyarrow": "report", "matplotlib": None}

@@ -10,7 +10,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import StaticPool
 
-from tuner.errors import NoStore, StoreError
+from tuner.errors import NoStore, StoreError, StoreNotWritable
 from tuner.store.models import scrub
 
 DEFAULT_URL = "sqlite:///results/tuner.db"
@@ -76,11 +76,11 @@ def _check_sqlite_file(url: URL) -> None:
     parent = path.parent if str(path.parent) else Path(".")
     fix = "create it, or point --db / TUNER_DB at another sqlite:///path"
     if not parent.is_dir():
-        raise StoreError(f"cannot open SQLite database {path}: directory {parent} does not exist; {fix}")
+        raise StoreNotWritable(f"cannot open SQLite database {path}: directory {parent} does not exist; {fix}")
     if path.exists() and not os.access(path, os.W_OK):
-        raise StoreError(f"SQLite database {path} is read-only: make it writable (chmod u+w {path}) or copy it")
+        raise StoreNotWritable(f"SQLite database {path} is read-only: make it writable (chmod u+w {path}) or copy it")
     if not os.access(parent, os.W_OK):
-        raise StoreError(f"cannot write in {parent} (SQLite needs it for {path.name}-wal): "
+        raise StoreNotWritable(f"cannot write in {parent} (SQLite needs it for {path.name}-wal): "
                          "make the directory writable or move the database")
 
 

@@ -21,7 +21,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
-from tuner.errors import BudgetSpent, Displaced, NoStore, StoreError, StudyExists, UnknownStudy
+from tuner.errors import BudgetSpent, Displaced, NoStore, StoreError, StoreNotWritable, StudyExists, UnknownStudy
 from tuner.store.engine import BUSY_TIMEOUT_S, URL_HINT, _engine_for, _reason, _sqlstate, redact
 from tuner.layout import Layout
 from tuner.metrics import trial_rank_key
@@ -59,7 +59,7 @@ class Store:
     def _error(self, exc: BaseException, doing: str) -> StoreError:
         reason = _reason(exc)
         if self._sqlite and "readonly" in reason.replace("-", "").replace(" ", "").lower():
-            return StoreError(f"SQLite database at {self.url} is read-only ({reason}): make the file and its "
+            return StoreNotWritable(f"SQLite database at {self.url} is read-only ({reason}): make the file and its "
                               "directory writable, or use another --db")
         if self._sqlite and "locked" in reason:
             return StoreError(f"SQLite database at {self.url} stayed locked for {BUSY_TIMEOUT_S} s while {doing}: "
