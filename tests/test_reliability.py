@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import re
 import sys
 import time
 from pathlib import Path
@@ -70,11 +71,24 @@ def test_joined_drivers_share_one_budget(shared_db, tmp_path):
             pass
         time.sleep(0.3)
     joins = [tuner_proc(["resume", "j", "--join"], tmp_path, shared_db) for _ in range(2)]
+    outs = []
     for p in (lead, *joins):
-        _, err = p.communicate(timeout=300)
+        out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
+        outs.append(out)
     trials = ran(shared_db, "j")
     assert len(trials) == 10 and all(t.status.finished for t in trials)
+    with open_store(shared_db) as s:
+        stored = len(s.trials("j"))
+    lines = [next(ln for ln in out.splitlines() if ln.startswith("study j: ")) for out in outs]
+    said = []
+    for line in lines:     # each driver says what it ran and, where that is not all, what the study holds
+        own = sum(int(w) for w in re.findall(r"(\d+) (?:trial\(s\) ran|pruned)", line))
+        total = re.search(r"; (\d+) in the study\.$", line)
+        if total:
+            assert own < int(total.group(1)) <= stored, line
+            said.append(line)
+    assert len(said) >= 2, lines   # three drivers shared the trials: at most one ran all there were at its end
 
 
 class _CtrlCOnSubmit(InlineExecutor):

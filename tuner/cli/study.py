@@ -58,7 +58,9 @@ def show_result(store, name: str, result, fmt: str) -> None:
         return
     why = {"budget": "budget reached", "exhausted": "search space exhausted", "time-limit": "time limit reached",
            "converged": f"stopped early: {searcher.stop_reason}"}
-    click.echo(f"\nstudy {name}: {outcome.ran} trial(s) ran, {outcome.pruned} pruned ({why[outcome.reason]}).")
+    stored = len(store.trials(name))      # this driver's, and those of earlier runs or of drivers that joined
+    in_all = f"; {stored} in the study" if stored != outcome.ran + outcome.pruned else ""
+    click.echo(f"\nstudy {name}: {outcome.ran} trial(s) ran, {outcome.pruned} pruned ({why[outcome.reason]}){in_all}.")
     from tuner import study as studies
     fast = studies.fastest(store, name)
     if fast:
