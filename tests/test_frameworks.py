@@ -105,11 +105,12 @@ def test_one_fit_probability_from_the_frameworks_measured_error(framework):
     layouts = valid_layouts(load_space(), w)[::7]
     preds = [predict(lay, w) for lay in layouts]
     for p in preds:
-        assert (p.p_fit >= 0.5) == (p.memory_gb * math.exp(fw.memory_bias) <= w.cluster.memory_gb)
+        assert (p.p_fit >= 0.5) == (p.memory_gb <= w.cluster.memory_gb)
         assert p.fits == (p.p_fit >= PRUNE_BELOW)
     assert any(p.p_fit >= RECOMMEND_AT for p in preds) and any(p.p_fit < RECOMMEND_AT for p in preds)
     rows = corrected(layouts, w, Observations(), preds)
     assert max(abs(r["p_fit"] - p.p_fit) for r, p in zip(rows, preds)) < 1e-9
+    assert max(abs(r["memory_gb"] - p.memory_gb) for r, p in zip(rows, preds)) < 1e-9    # one figure everywhere
 
 
 def test_a_study_stored_before_frameworks_answers_only_what_its_stack_runs(tmp_path):

@@ -270,7 +270,7 @@ def test_prediction_is_sane(case):
     assert math.isfinite(pr.step_time_s) and pr.step_time_s > 0
     assert 0 < pr.mfu < 1 and pr.tflops_per_gpu > 0
     assert pr.memory_gb > 0 and pr.fits == (pr.p_fit >= PRUNE_BELOW) and 0 <= pr.p_fit <= 1
-    assert (pr.p_fit >= 0.5) == (pr.memory_gb <= w.cluster.memory_gb * math.exp(-framework_of(w).memory_bias))
+    assert (pr.p_fit >= 0.5) == (pr.memory_gb <= w.cluster.memory_gb)
     assert all(v >= 0 for v in pr.time_breakdown.values())
 
 

@@ -36,7 +36,6 @@ import numpy as np
 from tuner.layout import RECOMPUTE, Layout
 from tuner.perfmodel import (MEMORY_KEYS, MEMORY_NOISE_SD, MEMORY_SHARE_SD, MEMORY_SMOOTH_SD, comm, memory_shares,
                              predict)
-from tuner.frameworks import of as framework_of
 from tuner.specs import Workload, stored_framework
 from tuner.trial import Status
 
@@ -79,9 +78,8 @@ def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
     cross = float(comm.crosses_nodes(workload.cluster, layout.tp, 1))
     z = np.array(base + [cross, bubble / step, shares[3] + shares[4], dp, math.log2(workload.nodes) / 8])
     fm = np.array(memory_shares(pred.memory_breakdown))
-    bias = framework_of(workload).memory_bias        # the framework's measured memory bias is the prior mean
     return Features(z, np.array(shares + [dp, other]), fm, math.log(max(pred.mfu, FLOOR)),
-                    math.log(max(pred.memory_gb, 1e-6)) + bias, bool(pred.fits))
+                    math.log(max(pred.memory_gb, 1e-6)), bool(pred.fits))
 
 
 # ------------------------------------------------------------------------------------------------ GP

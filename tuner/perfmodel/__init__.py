@@ -52,7 +52,7 @@ RECOMMEND_AT = 0.95
 #: layouts (per memory component, and smoothly over the layout).
 MEMORY_SHARE_SD, MEMORY_SMOOTH_SD, MEMORY_NOISE_SD = 0.12, 0.06, 0.02
 MEMORY_KEYS = ("weights", "gradients", "optimizer", "fp8_weights", "activations", "logits", "zero3_buffers",
-               "reserved")
+               "reserved", "measured_bias")
 
 
 def memory_shares(breakdown: dict) -> list[float]:
@@ -70,6 +70,17 @@ def fit_probability(memory_gb: float, capacity_gb: float, sd: float, mean: float
     """P(true peak <= capacity) when log(true / predicted) ~ N(mean, sd)."""
     z = (math.log(capacity_gb) - math.log(max(memory_gb, 1e-9)) - mean) / max(sd, 1e-6)
     return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+def with_measured_bias(breakdown: dict, bias: float) -> dict:
+    """The breakdown with the framework's measured memory bias as its own entry (`measured_bias`: the peak
+    times e^bias - 1), so that the one figure every command states is the model's expected peak."""
+    if not bias:
+        return breakdown
+    out = dict(breakdown)
+    out["measured_bias"] = breakdown["total"] * math.expm1(bias)
+    out["total"] = breakdown["total"] + out["measured_bias"]
+    return out
 
 
 def layer_comm(layout: Layout, workload: Workload, sh: compute.Shape, attention_s: float) -> dict:
@@ -205,8 +216,8 @@ def predict(layout: Layout, workload: Workload, exchange: moe.TokenExchange | No
     sh = shape_of(layout, workload)
     worst_stage, mem = memory.peak_memory(layout, workload, m, sh)
     fw = framework_of(workload)
-    p_fit = fit_probability(mem["total"], cluster.memory_gb, memory_prior_sd(fw.memory_sd, memory_shares(mem)),
-                            fw.memory_bias)
+    mem = with_measured_bias(mem, fw.memory_bias)
+    p_fit = fit_probability(mem["total"], cluster.memory_gb, memory_prior_sd(fw.memory_sd, memory_shares(mem)))
     fits = p_fit >= PRUNE_BELOW
     reason = memory.fit_reason(mem, cluster.memory_gb, worst_stage) if mem["total"] > cluster.memory_gb else ""
 
