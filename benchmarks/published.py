@@ -1,0 +1,178 @@
+"""Published and measured rows, as every accuracy benchmark reads them: one configuration is one row.
+
+Run: python benchmarks/published.py [--write]   (prints the distinct configurations and the held-out ones;
+--write rewrites benchmarks/data/held_out.txt from the rule, which tests/test_published_split.py checks)
+
+- Rows come from the published data files (`PUBLISHED`: NVIDIA's recipes and performance pages,
+  torchtitan's tables, MosaicML llm-foundry's FSDP tables, Megatron-Bridge's MoE rows) and the memory
+  measurements taken over the frameworks' own code on this machine (`MEASURED`: fake-tensor runs of
+  Megatron-Core's GPTModel and torchtitan's Llama 3 with FSDP2).
+- A configuration is what ran, never where it was read: framework, model (or its shape), cluster, GPUs,
+  precision, sequence, batch, the layout and the knobs that change memory or speed (`CONFIG_KEYS`). The
+  same configuration in two files (torchtitan's tables are in both published files) or in two releases
+  is ONE distinct row (`distinct`): its measurements are kept together (the median is its value), so it
+  cannot land on both sides of the split.
+- Held out: a third of the distinct configurations, by a hash of the configuration alone (`held_out`);
+  no source, release or line number enters the hash. The list is committed in data/held_out.txt
+  (before any constant of the memory fit was chosen), and a test checks that the file is the rule.
+- A choice that saw rows names them (`SEEN`): a benchmark counts as "held out" only held-out
+  configurations that no choice saw (`clean`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+import sys
+import tomllib
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent / "data"
+PUBLISHED = ("llama_published.toml", "framework_published.toml", "moe_published.toml")
+MEASURED = ("memory_measured_megatron-core.toml", "memory_measured_torchtitan.toml")
+HELD_OUT_FILE = DATA / "held_out.txt"
+SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+              "vocab_size", "num_experts", "moe_router_topk", "moe_ffn_hidden_size")
+CONFIG_KEYS = ("framework", "model", "cluster", "gpus", "precision", "seq_length", "global_batch", "micro_batch",
+               "tp", "pp", "cp", "vp", "ep", "etp", "sequence_parallel", "recompute", "zero_stage",
+               "moe_capacity_factor")
+
+
+def zero_stage(row: dict) -> int:
+    """The row's ZeRO stage: stated, or 1 with the distributed optimizer (0 without, 1 when unstated)."""
+    if "zero_stage" in row:
+        return int(row["zero_stage"])
+    return 0 if row.get("distributed_optimizer") is False else 1
+
+
+def split_key(row: dict) -> str:
+    """The configuration of a row as one string: what ran, not where it was read (nor which pipeline stage
+    of it was measured: both stages of one run fall on the same side of the split)."""
+    parts = [f"{k}={row.get(k, '')}" for k in CONFIG_KEYS if k != "zero_stage"]
+    parts.append(f"zero_stage={zero_stage(row)}")
+    if row.get("model") == "custom" or "num_layers" in row:
+        parts += [f"{k}={row.get(k, '')}" for k in SHAPE_KEYS]
+    return "|".join(parts)
+
+
+def config_key(row: dict) -> str:
+    """One distinct row: the configuration, and the stage a memory measurement was taken on."""
+    return split_key(row) + (f"|stage={row['stage']}" if "stage" in row else "")
+
+
+def held_out(row: dict) -> bool:
+    """Whether the row's configuration is in the held-out third: a hash of the configuration only."""
+    return int(hashlib.sha256(split_key(row).encode()).hexdigest()[:8], 16) % 3 == 0
+
+
+def _load(names) -> list[dict]:
+    rows = []
+    for name in names:
+        path = DATA / name
+        if not path.exists():
+            continue
+        with open(path, "rb") as f:
+            rows += [{**r, "file": name} for r in tomllib.load(f).get("row", [])]
+    return rows
+
+
+def _merge(group: list[dict]) -> dict:
+    """One distinct configuration from its measurements: the first row's fields, the median of the stated
+    throughputs and peaks, every source and release, and how many measurements it has."""
+    out = dict(group[0])
+    for k in ("tokens_per_s_per_gpu", "peak_memory_gib", "peak_allocated_gib", "step_time_s"):
+        vals = [r[k] for r in group if r.get(k)]
+        if vals:
+            out[k] = statistics.median(vals)
+    out["sources"] = sorted({r["source"] for r in group})
+    out["releases"] = sorted({r.get("release", "") for r in group})
+    out["files"] = sorted({r["file"] for r in group})
+    out["measurements"] = len(group)
+    return out
+
+
+def distinct(rows: list[dict]) -> list[dict]:
+    """One row per configuration (first-seen order)."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(config_key(r), []).append(r)
+    return [_merge(g) for g in groups.values()]
+
+
+def published() -> list[dict]:
+    """The distinct published configurations (all three files)."""
+    return distinct(_load(PUBLISHED))
+
+
+def measured() -> list[dict]:
+    """The distinct configurations measured over the frameworks' own code (fake tensors)."""
+    return distinct(_load(MEASURED))
+
+
+# Choices made after seeing rows, each with the rows it saw (a predicate on a raw or distinct row). The
+# older splits hashed source lines; the rows they called "tuning" are named by those rules, so a row seen
+# under them is never counted as held out here.
+def _legacy_third(row: dict, keys: tuple) -> bool:
+    key = "|".join(str(row.get(k)) for k in keys)
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 3 == 0
+
+
+_LEGACY = ("source", "model", "gpus", "precision", "seq_length", "global_batch", "micro_batch", "tp", "pp", "cp",
+           "vp", "recompute", "zero_stage")
+_LEGACY_MOE = ("source", "model", "gpus", "precision", "seq_length", "global_batch", "micro_batch", "tp", "pp",
+               "cp", "vp", "ep", "recompute")
+
+
+def _any_source(row: dict, pred) -> bool:
+    return any(pred({**row, "source": s}) for s in row.get("sources", [row.get("source")]))
+
+
+SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
+    "megatron-core overlaps (tuner/frameworks.py)": ("speed", lambda r: r["framework"] == "megatron-core"
+                                                     and "llama_published.toml" in r.get("files", [r.get("file")])),
+    "FA2_ON_HOPPER (tuner/perfmodel/compute.py)": ("speed", lambda r: r["framework"] in ("fsdp", "torchtitan")
+                                                   and _any_source(r, lambda x: not _legacy_third(x, _LEGACY))),
+    "UNFUSED_TRAFFIC (tuner/perfmodel/compute.py)": ("speed", lambda r: r["framework"] == "torchtitan"
+                                                     and r["gpus"] == 8 and r["model"] == "llama3-8b"),
+    "MOE_LAYER_OVERHEAD_MS, the flex dispatcher (tuner/perfmodel/moe.py)": ("speed", lambda r: "ep" in r),
+    "grad_reduce modelled (issue 24: every published megatron-core run's p_fit was printed first)": (
+        "memory", lambda r: r["framework"] == "megatron-core" and r.get("file", "").endswith("published.toml")),
+    "memory_bias / memory_sd (tuner/frameworks.py, benchmarks/memory_accuracy.py)": ("memory",
+                                                                                     lambda r: not held_out(r)),
+}
+
+
+def seen_by(row: dict, kind: str | None = None) -> list[str]:
+    """The choices of `kind` (None: any) that saw this row."""
+    return [name for name, (k, pred) in SEEN.items() if (kind is None or k == kind) and pred(row)]
+
+
+def clean(row: dict, kind: str | None = None) -> bool:
+    """Held out and seen by no choice (of `kind`): the only rows a benchmark may call held out."""
+    return held_out(row) and not seen_by(row, kind)
+
+
+def held_out_lines() -> list[str]:
+    return sorted({split_key(r) for r in published() + measured() if held_out(r)})
+
+
+def main(write: bool = False) -> None:
+    pub, mea = published(), measured()
+    raw = len(_load(PUBLISHED))
+    print(f"published: {raw} rows in {len(PUBLISHED)} files -> {len(pub)} distinct configurations; "
+          f"measured memory: {len(mea)} configurations")
+    for label, rows in (("published", pub), ("measured", mea)):
+        for fw in sorted({r["framework"] for r in rows}):
+            mine = [r for r in rows if r["framework"] == fw]
+            ho = [r for r in mine if held_out(r)]
+            print(f"  {label:9s} {fw:18s} {len(mine):4d} configurations, {len(ho):3d} held out; seen by no "
+                  f"speed choice {sum(clean(r, 'speed') for r in mine):3d}, by no memory choice "
+                  f"{sum(clean(r, 'memory') for r in mine):3d}")
+    if write:
+        HELD_OUT_FILE.write_text("# held-out configurations (benchmarks/published.py held_out), one per line\n"
+                                 + "\n".join(held_out_lines()) + "\n")
+        print(f"wrote {HELD_OUT_FILE}")
+
+
+if __name__ == "__main__":
+    main(write="--write" in sys.argv)
