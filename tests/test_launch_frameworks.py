@@ -58,6 +58,8 @@ MCORE_FLAGS = {
     "--tokenizer-type": "TR:698 ('HuggingFaceTokenizer' | 'NullTokenizer')", "--tokenizer-model": "TR:714",
     "--vocab-size": "TR:679 (NullTokenizer keeps it: core/tokenizers/text/libraries/null_tokenizer.py:18)",
     "--save": "TR:395", "--load": "TR:430", "--save-interval": "TR:398",
+    # issue 24: bf16 gradient reduce (A:1213 sets accumulate_allreduce_grads_in_fp32 False; else forced True)
+    "--grad-reduce-in-bf16": "A:3053",
 }
 
 # torchtitan (pytorch/torchtitan) at 238fa9953e4aec2a62582121564273d7cbb1e9f1 (2026-02-23), the last commit
@@ -125,6 +127,19 @@ LAYOUTS = [LLAMA_LAYOUT, Layout(tp=8, pp=1, dp=8, micro_batch=2, zero_stage=0, r
 # tp4 sp cp2 pp4 vp5 mb1 z1, selective recompute: 4*2*4*16 = 512 GPUs; 80 layers = 4 x 5 x 4 per virtual stage.
 MODERN = Layout(tp=4, sequence_parallel=True, context_parallel=2, pp=4, virtual_pipeline=5, dp=16, micro_batch=1,
                 zero_stage=1, recompute="selective")
+
+
+def test_grad_reduce_bf16_is_launched_as_predicted():
+    w = dataclasses.replace(h100_workload("llama3-8b", 1), grad_reduce="bf16")
+    args = mcore.pretrain_args(LLAMA_LAYOUT, w)
+    assert "--grad-reduce-in-bf16" in args and "--grad-reduce-in-bf16" in MCORE_FLAGS
+    assert "--grad-reduce-in-bf16" not in mcore.pretrain_args(LLAMA_LAYOUT, h100_workload("llama3-8b", 1))
+    from tuner.perfmodel import predict
+    lay = Layout(tp=1, pp=1, dp=8, micro_batch=1, zero_stage=1)
+    fp32, bf16 = predict(lay, h100_workload("llama3-8b", 1)), predict(lay, w)
+    assert fp32.memory_breakdown["gradients"] == pytest.approx(2 * bf16.memory_breakdown["gradients"])
+    with pytest.raises(UsageError, match="grad-reduce"):
+        make_workload("llama3-8b", 1, "h100", framework="torchtitan", grad_reduce="bf16")
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

@@ -44,6 +44,16 @@ if TYPE_CHECKING:
     from tuner.specs import Workload
 
 NAMES = ("megatron-deepspeed", "megatron-core", "torchtitan")
+#: The dtypes each stack accumulates and reduces gradients in (first: its default, a workload's
+#: `grad_reduce`). Megatron-DeepSpeed keeps them in the training dtype. Megatron-LM forces fp32 with bf16
+#: (arguments.py: accumulate_allreduce_grads_in_fp32) unless --grad-reduce-in-bf16, which NVIDIA's NeMo /
+#: Megatron-Bridge performance recipes set (DDPConfig grad_reduce_in_fp32=False). torchtitan's FSDP2 keeps
+#: fp32 sharded gradients (its reduce dtype only changes the collective's buffer).
+GRAD_REDUCES = {"megatron-deepspeed": ("bf16",), "megatron-core": ("fp32", "bf16"), "torchtitan": ("fp32",)}
+
+
+def grad_reduces(name: str) -> tuple[str, ...]:
+    return GRAD_REDUCES.get(name, ("fp32",))
 
 
 @dataclass(frozen=True)
@@ -53,7 +63,6 @@ class Framework:
     overlaps: frozenset         # "tp": TP collectives under the GEMMs (with SP); "p2p": pipeline p2p under
                                 # the interleaved schedule; "dp": DP/ZeRO collectives under compute; "ep": the
                                 # MoE all-to-all under another micro-batch's compute (where `ep_overlap` holds)
-    grad_bytes: float           # bytes per parameter of the gradient buffer
     fsdp: bool                  # FSDP2: everything sharded, per-layer gather / reduce-scatter
     memory_sd: float            # log-sd of (true peak / predicted peak) for this stack (see FRAMEWORKS)
     memory_bias: float          # mean of log(true peak / predicted peak) for this stack
@@ -67,6 +76,19 @@ class Framework:
     sp_with_tp: bool            # its tensor parallelism always shards the sequence
     refuse: Callable            # (layout, workload) -> one-line reason or None
     sp_with_moe_tp: bool = False  # it runs an MoE model with tp > 1 only with sequence parallelism
+    memory_n: int = 0           # the measurements memory_bias / memory_sd were fitted on (0: assumed)
+    memory_sources: str = ""    # where those measurements come from
+
+    def memory_note(self) -> str:
+        """Where the memory error behind p_fit comes from, as every output states it."""
+        spread = f"bias {self.memory_bias:+.3f}, sd {self.memory_sd:.3f} in log"
+        if self.memory_n:
+            return f"{self.name}'s memory error measured on {self.memory_n} runs ({self.memory_sources}): {spread}"
+        return f"{self.name}'s memory error ASSUMED, not measured: {spread}"
+
+    def grad_bytes(self, workload: "Workload") -> float:
+        """Bytes per parameter of the gradient buffer: 4 where the workload reduces gradients in fp32."""
+        return 4.0 if workload.gradient_dtype == "fp32" else 2.0
 
     def needs_sp(self, model) -> bool:
         """Whether tp > 1 needs sequence parallelism for `model` here (what `predict` assumes when not told)."""
@@ -156,17 +178,17 @@ def _torchtitan(layout, workload) -> str | None:
 _COMMON = ("launch.sbatch", "layout.json")
 FRAMEWORKS: dict[str, Framework] = {
     "megatron-deepspeed": Framework(
-        name="megatron-deepspeed", title="Megatron-DeepSpeed", overlaps=frozenset(), grad_bytes=2.0, fsdp=False,
+        name="megatron-deepspeed", title="Megatron-DeepSpeed", overlaps=frozenset(), fsdp=False,
         memory_sd=0.08, memory_bias=0.0, selective="core-attention", attention="fused", compiled="always",
         files=("ds_config.json", "megatron_args.txt", *_COMMON), zero_stages=(1, 0, 2, 3), sp_with_tp=False,
         refuse=_megatron_deepspeed),
     "megatron-core": Framework(
         name="megatron-core", title="Megatron-Core (Megatron-LM, NeMo)", overlaps=frozenset({"tp", "p2p", "dp", "ep"}),
-        grad_bytes=4.0, fsdp=False, memory_sd=0.08, memory_bias=0.0, selective="core-attention", attention="fused",
+        fsdp=False, memory_sd=0.08, memory_bias=0.0, selective="core-attention", attention="fused",
         compiled="always", files=("megatron_args.txt", *_COMMON), zero_stages=(1, 0), sp_with_tp=False,
         sp_with_moe_tp=True, refuse=_megatron_core),
     "torchtitan": Framework(
-        name="torchtitan", title="torchtitan (FSDP2)", overlaps=frozenset({"dp"}), grad_bytes=4.0, fsdp=True,
+        name="torchtitan", title="torchtitan (FSDP2)", overlaps=frozenset({"dp"}), fsdp=True,
         memory_sd=0.20, memory_bias=0.30, selective="op", attention="sdpa", compiled="fp8",
         files=("torchtitan.toml", *_COMMON), zero_stages=(3,), sp_with_tp=True, refuse=_torchtitan),
 }

@@ -11,7 +11,7 @@ from typing import Any
 
 from tuner.architecture import MLA_KEYS, MOE_KEYS, ArchitectureSizes, check_moe
 from tuner.errors import SpecError, UsageError
-from tuner.frameworks import NAMES as FRAMEWORK_NAMES
+from tuner.frameworks import NAMES as FRAMEWORK_NAMES, grad_reduces as framework_grad_reduces
 from tuner.presets import find_spec_file, read_toml
 
 MAX_INT = 2**31 - 1   # every count is stored in 32-bit integer columns (PostgreSQL INTEGER)
@@ -287,6 +287,7 @@ class ClusterSpec:
 
 
 PRECISIONS = ("bf16", "fp8")
+GRAD_REDUCES = ("fp32", "bf16")    # the dtype gradients accumulate and reduce in (tuner.frameworks grad_reduces)
 
 
 @dataclass(frozen=True)
@@ -302,6 +303,7 @@ class Workload:
     global_batch: int
     precision: str = "bf16"
     framework: str = ""
+    grad_reduce: str = ""     # fp32 | bf16; "" = the framework's default (tuner.frameworks grad_reduces[0])
 
     def __post_init__(self):
         if not self.framework:
@@ -311,16 +313,22 @@ class Workload:
     def gpus(self) -> int:
         return self.nodes * self.cluster.gpus_per_node
 
+    @property
+    def gradient_dtype(self) -> str:
+        """The dtype gradients accumulate and reduce in: `grad_reduce`, or the framework's default."""
+        return self.grad_reduce or framework_grad_reduces(self.framework)[0]
+
     def as_dict(self) -> dict:
         return {"model": self.model.as_dict(), "cluster": self.cluster.as_dict(),
                 "nodes": self.nodes, "global_batch": self.global_batch, "precision": self.precision,
-                "framework": self.framework}
+                "framework": self.framework, "grad_reduce": self.grad_reduce}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Workload":
         """A stored workload; one stored before frameworks existed runs on its cluster's (comm_overlap: Megatron-Core)."""
         return cls(ModelSpec.from_dict(d["model"]), ClusterSpec.from_dict(d["cluster"]),
-                   int(d["nodes"]), int(d["global_batch"]), d.get("precision") or "bf16", d.get("framework") or "")
+                   int(d["nodes"]), int(d["global_batch"]), d.get("precision") or "bf16", d.get("framework") or "",
+                   d.get("grad_reduce") or "")
 
 
 def stored_framework(workload: dict | None) -> str:
@@ -340,7 +348,8 @@ def load_cluster(name: str) -> ClusterSpec:
 
 
 def make_workload(model: str | ModelSpec, nodes: int, cluster: str | ClusterSpec = "frontier",
-                  global_batch: int | None = None, precision: str = "bf16", framework: str | None = None) -> Workload:
+                  global_batch: int | None = None, precision: str = "bf16", framework: str | None = None,
+                  grad_reduce: str | None = None) -> Workload:
     m = load_model(model) if isinstance(model, str) else model
     c = load_cluster(cluster) if isinstance(cluster, str) else cluster
     if nodes is None:
@@ -363,4 +372,8 @@ def make_workload(model: str | ModelSpec, nodes: int, cluster: str | ClusterSpec
                          "use --precision bf16, or add peak_tflops_fp8 to the cluster file")
     if framework is not None and framework not in FRAMEWORK_NAMES:
         raise UsageError(f"--framework must be one of {', '.join(FRAMEWORK_NAMES)} (got {framework!r})")
-    return Workload(m, c, nodes, gb, precision, framework or c.framework)
+    fw = framework or c.framework
+    if grad_reduce and grad_reduce not in framework_grad_reduces(fw):
+        raise UsageError(f"--grad-reduce {grad_reduce} is not something {fw} does: it reduces gradients in "
+                         f"{' or '.join(framework_grad_reduces(fw))}; leave --grad-reduce out")
+    return Workload(m, c, nodes, gb, precision, fw, grad_reduce or "")

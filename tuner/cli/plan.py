@@ -12,7 +12,7 @@ from tuner.cli.render import flat_layout, render
 from tuner.errors import UsageError
 from tuner.layout import Layout, validate
 from tuner.frameworks import of as framework_of
-from tuner.perfmodel import RECOMMEND_AT, keeps_headroom, predict as model_predict, rank
+from tuner.perfmodel import RECOMMEND_AT, keeps_headroom, predict as model_predict, rank, risk
 from tuner.perfmodel.moe import moe_summary
 from tuner.space import load_space, valid_layouts
 from tuner.specs import make_workload
@@ -22,7 +22,8 @@ def prediction_row(p, w) -> dict:
     return {**flat_layout(p.layout.as_dict()), "samples_s": p.samples_per_second, "mfu_%": 100 * p.mfu,
             "mgt_tflops": p.tflops_per_gpu, "mgt_peak_%": 100 * p.peak_fraction, "step_s": p.step_time_s,
             "mem_gb": p.memory_gb, "mem_%": 100 * p.memory_gb / w.cluster.memory_gb,
-            "p_fit": p.p_fit, "fits": "yes" if keeps_headroom(p, w) else ("maybe" if p.fits else "no")}
+            "p_fit": p.p_fit, "fits": "yes" if keeps_headroom(p, w) else ("maybe" if p.fits else "no"),
+            "risk": risk(p, w)}
 
 
 @cli.command()
@@ -60,8 +61,8 @@ def predict(model, nodes, cluster, global_batch, precision, framework, layout, f
     fit = ("fits" if keeps_headroom(p, w) else f"may not fit: below the {100 * RECOMMEND_AT:g} % an unmeasured "
            "recommendation needs" if p.fits else f"DOES NOT FIT: {p.reason}")
     click.echo(f"  memory {p.memory_gb:.1f} GB of {w.cluster.memory_gb:.0f} GB per GPU "
-               f"({100 * p.memory_gb / w.cluster.memory_gb:.1f} %; p_fit {p.p_fit:.3f}, from {w.framework}'s measured "
-               f"memory error; {fit})")
+               f"({100 * p.memory_gb / w.cluster.memory_gb:.1f} %; p_fit {p.p_fit:.3f}; {fit})")
+    click.echo(f"  p_fit from {fw.memory_note()}")
     for title, table in (("memory (GB)", p.memory_breakdown), ("time (s per step)", p.time_breakdown)):
         click.echo(f"  {title}: " + ", ".join(f"{k} {v:.3g}" for k, v in table.items()))
     if w.model.is_moe:
@@ -94,12 +95,11 @@ def plan(model, nodes, cluster, global_batch, precision, framework, space, top, 
     shown = (ranked if show_all else fitting)[:top]
     rows = [{"rank": i + 1, **prediction_row(p, w)} for i, p in enumerate(shown)]
     objs = [{"rank": i + 1, **p.as_dict(), "memory_used_fraction": p.memory_gb / w.cluster.memory_gb,
-             "headroom_ok": keeps_headroom(p, w)} for i, p in enumerate(shown)]
+             "headroom_ok": keeps_headroom(p, w), "risk": risk(p, w)} for i, p in enumerate(shown)]
     click.echo(render(rows, fmt, json_obj=objs))
     if fmt == "table":
         roomy = sum(keeps_headroom(p, w) for p in fitting)
         click.echo(f"\n{len(ranked)} valid {w.framework} layouts, {len(fitting)} may fit in memory, {roomy} with "
-                   f"p_fit >= {RECOMMEND_AT:g} (fits = yes; maybe = not ruled out; p_fit from {w.framework}'s memory "
-                   f"error: bias {framework_of(w).memory_bias:+g}, sd {framework_of(w).memory_sd:g} in log, and per-layout "
-                   "terms); ranked by "
-                   f"predicted samples/s in {dt * 1000:.0f} ms ({len(ranked) / max(dt, 1e-9):,.0f} layouts/s)")
+                   f"p_fit >= {RECOMMEND_AT:g} (fits = yes; maybe = not ruled out); ranked by predicted samples/s x "
+                   f"p_fit in {dt * 1000:.0f} ms ({len(ranked) / max(dt, 1e-9):,.0f} layouts/s)\n"
+                   f"p_fit from {framework_of(w).memory_note()}, and per-layout terms")

@@ -38,7 +38,7 @@ from tuner.perfmodel.flops import megatron_flops, model_flops
 from tuner.perfmodel.prediction import Prediction
 from tuner.specs import Workload
 
-__all__ = ["predict", "rank", "keeps_headroom", "fit_probability", "memory_prior_sd", "memory_shares", "Prediction",
+__all__ = ["predict", "rank", "expected_speed", "risk", "keeps_headroom", "fit_probability", "memory_prior_sd", "memory_shares", "Prediction",
            "stage_times", "shape_of", "PRUNE_BELOW", "RECOMMEND_AT", "MEMORY_KEYS"]
 
 #: A layout is pruned (never launched) only when it fits with probability below PRUNE_BELOW; one is
@@ -269,11 +269,27 @@ def keeps_headroom(pred: Prediction, workload: Workload | None = None) -> bool:
     return pred.p_fit >= RECOMMEND_AT
 
 
+def expected_speed(pred: Prediction) -> float:
+    """Samples/s weighted by the chance the layout runs at all (p_fit): what `plan` ranks by, so a fast
+    layout that probably fits is not buried under slower ones, and a doubtful one sinks as far as it is
+    doubtful (one that fits with probability 0.8 ranks as 0.8 of its speed)."""
+    return pred.samples_per_second * pred.p_fit
+
+
+def risk(pred: Prediction, workload: Workload) -> str:
+    """Why a layout may not fit (empty when p_fit >= RECOMMEND_AT): its worst stage, how full, how sure."""
+    if pred.p_fit >= RECOMMEND_AT:
+        return ""
+    cap = workload.cluster.memory_gb
+    return (f"stage {pred.memory_stage}: {pred.memory_gb:.1f} of {cap:g} GB ({100 * pred.memory_gb / cap:.0f} %), "
+            f"p_fit {pred.p_fit:.2f}")
+
+
 def rank(layouts, workload: Workload) -> list[Prediction]:
-    """Predictions for `layouts`, fastest first: layouts that fit with probability >= RECOMMEND_AT,
-    then those that may fit, then those that do not; each tier by step time for the
-    workload's global batch (samples/s, the same order as MFU), then by lower peak memory. Megatron's
+    """Predictions for `layouts`, best first: those the model cannot rule out (p_fit >= PRUNE_BELOW) by
+    expected speed (samples/s x p_fit: the step time for the workload's global batch, the same order as
+    MFU, discounted by the risk of not fitting), then by lower peak memory; those ruled out last. Megatron's
     TFLOPS count recompute, so ordering by them would reward activation checkpointing for the work it
     repeats; step time compares like with like."""
     preds = [predict(lay, workload) for lay in layouts]
-    return sorted(preds, key=lambda pr: (not pr.fits, not keeps_headroom(pr, workload), pr.step_time_s, pr.memory_gb))
+    return sorted(preds, key=lambda pr: (not pr.fits, -expected_speed(pr), pr.memory_gb))

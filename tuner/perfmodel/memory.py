@@ -218,8 +218,9 @@ def stage_memory(layout: Layout, workload: Workload, stage: int, m: int, sh: Sha
     params = stage_params(model, layout, stage)
     experts = stage_expert_params(model, layout, stage)
     shards = layout.dp * layout.context_parallel
-    per = model_state_bytes_per_param(layout.zero_stage, shards, fw.grad_bytes, fw.fsdp)
-    per_e = model_state_bytes_per_param(layout.zero_stage, expert_data_parallel(layout), fw.grad_bytes, fw.fsdp)
+    gb = fw.grad_bytes(workload)
+    per = model_state_bytes_per_param(layout.zero_stage, shards, gb, fw.fsdp)
+    per_e = model_state_bytes_per_param(layout.zero_stage, expert_data_parallel(layout), gb, fw.fsdp)
     out = {k: ((params - experts) * v + experts * per_e[k]) / GB for k, v in per.items()}
     if sh.fp8 and not fw.fsdp:     # sharded like the bf16 weights; FSDP2's float8 casts while it gathers
         out["fp8_weights"] = out["weights"] / 2.0
