@@ -83,7 +83,8 @@ def evaluate(row: dict) -> dict:
         model = dataclasses.replace(model, seq_length=row["seq_length"])
     cluster = load_cluster(row["cluster"])
     w = make_workload(model, row["gpus"] // cluster.gpus_per_node, cluster, row["global_batch"],
-                      precision=row["precision"], framework=fw)
+                      precision=row["precision"], framework=fw,
+                      grad_reduce=None if row.get("grad_reduce", "unstated") == "unstated" else row["grad_reduce"])
     lay = layout_of(row, fw)
     bad = why_invalid(lay, w)
     if bad:

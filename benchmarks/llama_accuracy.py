@@ -82,7 +82,8 @@ def workload_of(row: dict):
     if row["gpus"] % cluster.gpus_per_node:
         raise ValueError(f"{row['gpus']} GPUs is not a whole number of {cluster.name} nodes")
     return make_workload(model, row["gpus"] // cluster.gpus_per_node, cluster, row["global_batch"],
-                         precision=row["precision"], framework=row.get("framework"))
+                         precision=row["precision"], framework=row.get("framework"),
+                      grad_reduce=None if row.get("grad_reduce", "unstated") == "unstated" else row["grad_reduce"])
 
 
 def evaluate(row: dict) -> dict:

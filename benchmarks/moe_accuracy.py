@@ -100,7 +100,8 @@ def evaluate(row: dict) -> dict:
         model = dataclasses.replace(model, moe_capacity_factor=row["moe_capacity_factor"])
     cluster = load_cluster(row["cluster"])
     w = make_workload(model, row["gpus"] // cluster.gpus_per_node, cluster, row["global_batch"],
-                      precision=row["precision"], framework=row["framework"])
+                      precision=row["precision"], framework=row["framework"],
+                      grad_reduce=None if row.get("grad_reduce", "unstated") == "unstated" else row["grad_reduce"])
     lay = layout_of(row)
     bad = why_invalid(lay, w)
     if bad:

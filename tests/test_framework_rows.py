@@ -15,7 +15,7 @@ DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "framework_
 REQUIRED = ("framework", "source", "release", "model", "cluster", "gpus", "precision", "seq_length", "global_batch",
             "micro_batch", "tp", "pp", "cp", "vp", "sequence_parallel", "recompute", "distributed_optimizer",
             "tokens_per_s_per_gpu", "note")
-OPTIONAL = ("zero_stage", "model_tflops_per_gpu", "peak_memory_gib", "oom")
+OPTIONAL = ("zero_stage", "model_tflops_per_gpu", "peak_memory_gib", "oom", "grad_reduce", "optimizer")
 FRAMEWORKS = ("torchtitan", "fsdp", "megatron-core", "megatron-deepspeed")
 UNSTATED = "unstated"
 
