@@ -51,7 +51,7 @@ def predict(model, nodes, cluster, global_batch, precision, framework, layout, f
     lay = validate(Layout(**layout), w)
     p = model_predict(lay, w)
     if fmt == "json":
-        click.echo(render([], "json", json_obj=p.as_dict()))
+        click.echo(render([], "json", json_obj={**p.as_dict(), "p_fit_basis": fw.memory_note()}))
         return
     click.echo(f"{w.model.name} on {w.nodes} x {w.cluster.name} node(s) = {w.gpus} GPUs, global batch "
                f"{w.global_batch}, {w.precision}, {w.framework}, layout {lay.key()}")
@@ -95,7 +95,8 @@ def plan(model, nodes, cluster, global_batch, precision, framework, space, top, 
     shown = (ranked if show_all else fitting)[:top]
     rows = [{"rank": i + 1, **prediction_row(p, w)} for i, p in enumerate(shown)]
     objs = [{"rank": i + 1, **p.as_dict(), "memory_used_fraction": p.memory_gb / w.cluster.memory_gb,
-             "headroom_ok": keeps_headroom(p, w), "risk": risk(p, w)} for i, p in enumerate(shown)]
+             "headroom_ok": keeps_headroom(p, w), "risk": risk(p, w), "p_fit_basis": framework_of(w).memory_note()}
+            for i, p in enumerate(shown)]
     click.echo(render(rows, fmt, json_obj=objs))
     if fmt == "table":
         roomy = sum(keeps_headroom(p, w) for p in fitting)
