@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 
-from tuner.layout import (Layout, expert_data_parallel, micro_batches_per_pipeline, stage_layers, stage_moe_layers,
+from tuner.layout import (RECOMPUTE, Layout, expert_data_parallel, micro_batches_per_pipeline, stage_layers, stage_moe_layers,
                           uneven_split)
 from tuner.frameworks import of as framework_of
 from tuner.perfmodel import comm, compute, memory, moe
@@ -113,7 +113,10 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     boundary = act / t if sh.sp else act              # sequence parallelism sends the scattered tensor
     hide = framework_of(workload).overlaps
     ep_hidden = framework_of(workload).ep_overlap(layout) and exchange.overlap is not False
-    tp_comm = max(0.0, lc["tp_comm"] - lay["gemm"]) if "tp" in hide and sh.sp else lc["tp_comm"]
+    # --tp-comm-overlap (Transformer Engine's userbuffers) runs inside the NVLink domain only: a TP group
+    # that spans nodes shows its collectives whole
+    tp_hidden = "tp" in hide and sh.sp and not comm.crosses_nodes(cluster, t, 1)
+    tp_comm = max(0.0, lc["tp_comm"] - lay["gemm"]) if tp_hidden else lc["tp_comm"]
     p2p = layout.virtual_pipeline * comm.pipeline_p2p_time(cluster, t * sh.c, layout.dp, p, boundary)
 
     def body(stage: int) -> dict:
@@ -130,6 +133,7 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
             busy = out["gemm"] + out["attention"] + out["elementwise"]
             out["all_to_all"] = max(0.0, n_moe * a2a - busy) if ep_hidden else n_moe * a2a
             out["moe_overhead"] = n_moe * moe.MOE_LAYER_OVERHEAD_MS * 1e-3
+            out[HIDDEN] = n_moe * a2a - out["all_to_all"]     # compute already spent hiding the exchange
         return out
 
     first, last = body(0), body(p - 1)
@@ -147,6 +151,14 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     if p > 2 and uneven_split(layout, model.num_layers):
         return [first, body(1), last]
     return [first, last]
+
+
+HIDDEN = "hidden_under_compute"     # a stage entry that is not a time: compute an overlap already used
+
+
+def stage_total(st: dict) -> float:
+    """A stage's seconds per micro-batch (its entries but HIDDEN)."""
+    return sum(v for k, v in st.items() if k != HIDDEN)
 
 
 def fsdp_time(layout: Layout, workload: Workload, compute_mb: float, m: int) -> dict:
@@ -189,7 +201,9 @@ def gradient_sync_time(layout: Layout, workload: Workload, fw, slow: dict, m: in
     FSDP2's layer by layer, else DP/ZeRO's over the dense replicas plus the expert gradients' over the
     expert-dp group (ep*etp ranks apart); Megatron-Core overlaps them with the last backward / first forward."""
     cluster, t = workload.cluster, layout.tp
-    compute_mb = slow["gemm"] + slow["attention"] + slow["elementwise"]
+    # compute that hides one collective cannot hide another: what the MoE exchange already hides under is
+    # not there for the gradient sync (else recomputing more would hide more, and be faster)
+    compute_mb = max(0.0, slow["gemm"] + slow["attention"] + slow["elementwise"] - slow.get(HIDDEN, 0.0))
     if fw.fsdp:
         return fsdp_time(layout, workload, compute_mb, m)
     dp = comm.dp_time(cluster, t, layout.dp * layout.context_parallel, layout.zero_stage, params_gpu - experts_gpu,
@@ -222,8 +236,8 @@ def predict(layout: Layout, workload: Workload, exchange: moe.TokenExchange | No
     reason = memory.fit_reason(mem, cluster.memory_gb, worst_stage) if mem["total"] > cluster.memory_gb else ""
 
     # ---- time
-    slow = max(stage_times(layout, workload, sh, exchange), key=lambda st: sum(st.values()))
-    t_stage = sum(slow.values())
+    slow = max(stage_times(layout, workload, sh, exchange), key=stage_total)
+    t_stage = stage_total(slow)
     params_gpu, experts_gpu = max((memory.stage_params(model, layout, s), memory.stage_expert_params(model, layout, s))
                                   for s in {0, min(1, p - 1), p - 1})
     edp = expert_data_parallel(layout)
@@ -233,7 +247,7 @@ def predict(layout: Layout, workload: Workload, exchange: moe.TokenExchange | No
     owned = (params_gpu - experts_gpu) / shards + experts_gpu / edp if layout.zero_stage >= 1 else params_gpu
     t_opt = compute.optimizer_time(cluster, owned)
 
-    time = {k: m * v for k, v in slow.items()}
+    time = {k: m * v for k, v in slow.items() if k != HIDDEN}
     time["bubble"] = (p - 1) / layout.virtual_pipeline * t_stage
     time["dp_grad_reduce"] = dp["grad_reduce"]
     time["dp_param_gather"] = dp["param_gather"]
@@ -292,4 +306,5 @@ def rank(layouts, workload: Workload) -> list[Prediction]:
     TFLOPS count recompute, so ordering by them would reward activation checkpointing for the work it
     repeats; step time compares like with like."""
     preds = [predict(lay, workload) for lay in layouts]
-    return sorted(preds, key=lambda pr: (not pr.fits, -expected_speed(pr), pr.memory_gb))
+    return sorted(preds, key=lambda pr: (not pr.fits, -expected_speed(pr), pr.memory_gb,
+                                         RECOMPUTE.index(pr.layout.recompute)))   # at a tie, recompute less
