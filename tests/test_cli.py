@@ -34,6 +34,7 @@ def test_search_then_best_json_golden(tuner):
                         "study", "trial"}
     assert got["measured"] is False and got["runner"] == "sim"
     golden = json.loads((GOLDEN / "best_175b_16_grid.json").read_text())
+    assert got["simulated"] is golden["simulated"] is True          # the model's prediction, said so
     assert got["layout"] == golden["layout"] and got["trial"] == golden["trial"] and got["study"] == "g1"
     assert got["mfu"] == pytest.approx(golden["mfu"], rel=1e-9)
     assert got["peak_fraction"] == pytest.approx(golden["peak_fraction"], rel=1e-9)
@@ -209,7 +210,7 @@ def test_predict_and_plan(tuner):
     assert code == 0 and p["fits"] and 0.3 < p["peak_fraction"] < 0.45
     assert {"layout", "tflops_per_gpu", "peak_fraction", "mfu", "step_time_s", "memory_gb", "fits", "breakdown"} <= set(p)
     code, out, _ = tuner("plan", "--model", "175b", "--nodes", "16", "--top", "3")
-    assert code == 0 and "layouts/s" in out and len(out.strip().splitlines()) == 3 + 2 + 2
+    assert code == 0 and "layouts/s" in out and len(out.strip().splitlines()) == 3 + 2 + 3
     code, _, err = tuner("plan", "--model", "1t", "--nodes", "1")
     assert code == 2 and "fits" in err
 
@@ -258,7 +259,9 @@ def test_best_for_an_unmeasured_node_count_is_predicted_with_evidence(tuner):
     code, out, _ = tuner("best", "--model", "175b", "--nodes", "32", "--format", "json")
     got = json.loads(out)
     assert got["measured"] is False and got["predicted"] is True and got["status"] == "predicted"
-    assert got["evidence"]["trials"] >= 6 and 16 in got["evidence"]["node_counts"]
+    # a simulator study is the model's own prediction: left out of the evidence, and said so
+    assert got["evidence"]["trials"] == 0 and got["evidence"]["simulated_trials"] >= 6
+    assert "simulated trial(s) left out" in got["evidence"]["note"]
     assert set(got["layout"]) == set(LAYOUT_FIELDS)
 
 
@@ -270,7 +273,7 @@ def test_guided_warm_start_and_early_stop(tuner):
     assert tuner("search", "--model", "22b", "--nodes", "4", "--budget", "8", "--study", "w1", *study)[0] == 0
     code, out, err = tuner("search", "--model", "22b", "--nodes", "8", "--warm-start", "--budget", "40",
                            "--study", "w2", "--format", "json", *study)
-    assert code == 0 and "warm start from" in err
+    assert code == 0 and "simulated trial(s) left out): starting cold" in err     # w0, w1 measured nothing
     got = json.loads(out)
     assert got["stopped_by"] == "converged" and got["ran"] < 40
     assert got["confidence"] > 0.9 and "confident" in got["stop_reason"]

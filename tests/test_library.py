@@ -180,7 +180,7 @@ def test_notes_go_through_the_tuner_logger(db):
     logger.addHandler(keep)
     logger.setLevel(logging.INFO)
     try:
-        tuner.create_study("cold", storage=db, budget=2, warm_start=True, **SMALL).optimize()
+        tuner.create_study("cold", storage=db, runner=measured, budget=2, warm_start=True, **SMALL).optimize()
         assert any("found no stored trials" in r.getMessage() and r.levelno == logging.WARNING
                    for r in keep.records)
         keep.records.clear()
@@ -191,9 +191,10 @@ def test_notes_go_through_the_tuner_logger(db):
 
 
 def test_the_cli_prints_the_log_on_stderr(tuner):
-    tuner("search", "--model", "22b", "--nodes", "4", "--budget", "2", "--study", "a")
+    tuner("search", "--model", "22b", "--nodes", "4", "--budget", "2", "--study", "a")    # simulated: no evidence
     code, _, err = tuner("search", "--model", "22b", "--nodes", "8", "--budget", "2", "--study", "b", "--warm-start")
-    assert code == 0 and "warm start from 2 trial(s) of 1 studies at node counts 4" in err
+    assert code == 0 and ("found no stored trials of gpt-22b on frontier measured with megatron-deepspeed "
+                          "(2 simulated trial(s) left out): starting cold") in err
 
 
 # ---- study.toml ----------------------------------------------------------------------------------------

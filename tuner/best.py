@@ -3,8 +3,11 @@ predictions otherwise. The application layer `tuner best`, `tuner launch` and no
 
 `best_for_unmeasured` (pure) answers "best layout for N nodes" where N was never measured (and `plan` /
 `launch` without trials use the same memory rule): the performance model corrected by every stored
-trial of the same model and cluster at other node counts (tuner/correction.py), ranked by corrected MFU
-(samples/s for the workload's global batch).
+measurement of the same model, cluster and framework at other node counts (tuner/correction.py), ranked by
+corrected MFU (samples/s for the workload's global batch). A simulated trial is the model's own prediction:
+it never corrects the model, so simulator studies leave this answer exactly as an empty store gives it.
+At a node count that has stored trials, measured ones answer; simulated ones only where nothing was
+measured (and `tuner best` says so).
 
 An answer nobody measured must fit: a layout is recommended first only if it fits with probability
 >= RECOMMEND_AT (0.95), the probability from the framework's measured memory error (its log-sd,
@@ -21,11 +24,12 @@ import numpy as np
 
 from tuner import metrics
 from tuner.errors import UsageError
+from tuner.metrics import trial_rank_key
 from tuner.layout import Layout
 from tuner.frameworks import of as framework_of, runnable
 from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT, predict
 from tuner.specs import Workload
-from tuner.correction import Observations, features, warm_start_records
+from tuner.correction import Observations, features, simulated, warm_start_records
 
 Z90 = 1.645           # two-sided 90 % interval / one-sided 95 % bound of a normal
 STALE_MARGIN = 64     # more stored trials asked for than answered: some may be refused by their framework
@@ -67,6 +71,12 @@ def _evidence(ws, workload: Workload, studies: dict | None) -> dict:
                        and int(st.global_batch) != workload.global_batch})
     notes = [f"corrected by measurements at other node counts ({ev['node_counts']})" if ev["ok_trials"]
              else "no stored measurements of this model and cluster: the model alone"]
+    if ev.get("simulated_trials"):
+        notes.append(f"{ev['simulated_trials']} simulated trial(s) left out (the model's own predictions, not "
+                     "measurements)")
+    if ev.get("other_framework_trials"):
+        notes.append(f"{ev['other_framework_trials']} trial(s) of other frameworks left out (a measurement corrects "
+                     f"{workload.framework}'s predictions only if it ran on {workload.framework})")
     if other_gb:
         notes.append(f"studies at global batch {', '.join(map(str, other_gb))} used as evidence only; the answer is "
                      f"for global batch {workload.global_batch}")
@@ -119,7 +129,9 @@ class Answer:
 
 
 def history(store, model: str, cluster: str, exclude: str | None = None) -> tuple[list, dict]:
-    """Every stored trial of `model` on `cluster` at any node count, and the studies they belong to."""
+    """Every stored trial of `model` on `cluster` at any node count, and the studies they belong to (the
+    simulated ones and other frameworks' too: correction.warm_start_records leaves them out, and counts
+    them in its evidence)."""
     if store is None:
         return [], {}
     studies = {st.name: st for st in store.list_studies()
@@ -127,15 +139,30 @@ def history(store, model: str, cluster: str, exclude: str | None = None) -> tupl
     return [t for name in studies for t in store.trials(name)], studies
 
 
+def stored_best(store, workload: Workload, k: int = 1, study: str | None = None) -> list:
+    """The k fastest stored trials at `workload`'s node count, global batch, precision and framework that
+    the framework runs; measured ones first: simulated trials (the model's prediction) answer only where
+    no study at this node count measured one."""
+    args = (workload.model.name, workload.cluster.name, workload.nodes)
+    kw = {"k": k + STALE_MARGIN, "global_batch": workload.global_batch, "precision": workload.precision,
+          "framework": workload.framework}
+    found = runnable(store.best(*args, study=study, **kw), workload)   # one stored before frameworks: refusals
+    if study is None and any(simulated(t) for t in found):
+        names = [st.name for st in store.list_studies() if (st.model, st.cluster, st.nodes) == args
+                 and not simulated(st)]
+        measured = sorted((t for name in names for t in store.best(*args, study=name, **kw) if not simulated(t)),
+                          key=lambda t: (*trial_rank_key(t), t.study, t.number))
+        found = runnable(measured, workload) or found
+    return found[:k]
+
+
 def best(store, workload: Workload, k: int = 1, study: str | None = None, space=None) -> Answer:
     """The k fastest layouts for `workload` (its model, cluster, nodes and global batch): stored trials
-    when the store (None: no store) has some, else the model corrected by every stored trial of the
-    model and cluster at other node counts, global batches or precisions (as residuals of the model,
-    which predicts each in its own). `study` limits to one study's trials."""
-    found = store.best(workload.model.name, workload.cluster.name, workload.nodes, k=k + STALE_MARGIN, study=study,
-                       global_batch=workload.global_batch, precision=workload.precision,
-                       framework=workload.framework) if store is not None else []
-    found = runnable(found, workload)[:k]       # a study stored before frameworks may hold refused layouts
+    when the store (None: no store) has some (`stored_best`: measured ones first), else the model corrected
+    by every stored measurement of the model and cluster in the workload's framework at other node counts,
+    global batches or precisions (as residuals of the model, which predicts each in its own). `study`
+    limits to one study's trials."""
+    found = stored_best(store, workload, k, study) if store is not None else []
     if found or study:
         return Answer(found, [])
     from tuner.space import load_space

@@ -24,6 +24,9 @@ layout's speed, so it enters the GP only where the posterior mean still sits abo
 
 `warm_start_records` turns stored trials of the same model and cluster (any node count) into
 observations; tuner/best.py uses them to answer "best layout for N nodes" where N was never measured.
+Measurements only: a simulated trial (`simulated`: the simulator's numbers are the model's own prediction)
+is never evidence, and a measurement corrects predictions for its own framework only (no benchmark shows
+that a correction learned on one training stack helps another); the evidence counts what was left out.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from tuner.layout import RECOMPUTE, Layout
-from tuner.perfmodel import (MEMORY_KEYS, MEMORY_NOISE_SD, MEMORY_SHARE_SD, MEMORY_SMOOTH_SD, comm, memory_shares,
-                             predict)
+from tuner.perfmodel import MEMORY_KEYS, MEMORY_NOISE_SD, comm, memory_gp_scales, memory_shares, predict
+from tuner.runners.sim import SimRunner
 from tuner.specs import Workload, stored_framework
 from tuner.trial import Status
 
@@ -45,6 +48,7 @@ HISTORY_NOISE = 0.04          # extra log-noise of a stored trial from another s
 OOM_MARGIN = 0.03             # an OOM says the memory ratio is at least capacity/predicted; assume a bit more
 Z_DIM, F_DIM, FM_DIM = 14, len(STAGE_KEYS) + 2, len(MEMORY_KEYS)
 FLOOR = 1e-3                  # never trust a predicted zero: predictions are floored here (MFU)
+SIMULATED = (SimRunner.name,)  # runners whose numbers are the model's own prediction (as tuner.report.SIMULATED)
 
 
 @dataclass
@@ -243,7 +247,8 @@ class Observations:
         spread of its global scale (tuner.frameworks); the breakdown's shares and the smooth term keep
         their own priors, so a correction learned at one node count can still move where the shares do.
         With no data its prior is the one `predict` states p_fit with (tuner.perfmodel.memory_prior_sd)."""
-        gp = GP(s_c=sd, s_w=MEMORY_SHARE_SD, s_g=MEMORY_SMOOTH_SD, ell=0.5, noise=0.02)
+        s_c, s_w, s_g = memory_gp_scales(sd)
+        gp = GP(s_c=s_c, s_w=s_w, s_g=s_g, ell=0.5, noise=MEMORY_NOISE_SD)
         return gp.fit(np.array(self.mZ), np.array(self.mF), self.my, self.mnoise) if self.my else gp
 
 
@@ -270,18 +275,45 @@ def _record_workload(rec, workload: Workload, studies: dict | None) -> Workload:
                    precision=precision or "bf16", framework=framework)
 
 
+def simulated(rec, studies: dict | None = None) -> bool:
+    """Whether a stored trial's (or a study's) numbers are the simulator's -- the model's own prediction, not
+    a measurement: its runner says so, or its study's (`studies`: name -> StudyRecord) does."""
+    if (getattr(rec, "runner", "") or "") in SIMULATED:
+        return True
+    st = (studies or {}).get(getattr(rec, "study", None))
+    return st is not None and (getattr(st, "runner", "") or "") in SIMULATED
+
+
+def _left_out(rec, workload: Workload, studies: dict | None) -> str | None:
+    """Why a stored trial is no evidence for `workload` ("simulated", "framework", "other": another model
+    or cluster, a status that says nothing, another GPU count), or None when it is."""
+    if (getattr(rec, "model", workload.model.name) != workload.model.name
+            or getattr(rec, "cluster", workload.cluster.name) != workload.cluster.name
+            or rec.status not in (Status.OK, Status.OOM, Status.STOPPED)):
+        return "other"
+    if simulated(rec, studies):
+        return "simulated"
+    if _record_workload(rec, workload, studies).framework != workload.framework:
+        return "framework"
+    return None
+
+
 def warm_start_records(records, workload: Workload, studies: dict | None = None) -> WarmStart:
-    """Observations from stored trials (TrialRecord-like: layout, status, mfu,
-    peak_memory_gb, model, cluster, nodes, study) of `workload`'s model and cluster at any node count.
-    `studies` (name -> StudyRecord) supplies each study's global batch; without it the workload's is
-    assumed. Evidence: studies, node counts, trials used and the mean residual log(measured/predicted)."""
+    """Observations from stored trials (TrialRecord-like: layout, status, mfu, peak_memory_gb, model, cluster,
+    nodes, study, runner) of `workload`'s model, cluster and framework at any node count, measured ones only
+    (a simulated trial is the model's own prediction). `studies` (name -> StudyRecord) supplies each study's
+    global batch, precision, framework and runner; without it the workload's are assumed. Evidence: studies,
+    node counts, trials used, the mean residual log(measured/predicted), and the simulated trials and the
+    other frameworks' trials left out."""
     obs = Observations()
     used: list = []
+    skipped = {"simulated": 0, "framework": 0}
     cap = workload.cluster.memory_gb
     for rec in records or ():
-        if (getattr(rec, "model", workload.model.name) != workload.model.name
-                or getattr(rec, "cluster", workload.cluster.name) != workload.cluster.name
-                or rec.status not in (Status.OK, Status.OOM, Status.STOPPED)):
+        why = _left_out(rec, workload, studies)
+        if why in skipped:
+            skipped[why] += 1
+        if why:
             continue
         w = _record_workload(rec, workload, studies)
         lay = rec.layout
@@ -296,5 +328,6 @@ def warm_start_records(records, workload: Workload, studies: dict | None = None)
                 "node_counts": sorted({int(r.nodes) for r, _ in used}),
                 "trials": len(used), "ok_trials": len(res), "oom_trials": sum(r.status == Status.OOM for r, _ in used),
                 "mean_residual": float(np.mean(res)) if res else 0.0,
-                "mean_ratio": float(math.exp(np.mean(res))) if res else 1.0}
+                "mean_ratio": float(math.exp(np.mean(res))) if res else 1.0,
+                "simulated_trials": skipped["simulated"], "other_framework_trials": skipped["framework"]}
     return WarmStart(obs, evidence)

@@ -193,15 +193,23 @@ def searcher_for(store, rec: StudyRecord, workload: Workload, candidates: list):
 
 
 def _warm_start(store, rec: StudyRecord, workload: Workload) -> tuple[list, dict]:
+    """The stored trials of other studies a --warm-start reads, and what it says of them: measurements of
+    this model, cluster and framework only (correction.warm_start_records leaves simulated trials and other
+    frameworks' out; the study's own trials, simulated or not, are its searcher's to learn from)."""
     from tuner.correction import warm_start_records
     records, studies = history(store, workload.model.name, workload.cluster.name, exclude=rec.name)
     ev = warm_start_records(records, workload, studies).evidence
+    left = [f"{n} {what} left out" for n, what in ((ev.get("simulated_trials", 0), "simulated trial(s)"),
+                                                   (ev.get("other_framework_trials", 0), "trial(s) of other frameworks"))
+            if n]
     if not ev.get("trials"):
-        log.warning("--warm-start found no stored trials of %s on %s: starting cold", workload.model.name,
-                    workload.cluster.name)
+        log.warning("--warm-start found no stored trials of %s on %s measured with %s%s: starting cold",
+                    workload.model.name, workload.cluster.name, workload.framework,
+                    f" ({', '.join(left)})" if left else "")
         return [], {}
-    log.info("warm start from %d trial(s) of %d studies at node counts %s", ev["trials"], len(studies),
-             ", ".join(map(str, ev.get("node_counts", []))))
+    log.info("warm start from %d trial(s) of %d studies at node counts %s (measured with %s%s)", ev["trials"],
+             len(ev["studies"]), ", ".join(map(str, ev.get("node_counts", []))), workload.framework,
+             f"; {', '.join(left)}" if left else "")
     return records, studies
 
 

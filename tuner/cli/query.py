@@ -7,7 +7,7 @@ import click
 from tuner.cli import DB_OPTION, FORMAT_OPTION, cli, read_store
 from tuner.cli.options import CLUSTERS, FRAMEWORK_OPTION, MODELS
 from tuner.cli.render import flat_layout, render
-from tuner.report import ok_trials
+from tuner.report import ok_trials, simulated
 from tuner.errors import TunerError
 from tuner.layout import DIMENSIONS
 from tuner.specs import PRECISIONS, stored_framework
@@ -99,11 +99,14 @@ def trials(name, statuses, wide, db, fmt):
     click.echo(render([trial_row(t, width) for t in ts], fmt, TRIAL_COLUMNS, json_obj=[trial_json(t) for t in ts]))
 
 
-def best_json(t, measured: bool) -> dict:
+def best_json(t) -> dict:
+    """A stored trial as `best` answers it; `simulated`: its numbers are the simulator's (the model's own
+    prediction), not a measurement."""
+    sim = simulated(t)
     return {"layout": t.layout.as_dict(), "samples_per_second": t.samples_per_second, "mfu": t.mfu,
             "tflops_per_gpu": t.tflops_per_gpu, "peak_fraction": t.peak_fraction,
-            "peak_memory_gb": t.peak_memory_gb, "status": str(t.status), "runner": t.runner, "measured": measured,
-            "study": t.study, "trial": t.number}
+            "peak_memory_gb": t.peak_memory_gb, "status": str(t.status), "runner": t.runner, "measured": not sim,
+            "simulated": sim, "study": t.study, "trial": t.number}
 
 
 @cli.command()
@@ -142,7 +145,7 @@ def best(model, nodes, cluster, global_batch, precision, framework, study, k, db
                          f"node(s) at global batch {w.global_batch}")
     if not found:
         return predicted_best(store, w, answer.predicted, model, cluster, k, fmt)
-    objs = [{**best_json(t, measured=t.runner != "sim"), "framework": w.framework} for t in found]
+    objs = [{**best_json(t), "framework": w.framework} for t in found]
     if fmt == "json":
         click.echo(render([], "json", json_obj=objs[0] if k == 1 else objs))
         return
@@ -151,12 +154,18 @@ def best(model, nodes, cluster, global_batch, precision, framework, study, k, db
              "runner": t.runner, "kind": "measured" if o["measured"] else "predicted (simulator)"}
             for t, o in zip(found, objs)]
     click.echo(render(rows, fmt))
+    if fmt == "table" and all(o["simulated"] for o in objs):
+        click.echo(f"\nSIMULATED, not measured: these trials are the simulator's (the performance model's own "
+                   f"prediction); no study measured {w.model.name} on {w.nodes} x {w.cluster.name} node(s) at global "
+                   f"batch {w.global_batch} with {w.framework}, and simulated trials correct no prediction. Measure "
+                   f"it: tuner search --model {model} --nodes {w.nodes} --cluster {cluster} --framework {w.framework} "
+                   "--runner local|slurm|command")
 
 
 def predicted_best(store, w, rows: list, model: str, cluster: str, k: int, fmt: str) -> None:
     """No measurement at this node count: the model's fastest, corrected by measurements at other counts."""
     objs = [{**{k_: v for k_, v in r.items() if k_ != "key"}, "layout": r["layout"].as_dict(), "status": "predicted",
-             "runner": None, "measured": False, "study": None, "trial": None, "framework": w.framework} for r in rows]
+             "runner": None, "measured": False, "simulated": False, "study": None, "trial": None, "framework": w.framework} for r in rows]
     if fmt == "json":
         click.echo(render([], "json", json_obj=objs[0] if k == 1 else objs))
         return
@@ -167,10 +176,10 @@ def predicted_best(store, w, rows: list, model: str, cluster: str, k: int, fmt: 
     click.echo(render(table_rows, fmt))
     if fmt == "table":
         ev = rows[0]["evidence"]
-        basis = (f"corrected by {ev.get('trials', 0)} trial(s) of {len(ev.get('studies', []))} studies at node counts "
-                 f"{', '.join(map(str, ev.get('node_counts', [])))}" if ev.get("trials") else "the model alone (no "
-                 f"stored trials of {w.model.name} on {w.cluster.name})")
-        extra = f"; {ev['note'].split('; ', 1)[1]}" if ev.get("other_global_batches") else ""
+        basis = (f"corrected by {ev.get('trials', 0)} measured trial(s) of {len(ev.get('studies', []))} studies at node "
+                 f"counts {', '.join(map(str, ev.get('node_counts', [])))}" if ev.get("trials") else "the model alone (no "
+                 f"stored measurements of {w.model.name} on {w.cluster.name} with {w.framework})")
+        extra = f"; {ev['note'].split('; ', 1)[1]}" if "; " in ev.get("note", "") else ""   # what was left out
         click.echo(f"\nPREDICTED, not measured: no trial of {w.model.name} on {w.nodes} x {w.cluster.name} node(s) "
                    f"at global batch {w.global_batch} in {store.url if store else 'any store'}; {basis}{extra}. Layouts come "
                    f"first when they fit with probability >= 0.95 (p_fit: from {w.framework}'s measured memory error, "
