@@ -10,6 +10,7 @@ import pytest
 
 from tuner.errors import MissingExtra, UsageError
 from tuner.layout import Layout
+from tuner.perfmodel import predict
 from tuner.search import SEARCHERS, make_searcher
 from tuner.search.base import needs_more_memory
 from tuner.space import load_space
@@ -103,6 +104,12 @@ class TestSearcherContract:
         dominated = {c for c in cands if needs_more_memory(c, oom)}
         assert len(dominated) == 15       # micro-batch >= 2, ZeRO <= 1, recompute full or none
         dominated |= {c for c in cands if needs_more_memory(c, failed[2])}    # pruned: does not fit
+        if name == "guided":    # guided also defers what the model predicts to need as much on the OOM's stage
+            p = predict(oom, WORKLOAD)
+            heavier = {c for c in cands if (q := predict(c, WORKLOAD)).memory_stage == p.memory_stage
+                       and q.memory_gb >= p.memory_gb and c != oom}
+            assert heavier - dominated
+            dominated |= heavier
         # every later trial succeeds, so that no new failure defers more layouts
         proposed = run(s, 10_000, batch=2, outcome=lambda lay: TrialResult(Status.OK, mfu=0.3))
         assert oom not in proposed and not set(failed) & set(proposed)

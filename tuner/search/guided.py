@@ -11,9 +11,14 @@ peaks and OOMs (an OOM at a layout predicted to fit raises the expected memory o
 - Then: expected improvement over the best measured, in log space, times the probability of fitting.
   A batch (ask(n > 1), or asks without tells in between) uses the kriging believer: each chosen or
   running layout counts as measured at its posterior mean.
+- An OOM defers (tuner/search/base.py: proposed only once nothing else is left) every layout not yet run
+  that the model predicts to need at least as much memory on the same worst pipeline stage
+  (Prediction.memory_stage) -- equal counts: the model cannot tell such a layout from the one that ran out.
 - `history` (stored trials of the same model and cluster at any node count, see
   correction.warm_start_records; `history_studies` maps study name -> StudyRecord for their global
-  batch) corrects the model before the first trial; `evidence` says what it used.
+  batch) corrects the model before the first trial; `evidence` says what it used. Only measurements of
+  the workload's framework count: a simulated trial of another study is the model's own prediction (a
+  study's own trials, simulated or not, are told to it and learned from as the world it searches).
 - Early stop (`stop_threshold`, off by default so that `ask` honours the contract of exhausting the
   candidates): ask returns [] (running trials may still change its mind) once the probability that
   *some* layout beats the recommended one (the fastest measured) by more than `stop_threshold` is at
@@ -47,6 +52,7 @@ N_INITIAL = 3              # model's top pick + best of other (tp, pp) families
 DIVERSE_WITHIN = 0.7       # an initial layout's predicted throughput is at least this fraction of the top
 XI = 0.0                   # EI margin (log space)
 P_FIT_SD = MEMORY_NOISE_SD     # memory ratio noise beyond the learned uncertainty (as predict states p_fit)
+SAME_MEMORY = 1e-9         # relative: predicted peaks this close are equal (an OOM defers both)
 
 
 def _norm_pdf(z):
@@ -73,6 +79,8 @@ class GuidedSearcher(BaseSearcher):
         self.log_pred = np.array([f.log_pred for f in self.fts])
         self.log_mem = np.array([f.log_mem for f in self.fts])
         self.mem_gb = [p.memory_gb if p is not None else None for p in preds]   # stored as predicted_memory_gb
+        self.mem_stage = np.array([p.memory_stage if p is not None else -1 for p in preds], dtype=int)
+        self._mem = np.array([p.memory_gb if p is not None else -math.inf for p in preds], dtype=float)
         self.family = [(c.tp, c.pp) for c in self.candidates]
         self._tiebreak = np.random.default_rng([self.seed, 11]).permutation(n) * 1e-12
         ws = warm_start_records(history, workload, history_studies) if (history and workload is not None) else None
@@ -117,6 +125,8 @@ class GuidedSearcher(BaseSearcher):
         self.own.add_result(ft, result.status, result.mfu, result.peak_memory_gb, self.capacity)
         if i is not None and result.status not in (Status.OK, Status.STOPPED):
             self.failed[i] = True
+        if result.status == Status.OOM and self.workload is not None:
+            self._defer_heavier(*self._predicted_memory(layout, i))
         if result.status == Status.OK and result.peak_memory_gb and self.workload is not None:
             self.mem_scale = max(self.mem_scale, result.peak_memory_gb / math.exp(ft.log_mem))
         if result.status == Status.OK and result.mfu:
@@ -126,6 +136,18 @@ class GuidedSearcher(BaseSearcher):
             if self.best_key is None or key < self.best_key:   # the store's order (tuner.metrics), in any tell order
                 self.best_key, self.best_layout, self.best_index = key, layout, i
                 self.best_log = math.log(max(result.mfu, 1e-6))
+
+    def _predicted_memory(self, layout: Layout, i: int | None) -> tuple[float, int]:
+        """(predicted peak GB, worst stage) of `layout`: a candidate's from its stored prediction."""
+        if i is not None:
+            return self.mem_gb[i], int(self.mem_stage[i])
+        p = predict(layout, self.workload)
+        return p.memory_gb, p.memory_stage
+
+    def _defer_heavier(self, memory_gb: float, stage: int) -> None:
+        """After an OOM at a layout predicted to need `memory_gb` on pipeline stage `stage`: defer every
+        layout not yet run that is predicted to need at least as much there."""
+        self.deferred |= ~self.used & (self.mem_stage == stage) & (self._mem >= memory_gb * (1 - SAME_MEMORY))
 
     def tell_claimed_elsewhere(self, layout: Layout) -> None:
         """Another driver runs `layout`: never propose it, and do not wait for its result."""
