@@ -47,7 +47,9 @@ from tuner.specs import load_cluster, load_model, make_workload  # noqa: E402
 
 GIB = 2 ** 30 / 1e9                  # GB per GiB
 PREDICTED_AS = {"fsdp": "torchtitan"}
-SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "vocab_size")
+SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "vocab_size",
+         "num_experts", "moe_ffn_hidden_size")
+RENAMED = {"moe_router_topk": "moe_top_k"}
 CAPACITY_STEPS = [0.70 + 0.02 * i for i in range(31)]
 BINS = [(0.0, 0.1), (0.1, 0.3), (0.3, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 0.97), (0.97, 1.0001)]
 
@@ -58,7 +60,8 @@ def model_of(row: dict):
         m = load_model(row["model"])
     else:
         m = load_model("llama3-8b" if row.get("ffn_type", "swiglu") == "swiglu" else "gpt-22b")
-        m = dataclasses.replace(m, name="custom", **{k: row[k] for k in SHAPE if k in row})
+        m = dataclasses.replace(m, name="custom", **{k: row[k] for k in SHAPE if k in row},
+                                **{RENAMED[k]: row[k] for k in RENAMED if k in row})
     if "num_layers" in row and row.get("model") != "custom":
         m = dataclasses.replace(m, num_layers=row["num_layers"])
     return dataclasses.replace(m, seq_length=row["seq_length"]) if m.seq_length != row["seq_length"] else m
@@ -80,6 +83,8 @@ def layout_of(row: dict, framework: str) -> Layout:
 def workload_of(row: dict):
     fw = PREDICTED_AS.get(row["framework"], row["framework"])
     cluster = load_cluster(row.get("cluster", "h100"))
+    if "attention" in row:              # a measurement names its kernel: Megatron's local one keeps the scores
+        cluster = dataclasses.replace(cluster, flash_attention=not row["attention"].startswith("local"))
     gpn = cluster.gpus_per_node
     if row["gpus"] % gpn:               # a measured rank of fewer GPUs than a node: a node of that many
         cluster = dataclasses.replace(cluster, gpus_per_node=row["gpus"])
@@ -100,7 +105,6 @@ def evaluate(row: dict, kind: str) -> dict | None:
     lay = layout_of(row, fw_name)
     if why_invalid(lay, w):
         return None
-    fw = FRAMEWORKS[fw_name]
     raw = dataclasses.replace(w, framework=fw_name)
     if kind == "measured":              # the stage measured, allocated bytes: no fixed reserve, no bias
         m = micro_batches_per_pipeline(lay, w.global_batch)
@@ -111,8 +115,9 @@ def evaluate(row: dict, kind: str) -> dict | None:
         _, mem = memory.peak_memory(lay, raw, micro_batches_per_pipeline(lay, w.global_batch))
         pred, true = mem["total"], None
     shares = memory_shares(mem)
-    out = {"row": row, "framework": fw_name, "stack": row["framework"], "layout": lay, "workload": w, "pred": pred, "kind": kind,
-           "extra_sd": math.sqrt(max(memory_prior_sd(0.0, shares) ** 2, 0.0)), "held_out": held_out(row)}
+    local = str(row.get("attention", "")).startswith("local")    # Megatron's unfused kernel: keeps the scores
+    out = {"row": row, "framework": fw_name, "stack": row["framework"] + (" (scores kept)" if local else ""), "layout": lay, "workload": w, "pred": pred, "kind": kind,
+           "shares": shares, "held_out": held_out(row)}
     if true:
         out["exact"] = math.log(true / pred)
     elif kind == "published" and not row.get("oom"):
@@ -120,7 +125,6 @@ def evaluate(row: dict, kind: str) -> dict | None:
         out["reserved_stated"] = bool(row.get("peak_memory_gib"))
     else:
         return None
-    _ = fw
     return out
 
 
@@ -137,7 +141,7 @@ def _ndtr(z: float) -> float:
 def log_likelihood(evs: list[dict], bias: float, sd: float) -> float:
     ll = 0.0
     for e in evs:
-        s = math.hypot(sd, e["extra_sd"])
+        s = memory_prior_sd(sd, e["shares"])
         if "exact" in e:
             z = (e["exact"] - bias) / s
             ll += -0.5 * z * z - math.log(s)
@@ -154,7 +158,7 @@ def fit(evs: list[dict]) -> tuple[float, float]:
 
 # ------------------------------------------------------------------------------------------ report
 def stated_p_fit(e: dict, capacity: float, bias: float, sd: float) -> float:
-    return fit_probability(e["pred"] * math.exp(bias), capacity, math.hypot(sd, e["extra_sd"]))
+    return fit_probability(e["pred"] * math.exp(bias), capacity, memory_prior_sd(sd, e["shares"]))
 
 
 def reliability(evs: list[dict], bias: float, sd: float) -> list[tuple]:

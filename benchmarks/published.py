@@ -56,8 +56,8 @@ def split_key(row: dict) -> str:
 
 
 def config_key(row: dict) -> str:
-    """One distinct row: the configuration, and the stage a memory measurement was taken on."""
-    return split_key(row) + (f"|stage={row['stage']}" if "stage" in row else "")
+    """One distinct row: the configuration, and the stage and attention kernel of a memory measurement."""
+    return split_key(row) + "".join(f"|{k}={row[k]}" for k in ("stage", "attention") if k in row)
 
 
 def held_out(row: dict) -> bool:

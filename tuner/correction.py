@@ -38,9 +38,8 @@ import numpy as np
 
 from tuner.layout import RECOMPUTE, Layout
 from tuner.perfmodel import MEMORY_KEYS, MEMORY_NOISE_SD, comm, memory_gp_scales, memory_shares, predict
-from tuner.runners.sim import SimRunner
 from tuner.specs import Workload, stored_framework
-from tuner.trial import Status
+from tuner.trial import SIMULATED, Status
 
 STAGE_KEYS = ("gemm", "attention", "elementwise", "tp_comm", "cp_comm", "p2p", "microbatch_overhead")
 STOPPED_NOISE = 0.03          # log-noise of a stopped trial's upper bound (a few steps after warm-up)
@@ -48,7 +47,6 @@ HISTORY_NOISE = 0.04          # extra log-noise of a stored trial from another s
 OOM_MARGIN = 0.03             # an OOM says the memory ratio is at least capacity/predicted; assume a bit more
 Z_DIM, F_DIM, FM_DIM = 14, len(STAGE_KEYS) + 2, len(MEMORY_KEYS)
 FLOOR = 1e-3                  # never trust a predicted zero: predictions are floored here (MFU)
-SIMULATED = (SimRunner.name,)  # runners whose numbers are the model's own prediction (as tuner.report.SIMULATED)
 
 
 @dataclass

@@ -167,24 +167,29 @@ def _torchtitan(layout, workload) -> str | None:
     return None
 
 
-# memory_bias, memory_sd: log(measured peak / predicted peak) on published runs (benchmarks/
-# framework_accuracy.py prints them per framework, on its tuning and held-out rows).
-# - torchtitan: measured on the 11 tuning rows with a stated peak (torchtitan states the allocator's
-#   reserved peak): mean +0.30, sd 0.20 (held-out: +0.38, 0.15).
-# - Megatron stacks: no published Megatron-Core run states its peak, so their sd is NOT measured. 0.08 is
-#   chosen so that none of the 33 published Megatron-Core runs that ran is pruned (that needs >= 0.053:
-#   the largest is predicted at 89 GB of 80) with room to spare; the Frontier study's one stated peak
-#   (175B stage 0: 37.8 GB reserved, 38.0 predicted) sits at -0.005.
+# memory_bias, memory_sd: the mean and scale of log(true peak / predicted peak) (tuner.perfmodel
+# memory_prior_sd spreads the scale over the layout's memory components), fitted by
+# benchmarks/memory_accuracy.py --fit on its TUNING rows only (held-out rows: data/held_out.txt, committed
+# first); memory_n counts the rows the fit saw. No fit: ASSUMED, and every output says so.
+# - megatron-core: 42 configurations of Megatron-Core 0.16.1's own training step measured under fake
+#   tensors with a FlashAttention-like kernel (allocated bytes, benchmarks/measure_memory_mcore.py) and 16
+#   published runs that ran (a bound: the peak was at most the GPU's memory): bias +0.010, scale 0.030.
+# - megatron-deepspeed: nothing measured; scale 0.11 keeps the spread tuner stated before the fit
+#   (about 0.12 in log at a typical layout).
+# - torchtitan: its tables state the allocator's reserved peak, which only bounds the need from above;
+#   until its own code is measured, bias +0.30 and scale 0.20 are what those peaks gave before (assumed).
 _COMMON = ("launch.sbatch", "layout.json")
 FRAMEWORKS: dict[str, Framework] = {
     "megatron-deepspeed": Framework(
         name="megatron-deepspeed", title="Megatron-DeepSpeed", overlaps=frozenset(), fsdp=False,
-        memory_sd=0.08, memory_bias=0.0, selective="core-attention", attention="fused", compiled="always",
+        memory_sd=0.11, memory_bias=0.0, selective="core-attention", attention="fused", compiled="always",
         files=("ds_config.json", "megatron_args.txt", *_COMMON), zero_stages=(1, 0, 2, 3), sp_with_tp=False,
         refuse=_megatron_deepspeed),
     "megatron-core": Framework(
         name="megatron-core", title="Megatron-Core (Megatron-LM, NeMo)", overlaps=frozenset({"tp", "p2p", "dp", "ep"}),
-        fsdp=False, memory_sd=0.08, memory_bias=0.0, selective="core-attention", attention="fused",
+        fsdp=False, memory_sd=0.030, memory_bias=0.010, memory_n=58,
+        memory_sources="Megatron-Core 0.16.1's training step under fake tensors, 42 configurations; 16 published runs "
+                       "that ran", selective="core-attention", attention="fused",
         compiled="always", files=("megatron_args.txt", *_COMMON), zero_stages=(1, 0), sp_with_tp=False,
         sp_with_moe_tp=True, refuse=_megatron_core),
     "torchtitan": Framework(

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from tuner.layout import DIMENSIONS, LAYOUT_FIELDS, flat_layout
 from tuner.metrics import trial_rank_key
 from tuner.specs import stored_framework
-from tuner.trial import Status
+from tuner.trial import SIMULATED, Status
 
 STATUS_ORDER = [s.value for s in Status]
 STATUS_COLORS = {"ok": "#2e7d32", "oom": "#c62828", "timeout": "#ef6c00", "failed": "#6a1b9a",
@@ -29,7 +29,6 @@ EXPORT_COLUMNS = ["study", "trial", "layout_key", *LAYOUT_FIELDS, "status", "sam
                   "duration_s", "message", "log_path"]
 FIGURES = ("best_so_far.png", "tp_pp_heatmap.png", "model_error.png", "status_counts.png")
 #: Runners whose numbers are the performance model's own prediction, not a measurement.
-SIMULATED = ("sim",)
 #: What each TP x PP cell of the heatmap takes the best over: every other dimension (table columns).
 COLLAPSED = tuple(d.column for d in DIMENSIONS if d.name not in ("tp", "pp"))
 

@@ -16,6 +16,11 @@ from tuner.layout import Layout
 from tuner.specs import Workload
 
 
+#: Runners whose numbers are the performance model's own prediction, not a measurement: never evidence
+#: (tuner.correction), marked as simulated wherever a trial is shown (tuner.report, `tuner best`).
+SIMULATED = ("sim",)
+
+
 class Status(str, enum.Enum):
     RUNNING = "running"
     OK = "ok"

@@ -38,19 +38,21 @@ from tuner.perfmodel.flops import megatron_flops, model_flops
 from tuner.perfmodel.prediction import Prediction
 from tuner.specs import Workload
 
-__all__ = ["predict", "rank", "expected_speed", "risk", "keeps_headroom", "fit_probability", "memory_prior_sd", "memory_shares", "Prediction",
+__all__ = ["predict", "rank", "expected_speed", "risk", "keeps_headroom", "fit_probability", "memory_prior_sd", "memory_gp_scales", "memory_shares", "Prediction",
            "stage_times", "shape_of", "PRUNE_BELOW", "RECOMMEND_AT", "MEMORY_KEYS"]
 
 #: A layout is pruned (never launched) only when it fits with probability below PRUNE_BELOW; one is
 #: recommended without a measurement only when it fits with probability at least RECOMMEND_AT.
 PRUNE_BELOW = 0.02
 RECOMMEND_AT = 0.95
-#: The prior of log(true peak / predicted peak) before any measurement, the same one the memory
-#: correction (tuner.correction.Observations.memory_gp) starts from, so that `predict`, `plan`, `best` and
-#: guided state one p_fit: N(framework bias, sd^2 + (SHARE_SD |shares|)^2 + SMOOTH_SD^2 + NOISE_SD^2), sd
-#: the framework's measured spread (tuner.frameworks), the other terms how the error may differ between
-#: layouts (per memory component, and smoothly over the layout).
-MEMORY_SHARE_SD, MEMORY_SMOOTH_SD, MEMORY_NOISE_SD = 0.12, 0.06, 0.02
+#: The prior of log(true / predicted peak) before any measurement, the same one the memory correction
+#: (tuner.correction.Observations.memory_gp) starts from, so that `predict`, `plan`, `best` and guided state
+#: one p_fit: N(0, sd^2 (GLOBAL + SHARES |s|^2 + SMOOTH) + NOISE_SD^2) at a layout whose memory components
+#: have shares s; sd is the framework's scale (tuner.frameworks memory_sd: fitted where measured), split
+#: between an error common to every layout, one per memory component and one smooth over the layout (the
+#: correction's kernel terms); the framework's bias is already in the predicted peak (`measured_bias`).
+MEMORY_PRIOR_SPLIT = {"global": 0.5, "shares": 1.0, "smooth": 0.25}
+MEMORY_NOISE_SD = 0.02
 MEMORY_KEYS = ("weights", "gradients", "optimizer", "fp8_weights", "activations", "logits", "zero3_buffers",
                "reserved", "measured_bias")
 
@@ -61,9 +63,15 @@ def memory_shares(breakdown: dict) -> list[float]:
     return [breakdown.get(k, 0.0) / total for k in MEMORY_KEYS]
 
 
+def memory_gp_scales(framework_sd: float) -> tuple[float, float, float]:
+    """(global, per-component, smooth) prior sds of the memory correction for a framework's scale."""
+    k = MEMORY_PRIOR_SPLIT
+    return tuple(framework_sd * math.sqrt(k[n]) for n in ("global", "shares", "smooth"))
+
+
 def memory_prior_sd(framework_sd: float, shares: list[float]) -> float:
-    return math.sqrt(framework_sd ** 2 + MEMORY_SHARE_SD ** 2 * sum(x * x for x in shares)
-                     + MEMORY_SMOOTH_SD ** 2 + MEMORY_NOISE_SD ** 2)
+    s_c, s_w, s_g = memory_gp_scales(framework_sd)
+    return math.sqrt(s_c ** 2 + s_w ** 2 * sum(x * x for x in shares) + s_g ** 2 + MEMORY_NOISE_SD ** 2)
 
 
 def fit_probability(memory_gb: float, capacity_gb: float, sd: float, mean: float = 0.0) -> float:

@@ -12,11 +12,11 @@ import threading
 
 from tuner.perfmodel import predict
 from tuner.runners import CPU_FRACTION, TrialRunner
-from tuner.trial import Status, TrialResult, TrialSpec
+from tuner.trial import SIMULATED, Status, TrialResult, TrialSpec
 
 
 class SimRunner(TrialRunner):
-    name = "sim"
+    name = SIMULATED[0]
     measured = False
 
     def __init__(self, noise: float = 0.0, delay: float = 0.0, seed: int = 0):
