@@ -139,6 +139,10 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
         "memory", lambda r: r["framework"] == "megatron-core" and r.get("file", "").endswith("published.toml")),
     "memory_bias / memory_sd (tuner/frameworks.py, benchmarks/memory_accuracy.py)": ("memory",
                                                                                      lambda r: not held_out(r)),
+    "EAGER_REPLICATED, eager and gathered-input activations (tuner/perfmodel/memory.py)": (
+        "memory", lambda r: r["framework"] == "torchtitan" and "peak_allocated_gib" in r and not held_out(r)),
+    "unstated grad_reduce read as bf16 (benchmarks/memory_accuracy.py)": (
+        "memory", lambda r: r["framework"] == "megatron-core" and r.get("grad_reduce") == "unstated"),
 }
 
 

@@ -171,13 +171,16 @@ def _torchtitan(layout, workload) -> str | None:
 # memory_prior_sd spreads the scale over the layout's memory components), fitted by
 # benchmarks/memory_accuracy.py --fit on its TUNING rows only (held-out rows: data/held_out.txt, committed
 # first); memory_n counts the rows the fit saw. No fit: ASSUMED, and every output says so.
-# - megatron-core: 42 configurations of Megatron-Core 0.16.1's own training step measured under fake
-#   tensors with a FlashAttention-like kernel (allocated bytes, benchmarks/measure_memory_mcore.py) and 16
-#   published runs that ran (a bound: the peak was at most the GPU's memory): bias +0.010, scale 0.030.
+# - megatron-core: 40 dense configurations of Megatron-Core 0.16.1's own training step measured under fake
+#   tensors with a FlashAttention-like kernel (allocated bytes, benchmarks/measure_memory_mcore.py) and 11
+#   published dense runs that ran (a bound: the peak was at most the GPU's memory): bias +0.020; the fitted
+#   scale is 0 (the 0.02 noise floor explains the rows), 0.02 is kept so that a measured peak can still
+#   move the correction. MoE layouts use the dense constants (2 measured MoE configurations: too few).
+# - torchtitan: 22 configurations of torchtitan 0.3.0's own Llama 3 under FSDP2 (and TP) measured the same
+#   way (benchmarks/measure_memory_torchtitan.py) and 17 published runs that ran (the capacity and the
+#   tables' reserved peaks as bounds): bias +0.040, scale 0.062.
 # - megatron-deepspeed: nothing measured; scale 0.11 keeps the spread tuner stated before the fit
 #   (about 0.12 in log at a typical layout).
-# - torchtitan: its tables state the allocator's reserved peak, which only bounds the need from above;
-#   until its own code is measured, bias +0.30 and scale 0.20 are what those peaks gave before (assumed).
 _COMMON = ("launch.sbatch", "layout.json")
 FRAMEWORKS: dict[str, Framework] = {
     "megatron-deepspeed": Framework(
@@ -187,14 +190,16 @@ FRAMEWORKS: dict[str, Framework] = {
         refuse=_megatron_deepspeed),
     "megatron-core": Framework(
         name="megatron-core", title="Megatron-Core (Megatron-LM, NeMo)", overlaps=frozenset({"tp", "p2p", "dp", "ep"}),
-        fsdp=False, memory_sd=0.030, memory_bias=0.010, memory_n=58,
-        memory_sources="Megatron-Core 0.16.1's training step under fake tensors, 42 configurations; 16 published runs "
+        fsdp=False, memory_sd=0.02, memory_bias=0.020, memory_n=51,
+        memory_sources="Megatron-Core 0.16.1's training step under fake tensors, 40 configurations; 11 published runs "
                        "that ran", selective="core-attention", attention="fused",
         compiled="always", files=("megatron_args.txt", *_COMMON), zero_stages=(1, 0), sp_with_tp=False,
         sp_with_moe_tp=True, refuse=_megatron_core),
     "torchtitan": Framework(
         name="torchtitan", title="torchtitan (FSDP2)", overlaps=frozenset({"dp"}), fsdp=True,
-        memory_sd=0.20, memory_bias=0.30, selective="op", attention="sdpa", compiled="fp8",
+        memory_sd=0.062, memory_bias=0.040, memory_n=39,
+        memory_sources="torchtitan 0.3.0's Llama 3 with FSDP2 under fake tensors, 22 configurations; 17 published "
+                       "runs that ran", selective="op", attention="sdpa", compiled="fp8",
         files=("torchtitan.toml", *_COMMON), zero_stages=(3,), sp_with_tp=True, refuse=_torchtitan),
 }
 

@@ -70,6 +70,8 @@ class Shape:
     fp8: bool = False
     op_sac: bool = False          # selective = torchtitan's per-op SAC (saves every other GEMM's output)
     fused: bool = True            # element-wise kernels fused (Transformer Engine, torch.compile) or eager
+    gathered_inputs: bool = False  # DTensor TP (torchtitan) saves the all-gathered inputs of its column-parallel
+                                   # GEMMs; Megatron's sequence parallelism saves the shard and gathers again
     attention_slowdown: float = 1.0   # attention kernel time relative to the cluster's attention_efficiency
     ep: int = 1                   # expert-parallel and expert tensor-parallel degrees (MoE layers)
     etp: int = 1
@@ -87,6 +89,7 @@ def shape_of(layout, workload) -> Shape:
     return Shape(b=layout.micro_batch, t=layout.tp, c=layout.context_parallel, sp=layout.sequence_parallel,
                  recompute=layout.recompute, fp8=workload.precision == "fp8",
                  op_sac=fw.selective == "op" and layout.recompute == "selective", fused=fw.fused(workload.precision),
+                 gathered_inputs=fw.sp_with_tp,
                  attention_slowdown=FA2_ON_HOPPER if fw.attention == "sdpa" and workload.cluster.peak_tflops_fp8 else 1.0,
                  ep=layout.expert_parallel, etp=layout.expert_tensor_parallel)
 

@@ -118,6 +118,21 @@ def split_activation_bytes(model: ModelSpec) -> float:
     return 4.0 + 4.0 * kv / h + ffn
 
 
+#: Eager PyTorch (torchtitan without torch.compile) keeps what each unfused op saves, per s*b*h element:
+#: replicated (outside TP's split; /t with sequence parallelism) EAGER_REPLICATED, chosen on the fake-tensor
+#: measurements of torchtitan's own Llama 3 (benchmarks/data/memory_measured_torchtitan.toml, TUNING rows:
+#: 54-55 bytes per element with recompute none, of which the split part below is counted op by op).
+EAGER_REPLICATED = 14.0
+
+
+def eager_split_bytes(model: ModelSpec) -> float:
+    """What an eager Llama layer saves per s*b*h element within the TP split: RoPE's fp32 q and k (4 + 4kv/h),
+    the rotated bf16 q, k, v (2 + 4kv/h), SDPA's output and its contiguous copy into wo (2 + 2), and in the
+    SwiGLU FFN w1's and w3's outputs, silu's output and the product fed to w2 (4 x 2f/h)."""
+    kv, f = model.kv_size / model.hidden_size, model.ffn_hidden_size / model.hidden_size
+    return 10.0 + 8.0 * kv + (8.0 if model.ffn_type == "swiglu" else 4.0) * f
+
+
 def fp8_saved_bytes(model: ModelSpec) -> tuple[float, float]:
     """Bytes per s*b*h element FP8 saves of (the replicated, the split-by-t) activations: the QKV and
     fc1 inputs (replicated, 2 of 4 bytes) and the projection and fc2 inputs (split, 1 + f/h)."""
@@ -134,10 +149,14 @@ def activation_bytes_per_layer(model: ModelSpec, shape: Shape, flash_attention: 
     replicated, split = 10.0, split_activation_bytes(model)
     if shape.op_sac:        # per-op SAC keeps the input, Q, V, the attention output, fc1 (gate) and fc2's output
         replicated, split = 4.0, 4.0 + 2.0 * (model.kv_size + model.ffn_hidden_size) / h
+    elif not shape.fused:   # eager: every unfused op keeps its own inputs
+        replicated, split = EAGER_REPLICATED, eager_split_bytes(model)
     if shape.fp8 and not shape.op_sac:
         saved_r, saved_s = fp8_saved_bytes(model)
         replicated, split = replicated - saved_r, split - saved_s
     per = (replicated + split) / t if shape.sp else replicated + split / t
+    if shape.sp and shape.gathered_inputs:     # the attention's and the FFN's gathered bf16 inputs, whole
+        per += 4.0 * (1.0 - 1.0 / t)
     if not flash_attention and shape.recompute == "none":
         per += 5.0 * a * s / (h * t)
     return s * shape.tokens * h * per
