@@ -11,7 +11,7 @@ from tuner.errors import UsageError
 from tuner.layout import DIMENSIONS
 from tuner.frameworks import FRAMEWORKS, NAMES as FRAMEWORKS_NAMES
 from tuner.presets import MODEL_ALIASES, read_toml, shipped_presets
-from tuner.specs import PRECISIONS, cluster_framework
+from tuner.specs import GRAD_REDUCES, PRECISIONS, cluster_framework
 
 
 def preset_list(kind: str) -> str:
@@ -38,6 +38,12 @@ FRAMEWORK_OPTION = click.option(
     help="Training stack: which layouts exist, their memory and overlaps, and the launch files "
          f"(default: the cluster's: {FRAMEWORK_DEFAULTS}).")
 
+GRAD_REDUCE_OPTION = click.option(
+    "--grad-reduce", type=click.Choice(GRAD_REDUCES), default=None,
+    help="The dtype gradients accumulate and reduce in (default: the framework's: fp32 on megatron-core, as "
+         "Megatron-LM forces with bf16; bf16 is its --grad-reduce-in-bf16, what NVIDIA's NeMo / Megatron-Bridge "
+         "recipes run: 2 bytes per parameter less).")
+
 WORKLOAD_OPTIONS = [
     click.option("--model", required=True, help=f"Model {MODELS}."),
     click.option("--nodes", type=click.IntRange(min=1), default=None,
@@ -49,6 +55,7 @@ WORKLOAD_OPTIONS = [
                  help="GEMM precision: fp8 runs the layers' GEMMs at the cluster's peak_tflops_fp8 (MFU stays "
                       "stated against the bf16 peak)."),
     FRAMEWORK_OPTION,
+    GRAD_REDUCE_OPTION,
 ]
 
 
