@@ -8,8 +8,10 @@ peak memory, NeMo / Megatron-Bridge). Every row is in the headline of its framew
 apart. llm-foundry's rows ran PyTorch FSDP (ZeRO-3, FULL_SHARD; a few SHARD_GRAD_OP) and are predicted as
 framework torchtitan (FSDP), the stack tuner has for FSDP; its "fsdp" label is kept in the table.
 
-Held out: a third of the rows, chosen by a hash of each row's source and configuration (not by looking
-at them), is reported apart from the rows that could have informed a choice, per framework:
+Held out: the rows whose configuration hashes into the held-out third (benchmarks/published.py: the
+configuration only, never its source or line; one configuration stated in both files, or in several
+releases, is one row) AND that no speed choice saw (published.SEEN names the rows each saw); the tuning
+line has the rest. The choices, each with what it saw:
 - chosen after seeing rows: `UNFUSED_TRAFFIC` (tuner/perfmodel/compute.py, 2.5) after one torchtitan
   row (8B, 8 GPUs, FSDP eager: 5,762 tokens/s/GPU); `FA2_ON_HOPPER` (2.0: PyTorch SDPA's FlashAttention-2
   against the fused attention the H100 constants describe) on the TUNING rows of fsdp and torchtitan (1.6,
@@ -27,7 +29,6 @@ that can fail is search_efficiency.py's transfer line.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import statistics
 import sys
@@ -36,6 +37,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import published  # noqa: E402  (one configuration = one row; the held-out rule)
 from tuner.layout import Layout, why_invalid  # noqa: E402
 from tuner.perfmodel import PRUNE_BELOW, predict  # noqa: E402
 from tuner.specs import load_cluster, load_model, make_workload  # noqa: E402
@@ -47,23 +50,20 @@ PREDICTED_AS = {"fsdp": "torchtitan"}
 
 
 def load_rows() -> list[dict]:
+    """The distinct configurations of both files (a configuration stated in both, or in several releases,
+    is one row: the median of its measurements)."""
     rows = []
     for name in FILES:
         with open(DATA / name, "rb") as f:
             for r in tomllib.load(f)["row"]:
                 rows.append({**r, "file": name})
-    return rows
-
-
-def hashed_third(row: dict, keys: tuple) -> bool:
-    """Whether `row` is in the held-out third: a hash of its `keys`, never a look at its error."""
-    key = "|".join(str(row.get(k)) for k in keys)
-    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 3 == 0
+    return published.distinct(rows)
 
 
 def held_out(row: dict) -> bool:
-    return hashed_third(row, ("source", "model", "gpus", "precision", "seq_length", "global_batch", "micro_batch",
-                              "tp", "pp", "cp", "vp", "recompute", "zero_stage"))
+    """Held out by the configuration's hash AND seen by no speed choice (benchmarks/published.py): the only
+    rows this benchmark calls held out."""
+    return published.clean(row, "speed")
 
 
 def layout_of(row: dict, framework: str) -> Layout:
@@ -84,7 +84,7 @@ def evaluate(row: dict) -> dict:
     cluster = load_cluster(row["cluster"])
     w = make_workload(model, row["gpus"] // cluster.gpus_per_node, cluster, row["global_batch"],
                       precision=row["precision"], framework=fw,
-                      grad_reduce=None if row.get("grad_reduce", "unstated") == "unstated" else row["grad_reduce"])
+                      grad_reduce=published.grad_reduce(row) if fw == "megatron-core" else None)
     lay = layout_of(row, fw)
     bad = why_invalid(lay, w)
     if bad:

@@ -31,6 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import published  # noqa: E402  (the gradient dtype of a row)
 from tuner.layout import Layout, why_invalid  # noqa: E402
 from tuner.perfmodel import predict  # noqa: E402
 from tuner.specs import load_cluster, load_model, make_workload  # noqa: E402
@@ -83,7 +85,7 @@ def workload_of(row: dict):
         raise ValueError(f"{row['gpus']} GPUs is not a whole number of {cluster.name} nodes")
     return make_workload(model, row["gpus"] // cluster.gpus_per_node, cluster, row["global_batch"],
                          precision=row["precision"], framework=row.get("framework"),
-                      grad_reduce=None if row.get("grad_reduce", "unstated") == "unstated" else row["grad_reduce"])
+                      grad_reduce=published.grad_reduce(row) if row.get("framework") == "megatron-core" else None)
 
 
 def evaluate(row: dict) -> dict:

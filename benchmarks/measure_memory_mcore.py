@@ -837,8 +837,8 @@ def _row(c, r, version, presets):
             f"{fb['temp'] / GiB:.4f}); model states before the iteration {init['total'] / GiB:.4f} GiB (parameters "
             f"{init['parameters'] / GiB:.4f}, gradients {init['gradients'] / GiB:.4f}, optimizer "
             f"{init['optimizer'] / GiB:.4f}, other {init['other'] / GiB:.4f}); 'other' = tensors allocated at "
-            f"construction that are not parameters, gradient buffers or fp32 main params (e.g. RoPE tables) plus "
-            f"Adam's step counters; dropout {c['dropout']}")
+            f"construction or in the warm-up step that are not parameters, gradient buffers, fp32 main params or "
+            f"Adam states; dropout {c['dropout']}")
     if c.get("num_experts"):
         note += (f"; MoE: ep {c['ep']}, alltoall dispatcher, SequentialMLP experts, capacity factor 1.0 with "
                  f"padding to capacity (drop-and-pad: static shapes under fake tensors), aux-loss router")

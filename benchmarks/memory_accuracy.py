@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from published import held_out, measured, published  # noqa: E402
+from published import grad_reduce, held_out, measured, published  # noqa: E402
 from tuner.frameworks import FRAMEWORKS  # noqa: E402
 from tuner.layout import Layout, micro_batches_per_pipeline, why_invalid  # noqa: E402
 from tuner.perfmodel import fit_probability, memory, memory_prior_sd, memory_shares, predict, rank  # noqa: E402
@@ -50,7 +50,6 @@ PREDICTED_AS = {"fsdp": "torchtitan"}
 SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "vocab_size",
          "num_experts", "moe_ffn_hidden_size")
 RENAMED = {"moe_router_topk": "moe_top_k"}
-UNSTATED_GRAD_REDUCE = "bf16"
 LOSS_CHUNKS = 8
 CAPACITY_STEPS = [0.70 + 0.02 * i for i in range(31)]
 BINS = [(0.0, 0.1), (0.1, 0.3), (0.3, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 0.97), (0.97, 1.0001)]
@@ -90,13 +89,9 @@ def workload_of(row: dict):
     gpn = cluster.gpus_per_node
     if row["gpus"] % gpn:               # a measured rank of fewer GPUs than a node: a node of that many
         cluster = dataclasses.replace(cluster, gpus_per_node=row["gpus"])
-    gr = row.get("grad_reduce", "unstated")
-    if gr == "unstated" and fw == "megatron-core":     # measured: the script's fp32 buffer (Megatron-LM's
-        gr = "fp32" if "peak_allocated_gib" in row else UNSTATED_GRAD_REDUCE   # default); published: as every
-                                                       # NVIDIA recipe that states it (42 of 42: bf16)
     return make_workload(model_of(row), row["gpus"] // cluster.gpus_per_node, cluster, row["global_batch"],
                          precision=row.get("precision", "bf16"), framework=fw,
-                         grad_reduce=None if gr == "unstated" else gr)
+                         grad_reduce=grad_reduce(row) if fw == "megatron-core" else None)
 
 
 def exchange_of(row: dict) -> TokenExchange:
