@@ -44,8 +44,6 @@ from tuner.trial import SIMULATED, Status
 STAGE_KEYS = ("gemm", "attention", "elementwise", "tp_comm", "cp_comm", "p2p", "microbatch_overhead")
 STOPPED_NOISE = 0.03          # log-noise of a stopped trial's upper bound (a few steps after warm-up)
 HISTORY_NOISE = 0.04          # extra log-noise of a stored trial from another study (drift between runs)
-MEMORY_MIN_POINTS = 4         # peaks (or OOMs) before the memory correction may widen and calibrate itself
-MEMORY_WIDEN = (1.0, 3.0, 9.0)  # how far its per-component and smooth terms may widen (marginal likelihood)
 OOM_MARGIN = 0.03             # an OOM says the memory ratio is at least capacity/predicted; assume a bit more
 Z_DIM, F_DIM, FM_DIM = 14, len(STAGE_KEYS) + 2, len(MEMORY_KEYS)
 FLOOR = 1e-3                  # never trust a predicted zero: predictions are floored here (MFU)
@@ -244,21 +242,11 @@ class Observations:
 
     def memory_gp(self, sd: float = 0.06) -> GP:
         """The memory correction; `sd`, the framework's scale of the memory model's error (tuner.frameworks),
-        sets its prior (tuner.perfmodel.memory_gp_scales), the one `predict` states p_fit with when there is
-        no data. With MEMORY_MIN_POINTS observations or more, the per-component and smooth terms may widen
-        (MEMORY_WIDEN, by marginal likelihood: measured peaks that differ between layouts more than the
-        framework's spread says) and the predictive sd is calibrated by its leave-one-out z-scores (widened,
-        never narrowed): a correction that does not explain the peaks it has seen must not sound sure at
-        the next node count."""
+        sets its prior (tuner.perfmodel.memory_gp_scales): with no data it is the one `predict` states p_fit
+        with (tuner.perfmodel.memory_prior_sd)."""
         s_c, s_w, s_g = memory_gp_scales(sd)
-        if not self.my:
-            return GP(s_c=s_c, s_w=s_w, s_g=s_g, ell=0.5, noise=MEMORY_NOISE_SD)
-        data = (np.array(self.mZ), np.array(self.mF), self.my, self.mnoise)
-        widen = MEMORY_WIDEN if len(self.my) >= MEMORY_MIN_POINTS else (1.0,)
-        fits = [GP(s_c=s_c, s_w=k * max(s_w, 0.02), s_g=k * max(s_g, 0.01), ell=0.5, noise=MEMORY_NOISE_SD).fit(*data)
-                if k > 1 else GP(s_c=s_c, s_w=s_w, s_g=s_g, ell=0.5, noise=MEMORY_NOISE_SD).fit(*data) for k in widen]
-        gp = max(fits, key=GP.log_marginal)
-        return gp.calibrate() if len(self.my) >= MEMORY_MIN_POINTS else gp
+        gp = GP(s_c=s_c, s_w=s_w, s_g=s_g, ell=0.5, noise=MEMORY_NOISE_SD)
+        return gp.fit(np.array(self.mZ), np.array(self.mF), self.my, self.mnoise) if self.my else gp
 
 
 @dataclass

@@ -171,7 +171,7 @@ def _torchtitan(layout, workload) -> str | None:
 # memory_prior_sd spreads the scale over the layout's memory components), fitted by
 # benchmarks/memory_accuracy.py --fit on its TUNING rows only (held-out rows: data/held_out.txt, committed
 # first); memory_n counts the rows the fit saw. No fit: ASSUMED, and every output says so.
-# - megatron-core: 40 dense configurations of Megatron-Core 0.16.1's own training step measured under fake
+# - megatron-core: 41 dense configurations of Megatron-Core 0.16.1's own training step measured under fake
 #   tensors with a FlashAttention-like kernel (allocated bytes, benchmarks/measure_memory_mcore.py) and 11
 #   published dense runs that ran (a bound: the peak was at most the GPU's memory): bias +0.020; the fitted
 #   scale is 0 (the 0.02 noise floor explains the rows), 0.02 is kept so that a measured peak can still
@@ -190,8 +190,8 @@ FRAMEWORKS: dict[str, Framework] = {
         refuse=_megatron_deepspeed),
     "megatron-core": Framework(
         name="megatron-core", title="Megatron-Core (Megatron-LM, NeMo)", overlaps=frozenset({"tp", "p2p", "dp", "ep"}),
-        fsdp=False, memory_sd=0.02, memory_bias=0.020, memory_n=51,
-        memory_sources="Megatron-Core 0.16.1's training step under fake tensors, 40 configurations; 11 published runs "
+        fsdp=False, memory_sd=0.02, memory_bias=0.020, memory_n=52,
+        memory_sources="Megatron-Core 0.16.1's training step under fake tensors, 41 configurations; 11 published runs "
                        "that ran", selective="core-attention", attention="fused",
         compiled="always", files=("megatron_args.txt", *_COMMON), zero_stages=(1, 0), sp_with_tp=False,
         sp_with_moe_tp=True, refuse=_megatron_core),
