@@ -76,7 +76,6 @@ import argparse
 import contextlib
 import copy
 import multiprocessing as mp
-import os
 import sys
 import time
 import tomllib

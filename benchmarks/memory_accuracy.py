@@ -36,10 +36,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from published import grad_reduce, held_out, measured, published  # noqa: E402
+from published import grad_reduce, held_out, measured, published, zero_stage  # noqa: E402
 from tuner.frameworks import FRAMEWORKS  # noqa: E402
 from tuner.layout import Layout, micro_batches_per_pipeline, why_invalid  # noqa: E402
-from tuner.perfmodel import fit_probability, memory, memory_prior_sd, memory_shares, predict, rank  # noqa: E402
+from tuner.perfmodel import fit_probability, memory, memory_prior_sd, memory_shares, rank  # noqa: E402
 from tuner.perfmodel.compute import shape_of  # noqa: E402
 from tuner.perfmodel.moe import TokenExchange  # noqa: E402
 from tuner.space import load_space, valid_layouts  # noqa: E402
@@ -73,7 +73,7 @@ def layout_of(row: dict, framework: str) -> Layout:
     sp = row.get("sequence_parallel", "unstated")
     sp = tp > 1 if sp == "unstated" or framework == "torchtitan" else sp
     rc = "none" if row.get("recompute", "unstated") == "unstated" else row["recompute"]
-    zero = 3 if framework == "torchtitan" else row.get("zero_stage", 0 if row.get("distributed_optimizer") is False else 1)
+    zero = 3 if framework == "torchtitan" else zero_stage(row)
     ep = row.get("ep", 1)
     etp = row.get("etp", tp if framework == "torchtitan" and ep == 1 and row.get("num_experts") else 1)
     return Layout(tp=tp, pp=pp, dp=row["gpus"] // (tp * cp * pp), micro_batch=row["micro_batch"], zero_stage=zero,
@@ -207,8 +207,10 @@ def report(evs: list[dict], label: str, all_rows: bool) -> None:
         f = FRAMEWORKS[fw]
         exact = [e["exact"] for e in mine if "exact" in e]
         ran = [e for e in mine if "bound" in e]
-        print(f"\n[{label}] {stack}{'' if stack == fw else f' (predicted as {fw})'}: {len(exact)} exact rows ({sum(e['kind'] == 'measured' for e in mine if 'exact' in e)} "
-              f"measured over its code, {sum(e['kind'] == 'published' for e in mine if 'exact' in e)} published peaks), "
+        measured_n = sum(e["kind"] == "measured" for e in mine if "exact" in e)
+        as_fw = "" if stack == fw else f" (predicted as {fw})"
+        print(f"\n[{label}] {stack}{as_fw}: {len(exact)} exact rows ({measured_n} measured over its code, "
+              f"{len(exact) - measured_n} published peaks), "
               f"{len(ran)} published runs that ran; tuner states bias {f.memory_bias:+.3f}, sd {f.memory_sd:.3f}")
         if exact:
             a = sorted(abs(x) for x in exact)
@@ -216,7 +218,8 @@ def report(evs: list[dict], label: str, all_rows: bool) -> None:
                   f"{max(exact, key=abs):+.3f}, mean {statistics.fmean(exact):+.3f}")
             for (lo, hi), n, p, y in reliability(mine, f.memory_bias, f.memory_sd):
                 flag = "" if n < 10 or abs(p - y) <= 0.1 else "  <-- off by more than 0.1"
-                print(f"  p_fit in [{lo:.2f}, {hi:.2f}): {n:4d} (row, capacity) pairs, stated {p:.3f}, realised {y:.3f}{flag}")
+                print(f"  p_fit in [{lo:.2f}, {hi:.2f}): {n:4d} (row, capacity) pairs, stated {p:.3f}, "
+                      f"realised {y:.3f}{flag}")
         if ran:
             ps = [stated_p_fit(e, e["workload"].cluster.memory_gb, f.memory_bias, f.memory_sd) for e in ran]
             print(f"  runs that ran: {sum(p >= 0.5 for p in ps)} of {len(ps)} with p_fit >= 0.5 (min {min(ps):.2f}, "
@@ -225,7 +228,8 @@ def report(evs: list[dict], label: str, all_rows: bool) -> None:
             for e in mine:
                 r = e["row"]
                 val = f"exact {e['exact']:+.3f}" if "exact" in e else f"bound {e['bound']:+.3f}"
-                print(f"    {r.get('model', 'custom'):12s} {r['gpus']:5d} {e['layout'].key():44s} pred {e['pred']:6.1f} GB {val}")
+                print(f"    {r.get('model', 'custom'):12s} {r['gpus']:5d} {e['layout'].key():44s} "
+                      f"pred {e['pred']:6.1f} GB {val}")
 
 
 def placements(evs: list[dict]) -> None:

@@ -46,7 +46,8 @@ def test_exposing_a_collective_never_speeds_a_layout_up(i, monkeypatch):
     w, preds = plan(i)
     bare = dataclasses.replace(frameworks.FRAMEWORKS["megatron-core"], overlaps=frozenset())
     monkeypatch.setitem(frameworks.FRAMEWORKS, "megatron-core", bare)
-    faster = [lay.key() for lay, p in list(preds.items())[::3] if predict(lay, w).step_time_s < p.step_time_s * (1 - 1e-12)]
+    faster = [lay.key() for lay, p in list(preds.items())[::3]
+              if predict(lay, w).step_time_s < p.step_time_s * (1 - 1e-12)]
     assert not faster
 
 

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tuner.layout import Layout, micro_batches_per_pipeline, why_invalid
-from tuner.perfmodel import Prediction, comm, compute, expected_speed, keeps_headroom, memory, predict, rank, risk, shape_of
+from tuner.perfmodel import (Prediction, comm, compute, expected_speed, keeps_headroom, memory, predict, rank, risk,
+                             shape_of)
 from tuner.perfmodel.compute import Shape
 from tuner.perfmodel.flops import megatron_flops
 from tuner.space import load_space

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import math
 
-from tuner.layout import (RECOMPUTE, Layout, expert_data_parallel, micro_batches_per_pipeline, stage_layers, stage_moe_layers,
-                          uneven_split)
+from tuner.layout import (RECOMPUTE, Layout, expert_data_parallel, micro_batches_per_pipeline, stage_layers,
+                          stage_moe_layers, uneven_split)
 from tuner.frameworks import of as framework_of
 from tuner.perfmodel import comm, compute, memory, moe
 from tuner.perfmodel.compute import shape_of
@@ -38,8 +38,9 @@ from tuner.perfmodel.flops import megatron_flops, model_flops
 from tuner.perfmodel.prediction import Prediction
 from tuner.specs import Workload
 
-__all__ = ["predict", "rank", "expected_speed", "risk", "keeps_headroom", "fit_probability", "memory_prior_sd", "memory_gp_scales", "memory_shares", "Prediction",
-           "stage_times", "shape_of", "PRUNE_BELOW", "RECOMMEND_AT", "MEMORY_KEYS"]
+__all__ = ["predict", "rank", "expected_speed", "risk", "keeps_headroom", "fit_probability", "memory_prior_sd",
+           "memory_gp_scales", "memory_shares", "Prediction", "stage_times", "shape_of", "PRUNE_BELOW", "RECOMMEND_AT",
+           "MEMORY_KEYS"]
 
 #: A layout is pruned (never launched) only when it fits with probability below PRUNE_BELOW; one is
 #: recommended without a measurement only when it fits with probability at least RECOMMEND_AT.

@@ -217,7 +217,7 @@ def pretrain_args(layout: Layout, workload: Workload, *, precision: str = "bf16"
         args += list(FP8)
     if layout.zero_stage >= 1:
         args.append("--use-distributed-optimizer")
-    if workload.gradient_dtype == "bf16" and workload.grad_reduce and precision == "bf16":    # what the memory model counted (2-byte grads)
+    if workload.gradient_dtype == "bf16" and workload.grad_reduce and precision == "bf16":   # 2-byte grads, as counted
         args.append("--grad-reduce-in-bf16")
     args += recompute_args(layout)
     return args + [str(a) for a in extra]
