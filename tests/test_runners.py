@@ -533,3 +533,22 @@ def test_local_runner_checks_the_device_count(tmp_path):
     runner = make_runner("local", gpus=2, results_dir=tmp_path)
     runner.early_stop = len                       # the driver's multi-fidelity hook reaches the trials
     assert runner._cmd.early_stop is len
+
+
+def test_a_killed_builds_stale_lock_is_removed_before_a_local_trial(tmp_path):
+    """Issue 28: a first local trial killed while DeepSpeed builds its CPU op leaves torch's build lock,
+    and every later build waits on it for ever; the local runner removes a lock older than any build."""
+    import os
+    import time
+
+    from tuner.runners.local import STALE_BUILD_LOCK_S, clear_stale_build_locks
+    stale = tmp_path / "py311_cpu" / "deepspeed_shm_comm" / "lock"
+    fresh = tmp_path / "other_op" / "lock"
+    for p in (stale, fresh):
+        p.parent.mkdir(parents=True)
+        p.write_text("")
+    old = time.time() - STALE_BUILD_LOCK_S - 60
+    os.utime(stale, (old, old))
+    assert clear_stale_build_locks(tmp_path) == [stale]
+    assert not stale.exists() and fresh.exists()      # a build running now keeps its lock
+    assert clear_stale_build_locks(tmp_path / "missing") == []

@@ -17,10 +17,12 @@ of memory_gb / G + 4 GB (start-up needs ~1 GB of address space). A runaway layou
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -35,6 +37,9 @@ LAUNCHERS = ("torchrun", "deepspeed")
 VA_HEADROOM_GB = 4.0          # address space a rank maps beyond its data (libraries, thread arenas)
 DEFAULT_MEMORY_FRACTION = 0.8
 
+STALE_BUILD_LOCK_S = 600.0    # a DeepSpeed op build takes ~30 s here: a lock this old is a killed build's
+log = logging.getLogger(__name__)
+
 _DEVICE_LOCKS: dict[str, threading.Lock] = {}
 _LOCKS_GUARD = threading.Lock()
 
@@ -42,6 +47,28 @@ _LOCKS_GUARD = threading.Lock()
 def _device_lock(key: str) -> threading.Lock:
     with _LOCKS_GUARD:
         return _DEVICE_LOCKS.setdefault(key, threading.Lock())
+
+
+def extensions_dir() -> Path:
+    """Where torch builds DeepSpeed's CPU op: TORCH_EXTENSIONS_DIR, else torch's default."""
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+
+
+def clear_stale_build_locks(root: Path | None = None, older_than_s: float = STALE_BUILD_LOCK_S) -> list[Path]:
+    """Remove the build locks a killed op build left behind (torch's FileBaton: `<root>/[pyXY_cpu/]<op>/lock`,
+    which every later build waits on for ever), when older than `older_than_s`; the removed paths."""
+    root = root or extensions_dir()
+    now, removed = time.time(), []
+    for lock in [*root.glob("*/lock"), *root.glob("*/*/lock")]:
+        try:
+            if now - lock.stat().st_mtime > older_than_s:
+                lock.unlink()
+                removed.append(lock)
+        except OSError:
+            continue              # gone already, or not ours to remove: the build will say so
+    for lock in removed:
+        log.warning("removed a stale op build lock %s (a build killed before it finished; it is rebuilt)", lock)
+    return removed
 
 
 def default_memory_gb() -> float:
@@ -153,6 +180,7 @@ class LocalRunner(TrialRunner):
             if self._cancelled.is_set():
                 return TrialResult(Status.INTERRUPTED, message="cancelled while waiting for the devices")
         try:
+            clear_stale_build_locks()      # else the trial's op build waits on a killed build's lock for ever
             return self._cmd.run(trial)
         finally:
             lock.release()
