@@ -267,10 +267,14 @@ class Driver:
             self.runner.cancel()
             self.executor.shutdown()
             raise TunerError(str(exc)) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:     # Ctrl-C, or SIGTERM / SIGHUP (tuner.cli.Terminated: a signum)
             n = self._interrupt()
-            raise Interrupted(f"interrupted: {n} running trial(s) marked interrupted; "
-                              f"continue with `tuner resume {self.study}`") from None
+            signum = getattr(exc, "signum", None)
+            err = Interrupted(f"{f'terminated by {exc}' if signum else 'interrupted'}: {n} running trial(s) marked "
+                              f"interrupted; continue with `tuner resume {self.study}`")
+            if signum:
+                err.exit_code = 128 + signum
+            raise err from None
         except TunerError as exc:   # e.g. a lost store or Ray cluster: leave the study resumable
             try:
                 self._interrupt()

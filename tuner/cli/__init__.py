@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+import threading
 
 import click
 
@@ -98,8 +100,29 @@ def _quiet_stdout() -> None:
         pass
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (Slurm's time limit, `kill`) or SIGHUP (a closed terminal): handled as Ctrl-C is, so a running
+    study marks its trials interrupted, stops their processes and stays resumable."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_terminated(signum, _frame):
+    raise Terminated(signum)
+
+
+def catch_termination() -> None:
+    """SIGTERM and SIGHUP end the command as Ctrl-C does (the main thread only: where handlers may be set)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _raise_terminated)
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    catch_termination()
     if not argv:                      # bare `tuner`: the help, once, and no error
         click.echo(cli.get_help(click.Context(cli, info_name="tuner")))
         sys.exit(0)
@@ -115,6 +138,9 @@ def main(argv=None) -> None:
     except click.ClickException as exc:
         click.echo(f"error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
+    except Terminated as exc:
+        click.echo(f"terminated by {exc}", err=True)
+        sys.exit(128 + exc.signum)
     except (click.Abort, KeyboardInterrupt):
         click.echo("interrupted", err=True)
         sys.exit(130)
