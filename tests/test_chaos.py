@@ -220,6 +220,7 @@ def test_ctrl_c_kills_running_trials_and_leaves_no_orphans(tmp_path, sig, code):
     assert left == [], f"orphans after Ctrl-C: {[p.cmdline() for p in left]}"
     with open_store(db) as s:
         assert {t.status for t in s.trials("int")} == {Status.INTERRUPTED}
+        assert s.get_study("int").state != "running"
 
 
 def test_resume_reaps_what_a_sigkilled_driver_left_running(tmp_path):
@@ -378,3 +379,17 @@ def test_resume_refuses_a_study_a_live_driver_runs(tmp_path):
     ran = [t for t in trials if t.status != Status.PRUNED]      # a layout a little over the HBM runs (simulated OOM)
     assert len(ran) == 6 and all(t.status in (Status.OK, Status.OOM) for t in ran)
     assert all(t.status.finished for t in trials)
+
+
+def test_a_reader_that_goes_away_loses_no_study_and_no_closing_line(tmp_path):
+    """`tuner search ... | head -1` (issue 28): the study finishes, the lines saying how it ended go to stderr,
+    and the exit is 0 (click alone would make a closed pipe a silent exit 1)."""
+    db = f"sqlite:///{tmp_path / 'pipe.db'}"
+    proc = tuner_proc(["search", *TINY, "--budget", "3", "--study", "pipe"], tmp_path, db)
+    proc.stdout.readline()
+    proc.stdout.close()                       # the reader reads one line and goes away
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, err
+    assert "study pipe: 3 trial(s) ran" in err and "recommended:" in err
+    with open_store(db) as s:
+        assert s.get_study("pipe").state == "done" and len(s.trials("pipe")) == 3

@@ -45,30 +45,52 @@ def run_and_show(store, rec, fmt: str, run, budget: int | None = None) -> None:
     show_result(store, rec.name, result, fmt)
 
 
+class _Closing:
+    """stdout for a study's closing lines; once its reader has gone (`tuner search ... | head -1`) the lines
+    that say how the study ended go to stderr instead, the study is done either way, and the exit stays 0."""
+
+    def __init__(self):
+        self.broken = False
+
+    def echo(self, text: str, listing: bool = False) -> None:
+        if not self.broken:
+            try:
+                click.echo(text)
+                sys.stdout.flush()
+                return
+            except BrokenPipeError:
+                self.broken = True
+                from tuner.cli import _quiet_stdout
+                _quiet_stdout()          # so that the interpreter's last flush does not fail again
+        if not listing:
+            click.echo(text, err=True)
+
+
 def show_result(store, name: str, result, fmt: str) -> None:
     outcome, searcher = result.outcome, result.searcher
+    out = _Closing()
     if fmt == "json":
-        click.echo(render([], "json", json_obj={"study": name, "ran": outcome.ran, "pruned": outcome.pruned,
+        out.echo(render([], "json", json_obj={"study": name, "ran": outcome.ran, "pruned": outcome.pruned,
                                                 "stopped_by": outcome.reason, "confidence": searcher.confidence,
                                                 "stop_reason": searcher.stop_reason,
                                                 "top": best_rows(store.trials(name), 5)}))
         return
-    click.echo(render(top_rows(store, name, 5), fmt))
+    out.echo(render(top_rows(store, name, 5), fmt), listing=True)
     if fmt != "table":
         return
     why = {"budget": "budget reached", "exhausted": "search space exhausted", "time-limit": "time limit reached",
            "converged": f"stopped early: {searcher.stop_reason}"}
     stored = len(store.trials(name))      # this driver's, and those of earlier runs or of drivers that joined
     in_all = f"; {stored} in the study" if stored != outcome.ran + outcome.pruned else ""
-    click.echo(f"\nstudy {name}: {outcome.ran} trial(s) ran, {outcome.pruned} pruned ({why[outcome.reason]}){in_all}.")
+    out.echo(f"\nstudy {name}: {outcome.ran} trial(s) ran, {outcome.pruned} pruned ({why[outcome.reason]}){in_all}.")
     from tuner import study as studies
     fast = studies.fastest(store, name)
     if fast:
         t = fast[0]
-        click.echo(f"recommended: {t.layout.key()} (trial {t.number}): {t.samples_per_second:.4g} samples/s, "
-                   f"MFU {100 * t.mfu:.2f} %. {_launch_hint(store, name, t.layout)}")
+        out.echo(f"recommended: {t.layout.key()} (trial {t.number}): {t.samples_per_second:.4g} samples/s, "
+                 f"MFU {100 * t.mfu:.2f} %. {_launch_hint(store, name, t.layout)}")
     else:
-        click.echo(f"no trial succeeded: see `tuner trials {name}` for why")
+        out.echo(f"no trial succeeded: see `tuner trials {name}` for why")
 
 
 def _launch_hint(store, name: str, layout) -> str:
