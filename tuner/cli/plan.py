@@ -17,6 +17,12 @@ from tuner.perfmodel.moe import moe_summary
 from tuner.space import load_space, valid_layouts
 from tuner.specs import make_workload
 
+def workload_line(w) -> str:
+    """What a prediction is for, as `predict` and `plan` head their answer."""
+    return (f"{w.model.name} on {w.nodes} x {w.cluster.name} node(s) = {w.gpus} GPUs, global batch {w.global_batch}, "
+            f"{w.precision}, {w.framework} (gradients in {w.gradient_dtype})")
+
+
 def prediction_row(p, w) -> dict:
     """mfu_% (model FLOPs) ranks; mgt_* is Megatron's count with recompute, the Frontier study's figure."""
     return {**flat_layout(p.layout.as_dict()), "samples_s": p.samples_per_second, "mfu_%": 100 * p.mfu,
@@ -53,8 +59,7 @@ def predict(model, nodes, cluster, global_batch, precision, framework, grad_redu
     if fmt == "json":
         click.echo(render([], "json", json_obj={**p.as_dict(), "p_fit_basis": fw.memory_note()}))
         return
-    click.echo(f"{w.model.name} on {w.nodes} x {w.cluster.name} node(s) = {w.gpus} GPUs, global batch "
-               f"{w.global_batch}, {w.precision}, {w.framework}, layout {lay.key()}")
+    click.echo(f"{workload_line(w)}, layout {lay.key()}")
     click.echo(f"  {p.samples_per_second:.2f} samples/s, MFU {100 * p.mfu:.2f} %, step {p.step_time_s:.3f} s; "
                f"Megatron's count (recompute included): {p.tflops_per_gpu:.4g} TFLOPS/GPU = "
                f"{100 * p.peak_fraction:.2f} % of peak")
@@ -97,6 +102,8 @@ def plan(model, nodes, cluster, global_batch, precision, framework, grad_reduce,
     objs = [{"rank": i + 1, **p.as_dict(), "memory_used_fraction": p.memory_gb / w.cluster.memory_gb,
              "headroom_ok": keeps_headroom(p, w), "risk": risk(p, w), "p_fit_basis": framework_of(w).memory_note()}
             for i, p in enumerate(shown)]
+    if fmt == "table":
+        click.echo(workload_line(w))
     click.echo(render(rows, fmt, json_obj=objs))
     if fmt == "table":
         roomy = sum(keeps_headroom(p, w) for p in fitting)
