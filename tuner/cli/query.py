@@ -9,6 +9,7 @@ from tuner.cli.options import CLUSTERS, FRAMEWORK_OPTION, GRAD_REDUCE_OPTION, MO
 from tuner.cli.render import flat_layout, render
 from tuner.report import ok_trials, simulated
 from tuner.errors import TunerError
+from tuner.frameworks import of as framework_of
 from tuner.layout import DIMENSIONS
 from tuner.specs import PRECISIONS, stored_framework
 from tuner.trial import Status
@@ -183,7 +184,7 @@ def predicted_best(store, w, rows: list, model: str, cluster: str, k: int, fmt: 
         extra = f"; {ev['note'].split('; ', 1)[1]}" if "; " in ev.get("note", "") else ""   # what was left out
         click.echo(f"\nPREDICTED, not measured: no trial of {w.model.name} on {w.nodes} x {w.cluster.name} node(s) "
                    f"at global batch {w.global_batch} in {store.url if store else 'any store'}; {basis}{extra}. Layouts come "
-                   f"first when they fit with probability >= 0.95 (p_fit: from {w.framework}'s measured memory error, "
+                   f"first when they fit with probability >= 0.95 (p_fit: from {framework_of(w).memory_note()}; "
                    f"narrowed by measured peaks of this model). Measure it: tuner search --model "
                    f"{model} --nodes {w.nodes} --cluster {cluster} --framework {w.framework} --warm-start")
 

@@ -21,7 +21,7 @@ class Prediction:
     time_breakdown: dict = field(default_factory=dict)     # seconds per iteration
     reason: str = ""             # why it does not fit, when it does not
     memory_stage: int = 0        # the pipeline stage whose memory is memory_gb (0 = first)
-    p_fit: float = 1.0           # probability that it fits, from the framework's measured memory error
+    p_fit: float = 1.0           # probability that it fits, from the framework's memory error (measured or assumed)
 
     def as_dict(self) -> dict:
         return {"layout": self.layout.as_dict(), "tflops_per_gpu": self.tflops_per_gpu,
