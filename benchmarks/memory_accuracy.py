@@ -16,7 +16,8 @@ exact rows by their density, censored ones by their probability) on the TUNING r
 rows (data/held_out.txt, committed before this fit) are never seen. The chosen constants go into
 tuner/frameworks.py by hand, with the rows they saw.
 
-Printed, per framework, on the held-out rows (and, apart, on the tuning rows for comparison):
+Printed, per framework, on the held-out rows -- hashed out AND seen by no memory choice (published.SEEN;
+rows hashed out that a choice saw, and the tuning rows, are printed after them under their own labels):
 - the error of the memory model on exact rows (median and worst |log ratio|);
 - p_fit's reliability: for every exact row and capacities spread around its prediction (0.70-1.30 x),
   the stated p_fit (as tuner states it: the framework's bias and sd plus the per-layout terms) against
@@ -36,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from published import grad_reduce, held_out, measured, published, zero_stage  # noqa: E402
+from published import clean, grad_reduce, held_out, measured, published, zero_stage  # noqa: E402
 from tuner.frameworks import FRAMEWORKS  # noqa: E402
 from tuner.layout import Layout, micro_batches_per_pipeline, why_invalid  # noqa: E402
 from tuner.perfmodel import fit_probability, memory, memory_prior_sd, memory_shares, rank  # noqa: E402
@@ -120,7 +121,7 @@ def evaluate(row: dict, kind: str) -> dict | None:
     local = str(row.get("attention", "")).startswith("local")    # Megatron's unfused kernel: keeps the scores
     group = row["framework"] + (" MoE" if w.model.is_moe else "") + (" (scores kept)" if local else "")
     out = {"row": row, "framework": fw_name, "stack": group, "layout": lay, "workload": w, "pred": pred, "kind": kind,
-           "shares": shares, "held_out": held_out(row)}
+           "shares": shares, "held_out": held_out(row), "clean": clean(row, "memory")}
     if true:
         out["exact"] = math.log(true / pred)
     elif kind == "published" and not row.get("oom"):
@@ -249,8 +250,11 @@ def placements(evs: list[dict]) -> None:
 
 def main(do_fit: bool = False, all_rows: bool = False) -> None:
     evs = rows()
-    tuning, held = [e for e in evs if not e["held_out"]], [e for e in evs if e["held_out"]]
-    print(f"{len(evs)} rows with memory evidence: {len(tuning)} tuning, {len(held)} held out (data/held_out.txt)")
+    tuning = [e for e in evs if not e["held_out"]]                # what --fit may use
+    held = [e for e in evs if e["clean"]]                         # hashed out AND seen by no memory choice
+    seen = [e for e in evs if e["held_out"] and not e["clean"]]   # hashed out, but a choice saw them
+    print(f"{len(evs)} rows with memory evidence: {len(tuning)} tuning, {len(held)} held out and seen by no memory "
+          f"choice (data/held_out.txt, published.SEEN), {len(seen)} hashed out but seen by a choice")
     if do_fit:
         for fw in sorted({e["stack"] for e in tuning}):
             mine = [e for e in tuning if e["stack"] == fw]
@@ -262,6 +266,7 @@ def main(do_fit: bool = False, all_rows: bool = False) -> None:
             print(f"fit on the tuning rows, {fw}: bias {b:+.3f}, sd {s:.3f} ({len(mine)} rows: "
                   f"{sum('exact' in e for e in mine)} exact, {sum('bound' in e for e in mine)} censored)")
     report(held, "held-out", all_rows)
+    report(seen, "hashed out, seen", all_rows)
     report(tuning, "tuning", all_rows)
     placements(held)
 
