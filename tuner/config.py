@@ -115,7 +115,7 @@ def workload_of(o: dict):
     if nodes is None and o.get("runner") == "local":
         nodes = 1
     return make_workload(model, nodes, cluster, o.get("global_batch"), o.get("precision") or "bf16",
-                         o.get("framework"), o.get("grad_reduce"))
+                         o.get("framework"), o.get("grad_reduce"), o.get("seq_length"))
 
 
 def space_of(o: dict):

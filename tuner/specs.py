@@ -6,10 +6,12 @@ found as tuner.presets says. Pure apart from reading those files.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+import re
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from tuner.architecture import MLA_KEYS, MOE_KEYS, ArchitectureSizes, check_moe
+from tuner import hf_config
 from tuner.errors import SpecError, UsageError
 from tuner.frameworks import NAMES as FRAMEWORK_NAMES, grad_reduces as framework_grad_reduces
 from tuner.presets import find_spec_file, read_toml
@@ -337,9 +339,25 @@ def stored_framework(workload: dict | None) -> str:
     return w.get("framework") or cluster_framework(w.get("cluster") or {})
 
 
-def load_model(name: str) -> ModelSpec:
+def load_model(name: str, seq_length: int | None = None) -> ModelSpec:
+    """A preset, a model TOML, or a Hugging Face config.json / its folder (tuner.hf_config); at `seq_length`
+    tokens when given (the model's name then says so: with_seq_length)."""
+    if hf_config.is_hf_source(name):
+        path = hf_config.config_path(name)
+        return ModelSpec.from_dict(hf_config.model_keys(hf_config.read_config(path), str(path), seq_length), str(path))
     path = find_spec_file("models", name)
-    return ModelSpec.from_dict(read_toml(path), str(path))
+    return with_seq_length(ModelSpec.from_dict(read_toml(path), str(path)), seq_length)
+
+
+def with_seq_length(m: ModelSpec, seq_length: int | None) -> ModelSpec:
+    """`m` trained at `seq_length` tokens (None: its own). Its name carries a length other than its own
+    (llama3-8b-s4096), so a study, `best` and the correction never take one length's trials for another's."""
+    if seq_length is None or seq_length == m.seq_length:
+        return m
+    if not 1 <= seq_length <= MAX_INT:
+        raise UsageError(f"--seq-length must be between 1 and {MAX_INT} (got {seq_length})")
+    base = re.sub(r"-s\d+$", "", m.name)
+    return replace(m, name=f"{base}-s{seq_length}", seq_length=seq_length)
 
 
 def load_cluster(name: str) -> ClusterSpec:
@@ -349,8 +367,10 @@ def load_cluster(name: str) -> ClusterSpec:
 
 def make_workload(model: str | ModelSpec, nodes: int, cluster: str | ClusterSpec = "frontier",
                   global_batch: int | None = None, precision: str = "bf16", framework: str | None = None,
-                  grad_reduce: str | None = None) -> Workload:
-    m = load_model(model) if isinstance(model, str) else model
+                  grad_reduce: str | None = None, seq_length: int | None = None) -> Workload:
+    if isinstance(model, str):
+        _needs_training_choices(model, seq_length, global_batch)
+    m = load_model(model, seq_length) if isinstance(model, str) else with_seq_length(model, seq_length)
     c = load_cluster(cluster) if isinstance(cluster, str) else cluster
     if nodes is None:
         raise UsageError("missing option --nodes: the number of nodes to tune for")
@@ -377,3 +397,14 @@ def make_workload(model: str | ModelSpec, nodes: int, cluster: str | ClusterSpec
         raise UsageError(f"--grad-reduce {grad_reduce} is not something {fw} does: it reduces gradients in "
                          f"{' or '.join(framework_grad_reduces(fw))}; leave --grad-reduce out")
     return Workload(m, c, nodes, gb, precision, fw, grad_reduce or "")
+
+
+def _needs_training_choices(model: str, seq_length: int | None, global_batch: int | None) -> None:
+    """A Hugging Face config names neither the sequence length nor the batch it is trained at: both
+    missing ones in one line, before anything else is checked."""
+    if not hf_config.is_hf_source(model):
+        return
+    missing = [flag for flag, v in (("--seq-length", seq_length), ("--global-batch", global_batch)) if v is None]
+    if missing:
+        raise UsageError(f"--model {model} is a Hugging Face config, which names no training sequence length or "
+                         f"global batch: pass {' and '.join(missing)} (e.g. --seq-length 4096 --global-batch 512)")

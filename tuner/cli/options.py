@@ -30,7 +30,7 @@ def cluster_frameworks() -> dict[str, list[str]]:
 
 
 FRAMEWORK_DEFAULTS = "; ".join(f"{fw} on {', '.join(names)}" for fw, names in cluster_frameworks().items())
-MODELS = f"preset ({preset_list('models')}) or TOML path"       # "Model " + MODELS: the --model help
+MODELS = f"preset ({preset_list('models')}), TOML path, or Hugging Face config.json (or its folder)"       # "Model " + MODELS: the --model help
 CLUSTERS = f"preset ({preset_list('clusters')}) or TOML path"
 
 FRAMEWORK_OPTION = click.option(
@@ -44,6 +44,11 @@ GRAD_REDUCE_OPTION = click.option(
          "Megatron-LM forces with bf16; bf16 is its --grad-reduce-in-bf16, what NVIDIA's NeMo / Megatron-Bridge "
          "recipes run: 2 bytes per parameter less).")
 
+SEQ_LENGTH_OPTION = click.option(
+    "--seq-length", type=click.IntRange(min=1, max=2**31 - 1), default=None,
+    help="Training sequence length in tokens (default: the preset's; required with a Hugging Face config.json). "
+         "Another length than the preset's is its own model: llama3-8b-s4096.")
+
 WORKLOAD_OPTIONS = [
     click.option("--model", required=True, help=f"Model {MODELS}."),
     click.option("--nodes", type=click.IntRange(min=1), default=None,
@@ -51,6 +56,7 @@ WORKLOAD_OPTIONS = [
     click.option("--cluster", default="frontier", show_default=True, help=f"Cluster {CLUSTERS}."),
     click.option("--global-batch", type=click.IntRange(min=1), default=None,
                  help="Global batch in samples (default: the model's recipe)."),
+    SEQ_LENGTH_OPTION,
     click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True,
                  help="GEMM precision: fp8 runs the layers' GEMMs at the cluster's peak_tflops_fp8 (MFU stays "
                       "stated against the bf16 peak)."),

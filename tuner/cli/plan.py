@@ -37,12 +37,12 @@ def prediction_row(p, w) -> dict:
 @layout_options(required=("tp", "pp", "micro_batch"))
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
               help="Output format.")
-def predict(model, nodes, cluster, global_batch, precision, framework, grad_reduce, layout, fmt):
+def predict(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce, layout, fmt):
     """Predict throughput and memory of one layout.
 
     Example: tuner predict --model llama3-70b --cluster h100 --nodes 64 --tp 4 --sequence-parallel --cp 2 --pp 4 --vp 5 --micro-batch 1 --recompute none
     """
-    w = make_workload(model, nodes, cluster, global_batch, precision, framework, grad_reduce)
+    w = make_workload(model, nodes, cluster, global_batch, precision, framework, grad_reduce, seq_length)
     fw = framework_of(w)                         # what the framework runs where an option is left out
     layout.setdefault("zero_stage", fw.zero_stages[0])
     if fw.needs_sp(w.model):
@@ -81,13 +81,14 @@ def predict(model, nodes, cluster, global_batch, precision, framework, grad_redu
 @click.option("--all", "show_all", is_flag=True, help="Include layouts that do not fit in memory.")
 @layout_options(pins=True)
 @FORMAT_OPTION
-def plan(model, nodes, cluster, global_batch, precision, framework, grad_reduce, space, top, show_all, layout, fmt):
+def plan(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce, space, top, show_all,
+         layout, fmt):
     """Rank every valid layout by the performance model (a planner answer in seconds). A layout option
     (--tp, --cp, --vp, --recompute, ...) pins that dimension.
 
     Example: tuner plan --model 175b --nodes 128 --top 5
     """
-    w = make_workload(model, nodes, cluster, global_batch, precision, framework, grad_reduce)
+    w = make_workload(model, nodes, cluster, global_batch, precision, framework, grad_reduce, seq_length)
     sp = load_space(space).pinned(layout)
     layouts = valid_layouts(sp, w)
     t0 = time.perf_counter()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from tuner.cli import DB_OPTION, FORMAT_OPTION, cli, read_store
-from tuner.cli.options import CLUSTERS, FRAMEWORK_OPTION, GRAD_REDUCE_OPTION, MODELS
+from tuner.cli.options import CLUSTERS, FRAMEWORK_OPTION, GRAD_REDUCE_OPTION, MODELS, SEQ_LENGTH_OPTION
 from tuner.cli.render import flat_layout, render
 from tuner.report import ok_trials, simulated
 from tuner.errors import TunerError
@@ -117,6 +117,7 @@ def best_json(t) -> dict:
 @click.option("--cluster", default="frontier", show_default=True, help=f"Cluster {CLUSTERS}.")
 @click.option("--global-batch", type=click.IntRange(min=1), default=None,
               help="Global batch in samples (default: the model's). Studies at another one are evidence only.")
+@SEQ_LENGTH_OPTION
 @click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True,
               help="Only studies in this precision answer (bf16 and fp8 speeds do not compare).")
 @FRAMEWORK_OPTION
@@ -125,7 +126,7 @@ def best_json(t) -> dict:
 @click.option("-k", "k", type=click.IntRange(min=1), default=1, show_default=True, help="How many layouts.")
 @DB_OPTION
 @FORMAT_OPTION
-def best(model, nodes, cluster, global_batch, precision, framework, grad_reduce, study, k, db, fmt):
+def best(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce, study, k, db, fmt):
     """The fastest known layout (samples/s) for a model, cluster and node count, across all studies.
 
     Measured trials at that node count and global batch answer first; otherwise the performance model,
@@ -139,7 +140,7 @@ def best(model, nodes, cluster, global_batch, precision, framework, grad_reduce,
     store = read_store(db, required=bool(study))
     if study and framework is None:           # one study's trials answer in its own framework
         framework = stored_framework(store.get_study(study).workload)
-    w = make_workload(model, nodes, cluster, global_batch, precision, framework, grad_reduce)
+    w = make_workload(model, nodes, cluster, global_batch, precision, framework, grad_reduce, seq_length)
     answer = best_layouts(store, w, k=k, study=study)
     found = answer.trials
     if not found and study:

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from tuner.cli import DB_OPTION, cli, read_store
-from tuner.cli.options import CLUSTERS, GRAD_REDUCE_OPTION, MODELS
+from tuner.cli.options import CLUSTERS, GRAD_REDUCE_OPTION, MODELS, SEQ_LENGTH_OPTION
 from tuner.cli.outdir import write_files
 from tuner.layout import DIMENSIONS
 from tuner.cli.render import to_csv
@@ -20,7 +20,7 @@ from tuner.launch import Source
 from tuner.frameworks import runnable
 from tuner.render.launch import FRAMEWORK_FILES, FRAMEWORKS, launch_files
 from tuner.report import EXPORT_COLUMNS, FIGURES, build_report, export_rows, ok_trials
-from tuner.specs import Workload, load_cluster, load_model, make_workload
+from tuner.specs import Workload, load_cluster, make_workload
 
 EXPORT_FORMATS = ("csv", "json", "parquet", "optuna")
 
@@ -142,7 +142,7 @@ def export_optuna(name: str, out, storage: str | None, force: bool, db) -> None:
 
 
 def pick_layout(store, name, model, nodes, cluster, precision: str = "bf16", framework: str | None = None,
-                grad_reduce: str | None = None):
+                grad_reduce: str | None = None, seq_length: int | None = None, global_batch: int | None = None):
     """(layout, workload, source) from a study, else from the store's best, else from the model (in
     `precision`, bf16 or fp8)."""
     if name:
@@ -158,8 +158,8 @@ def pick_layout(store, name, model, nodes, cluster, precision: str = "bf16", fra
                              "--out DIR --train-iters ITERS --data-path PATH --tokenizer NAME`")
         return ok[0].layout, w, Source("study", *_measured(ok[0]))
     from tuner.best import best
-    w = make_workload(load_model(model), nodes, load_cluster(cluster), precision=precision, framework=framework,
-                      grad_reduce=grad_reduce)
+    w = make_workload(model, nodes, load_cluster(cluster), global_batch, precision=precision, framework=framework,
+                      grad_reduce=grad_reduce, seq_length=seq_length)
     answer = best(store, w)
     if answer.trials:
         t = answer.trials[0]
@@ -213,11 +213,14 @@ def _measured(t) -> tuple:
 @click.option("--save-dir", default=None, help="Checkpoint directory, saved to and resumed from (default: checkpoints).")
 @click.option("--partition", default=None, help="Slurm partition (overrides the cluster's [slurm] table).")
 @GRAD_REDUCE_OPTION
+@SEQ_LENGTH_OPTION
+@click.option("--global-batch", type=click.IntRange(min=1), default=None,
+              help="Without NAME: global batch in samples (default: the model's recipe).")
 @click.option("--train-iters", type=click.IntRange(min=1), required=True,
               help="Training iterations of the real run (required: the [slurm] table's `iterations` are for short trials).")
 @DB_OPTION
 def launch(name, model, nodes, cluster, out, force, framework, megatron_dir, account, time_limit, precision, data_path,
-           mock_data, tokenizer, save_dir, partition, grad_reduce, train_iters, db):
+           mock_data, tokenizer, save_dir, partition, grad_reduce, seq_length, global_batch, train_iters, db):
     """Write the launch files of the best layout for its framework: Megatron-DeepSpeed (ds_config.json,
     megatron_args.txt), Megatron-Core (Megatron-LM's megatron_args.txt) or torchtitan (torchtitan.toml),
     each with launch.sbatch and layout.json. A study's layout is launched with the study's framework.
@@ -234,10 +237,12 @@ def launch(name, model, nodes, cluster, out, force, framework, megatron_dir, acc
         raise UsageError("--model and --nodes go together: e.g. `tuner launch --model 175b --nodes 16 --out launch/`")
     check_out_dir(out, force)
     store = read_store(db, required=bool(name))
-    if name and grad_reduce:
-        raise UsageError(f"--grad-reduce is a study setting: study '{name}' keeps its own; leave --grad-reduce out")
+    settings = [flag for flag, v in (("--grad-reduce", grad_reduce), ("--seq-length", seq_length),
+                                     ("--global-batch", global_batch)) if v is not None]
+    if name and settings:
+        raise UsageError(f"{' and '.join(settings)}: study settings; study '{name}' keeps its own, so leave them out")
     layout, w, src = pick_layout(store, name, model, nodes, cluster, "fp8" if precision == "fp8" else "bf16",
-                                 framework, grad_reduce)
+                                 framework, grad_reduce, seq_length, global_batch)
     if precision == "fp8":
         if w.precision != "fp8":
             raise UsageError(f"--precision fp8: study '{name}' ran in {w.precision}; its launch files keep it")
