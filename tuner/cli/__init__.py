@@ -24,12 +24,13 @@ def _withhold_store_password(ctx, param, value):
 
 
 def read_store(db, required: bool = True):
-    """The store of a command that only reads: never created, its location on stderr. Without one:
-    NoStore (naming the path looked at and how to choose another), or None when not `required`."""
+    """The store of a command that only reads: never created, opened read-only (a read-only SQLite file
+    or directory reads as any other), its location on stderr. Without one: NoStore (naming the path
+    looked at and how to choose another), or None when not `required`."""
     from tuner.errors import NoStore
     from tuner.store import open_store
     try:
-        store = open_store(db, create=False)
+        store = open_store(db, create=False, read_only=True)
     except NoStore as exc:
         if required:
             raise

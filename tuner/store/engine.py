@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 from pathlib import Path
+from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
@@ -78,13 +81,29 @@ def _check_sqlite_file(url: URL) -> None:
     if not parent.is_dir():
         raise StoreNotWritable(f"cannot open SQLite database {path}: directory {parent} does not exist; {fix}")
     if path.exists() and not os.access(path, os.W_OK):
-        raise StoreNotWritable(f"SQLite database {path} is read-only: make it writable (chmod u+w {path}) or copy it")
+        raise StoreNotWritable(f"SQLite database {path} is read-only: this command writes to it; make it writable "
+                               f"(chmod u+w {path}) or copy it (studies, trials, best, report, export read it as it is)")
     if not os.access(parent, os.W_OK):
         raise StoreNotWritable(f"cannot write in {parent} (SQLite needs it for {path.name}-wal): "
                          "make the directory writable or move the database")
 
 
-def _make_engine(url: URL) -> Engine:
+def read_only_url(url: URL) -> URL:
+    """A SQLite file's URL opened read-only (SQLite's URI mode=ro): nothing is written to the file or its
+    directory, so an archived or shared store, a read-only file or directory, or another user's file
+    is read as it is (a write on it fails, whoever runs tuner, root included)."""
+    uri = f"file:{quote(str(_sqlite_path(url).resolve()))}?mode=ro"
+    try:
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as probe:
+            probe.execute("SELECT 1 FROM sqlite_master LIMIT 1")
+    except sqlite3.OperationalError:
+        # A read-only file system: a WAL database's shared-memory file cannot be made beside it, and nothing
+        # can change the file there, so SQLite may read it as immutable.
+        uri += "&immutable=1"
+    return make_url(f"sqlite:///{uri}&uri=true")
+
+
+def _make_engine(url: URL, read_only: bool = False) -> Engine:
     if url.get_backend_name() == "postgresql":
         return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10,
                              connect_args={"connect_timeout": 5, "application_name": "tuner"})
@@ -92,7 +111,10 @@ def _make_engine(url: URL) -> Engine:
     if memory:
         engine = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False})
     else:
-        _check_sqlite_file(url)
+        if read_only:
+            url = read_only_url(url)
+        else:
+            _check_sqlite_file(url)
         engine = create_engine(url, pool_size=8, max_overflow=16,
                                connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S})
 
@@ -102,7 +124,7 @@ def _make_engine(url: URL) -> Engine:
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
         cur.execute("PRAGMA foreign_keys = ON")
-        if not memory:
+        if not memory and not read_only:        # a read-only connection sets nothing in the file
             cur.execute("PRAGMA journal_mode = WAL")
             cur.execute("PRAGMA synchronous = NORMAL")
         cur.close()
@@ -122,17 +144,17 @@ def shown_url(parsed: URL) -> str:
     return redact(parsed.render_as_string(hide_password=False))   # also scrubs ?password=...
 
 
-def _engine_for(url: str | None, create: bool = True) -> tuple[Engine, URL, str]:
+def _engine_for(url: str | None, create: bool = True, read_only: bool = False) -> tuple[Engine, URL, str]:
     """The engine of `url`, else $TUNER_DB, else the default. With create=False a SQLite file that does
-    not exist is refused (NoStore) instead of created."""
+    not exist is refused (NoStore) instead of created; with read_only a SQLite file is opened read-only."""
     raw = url or os.environ.get("TUNER_DB") or DEFAULT_URL
     parsed = _parse(raw)
     shown = shown_url(parsed)
     sqlite_file = parsed.get_backend_name() == "sqlite" and not _sqlite_memory(parsed)
-    if sqlite_file and not create and not _sqlite_path(parsed).exists():
+    if sqlite_file and (not create or read_only) and not _sqlite_path(parsed).exists():
         raise NoStore(shown)
-    if raw == DEFAULT_URL:
+    if raw == DEFAULT_URL and not read_only:
         Path("results").mkdir(exist_ok=True)
-    return _make_engine(parsed), parsed, shown
+    return _make_engine(parsed, read_only and sqlite_file), parsed, shown
 
 

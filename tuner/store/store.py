@@ -106,8 +106,9 @@ class Store:
             except SQLAlchemyError as exc:
                 raise self._error(exc, doing) from None
 
-    def _open(self, create: bool = True) -> None:
-        """Create a fresh schema, check the revision, and prove we can write. No retries: fail fast."""
+    def _open(self, create: bool = True, read_only: bool = False) -> None:
+        """Create a fresh schema, check the revision, and prove we can write (read_only: only read the
+        revision; stamp nothing). No retries: fail fast."""
         def init(s: Session) -> None:
             conn = s.connection()
             state = migrations.read_state(conn)
@@ -117,13 +118,15 @@ class Store:
                 migrations.create(conn)
                 return
             migrations.require_head(state, self.url)
+            if read_only:
+                return
             if state.legacy:     # today's schema, written before tuner used Alembic: record its revision
                 migrations.stamp(conn, migrations.HEAD)
             elif self._sqlite:   # a read-only file fails here, before any work starts
                 conn.execute(update(MetaRow).where(MetaRow.key == "schema_version").values(value=MetaRow.value))
         for attempt in range(5):
             try:
-                return self._tx(init, "opening it", write=True, reconnect=False)
+                return self._tx(init, "opening it", write=not read_only, reconnect=False)
             except IntegrityError:   # another process created the schema at the same moment
                 if attempt == 4:
                     raise
@@ -345,13 +348,16 @@ class Store:
         return f"Store({self.url!r})"
 
 
-def open_store(url: str | None = None, create: bool = True) -> Store:
+def open_store(url: str | None = None, create: bool = True, read_only: bool = False) -> Store:
     """The store at `url`, else $TUNER_DB, else results/tuner.db in the working directory. With
-    create=False (commands that only read) a store that does not exist yet is NoStore, never created."""
-    engine, parsed, shown = _engine_for(url, create)
+    create=False a store that does not exist yet is NoStore, never created; with read_only (commands
+    that only read: studies, trials, best, report, export, config, db current) a SQLite file is opened
+    read-only, so a read-only file or directory (an archived study, a shared results file) reads as any
+    other, and a write on it fails as StoreNotWritable."""
+    engine, parsed, shown = _engine_for(url, create and not read_only, read_only)
     store = Store(engine, parsed, shown)
     try:
-        store._open(create)
+        store._open(create and not read_only, read_only)
     except BaseException:
         engine.dispose()
         raise
@@ -359,8 +365,9 @@ def open_store(url: str | None = None, create: bool = True) -> Store:
 
 
 def _schema_tx(url: str | None, fn: Callable, doing: str, create: bool = True, write: bool = True) -> str:
-    """fn(connection, shown URL) in one transaction on the store at `url`, without opening it as a Store."""
-    engine, parsed, shown = _engine_for(url, create)
+    """fn(connection, shown URL) in one transaction on the store at `url`, without opening it as a Store
+    (one that does not `write`: read-only)."""
+    engine, parsed, shown = _engine_for(url, create, read_only=not write)
     store = Store(engine, parsed, shown)
     try:
         return store._tx(lambda s: fn(s.connection(), store.url), doing, write=write, reconnect=False)
