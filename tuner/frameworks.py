@@ -51,6 +51,17 @@ NAMES = ("megatron-deepspeed", "megatron-core", "torchtitan")
 #: fp32 sharded gradients (its reduce dtype only changes the collective's buffer).
 GRAD_REDUCES = {"megatron-deepspeed": ("bf16",), "megatron-core": ("fp32", "bf16"), "torchtitan": ("fp32",)}
 
+#: Each stack's rank order, innermost (fastest-varying) first: which groups hold consecutive GPUs and so stay
+#: inside a node or an NVLink domain (tuner.perfmodel.comm places groups by it). Megatron-Core:
+#: parallel_state.initialize_model_parallel order="tp-cp-ep-dp-pp" (megatron/core/parallel_state.py line 617
+#: @ d98e8a64ddf3), its MoE layers regrouping each stage as etp-ep-edp; torchtitan: ParallelDims' mesh
+#: ("pp", "dp_replicate", "dp_shard", "cp", "tp"), outermost first (torchtitan/distributed/parallel_dims.py
+#: line 309 @ b5bcd76c66d0), its expert mesh ep innermost after etp; Megatron-DeepSpeed: DeepSpeed's
+#: PipeModelDataParallelTopology axes ['pipe', 'data', 'model'], outermost first (deepspeed/runtime/pipe/
+#: topology.py line 248 @ edaa72212672). One order for all three: TP, then CP, then DP, then PP.
+RANK_ORDER = {"megatron-deepspeed": ("tp", "dp", "pp"), "megatron-core": ("tp", "cp", "dp", "pp"),
+              "torchtitan": ("tp", "cp", "dp", "pp")}
+
 
 def grad_reduces(name: str) -> tuple[str, ...]:
     return GRAD_REDUCES.get(name, ("fp32",))

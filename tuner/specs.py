@@ -77,10 +77,20 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
     "gpus_per_node": (int, ...),
     "peak_tflops": (float, ...),                 # dense bf16/fp16 per GPU
     "peak_tflops_fp8": (float, None),            # dense FP8 per GPU (none: the GPU has no FP8 GEMMs)
+    "peak_tflops_fp4": (float, None),            # dense FP4 (NVFP4 / MXFP4) per GPU (none: no FP4 GEMMs)
+    "block_scaled": (bool, False),               # tensor cores scale MX / NVFP4 blocks (Blackwell, CDNA 4)
     "memory_gb": (float, ...),                   # per GPU
     "hbm_bandwidth_gbps": (float, ...),          # per GPU
     "intra_node_bandwidth_gbps": (float, ...),   # per GPU, per direction, whole-node groups
-    "inter_node_bandwidth_gbps": (float, ...),   # per node injection, per direction
+    "inter_node_bandwidth_gbps": (float, None),  # per node injection, per direction (required unless
+                                                 # scale_out_bandwidth_gbps gives it per GPU)
+    # The scale-up domain (NVLink / Infinity Fabric) when it is more than one node: an NVL72 rack is 18 trays
+    # (nodes, gpus_per_node 4) in one 72-GPU NVLink domain. Default: the node.
+    "scale_up_domain_gpus": (int, None),         # GPUs in one domain (a multiple of gpus_per_node)
+    "scale_up_bandwidth_gbps": (float, None),    # per GPU, per direction, across the domain's nodes
+                                                 # (default intra_node_bandwidth_gbps)
+    "scale_out_bandwidth_gbps": (float, None),   # per GPU, per direction: its own NIC(s) to other domains
+                                                 # (read into inter_node_bandwidth_gbps = this x gpus_per_node)
     "matmul_efficiency": (float, 0.7),           # eta_max: fraction of peak that large training GEMMs sustain
     "latency_us": (float, 10.0),                 # per ring step of a collective / per p2p message
     "gemm_knee_gflop": (float, 20.0),            # per-GPU GEMM work (GFLOP) at which efficiency is eta_max / 2
@@ -260,6 +270,41 @@ class ClusterSpec:
     group_bandwidth_gbps: dict | None = None
     slurm: dict | None = None
     peak_tflops_fp8: float | None = None
+    scale_up_domain_gpus: int | None = None
+    scale_up_bandwidth_gbps: float | None = None
+    peak_tflops_fp4: float | None = None
+    block_scaled: bool = False
+
+    @property
+    def domain_gpus(self) -> int:
+        """GPUs in one scale-up (NVLink / Infinity Fabric) domain: the node unless the cluster says more."""
+        return self.scale_up_domain_gpus or self.gpus_per_node
+
+    @property
+    def domain_bandwidth(self) -> float:
+        """Per-GPU bandwidth (GB/s, per direction) of a group that spans nodes inside one domain."""
+        return self.scale_up_bandwidth_gbps or self.intra_node_bandwidth_gbps
+
+    @property
+    def nic_bandwidth(self) -> float:
+        """Scale-out bandwidth per GPU (GB/s, per direction): the node's injection shared by its GPUs."""
+        return self.inter_node_bandwidth_gbps / self.gpus_per_node
+
+    def for_nodes(self, nodes: int) -> "ClusterSpec":
+        """The cluster as a job of `nodes` nodes gets it: a domain of several nodes (an NVL72 rack of 18
+        trays) holds the job in segments of equal size (Slurm's --segment on a block topology), the largest
+        node count that divides `nodes` and fits one domain: 16 of 64 nodes per rack, all 18 of 36."""
+        per = self.domain_gpus // self.gpus_per_node
+        if per <= 1 or nodes < 1:
+            return self
+        seg = max(d for d in range(1, min(per, nodes) + 1) if nodes % d == 0)
+        import dataclasses
+        return self if seg == per else dataclasses.replace(self, scale_up_domain_gpus=seg * self.gpus_per_node)
+
+    @property
+    def segment_nodes(self) -> int:
+        """Nodes of one scale-up domain (1 when the domain is the node): Slurm's --segment."""
+        return self.domain_gpus // self.gpus_per_node
 
     def intra_group_bandwidth(self, size: int) -> float:
         """Per-GPU bandwidth (GB/s) of a collective group of `size` GPUs inside one node."""
@@ -269,13 +314,15 @@ class ClusterSpec:
         return self.intra_node_bandwidth_gbps
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """Every key; the scale-up domain's only when set, so a one-node-domain cluster is stored as before."""
+        return {k: v for k, v in asdict(self).items() if not (k in DOMAIN_KEYS and not v)}
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "cluster") -> "ClusterSpec":
         framework = cluster_framework(data)          # before the retired keys are dropped
         data = {**{k: v for k, v in data.items() if k not in RETIRED_CLUSTER_KEYS}, "framework": framework}
         d = _check("cluster", where, data, CLUSTER_KEYS)
+        _check_domain(d, where)
         if d["framework"] not in FRAMEWORK_NAMES:
             raise SpecError(f"{where}: cluster key 'framework' must be one of {', '.join(FRAMEWORK_NAMES)}, "
                             f"got {d['framework'][:200]!r}")
@@ -286,6 +333,29 @@ class ClusterSpec:
             if d[k] > 1:
                 raise SpecError(f"{where}: {k} is a fraction of peak and must be <= 1, got {d[k]}")
         return cls(**d)
+
+
+#: Cluster keys added with the scale-up domain and block-scaled precisions (issue 26), stored only when set
+#: (ClusterSpec.as_dict), so a cluster without them is stored as before.
+DOMAIN_KEYS = ("scale_up_domain_gpus", "scale_up_bandwidth_gbps", "peak_tflops_fp4", "block_scaled")
+
+
+def _check_domain(d: dict, where: str) -> None:
+    """The scale-up domain's keys: a domain of whole nodes; the scale-out network given per node or per
+    GPU (both: they must agree), read into inter_node_bandwidth_gbps."""
+    gpn, dom, per_gpu = d["gpus_per_node"], d["scale_up_domain_gpus"], d.pop("scale_out_bandwidth_gbps")
+    if dom is not None and dom % gpn:
+        raise SpecError(f"{where}: scale_up_domain_gpus {dom} must be a multiple of gpus_per_node {gpn} "
+                        "(a domain holds whole nodes, e.g. 72 = 18 trays of 4 in an NVL72 rack)")
+    if per_gpu is None and d["inter_node_bandwidth_gbps"] is None:
+        raise SpecError(f"{where}: missing cluster key inter_node_bandwidth_gbps (per node) or "
+                        "scale_out_bandwidth_gbps (per GPU); valid keys: " + ", ".join(CLUSTER_KEYS))
+    if per_gpu is not None:
+        node = per_gpu * gpn
+        if d["inter_node_bandwidth_gbps"] is not None and abs(d["inter_node_bandwidth_gbps"] - node) > 1e-6 * node:
+            raise SpecError(f"{where}: inter_node_bandwidth_gbps {d['inter_node_bandwidth_gbps']:g} (per node) and "
+                            f"scale_out_bandwidth_gbps {per_gpu:g} (per GPU) x {gpn} GPUs = {node:g} disagree: give one")
+        d["inter_node_bandwidth_gbps"] = node
 
 
 PRECISIONS = ("bf16", "fp8")
@@ -310,6 +380,7 @@ class Workload:
     def __post_init__(self):
         if not self.framework:
             object.__setattr__(self, "framework", self.cluster.framework)
+        object.__setattr__(self, "cluster", self.cluster.for_nodes(self.nodes))   # the domain this job gets
 
     @property
     def gpus(self) -> int:

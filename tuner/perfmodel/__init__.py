@@ -124,7 +124,7 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     ep_hidden = framework_of(workload).ep_overlap(layout) and exchange.overlap is not False
     # --tp-comm-overlap (Transformer Engine's userbuffers) runs inside the NVLink domain only: a TP group
     # that spans nodes shows its collectives whole
-    tp_hidden = "tp" in hide and sh.sp and not comm.crosses_nodes(cluster, t, 1)
+    tp_hidden = "tp" in hide and sh.sp and not comm.leaves_domain(cluster, t, 1)
     tp_comm = max(0.0, lc["tp_comm"] - lay["gemm"]) if tp_hidden else lc["tp_comm"]
     p2p = layout.virtual_pipeline * comm.pipeline_p2p_time(cluster, t * sh.c, layout.dp, p, boundary)
 

@@ -9,14 +9,23 @@ and a group is described by its size and the rank stride between its members (TP
 stride t, DP: stride t*c, a PP neighbour: stride t*c*d). Gradients are reduced (and the distributed
 optimizer / ZeRO shards its states) over the d*c ranks that hold the same weights: stride t. Every bandwidth and latency comes from the cluster file.
 
-Bandwidth rules (GB/s per rank, before `network_efficiency`):
+Every framework tuner launches places ranks in this order (tuner.frameworks.RANK_ORDER cites each), so
+the strides above are theirs.
+
+Bandwidth rules (GB/s per rank, before `network_efficiency`). A node (`gpus_per_node`, what Slurm
+allocates: a DGX, a GB200 tray) sits inside a scale-up domain (`ClusterSpec.domain_gpus`: NVLink or
+Infinity Fabric; the node itself unless the cluster says otherwise, e.g. 72 GPUs over 18 trays of an
+NVL72 rack):
 - A group inside one node gets the bandwidth of the smallest aligned block of GPUs that contains it
   (`ClusterSpec.intra_group_bandwidth(size * stride)`): on Frontier a TP=2 group sits on one MI250X
   (200 GB/s), a block of 4 or 8 GCDs crosses Infinity Fabric links between packages (100 / 50 GB/s).
-- A group that leaves the node shares the node's injection bandwidth with the other groups of the
-  same kind that cross at the same time: inter_node_bw * (its ranks on the node / GPUs per node).
-  Its ring still runs through the in-node links of its ranks on each node, so it also gets no more
-  than the intra-node bandwidth of that part.
+- A group that spans nodes inside one aligned block of the domain gets the domain's bandwidth
+  (`ClusterSpec.domain_bandwidth`: NVLink through the rack's switches).
+- A group that leaves the domain shares the scale-out network with the other groups of the same kind
+  that cross at the same time: each of its ranks in a domain brings its own NIC, so the ring gets
+  (its ranks in the domain) x (scale-out bandwidth per GPU, `ClusterSpec.nic_bandwidth`). Its ring still
+  runs through the domain's links of those ranks, so it also gets no more than their in-domain bandwidth.
+With the domain = the node (every cluster that does not set one) these are the node rules of before.
 """
 
 from __future__ import annotations
@@ -26,19 +35,40 @@ from tuner.specs import ClusterSpec
 GB = 1e9
 
 
+def _block_bandwidth(cluster: ClusterSpec, block: int) -> float | None:
+    """Per-GPU bandwidth of an aligned block of `block` consecutive GPUs that stays inside the scale-up
+    domain: in one node the node's table, across nodes of the domain the domain's links; None if it leaves."""
+    gpn, dom = cluster.gpus_per_node, cluster.domain_gpus
+    if block <= gpn and gpn % block == 0:
+        return cluster.intra_group_bandwidth(block)
+    if block <= dom and dom % block == 0:
+        return cluster.domain_bandwidth
+    return None
+
+
+def ranks_in_domain(cluster: ClusterSpec, size: int, stride: int) -> int:
+    """How many of a group's `size` ranks, `stride` apart, share one scale-up domain (all of them when
+    the group stays inside it)."""
+    dom = cluster.domain_gpus
+    if not leaves_domain(cluster, size, stride):
+        return size
+    return max(1, min(size, dom // stride)) if stride < dom else 1
+
+
 def group_bandwidth(cluster: ClusterSpec, size: int, stride: int) -> float:
     """Per-rank bandwidth (GB/s, per direction) of a collective group of `size` ranks, `stride` apart."""
     if size <= 1:
         return float("inf")
-    gpn = cluster.gpus_per_node
-    block = size * stride
-    if block <= gpn and gpn % block == 0:
-        return cluster.intra_group_bandwidth(block)
-    # The group leaves the node: `k` of its ranks sit on each node it touches.
-    k = max(1, min(size, gpn // stride)) if stride < gpn else 1
-    share = cluster.inter_node_bandwidth_gbps * k / gpn
+    inside = _block_bandwidth(cluster, size * stride)
+    if inside is not None:
+        return inside
+    # The group leaves the domain: `k` of its ranks sit in each domain it touches, each with its own NIC.
+    k = ranks_in_domain(cluster, size, stride)
+    share = cluster.nic_bandwidth * k
     if k > 1:
-        share = min(share, cluster.intra_group_bandwidth(min(k * stride, gpn)))
+        part = min(k * stride, cluster.domain_gpus)
+        share = min(share, cluster.intra_group_bandwidth(part) if part <= cluster.gpus_per_node
+                    else cluster.domain_bandwidth)
     return share
 
 
@@ -46,6 +76,11 @@ def crosses_nodes(cluster: ClusterSpec, size: int, stride: int) -> bool:
     """Whether a group of `size` ranks `stride` apart spans more than one node."""
     block = size * stride
     return size > 1 and not (block <= cluster.gpus_per_node and cluster.gpus_per_node % block == 0)
+
+
+def leaves_domain(cluster: ClusterSpec, size: int, stride: int) -> bool:
+    """Whether a group of `size` ranks `stride` apart spans more than one scale-up (NVLink) domain."""
+    return size > 1 and _block_bandwidth(cluster, size * stride) is None
 
 
 def _bw_bytes(cluster: ClusterSpec, bw_gbps: float) -> float:
@@ -70,17 +105,16 @@ allgather_time = reduce_scatter_time
 
 def alltoall_time(cluster: ClusterSpec, nbytes: float, size: int, stride: int) -> float:
     """One all-to-all in which each of `size` ranks, `stride` apart, sends `nbytes` spread evenly over the
-    group (1/size of it to itself). The part for ranks on the same node goes over NVLink at the
-    intra-node bandwidth; the part for other nodes leaves through the node's injection bandwidth, which
-    all GPUs of the node share while their groups exchange at the same time (inter-node / GPUs per
-    node each); the two proceed at once, so the slower sets the time; plus one latency per node the
-    group spans (the NIC's messages to each remote node)."""
+    group (1/size of it to itself). The part for ranks in the same scale-up domain goes over its links
+    (NVLink: the domain's bandwidth); the part for other domains leaves through the GPU's own NIC (the
+    scale-out bandwidth per GPU: every GPU's group exchanges at the same time); the two proceed at once,
+    so the slower sets the time; plus one latency per domain the group spans."""
     if size <= 1 or nbytes <= 0:
         return 0.0
-    gpn = cluster.gpus_per_node
-    local = size if not crosses_nodes(cluster, size, stride) else max(1, min(size, gpn // stride)) if stride < gpn else 1
-    intra = nbytes * (local - 1) / size / _bw_bytes(cluster, cluster.intra_node_bandwidth_gbps) if local > 1 else 0.0
-    inter = nbytes * (size - local) / size / _bw_bytes(cluster, cluster.inter_node_bandwidth_gbps / gpn)
+    local = ranks_in_domain(cluster, size, stride)
+    bw_local = cluster.intra_node_bandwidth_gbps if not crosses_nodes(cluster, local, stride) else cluster.domain_bandwidth
+    intra = nbytes * (local - 1) / size / _bw_bytes(cluster, bw_local) if local > 1 else 0.0
+    inter = nbytes * (size - local) / size / _bw_bytes(cluster, cluster.nic_bandwidth)
     return max(intra, inter) + (size // local) * cluster.latency_us * 1e-6
 
 
@@ -114,15 +148,18 @@ def cp_ring_time(cluster: ClusterSpec, tp: int, cp: int, kv_bytes: float) -> flo
 def pipeline_p2p_bandwidth(cluster: ClusterSpec, tp: int, dp: int, pp: int) -> float:
     """Per-rank bandwidth of the slowest stage boundary (GB/s).
 
-    A stage holds tp*dp consecutive ranks. If the pipeline leaves a node, some boundary crosses the
-    network while the node's other ranks do the same, so each rank gets its share of injection
-    bandwidth (inter / GPUs per node); otherwise the pair sits in one node block of 2*tp*dp GPUs."""
+    A stage holds tp*dp consecutive ranks. If the pipeline leaves the scale-up domain, some boundary
+    crosses the network while the domain's other ranks do the same, so each rank gets its NIC (the
+    scale-out bandwidth per GPU); in one node the pair sits in a node block of 2*tp*dp GPUs; across the
+    nodes of one domain it gets the domain's links."""
     if pp <= 1:
         return float("inf")
     gpn = cluster.gpus_per_node
     if tp * dp * pp <= gpn and gpn % (tp * dp * pp) == 0:
         return cluster.intra_group_bandwidth(2 * tp * dp)
-    return cluster.inter_node_bandwidth_gbps / gpn
+    if _block_bandwidth(cluster, tp * dp * pp) is not None:
+        return cluster.domain_bandwidth
+    return cluster.nic_bandwidth
 
 
 def pipeline_p2p_time(cluster: ClusterSpec, tp: int, dp: int, pp: int, nbytes: float) -> float:
@@ -163,3 +200,37 @@ def embedding_sync_time(cluster: ClusterSpec, tp: int, dp: int, pp: int, embeddi
     if pp <= 1:
         return 0.0
     return allreduce_time(2.0 * embedding_params, 2, pipeline_p2p_bandwidth(cluster, tp, dp, pp), cluster)
+
+
+def strides(layout, framework: str) -> dict[str, int]:
+    """Rank stride of each parallel dimension's groups under `framework`'s rank order (tuner.frameworks
+    RANK_ORDER, innermost first): a dimension's stride is the product of the degrees inside it. The
+    routed experts' EP group is etp apart (etp innermost in the MoE layers' regrouping)."""
+    from tuner.frameworks import RANK_ORDER
+    degree = {"tp": layout.tp, "cp": layout.context_parallel, "dp": layout.dp, "pp": layout.pp}
+    out, inner = {}, 1
+    for dim in RANK_ORDER[framework]:
+        out[dim] = inner
+        inner *= degree[dim]
+    out.setdefault("cp", layout.tp)
+    out["ep"] = layout.expert_tensor_parallel
+    return out
+
+
+def placement(layout, workload) -> dict[str, dict]:
+    """Where each of `layout`'s groups sits on the workload's cluster: {dim: {size, stride, inside (one
+    scale-up domain), bandwidth (GB/s per rank)}} for TP, CP, EP, DP (the d*c ranks sharing weights) and PP
+    (a stage boundary), as the costs above charge them."""
+    c, st = workload.cluster, strides(layout, workload.framework)
+    t, cp, d, p = layout.tp, layout.context_parallel, layout.dp, layout.pp
+    groups = {"tp": (t, st["tp"]), "cp": (cp, st["cp"]), "ep": (layout.expert_parallel, st["ep"]),
+              "dp": (d * cp, min(st["cp"], st["dp"])), "pp": (p, st["pp"])}
+    out = {}
+    for dim, (size, stride) in groups.items():
+        if dim == "pp":
+            bw = pipeline_p2p_bandwidth(c, t * cp, d, p)
+            inside = p <= 1 or not leaves_domain(c, p, stride)
+        else:
+            bw, inside = group_bandwidth(c, size, stride), not leaves_domain(c, size, stride)
+        out[dim] = {"size": size, "stride": stride, "inside": inside, "bandwidth_gbps": bw}
+    return out

@@ -141,18 +141,20 @@ def flex_alltoall_time(model: ModelSpec, cluster: ClusterSpec, shape: Shape, tok
     fused into the exchange): a token crosses the network ONCE per remote node that holds any of its
     top_k experts (to the GPU of its local rank there, which forwards it over NVLink), and NVLink once
     per GPU holding any of them, where the alltoall dispatcher sends a copy per (token, expert) pair;
-    the combine reduces a node's expert outputs before they cross back. The network part leaves through
-    the GPU's own NIC (inter-node / GPUs per node); the two parts run at once, the slower sets the time."""
-    ep, gpn = shape.ep, cluster.gpus_per_node
+    the combine reduces a node's expert outputs before they cross back. "Node" here is the scale-up domain
+    (DeepEP / HybridEP forward over NVLink inside it: the whole NVL72 rack). The network part leaves through
+    the GPU's own NIC (the scale-out bandwidth per GPU); the two parts run at once, the slower sets the time."""
+    ep = shape.ep
     if ep <= 1:
         return 0.0
-    local = ep if not comm.crosses_nodes(cluster, ep, shape.etp) else max(1, min(ep, gpn // shape.etp))
+    local = comm.ranks_in_domain(cluster, ep, shape.etp)
     nodes, e, k = ep // local, model.num_experts, model.moe_top_k
     hit_gpu, hit_node = 1.0 - _miss(e, e / ep, k), 1.0 - _miss(e, e * local / ep, k)
     per_token = token_bytes * rank_tokens(model, shape)
     bw = cluster.network_efficiency * comm.GB
-    intra = per_token * nodes * (local - 1) * hit_gpu / (bw * cluster.intra_node_bandwidth_gbps)
-    inter = per_token * (nodes - 1) * hit_node / (bw * cluster.inter_node_bandwidth_gbps / gpn)
+    up = cluster.intra_node_bandwidth_gbps if not comm.crosses_nodes(cluster, local, shape.etp) else cluster.domain_bandwidth
+    intra = per_token * nodes * (local - 1) * hit_gpu / (bw * up)
+    inter = per_token * (nodes - 1) * hit_node / (bw * cluster.nic_bandwidth)
     return max(intra, inter) + nodes * cluster.latency_us * 1e-6
 
 
@@ -227,15 +229,23 @@ def ep_group_nodes(cluster: ClusterSpec, ep: int, etp: int) -> int:
     return -(-ep * etp // cluster.gpus_per_node)
 
 
+def ep_group_domains(cluster: ClusterSpec, ep: int, etp: int) -> int:
+    """Scale-up (NVLink) domains one EP group spans."""
+    if not comm.leaves_domain(cluster, ep, etp):
+        return 1
+    return -(-ep * etp // cluster.domain_gpus)
+
+
 def moe_summary(layout, workload, prediction) -> str:
     """One line on the MoE side of a prediction: the all-to-all's share and where its group lies, the
     experts one GPU holds, the expert-data-parallel replicas, and active against total parameters."""
     from tuner.layout import expert_data_parallel
     m, c = workload.model, workload.cluster
     ep, etp = layout.expert_parallel, layout.expert_tensor_parallel
-    nodes = ep_group_nodes(c, ep, etp)
+    nodes, domains = ep_group_nodes(c, ep, etp), ep_group_domains(c, ep, etp)
+    inside = "inside one node (NVLink)" if nodes == 1 else f"over {nodes} nodes of one NVLink domain"
     where = "no all-to-all (ep 1)" if ep == 1 else (
-        f"EP group of {ep} GPUs {etp} apart {'inside one node (NVLink)' if nodes == 1 else f'over {nodes} nodes (network)'}")
+        f"EP group of {ep} GPUs {etp} apart {inside if domains == 1 else f'over {nodes} nodes (network)'}")
     t = prediction.time_breakdown
     a2a, over = t.get("all_to_all", 0.0), t.get("moe_overhead", 0.0)
     split = f", each split {etp} ways" if etp > 1 else ""
