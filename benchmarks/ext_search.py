@@ -1,0 +1,194 @@
+"""Search on worlds that share none of the model's formulas (benchmarks/worlds_ext, issue 30).
+
+Every search runs through tuner's Driver as `tuner search` does (default pruning by the model's memory
+verdict, an in-memory SQLite store, the world's runner with 2 % log-normal noise), for each of the
+searchers and each drawn world. Seeds are drawn at run time (printed; `--seed-list` reproduces a run).
+
+Score after k trials: the TRUE samples/s of the recommended layout (the fastest measured among the
+first k trials that ran; pruned layouts are not trials) divided by the world's fastest layout among every
+layout the study's framework runs (World.optimum, pruned ones included). Guided runs without its stop
+rule for the scores; a second guided study per world runs with the study defaults (the stop rule on,
+up to --stop-budget trials) and counts false stops: stopped while the world's fastest is more than the
+threshold faster than the recommended layout. `--transfer` adds `tuner best --nodes 2N` after a 10-trial
+guided study at N, scored against the same world at 2N.
+
+    python benchmarks/ext_search.py [--seeds 3] [--seed-list 1,2] [--families moe,torchtitan]
+        [--searchers guided,random,cbo,tpe] [--budget 10] [--stop-budget 20] [--transfer] [--jobs 1]
+
+Prints per world its model facts (the model's rank of the optimum, the model's top pick's true speed /
+the fastest), then per world and searcher the median and the worst seed after the budget, the stop
+rule's stops and false stops, and the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+from worlds_ext import FAMILIES, WORKLOADS, World, draw_world  # noqa: E402
+
+from tuner.driver import Driver  # noqa: E402
+from tuner.executors import InlineExecutor  # noqa: E402
+from tuner.perfmodel import rank  # noqa: E402
+from tuner.search import STUDY_DEFAULTS, make_searcher  # noqa: E402
+from tuner.space import load_space  # noqa: E402
+from tuner.store import StudyRecord, open_store  # noqa: E402
+from tuner.trial import Status  # noqa: E402
+
+SEARCHERS = ("guided", "random", "cbo", "tpe")
+NOISE = 0.02
+TARGET, WORST = 0.97, 0.93
+
+
+def run_study(world: World, searcher: str, seed: int, budget: int, options: dict | None = None,
+              transfer_nodes: int | None = None):
+    """(trials that ran, in order; the searcher; `tuner best`'s answer at transfer_nodes or None)."""
+    w, space = world.workload, load_space(world.space)
+    store = open_store("sqlite://")
+    name = f"{searcher}-{seed}"
+    store.create_study(StudyRecord(name, w.as_dict(), {"name": space.name}, searcher, "world"))
+    s = make_searcher(searcher, world.candidates, seed=seed, workload=w, **(options or {}))
+    Driver(store=store, study=name, workload=w, searcher=s, runner=world.runner(noise=NOISE, seed=seed),
+           executor=InlineExecutor(), budget=budget, results_dir=Path(tempfile.gettempdir())).run()
+    trials = sorted(store.trials(name), key=lambda t: t.number)
+    answer = None
+    if transfer_nodes:
+        from tuner.best import best_for_unmeasured
+        from tuner.specs import make_workload
+        w2 = make_workload(w.model, transfer_nodes, w.cluster, framework=w.framework)
+        answer = best_for_unmeasured(w2, space, trials, k=1, studies={name: store.get_study(name)})[0]
+    store.close()
+    return [t for t in trials if t.status != Status.PRUNED], s, answer
+
+
+def recommended(trials: list, k: int):
+    ok = [t for t in trials[:k] if t.status == Status.OK and t.samples_per_second]
+    return max(ok, key=lambda t: t.samples_per_second).layout if ok else None
+
+
+def fraction(world: World, layout, opt: float) -> float:
+    return 0.0 if layout is None else (world.truth(layout)[0] or 0.0) / opt
+
+
+def model_facts(world: World, opt_layout, opt: float) -> dict:
+    order = [p.layout for p in rank(world.candidates, world.workload)]
+    return {"rank": order.index(opt_layout) + 1, "candidates": len(order), "model_top": fraction(world, order[0], opt),
+            "runs": sum(world.truth(c)[0] is not None for c in world.candidates)}
+
+
+def evaluate(task: tuple) -> dict:
+    order, (family, case, seed, searchers, budget, stop_budget, transfer) = task
+    world = draw_world(family, case, seed)
+    opt_layout, opt = world.optimum()
+    out = {"order": order, "family": family, "workload": world.label, "seed": seed, "scores": {},
+           **model_facts(world, opt_layout, opt)}
+    for s in searchers:
+        options = {"stop_threshold": None} if s == "guided" else {}
+        trials, _, _ = run_study(world, s, seed, budget, options)
+        out["scores"][s] = fraction(world, recommended(trials, budget), opt)
+    if stop_budget:
+        trials, s, _ = run_study(world, "guided", seed, stop_budget, dict(STUDY_DEFAULTS))
+        ratio = fraction(world, recommended(trials, len(trials)), opt)
+        out["stop"] = {"stopped": bool(s.stopped), "trials": len(trials), "ratio": ratio,
+                       "false": bool(s.stopped) and ratio * (1 + STUDY_DEFAULTS["stop_threshold"]) < 1.0}
+    if transfer:
+        nodes = world.workload.nodes
+        _, _, answer = run_study(world, "guided", seed, budget, {"stop_threshold": None}, transfer_nodes=2 * nodes)
+        world2 = world.at_nodes(2 * nodes)
+        out["transfer"] = fraction(world2, answer["layout"], world2.optimum()[1])
+    return out
+
+
+def cell(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} / {min(values):.3f}"
+
+
+def report(results: list[dict], searchers: list[str], budget: int) -> None:
+    print("worlds: the model's rank of each seed's optimum, the model's top pick's true speed / fastest (median), "
+          "layouts that run / candidates\n")
+    keys = list(dict.fromkeys((r["family"], r["workload"]) for r in results))
+    for fam, wl in keys:
+        rs = [r for r in results if (r["family"], r["workload"]) == (fam, wl)]
+        ranks = " ".join(str(r["rank"]) for r in rs)
+        print(f"  {fam:14} {wl:32} top/opt {statistics.median(r['model_top'] for r in rs):.3f}  runs "
+              f"{statistics.median(r['runs'] for r in rs):g}/{rs[0]['candidates']}  ranks {ranks}")
+    print(f"\ntrue speed of the recommended layout after {budget} trials / the world's fastest: median / worst seed "
+          f"(target {TARGET} / {WORST})\n")
+    head = f"{'family':14} {'workload':32} " + " ".join(f"{s:>13}" for s in searchers)
+    print(head + ("   transfer 2N" if any("transfer" in r for r in results) else ""))
+    print("-" * len(head))
+    for fam, wl in keys:
+        rs = [r for r in results if (r["family"], r["workload"]) == (fam, wl)]
+        row = " ".join(f"{cell([r['scores'][s] for r in rs]):>13}" for s in searchers)
+        extra = f"   {cell([r['transfer'] for r in rs])}" if "transfer" in rs[0] else ""
+        print(f"{fam:14} {wl:32} {row}{extra}")
+    stops = [r["stop"] for r in results if "stop" in r]
+    if stops:
+        st = [s for s in stops if s["stopped"]]
+        print(f"\nstop rule (study defaults {STUDY_DEFAULTS}): stopped in {len(st)} of {len(stops)} searches "
+              f"(median {statistics.median([s['trials'] for s in st]) if st else '-'} trials); false stops "
+              f"{sum(s['false'] for s in st)}; recommended / fastest at the end: median "
+              f"{statistics.median(s['ratio'] for s in stops):.3f}, worst {min(s['ratio'] for s in stops):.3f}")
+    print()
+
+
+def tasks_for(args) -> tuple[list, list[int]]:
+    if args.seed_list:
+        seeds = [int(s) for s in args.seed_list.split(",")]
+    else:
+        seeds = [secrets.randbits(31) for _ in range(args.seeds)]
+    families = args.families.split(",") if args.families else list(FAMILIES)
+    bad = sorted(set(families) - set(FAMILIES))
+    if bad:
+        raise SystemExit(f"unknown family {', '.join(bad)}; families: {', '.join(FAMILIES)}")
+    searchers = args.searchers.split(",")
+    worlds = [(f, i) for f in families for i in range(len(WORKLOADS[f]))
+              if args.workloads is None or i in args.workloads]
+    tasks = [(f, i, sd, searchers, args.budget, args.stop_budget, args.transfer) for f, i in worlds for sd in seeds]
+    return list(enumerate(tasks)), seeds
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, default=3, help="seeds drawn at run time")
+    ap.add_argument("--seed-list", default="", help="comma-separated seeds to reproduce a run")
+    ap.add_argument("--families", default="", help=f"comma-separated, of {', '.join(FAMILIES)} (default all)")
+    ap.add_argument("--workloads", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                    help="indices into each family's workloads (default all)")
+    ap.add_argument("--searchers", default=",".join(SEARCHERS))
+    ap.add_argument("--budget", type=int, default=10)
+    ap.add_argument("--stop-budget", type=int, default=20, help="guided with the stop rule on (0: skip)")
+    ap.add_argument("--transfer", action="store_true", help="also `tuner best --nodes 2N` after guided at N")
+    ap.add_argument("--jobs", type=int, default=1)
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    tasks, seeds = tasks_for(args)
+    print(f"{len(tasks)} worlds ({len(seeds)} seeds), searchers {args.searchers}, budget {args.budget}, noise {NOISE}\n"
+          f"seeds: {','.join(map(str, seeds))}  (reproduce: --seed-list {','.join(map(str, seeds))})\n", flush=True)
+    results = []
+    with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+        for r in pool.imap_unordered(evaluate, tasks, chunksize=1):
+            results.append(r)
+            print(f"\r{len(results)}/{len(tasks)} worlds, {time.monotonic() - t0:.0f} s", end="", file=sys.stderr,
+                  flush=True)
+    print(file=sys.stderr)
+    results.sort(key=lambda r: r["order"])
+    report(results, args.searchers.split(","), args.budget)
+    print(f"wall time {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""One drawn extended world: its workload and space, the truth of every layout, its optimum, a runner."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from functools import cached_property
+
+import numpy as np
+
+from tuner.layout import Layout
+from tuner.space import load_space
+from tuner.specs import Workload, make_workload
+from tuner.trial import Status, TrialResult, TrialSpec
+from worlds_ext import memory_acct, step
+from worlds_ext.families import FAMILIES, WORKLOADS, draw_physics
+
+
+def space_of(cluster: str, framework: str) -> str:
+    return "frontier-2023" if (cluster == "frontier" and framework == "megatron-deepspeed") else "default"
+
+
+def evaluate(ph: dict, w: Workload, layout: Layout, seed: int) -> tuple[float | None, float]:
+    """(samples per second, or None when it does not fit; peak reserved GB per GPU)."""
+    mem = memory_acct.peak_gb(ph, layout, w)
+    if mem > ph["usable"] * w.cluster.memory_gb:
+        return None, mem
+    return w.global_batch / step.step_s(ph, layout, w, seed), mem
+
+
+class World:
+    """The world of (family, workload case, seed)."""
+
+    def __init__(self, family: str, case: tuple[str, int, str, str], seed: int):
+        model, nodes, cluster, framework = case
+        self.family, self.case, self.seed = family, tuple(case), int(seed)
+        self.workload = make_workload(model, nodes, cluster, framework=framework)
+        self.physics = draw_physics(family, case, seed, self.workload.model.num_experts)
+        self.physics["hbm_gbps"] = self.workload.cluster.hbm_bandwidth_gbps
+        self.space = space_of(cluster, framework)
+        self.name = f"{family}/{model}@{nodes}n {cluster} {framework}/s{seed}"
+        self.label = f"{model}@{nodes}n-{framework}"
+        self._truth: dict[Layout, tuple[float | None, float]] = {}
+
+    @cached_property
+    def candidates(self) -> list[Layout]:
+        """Every layout of the space the workload's framework runs."""
+        return load_space(self.space).enumerate_layouts(self.workload)
+
+    def truth(self, layout: Layout, workload: Workload | None = None) -> tuple[float | None, float]:
+        if workload is not None and workload != self.workload:
+            return evaluate(self.physics, workload, layout, self.seed)
+        if layout not in self._truth:
+            self._truth[layout] = evaluate(self.physics, self.workload, layout, self.seed)
+        return self._truth[layout]
+
+    def optimum(self) -> tuple[Layout, float]:
+        """The fastest candidate that really runs, and its samples per second."""
+        runs = [(v, lay) for lay in self.candidates if (v := self.truth(lay)[0]) is not None]
+        if not runs:
+            raise ValueError(f"{self.name}: no candidate layout fits in memory")
+        v, lay = max(runs, key=lambda p: (p[0], p[1]))
+        return lay, v
+
+    def at_nodes(self, nodes: int) -> "World":
+        """The same physics (family, model, cluster, framework, seed) at another node count."""
+        model, _, cluster, framework = self.case
+        return World(self.family, (model, nodes, cluster, framework), self.seed)
+
+    def runner(self, noise: float = 0.02, seed: int = 0) -> "ExtRunner":
+        return ExtRunner(self, noise, seed)
+
+
+def draw_world(family: str, case: tuple[str, int, str, str] | int, seed: int) -> World:
+    """The world of `family`'s workload `case` (a tuple, or its index in WORKLOADS[family])."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family '{family}'; families: {', '.join(FAMILIES)}")
+    if isinstance(case, int):
+        case = WORKLOADS[family][case]
+    return World(family, case, seed)
+
+
+class ExtRunner:
+    """The world behind the runner protocol; multiplicative log-normal noise seeded by (seed, layout)."""
+
+    name = "world"
+    measured = True
+
+    def __init__(self, world: World, noise: float = 0.02, seed: int = 0):
+        self.world, self.noise, self.seed = world, float(noise), int(seed)
+
+    def factor(self, layout: Layout, nodes: int) -> float:
+        digest = hashlib.sha256(f"ext:{self.world.family}:{self.seed}:{nodes}:{layout.key()}".encode()).digest()
+        z = np.random.default_rng(int.from_bytes(digest[:8], "little")).standard_normal()
+        return math.exp(self.noise * z)
+
+    def run(self, trial: TrialSpec) -> TrialResult:
+        w = trial.workload
+        sps, mem = self.world.truth(trial.layout, w)
+        if sps is None:
+            cap = self.world.physics["usable"] * w.cluster.memory_gb
+            return TrialResult(Status.OOM, peak_memory_gb=mem,
+                               message=f"world OOM: needs {mem:.1f} GB per GPU of {cap:.1f} usable")
+        return TrialResult(Status.OK, samples_per_second=sps * self.factor(trial.layout, w.nodes),
+                           peak_memory_gb=mem, message="world")
+
+    def cancel(self) -> None:
+        pass
+
+    def resources(self, trial: TrialSpec) -> dict[str, float]:
+        return {"CPU": 0.1}
