@@ -55,7 +55,8 @@ TARGET, WORST = 0.97, 0.93
 def run_study(world: World, searcher: str, seed: int, budget: int, options: dict | None = None,
               transfer_nodes: int | None = None):
     """(trials that ran, in order; the searcher; `tuner best`'s answer at transfer_nodes or None)."""
-    w, space = world.workload, load_space(world.space)
+    w = world.workload
+    space = load_space(world.space) if isinstance(world.space, str) else world.space
     store = open_store("sqlite://")
     name = f"{searcher}-{seed}"
     store.create_study(StudyRecord(name, w.as_dict(), {"name": space.name}, searcher, "world"))

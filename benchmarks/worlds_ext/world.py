@@ -31,13 +31,13 @@ def evaluate(ph: dict, w: Workload, layout: Layout, seed: int) -> tuple[float | 
 class World:
     """The world of (family, workload case, seed)."""
 
-    def __init__(self, family: str, case: tuple[str, int, str, str], seed: int):
+    def __init__(self, family: str, case: tuple[str, int, str, str], seed: int, space=None):
         model, nodes, cluster, framework = case
         self.family, self.case, self.seed = family, tuple(case), int(seed)
         self.workload = make_workload(model, nodes, cluster, framework=framework)
         self.physics = draw_physics(family, case, seed, self.workload.model.num_experts)
         self.physics["hbm_gbps"] = self.workload.cluster.hbm_bandwidth_gbps
-        self.space = space_of(cluster, framework)
+        self.space = space or space_of(cluster, framework)      # a space's name or a SearchSpace
         self.name = f"{family}/{model}@{nodes}n {cluster} {framework}/s{seed}"
         self.label = f"{model}@{nodes}n-{framework}"
         self._truth: dict[Layout, tuple[float | None, float]] = {}
@@ -45,7 +45,8 @@ class World:
     @cached_property
     def candidates(self) -> list[Layout]:
         """Every layout of the space the workload's framework runs."""
-        return load_space(self.space).enumerate_layouts(self.workload)
+        space = load_space(self.space) if isinstance(self.space, str) else self.space
+        return space.enumerate_layouts(self.workload)
 
     def truth(self, layout: Layout, workload: Workload | None = None) -> tuple[float | None, float]:
         if workload is not None and workload != self.workload:
@@ -65,19 +66,20 @@ class World:
     def at_nodes(self, nodes: int) -> "World":
         """The same physics (family, model, cluster, framework, seed) at another node count."""
         model, _, cluster, framework = self.case
-        return World(self.family, (model, nodes, cluster, framework), self.seed)
+        return World(self.family, (model, nodes, cluster, framework), self.seed, self.space)
 
     def runner(self, noise: float = 0.02, seed: int = 0) -> "ExtRunner":
         return ExtRunner(self, noise, seed)
 
 
-def draw_world(family: str, case: tuple[str, int, str, str] | int, seed: int) -> World:
-    """The world of `family`'s workload `case` (a tuple, or its index in WORKLOADS[family])."""
+def draw_world(family: str, case: tuple[str, int, str, str] | int, seed: int, space=None) -> World:
+    """The world of `family`'s workload `case` (a tuple, or its index in WORKLOADS[family]); `space`: a
+    space's name or a SearchSpace instead of the workload's own (frontier-2023 or default)."""
     if family not in FAMILIES:
         raise ValueError(f"unknown family '{family}'; families: {', '.join(FAMILIES)}")
     if isinstance(case, int):
         case = WORKLOADS[family][case]
-    return World(family, case, seed)
+    return World(family, case, seed, space)
 
 
 class ExtRunner:

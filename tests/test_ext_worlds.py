@@ -1,0 +1,141 @@
+"""benchmarks/worlds_ext: worlds that share none of the model's formulas (issue 30)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+from worlds_ext import FAMILIES, WORKLOADS, draw_physics, draw_world  # noqa: E402
+from worlds_ext import memory_acct, network, schedule, tables  # noqa: E402
+
+from tuner.layout import Layout  # noqa: E402
+from tuner.perfmodel import rank  # noqa: E402
+from tuner.space import SearchSpace  # noqa: E402
+from tuner.trial import Status, TrialSpec  # noqa: E402
+
+#: Small spaces (few seconds per family): the families' own dimensions with fewer choices.
+SMALL = {
+    "frontier-2023": {"tp": [1, 2, 4, 8], "sequence_parallel": [False], "context_parallel": [1], "pp": "divisors:num_layers",
+                      "virtual_pipeline": [1], "micro_batch": [1, 2, 4], "zero_stage": [0, 1, 2, 3],
+                      "recompute": ["none", "full"]},
+    "default": {"tp": [1, 2, 4, 8], "sequence_parallel": [True, False], "context_parallel": [1, 2], "pp": [1, 2, 4, 8],
+                "virtual_pipeline": [1, 2], "expert_parallel": [1, 2, 8], "expert_tensor_parallel": [1],
+                "micro_batch": [1, 2], "zero_stage": [0, 1, 3], "recompute": ["none", "selective", "full"]},
+}
+
+
+def small_world(family: str, seed: int, case: int = 0):
+    model, nodes, cluster, fw = WORKLOADS[family][case]
+    name = "frontier-2023" if (cluster, fw) == ("frontier", "megatron-deepspeed") else "default"
+    space = SearchSpace.from_dict({"dimensions": SMALL[name], "constraints": {"enough_micro_batches": "m >= 1"}},
+                                  f"small-{name}")
+    return draw_world(family, case, seed, space=space)
+
+
+def test_worlds_import_nothing_of_the_model():
+    code = (f"import sys; sys.path.insert(0, {str(BENCH)!r}); from worlds_ext import draw_world, FAMILIES; "
+            "from tuner.trial import TrialSpec\n"
+            "for f in FAMILIES:\n"
+            "    w = draw_world(f, 0, 1); [w.truth(c) for c in w.candidates[::400]]\n"
+            "    w.runner().run(TrialSpec('s', 0, w.candidates[0], w.workload))\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('tuner.perfmodel', 'tuner.correction', "
+            "'tuner.metrics', 'tuner.best')) or m in ('indep_worlds', 'indep_modern', 'world')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_constants_are_drawn_per_seed_and_family_and_not_per_node_count():
+    case = WORKLOADS["pipeline-host"][1]
+    drawn = [draw_physics("pipeline-host", case, s) for s in range(4)]
+    for key in ("mb_ms", "jitter", "straggler", "gemm_scale", "frag0"):
+        assert len({d[key] for d in drawn}) == 4, key
+    host, roof = draw_physics("pipeline-host", case, 0), draw_physics("gemm-roofline", case, 0)
+    assert host["mb_ms"] > roof["mb_ms"] and host["jitter"] > roof["jitter"]
+    w = draw_world("pipeline-host", 1, 5)
+    assert w.at_nodes(32).physics == w.physics and w.at_nodes(32).workload.nodes == 32
+    with pytest.raises(ValueError, match="unknown family"):
+        draw_world("quantum", 0, 1)
+
+
+def test_measured_tables_are_what_xla_measured_and_interpolate_between():
+    # a measured H100 row (data/xla_matmul.csv: sm_90, b=1, 4096^3 bf16) comes back as measured
+    assert tables.gemm_flops("sm_90", "bf16", 4096, 4096, 4096) == pytest.approx(783328793548203, rel=0.02)
+    small, big = tables.gemm_flops("sm_90", "bf16", 512, 512, 512), tables.gemm_flops("sm_90", "bf16", 8192, 8192, 8192)
+    assert small < 0.1 * big and big == pytest.approx(tables.gemm_peak("sm_90", "bf16"), rel=0.05)
+    times = [tables.collective_seconds("sm_90", "all-reduce", 8, b) for b in (1e4, 1e6, 1e8, 1e9)]
+    assert times == sorted(times) and times[-1] / times[-2] > 5          # bandwidth-bound at the top
+    ph = {"hw": "sm_90", "nic_gbps": 400.0, "nic_eff": 0.8, "congestion": 0.1, "lat_inter_us": 10.0, "a2a_eff": 0.5}
+    inside = network.collective(ph, "all-reduce", 1e9, 8, 1, 8)
+    across = network.collective(ph, "all-reduce", 1e9, 64, 1, 8)
+    assert across > inside > 0
+
+
+def test_simulated_pipeline_is_the_closed_form_when_every_op_is_alike():
+    rng = np.random.default_rng(0)
+    for pp, vp, m in ((4, 1, 16), (4, 2, 16), (8, 4, 32)):
+        fwd, bwd = [[1.0 / vp] * vp] * pp, [[2.0 / vp] * vp] * pp
+        t = schedule.makespan(fwd, bwd, 0.0, 0.0, [1.0] * pp, 0.0, m, rng)
+        assert t == pytest.approx((m + (pp - 1) / vp) * 3.0)
+        assert schedule.pipeline_time(fwd, bwd, 0.0, 0.0, [1.0] * pp, 0.0, 4 * m, rng) == \
+            pytest.approx((4 * m + (pp - 1) / vp) * 3.0)
+    # a straggler stage and jitter make it slower than the closed form; host cost adds per op
+    fwd, bwd = [[1.0]] * 4, [[2.0]] * 4
+    base = (16 + 3) * 3.0
+    assert schedule.makespan(fwd, bwd, 0.0, 0.0, [1.0, 1.0, 1.3, 1.0], 0.0, 16, rng) > base * 1.2
+    assert schedule.makespan(fwd, bwd, 0.0, 0.0, [1.0] * 4, 0.1, 16, rng) > base
+    assert schedule.makespan(fwd, bwd, 0.0, 0.5, [1.0] * 4, 0.0, 16, rng) == pytest.approx(base + (16 + 3) * 1.0)
+
+
+def test_in_flight_micro_batches_follow_each_frameworks_schedule():
+    ds = draw_world("pipeline-host", 1, 1).workload                      # Megatron-DeepSpeed
+    mc = draw_world("alloc-memory", 0, 1).workload                       # Megatron-Core
+    lay = Layout(tp=4, pp=16, dp=2, micro_batch=1)
+    # DeepSpeed's TrainSchedule.num_pipe_buffers: max(2, min(stages - stage_id, micro_batches))
+    assert [memory_acct.in_flight(lay, ds, r) for r in (0, 15)] == [16.0, 2.0]
+    assert [memory_acct.in_flight(lay, mc, r) for r in (0, 15)] == [16.0, 1.0]
+    vp = Layout(tp=4, sequence_parallel=True, pp=16, virtual_pipeline=2, dp=2, micro_batch=1)
+    assert memory_acct.in_flight(vp, mc, 0) == ((16 - 1) * 2 + (2 - 1) * 16 + 1) / 2
+
+
+def test_runner_measures_the_truth_with_seeded_noise_and_reports_ooms():
+    w = small_world("alloc-memory", 3)
+    runs = [c for c in w.candidates if w.truth(c)[0] is not None]
+    ooms = [c for c in w.candidates if w.truth(c)[0] is None]
+    assert runs and ooms
+    r = w.runner(noise=0.02, seed=4)
+    ok = r.run(TrialSpec("s", 0, runs[0], w.workload))
+    again = w.runner(noise=0.02, seed=4).run(TrialSpec("s", 1, runs[0], w.workload))
+    assert ok.status == Status.OK and ok.samples_per_second == again.samples_per_second
+    assert abs(math.log(ok.samples_per_second / w.truth(runs[0])[0])) < 0.1
+    bad = r.run(TrialSpec("s", 2, ooms[0], w.workload))
+    assert bad.status == Status.OOM and bad.peak_memory_gb > w.workload.cluster.memory_gb * w.physics["usable"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_worlds_optimum_is_not_the_models_top_pick_in_most_seeds(family):
+    """The point of these worlds: a searcher that trusts the model must still search."""
+    misses = 0
+    seeds = (11, 12, 13)
+    for seed in seeds:
+        w = small_world(family, seed)
+        opt, _ = w.optimum()
+        top = rank(w.candidates, w.workload)[0].layout
+        misses += top != opt
+    assert misses >= 2, f"{family}: the model ranks the optimum first in {len(seeds) - misses} of {len(seeds)} seeds"
+
+
+def test_ext_search_runs_every_searcher_through_the_driver(capsys):
+    import ext_search
+    assert ext_search.main(["--seed-list", "5", "--families", "gemm-roofline", "--workloads", "0",
+                            "--searchers", "guided,random", "--budget", "3", "--stop-budget", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "gemm-roofline" in out and "guided" in out and "stop rule" in out and "seeds: 5" in out
