@@ -101,7 +101,8 @@ def test_the_domain_defaults_to_the_node_and_changes_nothing_there():
     h100 = load_cluster("h100")
     assert h100.domain_gpus == 8 and h100.domain_bandwidth == h100.intra_node_bandwidth_gbps
     assert set(h100.as_dict()) == {f.name for f in dataclasses.fields(ClusterSpec)} - {
-        "scale_up_domain_gpus", "scale_up_bandwidth_gbps", "peak_tflops_fp4", "block_scaled"}
+        "scale_up_domain_gpus", "scale_up_bandwidth_gbps", "peak_tflops_fp4", "block_scaled", "software",
+        "matmul_efficiency_fp8"}
     said = dataclasses.replace(h100, scale_up_domain_gpus=8, scale_up_bandwidth_gbps=450.0)
     w0, w1 = make_workload("mixtral-8x7b", 8, h100), make_workload("mixtral-8x7b", 8, said)
     for lay in _sample(valid_layouts(load_space(None), w0), 300):
@@ -133,3 +134,51 @@ def test_the_domain_keys_are_checked():
     assert per_gpu.inter_node_bandwidth_gbps == 400.0 and per_gpu.nic_bandwidth == 100.0
     stored = ClusterSpec.from_dict(load_cluster("gb200").as_dict())      # a stored study reads back the same
     assert stored == load_cluster("gb200")
+
+
+# ---- the presets of the machines people train on in 2026 -------------------------------------------------
+from tuner.presets import shipped_presets  # noqa: E402
+
+NEW = {"b200": (8, 8), "b300": (8, 8), "gb200": (4, 72), "gb300": (4, 72), "h800": (8, 8),
+       "mi300x": (8, 8), "mi325x": (8, 8), "mi355x": (8, 8), "mi300a": (4, 4)}
+AMD = {"mi300x", "mi325x", "mi355x", "mi300a"}
+
+
+@pytest.mark.parametrize("name", sorted(NEW))
+def test_each_preset_loads_with_its_node_and_domain(name):
+    c = load_cluster(name)
+    assert (c.gpus_per_node, c.domain_gpus) == NEW[name]
+    assert c.software == ("rocm" if name in AMD else "cuda")
+    assert c.peak_tflops_fp8 and c.peak_tflops_fp8 >= 2 * c.peak_tflops * 0.99
+    assert c.nic_bandwidth > 0 and c.domain_bandwidth >= c.nic_bandwidth * 2
+
+
+@pytest.mark.parametrize("name", sorted(NEW))
+def test_every_constant_of_a_new_preset_is_cited_or_marked_an_estimate(name):
+    text = shipped_presets("clusters")[name].read_text()
+    assert "Sources" in text
+    refs, lines = set(), text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("[slurm]"):
+            break                                                  # the scheduler's table, not a hardware constant
+        key = line.split("=")[0].strip()
+        if line.startswith("#") or "=" not in line or key in ("name", "framework", "software"):
+            continue
+        above = lines[:i]
+        start = max((j for j, x in enumerate(above) if not x.strip()), default=-1) + 1
+        block = "\n".join(above[start:])                          # the comment paragraph above this line
+        block = "" if "Sources" in block else block                # (not the file's header)
+        said = line.split("#", 1)[1] if "#" in line else ""
+        assert "[" in said or "ESTIMATE" in said or "ESTIMATE" in block or "as h100" in block \
+            or "h100.toml's" in block or "mi300x.toml's" in block or key in ("block_scaled", "flash_attention"), \
+            f"{name}: {key} has no source and is not marked an estimate"
+        refs |= {r for r in "123456" if f"[{r}]" in said}
+    for r in refs:
+        assert f"[{r}] " in text.split("\nname")[0], f"{name}: [{r}] is not in its Sources"
+
+
+@pytest.mark.parametrize("name", ["b200", "gb200", "mi300x", "mi355x", "h800"])
+def test_cluster_takes_each_new_preset_by_name(tuner, name):
+    code, out, err = tuner("plan", "--model", "llama3-8b", "--cluster", name, "--nodes", "2", "--top", "1")
+    assert code == 0, err
+    assert name in out

@@ -79,6 +79,8 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
     "peak_tflops_fp8": (float, None),            # dense FP8 per GPU (none: the GPU has no FP8 GEMMs)
     "peak_tflops_fp4": (float, None),            # dense FP4 (NVFP4 / MXFP4) per GPU (none: no FP4 GEMMs)
     "block_scaled": (bool, False),               # tensor cores scale MX / NVFP4 blocks (Blackwell, CDNA 4)
+    "software": (str, "cuda"),                   # the GPU stack `launch` writes for: "cuda" | "rocm" (AMD)
+    "matmul_efficiency_fp8": (float, None),      # eta_max of FP8 GEMMs where measured apart (default matmul_efficiency)
     "memory_gb": (float, ...),                   # per GPU
     "hbm_bandwidth_gbps": (float, ...),          # per GPU
     "intra_node_bandwidth_gbps": (float, ...),   # per GPU, per direction, whole-node groups
@@ -274,6 +276,8 @@ class ClusterSpec:
     scale_up_bandwidth_gbps: float | None = None
     peak_tflops_fp4: float | None = None
     block_scaled: bool = False
+    software: str = "cuda"
+    matmul_efficiency_fp8: float | None = None
 
     @property
     def domain_gpus(self) -> int:
@@ -315,7 +319,7 @@ class ClusterSpec:
 
     def as_dict(self) -> dict:
         """Every key; the scale-up domain's only when set, so a one-node-domain cluster is stored as before."""
-        return {k: v for k, v in asdict(self).items() if not (k in DOMAIN_KEYS and not v)}
+        return {k: v for k, v in asdict(self).items() if not (k in DOMAIN_KEYS and v in (None, False, "cuda"))}
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "cluster") -> "ClusterSpec":
@@ -323,21 +327,27 @@ class ClusterSpec:
         data = {**{k: v for k, v in data.items() if k not in RETIRED_CLUSTER_KEYS}, "framework": framework}
         d = _check("cluster", where, data, CLUSTER_KEYS)
         _check_domain(d, where)
+        if d["software"] not in SOFTWARE:
+            raise SpecError(f"{where}: cluster key 'software' must be one of {', '.join(map(repr, SOFTWARE))}, "
+                            f"got {d['software'][:200]!r}")
         if d["framework"] not in FRAMEWORK_NAMES:
             raise SpecError(f"{where}: cluster key 'framework' must be one of {', '.join(FRAMEWORK_NAMES)}, "
                             f"got {d['framework'][:200]!r}")
         for k, v in (d["group_bandwidth_gbps"] or {}).items():
             if not (k.isdigit() and isinstance(v, (int, float)) and v > 0):
                 raise SpecError(f"{where}: group_bandwidth_gbps entries are \"<group size>\" = <GB/s>, got {k} = {v!r}")
-        for k in ("matmul_efficiency", "attention_efficiency", "memory_bandwidth_efficiency", "network_efficiency"):
-            if d[k] > 1:
+        for k in ("matmul_efficiency", "attention_efficiency", "memory_bandwidth_efficiency", "network_efficiency",
+                  "matmul_efficiency_fp8"):
+            if d[k] is not None and d[k] > 1:
                 raise SpecError(f"{where}: {k} is a fraction of peak and must be <= 1, got {d[k]}")
         return cls(**d)
 
 
 #: Cluster keys added with the scale-up domain and block-scaled precisions (issue 26), stored only when set
 #: (ClusterSpec.as_dict), so a cluster without them is stored as before.
-DOMAIN_KEYS = ("scale_up_domain_gpus", "scale_up_bandwidth_gbps", "peak_tflops_fp4", "block_scaled")
+DOMAIN_KEYS = ("scale_up_domain_gpus", "scale_up_bandwidth_gbps", "peak_tflops_fp4", "block_scaled", "software",
+               "matmul_efficiency_fp8")
+SOFTWARE = ("cuda", "rocm")
 
 
 def _check_domain(d: dict, where: str) -> None:

@@ -98,7 +98,8 @@ def gemm_efficiency(cluster: ClusterSpec, gflop: float, fp8: bool = False) -> fl
     """eta(F) = eta_max * F / (F + F_knee): the fraction of peak one GEMM of `gflop` GFLOP reaches.
     FP8 GEMMs need proportionally more work to fill the GPU (the knee scales with the peak)."""
     knee = cluster.gemm_knee_gflop * (fp8_speedup(cluster) if fp8 else 1.0)
-    return cluster.matmul_efficiency * gflop / (gflop + knee)
+    top = cluster.matmul_efficiency_fp8 if fp8 and cluster.matmul_efficiency_fp8 else cluster.matmul_efficiency
+    return top * gflop / (gflop + knee)
 
 
 def fp8_speedup(cluster: ClusterSpec) -> float:
