@@ -31,7 +31,7 @@ from tuner.errors import UsageError
 from tuner.executors import make_executor
 from tuner.perfmodel import predict
 from tuner.report import ok_trials
-from tuner.runners import RUNNERS, TrialRunner, make_runner
+from tuner.runners import DEFAULT_TRIAL_TIMEOUT_S, RUNNERS, TrialRunner, make_runner
 from tuner.runners.registry import as_runner, lookup, unavailable
 from tuner.search import make_searcher
 from tuner.search import STUDY_DEFAULTS
@@ -165,7 +165,7 @@ def runner_for(rec: StudyRecord, workload: Workload, given: TrialRunner | None =
         return as_runner(found, name, opts)
     if name == "sim":
         return make_runner("sim", noise=opts.get("noise", 0.0), delay=opts.get("sim_delay", 0.0), seed=s.get("seed", 0))
-    common = {"trial_timeout": opts.get("trial_timeout"), "results_dir": results_dir}
+    common = {"trial_timeout": opts.get("trial_timeout") or DEFAULT_TRIAL_TIMEOUT_S, "results_dir": results_dir}
     if name == "command":
         if not opts.get("command"):
             raise UsageError("--runner command needs --command \"CMD ...\" (the training command to run per trial)")

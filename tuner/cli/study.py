@@ -13,6 +13,7 @@ from tuner.cli.progress import ProgressView
 from tuner.cli.query import best_rows, top_rows
 from tuner.cli.render import render
 from tuner.errors import UsageError
+from tuner.runners import DEFAULT_TRIAL_TIMEOUT_S
 from tuner.runners.registry import runner_names
 from tuner.search import SEARCHERS
 from tuner.search import STUDY_DEFAULTS
@@ -129,7 +130,10 @@ def _launch_hint(store, name: str, layout) -> str:
 @click.option("--sim-delay", type=click.FloatRange(min=0), default=0.0, show_default=True, help="sim: seconds per trial.")
 @click.option("--command", "command", default=None, help="command runner: the training command per trial.")
 @click.option("--gpus", type=click.IntRange(min=1), default=None, help="local runner: devices per trial.")
-@click.option("--trial-timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds per trial.")
+@click.option("--trial-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help=f"Seconds a real trial may run before it is killed as timeout (default for the command, local and "
+                   f"slurm runners: {DEFAULT_TRIAL_TIMEOUT_S:g}, so a trial that cannot start fails in bounded time; "
+                   "slurm: from the job's start).")
 @click.option("--template", type=click.Choice(["harness", "megatron"]), default=None, help="slurm: launch template.")
 @click.option("--executor", type=click.Choice(["thread", "ray"]), default="thread", show_default=True,
               help="Where trials run: threads of this process, or a Ray worker pool.")

@@ -24,6 +24,10 @@ from tuner.trial import TrialResult, TrialSpec
 
 RUNNERS = ("sim", "command", "local", "slurm")
 CPU_FRACTION = 0.1      # what a trial whose work runs elsewhere (a prediction, a Slurm job) asks a pool for
+#: The trial timeout of the real runners (command, local, slurm) when --trial-timeout is not given: a trial
+#: that cannot start (a build lock, a hung rendezvous) fails as `timeout` in bounded time instead of
+#: holding the study for ever. Half an hour: a short tuning trial's budget; --trial-timeout raises it.
+DEFAULT_TRIAL_TIMEOUT_S = 1800.0
 
 EarlyStop = Callable[[list], bool]
 

@@ -17,6 +17,7 @@ of memory_gb / G + 4 GB (start-up needs ~1 GB of address space). A runaway layou
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import resource
@@ -38,6 +39,7 @@ VA_HEADROOM_GB = 4.0          # address space a rank maps beyond its data (libra
 DEFAULT_MEMORY_FRACTION = 0.8
 
 STALE_BUILD_LOCK_S = 600.0    # a DeepSpeed op build takes ~30 s here: a lock this old is a killed build's
+BUILDER_GRACE_S = 2.0         # a lock younger than this is left alone even when no process holds it yet
 log = logging.getLogger(__name__)
 
 _DEVICE_LOCKS: dict[str, threading.Lock] = {}
@@ -50,25 +52,77 @@ def _device_lock(key: str) -> threading.Lock:
 
 
 def extensions_dir() -> Path:
-    """Where torch builds DeepSpeed's CPU op: TORCH_EXTENSIONS_DIR, else torch's default."""
-    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    """Where the trials' op builds go: TORCH_EXTENSIONS_DIR when set, else a folder of tuner's own per Python
+    environment (~/.cache/tuner/torch_extensions/<venv>-<hash>), never torch's default ~/.cache/torch_extensions,
+    which every venv (other torch versions) and every killed build share."""
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return Path(os.environ["TORCH_EXTENSIONS_DIR"])
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    env = hashlib.sha1(sys.prefix.encode()).hexdigest()[:10]
+    return cache / "tuner" / "torch_extensions" / f"{Path(sys.prefix).name.lstrip('.') or 'python'}-{env}"
+
+
+def build_locks(root: Path) -> list[Path]:
+    """torch's op build locks under `root` (its FileBaton: `<root>/[pyXY_cpu/]<op>/lock`)."""
+    return sorted([*root.glob("*/lock"), *root.glob("*/*/lock")])
+
+
+def lock_holders(lock: Path) -> list[int] | None:
+    """The live processes that hold `lock` open: torch's FileBaton keeps the lock's file descriptor open
+    for the whole build, so none means its builder is gone. None where /proc cannot tell (not Linux)."""
+    if not Path("/proc/self/fd").is_dir():
+        return None
+    target, holders = os.path.realpath(lock), []
+    for fds in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            if any(os.readlink(fd.path) == target for fd in os.scandir(fds) if fd.is_symlink()):
+                holders.append(int(fds.parent.name))
+        except OSError:
+            continue              # gone, or another user's process (which builds in no folder of ours)
+    return holders
 
 
 def clear_stale_build_locks(root: Path | None = None, older_than_s: float = STALE_BUILD_LOCK_S) -> list[Path]:
-    """Remove the build locks a killed op build left behind (torch's FileBaton: `<root>/[pyXY_cpu/]<op>/lock`,
-    which every later build waits on for ever), when older than `older_than_s`; the removed paths."""
+    """Remove the build locks a killed op build left behind (every later build waits on one for ever): a
+    lock no live process holds open (its builder is gone; BUILDER_GRACE_S old at least), or, where /proc
+    cannot tell, one older than `older_than_s`. The removed paths."""
     root = root or extensions_dir()
     now, removed = time.time(), []
-    for lock in [*root.glob("*/lock"), *root.glob("*/*/lock")]:
+    for lock in build_locks(root):
         try:
-            if now - lock.stat().st_mtime > older_than_s:
+            age, holders = now - lock.stat().st_mtime, lock_holders(lock)
+            if (holders == [] and age > BUILDER_GRACE_S) or (holders is None and age > older_than_s):
                 lock.unlink()
                 removed.append(lock)
         except OSError:
             continue              # gone already, or not ours to remove: the build will say so
     for lock in removed:
-        log.warning("removed a stale op build lock %s (a build killed before it finished; it is rebuilt)", lock)
+        log.warning("removed op build lock %s: no process builds there any more (a build killed before it "
+                    "finished); the op is rebuilt", lock)
     return removed
+
+
+def lock_cause(root: Path) -> str:
+    """What a build lock under `root` says of a trial that ran out of time ("" when there is none): who holds
+    it, or that its builder is gone (and the lock is then removed, so the next trial builds again)."""
+    said = []
+    for lock in build_locks(root):
+        holders = lock_holders(lock)
+        if holders:
+            said.append(f"it was waiting on op build lock {lock}, held by process {', '.join(map(str, holders))} "
+                        f"({_cmdline(holders[0])}): let that build finish, or end that process")
+        elif holders == [] and clear_stale_build_locks(root, older_than_s=0.0):
+            said.append(f"an op build (lock {lock}) did not finish: its lock was removed, the next trial rebuilds; "
+                        "raise --trial-timeout if the build is just slow")
+    return "; ".join(said)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        text = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "gone"
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def default_memory_gb() -> float:
@@ -130,6 +184,9 @@ class LocalRunner(TrialRunner):
         self.argv = launch_argv(gpus, launcher)
         self.launcher = launcher
         extra = dict(env or {})
+        # the op builds go to a folder of their own (extensions_dir), where the runner clears killed builds' locks
+        self.extensions_dir = Path(extra.get("TORCH_EXTENSIONS_DIR") or extensions_dir())
+        extra["TORCH_EXTENSIONS_DIR"] = str(self.extensions_dir)
         # the harness must import this tuner, even from a checkout that is not pip-installed
         root = str(Path(__file__).resolve().parents[2])
         extra["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
@@ -180,8 +237,12 @@ class LocalRunner(TrialRunner):
             if self._cancelled.is_set():
                 return TrialResult(Status.INTERRUPTED, message="cancelled while waiting for the devices")
         try:
-            clear_stale_build_locks()      # else the trial's op build waits on a killed build's lock for ever
-            return self._cmd.run(trial)
+            clear_stale_build_locks(self.extensions_dir)   # else the trial's op build waits on it for ever
+            result = self._cmd.run(trial)
+            if result.status == Status.TIMEOUT:
+                cause = lock_cause(self.extensions_dir)
+                result.message = f"{cause}; {result.message}" if cause else result.message
+            return result
         finally:
             lock.release()
 
