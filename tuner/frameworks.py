@@ -110,7 +110,8 @@ class Framework:
         return self.refuse(layout, workload)
 
     def fused(self, precision: str) -> bool:
-        return self.compiled == "always" or precision == self.compiled
+        """Whether element-wise kernels run fused: always (TE), or torch.compile with a low precision."""
+        return self.compiled == "always" or (self.compiled == "fp8" and precision in ("fp8", "mxfp8", "nvfp4"))
 
     def ep_overlap(self, layout: "Layout") -> bool:
         """Whether the MoE token all-to-all runs under compute: Megatron-Core's
@@ -172,6 +173,9 @@ def _torchtitan(layout, workload) -> str | None:
     if workload.model.is_moe and ep == 1 and etp != tp:
         return (f"torchtitan without expert parallelism splits the experts over the TP group: with ep 1, "
                 f"expert_tensor_parallel must equal tp ({tp}), got {etp}")
+    if workload.precision == "mxfp8" and tp > 1:
+        return ("torchtitan runs mxfp8 with tp 1 only: \"TP not yet supported with torch.compile for mxfp8\" "
+                "(components/quantization/mx.py line 50); use tp 1, --precision fp8, or --framework megatron-core")
     if ep > 1 and etp not in (1, tp):
         return (f"torchtitan runs expert_tensor_parallel 1 or tp ({tp}) only (ParallelDims: \"Currently we only "
                 f"support ETP=TP or ETP=1\"), got {etp}")

@@ -14,6 +14,7 @@ from tuner.architecture import MLA_KEYS, MOE_KEYS, ArchitectureSizes, check_moe
 from tuner import hf_config
 from tuner.errors import SpecError, UsageError
 from tuner.frameworks import NAMES as FRAMEWORK_NAMES, grad_reduces as framework_grad_reduces
+from tuner.precision import PRECISIONS, refusal as precision_refusal
 from tuner.presets import find_spec_file, read_toml
 
 MAX_INT = 2**31 - 1   # every count is stored in 32-bit integer columns (PostgreSQL INTEGER)
@@ -368,7 +369,8 @@ def _check_domain(d: dict, where: str) -> None:
         d["inter_node_bandwidth_gbps"] = node
 
 
-PRECISIONS = ("bf16", "fp8")
+#: bf16, fp8, mxfp8, nvfp4 (tuner.precision: what each needs of the cluster and the framework)
+PRECISIONS = PRECISIONS
 GRAD_REDUCES = ("fp32", "bf16")    # the dtype gradients accumulate and reduce in (tuner.frameworks grad_reduces)
 
 
@@ -466,14 +468,12 @@ def make_workload(model: str | ModelSpec, nodes: int, cluster: str | ClusterSpec
         raise UsageError(f"--global-batch must be at most {MAX_INT} (got {gb})")
     if nodes * c.gpus_per_node > MAX_INT:
         raise UsageError(f"{nodes} nodes x {c.gpus_per_node} GPUs is more than {MAX_INT} GPUs: use fewer --nodes")
-    if precision not in PRECISIONS:
-        raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)} (got {precision!r})")
-    if precision == "fp8" and not c.peak_tflops_fp8:
-        raise UsageError(f"cluster '{c.name}' has no peak_tflops_fp8 (its GPUs run no FP8 GEMMs, e.g. MI250X): "
-                         "use --precision bf16, or add peak_tflops_fp8 to the cluster file")
     if framework is not None and framework not in FRAMEWORK_NAMES:
         raise UsageError(f"--framework must be one of {', '.join(FRAMEWORK_NAMES)} (got {framework!r})")
     fw = framework or c.framework
+    why = precision_refusal(precision, c, fw)
+    if why:
+        raise UsageError(why)
     if grad_reduce and grad_reduce not in framework_grad_reduces(fw):
         raise UsageError(f"--grad-reduce {grad_reduce} is not something {fw} does: it reduces gradients in "
                          f"{' or '.join(framework_grad_reduces(fw))}; leave --grad-reduce out")

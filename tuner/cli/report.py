@@ -202,9 +202,9 @@ def _measured(t) -> tuple:
               "megatron-core: default ./Megatron-LM; torchtitan: put on PYTHONPATH, default: installed).")
 @click.option("--account", default=None, help="Slurm account (overrides the cluster's [slurm] table).")
 @click.option("--time", "time_limit", default=None, help="Slurm time limit, minutes or [D-]HH:MM:SS.")
-@click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]), default=None,
-              help="Training dtype (default: the [slurm] table's, else bf16); fp8: bf16 with FP8 GEMMs, and without "
-              "NAME the best layout of fp8 studies. With NAME the study's own precision applies.")
+@click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8", "mxfp8", "nvfp4"]), default=None,
+              help="Training dtype (default: the [slurm] table's, else bf16); fp8, mxfp8, nvfp4: bf16 with those "
+              "GEMMs, and without NAME the best layout of such studies. With NAME the study's own precision applies.")
 @click.option("--data-path", default=None, help="The training data (Megatron's --data-path prefix; torchtitan's dataset "
               "path). One of --data-path or --mock-data is required.")
 @click.option("--mock-data", is_flag=True, help="Random tokens instead of a dataset: a throughput run (Megatron-LM's "
@@ -241,11 +241,12 @@ def launch(name, model, nodes, cluster, out, force, framework, megatron_dir, acc
                                      ("--global-batch", global_batch)) if v is not None]
     if name and settings:
         raise UsageError(f"{' and '.join(settings)}: study settings; study '{name}' keeps its own, so leave them out")
-    layout, w, src = pick_layout(store, name, model, nodes, cluster, "fp8" if precision == "fp8" else "bf16",
+    low = precision in ("fp8", "mxfp8", "nvfp4")
+    layout, w, src = pick_layout(store, name, model, nodes, cluster, precision if low else "bf16",
                                  framework, grad_reduce, seq_length, global_batch)
-    if precision == "fp8":
-        if w.precision != "fp8":
-            raise UsageError(f"--precision fp8: study '{name}' ran in {w.precision}; its launch files keep it")
+    if low:
+        if w.precision != precision:
+            raise UsageError(f"--precision {precision}: study '{name}' ran in {w.precision}; its launch files keep it")
         precision = None                          # the training dtype stays the [slurm] table's / bf16
     framework = launch_framework(framework, w, name)
     files = launch_files(layout, w, out.resolve(), source=src, study=src.study or "launch", trial=src.trial or 0,

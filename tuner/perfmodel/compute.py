@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tuner import precision
 from tuner.specs import ClusterSpec, ModelSpec
 
 # Element-wise HBM traffic of one layer's forward pass, in bytes per s*b*h element (fp16):
@@ -67,7 +68,8 @@ class Shape:
     c: int = 1
     sp: bool = False
     recompute: str = "none"
-    fp8: bool = False
+    fp8: bool | str = False       # the layers' GEMM format: False (bf16), "fp8" (FP8, MXFP8) or "fp4" (NVFP4)
+    casts: float = 1.0            # quantised copies of each GEMM input (tuner.precision.CAST_COPIES)
     op_sac: bool = False          # selective = torchtitan's per-op SAC (saves every other GEMM's output)
     fused: bool = True            # element-wise kernels fused (Transformer Engine, torch.compile) or eager
     gathered_inputs: bool = False  # DTensor TP (torchtitan) saves the all-gathered inputs of its column-parallel
@@ -87,30 +89,34 @@ def shape_of(layout, workload) -> Shape:
     from tuner.frameworks import of
     fw = of(workload)
     return Shape(b=layout.micro_batch, t=layout.tp, c=layout.context_parallel, sp=layout.sequence_parallel,
-                 recompute=layout.recompute, fp8=workload.precision == "fp8",
+                 recompute=layout.recompute, fp8=precision.gemm_format(workload.precision),
+                 casts=precision.CAST_COPIES.get(workload.precision, 1.0) or 1.0,
                  op_sac=fw.selective == "op" and layout.recompute == "selective", fused=fw.fused(workload.precision),
                  gathered_inputs=fw.sp_with_tp,
                  attention_slowdown=FA2_ON_HOPPER if fw.attention == "sdpa" and workload.cluster.peak_tflops_fp8 else 1.0,
                  ep=layout.expert_parallel, etp=layout.expert_tensor_parallel)
 
 
-def gemm_efficiency(cluster: ClusterSpec, gflop: float, fp8: bool = False) -> float:
+def gemm_efficiency(cluster: ClusterSpec, gflop: float, fp8: bool | str = False) -> float:
     """eta(F) = eta_max * F / (F + F_knee): the fraction of peak one GEMM of `gflop` GFLOP reaches.
-    FP8 GEMMs need proportionally more work to fill the GPU (the knee scales with the peak)."""
-    knee = cluster.gemm_knee_gflop * (fp8_speedup(cluster) if fp8 else 1.0)
+    Low-precision GEMMs need proportionally more work to fill the GPU (the knee scales with the peak); their
+    eta_max is matmul_efficiency_fp8 where the cluster measured it apart (FP4 too: an ESTIMATE)."""
+    knee = cluster.gemm_knee_gflop * (fp8_speedup(cluster, fp8) if fp8 else 1.0)
     top = cluster.matmul_efficiency_fp8 if fp8 and cluster.matmul_efficiency_fp8 else cluster.matmul_efficiency
     return top * gflop / (gflop + knee)
 
 
-def fp8_speedup(cluster: ClusterSpec) -> float:
-    return (cluster.peak_tflops_fp8 or cluster.peak_tflops) / cluster.peak_tflops
+def fp8_speedup(cluster: ClusterSpec, fmt: bool | str = "fp8") -> float:
+    """The low-precision GEMM rate over the bf16 peak: FP8's, or FP4's for fmt "fp4"."""
+    low = cluster.peak_tflops_fp4 if fmt == "fp4" else cluster.peak_tflops_fp8
+    return (low or cluster.peak_tflops) / cluster.peak_tflops
 
 
-def gemm_time(cluster: ClusterSpec, flops: float, fp8: bool = False) -> float:
-    """Seconds for one GEMM of `flops` FLOPs on one GPU (at the FP8 rate when `fp8`)."""
+def gemm_time(cluster: ClusterSpec, flops: float, fp8: bool | str = False) -> float:
+    """Seconds for one GEMM of `flops` FLOPs on one GPU (at the FP8 rate when `fp8`, FP4's when "fp4")."""
     if flops <= 0:
         return 0.0
-    peak = cluster.peak_tflops * (fp8_speedup(cluster) if fp8 else 1.0)
+    peak = cluster.peak_tflops * (fp8_speedup(cluster, fp8) if fp8 else 1.0)
     return flops / (peak * 1e12 * gemm_efficiency(cluster, flops / 1e9, fp8))
 
 
@@ -166,7 +172,7 @@ def elementwise_bytes(model: ModelSpec, shape: Shape, flash_attention: bool) -> 
     replicated = ELEMENTWISE_REPLICATED / t if shape.sp else ELEMENTWISE_REPLICATED
     n = sbh * (replicated + elementwise_split_bytes(model) / t)
     if shape.fp8:
-        n += sbh * FP8_CAST_BYTES * (3.0 + f / h) / t
+        n += sbh * FP8_CAST_BYTES * shape.casts * (3.0 + f / h) / t
     if not flash_attention:
         n += SCORE_BYTES * model.num_attention_heads * model.seq_length ** 2 * shape.tokens / t
     return n

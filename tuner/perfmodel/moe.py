@@ -96,8 +96,8 @@ def moe_elementwise_bytes(model: ModelSpec, shape: Shape, flash_attention: bool)
     n += pairs * act * model.moe_ffn_hidden_size / shape.etp
     n += tokens * model.moe_top_k * load(model) * h * PERMUTE_BYTES + tokens * model.num_experts * ROUTER_BYTES
     if shape.fp8:
-        n += sbh * FP8_CAST_BYTES * (2.0 + model.shared_expert_width / h) / t + pairs * FP8_CAST_BYTES * (
-            h + model.moe_ffn_hidden_size / shape.etp)
+        n += shape.casts * (sbh * FP8_CAST_BYTES * (2.0 + model.shared_expert_width / h) / t + pairs * FP8_CAST_BYTES * (
+            h + model.moe_ffn_hidden_size / shape.etp))
     if not flash_attention:
         n += SCORE_BYTES * model.num_attention_heads * model.seq_length ** 2 * shape.tokens / t
     return n

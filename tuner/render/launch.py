@@ -37,7 +37,7 @@ from pathlib import Path
 from tuner.errors import UsageError
 from tuner.launch import Source
 from tuner.layout import Layout, validate
-from tuner.render import mcore, megatron, torchtitan
+from tuner.render import mcore, megatron, rocm, torchtitan
 from tuner.render.dsconfig import check_batch
 from tuner.render.sbatch import generic_slurm, launch_job_name, render_sbatch, validate_slurm
 from tuner.specs import Workload
@@ -132,8 +132,8 @@ def launch_files(layout: Layout, workload: Workload, out_dir: str | Path | None 
                "megatron_dir": table["megatron_dir"], "data_path": data_path, "tokenizer": tokenizer,
                "mock_data": mock_data, "save_dir": save_dir,
                "submit": "sbatch launch.sbatch", "submit_from": "the directory of these files"}
-    if workload.precision == "fp8":
-        summary["fp8"] = True        # FP8 matmuls on top of the training dtype `precision`
+    if workload.precision != "bf16":
+        summary[workload.precision] = True      # fp8 / mxfp8 / nvfp4 GEMMs on top of the training dtype `precision`
     summary["framework"] = framework
     return {**files, "layout.json": json.dumps(summary, indent=2) + "\n"}
 
@@ -142,13 +142,15 @@ def _framework_files(framework: str, spec: TrialSpec, table: dict, data: dict, s
     """The framework's own files and the launch.sbatch that runs them (layout.json is the caller's)."""
     layout, workload = spec.layout, spec.workload
     precision, iters, extra = table["precision"], table["iterations"], table["megatron_args"]
-    script = {"launch": launch_job_name(workload.model.name, layout), "notes": site_notes(workload, table)}
+    script = {"launch": launch_job_name(workload.model.name, layout),
+              "notes": [*site_notes(workload, table), *rocm.notes(workload)]}
+    platform = rocm.launch_env(workload)           # ROCm's variables (none on CUDA)
     if framework == "torchtitan":
         job = torchtitan.render_job(layout, workload, precision=precision, iterations=iters, save_dir=save_dir,
                                     data=torchtitan.data_keys(**data, checkout=table["megatron_dir"]))
         argv = ["python3", "-m", "torchtitan.train", "--job.config_file", "torchtitan.toml", *extra]
         return {"torchtitan.toml": job,   # torchtitan: installed, or its checkout (--megatron-dir) on PYTHONPATH
-                "launch.sbatch": render_sbatch(spec, table, template="command", command=argv,
+                "launch.sbatch": render_sbatch(spec, table, template="command", command=argv, env=platform,
                                                pythonpath=table["megatron_dir"], **script)}
     run = [*megatron.checkpoint_args(save_dir), *extra]
     if framework == "megatron-deepspeed":
@@ -163,4 +165,5 @@ def _framework_files(framework: str, spec: TrialSpec, table: dict, data: dict, s
         files, env = {}, mcore.launch_env(layout)
     argv = ["python3", f"{table['megatron_dir'].rstrip('/')}/pretrain_gpt.py", *args]
     return {**files, "megatron_args.txt": "".join(f"{a}\n" for a in args),
-            "launch.sbatch": render_sbatch(spec, table, template="command", command=argv, env=env, **script)}
+            "launch.sbatch": render_sbatch(spec, table, template="command", command=argv, env={**env, **platform},
+                                           **script)}

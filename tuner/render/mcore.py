@@ -66,6 +66,12 @@ RECOMPUTE_SELECTIVE = ("--recompute-granularity", "selective")
 # bf16_with_fp8_mixed) run it: hybrid format (E4M3 forward, E5M2 gradients), delayed scaling over 1024 steps.
 FP8 = ("--fp8-format", "hybrid", "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max")
 FLASH_ATTENTION = ("--attention-backend", "flash")
+# Blackwell's block-scaled formats, as NVIDIA's Megatron-Bridge recipes set them (src/megatron/bridge/training/
+# mixed_precision.py lines 255-266 bf16_with_mxfp8_mixed, 405-417 bf16_with_nvfp4_mixed @ 067f987df03b);
+# TC:587 --fp8-format e4m3, TC:594 --fp8-recipe mxfp8, TC:674 --fp4-format e2m1, TC:679 --fp4-recipe nvfp4.
+MXFP8 = ("--fp8-format", "e4m3", "--fp8-recipe", "mxfp8")
+NVFP4 = ("--fp4-format", "e2m1", "--fp4-recipe", "nvfp4")
+LOW_PRECISION = {"fp8": FP8, "mxfp8": MXFP8, "nvfp4": NVFP4}
 
 
 def check_zero(layout: Layout) -> None:
@@ -185,7 +191,7 @@ def overlap_args(layout: Layout, workload: Workload) -> list[str]:
     args = ["--overlap-grad-reduce"]
     if layout.zero_stage >= 1:
         args.append("--overlap-param-gather")
-    if layout.sequence_parallel:
+    if layout.sequence_parallel and workload.cluster.software == "cuda":   # off on ROCm (tuner.perfmodel)
         args.append("--tp-comm-overlap")
     return args
 
@@ -213,8 +219,7 @@ def pretrain_args(layout: Layout, workload: Workload, *, precision: str = "bf16"
             *run_args(layout, workload, iterations, precision), *overlap_args(layout, workload)]
     if workload.cluster.flash_attention:
         args += list(FLASH_ATTENTION)     # the attention the model assumed (no score matrix kept)
-    if workload.precision == "fp8":
-        args += list(FP8)
+    args += list(LOW_PRECISION.get(workload.precision, ()))
     if layout.zero_stage >= 1:
         args.append("--use-distributed-optimizer")
     if workload.gradient_dtype == "bf16" and workload.grad_reduce and precision == "bf16":   # 2-byte grads, as counted

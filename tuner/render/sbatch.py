@@ -224,6 +224,11 @@ def _directives(trial: TrialSpec, s: dict, template: str, tasks: int, limit: str
             lines.append(f"#SBATCH --{opt}={s[key]}")
     if limit is not None:
         lines.append(f"#SBATCH --time={limit}")
+    # A multi-node NVLink domain (NVL72): Slurm's topology/block plugin places each segment of this many nodes in
+    # one block, a rack (--segment; slurm.schedmd.com/topology.html "Block Topology", CoreWeave SUNK's
+    # "Topology/Block Scheduling in Slurm" for GB200 / GB300 NVL72); the job's segment is ClusterSpec.for_nodes'.
+    if trial.workload.cluster.segment_nodes > 1:
+        lines.append(f"#SBATCH --segment={trial.workload.cluster.segment_nodes}")
     lines += ["#SBATCH --output=slurm-%j.out", "#SBATCH --open-mode=append"]
     return lines + [f"#SBATCH {x}" for x in s["extra_sbatch"]]
 

@@ -59,6 +59,11 @@ from tuner.specs import ModelSpec, Workload
 LLAMA3_FLAVORS = {"8B": (4096, 32, 32, 8), "70B": (8192, 80, 64, 8), "405B": (16384, 126, 128, 8)}
 MIXED_PRECISION = {"bf16": "bfloat16"}
 FLOAT8_CONVERTER = "quantize.linear.float8"
+# MXFP8 (precision mxfp8): converters "quantize.linear.mx" and, for MoE experts, "quantize.grouped_mm.mx"
+# (components/quantization/mx.py lines 171-172); MXLinear.recipe_name "mxfp8_cublas" (job_config.py line 777,
+# its default: torch._scaled_mm's block-scaled GEMM), filter_fqns line 784; MXGroupedMM.fqns line 802.
+MX_CONVERTER, GROUPED_MM_MX = "quantize.linear.mx", "quantize.grouped_mm.mx"
+MX = {"recipe_name": "mxfp8_cublas", "filter_fqns": ["output"]}
 FLOAT8 = {"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True,
           "filter_fqns": ["output"]}
 SELECTIVE_AC_OPTION = "op"
@@ -171,14 +176,15 @@ def job_sections(layout: Layout, workload: Workload, *, precision: str = "bf16",
     check_batch(layout, workload)
     m, gb = workload.model, workload.global_batch
     name, flav = flavor(m)
-    fp8 = workload.precision == "fp8"
+    fp8, mx = workload.precision == "fp8", workload.precision == "mxfp8"
     # With PP, local_batch_size is the rank's batch per step, split into microbatches of the layout's size.
     local = gb // layout.dp if layout.pp > 1 else layout.micro_batch
     sections = {
         "job": {"dump_folder": "./outputs", "description": f"tuner launch: {m.name}, {layout.key()}"},
         "metrics": {"log_freq": 1},
         "model": {"name": name, "flavor": flav, **data[1],
-                  **({"converters": [FLOAT8_CONVERTER, *([GROUPED_MM_FLOAT8] if m.is_moe else [])]} if fp8 else {})},
+                  **({"converters": [FLOAT8_CONVERTER, *([GROUPED_MM_FLOAT8] if m.is_moe else [])]} if fp8 else {}),
+                  **({"converters": [MX_CONVERTER, *([GROUPED_MM_MX] if m.is_moe else [])]} if mx else {})},
         "optimizer": {"name": "AdamW", "lr": ADAM_PARAMS["lr"], "beta1": ADAM_PARAMS["betas"][0],
                       "beta2": ADAM_PARAMS["betas"][1], "eps": ADAM_PARAMS["eps"],
                       "weight_decay": ADAM_PARAMS["weight_decay"]},
@@ -190,6 +196,11 @@ def job_sections(layout: Layout, workload: Workload, *, precision: str = "bf16",
     }
     if save_dir:
         sections["checkpoint"] = {"enable": True, "folder": save_dir, "interval": SAVE_INTERVAL}
+    if mx:
+        sections["compile"] = {**COMPILE, "components": list(COMPILE["components"])}
+        sections[MX_CONVERTER] = {**MX, "filter_fqns": [*MX["filter_fqns"], *(["router.gate"] if m.is_moe else [])]}
+        if m.is_moe:
+            sections[GROUPED_MM_MX] = {"fqns": ["experts"]}
     if fp8:
         sections["compile"] = {**COMPILE, "components": list(COMPILE["components"])}
         sections["quantize.linear.float8"] = dict(FLOAT8)
