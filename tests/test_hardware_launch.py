@@ -151,3 +151,21 @@ def test_a_precision_the_machine_or_stack_lacks_is_refused_in_one_line(tuner, cl
     code, _, err = tuner("plan", "--model", "llama3-8b", "--cluster", cluster, "--nodes", "1", "--precision", precision,
                          *(["--framework", framework] if framework else []))
     assert code == 2 and says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_readme_machines_examples_run(tuner, tmp_path, monkeypatch):
+    from pathlib import Path
+    import re
+    import shlex
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("### Machines"):]
+    section = section[:section.index("\n### ", 5)]
+    block = re.findall(r"```bash\n(.*?)```", section, re.S)[0]
+    commands = [line for line in block.splitlines() if line.startswith("tuner ")]
+    assert len(commands) >= 4
+    monkeypatch.chdir(tmp_path)
+    for line in commands:
+        code, out, err = tuner(*shlex.split(line)[1:])
+        assert code == 0, (line, err)
+    assert "#SBATCH --segment=18" in (tmp_path / "launch-nvl72" / "launch.sbatch").read_text()
+    assert "HSA_NO_SCRATCH_RECLAIM=1" in (tmp_path / "launch-mi300x" / "launch.sbatch").read_text()
