@@ -15,6 +15,7 @@ from tuner import hf_config
 from tuner.errors import SpecError, UsageError
 from tuner.frameworks import NAMES as FRAMEWORK_NAMES, grad_reduces as framework_grad_reduces
 from tuner.precision import PRECISIONS, refusal as precision_refusal
+from tuner.scaleup import DOMAIN_KEYS, check_domain, segment
 from tuner.presets import find_spec_file, read_toml
 
 MAX_INT = 2**31 - 1   # every count is stored in 32-bit integer columns (PostgreSQL INTEGER)
@@ -296,15 +297,11 @@ class ClusterSpec:
         return self.inter_node_bandwidth_gbps / self.gpus_per_node
 
     def for_nodes(self, nodes: int) -> "ClusterSpec":
-        """The cluster as a job of `nodes` nodes gets it: a domain of several nodes (an NVL72 rack of 18
-        trays) holds the job in segments of equal size (Slurm's --segment on a block topology), the largest
-        node count that divides `nodes` and fits one domain: 16 of 64 nodes per rack, all 18 of 36."""
-        per = self.domain_gpus // self.gpus_per_node
-        if per <= 1 or nodes < 1:
-            return self
-        seg = max(d for d in range(1, min(per, nodes) + 1) if nodes % d == 0)
+        """The cluster as a job of `nodes` nodes gets it (tuner.scaleup.segment: the racks of an NVL72 domain)."""
+        seg = segment(self.domain_gpus // self.gpus_per_node, nodes)
         import dataclasses
-        return self if seg == per else dataclasses.replace(self, scale_up_domain_gpus=seg * self.gpus_per_node)
+        return self if seg * self.gpus_per_node == self.domain_gpus else dataclasses.replace(
+            self, scale_up_domain_gpus=seg * self.gpus_per_node)
 
     @property
     def segment_nodes(self) -> int:
@@ -327,10 +324,7 @@ class ClusterSpec:
         framework = cluster_framework(data)          # before the retired keys are dropped
         data = {**{k: v for k, v in data.items() if k not in RETIRED_CLUSTER_KEYS}, "framework": framework}
         d = _check("cluster", where, data, CLUSTER_KEYS)
-        _check_domain(d, where)
-        if d["software"] not in SOFTWARE:
-            raise SpecError(f"{where}: cluster key 'software' must be one of {', '.join(map(repr, SOFTWARE))}, "
-                            f"got {d['software'][:200]!r}")
+        check_domain(d, where)
         if d["framework"] not in FRAMEWORK_NAMES:
             raise SpecError(f"{where}: cluster key 'framework' must be one of {', '.join(FRAMEWORK_NAMES)}, "
                             f"got {d['framework'][:200]!r}")
@@ -344,29 +338,6 @@ class ClusterSpec:
         return cls(**d)
 
 
-#: Cluster keys added with the scale-up domain and block-scaled precisions (issue 26), stored only when set
-#: (ClusterSpec.as_dict), so a cluster without them is stored as before.
-DOMAIN_KEYS = ("scale_up_domain_gpus", "scale_up_bandwidth_gbps", "peak_tflops_fp4", "block_scaled", "software",
-               "matmul_efficiency_fp8")
-SOFTWARE = ("cuda", "rocm")
-
-
-def _check_domain(d: dict, where: str) -> None:
-    """The scale-up domain's keys: a domain of whole nodes; the scale-out network given per node or per
-    GPU (both: they must agree), read into inter_node_bandwidth_gbps."""
-    gpn, dom, per_gpu = d["gpus_per_node"], d["scale_up_domain_gpus"], d.pop("scale_out_bandwidth_gbps")
-    if dom is not None and dom % gpn:
-        raise SpecError(f"{where}: scale_up_domain_gpus {dom} must be a multiple of gpus_per_node {gpn} "
-                        "(a domain holds whole nodes, e.g. 72 = 18 trays of 4 in an NVL72 rack)")
-    if per_gpu is None and d["inter_node_bandwidth_gbps"] is None:
-        raise SpecError(f"{where}: missing cluster key inter_node_bandwidth_gbps (per node) or "
-                        "scale_out_bandwidth_gbps (per GPU); valid keys: " + ", ".join(CLUSTER_KEYS))
-    if per_gpu is not None:
-        node = per_gpu * gpn
-        if d["inter_node_bandwidth_gbps"] is not None and abs(d["inter_node_bandwidth_gbps"] - node) > 1e-6 * node:
-            raise SpecError(f"{where}: inter_node_bandwidth_gbps {d['inter_node_bandwidth_gbps']:g} (per node) and "
-                            f"scale_out_bandwidth_gbps {per_gpu:g} (per GPU) x {gpn} GPUs = {node:g} disagree: give one")
-        d["inter_node_bandwidth_gbps"] = node
 
 
 #: bf16, fp8, mxfp8, nvfp4 (tuner.precision: what each needs of the cluster and the framework)
