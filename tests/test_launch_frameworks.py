@@ -60,6 +60,11 @@ MCORE_FLAGS = {
     "--save": "TR:395", "--load": "TR:430", "--save-interval": "TR:398",
     # issue 24: bf16 gradient reduce (A:1213 sets accumulate_allreduce_grads_in_fp32 False; else forced True)
     "--grad-reduce-in-bf16": "A:3053",
+    # issue 25: pipeline splits (tuner.pipeline_split); the layout string's grammar is
+    # megatron/core/transformer/pipeline_parallel_layer_layout.py line 283 (parse_str_to_list)
+    "--decoder-first-pipeline-num-layers": "A:3095", "--decoder-last-pipeline-num-layers": "A:3099",
+    "--pipeline-model-parallel-layout": "A:3103 (TC:111; A:931 allows no --num-layers-per-virtual-pipeline-stage "
+                                        "beside it, A:944 derives vp from it)",
 }
 
 # torchtitan (pytorch/torchtitan) at 238fa9953e4aec2a62582121564273d7cbb1e9f1 (2026-02-23), the last commit
@@ -95,6 +100,8 @@ TORCHTITAN_KEYS = {
     "training.dataset_path": "Training:247", "model.hf_assets_path": "Model:107 (tokenizer_path:114 is deprecated)",
     "checkpoint.enable": "Checkpoint:488", "checkpoint.folder": "Checkpoint:513", "checkpoint.interval": "Checkpoint:519",
     "compile.enable": "Compile:722", "compile.components": "Compile:725 ('model', 'loss')",
+    # issue 25: a named pipeline split as its stages' modules (torchtitan has no split points at 238fa9953e4a)
+    "parallelism.module_fqns_per_model_part": "Parallelism:367",
 }
 
 H100_SLURM = {"partition": "batch", "account": "abc123", "tasks_per_node": 8, "gpus_per_node": 8}

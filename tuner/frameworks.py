@@ -10,7 +10,8 @@ layouts the framework runs, and `launch` renders them for that framework and no 
 - megatron-deepspeed (microsoft/deepspeedai Megatron-DeepSpeed; DeepSpeed's engine): TP (+SP), PP with
   DeepSpeed's 1F1B pipeline engine, DP with ZeRO 0-3 (2 and 3 only without a pipeline: the pipeline
   engine refuses them), full or selective recompute; no context parallelism, no interleaved schedule,
-  no Megatron-Core pipeline split, FP8 only in its Transformer Engine model (pp 1, no GQA). No
+  pipeline splits even or DeepSpeed's balanced one (tuner.pipeline_split), FP8 only in its Transformer
+  Engine model (pp 1, no GQA). No
   communication overlap. Gradients kept in the training dtype (2 bytes).
 - megatron-core (NVIDIA Megatron-LM / NeMo / Megatron-Bridge): TP (+SP), CP, PP with the interleaved
   schedule and the embedding- and loss-aware split, the distributed optimizer (ZeRO-1; 2 and 3 have no
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from tuner.errors import UsageError
+from tuner.pipeline_split import accounting_split
 
 if TYPE_CHECKING:
     from tuner.layout import Layout
@@ -122,8 +124,27 @@ class Framework:
                 and (layout.pp == 1 or layout.virtual_pipeline > 1))
 
 
+def split_refusal(name: str, layout, model) -> str | None:
+    """Why framework `name` cannot cut the model's layers as the layout's pipeline_split does (None: it can).
+    Megatron-Core writes any split (--pipeline-model-parallel-layout), torchtitan too (module_fqns_per_model_part);
+    Megatron-DeepSpeed's GPTModelPipe hands DeepSpeed's PipelineModule partition_method "type:transformer"
+    (megatron/model/gpt_model.py line 463 at 4efb479d5317), which balances the transformer layers itself:
+    equal stages or the balanced split, nothing else."""
+    if name != "megatron-deepspeed":
+        return None
+    me = name
+    if accounting_split(layout, model.num_layers):
+        return (f"{me} cannot split {model.num_layers} layers over pp {layout.pp} as Megatron-Core's embedding- and "
+                "loss-aware split: DeepSpeed's PipelineModule balances the layers itself (partition_method "
+                "type:transformer); use --pipeline-split balanced, or --framework megatron-core")
+    if layout.pipeline_split not in ("auto", "balanced"):
+        return (f"{me} cannot run pipeline_split {layout.pipeline_split}: DeepSpeed's PipelineModule, as "
+                "GPTModelPipe builds it, only balances the transformer layers (partition_method type:transformer); "
+                "use --pipeline-split balanced, or --framework megatron-core")
+    return None
+
+
 def _megatron_deepspeed(layout, workload) -> str | None:
-    from tuner.layout import uneven_split
     cp, vp, m, me = layout.context_parallel, layout.virtual_pipeline, workload.model, "megatron-deepspeed"
     if m.is_moe:
         return (f"{me} cannot run the mixture-of-experts model '{m.name}' here: its MoE is DeepSpeed-MoE (--num-experts "
@@ -138,9 +159,9 @@ def _megatron_deepspeed(layout, workload) -> str | None:
     if vp > 1:
         return (f"{me} cannot run virtual_pipeline {vp}: DeepSpeed's pipeline engine has no interleaved "
                 "schedule; use --framework megatron-core")
-    if uneven_split(layout, m.num_layers):
-        return (f"{me} cannot split {m.num_layers} layers over pp {layout.pp} unevenly (Megatron-Core's "
-                "embedding- and loss-aware split); use --framework megatron-core")
+    reason = split_refusal("megatron-deepspeed", layout, m)
+    if reason:
+        return reason
     if workload.precision == "fp8" and layout.pp > 1:
         return (f"{me} cannot run fp8 with pp {layout.pp}: its FP8 (Transformer Engine layers) is built only "
                 "without DeepSpeed's pipeline (pp 1); use --framework megatron-core")

@@ -7,16 +7,19 @@ layer); ZeRO stage 1 is Megatron's distributed optimizer. What a training stack 
 pipelines, interleaving, context parallelism, FSDP) is its framework's rule (tuner.frameworks), asked
 for every layout through the workload's framework. Mixture-of-experts models add expert parallelism (ep)
 and expert tensor parallelism (etp, default 1: whole experts, not Megatron-Core's default etp = tp): the
-MoE layers regroup each stage's tp*cp*dp GPUs as etp x ep x expert-dp (why_invalid_experts).
+MoE layers regroup each stage's tp*cp*dp GPUs as etp x ep x expert-dp (why_invalid_experts). How the layers
+are cut into pipeline stages is the layout's pipeline_split (tuner.pipeline_split: auto, balanced,
+balanced-ends, light-last).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, make_dataclass
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from tuner.errors import InvalidLayout
+from tuner.pipeline_split import (PIPELINE_SPLITS, SPLIT_KEYS, accounting_split, even_split, stage_candidates,
+                                  stage_layer_indices, stage_layers, stage_moe_layers, why_invalid_split)  # noqa: F401
 
 if TYPE_CHECKING:
     from tuner.specs import Workload
@@ -40,6 +43,11 @@ class Dimension:
     in_key: str = "always"  # "always", or "set": the layout key names it only away from its default
     flag: str = ""          # the command-line option (predict, plan, search)
     help: str = ""
+    keys: tuple = ()        # (value, how the layout key writes it) where shorter than the value
+
+    def key_text(self, value) -> str:
+        """The value as the layout key writes it (a short form where `keys` gives one)."""
+        return dict(self.keys).get(value, self.text(value))
 
     def ordinal(self, value) -> float:
         """The value as a number searchers compare: a str dimension's index among its choices."""
@@ -63,7 +71,13 @@ DIMENSIONS: tuple[Dimension, ...] = (
               flag="--cp", help="Context-parallel degree (splits the sequence; ring K/V exchange)."),
     Dimension("pp", int, "pp", "pp", "TUNER_PP", log2=True, flag="--pp", help="Pipeline-parallel degree (stages)."),
     Dimension("virtual_pipeline", int, "vp", "vp", "TUNER_VIRTUAL_PIPELINE", default=1, log2=True, in_key="set",
-              flag="--vp", help="Virtual stages per pipeline rank (interleaved 1F1B; layers divisible by pp*vp)."),
+              flag="--vp", help="Virtual stages per pipeline rank (interleaved 1F1B)."),
+    Dimension("pipeline_split", str, "ps", "split", "TUNER_PIPELINE_SPLIT", default="auto", choices=PIPELINE_SPLITS,
+              in_key="set", flag="--pipeline-split", keys=tuple(SPLIT_KEYS.items()),
+              help="How the layers are cut into the pp*vp stages: auto (equal, or Megatron-Core's embedding- and "
+              "loss-aware split), balanced (DeepSpeed's: the first stages one layer more), balanced-ends (the "
+              "embedding and the loss count as a layer each: torchtitan's), light-last (the loss stage counts "
+              "three layers: NVIDIA's DeepSeek-V3 recipes)."),
     Dimension("dp", int, "dp", "dp", "TUNER_DP", searched=False, log2=True, flag="--dp",
               help="Data-parallel degree (default: GPUs / (tp * cp * pp))."),
     Dimension("expert_parallel", int, "ep", "ep", "TUNER_EXPERT_PARALLEL", default=1, log2=True, in_key="set",
@@ -98,7 +112,7 @@ class _LayoutMethods:
 
     def key(self) -> str:
         """A stable, readable key: tp4-pp16-dp2-mb1-z1-rcfull (sp1, cp2, vp4 appear when set)."""
-        return "-".join(f"{d.short}{d.text(getattr(self, d.name))}" for d in DIMENSIONS
+        return "-".join(f"{d.short}{d.key_text(getattr(self, d.name))}" for d in DIMENSIONS
                         if d.in_key == "always" or getattr(self, d.name) != d.default)
 
     def as_dict(self) -> dict:
@@ -249,54 +263,13 @@ def why_invalid_cut(layout: Layout, m) -> str | None:
                 "cuts the sequence into 2*cp chunks to balance causal attention)")
     if layout.virtual_pipeline > 1 and layout.pp == 1:
         return "virtual_pipeline > 1 needs pp > 1 (it interleaves the stages of a pipeline)"
-    n, L = layout.pp * layout.virtual_pipeline, m.num_layers
-    if L % n and (layout.pp == 1 or (L + 2) % n):
-        cut = f"pp={layout.pp}" if layout.virtual_pipeline == 1 else f"pp*vp = {layout.pp}*{layout.virtual_pipeline}"
-        return (f"layers ({L}) are not divisible by {cut}, nor are layers + 2 (stages hold equal layers, or "
-                "Megatron-Core's split that counts the embedding and the loss as one layer each)")
-    return None
+    return why_invalid_split(m.num_layers, layout.pp, layout.virtual_pipeline, layout.pipeline_split)
 
 
 def uneven_split(layout: Layout, num_layers: int) -> bool:
-    """Whether the stages use Megatron-Core's embedding- and loss-aware split (pp*vp divides layers + 2,
-    not layers: --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split)."""
-    return num_layers % (layout.pp * layout.virtual_pipeline) != 0
-
-
-def stage_layers(layout: Layout, num_layers: int, stage: int) -> int:
-    """Transformer layers on pipeline rank `stage`: layers / pp, or with the embedding- and loss-aware
-    split (layers + 2) / pp, one fewer on the first rank (the embedding) and on the last (the loss)."""
-    if not uneven_split(layout, num_layers):
-        return num_layers // layout.pp
-    return (num_layers + 2) // layout.pp - (stage == 0) - (stage == layout.pp - 1)
-
-
-def stage_layer_indices(layout: Layout, num_layers: int, stage: int) -> list[int]:
-    """The transformer layers on pipeline rank `stage`, in order: its virtual stages stage, stage + pp,
-    ... of pp*vp contiguous chunks, each layers/(pp*vp) long, or with the embedding- and loss-aware split
-    (layers + 2)/(pp*vp) long with one fewer in the first and the last chunk (Megatron-Core)."""
-    n = layout.pp * layout.virtual_pipeline
-    if uneven_split(layout, num_layers):
-        size = (num_layers + 2) // n
-        sizes = [size - (c == 0) - (c == n - 1) for c in range(n)]
-    else:
-        sizes = [num_layers // n] * n
-    starts = [sum(sizes[:c]) for c in range(n)]
-    return [i for c in range(stage, n, layout.pp) for i in range(starts[c], starts[c] + sizes[c])]
-
-
-def stage_moe_layers(layout: Layout, model, stage: int) -> int:
-    """How many of pipeline rank `stage`'s layers are MoE layers (model.moe_layer_pattern); 0 for a dense model."""
-    if not model.is_moe:
-        return 0
-    return _moe_layers_on(model.num_layers, model.moe_first_dense_layers, model.moe_layer_freq, layout.pp,
-                          layout.virtual_pipeline, stage)
-
-
-@lru_cache(maxsize=4096)
-def _moe_layers_on(num_layers: int, first_dense: int, freq: int, pp: int, vp: int, stage: int) -> int:
-    lay = Layout(tp=1, pp=pp, virtual_pipeline=vp, dp=1, micro_batch=1)
-    return sum(i >= first_dense and (i - first_dense) % freq == 0 for i in stage_layer_indices(lay, num_layers, stage))
+    """Whether the stages use Megatron-Core's embedding- and loss-aware split (pipeline_split auto, pp*vp
+    divides layers + 2, not layers: --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split)."""
+    return accounting_split(layout, num_layers)
 
 
 def why_invalid_schedule(layout: Layout, workload: "Workload") -> str | None:

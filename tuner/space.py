@@ -7,6 +7,7 @@ Constraints are small expressions evaluated by a restricted evaluator (no Python
 from __future__ import annotations
 
 import ast
+import functools
 import itertools
 import math
 import operator
@@ -18,7 +19,8 @@ from tuner.errors import SpecError, UsageError
 from tuner.layout import (BY_NAME, DIMENSIONS as LAYOUT_DIMS, SEARCHED, Layout, micro_batches_per_pipeline,
                           why_invalid as layout_why_invalid, why_invalid_cut, why_invalid_schedule,
                           why_invalid_values)
-from tuner.frameworks import of as framework_of
+from tuner.frameworks import of as framework_of, split_refusal
+from tuner.pipeline_split import why_invalid_split
 from tuner.presets import preset_dir, read_toml
 from tuner.specs import Workload
 
@@ -30,7 +32,8 @@ _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, as
         ast.USub: operator.neg, ast.Not: operator.not_}
 NAMES = (*(d.name for d in LAYOUT_DIMS), "gpus", "nodes", "gpus_per_node", "num_layers", "hidden_size",
          "num_attention_heads", "num_query_groups", "seq_length", "global_batch", "m", "num_experts",
-         "activation_checkpointing")     # recompute == "full", for constraints written before recompute
+         "activation_checkpointing",     # recompute == "full", for constraints written before recompute
+         "auto_split_runs")              # the layout's framework runs its cut with pipeline_split auto
 
 
 def _closure(node: ast.AST):
@@ -101,6 +104,28 @@ def _check_choices(dim: str, values: list, where: str) -> None:
             raise SpecError(f"{where}: dimension '{dim}' has choice {v!r}; its choices must be {want}")
 
 
+def auto_split_runs(layout: Layout, w: Workload) -> bool:
+    """Whether pipeline_split auto cuts the layout's layers and its framework runs that cut (Megatron-DeepSpeed
+    does not run Megatron-Core's embedding- and loss-aware split)."""
+    return _auto_runs(w.framework, w.model, layout.pp, layout.virtual_pipeline)
+
+
+@functools.lru_cache(maxsize=4096)
+def _auto_runs(framework: str, model, pp: int, vp: int) -> bool:
+    if why_invalid_split(model.num_layers, pp, vp, "auto"):
+        return False
+    return split_refusal(framework, Layout(tp=1, pp=pp, virtual_pipeline=vp, dp=1, micro_batch=1), model) is None
+
+
+def pipeline_stages(num_layers: int) -> list[int]:
+    """The pp choices of "stages:num_layers": every divisor of the layers (equal stages) and of layers + 2
+    (Megatron-Core's embedding- and loss-aware split), and the powers of two that leave each stage two
+    layers or more (an uneven split, tuner.pipeline_split: DeepSeek-V3's 61 layers on pp 4, 8, 16)."""
+    L = num_layers
+    twos = {1 << k for k in range(L.bit_length()) if 2 * (1 << k) <= L}
+    return sorted((set(divisors(L)) | set(divisors(L + 2)) | twos) - {L + 2})
+
+
 def divisors(n: int) -> list[int]:
     """Every divisor of n, ascending, in O(sqrt n) (a huge model size must not hang enumeration)."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
@@ -169,9 +194,8 @@ class SearchSpace:
         if v is None:
             default = BY_NAME[dim].default
             return [1 if default is None else default]
-        if v == "stages:num_layers":           # even stages, or the embedding- and loss-aware split
-            L = workload.model.num_layers
-            return sorted(set(divisors(L)) | set(divisors(L + 2)) - {L + 2})
+        if v == "stages:num_layers":
+            return pipeline_stages(workload.model.num_layers)
         if isinstance(v, str):
             key = v.split(":", 1)[1]
             n = workload.global_batch if key == "global_batch" else getattr(workload.model, key)
@@ -187,6 +211,7 @@ class SearchSpace:
                 "num_query_groups": m.num_query_groups, "seq_length": m.seq_length, "global_batch": w.global_batch,
                 "num_experts": m.num_experts,
                 "activation_checkpointing": layout.recompute == "full",
+                "auto_split_runs": auto_split_runs(layout, w),
                 "m": micro_batches_per_pipeline(layout, w.global_batch) if layout.dp else 0}
 
     def why_invalid(self, layout: Layout, workload: Workload) -> str | None:
@@ -208,7 +233,7 @@ class SearchSpace:
         once -- its rules and the constraints that read nothing else -- then each micro-batch, before the
         ZeRO and recompute choices are."""
         cut = [d for d in DIMENSIONS if d in ("tp", "sequence_parallel", "context_parallel", "pp", "virtual_pipeline",
-                                              "expert_parallel", "expert_tensor_parallel")]
+                                              "pipeline_split", "expert_parallel", "expert_tensor_parallel")]
         rest = [d for d in DIMENSIONS if d not in cut and d != "micro_batch"]
         early, late = [], []
         for k, v in self.constraints.items():
@@ -269,10 +294,10 @@ def no_layout_reason(space: SearchSpace, workload: Workload) -> str:
         if workload.gpus % (tp * cp * pp):
             continue
         tries = [space.why_invalid(Layout(tp=tp, sequence_parallel=sp, context_parallel=cp, pp=pp, virtual_pipeline=vp,
-                                          dp=workload.gpus // (tp * cp * pp), expert_parallel=ep,
+                                          pipeline_split=split, dp=workload.gpus // (tp * cp * pp), expert_parallel=ep,
                                           expert_tensor_parallel=etp, micro_batch=mb, zero_stage=zero,
                                           recompute=pick["recompute"][-1]), workload)
-                 for sp in sorted(pick["sequence_parallel"])]
+                 for sp in sorted(pick["sequence_parallel"]) for split in pick["pipeline_split"]]
         r = None if None in tries else tries[0]
         if r:
             kind = re.sub(r"\d+", "#", r)

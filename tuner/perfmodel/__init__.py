@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import math
 
-from tuner.layout import (RECOMPUTE, Layout, expert_data_parallel, micro_batches_per_pipeline, stage_layers,
-                          stage_moe_layers, uneven_split)
+from tuner.layout import (RECOMPUTE, Layout, expert_data_parallel, micro_batches_per_pipeline, stage_candidates,
+                          stage_layers, stage_moe_layers)
 from tuner.frameworks import of as framework_of
 from tuner.perfmodel import comm, compute, memory, moe
 from tuner.perfmodel.compute import shape_of
@@ -108,8 +108,8 @@ def layer_comm(layout: Layout, workload: Workload, sh: compute.Shape, attention_
 def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = None,
                 exchange: moe.TokenExchange | None = None) -> list[dict]:
     """Seconds per micro-batch of each distinct pipeline stage, each a breakdown by component: [first,
-    last]; one stage with pp = 1; [first, middle, last] with the embedding- and loss-aware split, whose
-    middle stages hold one more layer than the ends."""
+    ..., last], one stage with pp = 1; between them the first rank of each other layer count
+    (tuner.layout.stage_candidates: the middle stages of an uneven split)."""
     model, cluster = workload.model, workload.cluster
     t, p, sh = layout.tp, layout.pp, sh or shape_of(layout, workload)
     lay = compute.layer_times(model, cluster, sh)
@@ -158,9 +158,7 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
         last["elementwise"] += emb["elementwise"]
         last["tp_comm"] += ar
         return [last]
-    if p > 2 and uneven_split(layout, model.num_layers):
-        return [first, body(1), last]
-    return [first, last]
+    return [first, *(body(s) for s in stage_candidates(layout, model)[1:-1]), last]
 
 
 HIDDEN = "hidden_under_compute"     # a stage entry that is not a time: compute an overlap already used
@@ -249,7 +247,7 @@ def predict(layout: Layout, workload: Workload, exchange: moe.TokenExchange | No
     slow = max(stage_times(layout, workload, sh, exchange), key=stage_total)
     t_stage = stage_total(slow)
     params_gpu, experts_gpu = max((memory.stage_params(model, layout, s), memory.stage_expert_params(model, layout, s))
-                                  for s in {0, min(1, p - 1), p - 1})
+                                  for s in stage_candidates(layout, model))
     edp = expert_data_parallel(layout)
     dp = gradient_sync_time(layout, workload, fw, slow, m, params_gpu, experts_gpu)
     tied = memory.tied_embedding_params(model, t, p)     # none when the LM head is untied

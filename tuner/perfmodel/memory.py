@@ -24,7 +24,7 @@ the weights (1 byte per parameter) and saves the GEMM inputs for backward in FP8
 
 from __future__ import annotations
 
-from tuner.layout import Layout, expert_data_parallel, stage_layers, stage_moe_layers, uneven_split
+from tuner.layout import Layout, expert_data_parallel, stage_candidates, stage_layers, stage_moe_layers
 from tuner.perfmodel.compute import Shape, shape_of
 from tuner.perfmodel.moe import moe_activation_bytes, moe_layer_params
 from tuner.specs import ModelSpec, Workload
@@ -255,13 +255,11 @@ def stage_memory(layout: Layout, workload: Workload, stage: int, m: int, sh: Sha
 
 def peak_memory(layout: Layout, workload: Workload, m: int, sh: Shape | None = None) -> tuple[int, dict]:
     """The worst stage and its breakdown. Stage 0 holds the most micro-batches in flight and the
-    embedding; the last stage holds the LM head and the logits; other middle stages are never worse
-    than stage 1, which the embedding- and loss-aware split gives one more layer than stage 0."""
-    stages = {0, layout.pp - 1}
-    if layout.pp > 2 and uneven_split(layout, workload.model.num_layers):
-        stages.add(1)
+    embedding; the last stage holds the LM head and the logits; a middle rank is never worse than the
+    first one between them with its layers (tuner.layout.stage_candidates: an uneven split's)."""
     sh = sh or shape_of(layout, workload)
-    return max(((s, stage_memory(layout, workload, s, m, sh)) for s in sorted(stages)), key=lambda sm: sm[1]["total"])
+    return max(((s, stage_memory(layout, workload, s, m, sh)) for s in stage_candidates(layout, workload.model)),
+               key=lambda sm: sm[1]["total"])
 
 
 def fit_reason(breakdown: dict, capacity_gb: float, stage: int) -> str:

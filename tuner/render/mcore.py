@@ -55,6 +55,7 @@ from __future__ import annotations
 from tuner.errors import UsageError
 from tuner.frameworks import of as framework_of
 from tuner.layout import Layout, uneven_split
+from tuner.pipeline_split import layout_chunks
 from tuner.render.megatron import PRECISIONS, SPLIT, rotary_base, run_args, shape_args
 from tuner.specs import ModelSpec, Workload
 
@@ -165,21 +166,53 @@ def data_args(m: ModelSpec, *, data_path: str | None, tokenizer: str | None, moc
     return ["--data-path", str(data_path), "--split", SPLIT, *hf]
 
 
+def pipeline_layout(chunks: tuple[int, ...]) -> str:
+    """Megatron-Core's --pipeline-model-parallel-layout for the chunks' layers (chunk order: virtual stage
+    major, pipeline rank minor, as TC:111 reads it): E before the first, L after the last, runs of equal
+    middle chunks as "(t*4|)*14" (pipeline_parallel_layer_layout.py line 283, parse_str_to_list, unrolls
+    "(...)*n" then "x*n"): 4 | 4 x 14 | 1 is "Et*4|(t*4|)*14tL", DeepSeek-V3's pp 8 x vp 4 "Et|(t*2|)*30L"."""
+    def t(k: int) -> str:
+        return "" if k == 0 else "t" if k == 1 else f"t*{k}"
+    if len(chunks) == 1:
+        return f"E{t(chunks[0])}L"
+    out, middle = [f"E{t(chunks[0])}|"], list(chunks[1:-1])
+    while middle:
+        k = next((i for i, c in enumerate(middle) if c != middle[0]), len(middle))
+        out.append(f"({t(middle[0])}|)*{k}" if k > 1 else f"{t(middle[0])}|")
+        middle = middle[k:]
+    return "".join(out) + f"{t(chunks[-1])}L"
+
+
+def split_args(layout: Layout, m: ModelSpec) -> list[str]:
+    """How the layers are cut: equal stages need nothing (and --num-layers-per-virtual-pipeline-stage when
+    interleaved); Megatron-Core's embedding- and loss-aware split its two --account-for flags; a named
+    split without interleaving whose middle stages are equal --decoder-first-pipeline-num-layers and
+    --decoder-last-pipeline-num-layers (A:3095, A:3099; TC:2296 checks the middle), any other its
+    --pipeline-model-parallel-layout (A:3103; the virtual stages follow from it, A:944, so no per-stage flag:
+    A:931 allows one of them)."""
+    n, L = layout.pp * layout.virtual_pipeline, m.num_layers
+    if layout.pipeline_split == "auto":
+        uneven = uneven_split(layout, L)
+        args = ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"] if uneven else []
+        if layout.virtual_pipeline > 1:
+            args += ["--num-layers-per-virtual-pipeline-stage", str((L + 2 * uneven) // n)]
+        return args
+    chunks = layout_chunks(layout, L)
+    if layout.virtual_pipeline == 1 and layout.pp > 2 and min(chunks[0], chunks[-1]) > 0 and len(set(chunks[1:-1])) == 1:
+        return ["--decoder-first-pipeline-num-layers", str(chunks[0]),
+                "--decoder-last-pipeline-num-layers", str(chunks[-1])]
+    return ["--pipeline-model-parallel-layout", pipeline_layout(chunks)]
+
+
 def parallel_args(layout: Layout, m: ModelSpec) -> list[str]:
     """Sequence, context and interleaved (virtual) pipeline parallelism, each only when the layout uses it,
-    and the embedding- and loss-aware split when pp*vp divides layers + 2 but not the layers."""
+    and how the layers are cut into the stages (split_args)."""
     args: list[str] = []
     if layout.sequence_parallel:
         args.append("--sequence-parallel")
     if layout.context_parallel > 1:
         args += ["--context-parallel-size", str(layout.context_parallel)]
-    uneven = uneven_split(layout, m.num_layers)
-    if uneven:
-        args += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
-    if layout.virtual_pipeline > 1:
-        per_stage = (m.num_layers + 2 * uneven) // (layout.pp * layout.virtual_pipeline)
-        args += ["--num-layers-per-virtual-pipeline-stage", str(per_stage)]
-    return args
+    return args + split_args(layout, m)
 
 
 def overlap_args(layout: Layout, workload: Workload) -> list[str]:

@@ -14,6 +14,9 @@ parallelism: models/llama3/infra/parallelize.py line 151).
 - sequence parallel: torchtitan's TP plan always shards the norms over the sequence (parallelize.py lines
   181, 219, 233: SequenceParallel()), so tp > 1 runs with it whatever the layout's sequence_parallel says
   (only less activation memory than without; the file says so in a comment);
+- a named pipeline split (balanced, balanced-ends, light-last): parallelism.module_fqns_per_model_part, the
+  modules of every stage (job_config.py line 367; torchtitan has no split points at 238fa9953e4a: that list
+  replaced them), with the 1F1B or Interleaved1F1B schedule;
 - virtual_pipeline > 1: pipeline_parallel_schedule "Interleaved1F1B" (Megatron's interleaved 1F1B) with
   pipeline_parallel_layers_per_stage = layers/(pp*vp) and the first/last stage "less layers" set to 0, so
   every virtual stage holds the same layers, as Megatron splits them (distributed/pipeline_parallel.py
@@ -52,6 +55,7 @@ from __future__ import annotations
 
 from tuner.errors import UsageError
 from tuner.layout import Layout, uneven_split
+from tuner.pipeline_split import layout_chunks
 from tuner.render.dsconfig import ADAM_PARAMS, GRADIENT_CLIPPING, check_batch
 from tuner.specs import ModelSpec, Workload
 
@@ -134,6 +138,10 @@ def parallelism(layout: Layout, m: ModelSpec) -> dict:
                       "expert_tensor_parallel_degree": layout.expert_tensor_parallel})
     if layout.pp > 1:
         table["pipeline_parallel_microbatch_size"] = layout.micro_batch
+    if layout.pipeline_split != "auto":     # a named split: its stages' modules, as torchtitan names them
+        table.update({"pipeline_parallel_schedule": "Interleaved1F1B" if layout.virtual_pipeline > 1 else "1F1B",
+                      "module_fqns_per_model_part": module_fqns(layout_chunks(layout, m.num_layers))})
+        return table
     uneven = uneven_split(layout, m.num_layers)
     if layout.virtual_pipeline > 1 or uneven:
         # the embedding- and loss-aware split: torchtitan counts the embedding and the output as one layer
@@ -144,6 +152,19 @@ def parallelism(layout: Layout, m: ModelSpec) -> dict:
                       "pipeline_parallel_first_stage_less_layers": int(uneven),
                       "pipeline_parallel_last_stage_less_layers": int(uneven)})
     return table
+
+
+def module_fqns(chunks: tuple[int, ...]) -> list[list[str]]:
+    """parallelism.module_fqns_per_model_part (job_config.py line 367 at 238fa9953e4a) for the chunks' layers:
+    the modules of each model part in stage order ("tok_embeddings" first, "norm" and "output" last, "layers.i"
+    between: pipeline_parallel.py lines 311-333 name them so); pipeline_module_split gives rank r the parts
+    r, r + pp, ... (the "loop" style, lines 448-461), Megatron's order."""
+    parts, start = [], 0
+    for c, k in enumerate(chunks):
+        names = [f"layers.{i}" for i in range(start, start + k)]
+        start += k
+        parts.append((["tok_embeddings"] if c == 0 else []) + names + (["norm", "output"] if c == len(chunks) - 1 else []))
+    return parts
 
 
 def activation_checkpoint(layout: Layout) -> dict:

@@ -24,8 +24,8 @@ import tuner
 from tuner.layout import DIMENSIONS, Layout
 from tuner.trial import Status
 
-# The head revision of tuner/store/migrations/versions/ ("0004" is 4): bump it with each new revision.
-SCHEMA_VERSION = 4
+# The head revision of tuner/store/migrations/versions/ ("0005" is 5): bump it with each new revision.
+SCHEMA_VERSION = 5
 STUDY_STATES = ("running", "done", "interrupted")
 
 Json = JSON().with_variant(JSONB(), "postgresql")
