@@ -16,6 +16,7 @@ from tuner.errors import SpecError, UsageError
 from tuner.frameworks import NAMES as FRAMEWORK_NAMES, grad_reduces as framework_grad_reduces
 from tuner.precision import PRECISIONS, refusal as precision_refusal
 from tuner.scaleup import DOMAIN_KEYS, check_domain, segment
+from tuner.goodput import check_operations
 from tuner.presets import find_spec_file, read_toml
 
 MAX_INT = 2**31 - 1   # every count is stored in 32-bit integer columns (PostgreSQL INTEGER)
@@ -109,6 +110,8 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
                                                  # --framework overrides it per study
     "group_bandwidth_gbps": (dict, None),        # {"2": 200.0, ...} per-GPU bandwidth of an aligned intra-node block
     "slurm": (dict, None),                       # the [slurm] table used by the Slurm runner
+    "operations": (dict, None),                  # the [operations] table (tuner.goodput: node MTBF, file system
+                                                 # bandwidth, restart, node power); absent keys: cited defaults
 }
 #: Numbers that may be 0: the fixed overheads (measured as none) and counts whose 0 means "none".
 ALLOW_ZERO = frozenset({"microbatch_overhead_ms", "step_overhead_ms", "num_experts", "num_shared_experts",
@@ -280,6 +283,7 @@ class ClusterSpec:
     block_scaled: bool = False
     software: str = "cuda"
     matmul_efficiency_fp8: float | None = None
+    operations: dict | None = None           # tuner.goodput.OPERATION_KEYS; stored only when given
 
     @property
     def domain_gpus(self) -> int:
@@ -317,7 +321,8 @@ class ClusterSpec:
 
     def as_dict(self) -> dict:
         """Every key; the scale-up domain's only when set, so a one-node-domain cluster is stored as before."""
-        return {k: v for k, v in asdict(self).items() if not (k in DOMAIN_KEYS and v in (None, False, "cuda"))}
+        return {k: v for k, v in asdict(self).items() if not (k in DOMAIN_KEYS and v in (None, False, "cuda"))
+                and not (k == "operations" and v is None)}
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "cluster") -> "ClusterSpec":
@@ -325,6 +330,7 @@ class ClusterSpec:
         data = {**{k: v for k, v in data.items() if k not in RETIRED_CLUSTER_KEYS}, "framework": framework}
         d = _check("cluster", where, data, CLUSTER_KEYS)
         check_domain(d, where)
+        check_operations(d["operations"], where)
         if d["framework"] not in FRAMEWORK_NAMES:
             raise SpecError(f"{where}: cluster key 'framework' must be one of {', '.join(FRAMEWORK_NAMES)}, "
                             f"got {d['framework'][:200]!r}")
