@@ -73,7 +73,12 @@ def layout_of(row: dict, framework: str) -> Layout:
     rc = "none" if row["recompute"] == "unstated" else row["recompute"]
     zero = 3 if framework == "torchtitan" else row.get("zero_stage", 0 if row["distributed_optimizer"] is False else 1)
     return Layout(tp=tp, pp=pp, dp=row["gpus"] // (tp * cp * pp), micro_batch=row["micro_batch"], zero_stage=zero,
-                  recompute=rc, sequence_parallel=sp, context_parallel=cp, virtual_pipeline=row["vp"])
+                  recompute=rc, sequence_parallel=sp, context_parallel=cp, virtual_pipeline=row["vp"],
+                  pipeline_split=row.get("pipeline_split", "auto"))
+
+
+#: A row's shape keys that override its preset (BigScience's layout search of BLOOM-176B varied the heads).
+SHAPE_OVERRIDES = ("num_layers", "hidden_size", "num_attention_heads")
 
 
 def evaluate(row: dict) -> dict:
@@ -81,6 +86,10 @@ def evaluate(row: dict) -> dict:
     model = load_model(row["model"])
     if model.seq_length != row["seq_length"]:
         model = dataclasses.replace(model, seq_length=row["seq_length"])
+    shape = {k: row[k] for k in SHAPE_OVERRIDES if k in row and row[k] != getattr(model, k)}
+    if shape:
+        model = dataclasses.replace(model, **shape, num_query_groups=shape.get("num_attention_heads",
+                                                                               model.num_query_groups))
     cluster = load_cluster(row["cluster"])
     w = make_workload(model, row["gpus"] // cluster.gpus_per_node, cluster, row["global_batch"],
                       precision=row["precision"], framework=fw,

@@ -340,3 +340,18 @@ def test_published_layouts_predict_plan_and_launch(model, cluster, nodes, fw, pi
     args = (out / "megatron_args.txt").read_text().split("\n")
     assert all(a in args for a in want), (want, args)
     assert json.loads((out / "layout.json").read_text())["layout"]["pipeline_split"] == split
+
+
+def test_the_interleaved_bubble_waits_on_the_largest_chunk():
+    """GPT-3 175B's 96 layers on pp 8: vp 8 balanced (chunks of 2 and 1 layers) has the bubble of vp 6's equal
+    2-layer chunks, not of 1.5-layer ones; vp 4 (3-layer chunks) a larger one."""
+    w = make_workload("gpt-175b", 64, load_cluster("h100"), global_batch=1536)
+    bubble = {}
+    for vp, split in ((6, "auto"), (8, "balanced"), (4, "auto")):
+        lay = Layout(tp=8, sequence_parallel=True, pp=8, virtual_pipeline=vp, pipeline_split=split, dp=8, micro_batch=4,
+                     recompute="none")
+        p = predict(lay, w)
+        slow = max(perfmodel.stage_total(s) for s in perfmodel.stage_times(lay, w))
+        bubble[vp] = p.time_breakdown["bubble"]
+        assert bubble[vp] == pytest.approx(7 * slow * max(chunk_sizes(96, 8, vp, split)) / 12)
+    assert bubble[8] == pytest.approx(bubble[6]) and bubble[4] > bubble[6]

@@ -153,6 +153,17 @@ def _moe_layers_on(num_layers: int, first_dense: int, freq: int, pp: int, vp: in
     return sum(i >= first_dense and (i - first_dense) % freq == 0 for i in _indices(num_layers, pp, vp, split, stage))
 
 
+def bubble_share(layout, num_layers: int) -> float:
+    """The share of the slowest stage's time a pipeline bubble step takes: 1 without interleaving; with it,
+    the largest chunk over the most layers a rank holds (1/vp for equal chunks, Narayanan et al.'s
+    (p - 1)/v): the interleaved schedule's warm-up and cool-down wait on whole chunks, so uneven chunks
+    leave the bubble of the largest (DeepSeek-V3's 2-layer chunks, not its 61/32 average)."""
+    if layout.virtual_pipeline == 1:
+        return 1.0
+    chunks = layout_chunks(layout, num_layers)
+    return max(chunks) / max(sum(chunks[s::layout.pp]) for s in range(layout.pp))
+
+
 def stage_candidates(layout, model) -> tuple[int, ...]:
     """The pipeline ranks whose memory or time can be the worst: the first (the embedding, the most
     micro-batches in flight), the last (the LM head, the loss, the logits), and of the ranks between, the

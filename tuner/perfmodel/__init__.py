@@ -31,6 +31,7 @@ import math
 
 from tuner.layout import (RECOMPUTE, Layout, expert_data_parallel, micro_batches_per_pipeline, stage_candidates,
                           stage_layers, stage_moe_layers)
+from tuner.pipeline_split import bubble_share
 from tuner.frameworks import of as framework_of
 from tuner.perfmodel import comm, compute, memory, moe
 from tuner.perfmodel.compute import shape_of
@@ -256,7 +257,7 @@ def predict(layout: Layout, workload: Workload, exchange: moe.TokenExchange | No
     t_opt = compute.optimizer_time(cluster, owned)
 
     time = {k: m * v for k, v in slow.items() if k != HIDDEN}
-    time["bubble"] = (p - 1) / layout.virtual_pipeline * t_stage
+    time["bubble"] = (p - 1) * bubble_share(layout, model.num_layers) * t_stage
     time["dp_grad_reduce"] = dp["grad_reduce"]
     time["dp_param_gather"] = dp["param_gather"]
     time["embedding_sync"] = sync
