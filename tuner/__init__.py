@@ -6,6 +6,7 @@ The library's facade (tuner.api), documented in README ("tuner as a library"):
     study = tuner.create_study(model="175b", nodes=16, budget=20)
     study.optimize()
     study.best()
+    tuner.scale(model="175b", cluster="frontier", nodes="16:512", tokens=3e11).dataframe()
 """
 
 import logging
@@ -16,7 +17,9 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())   # a library logs
 
 _FACADE = ("create_study", "load_study", "Study", "register_runner", "unregister_runner", "runner_names",
            "TrialSpec", "TrialResult", "TrialRunner", "Status", "Layout")
-__all__ = list(_FACADE)
+#: The model's answers (tuner.planning): what `tuner predict`, `plan`, `best` and `scale` print, as objects.
+_PLANNING = ("predict", "plan", "best", "scale")
+__all__ = list(_FACADE) + list(_PLANNING)
 
 
 def __getattr__(name):
@@ -24,4 +27,7 @@ def __getattr__(name):
     if name in _FACADE:
         from tuner import api
         return getattr(api, name)
+    if name in _PLANNING:
+        from tuner import planning
+        return getattr(planning, name)
     raise AttributeError(f"module 'tuner' has no attribute {name!r}")

@@ -18,6 +18,8 @@ and cluster come in. Layouts less likely to fit come after.
 from __future__ import annotations
 
 import math
+import sys
+import types
 from dataclasses import dataclass
 
 import numpy as np
@@ -168,3 +170,15 @@ def best(store, workload: Workload, k: int = 1, study: str | None = None, space=
     from tuner.space import load_space
     records, studies = history(store, workload.model.name, workload.cluster.name)
     return Answer([], best_for_unmeasured(workload, space or load_space(), records, k=k, studies=studies))
+
+
+class _CallableModule(types.ModuleType):
+    """`tuner.best(...)` is the library's best (tuner.planning.best), also once this module is imported, which
+    makes `tuner.best` this module: calling the module calls that function."""
+
+    def __call__(self, *args, **kwargs):
+        from tuner.planning import best as library_best
+        return library_best(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -169,3 +169,4 @@ def main(argv=None) -> None:
 from tuner.cli import plan, query, study  # noqa: E402,F401  (registers the commands)
 from tuner.cli import report  # noqa: E402,F401  (report, export, launch)
 from tuner.cli import calibrate  # noqa: E402,F401
+from tuner.cli import scale  # noqa: E402,F401  (tuner scale)

@@ -1,0 +1,364 @@
+"""The model's answers as a library: `tuner.predict`, `tuner.plan`, `tuner.best` and `tuner.scale`, the
+commands `tuner predict`, `plan`, `best` and `scale` return as Python objects (dataclasses and pandas
+DataFrames), with the same checks and the same words (a UsageError naming the fix). The application
+layer: it reads the store (read-only, as the commands do) and never imports tuner.cli; the CLI prints
+what these return.
+
+    import tuner
+    tuner.predict(model="llama3-70b", nodes=64, cluster="h100", tp=4, pp=4, vp=5, cp=2, micro_batch=1)
+    tuner.plan(model="175b", nodes=128, top=5)                     # a DataFrame, best first
+    tuner.best(model="175b", nodes=128)                            # measured, or a corrected prediction
+    tuner.scale(model="175b", cluster="frontier", nodes="16:512", tokens=3e11).dataframe()
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from tuner.errors import UsageError
+from tuner.layout import Layout, flat_layout, validate
+
+# ------------------------------------------------------------------------------------ predict / plan
+
+
+def workload_line(w) -> str:
+    """What a prediction is for, as `predict` and `plan` head their answer."""
+    return (f"{w.model.name} on {w.nodes} x {w.cluster.name} node(s) = {w.gpus} GPUs, global batch {w.global_batch}, "
+            f"{w.precision}, {w.framework} (gradients in {w.gradient_dtype})")
+
+
+def prediction_row(p, w) -> dict:
+    """mfu_% (model FLOPs) ranks; mgt_* is Megatron's count with recompute, the Frontier study's figure."""
+    from tuner.perfmodel import keeps_headroom, risk
+    return {**flat_layout(p.layout.as_dict()), "samples_s": p.samples_per_second, "mfu_%": 100 * p.mfu,
+            "mgt_tflops": p.tflops_per_gpu, "mgt_peak_%": 100 * p.peak_fraction, "step_s": p.step_time_s,
+            "mem_gb": p.memory_gb, "mem_%": 100 * p.memory_gb / w.cluster.memory_gb,
+            "p_fit": p.p_fit, "fits": "yes" if keeps_headroom(p, w) else ("maybe" if p.fits else "no"),
+            "risk": risk(p, w)}
+
+
+def complete_layout(given: dict, w) -> Layout:
+    """The layout `predict` predicts: the dimensions given, the rest as the framework runs them (its first
+    ZeRO stage, sequence parallelism where its TP needs it, experts over TP on torchtitan), dp from the
+    GPUs; validated for the workload (UsageError naming the fix)."""
+    from tuner.frameworks import of as framework_of
+    layout = dict(given)
+    fw = framework_of(w)
+    layout.setdefault("zero_stage", fw.zero_stages[0])
+    if fw.needs_sp(w.model):
+        layout.setdefault("sequence_parallel", layout["tp"] > 1)
+    if fw.fsdp and w.model.is_moe and layout.get("expert_parallel", 1) == 1:   # torchtitan: experts split over TP
+        layout.setdefault("expert_tensor_parallel", layout["tp"])
+    if "dp" not in layout:
+        n = layout["tp"] * layout.get("context_parallel", 1) * layout["pp"]
+        if w.gpus % n:
+            raise UsageError(f"tp*cp*pp = {n} does not divide {w.gpus} GPUs; pick degrees that do, or pass --dp")
+        layout["dp"] = w.gpus // n
+    return validate(Layout(**layout), w)
+
+
+def _workload(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce):
+    from tuner.specs import make_workload
+    return make_workload(model, nodes, cluster, global_batch, precision, framework, grad_reduce, seq_length)
+
+
+#: Library spellings of the layout's options (cp, vp, sp) beside the dimensions' own names.
+LAYOUT_ALIASES = {"cp": "context_parallel", "vp": "virtual_pipeline", "sp": "sequence_parallel",
+                  "ep": "expert_parallel", "etp": "expert_tensor_parallel"}
+
+
+def _layout_options(options: dict) -> dict:
+    from tuner.layout import DIMENSIONS
+    names = {d.name for d in DIMENSIONS}
+    out = {}
+    for k, v in options.items():
+        name = LAYOUT_ALIASES.get(k, k)
+        if name not in names:
+            raise UsageError(f"unknown option {k!r}: give the workload (model, nodes, cluster, global_batch, "
+                             f"seq_length, precision, framework, grad_reduce) and layout dimensions "
+                             f"({', '.join(sorted(names))})")
+        if v is not None:
+            out[name] = v
+    return out
+
+
+@dataclass(frozen=True)
+class PredictAnswer:
+    """`tuner predict`'s answer: the workload, the completed layout and the model's Prediction."""
+
+    workload: object
+    layout: Layout
+    prediction: object
+    p_fit_basis: str
+
+    @property
+    def headline(self) -> str:
+        return f"{workload_line(self.workload)}, layout {self.layout.key()}"
+
+    def as_dict(self) -> dict:
+        return {**self.prediction.as_dict(), "p_fit_basis": self.p_fit_basis}
+
+
+def predict(model, nodes: int, cluster="frontier", *, global_batch: int | None = None, seq_length: int | None = None,
+            precision: str = "bf16", framework: str | None = None, grad_reduce: str | None = None,
+            **layout) -> PredictAnswer:
+    """Predict one layout (tp, pp and micro_batch required; the rest as `tuner predict` fills them in)."""
+    from tuner.frameworks import of as framework_of
+    from tuner.perfmodel import predict as model_predict
+    given = _layout_options(layout)
+    missing = [d for d in ("tp", "pp", "micro_batch") if d not in given]
+    if missing:
+        raise UsageError(f"predict needs {', '.join(missing)}: the layout to predict (e.g. tp=4, pp=8, micro_batch=1)")
+    w = _workload(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce)
+    lay = complete_layout(given, w)
+    return PredictAnswer(w, lay, model_predict(lay, w), framework_of(w).memory_note())
+
+
+def plan(model, nodes: int, cluster="frontier", *, global_batch: int | None = None, seq_length: int | None = None,
+         precision: str = "bf16", framework: str | None = None, grad_reduce: str | None = None,
+         space: str = "default", top: int | None = 10, show_all: bool = False, **pins):
+    """Every valid layout ranked by the model (expected speed: samples/s x p_fit), as `tuner plan` lists
+    them: a DataFrame, best first, `top` rows (None: all); `df.attrs` holds the workload line and counts.
+    Raises UsageError when no layout fits (unless show_all), naming the fewest nodes at which one does."""
+    import pandas as pd
+
+    from tuner.best import require_fit
+    from tuner.perfmodel import rank
+    from tuner.space import load_space, valid_layouts
+    w = _workload(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce)
+    sp = load_space(space).pinned(_layout_options(pins))
+    ranked = rank(valid_layouts(sp, w), w)
+    if not show_all:
+        require_fit(ranked, w)
+    shown = [p for p in ranked if show_all or p.fits][:top]
+    df = pd.DataFrame([{"rank": i + 1, **prediction_row(p, w), "layout_key": p.layout.key()}
+                       for i, p in enumerate(shown)])
+    df.attrs.update(workload=workload_line(w), valid_layouts=len(ranked), may_fit=sum(p.fits for p in ranked))
+    return df
+
+
+# ---------------------------------------------------------------------------------------------- best
+
+def best_json(t) -> dict:
+    """A stored trial as `best` answers it; `simulated`: its numbers are the simulator's (the model's own
+    prediction), not a measurement."""
+    from tuner.correction import simulated
+    sim = simulated(t)
+    return {"layout": t.layout.as_dict(), "samples_per_second": t.samples_per_second, "mfu": t.mfu,
+            "tflops_per_gpu": t.tflops_per_gpu, "peak_fraction": t.peak_fraction,
+            "peak_memory_gb": t.peak_memory_gb, "status": str(t.status), "runner": t.runner, "measured": not sim,
+            "simulated": sim, "study": t.study, "trial": t.number}
+
+
+def predicted_json(row: dict, framework: str) -> dict:
+    """A corrected prediction (tuner.best.answer) as `best` answers it."""
+    return {**{k: v for k, v in row.items() if k != "key"}, "layout": row["layout"].as_dict(), "status": "predicted",
+            "runner": None, "measured": False, "simulated": False, "study": None, "trial": None, "framework": framework}
+
+
+@dataclass(frozen=True)
+class BestAnswer:
+    """`tuner best`'s answer: `layouts` (as its JSON, fastest first), whether they were measured, and what
+    the answer rests on."""
+
+    workload: object
+    layouts: list
+    measured: bool
+    note: str
+
+    def dataframe(self):
+        import pandas as pd
+        return pd.DataFrame([{**flat_layout(o["layout"]), **{k: v for k, v in o.items() if k != "layout"}}
+                             for o in self.layouts])
+
+
+def _read_store(storage):
+    """The store a reading call uses (read-only, never created), or None where there is none."""
+    from tuner.errors import NoStore
+    from tuner.store import Store, open_store
+    if isinstance(storage, Store):
+        return storage
+    try:
+        return open_store(storage, create=False, read_only=True)
+    except NoStore:
+        return None
+
+
+def best(model, nodes: int, cluster="frontier", *, global_batch: int | None = None, seq_length: int | None = None,
+         precision: str = "bf16", framework: str | None = None, grad_reduce: str | None = None, k: int = 1,
+         study: str | None = None, storage=None) -> BestAnswer:
+    """The fastest known layouts, as `tuner best`: measured trials of the store's studies at this node count
+    and global batch first (simulated ones only where nothing was measured, and said so); else the
+    performance model corrected by the stored measurements at other node counts."""
+    from tuner.best import best as best_layouts
+    from tuner.specs import stored_framework
+    store = _read_store(storage)
+    if study and store is None:
+        raise UsageError(f"study {study!r}: no store to read it from (storage=URL)")
+    if study and framework is None:
+        framework = stored_framework(store.get_study(study).workload)
+    w = _workload(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce)
+    answer = best_layouts(store, w, k=k, study=study)
+    if answer.trials:
+        objs = [{**best_json(t), "framework": w.framework} for t in answer.trials]
+        sim = all(o["simulated"] for o in objs)
+        note = ("SIMULATED, not measured: the simulator's trials (the model's own prediction)" if sim
+                else f"measured by {len({o['study'] for o in objs})} stud(ies)")
+        return BestAnswer(w, objs, not sim, note)
+    if study:
+        raise UsageError(f"study '{study}' has no finished trial of {w.model.name} on {nodes} x {w.cluster.name} "
+                         f"node(s) at global batch {w.global_batch}")
+    objs = [predicted_json(r, w.framework) for r in answer.predicted]
+    return BestAnswer(w, objs, False, "PREDICTED, not measured: " + answer.predicted[0]["evidence"]["note"])
+
+
+# --------------------------------------------------------------------------------------------- scale
+
+_SHARED: dict = {}         # what a forked worker reads: the space and each cluster's stored history
+
+
+def _predicted(key, w):
+    """best's corrected prediction for `w` (a node count nobody measured), or why there is none."""
+    from tuner.best import best_for_unmeasured
+    from tuner.scaling import Found, Refused
+    space, histories = _SHARED["space"], _SHARED["histories"]
+    records, studies = histories[w.cluster.name]
+    try:
+        r = best_for_unmeasured(w, space, records, k=1, studies=studies)[0]
+    except UsageError as exc:
+        return key, Refused(str(exc))
+    return key, Found(r["layout"], r["samples_per_second"], tuple(r["samples_per_second_90"]), False,
+                      r["evidence"]["note"])
+
+
+def _measured(store, w):
+    """The fastest measured (not simulated) stored trial of `w`, as a Found, or None."""
+    from tuner.best import stored_best
+    from tuner.correction import simulated
+    from tuner.scaling import Found
+    if store is None:
+        return None
+    found = [t for t in stored_best(store, w, 1) if not simulated(t)]
+    if not found:
+        return None
+    t = found[0]
+    return Found(t.layout, t.samples_per_second, None, True, f"measured: study {t.study} trial {t.number}")
+
+
+def _answer_all(jobs_wanted: list[tuple], store, jobs: int) -> dict:
+    """key -> Found | Refused for every (key, workload): measured ones from the store here, the predictions
+    in `jobs` worker processes (forked: they share what was read) or in this one."""
+    from tuner.scaling import Refused, feed_refusal
+    out, todo = {}, []
+    for key, w in jobs_wanted:
+        why = feed_refusal(w, _SHARED["space"])
+        got = Refused(why, "batch cannot feed") if why else _measured(store, w)
+        if got is not None:
+            out[key] = got
+        else:
+            todo.append((key, w))
+    if jobs > 1 and len(todo) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=multiprocessing.get_context("fork")) as pool:
+            out.update(pool.map(_predicted, *zip(*todo)))
+    else:
+        out.update(_predicted(key, w) for key, w in todo)
+    return out
+
+
+@dataclass
+class ScaleResult:
+    """`tuner scale`'s answer: one row per (cluster, framework, node count) as its JSON, the point a
+    deadline chose, and the notes that say what the figures rest on."""
+
+    rows: list
+    chosen: dict | None = None
+    sentence: str = ""
+    notes: list = field(default_factory=list)
+    model: str = ""
+    deadline: float | None = None
+
+    def dataframe(self):
+        import pandas as pd
+        return pd.DataFrame([{k: v for k, v in r.items() if k != "phases"} for r in self.rows])
+
+
+def _frameworks(framework, clusters, model, precision) -> tuple[dict, list[str]]:
+    """cluster name -> frameworks to answer: the cluster's own (None), the ones named, or all that can
+    run the model in this precision there ('all')."""
+    from tuner.frameworks import NAMES
+    from tuner.precision import refusal
+    names = [f for f in str(framework).replace(" ", "").split(",") if f] if framework else []
+    if names == ["all"]:
+        out, notes = {}, []
+        for c in clusters:
+            out[c.name] = [fw for fw in NAMES if refusal(precision, c, fw) is None]
+            notes += [f"{c.name}: {fw} left out: {refusal(precision, c, fw)}" for fw in NAMES if fw not in out[c.name]]
+        return out, notes
+    bad = [f for f in names if f not in NAMES]
+    if bad:
+        raise UsageError(f"--framework {framework}: {', '.join(bad)} is not one of {', '.join(NAMES)} (or all)")
+    return {c.name: names or [c.framework] for c in clusters}, []
+
+
+def scale(model, cluster="frontier", nodes="16:512", *, tokens: float | None = None, steps: int | None = None,
+          framework: str | None = None, global_batch: int | None = None, batch_schedule: str | None = None,
+          batch_per_gpu: int | None = None, seq_length: int | None = None, precision: str = "bf16",
+          grad_reduce: str | None = None, price=None, deadline: float | None = None, max_gpus: int | None = None,
+          space: str = "default", storage=None, jobs: int | None = None) -> ScaleResult:
+    """`tuner scale`: for each cluster (a name, a comma list or ClusterSpecs), framework and node count
+    ('16,32,64' or '16:512', doubling), the best layout and its samples/s (measured where a stored study
+    measured it), days to train `tokens` (or `steps`) with goodput, GPU-hours, cost (with `price`: one
+    number or 'h100=2.5,frontier=1.8'), energy; the Pareto set and, with `deadline` days, the cheapest point
+    that meets it. `jobs`: worker processes for the predictions (default: the CPUs)."""
+    from tuner import scaling
+    from tuner.space import load_space
+    from tuner.specs import load_cluster, load_model, make_workload, with_seq_length
+    flags = [f for f, v in (("--global-batch", global_batch), ("--batch-schedule", batch_schedule),
+                            ("--batch-per-gpu", batch_per_gpu)) if v is not None]
+    if len(flags) > 1:
+        raise UsageError(f"{' and '.join(flags)}: give one way of choosing the global batch")
+    m = load_model(model, seq_length) if isinstance(model, str) else with_seq_length(model, seq_length)
+    clusters = [load_cluster(c) if isinstance(c, str) else c for c in
+                (cluster.replace(" ", "").split(",") if isinstance(cluster, str) else cluster)]
+    if len({c.name for c in clusters}) < len(clusters):
+        raise UsageError(f"--cluster {cluster} names a cluster twice: give each once")
+    fws, notes = _frameworks(framework, clusters, m, precision)
+    gb = global_batch if global_batch is not None else (None if batch_schedule or batch_per_gpu else m.global_batch)
+    if gb is None and not (batch_schedule or batch_per_gpu):
+        raise UsageError(f"model '{m.name}' has no default global batch: pass --global-batch")
+    batch = scaling.Batch(gb, scaling.parse_schedule(batch_schedule) if batch_schedule else (), batch_per_gpu)
+    req = scaling.Request(m, tuple(clusters), fws, scaling.parse_nodes(nodes) if isinstance(nodes, str)
+                          else tuple(sorted(set(nodes))), batch, tokens, steps, precision, grad_reduce or "",
+                          scaling.parse_prices(price, [c.name for c in clusters]) if isinstance(price, (str, type(None)))
+                          else dict(price), deadline, max_gpus)
+    scaling.check_request(req)
+    wanted, skipped = scaling.points(req)
+    store = _read_store(storage)
+    from tuner.best import history
+    _SHARED.update(space=load_space(space), histories={c.name: history(store, m.name, c.name) for c in clusters})
+    jobs_wanted = {scaling.answer_key(c, fw, n, g): make_workload(m, n, c, g, precision, fw, grad_reduce)
+                   for c, fw, n, phases in wanted for _, g in phases}
+    answers = _answer_all(list(jobs_wanted.items()), store, jobs or os.cpu_count() or 1)
+    rows, chosen, sentence = scaling.table(req, wanted, answers)
+    rows, dropped = _drop_silent_frameworks(rows, framework)
+    return ScaleResult(rows, chosen, sentence, notes + dropped + skipped + scaling.basis_notes(req, rows), m.name,
+                       deadline)
+
+
+def _drop_silent_frameworks(rows: list[dict], framework) -> tuple[list[dict], list[str]]:
+    """With --framework all: the frameworks with no answer at any node count left out, saying why."""
+    if str(framework).replace(" ", "") != "all":
+        return rows, []
+    keep, notes = [], []
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["cluster"], r["framework"]), []).append(r)
+    for (c, fw), rs in groups.items():
+        if any(r["status"] == "ok" for r in rs):
+            keep += rs
+        else:
+            notes.append(f"{c}: {fw} left out (no layout at any node count): {rs[0]['note'][:300]}")
+    return keep, notes
