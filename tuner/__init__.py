@@ -28,6 +28,11 @@ def __getattr__(name):
         from tuner import api
         return getattr(api, name)
     if name in _PLANNING:
-        from tuner import planning
-        return getattr(planning, name)
+        return answer(name)
     raise AttributeError(f"module 'tuner' has no attribute {name!r}")
+
+
+def answer(name: str):
+    """The library's `name` of _PLANNING (tuner.planning): also what calling the module tuner.best calls."""
+    from tuner import planning
+    return getattr(planning, name)

@@ -177,8 +177,8 @@ class _CallableModule(types.ModuleType):
     makes `tuner.best` this module: calling the module calls that function."""
 
     def __call__(self, *args, **kwargs):
-        from tuner.planning import best as library_best
-        return library_best(*args, **kwargs)
+        import tuner                                # the facade: it holds the library's answers (tuner.planning)
+        return tuner.answer("best")(*args, **kwargs)
 
 
 sys.modules[__name__].__class__ = _CallableModule
