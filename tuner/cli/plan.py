@@ -8,28 +8,13 @@ import click
 
 from tuner.cli import FORMAT_OPTION, cli
 from tuner.cli.options import layout_options, workload_options
-from tuner.cli.render import flat_layout, render
-from tuner.errors import UsageError
-from tuner.layout import Layout, validate
+from tuner.cli.render import render
 from tuner.frameworks import of as framework_of
 from tuner.perfmodel import RECOMMEND_AT, keeps_headroom, predict as model_predict, rank, risk
 from tuner.perfmodel.moe import moe_summary
+from tuner.planning import complete_layout, prediction_row, workload_line
 from tuner.space import load_space, valid_layouts
 from tuner.specs import make_workload
-
-def workload_line(w) -> str:
-    """What a prediction is for, as `predict` and `plan` head their answer."""
-    return (f"{w.model.name} on {w.nodes} x {w.cluster.name} node(s) = {w.gpus} GPUs, global batch {w.global_batch}, "
-            f"{w.precision}, {w.framework} (gradients in {w.gradient_dtype})")
-
-
-def prediction_row(p, w) -> dict:
-    """mfu_% (model FLOPs) ranks; mgt_* is Megatron's count with recompute, the Frontier study's figure."""
-    return {**flat_layout(p.layout.as_dict()), "samples_s": p.samples_per_second, "mfu_%": 100 * p.mfu,
-            "mgt_tflops": p.tflops_per_gpu, "mgt_peak_%": 100 * p.peak_fraction, "step_s": p.step_time_s,
-            "mem_gb": p.memory_gb, "mem_%": 100 * p.memory_gb / w.cluster.memory_gb,
-            "p_fit": p.p_fit, "fits": "yes" if keeps_headroom(p, w) else ("maybe" if p.fits else "no"),
-            "risk": risk(p, w)}
 
 
 @cli.command()
@@ -43,18 +28,8 @@ def predict(model, nodes, cluster, global_batch, seq_length, precision, framewor
     Example: tuner predict --model llama3-70b --cluster h100 --nodes 64 --tp 4 --sequence-parallel --cp 2 --pp 4 --vp 5 --micro-batch 1 --recompute none
     """
     w = make_workload(model, nodes, cluster, global_batch, precision, framework, grad_reduce, seq_length)
-    fw = framework_of(w)                         # what the framework runs where an option is left out
-    layout.setdefault("zero_stage", fw.zero_stages[0])
-    if fw.needs_sp(w.model):
-        layout.setdefault("sequence_parallel", layout["tp"] > 1)
-    if fw.fsdp and w.model.is_moe and layout.get("expert_parallel", 1) == 1:   # torchtitan: experts split over TP
-        layout.setdefault("expert_tensor_parallel", layout["tp"])
-    if "dp" not in layout:
-        n = layout["tp"] * layout.get("context_parallel", 1) * layout["pp"]
-        if w.gpus % n:
-            raise UsageError(f"tp*cp*pp = {n} does not divide {w.gpus} GPUs; pick degrees that do, or pass --dp")
-        layout["dp"] = w.gpus // n
-    lay = validate(Layout(**layout), w)
+    fw = framework_of(w)
+    lay = complete_layout(layout, w)             # what the framework runs where an option is left out
     p = model_predict(lay, w)
     if fmt == "json":
         click.echo(render([], "json", json_obj={**p.as_dict(), "p_fit_basis": fw.memory_note()}))

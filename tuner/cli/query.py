@@ -7,7 +7,8 @@ import click
 from tuner.cli import DB_OPTION, FORMAT_OPTION, cli, read_store
 from tuner.cli.options import CLUSTERS, FRAMEWORK_OPTION, GRAD_REDUCE_OPTION, MODELS, SEQ_LENGTH_OPTION
 from tuner.cli.render import flat_layout, render
-from tuner.report import ok_trials, simulated
+from tuner.planning import best_json, predicted_json
+from tuner.report import ok_trials
 from tuner.errors import TunerError
 from tuner.frameworks import of as framework_of
 from tuner.layout import DIMENSIONS
@@ -100,16 +101,6 @@ def trials(name, statuses, wide, db, fmt):
     click.echo(render([trial_row(t, width) for t in ts], fmt, TRIAL_COLUMNS, json_obj=[trial_json(t) for t in ts]))
 
 
-def best_json(t) -> dict:
-    """A stored trial as `best` answers it; `simulated`: its numbers are the simulator's (the model's own
-    prediction), not a measurement."""
-    sim = simulated(t)
-    return {"layout": t.layout.as_dict(), "samples_per_second": t.samples_per_second, "mfu": t.mfu,
-            "tflops_per_gpu": t.tflops_per_gpu, "peak_fraction": t.peak_fraction,
-            "peak_memory_gb": t.peak_memory_gb, "status": str(t.status), "runner": t.runner, "measured": not sim,
-            "simulated": sim, "study": t.study, "trial": t.number}
-
-
 @cli.command()
 @click.option("--model", required=True, help=f"Model {MODELS}.")
 @click.option("--nodes", required=True, type=click.IntRange(min=1),
@@ -167,8 +158,7 @@ def best(model, nodes, cluster, global_batch, seq_length, precision, framework, 
 
 def predicted_best(store, w, rows: list, model: str, cluster: str, k: int, fmt: str) -> None:
     """No measurement at this node count: the model's fastest, corrected by measurements at other counts."""
-    objs = [{**{k_: v for k_, v in r.items() if k_ != "key"}, "layout": r["layout"].as_dict(), "status": "predicted",
-             "runner": None, "measured": False, "simulated": False, "study": None, "trial": None, "framework": w.framework} for r in rows]
+    objs = [predicted_json(r, w.framework) for r in rows]
     if fmt == "json":
         click.echo(render([], "json", json_obj=objs[0] if k == 1 else objs))
         return
