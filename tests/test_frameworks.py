@@ -47,7 +47,7 @@ def test_a_workload_stored_before_frameworks_reads_as_its_clusters_stack(cluster
 @pytest.mark.parametrize("framework, rule", [
     ("megatron-deepspeed", lambda lay: lay.context_parallel == 1 and lay.virtual_pipeline == 1
      and not (lay.pp > 1 and lay.zero_stage >= 2)),
-    ("megatron-core", lambda lay: lay.zero_stage <= 1),
+    ("megatron-core", lambda lay: lay.zero_stage <= 1 or lay.pp == 1),      # 2 / 3: Megatron-FSDP, pp 1
     ("torchtitan", lambda lay: lay.zero_stage == 3 and lay.sequence_parallel == (lay.tp > 1)),
 ])
 def test_a_search_space_holds_only_what_the_framework_runs(framework, rule):
@@ -66,7 +66,7 @@ def test_refusals_are_one_line_naming_the_fix():
     assert "zero_stage 3" in why_invalid(lay, tt)
     mc = make_workload("llama3-70b", 8, "h100", framework="megatron-core")
     assert why_invalid(lay, mc) is None
-    assert "distributed optimizer" in why_invalid(dataclasses.replace(lay, zero_stage=3), mc)
+    assert "Megatron-FSDP (zero_stage 3) here without pipelining" in why_invalid(dataclasses.replace(lay, zero_stage=3), mc)
 
 
 def test_memory_follows_the_framework():

@@ -65,6 +65,10 @@ MCORE_FLAGS = {
     "--decoder-first-pipeline-num-layers": "A:3095", "--decoder-last-pipeline-num-layers": "A:3099",
     "--pipeline-model-parallel-layout": "A:3103 (TC:111; A:931 allows no --num-layers-per-virtual-pipeline-stage "
                                         "beside it, A:944 derives vp from it)",
+    # issue 25: Megatron-FSDP (zero_stage 2 / 3)
+    "--use-megatron-fsdp": "DistributedInitConfig (megatron/training/config/common_config.py:92; A:3092 generates it)",
+    "--data-parallel-sharding-strategy": "A:3190 ('optim_grads' | 'optim_grads_params')",
+    "--ckpt-format": "TR:486 ('fsdp_dtensor': A:1170 asserts it with Megatron-FSDP)",
 }
 
 # torchtitan (pytorch/torchtitan) at 238fa9953e4aec2a62582121564273d7cbb1e9f1 (2026-02-23), the last commit
@@ -171,10 +175,18 @@ def test_megatron_core_architecture_flags_follow_the_spec():
 
 
 @pytest.mark.parametrize("zero", [2, 3])
-def test_megatron_core_refuses_zero_2_and_3(zero):
-    with pytest.raises(UsageError, match=f"zero_stage {zero}.*distributed optimizer") as e:
+def test_megatron_core_runs_zero_2_and_3_as_megatron_fsdp_without_pipelining(zero):
+    """zero_stage 2 / 3 are Megatron-FSDP (issue 25): its flags, checked in MCORE_FLAGS; with pp > 1 refused."""
+    with pytest.raises(UsageError, match=f"Megatron-FSDP \\(zero_stage {zero}\\) without pipelining") as e:
         mcore.pretrain_args(dataclasses.replace(LLAMA_LAYOUT, zero_stage=zero), h100_workload())
     assert e.value.exit_code == 2 and "\n" not in str(e.value)
+    flat = dataclasses.replace(LLAMA_LAYOUT, pp=1, dp=8, zero_stage=zero)
+    args = mcore.pretrain_args(flat, h100_workload())
+    strategy = {2: "optim_grads", 3: "optim_grads_params"}[zero]
+    assert args[args.index("--data-parallel-sharding-strategy") + 1] == strategy and "--use-megatron-fsdp" in args
+    assert args[args.index("--ckpt-format") + 1] == "fsdp_dtensor" and "--use-distributed-optimizer" in args
+    assert {a for a in args if a.startswith("--")} <= set(MCORE_FLAGS)
+    assert mcore.launch_env(flat) == {} and mcore.launch_env(LLAMA_LAYOUT) == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 
 
 @pytest.mark.parametrize("lay", LAYOUTS + [Layout(tp=4, pp=2, dp=8, micro_batch=4, zero_stage=3)])

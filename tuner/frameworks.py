@@ -14,8 +14,8 @@ layouts the framework runs, and `launch` renders them for that framework and no 
   Engine model (pp 1, no GQA). No
   communication overlap. Gradients kept in the training dtype (2 bytes).
 - megatron-core (NVIDIA Megatron-LM / NeMo / Megatron-Bridge): TP (+SP), CP, PP with the interleaved
-  schedule and the embedding- and loss-aware split, the distributed optimizer (ZeRO-1; 2 and 3 have no
-  Megatron-Core equivalent and are refused), FP8; its overlaps (--tp-comm-overlap with SP,
+  schedule and every pipeline split, the distributed optimizer (ZeRO-1), Megatron-FSDP (zero_stage 2:
+  --data-parallel-sharding-strategy optim_grads, 3: optim_grads_params; without pipelining), FP8; its overlaps (--tp-comm-overlap with SP,
   --overlap-p2p-comm, --overlap-grad-reduce, --overlap-param-gather). Gradients accumulate in fp32
   (`accumulate_allreduce_grads_in_fp32`, forced on with bf16): 2 + 4 + 12/d bytes per parameter with the
   distributed optimizer (Megatron-LM docs: 6 + 12/d), 18 without.
@@ -171,10 +171,23 @@ def _megatron_deepspeed(layout, workload) -> str | None:
     return None
 
 
+def megatron_fsdp(layout, workload) -> bool:
+    """Whether the layout runs Megatron-Core's Megatron-FSDP (--use-megatron-fsdp): zero_stage 2 shards the
+    gradients and optimizer states (--data-parallel-sharding-strategy optim_grads), 3 the parameters too
+    (optim_grads_params); megatron/training/arguments.py line 3190 at d98e8a64ddf3. Its collectives run layer
+    by layer under the neighbouring layer's compute, like FSDP2's (tuner.perfmodel.fsdp_time)."""
+    return workload.framework == "megatron-core" and layout.zero_stage >= 2
+
+
 def _megatron_core(layout, workload) -> str | None:
     if layout.zero_stage not in FRAMEWORKS["megatron-core"].zero_stages:
-        return (f"megatron-core cannot run zero_stage {layout.zero_stage}: its only ZeRO equivalent is the "
-                "distributed optimizer (zero_stage 1); use zero_stage 0 or 1, or --framework torchtitan (FSDP)")
+        return (f"megatron-core cannot run zero_stage {layout.zero_stage}: its ZeRO stages are 0, the distributed "
+                "optimizer (1) and Megatron-FSDP (2, 3); use one of them, or --framework torchtitan (FSDP)")
+    if layout.zero_stage >= 2 and layout.pp > 1:
+        return (f"megatron-core runs Megatron-FSDP (zero_stage {layout.zero_stage}) here without pipelining: NVIDIA's "
+                "Megatron-FSDP runs and tests are pp 1 (examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh, "
+                "tests/functional_tests/test_cases/moe/deepseek_proxy_fsdp_*) and Megatron-FSDP 2 refuses pp > 1 "
+                "(megatron/core/distributed/fsdp/mcore_fsdp_adapter.py line 629); use pp 1, or zero_stage 0 or 1")
     if workload.model.is_moe and layout.tp > 1 and not layout.sequence_parallel:   # sp_with_moe_tp
         return (f"megatron-core runs the mixture-of-experts model '{workload.model.name}' with tp {layout.tp} only "
                 "with sequence_parallel on (model_parallel_config.py with expert parallelism: \"sequence "
@@ -229,7 +242,7 @@ FRAMEWORKS: dict[str, Framework] = {
         fsdp=False, memory_sd=0.02, memory_bias=0.020, memory_n=52,
         memory_sources="Megatron-Core 0.16.1's training step under fake tensors, 41 configurations; 11 published runs "
                        "that ran", selective="core-attention", attention="fused",
-        compiled="always", files=("megatron_args.txt", *_COMMON), zero_stages=(1, 0), sp_with_tp=False,
+        compiled="always", files=("megatron_args.txt", *_COMMON), zero_stages=(1, 0, 2, 3), sp_with_tp=False,
         sp_with_moe_tp=True, refuse=_megatron_core),
     "torchtitan": Framework(
         name="torchtitan", title="torchtitan (FSDP2)", overlaps=frozenset({"dp"}), fsdp=True,

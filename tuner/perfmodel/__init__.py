@@ -32,7 +32,7 @@ import math
 from tuner.layout import (RECOMPUTE, Layout, expert_data_parallel, micro_batches_per_pipeline, stage_candidates,
                           stage_layers, stage_moe_layers)
 from tuner.pipeline_split import bubble_share
-from tuner.frameworks import of as framework_of
+from tuner.frameworks import megatron_fsdp, of as framework_of
 from tuner.perfmodel import comm, compute, memory, moe
 from tuner.perfmodel.compute import shape_of
 from tuner.perfmodel.flops import megatron_flops, model_flops
@@ -170,8 +170,11 @@ def stage_total(st: dict) -> float:
     return sum(v for k, v in st.items() if k != HIDDEN)
 
 
-def fsdp_time(layout: Layout, workload: Workload, compute_mb: float, m: int) -> dict:
-    """FSDP2's exposed collectives per iteration over the d*c ranks that shard the weights: each layer's
+def fsdp_time(layout: Layout, workload: Workload, compute_mb: float, m: int, grad_bytes: float = 4.0,
+              gathers: bool = True) -> dict:
+    """FSDP's exposed collectives per iteration over the d*c ranks that shard the weights (FSDP2's, and
+    Megatron-FSDP's with its gradient dtype `grad_bytes`; `gathers` False: its optim_grads, parameters kept
+    whole, only the gradients reduce-scattered layer by layer): each layer's
     bf16 parameters are all-gathered before its forward and (resharded after it without pipelining)
     again before its backward, and its gradients reduce-scattered in fp32 after it, each under the
     neighbouring layer's compute (implicit prefetch); a layer's collectives show only where they outlast
@@ -192,11 +195,14 @@ def fsdp_time(layout: Layout, workload: Workload, compute_mb: float, m: int) -> 
     edp, stride = expert_data_parallel(layout), layout.expert_parallel * layout.expert_tensor_parallel
     ebw = comm.group_bandwidth(cluster, edp, stride)
     ag = comm.allgather_time(2.0 * dense, shards, bw, cluster) + comm.allgather_time(2.0 * experts, edp, ebw, cluster)
-    rs = (comm.reduce_scatter_time(4.0 * dense, shards, bw, cluster)
-          + comm.reduce_scatter_time(4.0 * experts, edp, ebw, cluster))
+    g = grad_bytes
+    rs = (comm.reduce_scatter_time(g * dense, shards, bw, cluster)
+          + comm.reduce_scatter_time(g * experts, edp, ebw, cluster))
     edge = max(dense, memory.embedding_params(model, layout.tp))
     first, last = (comm.allgather_time(2.0 * edge, shards, bw, cluster),
-                   comm.reduce_scatter_time(4.0 * edge, shards, bw, cluster))
+                   comm.reduce_scatter_time(g * edge, shards, bw, cluster))
+    if not gathers:
+        ag = first = 0.0
     fwd, bwd = compute_mb / layers / 3.0, 2.0 * compute_mb / layers / 3.0
     if layout.pp == 1:
         return {"grad_reduce": m * (last + layers * max(0.0, ag + rs - bwd)),
@@ -215,6 +221,13 @@ def gradient_sync_time(layout: Layout, workload: Workload, fw, slow: dict, m: in
     compute_mb = max(0.0, slow["gemm"] + slow["attention"] + slow["elementwise"] - slow.get(HIDDEN, 0.0))
     if fw.fsdp:
         return fsdp_time(layout, workload, compute_mb, m)
+    if megatron_fsdp(layout, workload):     # Megatron-FSDP: layer by layer, in the gradients' own dtype
+        out = fsdp_time(layout, workload, compute_mb, m, fw.grad_bytes(workload), gathers=layout.zero_stage >= 3)
+        if layout.zero_stage == 2:          # optim_grads: the updated parameters gathered once, under the first forward
+            gather = comm.dp_time(cluster, t, layout.dp * layout.context_parallel, 1, params_gpu - experts_gpu, m,
+                                  layout.checkpointing)["param_gather"]
+            out["param_gather"] += max(0.0, gather - compute_mb / 3)
+        return out
     dp = comm.dp_time(cluster, t, layout.dp * layout.context_parallel, layout.zero_stage, params_gpu - experts_gpu,
                       m, layout.checkpointing)
     if experts_gpu:

@@ -1,10 +1,10 @@
 """Megatron-LM (Megatron-Core) `pretrain_gpt.py` arguments from a layout. Pure: no I/O, no torch.
 
-No DeepSpeed config: Megatron-Core builds its own optimizer and data-parallel wrapper. ZeRO maps to
-Megatron-Core's distributed optimizer (`--use-distributed-optimizer`: optimizer states sharded over DP,
-i.e. ZeRO-1). ZeRO-2/3 have no Megatron-Core equivalent beyond the distributed optimizer (its FSDP paths,
---use-torch-fsdp2 / --use-megatron-fsdp, are another engine), so a layout with zero_stage 2 or 3 is
-refused (never launched as something else).
+No DeepSpeed config: Megatron-Core builds its own optimizer and data-parallel wrapper. ZeRO-1 maps to
+Megatron-Core's distributed optimizer (`--use-distributed-optimizer`: optimizer states sharded over DP);
+ZeRO-2 and ZeRO-3 to Megatron-FSDP (`--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads` /
+`optim_grads_params --ckpt-format fsdp_dtensor`, `fsdp_args`), without pipelining (tuner.frameworks), and
+without CUDA_DEVICE_MAX_CONNECTIONS=1 (`launch_env`).
 
 The layout's dimensions:
 - sequence_parallel: `--sequence-parallel`; context_parallel > 1: `--context-parallel-size N`;
@@ -75,12 +75,28 @@ NVFP4 = ("--fp4-format", "e2m1", "--fp4-recipe", "nvfp4")
 LOW_PRECISION = {"fp8": FP8, "mxfp8": MXFP8, "nvfp4": NVFP4}
 
 
+#: Megatron-FSDP's sharding strategy per ZeRO stage (A:3190: no_shard | optim | optim_grads | optim_grads_params;
+#: stage 1 stays the distributed optimizer, the same sharding of the optimizer states).
+FSDP_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
+
+
 def check_zero(layout: Layout) -> None:
-    """UsageError (one line) for a ZeRO stage Megatron-Core cannot express."""
-    if layout.zero_stage in (2, 3):
-        raise UsageError(f"--framework megatron-core cannot run zero_stage {layout.zero_stage}: Megatron-Core's only "
-                         "ZeRO equivalent is the distributed optimizer (ZeRO-1); choose a layout with zero_stage "
-                         "0 or 1, or use --framework megatron-deepspeed")
+    """UsageError (one line) for a ZeRO stage Megatron-Core cannot run as laid out: Megatron-FSDP (2, 3)
+    only without pipelining (tuner.frameworks)."""
+    if layout.zero_stage in FSDP_SHARDING and layout.pp > 1:
+        raise UsageError(f"--framework megatron-core runs Megatron-FSDP (zero_stage {layout.zero_stage}) without "
+                         f"pipelining only, got pp {layout.pp}; choose a layout with pp 1, or zero_stage 0 or 1")
+
+
+def fsdp_args(layout: Layout) -> list[str]:
+    """Megatron-FSDP for zero_stage 2 / 3: --use-megatron-fsdp (DistributedInitConfig.use_megatron_fsdp,
+    config/common_config.py line 92, generated at A:3092) with its sharding strategy (A:3190) and the checkpoint
+    format it asserts (A:1170; --ckpt-format, TR:486), as examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh
+    lines 142-148 write them. --use-distributed-optimizer stays (Megatron-FSDP 1 needs it, A:1128)."""
+    if layout.zero_stage not in FSDP_SHARDING:
+        return []
+    return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", FSDP_SHARDING[layout.zero_stage],
+            "--ckpt-format", "fsdp_dtensor"]
 
 
 def architecture_args(m: ModelSpec) -> list[str]:
@@ -235,7 +251,10 @@ def recompute_args(layout: Layout) -> list[str]:
 
 def launch_env(layout: Layout) -> dict[str, str]:
     """Variables the sbatch script exports: Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with tp or cp > 1
-    (before Blackwell; harmless after)."""
+    (before Blackwell; harmless after), except with Megatron-FSDP, which asserts the opposite (A:1167: "FSDP
+    requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset"; with tp or cp it only warns, A:1456)."""
+    if layout.zero_stage in FSDP_SHARDING:
+        return {}
     return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if layout.tp > 1 or layout.context_parallel > 1 else {}
 
 
@@ -255,6 +274,7 @@ def pretrain_args(layout: Layout, workload: Workload, *, precision: str = "bf16"
     args += list(LOW_PRECISION.get(workload.precision, ()))
     if layout.zero_stage >= 1:
         args.append("--use-distributed-optimizer")
+    args += fsdp_args(layout)
     if workload.gradient_dtype == "bf16" and workload.grad_reduce and precision == "bf16":   # 2-byte grads, as counted
         args.append("--grad-reduce-in-bf16")
     args += recompute_args(layout)
