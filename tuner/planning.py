@@ -312,10 +312,22 @@ def scale(model, cluster="frontier", nodes="16:512", *, tokens: float | None = N
     ('16,32,64' or '16:512', doubling), the best layout and its samples/s (measured where a stored study
     measured it), days to train `tokens` (or `steps`) with goodput, GPU-hours, cost (with `price`: one
     number or 'h100=2.5,frontier=1.8'), energy; the Pareto set and, with `deadline` days, the cheapest point
-    that meets it. `jobs`: worker processes for the predictions (default: the CPUs)."""
+    that meets it. `storage`: a Store or URL (read-only; none: the model alone). `jobs`: worker processes
+    for the predictions (default: the CPUs)."""
+    req, notes = scale_request(model, cluster, nodes, tokens=tokens, steps=steps, framework=framework,
+                               global_batch=global_batch, batch_schedule=batch_schedule, batch_per_gpu=batch_per_gpu,
+                               seq_length=seq_length, precision=precision, grad_reduce=grad_reduce, price=price,
+                               deadline=deadline, max_gpus=max_gpus)
+    return answer_scale(req, notes, _read_store(storage), space, jobs, framework)
+
+
+def scale_request(model, cluster, nodes, *, tokens=None, steps=None, framework=None, global_batch=None,
+                  batch_schedule=None, batch_per_gpu=None, seq_length=None, precision="bf16", grad_reduce=None,
+                  price=None, deadline=None, max_gpus=None):
+    """The checked Request of `scale`'s arguments (UsageError naming the fix), and notes on the frameworks
+    left out; nothing is predicted or read."""
     from tuner import scaling
-    from tuner.space import load_space
-    from tuner.specs import load_cluster, load_model, make_workload, with_seq_length
+    from tuner.specs import load_cluster, load_model, with_seq_length
     flags = [f for f, v in (("--global-batch", global_batch), ("--batch-schedule", batch_schedule),
                             ("--batch-per-gpu", batch_per_gpu)) if v is not None]
     if len(flags) > 1:
@@ -330,22 +342,34 @@ def scale(model, cluster="frontier", nodes="16:512", *, tokens: float | None = N
     if gb is None and not (batch_schedule or batch_per_gpu):
         raise UsageError(f"model '{m.name}' has no default global batch: pass --global-batch")
     batch = scaling.Batch(gb, scaling.parse_schedule(batch_schedule) if batch_schedule else (), batch_per_gpu)
+    prices = (scaling.parse_prices(price, [c.name for c in clusters]) if isinstance(price, (str, type(None)))
+              else dict(price))
     req = scaling.Request(m, tuple(clusters), fws, scaling.parse_nodes(nodes) if isinstance(nodes, str)
-                          else tuple(sorted(set(nodes))), batch, tokens, steps, precision, grad_reduce or "",
-                          scaling.parse_prices(price, [c.name for c in clusters]) if isinstance(price, (str, type(None)))
-                          else dict(price), deadline, max_gpus)
+                          else tuple(sorted(set(nodes))), batch, tokens, steps, precision, grad_reduce or "", prices,
+                          deadline, max_gpus)
     scaling.check_request(req)
-    wanted, skipped = scaling.points(req)
-    store = _read_store(storage)
+    return req, notes
+
+
+def answer_scale(req, notes: list[str], store, space: str = "default", jobs: int | None = None,
+                 framework: str | None = None) -> ScaleResult:
+    """The ScaleResult of a checked Request: measured answers from `store` (a Store or None), predictions
+    in `jobs` processes, the table, the frameworks --framework all found nothing for left out."""
+    from tuner import scaling
     from tuner.best import history
-    _SHARED.update(space=load_space(space), histories={c.name: history(store, m.name, c.name) for c in clusters})
-    jobs_wanted = {scaling.answer_key(c, fw, n, g): make_workload(m, n, c, g, precision, fw, grad_reduce)
+    from tuner.space import load_space
+    from tuner.specs import make_workload
+    m = req.model
+    wanted, skipped = scaling.points(req)
+    _SHARED.update(space=load_space(space), histories={c.name: history(store, m.name, c.name) for c in req.clusters})
+    jobs_wanted = {scaling.answer_key(c, fw, n, g):
+                   make_workload(m, n, c, g, req.precision, fw, req.grad_reduce or None)
                    for c, fw, n, phases in wanted for _, g in phases}
     answers = _answer_all(list(jobs_wanted.items()), store, jobs or os.cpu_count() or 1)
     rows, chosen, sentence = scaling.table(req, wanted, answers)
     rows, dropped = _drop_silent_frameworks(rows, framework)
     return ScaleResult(rows, chosen, sentence, notes + dropped + skipped + scaling.basis_notes(req, rows), m.name,
-                       deadline)
+                       req.deadline_days)
 
 
 def _drop_silent_frameworks(rows: list[dict], framework) -> tuple[list[dict], list[str]]:

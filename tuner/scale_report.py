@@ -126,14 +126,24 @@ def table_rows(rows: list[dict]) -> list[dict]:
         out.append({"cluster": r["cluster"], "framework": r["framework"], "nodes": r["nodes"], "gpus": r["gpus"],
                     "gbs": r["global_batch"] if isinstance(r["global_batch"], int) else "schedule",
                     "layout": get("layout_key"), "samples_s": get("samples_per_second"),
-                    "mfu_%": ok and 100 * r["mfu"] or None, "measured": ("yes" if r["measured"] else "no") if ok else None,
+                    "mfu_%": ok and 100 * r["mfu"] or None,
+                    "measured": ("yes" if r["measured"] else "no") if ok else None,
                     "goodput_%": ok and 100 * r["goodput"] or None, "days": get("days"),
                     "days_90%": "{:.3g}-{:.3g}".format(*r["days_90"]) if ok and r.get("days_90") else None,
-                    "gpu_hours": get("gpu_hours"), **({"cost": get("cost")} if axis == "cost" else {}),
+                    "gpu_hours": _whole(get("gpu_hours")), **({"cost": _whole(get("cost"))} if axis == "cost" else {}),
                     "energy_mwh": get("energy_mwh"), "eff_%": ok and 100 * r["scaling_efficiency"] or None,
                     "pareto": ("*" if r.get("pareto") else "") + (" chosen" if r.get("chosen") else ""),
                     "note": "" if ok else r["note"]})
     return out
+
+
+def _whole(v):
+    """A large figure as a whole number (1234978, not 1.235e+06)."""
+    return None if v is None else round(v)
+
+
+#: The report's style, and one line per row (a layout key unbroken; the table scrolls sideways).
+PAGE_CSS = CSS + "td{white-space:nowrap}"
 
 
 def build_page(result, *, generated: datetime | None = None) -> dict[str, bytes]:
@@ -149,12 +159,13 @@ def build_page(result, *, generated: datetime | None = None) -> dict[str, bytes]
     if result.sentence:
         parts.append(f"<p class='{'best' if result.chosen else 'note'}'>{e(result.sentence)}</p>")
     none = "no node count has a layout to draw"
+    img = lambda i, alt: _img(FIGURES[i], drawn[FIGURES[i]], alt, none)       # noqa: E731
     parts += ["<h2>Every point</h2>", html_table(table_rows(rows)),
-              "<div class='row'><div><h2>Time to train</h2>", _img(FIGURES[0], drawn[FIGURES[0]], "days against nodes", none),
-              "</div><div><h2>Cost</h2>", _img(FIGURES[1], drawn[FIGURES[1]], "cost against nodes", none), "</div></div>",
-              "<div class='row'><div><h2>Pareto front</h2>", _img(FIGURES[2], drawn[FIGURES[2]], "days against cost", none),
-              "</div><div><h2>MFU</h2>", _img(FIGURES[3], drawn[FIGURES[3]], "MFU against nodes", none), "</div></div>",
+              "<div class='row'><div><h2>Time to train</h2>", img(0, "days against nodes"),
+              "</div><div><h2>Cost</h2>", img(1, "cost against nodes"), "</div></div>",
+              "<div class='row'><div><h2>Pareto front</h2>", img(2, "days against cost"),
+              "</div><div><h2>MFU</h2>", img(3, "MFU against nodes"), "</div></div>",
               "<h2>What the figures rest on</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in result.notes) + "</ul>"]
     page = (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>tuner scale: {e(result.model)}"
-            f"</title><style>{CSS}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")
+            f"</title><style>{PAGE_CSS}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")
     return {"index.html": page.encode(), **{k: v for k, v in drawn.items() if v is not None}}

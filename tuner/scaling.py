@@ -168,17 +168,31 @@ def points(r: Request) -> tuple[list[tuple], list[str]]:
 
 
 def feed_refusal(workload, space) -> str | None:
-    """Why the global batch cannot feed the data parallelism of every layout of `space` on this many GPUs
-    (each data-parallel rank needs at least one sequence per step), or None."""
+    """Why the global batch cannot feed the data parallelism on this many GPUs (each data-parallel rank
+    needs a sequence per step), or None: every model-parallel group (tp x cp x pp) a layout of `space` can
+    have here -- the framework's and the space's rules but the batch's -- leaves more data-parallel ranks
+    than the batch has sequences."""
+    from dataclasses import replace
+
+    from tuner.frameworks import of as framework_of
+    from tuner.layout import Layout
     gpus, gb = workload.gpus, workload.global_batch
-    widest = max((tp * cp * pp for tp in space.choices("tp", workload)
-                  for cp in space.choices("context_parallel", workload)
-                  for pp in space.choices("pp", workload) if gpus % (tp * cp * pp) == 0), default=None)
-    if widest is None or gpus // widest <= gb:
+    roomy = replace(workload, global_batch=gpus * 64)              # a batch no layout is refused for
+    zero = framework_of(workload).zero_stages[0]
+    groups = [(tp, cp, pp) for tp in space.choices("tp", workload) for cp in space.choices("context_parallel", workload)
+              for pp in space.choices("pp", workload) if gpus % (tp * cp * pp) == 0]
+    runnable = [(tp, cp, pp) for tp, cp, pp in groups if space.why_invalid(Layout(
+        tp=tp, sequence_parallel=tp > 1, context_parallel=cp, pp=pp, dp=gpus // (tp * cp * pp), micro_batch=1,
+        zero_stage=zero, recompute="full"), roomy) is None]
+    if not runnable:
+        return None                                  # refused for other reasons: valid_layouts says which
+    tp, cp, pp = max(runnable, key=lambda g: (g[0] * g[1] * g[2], -g[2]))
+    if gpus // (tp * cp * pp) <= gb:
         return None
-    return (f"global batch {gb} cannot feed {gpus} GPUs: the widest model-parallel group of the space "
-            f"(tp*cp*pp = {widest}) leaves {gpus // widest} data-parallel ranks, more than {gb} sequences per "
-            "step; use fewer nodes, a larger --global-batch or --batch-schedule, or --batch-per-gpu")
+    return (f"global batch {gb} cannot feed {gpus} GPUs: the widest model-parallel group a layout can have here "
+            f"(tp {tp} x cp {cp} x pp {pp} = {tp * cp * pp}) leaves {gpus // (tp * cp * pp)} data-parallel ranks, "
+            f"more than the {gb} sequences of a step; use fewer nodes, a larger --global-batch or "
+            "--batch-schedule, or --batch-per-gpu")
 
 
 # --------------------------------------------------------------------------------------------- answers

@@ -61,16 +61,16 @@ def scale(model, cluster, nodes, tokens, steps, framework, global_batch, batch_s
     Example: tuner scale --model 175b --cluster frontier --nodes 16:512 --tokens 3e11 --price 1.8 --deadline 30
     """
     from tuner.cli import read_store
-    from tuner.planning import scale as answer
+    from tuner.planning import answer_scale, scale_request
     t0 = time.perf_counter()
+    req, notes = scale_request(model, cluster, nodes, tokens=tokens, steps=steps, framework=framework,
+                               global_batch=global_batch, batch_schedule=batch_schedule, batch_per_gpu=batch_per_gpu,
+                               seq_length=seq_length, precision=precision, grad_reduce=grad_reduce, price=price,
+                               deadline=deadline, max_gpus=max_gpus)
     if out is not None:
         from tuner.cli.report import check_out_dir
         check_out_dir(out, force)
-    store = read_store(db, required=False)
-    result = answer(model, cluster, nodes, tokens=tokens, steps=steps, framework=framework, global_batch=global_batch,
-                    batch_schedule=batch_schedule, batch_per_gpu=batch_per_gpu, seq_length=seq_length,
-                    precision=precision, grad_reduce=grad_reduce, price=price, deadline=deadline, max_gpus=max_gpus,
-                    space=space, storage=store, jobs=jobs)
+    result = answer_scale(req, notes, read_store(db, required=False), space, jobs, framework)
     if out is not None:
         from tuner.cli.outdir import write_files
         from tuner.scale_report import FIGURES, build_page
