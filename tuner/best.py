@@ -31,7 +31,7 @@ from tuner.layout import Layout
 from tuner.frameworks import of as framework_of, runnable
 from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT, predict
 from tuner.specs import Workload
-from tuner.correction import Observations, features, simulated, warm_start_records
+from tuner.correction import Observations, features, oom_bounds, oom_fit_cap, simulated, warm_start_records
 
 Z90 = 1.645           # two-sided 90 % interval / one-sided 95 % bound of a normal
 STALE_MARGIN = 64     # more stored trials asked for than answered: some may be refused by their framework
@@ -47,9 +47,10 @@ def require_fit(preds, workload: Workload) -> None:
                          f"(smallest needs {least.memory_gb:.1f} GB: {least.layout.key()}); {fix}")
 
 
-def corrected(layouts: list[Layout], workload: Workload, obs: Observations, preds=None) -> list[dict]:
+def corrected(layouts: list[Layout], workload: Workload, obs: Observations, preds=None, bounds=()) -> list[dict]:
     """For each layout: raw and corrected MFU and memory, the residual's uncertainty, the probability
-    that it fits in memory and whether it keeps the memory headroom."""
+    that it fits in memory (at most what the measured OOMs, `bounds`, leave it: correction.oom_fit_cap)
+    and whether it keeps the memory headroom."""
     preds = preds or [predict(lay, workload) for lay in layouts]
     fts = [features(lay, workload, p) for lay, p in zip(layouts, preds)]
     Z, F, FM = (np.array([getattr(f, a) for f in fts]) for a in ("z", "f", "fm"))
@@ -60,10 +61,11 @@ def corrected(layouts: list[Layout], workload: Workload, obs: Observations, pred
     for i, (lay, p, ft) in enumerate(zip(layouts, preds, fts)):
         mem = math.exp(ft.log_mem + mmu[i])
         z = (math.log(cap) - ft.log_mem - mmu[i]) / math.hypot(msd[i], MEMORY_NOISE_SD)
-        p_fit = 0.5 * math.erfc(-z / math.sqrt(2))
+        p_oom, limited_by = oom_fit_cap(p, bounds, cap)
+        p_fit = min(0.5 * math.erfc(-z / math.sqrt(2)), p_oom)
         out.append({"layout": lay, "raw": p, "log_mean": ft.log_pred + mu[i], "log_sd": float(sd[i]),
                     "mfu": math.exp(ft.log_pred + mu[i]), "memory_gb": mem, "p_fit": p_fit,
-                    "headroom_ok": p_fit >= RECOMMEND_AT})
+                    "headroom_ok": p_fit >= RECOMMEND_AT, "limited_by": limited_by})
     return out
 
 
@@ -98,7 +100,7 @@ def answer(row: dict, workload: Workload, evidence: dict) -> dict:
             "raw_peak_fraction": row["raw"].peak_fraction, "raw_tflops_per_gpu": row["raw"].tflops_per_gpu,
             "memory_gb": row["memory_gb"], "raw_memory_gb": row["raw"].memory_gb, "memory_capacity_gb": cap,
             "memory_used_fraction": row["memory_gb"] / cap, "headroom_ok": row["headroom_ok"],
-            "p_fit": row["p_fit"], "evidence": evidence}
+            "p_fit": row["p_fit"], "p_fit_limited_by": row.get("limited_by"), "evidence": evidence}
 
 
 def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies: dict | None = None) -> list[dict]:
@@ -110,7 +112,8 @@ def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies:
 
     layouts = valid_layouts(space, workload)
     ws = warm_start_records(records, workload, studies)
-    rows = corrected(layouts, workload, ws.observations)
+    gp = ws.observations.memory_gp(framework_of(workload).memory_sd)
+    rows = corrected(layouts, workload, ws.observations, bounds=oom_bounds(records, workload, gp, studies))
     likely = [r for r in rows if r["p_fit"] >= 0.5]
     if not likely:
         least = min(rows, key=lambda r: r["memory_gb"])

@@ -45,7 +45,28 @@ STAGE_KEYS = ("gemm", "attention", "elementwise", "tp_comm", "cp_comm", "p2p", "
 STOPPED_NOISE = 0.03          # log-noise of a stopped trial's upper bound (a few steps after warm-up)
 HISTORY_NOISE = 0.04          # extra log-noise of a stored trial from another study (drift between runs)
 OOM_MARGIN = 0.03             # an OOM says the memory ratio is at least capacity/predicted; assume a bit more
-Z_DIM, F_DIM, FM_DIM = 14, len(STAGE_KEYS) + 2, len(MEMORY_KEYS)
+#: Widenings of the memory correction's prior tried by marginal likelihood, of the whole prior and (as much
+#: or more) of the working memory's components (activations under each recompute mode, logits, buffers: the
+#: part of the account that is a model of what kernels keep, where the model state is exact arithmetic):
+#: measurements the framework's memory error cannot explain (a term the model lacks) widen it, so the
+#: correction follows them and its uncertainty grows away from them; data the prior explains keep it (the
+#: first, 1 and 1, wins ties).
+MEMORY_WIDENING = (1.0, 2.0, 4.0, 8.0, 16.0)
+MEMORY_WIDEN_MIN = 3          # observations before a widening is chosen (a scale is not learned from one point)
+Z_DIM, F_DIM, FM_DIM = 14, len(STAGE_KEYS) + 2, len(MEMORY_KEYS) + 2
+_ACT = MEMORY_KEYS.index("activations")
+_WORKING = np.array([k in ("activations", "logits", "zero3_buffers") for k in MEMORY_KEYS] + [True, True])
+
+
+def memory_features(breakdown: dict, recompute: str) -> np.ndarray:
+    """The memory correction's linear features: each component's share of the predicted peak, the
+    activations' share under its recompute mode's own name (none, full, any selective set): each mode's
+    account of what a layer keeps is its own formula, so each may be off by its own factor."""
+    shares = memory_shares(breakdown)
+    act, shares[_ACT] = shares[_ACT], 0.0
+    mode = [0.0, 0.0, 0.0]
+    mode[0 if recompute == "none" else 2 if recompute == "full" else 1] = act
+    return np.array(shares[:_ACT] + [mode[0]] + shares[_ACT + 1:] + mode[1:])
 FLOOR = 1e-3                  # never trust a predicted zero: predictions are floored here (MFU)
 
 
@@ -79,7 +100,7 @@ def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
     other = max(0.0, 1.0 - sum(shares) - dp)
     cross = float(comm.crosses_nodes(workload.cluster, layout.tp, 1))
     z = np.array(base + [cross, bubble / step, shares[3] + shares[4], dp, math.log2(workload.nodes) / 8])
-    fm = np.array(memory_shares(pred.memory_breakdown))
+    fm = memory_features(pred.memory_breakdown, layout.recompute)
     return Features(z, np.array(shares + [dp, other]), fm, math.log(max(pred.mfu, FLOOR)),
                     math.log(max(pred.memory_gb, 1e-6)), bool(pred.fits))
 
@@ -95,14 +116,17 @@ class GP:
     ell: float = 0.5
     noise: float = 0.025
     sd_scale: float = 1.0          # calibration of the predictive sd (see calibrate)
+    w_scale: np.ndarray | None = None   # per-feature multipliers of s_w (None: all 1)
     _data: tuple | None = field(default=None, repr=False)
 
     def kernel(self, Z1, F1, Z2, F2) -> np.ndarray:
         d2 = ((Z1[:, None, :] - Z2[None, :, :]) ** 2).sum(-1)
-        return self.s_c ** 2 + self.s_w ** 2 * F1 @ F2.T + self.s_g ** 2 * np.exp(-0.5 * d2 / self.ell ** 2)
+        W = F1 if self.w_scale is None else F1 * self.w_scale ** 2
+        return self.s_c ** 2 + self.s_w ** 2 * W @ F2.T + self.s_g ** 2 * np.exp(-0.5 * d2 / self.ell ** 2)
 
     def prior_var(self, Z, F) -> np.ndarray:
-        return self.s_c ** 2 + self.s_w ** 2 * (F * F).sum(1) + self.s_g ** 2
+        W = F if self.w_scale is None else F * self.w_scale ** 2
+        return self.s_c ** 2 + self.s_w ** 2 * (W * F).sum(1) + self.s_g ** 2
 
     def fit(self, Z, F, y, extra_noise=None) -> "GP":
         Z, F, y = np.asarray(Z, float), np.asarray(F, float), np.asarray(y, float)
@@ -195,6 +219,10 @@ class Observations:
     cF: list = field(default_factory=list)
     cy: list = field(default_factory=list)
     cnoise: list = field(default_factory=list)
+    oZ: list = field(default_factory=list)        # censored memory observations: lower bounds (out of memory)
+    oF: list = field(default_factory=list)
+    oy: list = field(default_factory=list)
+    onoise: list = field(default_factory=list)
 
     def add_time(self, ft: Features, measured: float, noise: float = 0.0) -> None:
         self.Z.append(ft.z), self.F.append(ft.f), self.noise.append(noise)
@@ -217,10 +245,12 @@ class Observations:
         if status == Status.OK and peak_memory_gb:
             self.add_memory(ft, math.log(peak_memory_gb) - ft.log_mem, noise)
         elif status == Status.OOM:
-            self.add_memory(ft, max(math.log(capacity_gb) - ft.log_mem, 0.0) + OOM_MARGIN, noise)
+            self.oZ.append(ft.z), self.oF.append(ft.fm), self.onoise.append(noise)
+            self.oy.append(max(math.log(capacity_gb) - ft.log_mem, 0.0) + OOM_MARGIN)
 
     def extend(self, other: "Observations") -> None:
-        for k in ("Z", "F", "y", "noise", "mZ", "mF", "my", "mnoise", "cZ", "cF", "cy", "cnoise"):
+        for k in ("Z", "F", "y", "noise", "mZ", "mF", "my", "mnoise", "cZ", "cF", "cy", "cnoise", "oZ", "oF", "oy",
+                  "onoise"):
             getattr(self, k).extend(getattr(other, k))
 
     def time_data(self) -> tuple[np.ndarray, np.ndarray, list, list]:
@@ -243,10 +273,47 @@ class Observations:
     def memory_gp(self, sd: float = 0.06) -> GP:
         """The memory correction; `sd`, the framework's scale of the memory model's error (tuner.frameworks),
         sets its prior (tuner.perfmodel.memory_gp_scales): with no data it is the one `predict` states p_fit
-        with (tuner.perfmodel.memory_prior_sd)."""
+        with (tuner.perfmodel.memory_prior_sd). Its prior is widened by marginal likelihood (MEMORY_WIDENING)
+        when the measurements say the memory model is further off than that. An OOM is a lower bound: it
+        enters (at the bound) only where the measured peaks alone would put the layout below it."""
+        gp = self._memory_gp(sd, self.mZ, self.mF, self.my, self.mnoise)
+        if not self.oy:
+            return gp
+        mu, _ = gp.predict(np.array(self.oZ).reshape(len(self.oy), Z_DIM), np.array(self.oF).reshape(len(self.oy), FM_DIM))
+        take = np.flatnonzero(mu < np.array(self.oy))
+        if not len(take):
+            return gp
+        pick = lambda xs, extra: list(xs) + [extra[i] for i in take]   # noqa: E731
+        return self._memory_gp(sd, pick(self.mZ, self.oZ), pick(self.mF, self.oF), pick(self.my, self.oy),
+                               pick(self.mnoise, self.onoise))
+
+    @staticmethod
+    def _memory_gp(sd: float, Z, F, y, noise) -> "RatioGP":
         s_c, s_w, s_g = memory_gp_scales(sd)
-        gp = GP(s_c=s_c, s_w=s_w, s_g=s_g, ell=0.5, noise=MEMORY_NOISE_SD)
-        return gp.fit(np.array(self.mZ), np.array(self.mF), self.my, self.mnoise) if self.my else gp
+        if not y:
+            return RatioGP(GP(s_c=s_c, s_w=s_w, s_g=s_g, ell=0.5, noise=MEMORY_NOISE_SD))
+        Z, F = np.array(Z).reshape(len(y), Z_DIM), np.array(F).reshape(len(y), FM_DIM)
+        ratio = np.exp(np.asarray(y, float))
+        lin, lin_noise = ratio - 1.0, np.asarray(noise, float) * ratio
+        fits = [GP(s_c=a * s_c, s_w=a * s_w, s_g=a * s_g, ell=0.5, noise=MEMORY_NOISE_SD,
+                   w_scale=np.where(_WORKING, b / a, 1.0)).fit(Z, F, lin, lin_noise)
+                for a in MEMORY_WIDENING for b in MEMORY_WIDENING if b >= a and (len(y) >= MEMORY_WIDEN_MIN or b == 1)]
+        gp = max(fits, key=lambda gp: gp.log_marginal() + 1e-9 * (gp is fits[0]))
+        return RatioGP(gp.calibrate() if len(y) >= MEMORY_WIDEN_MIN else gp)
+
+
+@dataclass
+class RatioGP:
+    """The memory correction: a GP on measured / predicted peak - 1, which is linear in the memory shares
+    when each component of the model's account is off by its own factor (sum_k m_k share_k - 1), however
+    large the factors; `predict` answers in log(measured / predicted) as the callers compare with capacity."""
+
+    gp: GP
+
+    def predict(self, Z, F) -> tuple[np.ndarray, np.ndarray]:
+        mu, sd = self.gp.predict(Z, F)
+        ratio = np.maximum(1.0 + mu, 0.05)
+        return np.log(ratio), sd / ratio
 
 
 @dataclass
@@ -256,7 +323,7 @@ class WarmStart:
 
     @property
     def empty(self) -> bool:
-        return not self.observations.y and not self.observations.my
+        return not self.observations.y and not self.observations.my and not self.observations.oy
 
 
 def _record_workload(rec, workload: Workload, studies: dict | None) -> Workload:
@@ -293,6 +360,71 @@ def _left_out(rec, workload: Workload, studies: dict | None) -> str | None:
     if _record_workload(rec, workload, studies).framework != workload.framework:
         return "framework"
     return None
+
+
+@dataclass(frozen=True)
+class OomBound:
+    """A measured OOM as a bound on its twins: its layout and node count, its predicted peak (GB), the
+    capacity it exceeded as log(capacity / predicted), and the memory correction's belief about its
+    log(true / predicted) before the OOM is known (mean, sd)."""
+
+    layout: Layout
+    nodes: int
+    total_gb: float
+    bound: float
+    mean: float
+    sd: float
+
+
+def _activation_shape(layout: Layout) -> Layout:
+    """The layout with what changes only the model state's sharding (dp, ZeRO stage) taken out."""
+    return replace(layout, dp=1, zero_stage=0)
+
+
+def oom_bounds(records, workload: Workload, gp: "GP", studies: dict | None = None) -> list[OomBound]:
+    """The measured OOMs of `workload`'s model, cluster and framework at any node count (the evidence
+    `warm_start_records` uses), each with what the memory correction `gp` believes of its peak. An OOM'd
+    layout was never measured: that belief is taken as no surer than the framework's memory error (its sd)."""
+    from tuner.frameworks import of
+
+    cap, out, floor = workload.cluster.memory_gb, [], of(workload).memory_sd
+    for rec in records or ():
+        if rec.status != Status.OOM or _left_out(rec, workload, studies):
+            continue
+        w = _record_workload(rec, workload, studies)
+        if rec.layout.gpus != w.gpus:
+            continue
+        p = predict(rec.layout, w)
+        ft = features(rec.layout, w, p)
+        mu, sd = gp.predict(ft.z[None, :], ft.fm[None, :])
+        out.append(OomBound(rec.layout, int(rec.nodes), p.memory_gb, math.log(cap / p.memory_gb), float(mu[0]),
+                            max(math.hypot(float(sd[0]), MEMORY_NOISE_SD), floor)))
+    return out
+
+
+def _ndtr(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+def oom_fit_cap(pred, bounds: list[OomBound], capacity_gb: float) -> tuple[float, str | None]:
+    """The probability that a layout (its Prediction) fits as far as the OOMs say, and the OOM that limits it.
+    A twin of an OOM'd layout (the same layout but for dp and the ZeRO stage: the same activations, other
+    model-state shards) needs that layout's true peak less the model state it saves, so it fits only if the
+    OOM'd layout needed less than capacity plus the difference of their predicted peaks: the memory
+    correction's belief about that layout, given that it needed more than the capacity."""
+    best, why, shape = 1.0, None, _activation_shape(pred.layout)
+    for b in bounds:
+        if _activation_shape(b.layout) != shape:
+            continue
+        room = capacity_gb + b.total_gb - pred.memory_gb
+        if room <= capacity_gb:
+            p = 0.0
+        else:
+            over = 1.0 - _ndtr((b.bound - b.mean) / b.sd)
+            p = max(_ndtr((math.log(room / b.total_gb) - b.mean) / b.sd) - (1.0 - over), 0.0) / max(over, 1e-12)
+        if p < best:
+            best, why = p, f"its twin {b.layout.key()} ran out of memory at {b.nodes} node(s)"
+    return best, why
 
 
 def warm_start_records(records, workload: Workload, studies: dict | None = None) -> WarmStart:

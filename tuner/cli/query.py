@@ -178,6 +178,10 @@ def predicted_best(store, w, rows: list, model: str, cluster: str, k: int, fmt: 
                    f"first when they fit with probability >= 0.95 (p_fit: from {framework_of(w).memory_note()}; "
                    f"narrowed by measured peaks of this model). Measure it: tuner search --model "
                    f"{model} --nodes {w.nodes} --cluster {cluster} --framework {w.framework} --warm-start")
+        capped = [o for o in objs if o.get("p_fit_limited_by")]
+        if capped:
+            click.echo(f"p_fit of {len(capped)} listed layout(s) capped by a measured OOM (e.g. "
+                       f"{capped[0]['p_fit_limited_by']}): a twin needs what the OOM needed less the state it saves")
 
 
 @cli.group()

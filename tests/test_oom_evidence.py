@@ -1,0 +1,100 @@
+"""What measured memory and OOMs at one node count say about another (issue 24: `best --nodes 2N`).
+
+An OOM is a lower bound, not a measurement: it enters the memory correction only where the measured peaks
+alone would put the layout below it, and it caps the probability that its twins (the same layout at
+another dp or ZeRO stage: the same activations) fit. The correction is linear in the memory shares on
+measured / predicted - 1, so an account whose activations are off by a factor extrapolates to larger
+micro-batches as that factor says."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+
+from tuner.best import best_for_unmeasured, corrected
+from tuner.correction import Observations, features, oom_bounds, oom_fit_cap, warm_start_records
+from tuner.frameworks import of
+from tuner.layout import Layout
+from tuner.perfmodel import predict
+from tuner.space import load_space, valid_layouts
+from tuner.specs import make_workload
+from tuner.trial import Status
+
+SPACE = load_space("frontier-2023")
+W2, W4 = make_workload("22b", 2), make_workload("22b", 4)
+OOMED = Layout(tp=2, pp=4, dp=2, micro_batch=1, zero_stage=1, recompute="none")
+TWIN = replace(OOMED, dp=4)                       # 32 GPUs: 4 nodes, the same activations, less optimizer state
+
+
+def record(layout: Layout, status: Status, nodes: int = 2, peak: float | None = None, mfu: float | None = None):
+    """A stored trial as `best` reads it (a measuring runner's)."""
+    return SimpleNamespace(layout=layout, status=status, nodes=nodes, peak_memory_gb=peak, mfu=mfu, model="gpt-22b",
+                           cluster="frontier", study="s", runner="command", global_batch=None)
+
+
+def test_an_ooms_twin_at_2n_is_capped_by_how_far_over_the_oom_may_have_gone():
+    cap = W4.cluster.memory_gb
+    assert predict(OOMED, W2).memory_gb < cap and predict(TWIN, W4).memory_gb < predict(OOMED, W2).memory_gb
+    recs = [record(OOMED, Status.OOM)]
+    gp = warm_start_records(recs, W4).observations.memory_gp(of(W4).memory_sd)
+    bounds = oom_bounds(recs, W4, gp)
+    assert [b.layout for b in bounds] == [OOMED]
+    p_twin, why = oom_fit_cap(predict(TWIN, W4), bounds, cap)
+    assert 0.0 < p_twin < 0.95 and OOMED.key() in why and "2 node(s)" in why
+    # a layout with other activations is not its twin; one that saves nothing cannot fit
+    assert oom_fit_cap(predict(replace(TWIN, recompute="full"), W4), bounds, cap) == (1.0, None)
+    assert oom_fit_cap(predict(replace(OOMED, zero_stage=0, dp=4), W4), bounds, cap)[0] < p_twin
+    rows = {r["layout"]: r for r in corrected([TWIN], W4, warm_start_records(recs, W4).observations, bounds=bounds)}
+    assert rows[TWIN]["p_fit"] == p_twin and not rows[TWIN]["headroom_ok"] and rows[TWIN]["limited_by"] == why
+
+
+def test_best_at_2n_does_not_recommend_first_the_twin_of_an_oom():
+    recs = [record(OOMED, Status.OOM)]
+    plain = best_for_unmeasured(W4, SPACE, [], k=400)
+    after = best_for_unmeasured(W4, SPACE, recs, k=400)
+    twin = next(r for r in after if r["layout"] == TWIN)
+    assert twin["p_fit_limited_by"] and twin["p_fit"] < next(r["p_fit"] for r in plain if r["layout"] == TWIN)
+    assert after[0]["headroom_ok"] and after[0]["layout"] != TWIN and after[0]["p_fit_limited_by"] is None
+
+
+def test_an_oom_the_measured_peaks_already_explain_does_not_pull_the_correction_down():
+    """Three measured peaks 1.6x the prediction; an OOM whose bound (capacity / predicted) is below what they
+    imply adds nothing, one above it raises the correction there."""
+    lays = [lay for lay in valid_layouts(SPACE, W2) if lay.recompute == "none"][:3]
+    obs = Observations()
+    for lay in lays:
+        p = predict(lay, W2)
+        obs.add_result(features(lay, W2, p), Status.OK, 0.3, 1.6 * p.memory_gb, W2.cluster.memory_gb)
+    probe = features(OOMED, W2)
+    base = obs.memory_gp(0.11).predict(probe.z[None], probe.fm[None])[0][0]
+    low = Observations()
+    low.extend(obs)
+    low.add_result(probe, Status.OOM, None, None, math.exp(probe.log_mem) * 1.05)   # over by at least 5 %
+    assert abs(low.memory_gp(0.11).predict(probe.z[None], probe.fm[None])[0][0] - base) < 1e-9
+    high = Observations()
+    high.extend(obs)
+    high.add_result(probe, Status.OOM, None, None, math.exp(probe.log_mem) * 2.5)   # over by at least 2.5x
+    assert high.memory_gp(0.11).predict(probe.z[None], probe.fm[None])[0][0] > math.log(2.5)
+
+
+def test_activations_off_by_a_factor_extrapolate_to_a_larger_micro_batch():
+    """Truth: every activation byte counted twice as much (scores a kernel keeps that the account lacks);
+    measured at micro-batch 1, predicted at 2 and 4 within 8 %, where a log-share fit falls short."""
+    def truth(lay, w):
+        b = predict(lay, w).memory_breakdown
+        return sum(v for k, v in b.items() if k in ("weights", "gradients", "optimizer", "activations", "logits",
+                                                    "zero3_buffers", "reserved", "measured_bias")) + b["activations"]
+    seen = [lay for lay in valid_layouts(SPACE, W2) if lay.micro_batch == 1 and lay.recompute == "none"][:6]
+    obs = Observations()
+    for lay in seen:
+        obs.add_result(features(lay, W2), Status.OK, 0.3, truth(lay, W2), 1e9)
+    gp = obs.memory_gp(of(W2).memory_sd)
+    for mb in (2, 4):
+        lay = replace(seen[0], micro_batch=mb)
+        ft = features(lay, W2)
+        mu, _ = gp.predict(ft.z[None], ft.fm[None])
+        assert abs(math.exp(ft.log_mem + mu[0]) / truth(lay, W2) - 1) < 0.08, (lay.key(), mu)
+    assert np.isfinite(mu).all()
