@@ -17,11 +17,13 @@ Messages go to logging.getLogger("tuner").
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import Any, Callable
 
 from tuner import study as studies
 from tuner.config import check, dumps, read, record
-from tuner.errors import UsageError
+from tuner.errors import StudyExists, TunerError, UsageError
 from tuner.layout import Layout
 from tuner.runners import RUNNERS, TrialRunner
 from tuner.runners.registry import (as_runner, check_name, default_name, register_runner, runner_names,
@@ -30,6 +32,31 @@ from tuner.trial import Status, TrialResult, TrialSpec
 
 __all__ = ["create_study", "load_study", "Study", "register_runner", "unregister_runner", "runner_names",
            "TrialSpec", "TrialResult", "TrialRunner", "Status", "Layout"]
+
+
+#: The CLI's words for what to run next, as a Python user runs it (regex -> replacement).
+PYTHON_WORDS = ((r"`tuner resume (\S+?) --join`", r"`tuner.load_study('\1').optimize(join=True)`"),
+                (r"`tuner resume (\S+?)`", r"`tuner.load_study('\1').optimize()`"))
+
+
+def in_python_words(fn):
+    """`fn` whose errors say what to do next in Python (tuner.load_study(NAME).optimize()), not with the
+    CLI's `tuner resume NAME` or --study; the error keeps its class."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except StudyExists as exc:
+            exc.args = (f"study '{exc.name}' exists: load it with tuner.load_study({exc.name!r}) (or pass "
+                        "load_if_exists=True), or give create_study another name",)
+            raise
+        except TunerError as exc:
+            text = str(exc)
+            for pattern, words in PYTHON_WORDS:
+                text = re.sub(pattern, words, text)
+            exc.args = (text,)
+            raise
+    return wrapper
 
 
 def _store(storage):
@@ -61,12 +88,14 @@ class Study:
         """Every trial (tuner.store.TrialRecord), in trial-number order."""
         return self.store.trials(self.name)
 
+    @in_python_words
     def optimize(self, n_trials: int | None = None, timeout: float | None = None,
                  callbacks: list[Callable] | None = None, join: bool = False):
         """Run trials: until the study's budget (or `n_trials` more), the searcher's stop, the space's
         end or `timeout` seconds. A study that has run before continues where it stopped, re-running
         trials a dead driver left; `join=True` runs beside another live driver. Each callback gets the
-        driver's Progress after every change. Returns the Outcome (ran, pruned, reason)."""
+        driver's Progress after every change. Returns the Outcome (ran and pruned by this call, reason, and
+        earlier: the trials earlier runs counted in the budget)."""
         rec = self.record
         fresh = not self.trials and rec.state == "running"
         budget = None
@@ -125,6 +154,7 @@ def _runner(runner: Any, runner_name: str | None, options: dict) -> tuple[str, T
     return name, as_runner(runner, name, options.get("runner_options"))
 
 
+@in_python_words
 def create_study(name: str | None = None, *, storage=None, runner: Any = None, runner_name: str | None = None,
                  config: str | None = None, load_if_exists: bool = False, **options) -> Study:
     """Create (and store) a study; nothing runs until `optimize()`.
@@ -155,6 +185,7 @@ def _checked(given: dict, where: str) -> dict:
     return o
 
 
+@in_python_words
 def load_study(name: str, *, storage=None, runner: Any = None, runner_name: str | None = None) -> Study:
     """A stored study (created here or by `tuner search`). `runner`: the object to run it with when its
     runner is not one tuner builds by name; it must carry the stored name (runner_name=...)."""

@@ -30,6 +30,7 @@ from tuner.metrics import trial_rank_key
 from tuner.layout import Layout
 from tuner.frameworks import of as framework_of, runnable
 from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT, predict
+from tuner.fit_nodes import more_nodes_hint
 from tuner.specs import Workload
 from tuner.correction import Observations, features, oom_bounds, oom_fit_cap, simulated, warm_start_records
 
@@ -37,12 +38,13 @@ Z90 = 1.645           # two-sided 90 % interval / one-sided 95 % bound of a norm
 STALE_MARGIN = 64     # more stored trials asked for than answered: some may be refused by their framework
 
 
-def require_fit(preds, workload: Workload) -> None:
-    """Refuse a workload none of whose valid layouts (predictions) fits in memory, naming the smallest."""
+def require_fit(preds, workload: Workload, space=None) -> None:
+    """Refuse a workload none of whose valid layouts (predictions) fits in memory, naming the smallest and
+    the fewest nodes at which one of `space`'s layouts fits (tuner.fit_nodes)."""
     if not any(p.fits for p in preds):
         least = min(preds, key=lambda p: p.memory_gb)
         fix = ("use a model sized for this machine (tiny, small, llama3-tiny: llama3-8b's architecture at CPU "
-               "size)" if workload.cluster.name.startswith("local") else "use more nodes")
+               "size)" if workload.cluster.name.startswith("local") else more_nodes_hint(workload, space))
         raise UsageError(f"none of {len(preds)} valid layouts fits in {workload.cluster.memory_gb:g} GB per GPU "
                          f"(smallest needs {least.memory_gb:.1f} GB: {least.layout.key()}); {fix}")
 
@@ -119,7 +121,8 @@ def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies:
         least = min(rows, key=lambda r: r["memory_gb"])
         raise UsageError(f"no valid layout of {workload.model.name} fits on {workload.nodes} node(s) "
                          f"({workload.gpus} GPUs): the smallest needs {least['memory_gb']:.1f} GB per GPU of "
-                         f"{workload.cluster.memory_gb:g} ({least['layout'].key()}); use more nodes")
+                         f"{workload.cluster.memory_gb:g} ({least['layout'].key()}); "
+                         f"{more_nodes_hint(workload, space)}")
     likely.sort(key=lambda r: (not r["headroom_ok"], -r["mfu"], r["memory_gb"]))
     evidence = _evidence(ws, workload, studies)
     return [answer(r, workload, evidence) for r in likely[:max(int(k), 1)]]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import textwrap
 
 from tuner.specs import CLUSTER_KEYS, ClusterSpec
 
@@ -179,7 +180,8 @@ def render_toml(cluster: dict, m: dict) -> str:
             how["latency_us"] = (f"tight-loop small all-reduce / 2(G-1) steps measured {tight:.4g}, plus the wait "
                                  "per message inside a training step (the tensor-parallel runs)")
     elif ov.get("error"):
-        how["microbatch_overhead_ms"] = how["step_overhead_ms"] = f"default: harness run failed ({ov['error'][:150]})"
+        why = textwrap.shorten(ov["error"], 150, placeholder=" ...")      # one line, cut between words
+        how["microbatch_overhead_ms"] = how["step_overhead_ms"] = f"default, not measured: harness run failed ({why})"
     for k, v in cluster.items():
         val = json.dumps(v) if isinstance(v, str) else ("true" if v is True else "false" if v is False else repr(v))
         lines.append(f"{k} = {val}" + (f"    # {how[k]}" if k in how else ""))

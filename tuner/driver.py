@@ -59,9 +59,10 @@ class Progress:
 @dataclass
 class Outcome:
     study: str
-    ran: int
-    pruned: int
+    ran: int                     # trials this driver ran (a resumed study's earlier ones not counted)
+    pruned: int                  # layouts this driver pruned
     reason: str                  # budget | exhausted | converged (the searcher stopped) | time-limit
+    earlier: int = 0             # trials run (or pruned) before, by earlier drivers: counted in the budget
 
 
 def result_of(record) -> TrialResult:
@@ -79,6 +80,7 @@ class Driver:
         if budget < 1 or parallel < 1:
             raise UsageError("--budget and --parallel must be >= 1")
         self.store, self.study, self.workload = store, study, workload
+        self._earlier = (0, 0)            # (ran, pruned) by earlier drivers: _replay
         self.searcher, self.runner, self.executor = searcher, runner, executor
         self.budget, self.parallel, self.time_limit, self.prune = budget, parallel, time_limit, prune
         self.results_dir = Path(results_dir).resolve()   # workers (threads, Ray) may run elsewhere
@@ -123,6 +125,7 @@ class Driver:
             else:
                 self.progress.ran += 1
             self._update_best(rec)
+        self._earlier = (self.progress.ran, self.progress.pruned)
         return again
 
     def _update_best(self, rec) -> None:
@@ -289,7 +292,8 @@ class Driver:
         self.progress.running, self.progress.running_trials = 0, []
         self._lease(lease.release)
         self.on_progress(self.progress)
-        return Outcome(self.study, self.progress.ran, self.progress.pruned, reason)
+        ran, pruned = self._earlier
+        return Outcome(self.study, self.progress.ran - ran, self.progress.pruned - pruned, reason, ran + pruned)
 
     def _loop(self, reruns: list, deadline: float | None) -> str:
         """Run trials until the budget, the space, the searcher or the time limit ends it; why it ended."""

@@ -28,6 +28,10 @@ class SpecError(UsageError):
     """A model, cluster or search-space file is malformed or names unknown keys."""
 
 
+class UnknownName(UsageError):
+    """A preset name (model, cluster) that names no preset: the message lists them and the closest."""
+
+
 class InvalidLayout(UsageError):
     """A layout breaks a rule for the workload; the message is the rule it breaks."""
 
@@ -79,6 +83,11 @@ class StoreError(TunerError):
 class StoreNotWritable(UsageError, StoreError):
     """The --db the user gave cannot be written (read-only file or directory, missing directory): bad
     input, exit 2, and still a StoreError for whoever catches those."""
+
+
+class BadStoreURL(UsageError, StoreError):
+    """--db / TUNER_DB is not a database URL tuner can open (a path, a typo, another backend): bad input,
+    exit 2, and still a StoreError."""
 
 
 # The pip extra (pyproject.toml) that installs each optional module; None: a base dependency.

@@ -9,12 +9,13 @@ read through importlib.resources so that editable and wheel installs both find t
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-from tuner.errors import SpecError
+from tuner.errors import SpecError, UnknownName
 
 PRESET_PACKAGE = "tuner._presets"   # workloads/ and search_spaces/ at the repository root (pyproject package-dir)
 PRESET_KINDS = ("models", "clusters", "search_spaces")
@@ -86,10 +87,19 @@ def find_spec_file(kind: str, name: str) -> Path | Traversable:
             raise SpecError(f"{kind[:-1]} file {name} does not exist")
         return p
     name = MODEL_ALIASES.get(name.lower(), name) if kind == "models" else name
-    for base in (Path("workloads") / kind, preset_dir(kind)):
+    bases = (Path("workloads") / kind, preset_dir(kind))
+    for base in bases:
         p = base / f"{name}.toml"
         if p.is_file():
             return p
+    for base in bases:                          # any case: llama3-70B, H100
+        if base.is_dir():
+            for p in base.iterdir():
+                if p.name.lower() == f"{name.lower()}.toml" and p.is_file():
+                    return p
     aliases = f" (aliases: {', '.join(MODEL_ALIASES)})" if kind == "models" else ""
-    raise SpecError(f"unknown {kind[:-1]} '{name}'; presets: {', '.join(presets(kind))}{aliases}; "
-                    "or give a path to a TOML file")
+    close = difflib.get_close_matches(name.lower(), [*presets(kind), *(MODEL_ALIASES if kind == "models" else ())],
+                                      n=3, cutoff=0.6)
+    guess = f"did you mean {' or '.join(close)}? " if close else ""
+    raise UnknownName(f"unknown {kind[:-1]} '{name}'; {guess}presets: {', '.join(presets(kind))}{aliases}; "
+                      "or give a path to a TOML file")

@@ -73,6 +73,13 @@ def top_rows(trials, k: int = 10) -> list[dict]:
             for i, t in enumerate(ok_trials(trials)[:k])]
 
 
+def columns_at_default(rows: list[dict]) -> set[str]:
+    """The layout columns a layout key names only when set (sp, cp, vp, ep, etp) that every row leaves at
+    their default: tables leave them out (a dense study's ep and etp are 1 throughout)."""
+    return {d.column for d in DIMENSIONS if d.in_key == "set" and rows
+            and all(r.get(d.column, d.default) == d.default for r in rows)}
+
+
 def status_counts(trials) -> dict[str, int]:
     """Trials per status, in Status order, statuses with no trial left out."""
     counts = {s: 0 for s in STATUS_ORDER}
@@ -284,7 +291,7 @@ class Report:
 CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;
 color:#212121;padding:0 1em}h1{margin-bottom:.2em}.meta{color:#616161}table{border-collapse:collapse;margin:1em 0;
 font-size:.9em}.scroll{overflow-x:auto}
-td,th{border:1px solid #ddd;padding:4px 8px;font-variant-numeric:tabular-nums}th{background:#f5f5f5}
+td,th{border:1px solid #ddd;padding:3px 6px;font-variant-numeric:tabular-nums}th{background:#f5f5f5}
 td.n{text-align:right}.note{background:#fff8e1;border-left:4px solid #ffb300;padding:.6em 1em}
 .best{background:#e8f5e9;border-left:4px solid #2e7d32;padding:.6em 1em}figure{margin:1.2em 0}
 figure img{max-width:100%;border:1px solid #eee}.row{display:flex;flex-wrap:wrap;gap:0 2em}.row>div{flex:1 1 45%;min-width:320px}code{background:#f5f5f5;padding:1px 4px}"""
@@ -301,10 +308,14 @@ def _fmt(v) -> str:
 
 
 def html_table(rows: list[dict]) -> str:
+    """The rows as an HTML table; layout columns every row leaves at their default are left out, and
+    the headers may wrap after an underscore (pred_<wbr>mem_<wbr>gb), so the top table fits a 1,400 px window."""
     if not rows:
         return "<p>(none)</p>"
     e = html.escape
-    head = "".join(f"<th>{e(c)}</th>" for c in rows[0])
+    dropped = columns_at_default(rows)
+    rows = [{k: v for k, v in r.items() if k not in dropped} for r in rows]
+    head = "".join(f"<th>{e(c).replace('_', '_<wbr>')}</th>" for c in rows[0])
     body = "".join("<tr>" + "".join(
         f"<td class='n'>{e(_fmt(v))}</td>" if isinstance(v, (int, float)) and not isinstance(v, bool)
         else f"<td>{e(_fmt(v))}</td>" for v in r.values()) + "</tr>" for r in rows)

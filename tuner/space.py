@@ -12,13 +12,13 @@ import itertools
 import math
 import operator
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tuner.errors import SpecError, UsageError
 from tuner.layout import (BY_NAME, DIMENSIONS as LAYOUT_DIMS, SEARCHED, Layout, micro_batches_per_pipeline,
                           why_invalid as layout_why_invalid, why_invalid_cut, why_invalid_schedule,
-                          why_invalid_values)
+                          why_invalid_values, expert_data_parallel)
 from tuner.frameworks import of as framework_of, split_refusal
 from tuner.pipeline_split import why_invalid_split
 from tuner.presets import preset_dir, read_toml
@@ -280,10 +280,13 @@ def load_space(name: str | None = None) -> SearchSpace:
 
 
 def no_layout_reason(space: SearchSpace, workload: Workload) -> str:
-    """Why a workload has no valid layout: the most common refusal among the candidates, in full (one
-    example of it: refusals that differ only in their numbers count as one)."""
+    """Why a workload has no valid layout: every refusal among the candidates at once (one example of each:
+    refusals that differ only in their numbers count as one), first the one that refuses the plainest
+    candidate (least cp, then pp, tp, micro-batch): what still blocks when every other cause is pinned
+    away, so the real blocker is never hidden behind a dimension's refusal."""
     counts: dict[str, int] = {}
     example: dict[str, str] = {}
+    plainest: dict[str, tuple] = {}
     pick = {d: space.choices(d, workload) for d in DIMENSIONS}
     vp = min(pick["virtual_pipeline"])     # the plainest the space allows (sp, ZeRO: the plainest the framework runs)
     allowed = framework_of(workload).zero_stages
@@ -303,9 +306,13 @@ def no_layout_reason(space: SearchSpace, workload: Workload) -> str:
             kind = re.sub(r"\d+", "#", r)
             counts[kind] = counts.get(kind, 0) + 1
             example.setdefault(kind, r)
+            plainest[kind] = min(plainest.get(kind, (cp, pp, tp, mb)), (cp, pp, tp, mb))
     if not counts:
         return f"no tp*cp*pp among the space's choices divides {workload.gpus} GPUs"
-    return example[max(counts, key=counts.get)]
+    first, *rest = sorted(counts, key=lambda k: (plainest[k], -counts[k]))
+    rest.sort(key=lambda k: -counts[k])
+    others = f" (other layouts are also refused: {'; '.join(example[k] for k in rest)})" if rest else ""
+    return example[first] + others
 
 
 def valid_layouts(space: SearchSpace, workload: Workload) -> list[Layout]:
@@ -314,4 +321,22 @@ def valid_layouts(space: SearchSpace, workload: Workload) -> list[Layout]:
     if not layouts:
         raise UsageError(f"no valid layout for {workload.model.name} on {workload.nodes} node(s) "
                          f"({workload.gpus} GPUs): {no_layout_reason(space, workload)}")
-    return layouts
+    return one_zero_stage_where_unsharded(layouts, workload)
+
+
+def one_zero_stage_where_unsharded(layouts: list[Layout], workload: Workload) -> list[Layout]:
+    """ZeRO stages shard model states over the data-parallel group (dp*cp; an expert's over its expert-dp
+    group): where both are 1 every stage is the same run, so only the framework's own first stage among
+    them is kept (tp2-pp8-dp1 is one layout, not one per stage)."""
+    order = {z: i for i, z in enumerate(framework_of(workload).zero_stages)}
+    kept: dict[Layout, Layout] = {}
+    for lay in layouts:
+        unsharded = lay.dp * lay.context_parallel == 1 and (
+            not workload.model.is_moe or expert_data_parallel(lay) == 1)
+        key = replace(lay, zero_stage=-1) if unsharded else lay
+        if key not in kept or order.get(lay.zero_stage, 99) < order.get(kept[key].zero_stage, 99):
+            kept[key] = lay
+    if len(kept) == len(layouts):
+        return layouts
+    keep = set(kept.values())
+    return [lay for lay in layouts if lay in keep]

@@ -105,6 +105,18 @@ def harness_refusal(rec: StudyRecord, workload: Workload) -> str | None:
     return None
 
 
+def framework_model_refusal(workload: Workload) -> str | None:
+    """Why the study's framework cannot build its model at all (torchtitan builds only its registered
+    model flavors: tuner.render.torchtitan.flavor), or None."""
+    if workload.framework == "torchtitan":
+        from tuner.render.torchtitan import flavor
+        try:
+            flavor(workload.model)
+        except UsageError as exc:
+            return str(exc)
+    return None
+
+
 def trainer_refusal(rec: StudyRecord, layout, workload: Workload) -> str | None:
     """Why the study's trainer cannot run `layout` as it is (the harness: no virtual stages, no context
     parallelism, no FP8; Slurm's megatron template: Megatron-DeepSpeed's limits), or None. The simulator,
@@ -132,6 +144,9 @@ def create(store, rec: StudyRecord, runner: TrialRunner | None = None) -> StudyR
     Ray address. Raises UsageError (nothing stored) or StudyExists. `runner`: the study's runner when
     it is not one tuner can build by its name (a Python object, tuner.runners.registry)."""
     workload, space = Workload.from_dict(rec.workload), SearchSpace.from_record(rec.space)
+    refusal = framework_model_refusal(workload)
+    if refusal:                                   # before any trial: its answer could never be launched
+        raise UsageError(refusal)
     layouts = runnable_layouts(rec, workload, space)
     s = rec.settings
     runner_for(rec, workload, runner)             # bad runner input fails before anything is stored
@@ -139,7 +154,7 @@ def create(store, rec: StudyRecord, runner: TrialRunner | None = None) -> StudyR
     if refusal:
         raise UsageError(refusal)
     if s.get("prune", True):                      # a study that could only prune would be a dead one
-        require_fit([predict(lay, workload) for lay in layouts], workload)
+        require_fit([predict(lay, workload) for lay in layouts], workload, space)
     if s.get("executor") == "ray" and (s.get("executor_options") or {}).get("address"):
         from tuner.executors.ray import check_address
         check_address(s["executor_options"]["address"])

@@ -121,6 +121,51 @@ def catch_termination() -> None:
             signal.signal(sig, _raise_terminated)
 
 
+def _command_of(argv: list[str]) -> tuple[click.Command, list[str], str]:
+    """(the command `argv` names, the arguments after its name, its path: `tuner db current`)."""
+    cmd, path, i = cli, "tuner", 0
+    while isinstance(cmd, click.Group) and i < len(argv):
+        if argv[i].startswith("-"):
+            i += 1
+            continue
+        sub = cmd.commands.get(argv[i])
+        if sub is None:
+            break
+        cmd, path, i = sub, f"{path} {argv[i]}", i + 1
+    return cmd, argv[i:], path
+
+
+def repeated_option(argv: list[str]) -> str | None:
+    """Why `argv` gives one option two different values (`--nodes 16 --nodes 32`: click would keep the last
+    silently), or None. Options that take many (multiple=True) may repeat."""
+    cmd, args, path = _command_of(argv)
+    if cmd is cli:
+        return None
+    params = {o: p for p in cmd.params if isinstance(p, click.Option) for o in (*p.opts, *p.secondary_opts)}
+    given: dict[str, list[tuple[str, str]]] = {}
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if token == "--":
+            break
+        key, eq, value = token.partition("=") if token.startswith("--") else (token, "", "")
+        p = params.get(key)
+        i += 1
+        if p is None:
+            continue
+        if p.is_flag or p.count:
+            value = str(key in p.opts)          # --sp / --no-sp: on or off
+        elif not eq:
+            value, i = (args[i] if i < len(args) else ""), i + 1
+        if not (p.multiple or p.count):
+            given.setdefault(p.name, []).append((key, value))
+    for uses in given.values():
+        if len({v for _, v in uses}) > 1:
+            shown = ", ".join(f"{k} {v}" if v not in ("True", "False") else k for k, v in uses)
+            return f"{shown}: one value expected, {len(uses)} given; give {uses[0][0]} once (see `{path} --help`)"
+    return None
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     catch_termination()
@@ -128,6 +173,10 @@ def main(argv=None) -> None:
         click.echo(cli.get_help(click.Context(cli, info_name="tuner")))
         sys.exit(0)
     debug = "--debug" in argv
+    repeated = repeated_option(list(argv))
+    if repeated:
+        click.echo(f"error: {repeated}", err=True)
+        sys.exit(2)
     try:
         cli.main(args=argv, prog_name="tuner", standalone_mode=False)
     except click.exceptions.Exit as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import textwrap
 
 import click
 
@@ -41,3 +42,9 @@ def calibrate(out, gpus, device, name, quick, force):
                f"all-reduce bus bandwidth {c['intra_node_bandwidth_gbps']:.3g} GB/s over {gpus} ranks")
     click.echo(f"use it with --cluster {shlex.quote(got['cluster_option'])}, e.g. tuner search --model tiny "
                f"--cluster {shlex.quote(got['cluster_option'])} --runner local --gpus {gpus} --budget 6")
+    failed = (got["measurements"].get("overhead") or {}).get("error")
+    if failed:
+        why = textwrap.shorten(failed, 300, placeholder=" ...")
+        click.echo(f"warning: the harness runs that measure the overheads failed, so microbatch_overhead_ms and "
+                   f"step_overhead_ms in {got['path']} are tuner's defaults, not measured ({why}); fix that and "
+                   "rerun with --force", err=True)

@@ -72,7 +72,7 @@ def plan(model, nodes, cluster, global_batch, seq_length, precision, framework, 
     fitting = [p for p in ranked if p.fits]
     if not show_all:
         from tuner.best import require_fit
-        require_fit(ranked, w)
+        require_fit(ranked, w, sp)
     shown = (ranked if show_all else fitting)[:top]
     rows = [{"rank": i + 1, **prediction_row(p, w)} for i, p in enumerate(shown)]
     objs = [{"rank": i + 1, **p.as_dict(), "memory_used_fraction": p.memory_gb / w.cluster.memory_gb,

@@ -23,17 +23,12 @@ def table(rows: list[dict], columns: list[str] | None = None) -> str:
     """A text table; layout columns that every row leaves at their default (sp, cp, vp) are left out."""
     if not rows:
         return "(none)"
-    columns = [c for c in columns or list(rows[0]) if not _at_default(c, rows)]
+    dropped = columns_at_default(rows)
+    columns = [c for c in columns or list(rows[0]) if c not in dropped]
     cells = [[_cell(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     line = lambda vals: "  ".join(v.rjust(w) if _numeric(v) else v.ljust(w) for v, w in zip(vals, widths)).rstrip()
     return "\n".join([line(columns), line(["-" * w for w in widths]), *(line(r) for r in cells)])
-
-
-def _at_default(column: str, rows: list[dict]) -> bool:
-    from tuner.layout import DIMENSIONS
-    dim = next((d for d in DIMENSIONS if d.column == column and d.in_key == "set"), None)
-    return dim is not None and all(r.get(column, dim.default) == dim.default for r in rows)
 
 
 def _numeric(s: str) -> bool:
@@ -70,3 +65,4 @@ def render(rows: list[dict], fmt: str, columns: list[str] | None = None, json_ob
 
 
 from tuner.layout import flat_layout  # noqa: E402,F401  (the layout's table columns)
+from tuner.report import columns_at_default  # noqa: E402  (one rule for text and HTML tables)

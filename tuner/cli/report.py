@@ -267,4 +267,7 @@ def launch(name, model, nodes, cluster, out, force, framework, megatron_dir, acc
     elif framework == "megatron-deepspeed" and not (megatron_dir or (w.cluster.slurm or {}).get("megatron_dir")):
         click.echo(f"note: pretrain_gpt.py is taken from {batch['megatron_dir']}/ beside the files: pass "
                    "--megatron-dir to point at your checkout", err=True)
+    reminder = [ln[2:] for ln in files["launch.sbatch"].splitlines() if ln.startswith("# No #SBATCH")]
+    if reminder:                                  # no account or time limit: the script's comment, said here too
+        click.echo(f"note: {reminder[0]}", err=True)
     click.echo(f"submit: cd {shlex.quote(str(out))} && {batch['submit']}")

@@ -76,9 +76,15 @@ def slurm_table(workload: Workload, *, framework: str = "megatron-deepspeed", me
 
 
 def site_notes(workload: Workload, table: dict) -> list[str]:
-    """The launch script's comment for a cluster without a [slurm] table: what the site adds."""
+    """The launch script's comment: for a cluster without a [slurm] table, what the site adds; for one
+    whose table (and the launch's --account / --time) sets no account or time limit, that most sites need
+    both."""
     if workload.cluster.slurm is not None:
-        return []
+        unset = [flag for key, flag in (("account", "--account"), ("time_limit", "--time")) if not table[key]]
+        return [f"No #SBATCH {' or '.join(unset)} line: cluster {json.dumps(workload.cluster.name)}'s [slurm] table "
+                f"sets none. Most sites need an account and a time limit (without them sbatch uses the site's "
+                f"defaults, or refuses): tuner launch --account PROJECT --time HH:MM:SS writes them, or add them "
+                f"here as #SBATCH {'=... and #SBATCH '.join(unset)}=..."] if unset else []
     missing = [f"#SBATCH --{k}" for k in ("account", "partition") if not table[k]]
     return [f"Generic script: cluster {json.dumps(workload.cluster.name)} has no [slurm] table. Add your site's "
             f"{' and '.join(missing) + ', ' if missing else ''}modules and environment here (or a [slurm] table "

@@ -13,7 +13,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import StaticPool
 
-from tuner.errors import NoStore, StoreError, StoreNotWritable
+from tuner.errors import BadStoreURL, NoStore, StoreError, StoreNotWritable
 from tuner.store.models import scrub
 
 DEFAULT_URL = "sqlite:///results/tuner.db"
@@ -49,15 +49,18 @@ def _sqlstate(exc: BaseException) -> str | None:
 
 def _parse(raw: str) -> URL:
     shown = redact(raw)
+    if "://" not in raw and raw.endswith((".db", ".sqlite", ".sqlite3")):     # a file path given as --db
+        raise BadStoreURL(f"malformed database URL '{shown}': --db takes a URL; for this SQLite file it is "
+                          f"sqlite:///{Path(raw).expanduser().resolve()} (sqlite:/// then the path; {URL_HINT})")
     try:
         url = make_url(raw)
     except ArgumentError:
-        raise StoreError(f"malformed database URL '{shown}': {URL_HINT}") from None
+        raise BadStoreURL(f"malformed database URL '{shown}': {URL_HINT}") from None
     backend = url.get_backend_name()
     if backend in ("postgresql", "postgres"):
         return url.set(drivername="postgresql+psycopg")   # the only PostgreSQL driver tuner ships with
     if backend != "sqlite" or url.drivername not in ("sqlite", "sqlite+pysqlite"):
-        raise StoreError(f"unsupported database URL '{shown}' (backend '{url.drivername}'): {URL_HINT}")
+        raise BadStoreURL(f"unsupported database URL '{shown}' (backend '{url.drivername}'): {URL_HINT}")
     return url
 
 
