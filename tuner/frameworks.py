@@ -119,14 +119,10 @@ class Framework:
         """Whether the MoE token all-to-all runs under compute: Megatron-Core's
         --overlap-moe-expert-parallel-comm (the 1F1B schedule overlaps one micro-batch's dispatch and
         combine with another's forward/backward), which transformer_config.py allows only with ep > 1,
-        without full recompute and, with pp > 1, with the interleaved schedule. Not with tp or cp > 1 either:
-        those need CUDA_DEVICE_MAX_CONNECTIONS=1 (before Blackwell; `launch` exports it), which serialises the
-        overlap's streams, and Megatron-LM warns against the pair (megatron/training/arguments.py lines
-        1453-1474 at d98e8a64dd: "try not to use tensor model parallelism or context parallelism with
-        overlap_moe_expert_parallel_comm"); tuner keeps TP's CUDA_DEVICE_MAX_CONNECTIONS=1 and its overlaps."""
+        without full recompute and, with pp > 1, with the interleaved schedule. With tp or cp > 1 it runs
+        as NVIDIA's published runs do: with more than one CUDA connection (tuner.render.mcore.launch_env)."""
         return ("ep" in self.overlaps and layout.expert_parallel > 1 and layout.recompute != "full"
-                and (layout.pp == 1 or layout.virtual_pipeline > 1)
-                and layout.tp == 1 and layout.context_parallel == 1)
+                and (layout.pp == 1 or layout.virtual_pipeline > 1))
 
 
 def split_refusal(name: str, layout, model) -> str | None:

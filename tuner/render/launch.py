@@ -168,7 +168,7 @@ def _framework_files(framework: str, spec: TrialSpec, table: dict, data: dict, s
     else:
         args = mcore.pretrain_args(layout, workload, precision=precision, iterations=iters,
                                    extra=[*mcore.data_args(workload.model, **data), *run])
-        files, env = {}, mcore.launch_env(layout)
+        files, env = {}, mcore.launch_env(layout, workload)
     argv = ["python3", f"{table['megatron_dir'].rstrip('/')}/pretrain_gpt.py", *args]
     return {**files, "megatron_args.txt": "".join(f"{a}\n" for a in args),
             "launch.sbatch": render_sbatch(spec, table, template="command", command=argv, env={**env, **platform},

@@ -249,12 +249,20 @@ def recompute_args(layout: Layout) -> list[str]:
     return list({"full": RECOMPUTE_FULL, "selective": RECOMPUTE_SELECTIVE}.get(layout.recompute, ()))
 
 
-def launch_env(layout: Layout) -> dict[str, str]:
+def launch_env(layout: Layout, workload: Workload | None = None) -> dict[str, str]:
     """Variables the sbatch script exports: Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with tp or cp > 1
     (before Blackwell; harmless after), except with Megatron-FSDP, which asserts the opposite (A:1167: "FSDP
-    requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset"; with tp or cp it only warns, A:1456)."""
+    requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset"; with tp or cp it only warns, A:1456), and except with
+    --overlap-moe-expert-parallel-comm, whose streams one connection would serialise: Megatron-LM then only
+    warns (A:1466-1474 at d98e8a64dd: "set CUDA_DEVICE_MAX_CONNECTIONS to 1 or 32, which depends on which
+    parallelization you want to prioritize"), and NVIDIA's performance scripts, whose runs tuner's MoE overlap
+    is checked against, set 8 with the alltoall dispatcher tuner writes (Megatron-Bridge 067f987df,
+    scripts/performance/utils/overrides.py lines 256-263: 1 only "(tp_size > 1 or cp_size > 1) and not
+    moe_a2a_overlap")."""
     if layout.zero_stage in FSDP_SHARDING:
         return {}
+    if workload is not None and framework_of(workload).ep_overlap(layout):
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}
     return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if layout.tp > 1 or layout.context_parallel > 1 else {}
 
 
