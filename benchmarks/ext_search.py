@@ -84,9 +84,14 @@ def fraction(world: World, layout, opt: float) -> float:
 
 
 def model_facts(world: World, opt_layout, opt: float) -> dict:
-    order = [p.layout for p in rank(world.candidates, world.workload)]
+    """The model's rank of the optimum, its top pick's true speed, and what its pruning leaves reachable:
+    the fastest layout it does not prune / the fastest (the Driver never runs a pruned layout)."""
+    preds = rank(world.candidates, world.workload)
+    order = [p.layout for p in preds]
+    kept = [v for p in preds if p.fits and (v := world.truth(p.layout)[0]) is not None]
     return {"rank": order.index(opt_layout) + 1, "candidates": len(order), "model_top": fraction(world, order[0], opt),
-            "runs": sum(world.truth(c)[0] is not None for c in world.candidates)}
+            "runs": sum(world.truth(c)[0] is not None for c in world.candidates),
+            "pruned": not next(p.fits for p in preds if p.layout == opt_layout), "reach": max(kept, default=0.0) / opt}
 
 
 def evaluate(task: tuple) -> dict:
@@ -117,14 +122,16 @@ def cell(values: list[float]) -> str:
 
 
 def report(results: list[dict], searchers: list[str], budget: int) -> None:
-    print("worlds: the model's rank of each seed's optimum, the model's top pick's true speed / fastest (median), "
-          "layouts that run / candidates\n")
+    print("worlds: the model's top pick's true speed / fastest (median); the fastest layout the model does not "
+          "prune / fastest (worst seed: no search can beat it); layouts that run / candidates; the model's rank of "
+          "each seed's optimum (* = the model prunes it)\n")
     keys = list(dict.fromkeys((r["family"], r["workload"]) for r in results))
     for fam, wl in keys:
         rs = [r for r in results if (r["family"], r["workload"]) == (fam, wl)]
-        ranks = " ".join(str(r["rank"]) for r in rs)
-        print(f"  {fam:14} {wl:32} top/opt {statistics.median(r['model_top'] for r in rs):.3f}  runs "
-              f"{statistics.median(r['runs'] for r in rs):g}/{rs[0]['candidates']}  ranks {ranks}")
+        ranks = " ".join(f"{r['rank']}{'*' if r['pruned'] else ''}" for r in rs)
+        print(f"  {fam:14} {wl:32} top/opt {statistics.median(r['model_top'] for r in rs):.3f}  reachable "
+              f"{min(r['reach'] for r in rs):.3f}  runs {statistics.median(r['runs'] for r in rs):g}/"
+              f"{rs[0]['candidates']}  ranks {ranks}")
     print(f"\ntrue speed of the recommended layout after {budget} trials / the world's fastest: median / worst seed "
           f"(target {TARGET} / {WORST})\n")
     head = f"{'family':14} {'workload':32} " + " ".join(f"{s:>13}" for s in searchers)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.layout import Layout
+from tuner.pipeline_split import chunk_sizes
 from tuner.specs import Workload
 
 
@@ -88,32 +89,19 @@ def embedding_params(w: Workload) -> float:
     return m.vocab_size * m.hidden_size + pos
 
 
-def stage_layers(layout: Layout, w: Workload) -> list[int]:
-    """Transformer layers per pipeline rank (all its virtual chunks). Even when pp*vp divides the layers;
-    otherwise Megatron-Core's embedding- and loss-aware split (the first and last chunk give one layer's
-    room to the embedding and to the loss)."""
-    L, pp, vp = w.model.num_layers, layout.pp, layout.virtual_pipeline
-    n = pp * vp
-    if L % n == 0:
-        return [L // pp] * pp
-    size = (L + 2) // n
-    chunks = [size] * n
-    chunks[0] -= 1
-    chunks[-1] -= 1
-    return [sum(chunks[r + k * pp] for k in range(vp)) for r in range(pp)]
-
-
 def stage_chunks(layout: Layout, w: Workload) -> list[list[int]]:
-    """Layers of each virtual chunk of each pipeline rank: chunks[r][k] (model chunk r + k * pp)."""
-    L, pp, vp = w.model.num_layers, layout.pp, layout.virtual_pipeline
-    n = pp * vp
-    if L % n == 0:
-        return [[L // n] * vp for _ in range(pp)]
-    size = (L + 2) // n
-    sizes = [size] * n
-    sizes[0] -= 1
-    sizes[-1] -= 1
+    """Layers of each virtual chunk of each pipeline rank: chunks[r][k] is model chunk r + k * pp. The cut is
+    the layout's own (its pipeline_split, tuner.pipeline_split: what the framework is told to run)."""
+    pp, vp = layout.pp, layout.virtual_pipeline
+    sizes = chunk_sizes(w.model.num_layers, pp, vp, getattr(layout, "pipeline_split", "auto"))
+    if sizes is None:
+        raise ValueError(f"{layout.key()}: its pipeline_split cannot cut {w.model.num_layers} layers")
     return [[sizes[r + k * pp] for k in range(vp)] for r in range(pp)]
+
+
+def stage_layers(layout: Layout, w: Workload) -> list[int]:
+    """Transformer layers per pipeline rank (all its virtual chunks)."""
+    return [sum(row) for row in stage_chunks(layout, w)]
 
 
 def micro_batches(layout: Layout, w: Workload) -> int:

@@ -60,7 +60,9 @@ def layer_saved(ph, c: geometry.Cut, w: Workload, recompute: str, selective: str
     if ph.get("rope_fp32") and llama:            # rotary in complex fp32: float copies of q and k
         attn_core.append(4 * (q + kv) * T)
     blocks = norm + [2 * H * T] + attn_core + norm + [2 * H * T]
-    if not llama:
+    if m.is_moe:                                 # the experts' tensors are counted per routed token (rank_breakdown)
+        ffn_elementwise = []
+    elif not llama:
         blocks += [H * T, H * T, 2 * c.ffn_in * T, 2 * c.ffn * T]   # two dropout masks, GELU in and out
         ffn_elementwise = [2 * c.ffn_in * T]
     else:
@@ -69,7 +71,11 @@ def layer_saved(ph, c: geometry.Cut, w: Workload, recompute: str, selective: str
         ffn_elementwise = act
     if recompute == "selective":
         drop = attn_core[1:] if selective == "core-attention" else ffn_elementwise + norm[1:]
-        for b in drop:
+    else:                                        # Megatron-Core's module sets: norms, the activation, the MLP
+        drop = (norm * 2 if "norm" in recompute else []) + (ffn_elementwise if "act" in recompute else []) \
+            + (ffn_elementwise + [2 * c.ffn * T] if "mlp" in recompute and not m.is_moe else [])
+    for b in drop:
+        if b in blocks:
             blocks.remove(b)
     return [_round(b) for b in blocks]
 
@@ -92,8 +98,8 @@ def state_bytes_per_param(ph, layout: Layout, w: Workload) -> tuple[float, float
     z, fw = layout.zero_stage, w.framework
     if fw == "torchtitan":
         return 0.0, 4 + 4 + 8
-    if fw == "megatron-core":
-        return (2 + 4, 12.0) if z == 1 else (2 + 4 + 12, 0.0)
+    if fw == "megatron-core":          # distributed optimizer (1); Megatron-FSDP optim_grads (2), optim_grads_params (3)
+        return {0: (2 + 4 + 12, 0.0), 1: (2 + 4, 12.0), 2: (2.0, 4 + 12.0), 3: (0.0, 2 + 4 + 12.0)}[z]
     grad = ph["ds_grad_bytes"]                       # DeepSpeed: bf16 grads plus its accumulation buffer
     if z == 0:
         return 2 + grad + 12, 0.0
@@ -137,11 +143,17 @@ def rank_breakdown(ph, layout: Layout, w: Workload, rank: int) -> dict[str, floa
     full = layer_saved(ph, c, w, "none", selective, fw == "torchtitan")
     layer = [_round(2 * c.hidden / (c.tp if c.sp else 1) * c.tokens)] if layout.recompute == "full" else \
         layer_saved(ph, c, w, layout.recompute, selective, fw == "torchtitan")
+    act_recomputed = "act" in layout.recompute or "mlp" in layout.recompute
     if w.model.is_moe:
-        routed = c.tokens * w.model.moe_top_k / (layout.tp if layout.sequence_parallel else 1)
-        f_e = w.model.moe_ffn_hidden_size // layout.expert_tensor_parallel
-        moe = [_round(2 * routed * w.model.hidden_size * 2), _round(2 * routed * f_e * 3)]
-        layer, full = layer + moe, full + moe
+        # this GPU's routed tokens, gathered over the expert-TP group, each at 1/etp of the expert's width:
+        # the permuted input and the output (h wide), fc1's output and the activation's (3 f / etp wide)
+        etp = layout.expert_tensor_parallel
+        routed = c.tokens * w.model.moe_top_k / (layout.tp if layout.sequence_parallel else 1) * etp
+        f_e = w.model.moe_ffn_hidden_size // etp
+        moe = [_round(2 * routed * w.model.hidden_size * 2), _round(2 * routed * f_e * (2 if act_recomputed else 3))]
+        full = full + moe
+        if layout.recompute != "full":           # full recompute keeps only each layer's input
+            layer = layer + moe
     layers = geometry.stage_layers(layout, w)[rank]
     out["activations"] = in_flight(layout, w, rank) * layers * sum(layer)
     out["working"] = sum(full) * ph["bwd_ws"]                      # one layer's backward working set

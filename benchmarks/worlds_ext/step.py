@@ -44,6 +44,10 @@ def _layer(ph, layout: Layout, w: Workload, moe: bool) -> tuple[float, float]:
     gemms = geometry.attention_gemms(c) if moe else geometry.dense_gemms(c)
     t = compute.layer_compute(ph, c, llama, FUSED[fw], KERNEL[fw], gemms)
     kernels = ph["kernels"] * (1.0 if FUSED[fw] else ph["eager_kernels"])
+    if fw == "torchtitan" and layout.tp > 1:        # DTensor's dispatch on every sharded op, on the host
+        kernels *= 1 + ph["dtensor_us"] / ph["launch_us"]
+    if fw == "torchtitan" and layout.context_parallel > 1:     # SDPA on load-balanced shards of the sequence
+        t["attn_f"], t["attn_b"] = t["attn_f"] / ph["tt_cp_eff"], t["attn_b"] / ph["tt_cp_eff"]
     fwd = compute.host_bound(t["gemm_f"] + t["attn_f"] + t["ew_f"], kernels, ph)
     bwd = compute.host_bound(t["gemm_b"] + t["attn_b"] + t["ew_b"], 2 * kernels, ph)
     act = 2.0 * c.tokens * c.hidden
@@ -57,28 +61,39 @@ def _layer(ph, layout: Layout, w: Workload, moe: bool) -> tuple[float, float]:
         fwd += tp * (1 - hidden)
         bwd += tp * (1 - hidden)
     if layout.context_parallel > 1:
-        kv = 2.0 * 2 * c.kv_heads * c.head_dim * c.tokens
-        crosses = layout.tp * layout.context_parallel > gpn
-        ring = (layout.context_parallel - 1) * network.p2p(ph, kv, crosses, gpn)
-        fwd += max(0.0, ring - ph["cp_overlap"] * t["attn_f"])
-        bwd += max(0.0, 2 * ring - ph["cp_overlap"] * t["attn_b"])
+        cp, kv = layout.context_parallel, 2.0 * 2 * c.kv_heads * c.head_dim * c.tokens
+        if fw == "torchtitan":      # PyTorch's context parallel, rotate method "allgather": K/V gathered, dK/dV scattered
+            ag = network.collective(ph, "all-gather", kv * cp, cp, layout.tp, gpn)
+            ring_f, ring_b = ag, ag + network.collective(ph, "reduce-scatter", kv * cp, cp, layout.tp, gpn)
+        else:                       # Megatron-Core's ring: cp - 1 K/V sends under the attention blocks
+            ring_f = (cp - 1) * network.p2p(ph, kv, layout.tp * cp > gpn, gpn)
+            ring_b = 2 * ring_f
+        fwd += max(0.0, ring_f - ph["cp_overlap"] * t["attn_f"])
+        bwd += max(0.0, ring_b - ph["cp_overlap"] * t["attn_b"])
     if moe:
         mf, mb = _experts(ph, layout, w, c)
         fwd, bwd = fwd + mf, bwd + mb
     bwd += _recompute(ph, layout, w, t, fwd)
-    if w.framework == "torchtitan":
+    if w.framework == "torchtitan" or (w.framework == "megatron-core" and layout.zero_stage == 3):
         sf, sb = _fsdp_layer(ph, layout, w, fwd, bwd)
         fwd, bwd = fwd + sf, bwd + sb
     return fwd, bwd
 
 
 def _recompute(ph, layout: Layout, w: Workload, t: dict, fwd: float) -> float:
-    """Backward seconds added by re-running what the recompute mode dropped."""
-    if layout.recompute == "full":
+    """Backward seconds added by re-running what the recompute mode dropped (Megatron-Core's module sets:
+    the norms and activations are element-wise work, the MLP its GEMMs too)."""
+    mode = layout.recompute
+    if mode == "full":
         return fwd
-    if layout.recompute == "selective":
+    if mode == "selective":
         return t["ew_f"] + ph["sac_mm"] * t["gemm_f"] if w.framework == "torchtitan" else t["attn_f"]
-    return 0.0
+    extra = 0.0
+    if "norm" in mode or "act" in mode:
+        extra += 0.5 * t["ew_f"]
+    if "mlp" in mode:
+        extra += 0.6 * t["gemm_f"] + 0.5 * t["ew_f"]
+    return extra
 
 
 def _experts(ph, layout: Layout, w: Workload, c) -> tuple[float, float]:
@@ -173,6 +188,8 @@ def tail_s(ph, layout: Layout, w: Workload, fwd: list, bwd: list) -> float:
     grad_bytes = 4.0 if fw == "megatron-core" else 2.0
     m = geometry.micro_batches(layout, w)
     t = 0.0
+    if fw == "megatron-core" and z == 3:
+        fw = "torchtitan"                        # Megatron-FSDP: per-layer gathers, counted in the layer pass
     if fw != "torchtitan" and shard > 1:
         if z == 0:
             dp = network.collective(ph, "all-reduce", grad_bytes * dense, shard, layout.tp, gpn)
@@ -184,7 +201,7 @@ def tail_s(ph, layout: Layout, w: Workload, fwd: list, bwd: list) -> float:
         if z == 3:
             per_pass = network.collective(ph, "all-gather", 2.0 * dense, shard, layout.tp, gpn)
             dp += m * 2 * per_pass * (1 - ph["z3_prefetch"])
-        hide = ph["dp_overlap"] * sum(bwd[0]) if fw == "megatron-core" else 0.0
+        hide = ph["dp_overlap"] * sum(bwd[0]) * (m if z == 2 else 1) if fw == "megatron-core" else 0.0
         t += max(0.0, dp - hide)
     if w.model.tie_embeddings and layout.pp > 1:
         emb = w.model.vocab_size * w.model.hidden_size / layout.tp
