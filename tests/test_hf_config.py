@@ -185,3 +185,11 @@ def test_the_readme_examples_of_config_json_and_seq_length_run(tuner, monkeypatc
         code, out, err = tuner(*shlex.split(line)[1:])
         assert code == 0, (line, err)
         assert "-s4096" in out or "meta-llama-3-8b-s8192" in out, line
+
+
+def test_a_folder_named_like_a_preset_without_a_config_stays_the_preset(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "llama3-8b").mkdir()                          # e.g. a results folder named after the model
+    assert load_model("llama3-8b").name == "llama3-8b"
+    with pytest.raises(SpecError, match="holds no config.json"):
+        load_model("./llama3-8b", 4096)

@@ -30,8 +30,11 @@ DENSE_REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "in
 
 
 def is_hf_source(name: str) -> bool:
-    """Whether --model NAME names a Hugging Face config: a .json file or a folder."""
-    return name.endswith(".json") or Path(name).is_dir()
+    """Whether --model NAME names a Hugging Face config: a .json file, a folder holding config.json, or a
+    path to a folder (which then must hold one). A bare name that is also a folder here without a config
+    stays a preset name."""
+    p = Path(name)
+    return name.endswith(".json") or (p.is_dir() and ((p / CONFIG_NAME).is_file() or "/" in name))
 
 
 def config_path(name: str) -> Path:
