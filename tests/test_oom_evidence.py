@@ -15,7 +15,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from tuner.best import best_for_unmeasured, corrected
-from tuner.correction import Observations, features, oom_bounds, oom_fit_cap, warm_start_records
+from tuner.correction import Observations, features, warm_start_records
+from tuner.oom_evidence import oom_bounds, oom_fit_cap
 from tuner.frameworks import of
 from tuner.layout import Layout
 from tuner.perfmodel import predict

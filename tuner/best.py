@@ -32,7 +32,8 @@ from tuner.frameworks import of as framework_of, runnable
 from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT, predict
 from tuner.fit_nodes import more_nodes_hint
 from tuner.specs import Workload
-from tuner.correction import Observations, features, oom_bounds, oom_fit_cap, simulated, warm_start_records
+from tuner.correction import Observations, features, simulated, warm_start_records
+from tuner.oom_evidence import oom_bounds, oom_fit_cap
 
 Z90 = 1.645           # two-sided 90 % interval / one-sided 95 % bound of a normal
 STALE_MARGIN = 64     # more stored trials asked for than answered: some may be refused by their framework
