@@ -65,6 +65,8 @@ MCORE_FLAGS = {
     "--decoder-first-pipeline-num-layers": "A:3095", "--decoder-last-pipeline-num-layers": "A:3099",
     "--pipeline-model-parallel-layout": "A:3103 (TC:111; A:931 allows no --num-layers-per-virtual-pipeline-stage "
                                         "beside it, A:944 derives vp from it)",
+    # issue 25: recompute module sets (transformer_config.py lines 1946-1958 list the allowed names)
+    "--recompute-modules": "TC:560 (a list: core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts, ...)",
     # issue 25: Megatron-FSDP (zero_stage 2 / 3)
     "--use-megatron-fsdp": "DistributedInitConfig (megatron/training/config/common_config.py:92; A:3092 generates it)",
     "--data-parallel-sharding-strategy": "A:3190 ('optim_grads' | 'optim_grads_params')",

@@ -85,7 +85,7 @@ class Features:
 def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
     """Features of `layout` on `workload` (None: layout coordinates only, a flat prior)."""
     base = [math.log2(layout.tp) / 4, math.log2(layout.pp) / 6, math.log2(max(layout.dp, 1)) / 8,
-            math.log2(layout.micro_batch) / 4, layout.zero_stage / 3, RECOMPUTE.index(layout.recompute) / 2,
+            math.log2(layout.micro_batch) / 4, layout.zero_stage / 3, RECOMPUTE.index(layout.recompute) / (len(RECOMPUTE) - 1),
             0.3 * layout.sequence_parallel, math.log2(layout.context_parallel) / 4,
             math.log2(layout.virtual_pipeline) / 8]
     if workload is None:

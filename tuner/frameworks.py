@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Callable
 
 from tuner.errors import UsageError
 from tuner.pipeline_split import accounting_split
+from tuner.recompute_modes import recompute_modules
 
 if TYPE_CHECKING:
     from tuner.layout import Layout
@@ -160,7 +161,7 @@ def _megatron_deepspeed(layout, workload) -> str | None:
     if vp > 1:
         return (f"{me} cannot run virtual_pipeline {vp}: DeepSpeed's pipeline engine has no interleaved "
                 "schedule; use --framework megatron-core")
-    reason = split_refusal("megatron-deepspeed", layout, m)
+    reason = split_refusal("megatron-deepspeed", layout, m) or recompute_refusal("megatron-deepspeed", layout, workload)
     if reason:
         return reason
     if workload.precision == "fp8" and layout.pp > 1:
@@ -169,6 +170,30 @@ def _megatron_deepspeed(layout, workload) -> str | None:
     if workload.precision == "fp8" and m.num_query_groups < m.num_attention_heads:
         return (f"{me} cannot run fp8 for '{m.name}': its Transformer Engine layer refuses grouped-query "
                 "attention; use --framework megatron-core")
+    return None
+
+
+def recompute_refusal(name: str, layout, workload) -> str | None:
+    """Why framework `name` cannot run the layout's recompute mode. Megatron-Core's module sets
+    (--recompute-modules, transformer_config.py line 560 at d98e8a64ddf3): moe_act needs the MoE layers'
+    grouped GEMM (line 1966: an MoE model, which `launch` runs with --moe-grouped-gemm), mla_up_proj
+    multi-latent attention (line 1971), and moe_act / layernorm refuse FP8's delayed scaling, the recipe
+    `launch` writes (line 2004). Megatron-DeepSpeed and torchtitan have none, full and selective only."""
+    mode, m = layout.recompute, workload.model
+    if mode in ("none", "selective", "full"):
+        return None
+    if name != "megatron-core":
+        return (f"{name} cannot run recompute {mode}: Megatron-Core's --recompute-modules has no counterpart there "
+                "(its recompute is none, selective or full); use one of those, or --framework megatron-core")
+    mods = recompute_modules(mode)
+    if "moe_act" in mods and not m.is_moe:
+        return f"recompute {mode} recomputes the MoE activation (moe_act): '{m.name}' has no experts; use none or selective"
+    if "mla_up_proj" in mods and not m.multi_latent_attention:
+        return (f"recompute {mode} recomputes MLA's up-projection (mla_up_proj): '{m.name}' has no multi-latent "
+                "attention; use none, selective or full")
+    if workload.precision == "fp8" and mods & {"moe_act", "layernorm"}:
+        return (f"megatron-core refuses recompute {mode} (moe_act / layernorm) with FP8's delayed scaling, the recipe "
+                "`launch` writes (transformer_config.py line 2004); use mla_up, selective or full")
     return None
 
 
@@ -184,6 +209,9 @@ def _megatron_core(layout, workload) -> str | None:
     if layout.zero_stage not in FRAMEWORKS["megatron-core"].zero_stages:
         return (f"megatron-core cannot run zero_stage {layout.zero_stage}: its ZeRO stages are 0, the distributed "
                 "optimizer (1) and Megatron-FSDP (2, 3); use one of them, or --framework torchtitan (FSDP)")
+    reason = recompute_refusal("megatron-core", layout, workload)
+    if reason:
+        return reason
     if layout.zero_stage >= 2 and layout.pp > 1:
         return (f"megatron-core runs Megatron-FSDP (zero_stage {layout.zero_stage}) here without pipelining: NVIDIA's "
                 "Megatron-FSDP runs and tests are pp 1 (examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh, "
@@ -198,6 +226,9 @@ def _megatron_core(layout, workload) -> str | None:
 
 
 def _torchtitan(layout, workload) -> str | None:
+    reason = recompute_refusal("torchtitan", layout, workload)
+    if reason:
+        return reason
     if layout.zero_stage not in FRAMEWORKS["torchtitan"].zero_stages:
         return (f"torchtitan shards parameters, gradients and optimizer states with FSDP2 (zero_stage 3), "
                 f"not zero_stage {layout.zero_stage}; use zero_stage 3, or --framework megatron-core")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, make_dataclass
 from typing import TYPE_CHECKING
 
 from tuner.errors import InvalidLayout
+from tuner.recompute_modes import RECOMPUTE, RECOMPUTE_MODULES, recompute_modules, recomputes_at_least  # noqa: F401
 from tuner.pipeline_split import (PIPELINE_SPLITS, SPLIT_KEYS, accounting_split, even_split, stage_candidates,
                                   stage_layer_indices, stage_layers, stage_moe_layers, why_invalid_split)  # noqa: F401
 
@@ -58,10 +59,6 @@ class Dimension:
         return value if self.type is str else str(int(value))
 
 
-#: Recompute modes, in the order of the memory they save: none keeps every activation, selective
-#: re-runs the attention core in the backward pass, full re-runs every layer from its input.
-RECOMPUTE = ("none", "selective", "full")
-
 DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("tp", int, "tp", "tp", "TUNER_TP", log2=True, flag="--tp",
               help="Tensor-parallel degree (GPUs per layer)."),
@@ -93,7 +90,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
               help="ZeRO stage 0-3 (1 = Megatron's distributed optimizer, 3 = FSDP; what each --framework runs: "
               "README, Frameworks)."),
     Dimension("recompute", str, "rc", "recompute", "TUNER_RECOMPUTE", default="full", choices=RECOMPUTE,
-              flag="--recompute", help="Activation recompute: none, selective (the attention core) or full."),
+              flag="--recompute", help="Activation recompute: none, selective (the attention core), full, or "
+              "Megatron-Core's module sets moe_act, norm_act (layernorm + moe_act), mla_up (mla_up_proj), "
+              "mla_up_mlp (mla_up_proj + mlp)."),
 )
 BY_NAME = {d.name: d for d in DIMENSIONS}
 LAYOUT_FIELDS = tuple(d.name for d in DIMENSIONS)

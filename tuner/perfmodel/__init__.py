@@ -33,7 +33,7 @@ from tuner.layout import (RECOMPUTE, Layout, expert_data_parallel, micro_batches
                           stage_layers, stage_moe_layers)
 from tuner.pipeline_split import bubble_share
 from tuner.frameworks import megatron_fsdp, of as framework_of
-from tuner.perfmodel import comm, compute, memory, moe
+from tuner.perfmodel import comm, compute, memory, moe, recompute
 from tuner.perfmodel.compute import shape_of
 from tuner.perfmodel.flops import megatron_flops, model_flops
 from tuner.perfmodel.prediction import Prediction
@@ -113,8 +113,8 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     (tuner.layout.stage_candidates: the middle stages of an uneven split)."""
     model, cluster = workload.model, workload.cluster
     t, p, sh = layout.tp, layout.pp, sh or shape_of(layout, workload)
-    lay = compute.layer_times(model, cluster, sh)
-    lay_moe = moe.moe_layer_times(model, cluster, sh) if model.is_moe else lay
+    lay = _with_modules(compute.layer_times(model, cluster, sh), model, cluster, sh, False)
+    lay_moe = _with_modules(moe.moe_layer_times(model, cluster, sh), model, cluster, sh, True) if model.is_moe else lay
     exchange = exchange or moe.TokenExchange()
     a2a = moe.alltoall_seconds(model, cluster, sh, exchange.dispatcher) if model.is_moe else 0.0
     lc = layer_comm(layout, workload, sh, lay["attention"])
@@ -163,6 +163,14 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
 
 
 HIDDEN = "hidden_under_compute"     # a stage entry that is not a time: compute an overlap already used
+
+
+def _with_modules(times: dict, model, cluster, sh: compute.Shape, moe_layer: bool) -> dict:
+    """A layer's times plus what its recomputed modules run again (tuner.perfmodel.recompute)."""
+    extra = recompute.extra_seconds(model, cluster, sh, moe_layer)
+    if not extra["gemm"] and not extra["elementwise"]:
+        return times
+    return {**times, "gemm": times["gemm"] + extra["gemm"], "elementwise": times["elementwise"] + extra["elementwise"]}
 
 
 def stage_total(st: dict) -> float:

@@ -181,7 +181,7 @@ def elementwise_bytes(model: ModelSpec, shape: Shape, flash_attention: bool) -> 
 def _passes(shape: Shape) -> tuple[float, float, float, float]:
     """(GEMM, attention-core, element-wise) forward passes repeated by recompute, and 1 when full."""
     full = 1.0 if shape.recompute == "full" else 0.0            # every layer's forward runs again
-    again = 1.0 if shape.recompute != "none" and not shape.op_sac else 0.0   # selective re-runs attention
+    again = 1.0 if shape.recompute in ("selective", "full") and not shape.op_sac else 0.0   # the attention core again
     gemm_again = full + (OP_SAC_GEMM if shape.op_sac else 0.0)
     elem_again = 1.0 if shape.recompute == "full" or shape.op_sac else 0.0
     return gemm_again, again, elem_again, full

@@ -37,7 +37,7 @@ def megatron_flops(model: ModelSpec, global_batch: int, recompute: str | bool) -
     and what every MFU figure of this tool uses, so GPT figures stay comparable across versions."""
     mode = ("full" if recompute else "none") if isinstance(recompute, bool) else recompute
     c = 4 if mode == "full" else 3
-    c_attn = 3 if mode == "none" else 4
+    c_attn = 4 if mode in ("selective", "full") else 3     # a recompute module set re-runs no attention core
     B, s, L, h, V = (global_batch, model.seq_length, model.num_layers, model.hidden_size, model.vocab_size)
     if model.is_moe or model.multi_latent_attention:     # per-layer weights differ: their sum over the layers
         gemm = model.gemm_weights_per_token / (12 * L * h * h)

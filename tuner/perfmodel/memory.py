@@ -27,6 +27,7 @@ from __future__ import annotations
 from tuner.layout import Layout, expert_data_parallel, stage_candidates, stage_layers, stage_moe_layers
 from tuner.perfmodel.compute import Shape, shape_of
 from tuner.perfmodel.moe import moe_activation_bytes, moe_layer_params
+from tuner.perfmodel.recompute import freed_bytes     # Megatron-Core's --recompute-modules (issue 25)
 from tuner.specs import ModelSpec, Workload
 
 GB = 1e9
@@ -188,8 +189,8 @@ def stage_activation_bytes(model: ModelSpec, layout: Layout, stage: int, m: int,
     checkpoint (its input) is one of them, so it is not counted twice."""
     moe = stage_moe_layers(layout, model, stage)
     dense = stage_layers(layout, model.num_layers, stage) - moe
-    full_dense = activation_bytes_per_layer(model, shape, flash_attention)
-    full_moe = moe_activation_bytes(model, shape, flash_attention) if moe else 0.0
+    full_dense = activation_bytes_per_layer(model, shape, flash_attention) - freed_bytes(model, shape, False)
+    full_moe = moe_activation_bytes(model, shape, flash_attention) - freed_bytes(model, shape, True) if moe else 0.0
     ckpt = checkpoint_bytes_per_layer(model, shape)
     boundary = ckpt if layout.pp > 1 else 0.0
     if shape.recompute == "full":

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from tuner.errors import UsageError
 from tuner.frameworks import of as framework_of
-from tuner.layout import Layout, uneven_split
+from tuner.layout import RECOMPUTE_MODULES, Layout, uneven_split
 from tuner.pipeline_split import layout_chunks
 from tuner.render.megatron import PRECISIONS, SPLIT, rotary_base, run_args, shape_args
 from tuner.specs import ModelSpec, Workload
@@ -246,7 +246,12 @@ def overlap_args(layout: Layout, workload: Workload) -> list[str]:
 
 
 def recompute_args(layout: Layout) -> list[str]:
-    return list({"full": RECOMPUTE_FULL, "selective": RECOMPUTE_SELECTIVE}.get(layout.recompute, ()))
+    """Full and selective as before; a named module set as `--recompute-granularity selective --recompute-modules
+    M ...` (TC:532, TC:560: a list flag, as Megatron-MoE-ModelZoo's DeepSeek-V3 guide writes `--recompute-modules
+    moe_act mlp`; Megatron-Core's own names, tuner.layout.RECOMPUTE_MODULES)."""
+    if layout.recompute in ("none", "full", "selective"):
+        return list({"full": RECOMPUTE_FULL, "selective": RECOMPUTE_SELECTIVE}.get(layout.recompute, ()))
+    return [*RECOMPUTE_SELECTIVE, "--recompute-modules", *RECOMPUTE_MODULES[layout.recompute]]
 
 
 def launch_env(layout: Layout, workload: Workload | None = None) -> dict[str, str]:

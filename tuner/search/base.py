@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from tuner.layout import BY_NAME, DIMENSIONS, RECOMPUTE, SEARCHED, Layout
+from tuner.layout import BY_NAME, DIMENSIONS, SEARCHED, Layout, recomputes_at_least
 from tuner.trial import Status, TrialResult
 
 #: The dimensions a searcher chooses; dp follows from tp * cp * pp * dp = GPUs.
@@ -51,7 +51,7 @@ def needs_more_memory(a: Layout, b: Layout) -> bool:
             and (a.context_parallel, a.virtual_pipeline, a.expert_parallel, a.expert_tensor_parallel)
             == (b.context_parallel, b.virtual_pipeline, b.expert_parallel, b.expert_tensor_parallel)
             and a.zero_stage <= b.zero_stage and a.sequence_parallel <= b.sequence_parallel
-            and RECOMPUTE.index(a.recompute) <= RECOMPUTE.index(b.recompute))
+            and recomputes_at_least(b.recompute, a.recompute))   # module sets are not a chain (issue 25)
 
 
 class BaseSearcher:

@@ -1,0 +1,117 @@
+"""Megatron-Core's --recompute-modules as the recompute dimension's named sets (issue 25, item 2): the module
+names Megatron-Core accepts, what each set frees and re-runs in the model, the refusals, the launch flags."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from tuner.layout import RECOMPUTE, RECOMPUTE_MODULES, Layout, recomputes_at_least, stage_layers, stage_moe_layers, why_invalid
+from tuner.perfmodel import compute, memory, predict, recompute
+from tuner.render import mcore
+from tuner.specs import load_cluster, make_workload
+
+# megatron/core/transformer/transformer_config.py lines 1946-1956 at d98e8a64ddf3 (allowed_modules)
+MEGATRON_MODULES = {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts", "gdn_norm_out",
+                    "gdp_in_proj", "gdp_qkv", "mhc"}
+
+
+def deepseek(precision: str = "bf16"):
+    return make_workload("deepseek-v3", 128, load_cluster("h100"), framework="megatron-core", grad_reduce="bf16",
+                         global_batch=8192, precision=precision)
+
+
+def ds_layout(rc: str) -> Layout:
+    return Layout(tp=2, sequence_parallel=True, pp=8, virtual_pipeline=4, pipeline_split="balanced-ends", dp=64,
+                  expert_parallel=64, micro_batch=1, recompute=rc)
+
+
+def test_every_named_set_is_megatron_cores_modules_and_the_order_is_by_inclusion():
+    assert set(RECOMPUTE[:1] + RECOMPUTE[-1:]) == {"none", "full"}
+    for mode, mods in RECOMPUTE_MODULES.items():
+        assert set(mods) <= MEGATRON_MODULES, mode
+        assert recomputes_at_least("full", mode) and recomputes_at_least(mode, "none")
+    assert recomputes_at_least("norm_act", "moe_act") and recomputes_at_least("mla_up_mlp", "mla_up")
+    assert not recomputes_at_least("selective", "moe_act") and not recomputes_at_least("moe_act", "selective")
+    assert not recomputes_at_least("mla_up_mlp", "full")
+
+
+def test_refused_where_megatron_core_refuses_them_and_elsewhere():
+    assert "has no experts" in why_invalid(Layout(tp=1, pp=1, dp=16, micro_batch=1, recompute="moe_act"),
+                                           make_workload("llama3-8b", 2, load_cluster("h100"), framework="megatron-core"))
+    qwen = make_workload("qwen3-30b-a3b", 2, load_cluster("h100"), framework="megatron-core")
+    assert "no multi-latent attention" in why_invalid(Layout(tp=1, pp=1, dp=16, expert_parallel=8, micro_batch=1,
+                                                             recompute="mla_up"), qwen)
+    assert why_invalid(Layout(tp=1, pp=1, dp=16, expert_parallel=8, micro_batch=1, recompute="norm_act"), qwen) is None
+    assert "delayed scaling" in why_invalid(ds_layout("norm_act"), deepseek("fp8"))
+    assert why_invalid(ds_layout("mla_up"), deepseek("fp8")) is None
+    tt = make_workload("qwen3-30b-a3b", 2, load_cluster("h100"), framework="torchtitan")
+    lay = Layout(tp=1, pp=1, dp=16, expert_parallel=8, micro_batch=1, zero_stage=3, recompute="moe_act")
+    assert "--framework megatron-core" in why_invalid(lay, tt) and "\n" not in why_invalid(lay, tt)
+
+
+def test_each_set_frees_what_it_names_on_every_layer():
+    """The stage's activations drop by in-flight passes x (its dense layers x the dense layer's freed bytes +
+    its MoE layers x the MoE layer's) / vp: exactly what tuner.perfmodel.recompute frees."""
+    w = deepseek()
+    base = predict(ds_layout("none"), w)
+    s = base.memory_stage
+    for rc in ("moe_act", "norm_act", "mla_up", "mla_up_mlp"):
+        lay = ds_layout(rc)
+        sh = compute.shape_of(lay, w)
+        n_moe = stage_moe_layers(lay, w.model, s)
+        n_dense = stage_layers(lay, w.model.num_layers, s) - n_moe
+        passes = memory.in_flight(s, lay.pp, 8192 // 64, lay.virtual_pipeline)
+        freed = passes * (n_dense * recompute.freed_bytes(w.model, sh, False) + n_moe * recompute.freed_bytes(w.model, sh, True))
+        got = memory.stage_memory(lay, w, s, 8192 // 64)["activations"]
+        want = memory.stage_memory(ds_layout("none"), w, s, 8192 // 64)["activations"] - freed / 1 / lay.virtual_pipeline / 1e9
+        assert got == pytest.approx(want, rel=1e-9), rc
+        assert freed > 0, rc
+    mem = {rc: predict(ds_layout(rc), w).memory_gb for rc in ("none", "moe_act", "norm_act", "mla_up", "full")}
+    assert mem["none"] > mem["moe_act"] > mem["norm_act"] and mem["none"] > mem["mla_up"] > mem["full"]
+
+
+def test_each_set_runs_its_modules_again_and_is_never_faster_than_what_it_includes():
+    w = deepseek()
+    step = {rc: predict(ds_layout(rc), w).step_time_s for rc in RECOMPUTE}
+    for a in RECOMPUTE:
+        for b in RECOMPUTE:
+            if a != b and recomputes_at_least(a, b):
+                assert step[a] >= step[b] * (1 - 1e-12), (a, b)
+    # re-run work may only hide more of an overlapped all-to-all: never faster, not always slower
+    assert step["moe_act"] >= step["none"] and step["mla_up_mlp"] >= step["mla_up"] and step["full"] > step["mla_up_mlp"]
+
+
+def test_launch_writes_the_modules():
+    args = mcore.recompute_args(ds_layout("mla_up_mlp"))
+    assert args == ["--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj", "mlp"]
+    from test_launch_frameworks import MCORE_FLAGS
+    full = mcore.pretrain_args(ds_layout("norm_act"), deepseek())
+    assert full[full.index("--recompute-modules") + 1:full.index("--recompute-modules") + 3] == ["layernorm", "moe_act"]
+    assert {"--recompute-granularity", "--recompute-modules"} <= set(MCORE_FLAGS)
+    assert mcore.recompute_args(ds_layout("selective")) == ["--recompute-granularity", "selective"]
+
+
+def test_the_cli_takes_a_set_and_refuses_one_the_model_cannot_run(tuner):
+    base = ["predict", "--model", "deepseek-v3", "--cluster", "h100", "--nodes", "128", "--tp", "2", "--sequence-parallel",
+            "--pp", "8", "--vp", "4", "--pipeline-split", "balanced-ends", "--ep", "64", "--micro-batch", "1",
+            "--global-batch", "8192", "--grad-reduce", "bf16"]
+    code, out, err = tuner(*base, "--recompute", "mla_up_mlp")
+    assert code == 0 and "rcmla_up_mlp" in out, err
+    code, out, err = tuner("predict", "--model", "llama3-8b", "--cluster", "h100", "--nodes", "1", "--tp", "1", "--pp", "1",
+                           "--micro-batch", "1", "--recompute", "moe_act")
+    assert code == 2 and "has no experts" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_set_round_trips_through_the_store(tmp_path):
+    from tuner.store import open_store
+    from tuner.study import StudyRecord
+    from tuner.trial import Status, TrialResult
+    url = f"sqlite:///{tmp_path}/t.db"
+    lay = ds_layout("mla_up_mlp")
+    with open_store(url) as store:
+        store.create_study(StudyRecord(name="s", workload=deepseek().as_dict(), space={}, searcher="random", runner="sim"))
+        store.record_trial("s", lay, None, TrialResult(Status.OK, samples_per_second=1.0), "sim")
+    with open_store(url) as again:
+        (t,) = again.trials("s")
+    assert t.layout == lay and dataclasses.replace(t.layout, recompute="none") != lay

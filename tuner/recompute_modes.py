@@ -1,0 +1,26 @@
+"""Recompute modes of a layout and the Megatron-Core recompute modules of each (pure, no imports: tuner.layout,
+tuner.frameworks and tuner.perfmodel.recompute read them)."""
+
+from __future__ import annotations
+
+#: Recompute modes: none keeps every activation, selective re-runs the attention core in the backward pass,
+#: full re-runs every layer from its input; between them Megatron-Core's named module sets
+#: (--recompute-granularity selective --recompute-modules ..., tuner.perfmodel.recompute) as NVIDIA's recipes
+#: set them: moe_act (Qwen3 / DeepSeek-V3 on GB300), norm_act (layernorm, moe_act: Qwen3-235B on H100),
+#: mla_up (DeepSeek-V3 / Kimi-K2 on Blackwell), mla_up_mlp (mla_up_proj, mlp: DeepSeek-V3 / Kimi-K2 on H100;
+#: Megatron-Bridge perf_recipes/deepseek/h100/deepseek_v3.py line 43 at 067f987df03b). Not a chain: one mode
+#: recomputes more than another when its modules include the other's (recomputes_at_least); full, everything.
+RECOMPUTE = ("none", "moe_act", "norm_act", "selective", "mla_up", "mla_up_mlp", "full")
+RECOMPUTE_MODULES = {"none": (), "moe_act": ("moe_act",), "norm_act": ("layernorm", "moe_act"),
+                     "selective": ("core_attn",), "mla_up": ("mla_up_proj",), "mla_up_mlp": ("mla_up_proj", "mlp"),
+                     "full": ("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp")}
+
+
+def recompute_modules(mode: str) -> frozenset:
+    """Megatron-Core's recompute modules of a mode (full: every one of them, and the rest of each layer)."""
+    return frozenset(RECOMPUTE_MODULES.get(mode, ()))
+
+
+def recomputes_at_least(a: str, b: str) -> bool:
+    """Whether mode `a` recomputes everything mode `b` does (full recomputes all; none nothing)."""
+    return a == "full" or (b != "full" and recompute_modules(a) >= recompute_modules(b))
