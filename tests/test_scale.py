@@ -263,3 +263,16 @@ def test_the_page_renders_in_headless_chromium(tuner, tmp_path):
     px = mpimg.imread(shot)[..., :3]
     assert px.shape[:2] == (2000, 1200)
     assert (px.min(axis=2) < 0.5).mean() > 0.01     # not blank: text and plots put dark pixels on it
+
+
+def test_the_readme_pictures_exist_and_their_script_runs_the_readme_example():
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    pngs = re.findall(r"!\[[^\]]*\]\((docs/scale-[a-z]+\.png)\)", readme)
+    assert pngs == ["docs/scale-time.png", "docs/scale-pareto.png"] and "bash docs/scale-png.sh" in readme
+    for png in pngs:
+        assert (root / png).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    example = re.search(r"tuner scale --model 175b --cluster frontier,h100 [^\n]*\\\n[^\n]*--deadline 30", readme).group(0)
+    script = " ".join((root / "docs/scale-png.sh").read_text().replace("\\\n", " ").split())
+    assert " ".join(example.replace("\\\n", " ").split()) in script
