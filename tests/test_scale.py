@@ -276,3 +276,18 @@ def test_the_readme_pictures_exist_and_their_script_runs_the_readme_example():
     example = re.search(r"tuner scale --model 175b --cluster frontier,h100 [^\n]*\\\n[^\n]*--deadline 30", readme).group(0)
     script = " ".join((root / "docs/scale-png.sh").read_text().replace("\\\n", " ").split())
     assert " ".join(example.replace("\\\n", " ").split()) in script
+
+
+def test_the_library_answers_with_the_clis_checks_and_words():
+    a = lib.predict(model="22b", nodes=4, tp=2, pp=4, micro_batch=1)
+    assert a.layout.dp == 4 and a.prediction.samples_per_second > 0 and "gpt-22b on 4 x frontier" in a.headline
+    df = lib.plan(model="22b", nodes=4, top=3, space="frontier-2023")
+    assert list(df["rank"]) == [1, 2, 3] and df.attrs["workload"].startswith("gpt-22b on 4 x frontier")
+    b = lib.best(model="22b", nodes=4, storage="sqlite://")
+    assert not b.measured and b.note.startswith("PREDICTED") and b.layouts[0]["samples_per_second"] > 0
+    import tuner.best as best_module                 # importing the module keeps tuner.best callable
+    assert callable(best_module) and lib.best(model="22b", nodes=4).layouts[0]["layout"] == b.layouts[0]["layout"]
+    with pytest.raises(UsageError, match="use more nodes: .* is the fewest"):
+        lib.plan(model="175b", nodes=1, space="frontier-2023")
+    with pytest.raises(UsageError, match="predict needs pp, micro_batch"):
+        lib.predict(model="22b", nodes=4, tp=2)

@@ -130,7 +130,7 @@ def plan(model, nodes: int, cluster="frontier", *, global_batch: int | None = No
     sp = load_space(space).pinned(_layout_options(pins))
     ranked = rank(valid_layouts(sp, w), w)
     if not show_all:
-        require_fit(ranked, w)
+        require_fit(ranked, w, sp)
     shown = [p for p in ranked if show_all or p.fits][:top]
     df = pd.DataFrame([{"rank": i + 1, **prediction_row(p, w), "layout_key": p.layout.key()}
                        for i, p in enumerate(shown)])
