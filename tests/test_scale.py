@@ -291,3 +291,10 @@ def test_the_library_answers_with_the_clis_checks_and_words():
         lib.plan(model="175b", nodes=1, space="frontier-2023")
     with pytest.raises(UsageError, match="predict needs pp, micro_batch"):
         lib.predict(model="22b", nodes=4, tp=2)
+
+
+def test_worker_processes_answer_as_one_process_does():
+    one = lib.scale(nodes="2,4,8", **FAST)
+    two = lib.scale(nodes="2,4,8", **{**FAST, "jobs": 2})
+    assert [r["layout_key"] for r in two.rows] == [r["layout_key"] for r in one.rows]
+    assert [r["days"] for r in two.rows] == [r["days"] for r in one.rows]

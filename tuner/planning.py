@@ -258,8 +258,8 @@ def _answer_all(jobs_wanted: list[tuple], store, jobs: int) -> dict:
             out[key] = got
         else:
             todo.append((key, w))
-    if jobs > 1 and len(todo) > 1:
-        import multiprocessing
+    import multiprocessing
+    if jobs > 1 and len(todo) > 1 and "fork" in multiprocessing.get_all_start_methods():
         from concurrent.futures import ProcessPoolExecutor
         with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=multiprocessing.get_context("fork")) as pool:
             out.update(pool.map(_predicted, *zip(*todo)))
