@@ -125,7 +125,16 @@ def even_split(layout, num_layers: int) -> bool:
 
 def stage_layers(layout, num_layers: int, stage: int) -> int:
     """Transformer layers on pipeline rank `stage`: the sum of its chunks (stage, stage + pp, ...)."""
-    return sum(layout_chunks(layout, num_layers)[stage::layout.pp])
+    n = _stage_layers(num_layers, layout.pp, layout.virtual_pipeline, layout.pipeline_split, stage)
+    if n is None:
+        layout_chunks(layout, num_layers)      # raises, naming the split
+    return n
+
+
+@lru_cache(maxsize=16384)
+def _stage_layers(num_layers: int, pp: int, vp: int, split: str, stage: int) -> int | None:
+    sizes = chunk_sizes(num_layers, pp, vp, split)
+    return None if sizes is None else sum(sizes[stage::pp])
 
 
 def stage_layer_indices(layout, num_layers: int, stage: int) -> list[int]:

@@ -16,9 +16,12 @@ RECOMPUTE_MODULES = {"none": (), "moe_act": ("moe_act",), "norm_act": ("layernor
                      "full": ("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp")}
 
 
+_MODULE_SETS = {mode: frozenset(mods) for mode, mods in RECOMPUTE_MODULES.items()}
+
+
 def recompute_modules(mode: str) -> frozenset:
     """Megatron-Core's recompute modules of a mode (full: every one of them, and the rest of each layer)."""
-    return frozenset(RECOMPUTE_MODULES.get(mode, ()))
+    return _MODULE_SETS.get(mode, frozenset())
 
 
 def recomputes_at_least(a: str, b: str) -> bool:

@@ -32,9 +32,12 @@ NORM_BYTES = 8.0       # two norms' forward element-wise traffic (of compute.ELE
 def modules(shape: Shape) -> frozenset:
     """The modules whose freed activations and repeated work this file adds: a named set's, but the attention
     core (compute's selective pass); none for full recompute, which re-runs whole layers (memory, compute)."""
-    if shape.recompute == "full":
-        return frozenset()
+    if shape.recompute in _PLAIN:
+        return _NONE
     return recompute_modules(shape.recompute) - {"core_attn"}
+
+
+_PLAIN, _NONE = ("none", "selective", "full"), frozenset()
 
 
 def _sbh(model: ModelSpec, shape: Shape) -> float:
