@@ -31,6 +31,15 @@ def _axis_words(rows: list[dict]) -> tuple[str, str]:
     return axis, ("cost ($)" if axis == "cost" else "GPU-hours")
 
 
+def _node_ticks(ax, rows: list[dict]) -> None:
+    """The node counts asked for as the x ticks of a log axis (16, 32, ..., not 2^4)."""
+    from matplotlib.ticker import NullLocator
+    nodes = sorted({r["nodes"] for r in rows if r["status"] == "ok"})
+    ax.set_xticks(nodes, [str(n) for n in nodes])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("nodes")
+
+
 def fig_against_nodes(rows: list[dict], key: str, label: str, title: str, band: str | None = None) -> bytes | None:
     """One line per machine of `key` against nodes (log-log), the 90 % band shaded where given."""
     lines = machines(rows)
@@ -50,7 +59,7 @@ def fig_against_nodes(rows: list[dict], key: str, label: str, title: str, band: 
                             [r[band][1] * s for r, s in zip(rs, scale)], color=color, alpha=0.12, lw=0)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("nodes")
+    _node_ticks(ax, rows)
     ax.set_ylabel(label)
     ax.set_title(title + ("" if not band else " (band: best's 90 % interval)"), fontsize=9)
     ax.grid(alpha=0.3, which="both")
@@ -99,7 +108,7 @@ def fig_mfu(rows: list[dict]) -> bytes | None:
             ax.plot(r["nodes"], 100 * r["mfu"], "o", color=color, mfc=color if r["measured"] else "white", ms=5)
     ax.set_xscale("log", base=2)
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("nodes")
+    _node_ticks(ax, rows)
     ax.set_ylabel("MFU (%)")
     ax.set_title("MFU against nodes (filled: measured, open: predicted)", fontsize=9)
     ax.grid(alpha=0.3)
