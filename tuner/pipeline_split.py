@@ -70,6 +70,7 @@ def chunk_sizes(num_layers: int, pp: int, vp: int, split: str) -> tuple[int, ...
     return _spread(num_layers, n, *_WEIGHTS[split])
 
 
+@lru_cache(maxsize=16384)
 def why_invalid_split(num_layers: int, pp: int, vp: int, split: str) -> str | None:
     """Why `split` cannot cut `num_layers` over pp x vp chunks, or names another split when it gives the
     same chunks (one name per layout); None when it is the layout's split."""

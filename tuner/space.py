@@ -7,10 +7,12 @@ Constraints are small expressions evaluated by a restricted evaluator (no Python
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import itertools
 import math
 import operator
+import types
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,7 +21,7 @@ from tuner.errors import SpecError, UsageError
 from tuner.layout import (BY_NAME, DIMENSIONS as LAYOUT_DIMS, SEARCHED, Layout, micro_batches_per_pipeline,
                           why_invalid as layout_why_invalid, why_invalid_cut, why_invalid_schedule,
                           why_invalid_values, expert_data_parallel)
-from tuner.frameworks import of as framework_of, split_refusal
+from tuner.frameworks import of as framework_of, recompute_refusal, split_refusal
 from tuner.pipeline_split import why_invalid_split
 from tuner.presets import preset_dir, read_toml
 from tuner.specs import Workload
@@ -107,14 +109,15 @@ def _check_choices(dim: str, values: list, where: str) -> None:
 def auto_split_runs(layout: Layout, w: Workload) -> bool:
     """Whether pipeline_split auto cuts the layout's layers and its framework runs that cut (Megatron-DeepSpeed
     does not run Megatron-Core's embedding- and loss-aware split)."""
-    return _auto_runs(w.framework, w.model, layout.pp, layout.virtual_pipeline)
+    return _auto_runs(w.framework, w.model.num_layers, layout.pp, layout.virtual_pipeline)
 
 
 @functools.lru_cache(maxsize=4096)
-def _auto_runs(framework: str, model, pp: int, vp: int) -> bool:
-    if why_invalid_split(model.num_layers, pp, vp, "auto"):
+def _auto_runs(framework: str, num_layers: int, pp: int, vp: int) -> bool:
+    if why_invalid_split(num_layers, pp, vp, "auto"):
         return False
-    return split_refusal(framework, Layout(tp=1, pp=pp, virtual_pipeline=vp, dp=1, micro_batch=1), model) is None
+    lay = Layout(tp=1, pp=pp, virtual_pipeline=vp, dp=1, micro_batch=1)
+    return split_refusal(framework, lay, types.SimpleNamespace(num_layers=num_layers)) is None
 
 
 def pipeline_stages(num_layers: int) -> list[int]:
@@ -241,12 +244,16 @@ class SearchSpace:
             names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
             (late if names & {"micro_batch", "m", *rest} else early).append(_closure(tree))
         choices = {d: [BY_NAME[d].type(v) for v in self.choices(d, workload)] for d in DIMENSIONS}
+        one = Layout(tp=1, pp=1, dp=1, micro_batch=1)     # recompute modes the model or framework never runs
+        choices["recompute"] = [r for r in choices["recompute"] if recompute_refusal(
+            workload.framework, dataclasses.replace(one, recompute=r), workload) is None] or choices["recompute"]
         refusal = framework_of(workload).refusal
         out = []
         for values in itertools.product(*(choices[d] for d in cut)):
             shape = dict(zip(cut, values))
             n = shape["tp"] * shape["context_parallel"] * shape["pp"]
-            if workload.gpus % n:
+            if workload.gpus % n or why_invalid_split(workload.model.num_layers, shape["pp"], shape["virtual_pipeline"],
+                                                      shape["pipeline_split"]):
                 continue
             shape["dp"] = workload.gpus // n
             probe = Layout(**shape, micro_batch=1)
