@@ -3,11 +3,12 @@ as keyword arguments (tuner.create_study): one vocabulary, the options of `tuner
 
 Keys are `tuner search`'s options with underscores (model, nodes, cluster, budget, stop_threshold,
 tp, recompute, ...): their types and ranges are checked by the same click parameters as the command
-line's, so a file, a flag and a keyword argument are refused with the same words. Three keys may
-also be tables: `[model]` and `[cluster]` (a whole spec, as in workloads/*/*.toml) and `[space]`
-(dimensions and constraints, as in search_spaces/*.toml); `[runner_options]` carries the options of
-a runner registered from Python. A stored study's file (`dumps`) reproduces the study exactly: the
-model, cluster and space are written as tables when they are not the shipped presets of that name.
+line's (both read tuner.study_options), so a file, a flag and a keyword argument are refused with the
+same words. Three keys may also be tables: `[model]` and `[cluster]` (a whole spec, as in
+workloads/*/*.toml) and `[space]` (dimensions and constraints, as in search_spaces/*.toml);
+`[runner_options]` carries the options of a runner registered from Python. A stored study's file
+(`dumps`) reproduces the study exactly: the model, cluster and space are written as tables when they
+are not the shipped presets of that name.
 """
 
 from __future__ import annotations
@@ -20,13 +21,12 @@ import click
 from tuner.errors import UsageError
 
 TABLES = ("model", "cluster", "space", "runner_options")
-NOT_SETTINGS = ("config", "db", "fmt")          # options of the command, not of the study
 RUNNER_OPTIONS = ("noise", "sim_delay", "command", "gpus", "trial_timeout", "template")
 
 
 def _params() -> dict[str, click.Parameter]:
-    from tuner.cli.study import search
-    return {p.name: p for p in search.params if p.name not in NOT_SETTINGS and p.name != "activation_checkpointing"}
+    from tuner.study_options import params
+    return params()
 
 
 def _aliases() -> dict[str, str]:

@@ -13,11 +13,8 @@ from tuner.cli.progress import ProgressView
 from tuner.cli.query import best_rows, top_rows
 from tuner.cli.render import render
 from tuner.errors import UsageError
-from tuner.runners import DEFAULT_TRIAL_TIMEOUT_S
-from tuner.runners.registry import runner_names
-from tuner.search import SEARCHERS
-from tuner.search import STUDY_DEFAULTS
 from tuner.specs import Workload, stored_framework
+from tuner.study_options import SETTINGS
 
 CONFIG_TABLES = "tuner.config_tables"
 
@@ -38,6 +35,17 @@ def _read_config(ctx, param, path):
     defaults.pop("runner_options", None)
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     return path
+
+
+def study_settings(fn):
+    """The study's settings (tuner.study_options.SETTINGS) as this command's options, --db after --study and
+    --format after --seed, in the order --help has always listed them."""
+    after = {"study": DB_OPTION, "seed": FORMAT_OPTION}
+    for o in reversed(SETTINGS):
+        fn = after[o.name](fn) if o.name in after else fn
+        fn = o.decorator()(fn)
+    return fn
+
 
 def run_and_show(store, rec, fmt: str, run, budget: int | None = None) -> None:
     """Run a study with the live view on stderr, then print the fastest layouts and the recommendation."""
@@ -111,45 +119,7 @@ def _launch_hint(store, name: str, layout) -> str:
 @click.option("--config", type=click.Path(dir_okay=False, path_type=Path), default=None, is_eager=True,
               callback=_read_config, help="A study.toml: every option below as a key (`tuner config NAME` writes one).")
 @workload_options
-@click.option("--space", default="default", show_default=True, help="Search space name or TOML path.")
-@click.option("--runner", type=click.Choice(runner_names()), default="sim", show_default=True,
-              help="What runs a trial: the simulator (the model's prediction), your --command, DeepSpeed on "
-              "this machine, or Slurm jobs.")
-@click.option("--searcher", type=click.Choice(SEARCHERS), default=SEARCHERS[0], show_default=True,
-              help="What proposes the next layout (guided: the model corrected by every measurement).")
-@click.option("--budget", type=click.IntRange(min=1), default=50, show_default=True,
-              help="Trials to run (pruned layouts cost nothing).")
-@click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True, help="Trials in flight.")
-@click.option("--study", default=None, help="Study name (default: a readable generated one).")
-@DB_OPTION
-@click.option("--seed", type=int, default=0, show_default=True, help="Random seed of the searcher and the simulator's noise.")
-@FORMAT_OPTION
-@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds; no new trials after it.")
-@click.option("--no-prune", is_flag=True, help="Launch layouts the memory model says cannot fit.")
-@click.option("--noise", type=click.FloatRange(min=0), default=0.0, show_default=True, help="sim: relative noise.")
-@click.option("--sim-delay", type=click.FloatRange(min=0), default=0.0, show_default=True, help="sim: seconds per trial.")
-@click.option("--command", "command", default=None, help="command runner: the training command per trial.")
-@click.option("--gpus", type=click.IntRange(min=1), default=None, help="local runner: devices per trial.")
-@click.option("--trial-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-              help=f"Seconds a real trial may run before it is killed as timeout (default for the command, local and "
-                   f"slurm runners: {DEFAULT_TRIAL_TIMEOUT_S:g}, so a trial that cannot start fails in bounded time; "
-                   "slurm: from the job's start).")
-@click.option("--template", type=click.Choice(["harness", "megatron"]), default=None, help="slurm: launch template.")
-@click.option("--executor", type=click.Choice(["thread", "ray"]), default="thread", show_default=True,
-              help="Where trials run: threads of this process, or a Ray worker pool.")
-@click.option("--ray-address", default=None, help="Ray cluster address for --executor ray (default: start a local one).")
-@click.option("--results-dir", default="results", show_default=True, help="Where trial directories go.")
-@click.option("--warm-start", is_flag=True,
-              help="guided: correct the model with every stored trial of this model and cluster (any node count).")
-@click.option("--stop-threshold", type=click.FloatRange(0, 1, min_open=True, max_open=True),
-              default=STUDY_DEFAULTS["stop_threshold"], show_default=True,
-              help="guided: stop once 95 % confident that no layout trains more than this fraction faster "
-                   "than the recommended one.")
-@click.option("--no-stop", is_flag=True, help="guided: never stop before the budget.")
-@click.option("--keep-going", is_flag=True,
-              help="Run on even when trials fail the same way (default: stop after 3 in a row with no success).")
-@click.option("--early-stop", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
-              help="Stop a real trial whose throughput after warm-up is below this fraction of the best so far.")
+@study_settings
 @layout_options(pins=True)
 def search(layout, db, fmt, config, **options):
     """Start a study: propose layouts, run trials, store every result.
