@@ -2,9 +2,10 @@
 
 Written from first principles and the literature, apart from tuner.perfmodel (imports nothing of it);
 the primitives (GEMMs, flash or materialised attention, collectives over the node's geometry) and the
-drawn constants are benchmarks/indep_worlds.py's. With sp, cp, vp, selective recompute and FP8 off, on a
-GPT model (multi-head attention, GELU, tied embeddings) and a stack that overlaps nothing (Frontier's
-Megatron-DeepSpeed), every formula reduces to the Frontier-only worlds' formulas.
+drawn constants' fields are benchmarks/indep_physics.py's (drawn by benchmarks/indep_worlds.py). With
+sp, cp, vp, selective recompute and FP8 off, on a GPT model (multi-head attention, GELU, tied
+embeddings) and a stack that overlaps nothing (Frontier's Megatron-DeepSpeed), every formula reduces to
+the Frontier-only worlds' formulas.
 
 - Model: Q, K, V (GQA: K and V of width num_query_groups x head size), output projection; FFN GELU
   (h->f->h) or SwiGLU (h->2f, f->h, element-wise silu and product); untied LM head on the last stage.
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 import math
 
-from indep_worlds import GB, Physics, attention_s, collective_s, gemm_passes, gemm_s, group_geometry, intra_bw
+from indep_physics import GB, Physics, attention_s, collective_s, gemm_passes, gemm_s, group_geometry, intra_bw
 
 from tuner.layout import Layout
 from tuner.specs import Workload

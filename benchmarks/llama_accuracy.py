@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import published  # noqa: E402  (the gradient dtype of a row)
+from accuracy_table import table as print_table  # noqa: E402
 from tuner.layout import Layout, why_invalid  # noqa: E402
 from tuner.perfmodel import predict  # noqa: E402
 from tuner.specs import load_cluster, load_model, make_workload  # noqa: E402
@@ -130,11 +131,9 @@ def _summary(label: str, errors: list[float]) -> str:
             f"worst {100 * worst:+.1f} %, mean error {100 * statistics.fmean(errors):+.1f} %")
 
 
-def main(table=None) -> dict:
-    """Print the section; `table(title, header, rows)` is model_accuracy.py's printer. Returns the
-    per-row results (for tests and other callers)."""
-    if table is None:
-        from model_accuracy import table  # noqa: PLC0415  (run on its own)
+def main(table=print_table) -> dict:
+    """Print the section with `table(title, header, rows)` (accuracy_table.py's printer, which
+    model_accuracy.py prints with too). Returns the per-row results (for tests and other callers)."""
     rows = load_rows()
     results = [(r, evaluate(r)) for r in rows]
     clusters = sorted({r["cluster"] for r in rows})

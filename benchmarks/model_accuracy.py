@@ -25,6 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from accuracy_table import table  # noqa: E402
 from tuner.layout import Layout, why_invalid  # noqa: E402
 from tuner.perfmodel import comm, predict, rank  # noqa: E402
 from tuner.space import load_space  # noqa: E402
@@ -39,13 +42,6 @@ def lay(tp, pp, dp, mb=1, z=1, ac=True):
     kw = ({"recompute": "full" if ac else "none"} if "recompute" in Layout.__dataclass_fields__
           else {"activation_checkpointing": ac})
     return Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, zero_stage=z, **kw)
-
-
-def table(title, header, rows):
-    print(f"\n## {title}")
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    for r in [header, ["-" * w for w in widths], *rows]:
-        print("  ".join(str(x).rjust(w) for x, w in zip(r, widths)))
 
 
 def pct(x):
