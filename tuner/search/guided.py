@@ -45,10 +45,12 @@ from tuner.perfmodel import predict
 from tuner.search import STUDY_DEFAULTS  # noqa: F401  (re-exported: the study defaults of the stop rule)
 from tuner.search.base import BaseSearcher
 from tuner.search.confidence import beat_probability, margin_of
+from tuner.search.explore import believe, family_key, fit_beliefs, novelty
 from tuner.correction import F_DIM, FM_DIM, GP, Z_DIM, Features, Observations, features, warm_start_records
 from tuner.trial import Status, TrialResult
 
-N_INITIAL = 3              # model's top pick + best of other (tp, pp) families
+N_INITIAL = 3              # model's top pick + best of other layout families (explore.FAMILY_DIMS)
+SPREAD_CAP = 12            # novelty (explore.novelty) beyond this does not rank a first pick higher
 DIVERSE_WITHIN = 0.7       # an initial layout's predicted throughput is at least this fraction of the top
 XI = 0.0                   # EI margin (log space)
 P_FIT_SD = MEMORY_NOISE_SD     # memory ratio noise beyond the learned uncertainty (as predict states p_fit)
@@ -81,12 +83,13 @@ class GuidedSearcher(BaseSearcher):
         self.mem_gb = [p.memory_gb if p is not None else None for p in preds]   # stored as predicted_memory_gb
         self.mem_stage = np.array([p.memory_stage if p is not None else -1 for p in preds], dtype=int)
         self._mem = np.array([p.memory_gb if p is not None else -math.inf for p in preds], dtype=float)
-        self.family = [(c.tp, c.pp) for c in self.candidates]
         self._tiebreak = np.random.default_rng([self.seed, 11]).permutation(n) * 1e-12
         ws = warm_start_records(history, workload, history_studies) if (history and workload is not None) else None
         self.history = ws.observations if ws else Observations()
         self.evidence = ws.evidence if ws else None
         self.own = Observations()
+        self.own_X: list[list[float]] = []      # the searcher's coordinates of each own time observation
+        self.varying = [k for k in range(self.X.shape[1]) if np.ptp(self.X[:, k]) > 0] if n else []
         self.pending: dict[int, None] = {}      # asked, not told (insertion-ordered)
         self.best_log: float | None = None
         self.best_layout: Layout | None = None
@@ -122,7 +125,10 @@ class GuidedSearcher(BaseSearcher):
         self._learned += 1
         if i is not None:
             self.ran[i] = True
+        n_time = len(self.own.y)
         self.own.add_result(ft, result.status, result.mfu, result.peak_memory_gb, self.capacity)
+        if len(self.own.y) > n_time:
+            self.own_X.append(self.encode(layout.as_dict()))
         if i is not None and result.status not in (Status.OK, Status.STOPPED):
             self.failed[i] = True
         if result.status == Status.OOM and self.workload is not None:
@@ -163,18 +169,19 @@ class GuidedSearcher(BaseSearcher):
         obs.extend(self.own)
         return obs
 
-    def _beliefs(self, extra: list[int]) -> tuple[GP, Observations]:
-        """The time GP (hyperparameters by marginal likelihood on real data), refitted with believer
-        observations at `extra` (chosen or running layouts)."""
+    def _beliefs(self, extra: list[int]) -> tuple[GP, np.ndarray]:
+        """The time GP with the family term (tuner/search/explore.py; hyperparameters of the base GP by
+        marginal likelihood on real data), refitted with believer observations at `extra` (chosen or
+        running layouts), and the candidates' rows to predict it at."""
         obs = self._time_data()
-        gp = obs.time_gp()
+        base = obs.time_gp()
+        Z, F, y, noise = obs.time_data()
+        Xc = self.X[:, self.varying]
+        X_own = np.array(self.own_X, dtype=float).reshape(len(self.own.y), self.X.shape[1])[:, self.varying]
+        gp, rows = fit_beliefs(base, (Z, F, y, noise), len(self.history.y), X_own, Xc, self.Z)
         if extra:
-            Z, F, y, noise = obs.time_data()
-            mu, _ = gp.predict(self.Z[extra], self.F[extra])
-            gp = GP(s_c=gp.s_c, s_w=gp.s_w, s_g=gp.s_g, ell=gp.ell, noise=gp.noise, sd_scale=gp.sd_scale).fit(
-                np.vstack([Z, self.Z[extra]]), np.vstack([F, self.F[extra]]), [*y, *map(float, mu)],
-                [*noise, *[0.0] * len(extra)])
-        return gp, obs
+            gp = believe(gp, rows[extra], self.F[extra])
+        return gp, rows
 
     def p_fit(self) -> np.ndarray:
         """Probability that each candidate fits in memory, from the learned memory correction."""
@@ -217,34 +224,35 @@ class GuidedSearcher(BaseSearcher):
 
     def _confidence(self) -> float:
         """P(no layout beats the recommended one by more than the threshold), see confidence.py."""
-        gp, _ = self._beliefs([])               # running trials are not measurements
+        gp, rows = self._beliefs([])            # running trials are not measurements
         threshold = self.stop_threshold if self.stop_threshold is not None else 0.01
         others = np.flatnonzero(~self.failed)
         others = others[others != self.best_index]
         p_fit = np.where(self.ran, 1.0, self.p_fit())     # a layout the model pruned may still run in truth
         rng = np.random.default_rng([self.seed, 13, self._learned])
-        return 1.0 - beat_probability(gp, self.Z, self.F, self.log_pred, self.best_index, others, p_fit,
+        return 1.0 - beat_probability(gp, rows, self.F, self.log_pred, self.best_index, others, p_fit,
                                       margin_of(threshold), rng)
 
     def _initial_pick(self, score: np.ndarray, chosen: list[int]) -> int | None:
-        """The model's top pick first, then the best layout of a (tp, pp) family not tried yet."""
+        """The model's top pick first, then the best predicted layout that takes values no earlier pick has in
+        as many of the family dimensions (explore.FAMILY_DIMS, up to SPREAD_CAP) as any layout within
+        DIVERSE_WITHIN of the top does: one wrong term of the model cannot hide a whole family."""
         tried = sum(r.status != Status.PRUNED for r in self.told.values()) + len(chosen) + len(self.pending)
         if self.history.y or tried >= self.n_initial:
             return None
         free = self._free()
         if free.size == 0:
             return None
-        seen = {self.family[i] for i in (*chosen, *self.pending)} | {(l.tp, l.pp) for l, r in self.told.items()
-                                                                      if r.status != Status.PRUNED}
+        picks = [family_key(self.candidates[i]) for i in (*chosen, *self.pending)]
+        picks += [family_key(lay) for lay, r in self.told.items() if r.status != Status.PRUNED]
         top = float(score[free].max())
-        ok = [i for i in free if self.family[i] not in seen and score[i] >= top + math.log(DIVERSE_WITHIN)]
-        if not seen:
-            ok = list(free)
+        ok = [i for i in free if score[i] >= top + math.log(DIVERSE_WITHIN)] if picks else list(free)
         if any(self.roomy[i] for i in ok):
             ok = [i for i in ok if self.roomy[i]]
         if not ok:
             return None
-        return int(max(ok, key=lambda i: score[i] + self._tiebreak[i]))
+        far = {i: min(novelty(family_key(self.candidates[i]), picks), SPREAD_CAP) for i in ok}
+        return int(max(ok, key=lambda i: (far[i], score[i] + self._tiebreak[i])))
 
     def _propose(self, n: int) -> list:
         p_fit = self.p_fit()
@@ -252,8 +260,8 @@ class GuidedSearcher(BaseSearcher):
         chosen: list[int] = []
         for _ in range(n):
             extra = list(self.pending) + chosen
-            gp, _ = self._beliefs(extra)
-            mu, sd = gp.predict(self.Z, self.F)
+            gp, rows = self._beliefs(extra)
+            mu, sd = gp.predict(rows, self.F)
             mean = self.log_pred + mu
             i = self._initial_pick(mean + log_fit, chosen)
             if i is None:

@@ -1,0 +1,142 @@
+"""Guided exploration that escapes a wrong prior (issue 30, tuner/search/explore.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tuner import metrics
+from tuner.perfmodel import predict, rank
+from tuner.search.explore import FAMILY_DIMS, amplitude, family_key, model_errors, novelty
+from tuner.search.guided import GuidedSearcher
+from tuner.space import load_space
+from tuner.specs import make_workload
+from tuner.trial import Status, TrialResult
+
+W = make_workload("22b", 2)
+CANDS = load_space("frontier-2023").enumerate_layouts(W)
+
+
+def measured(layout, factor: float = 1.0) -> TrialResult:
+    p = predict(layout, W)
+    return metrics.complete(TrialResult(Status.OK, samples_per_second=p.samples_per_second * factor,
+                                        peak_memory_gb=p.memory_gb), W, layout)
+
+
+def test_model_errors_count_the_spread_and_half_the_typical_error():
+    assert model_errors([]).size == 0
+    assert np.allclose(model_errors([0.01, -0.01, 0.0]), 0.0)            # noise: the model was right
+    e = model_errors([-0.7, -0.7, -0.7])                                 # off by 2x everywhere
+    assert np.allclose(e, 0.5 * (0.7 - 0.03))
+    e = model_errors([0.0, 0.0, 0.6])                                    # one trial far off, the rest right
+    assert e[0] == e[1] == 0.0 and e[2] == pytest.approx(0.57)
+
+
+def test_amplitude_grows_near_the_trials_where_the_model_was_wrong():
+    X_obs = np.array([[0.0, 0.0], [1.0, 1.0]])
+    errors = np.array([0.0, 0.5])
+    sigma = amplitude(np.array([[0.0, 0.0], [1.0, 1.0], [0.5, 0.5]]), X_obs, errors)
+    assert sigma[1] > sigma[2] > sigma[0]
+    assert np.allclose(amplitude(np.zeros((3, 2)), np.zeros((0, 2)), np.zeros(0)), amplitude(np.zeros((1, 2)),
+                       np.zeros((0, 2)), np.zeros(0))[0])
+
+
+def test_first_picks_spread_over_layout_families():
+    s = GuidedSearcher(CANDS, workload=W, seed=1)
+    picks = []
+    for _ in range(3):
+        lay = s.ask(1)[0]
+        picks.append(lay)
+        s.tell(lay, measured(lay))
+    top = next(p.layout for p in rank(CANDS, W) if s.roomy[s.index[p.layout]])
+    assert picks[0] == top
+    keys = [family_key(p) for p in picks]
+    for k, later in enumerate(keys[1:], 1):
+        assert novelty(later, keys[:k]) >= 3, (picks, FAMILY_DIMS)
+
+
+def _posterior(s: GuidedSearcher):
+    gp, rows = s._beliefs([])
+    mu, sd = gp.predict(rows, s.F)
+    return mu, sd
+
+
+def test_a_trial_far_above_its_prediction_moves_its_neighbours_and_their_uncertainty():
+    ok = [c for c in CANDS if predict(c, W).fits]
+    hero = next(c for c in ok if c.pp == 8 and c.recompute == "none")
+    near = [c for c in ok if (c.tp, c.pp, c.recompute) == (hero.tp, hero.pp, hero.recompute) and c != hero]
+    base = [next(c for c in ok if c.pp == pp and c.tp != hero.tp and c.recompute == "full") for pp in (1, 2, 4)]
+    far = [c for c in ok if novelty(family_key(c), [family_key(hero)]) >= 8 and c not in base]
+    assert near and far
+    right, wrong = GuidedSearcher(CANDS, workload=W, seed=2), GuidedSearcher(CANDS, workload=W, seed=2)
+    for c in base:
+        right.tell(c, measured(c)), wrong.tell(c, measured(c))
+    right.tell(hero, measured(hero, 1.0))
+    wrong.tell(hero, measured(hero, 1.8))                  # 80 % faster than the model said
+    mu_r, sd_r = _posterior(right)
+    mu_w, sd_w = _posterior(wrong)
+    n = [wrong.index[c] for c in near]
+    f = [wrong.index[c] for c in far]
+    assert np.mean(mu_w[n] - mu_r[n]) > 0.25                # its neighbours are believed faster too
+    assert np.mean(mu_w[n] - mu_r[n]) > 2 * np.mean(mu_w[f] - mu_r[f])
+    assert np.all(sd_w[n] > sd_r[n])                       # and less certain: the model was wrong nearby
+
+
+def _search(truth, seed: int, budget: int = 10) -> float:
+    """The fastest true speed among `budget` guided trials in the world `truth` (None: out of memory)."""
+    s = GuidedSearcher(CANDS, workload=W, seed=seed)
+    best, ran = 0.0, 0
+    rng = np.random.default_rng(seed)
+    while ran < budget:
+        lay = s.ask(1)[0]
+        v, p = truth(lay), PREDS[lay]
+        if not p.fits:                                          # the Driver's pruning
+            s.tell(lay, TrialResult(Status.PRUNED, peak_memory_gb=p.memory_gb))
+            continue
+        res = TrialResult(Status.OOM) if v is None else \
+            TrialResult(Status.OK, samples_per_second=v * math.exp(0.02 * rng.standard_normal()),
+                        peak_memory_gb=p.memory_gb)
+        s.tell(lay, metrics.complete(res, W, lay))
+        best, ran = max(best, v or 0.0), ran + 1
+    return best
+
+
+PREDS = {p.layout: p for p in rank(CANDS, W)}
+
+
+def _world(factor):
+    """The model's own world (point-estimate memory) with the speed of some layouts scaled by factor(layout)."""
+    def truth(lay):
+        p = PREDS[lay]
+        return p.samples_per_second * factor(lay) if p.memory_gb <= W.cluster.memory_gb else None
+    return truth
+
+
+def _fastest(truth) -> float:
+    return max(v for c in CANDS if (v := truth(c)) is not None)
+
+
+@pytest.mark.parametrize("dim", ["pp", "micro_batch", "zero_stage"])
+@pytest.mark.parametrize("seed", [3, 4])
+def test_finds_a_family_the_model_underrates(dim, seed):
+    """One wrong term makes the model rate every layout with one value of `dim` 1.6x too slow (the best of
+    them predicted at 0.55-0.8 of the top, so no first pick of the model's ranking alone): 10 trials reach
+    0.95 of that world's fastest, where the best outside that family is at most 0.85."""
+    top = next(iter(PREDS.values()))
+    hidden = next(getattr(p.layout, dim) for p in PREDS.values() if getattr(p.layout, dim) != getattr(top.layout, dim)
+                  and p.fits and 0.55 <= p.samples_per_second / top.samples_per_second <= 0.8)
+    truth = _world(lambda lay: 1.6 if getattr(lay, dim) == hidden else 1.0)
+    fastest = _fastest(truth)
+    assert max(v for c in CANDS if getattr(c, dim) != hidden and (v := truth(c))) <= 0.85 * fastest
+    assert _search(truth, seed) >= 0.95 * fastest
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_leaves_a_favourite_family_the_model_overrates(seed):
+    """The model's favourite pipeline depth runs at half the speed it predicts: 10 trials still reach 0.93 of
+    the fastest (the issue's worst-seed bound), outside that family."""
+    favourite = next(iter(PREDS)).pp
+    truth = _world(lambda lay: 0.5 if lay.pp == favourite else 1.0)
+    assert _search(truth, seed) >= 0.93 * _fastest(truth)
