@@ -2,12 +2,17 @@
 
 The belief about a layout's log MFU (training speed) is log(predicted) + r, r the model's residual learned
 as a Gaussian process (tuner/correction.py: a global scale, a linear term in the predicted time shares,
-and a smooth term over layout features; prior mean 0). Memory is learned the same way from measured
-peaks and OOMs (an OOM at a layout predicted to fit raises the expected memory of its neighbours).
+and a smooth term over layout features; prior mean 0), plus a family term over every searched dimension
+whose uncertainty grows where the model has been wrong nearby (tuner/search/explore.py): a term the model
+lacks cannot hide a whole family (a pipeline depth, a recompute mode, a micro-batch size, a ZeRO stage,
+an expert-parallel degree), and a trial far above its prediction moves its neighbours. Memory is learned
+the same way from measured peaks and OOMs (an OOM at a layout predicted to fit raises the expected memory
+of its neighbours).
 
-- First trials (no history): the model's top pick, then the best predicted layouts of `n_initial - 1`
-  other (tp, pp) families, so that a wrong model shows itself early; each keeps the cluster's memory
-  headroom (tuner/best.py) where any layout does, since nothing has been measured yet.
+- First trials (no history): the model's top pick, then `n_initial - 1` layouts within DIVERSE_WITHIN of
+  its predicted speed, each the best predicted of those that take values no earlier pick has in the most
+  family dimensions (explore.novelty), so that a wrong model shows itself early; each keeps the cluster's
+  memory headroom (tuner/best.py) where any layout does, since nothing has been measured yet.
 - Then: expected improvement over the best measured, in log space, times the probability of fitting.
   A batch (ask(n > 1), or asks without tells in between) uses the kriging believer: each chosen or
   running layout counts as measured at its posterior mean.
