@@ -23,7 +23,8 @@ from tuner.trial import Status, TrialSpec  # noqa: E402
 
 #: Small spaces (few seconds per family): the families' own dimensions with fewer choices.
 SMALL = {
-    "frontier-2023": {"tp": [1, 2, 4, 8], "sequence_parallel": [False], "context_parallel": [1], "pp": "divisors:num_layers",
+    "frontier-2023": {"tp": [1, 2, 4, 8], "sequence_parallel": [False], "context_parallel": [1],
+                      "pp": "divisors:num_layers",
                       "virtual_pipeline": [1], "micro_batch": [1, 2, 4], "zero_stage": [0, 1, 2, 3],
                       "recompute": ["none", "full"]},
     "default": {"tp": [1, 2, 4, 8], "sequence_parallel": [True, False], "context_parallel": [1, 2], "pp": [1, 2, 4, 8],

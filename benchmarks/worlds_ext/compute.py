@@ -72,7 +72,8 @@ def layer_compute(ph, c: Cut, llama: bool, fused: bool, kernel: str, gemms) -> d
     """Forward and backward GPU seconds of one layer (GEMMs, attention, element-wise) and its kernel count."""
     gf, gb = gemm_pass(ph, gemms)
     af, ab = attention_s(ph, c, kernel)
-    ew = elementwise_bytes(c, llama) * (ph["fuse"] if fused else ph["eager_ew"]) / (ph["hbm_gbps"] * 1e9 * ph["hbm_eff"])
+    hbm = ph["hbm_gbps"] * 1e9 * ph["hbm_eff"]
+    ew = elementwise_bytes(c, llama) * (ph["fuse"] if fused else ph["eager_ew"]) / hbm
     return {"gemm_f": gf, "gemm_b": gb, "attn_f": af, "attn_b": ab, "ew_f": ew, "ew_b": ew * ph["ew_bwd"]}
 
 

@@ -98,7 +98,7 @@ def state_bytes_per_param(ph, layout: Layout, w: Workload) -> tuple[float, float
     z, fw = layout.zero_stage, w.framework
     if fw == "torchtitan":
         return 0.0, 4 + 4 + 8
-    if fw == "megatron-core":          # distributed optimizer (1); Megatron-FSDP optim_grads (2), optim_grads_params (3)
+    if fw == "megatron-core":    # distributed optimizer (1); Megatron-FSDP optim_grads (2), optim_grads_params (3)
         return {0: (2 + 4 + 12, 0.0), 1: (2 + 4, 12.0), 2: (2.0, 4 + 12.0), 3: (0.0, 2 + 4 + 12.0)}[z]
     grad = ph["ds_grad_bytes"]                       # DeepSpeed: bf16 grads plus its accumulation buffer
     if z == 0:

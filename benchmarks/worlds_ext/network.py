@@ -37,8 +37,8 @@ def ranks_per_node(size: int, stride: int, gpn: int) -> int:
 
 def collective(ph, op: str, nbytes: float, size: int, stride: int, gpn: int, concurrent: int | None = None) -> float:
     """Seconds of `op` ("all-reduce", "all-gather", "reduce-scatter", "all-to-all") over a buffer of
-    `nbytes` (the whole tensor: an all-gather's result, a reduce-scatter's input) on a group of `size` ranks `stride` apart; `concurrent`: GPUs of a node that use the node's
-    network at the same time (default gpn)."""
+    `nbytes` (the whole tensor: an all-gather's result, a reduce-scatter's input) on a group of `size` ranks
+    `stride` apart; `concurrent`: GPUs of a node that use the node's network at the same time (default gpn)."""
     if size <= 1 or nbytes <= 0:
         return 0.0
     r = ranks_per_node(size, stride, gpn)

@@ -62,7 +62,8 @@ def _layer(ph, layout: Layout, w: Workload, moe: bool) -> tuple[float, float]:
         bwd += tp * (1 - hidden)
     if layout.context_parallel > 1:
         cp, kv = layout.context_parallel, 2.0 * 2 * c.kv_heads * c.head_dim * c.tokens
-        if fw == "torchtitan":      # PyTorch's context parallel, rotate method "allgather": K/V gathered, dK/dV scattered
+        if fw == "torchtitan":      # torchtitan's parallelism.context_parallel_rotate_method, default "allgather":
+            # every K/V shard gathered after the first sub-SDPA (a drawn share hidden), dK/dV scattered back
             ag = network.collective(ph, "all-gather", kv * cp, cp, layout.tp, gpn)
             ring_f, ring_b = ag, ag + network.collective(ph, "reduce-scatter", kv * cp, cp, layout.tp, gpn)
         else:                       # Megatron-Core's ring: cp - 1 K/V sends under the attention blocks

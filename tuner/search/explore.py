@@ -17,12 +17,14 @@ the untried values of that dimension at the prior -- a family the model ranks lo
 its chance -- with a non-stationary amplitude (a valid kernel for any sigma >= 0):
 
 
-    sigma(x) = BASE + GAIN * u(x),   u(x) = (sum_j w_j(x) e_j + PRIOR_WEIGHT * mean_j e_j) / (sum_j w_j(x) + PRIOR_WEIGHT)
+    sigma(x) = BASE + GAIN * u(x),
+    u(x) = (sum_j w_j(x) e_j + PRIOR_WEIGHT * mean_j e_j) / (sum_j w_j(x) + PRIOR_WEIGHT)
 
 e_j the model's error at trial j (model_errors: how far log(measured_j / predicted_j) lies from the study's
-median, plus half that median), w_j(x) = exp(-|x - x_j|^2 / 2 ELL_U^2). Where the model has been wrong nearby, layouts are uncertain (expected improvement looks there);
-far from every trial the uncertainty is the model's mean error so far (a model wrong by 2x where it was
-measured is no better trusted where it was not). A trial that beats its prediction by far pulls its
+median, plus half that median), w_j(x) = exp(-|x - x_j|^2 / 2 ELL_U^2). Where the model has been wrong
+nearby, layouts are uncertain (expected improvement looks there); far from every trial the uncertainty is
+the model's mean error so far (a model wrong by 2x where it was measured is no better trusted where it
+was not). A trial that beats its prediction by far pulls its
 neighbours' posterior up through the same term (their covariance with it is large). Trials of other
 studies (warm start) and stopped-early bounds enter with sigma 0: the family term learns from this
 study's own measurements only.
@@ -136,7 +138,8 @@ def believe(gp: FamilyGP, rows: np.ndarray, F: np.ndarray) -> FamilyGP:
     mu, _ = gp.predict(rows, F)
     out = FamilyGP(s_c=gp.s_c, s_w=gp.s_w, s_g=gp.s_g, ell=gp.ell, noise=gp.noise, sd_scale=gp.sd_scale,
                    w_scale=gp.w_scale, ell_x=gp.ell_x)
-    out.fit(np.vstack([A, rows]), np.vstack([Fd, F]), np.concatenate([y, mu]), np.concatenate([noise, np.zeros(len(mu))]))
+    out.fit(np.vstack([A, rows]), np.vstack([Fd, F]), np.concatenate([y, mu]),
+            np.concatenate([noise, np.zeros(len(mu))]))
     return out
 
 
