@@ -4,7 +4,9 @@ the layout it ran (tokens/s/GPU: predicted / measured - 1).
 Run: python benchmarks/hardware_accuracy.py
 
 Rows: benchmarks/data/hardware_published.toml (NVIDIA Megatron-Bridge's DGX-GB200 / B200 / GB300 / B300
-pre-training tables, DeepSeek-V3's H800 run), every source named in the file. One configuration is one row
+pre-training tables, DeepSeek-V3's H800 run), every source named in the file; each row is predicted with the
+layout it ran, its pipeline split included (the DeepSeek-V3 recipes' "light-last" layers per stage, the
+data file's `pipeline_split`). One configuration is one row
 (benchmarks/published.py: a configuration stated in several releases is the median of its measurements).
 Every row is in the headline: each is printed, and each GPU family's line counts all its rows (a row the
 model's rules refuse is counted and named as refused). Held out: the configurations hashed into the
@@ -38,7 +40,8 @@ def layout_of(row: dict) -> Layout:
     return Layout(tp=tp, sequence_parallel=row["sequence_parallel"], context_parallel=cp, pp=pp,
                   virtual_pipeline=row["vp"], dp=row["gpus"] // (tp * cp * pp), expert_parallel=row.get("ep", 1),
                   expert_tensor_parallel=row.get("etp", 1), micro_batch=row["micro_batch"],
-                  zero_stage=1 if row["distributed_optimizer"] else 0, recompute=rc)
+                  zero_stage=1 if row["distributed_optimizer"] else 0, recompute=rc,
+                  pipeline_split=row.get("pipeline_split", "auto"))
 
 
 def evaluate(row: dict) -> dict:

@@ -49,3 +49,15 @@ def test_held_out_hardware_rows_are_in_the_committed_split():
     lines = set((ROOT / "benchmarks" / "data" / "held_out.txt").read_text().splitlines())
     ho = [r for r in bench.published.hardware() if bench.published.held_out(r)]
     assert ho and all(bench.published.split_key(r) in lines for r in ho)
+
+
+def test_every_row_is_predicted_with_its_recipes_pipeline_split():
+    """No row is refused: DeepSeek-V3's 61 layers are cut as NVIDIA's recipes cut them (Megatron-Bridge
+    _get_deepseek_v3_pipeline_layout: pp 8 as 8 | 8 x 6 | 5, 16 chunks as 4 | 4 x 14 | 1, MTP and loss last)."""
+    from tuner.pipeline_split import chunk_sizes
+    bench = _bench()
+    for r in bench.published.hardware():
+        e = bench.evaluate(r)
+        assert e["refused"] is None, (r["cluster"], r["model"], e["refused"])
+    assert chunk_sizes(61, 8, 1, "light-last") == (8,) * 7 + (5,)
+    assert chunk_sizes(61, 2, 8, "light-last") == chunk_sizes(61, 16, 1, "light-last") == (4,) * 15 + (1,)
