@@ -12,7 +12,8 @@ Every row is in the headline: each is printed, and each GPU family's line counts
 model's rules refuse is counted and named as refused). Held out: the configurations hashed into the
 held-out third (data/held_out.txt, written before this benchmark first ran) that no choice saw
 (published.HARDWARE_SEEN, empty: the clusters' constants are quoted or marked ESTIMATE in their files, none
-was chosen on these rows). AMD Instinct has no row (the data file says why): its presets are unvalidated.
+was chosen on these rows). AMD Instinct MI325X and MI355X rows: AMD's measured Primus-Megatron runs (the data
+file names the source and each unstated value it takes); MI300X and MI300A have none: unvalidated.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ from tuner.perfmodel import predict  # noqa: E402
 from tuner.specs import load_cluster, load_model, make_workload  # noqa: E402
 
 FAMILIES = {"b200": "Blackwell DGX B200", "gb200": "Blackwell GB200 NVL72", "b300": "Blackwell Ultra DGX B300",
-            "gb300": "Blackwell Ultra GB300 NVL72", "h800": "Hopper H800"}
+            "gb300": "Blackwell Ultra GB300 NVL72", "h800": "Hopper H800", "mi325x": "AMD Instinct MI325X",
+            "mi355x": "AMD Instinct MI355X"}
+#: AMD presets no published run validates (benchmarks/data/hardware_published.toml says why)
+UNVALIDATED = ("mi300x", "mi300a")
 
 
 def layout_of(row: dict) -> Layout:
@@ -40,7 +44,7 @@ def layout_of(row: dict) -> Layout:
     return Layout(tp=tp, sequence_parallel=row["sequence_parallel"], context_parallel=cp, pp=pp,
                   virtual_pipeline=row["vp"], dp=row["gpus"] // (tp * cp * pp), expert_parallel=row.get("ep", 1),
                   expert_tensor_parallel=row.get("etp", 1), micro_batch=row["micro_batch"],
-                  zero_stage=1 if row["distributed_optimizer"] else 0, recompute=rc,
+                  zero_stage=published.zero_stage(row), recompute=rc,
                   pipeline_split=row.get("pipeline_split", "auto"))
 
 
@@ -96,7 +100,7 @@ def main() -> dict:
     every = [e["error"] for _, e in results if not e["refused"]]
     ho = [e["error"] for r, e in results if not e["refused"] and published.hardware_clean(r)]
     print(f"  {'every family':28s} all: {stats(every)}; held out: {stats(ho)}")
-    print("  AMD Instinct (mi300x, mi325x, mi355x, mi300a): no published run with its layout in the stored sources: "
+    print(f"  AMD Instinct ({', '.join(UNVALIDATED)}): no published run with its layout in the stored sources: "
           "unvalidated")
     return summary
 
