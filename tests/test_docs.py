@@ -4,16 +4,16 @@ file, benchmark or the README cites is a file of this repository, under docs/ref
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.docs_pages import DOCS, ROOT, anchors, code_blocks, links, page, pages
+
 CITATION = re.compile(r"(?<![\w/])((?:docs/)?reference/[\w.-]+\.md)")
 
 
 def _cited() -> dict[str, list[str]]:
     files = [*ROOT.glob("tuner/**/*.py"), *ROOT.glob("workloads/**/*.toml"), *ROOT.glob("search_spaces/*.toml"),
              *ROOT.glob("benchmarks/*.py"),
-             *ROOT.glob("docs/**/*.md"), ROOT / "README.md"]
+             *pages()]
     found: dict[str, list[str]] = {}
     for f in files:
         for ref in CITATION.findall(f.read_text(errors="replace")):
@@ -24,7 +24,8 @@ def _cited() -> dict[str, list[str]]:
 def test_every_cited_reference_note_exists():
     cited = _cited()
     assert cited, "the performance model cites its formulas: the pattern found none"
-    missing = {ref: where for ref, where in cited.items() if not (ROOT / ref).is_file()}
+    found = lambda ref, where: (ROOT / ref).is_file() or (ROOT / where).parent.joinpath(ref).is_file()  # docs: relative
+    missing = {ref: where for ref, where in cited.items() if not all(found(ref, w) for w in where)}
     assert missing == {}, f"cited but not in the repository: {missing}"
 
 
@@ -36,15 +37,44 @@ def test_the_cited_notes_are_the_ones_the_model_uses():
     assert "fit it from two runs" in text                              # calibrate.py's quote
 
 
-def test_every_command_has_a_runnable_example_in_the_readme():
-    """Every user-visible command (and `db` subcommand) appears in a README code block as `tuner NAME ...`."""
+def test_every_command_has_a_runnable_example_in_the_docs():
+    """Every user-visible command (and `db` subcommand) appears in a code block of the README or a page of
+    the docs site as `tuner NAME ...`."""
     import click
 
     from tuner.cli import cli
-    readme = (ROOT / "README.md").read_text()
-    blocks = "\n".join(re.findall(r"```[a-z]*\n(.*?)```", readme, re.S))
+    blocks = "\n".join(b for p in pages() for b in code_blocks(p.read_text()))
     names = []
     for name, cmd in cli.commands.items():
         names += [f"{name} {sub}" for sub in cmd.commands] if isinstance(cmd, click.Group) else [name]
     missing = [n for n in names if not re.search(rf"(^|\s|\()tuner {n}\b", blocks, re.M)]
-    assert missing == [], f"commands without an example in a README code block: {missing}"
+    assert missing == [], f"commands without an example in a README or docs/ code block: {missing}"
+
+
+def test_every_internal_link_of_the_docs_leads_somewhere():
+    """README and docs/ pages: a relative link names a file that exists, and its #anchor a heading there
+    (mkdocs build --strict checks the site's pages the same way; this runs without mkdocs)."""
+    broken = []
+    for p in pages():
+        for target in links(p.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue                                   # https:, mailto:
+            path, _, anchor = target.partition("#")
+            dest = (p.parent / path).resolve() if path else p
+            if not dest.exists():
+                broken.append(f"{p.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text()):
+                broken.append(f"{p.relative_to(ROOT)}: {target} (no such heading)")
+    assert broken == []
+
+
+def test_the_site_lists_every_page_and_every_listed_page_exists():
+    nav = re.findall(r"^\s*-\s+(?:[^:\n]+:\s+)?([\w/.-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    on_disk = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md"))
+    assert sorted(nav) == on_disk
+
+
+def test_the_site_and_the_readme_give_the_same_set_up_commands():
+    readme = code_blocks((ROOT / "README.md").read_text(), "bash")[:2]
+    assert len(readme) == 2 and "pip install -e ." in readme[0] and "python -m pytest" in readme[1]
+    assert code_blocks(page("index.md"), "bash")[:2] == readme

@@ -104,7 +104,8 @@ def test_a_path_given_as_db_names_the_url_form(tuner, tmp_path):
 
 
 def test_db_current_on_a_missing_store_exits_as_the_readme_says(tuner, tmp_path):
-    readme = (ROOT / "README.md").read_text()
+    from tests.docs_pages import page
+    readme = page("commands/db.md")
     said = re.search(r"`tuner db current` prints[^.]*?\(([^)]*)\)", readme).group(1)
     code, _, err = tuner("db", "current", "--db", f"sqlite:///{tmp_path / 'none.db'}")
     assert "no results store at" in err and f"exit {code}" in said, (code, said)
@@ -112,7 +113,8 @@ def test_db_current_on_a_missing_store_exits_as_the_readme_says(tuner, tmp_path)
 
 def test_the_readme_states_this_tuners_schema_version():
     from tuner.store import SCHEMA_VERSION
-    readme = (ROOT / "README.md").read_text()
+    from tests.docs_pages import all_text
+    readme = all_text()                                             # README and every page of docs/
     stated = re.findall(r"schema version (\d+), revision (\d{4}); up to date", readme)
     assert all(int(v) == SCHEMA_VERSION and int(r) == SCHEMA_VERSION for v, r in stated), stated
 

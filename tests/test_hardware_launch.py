@@ -154,12 +154,10 @@ def test_a_precision_the_machine_or_stack_lacks_is_refused_in_one_line(tuner, cl
 
 
 def test_the_readme_machines_examples_run(tuner, tmp_path, monkeypatch):
-    from pathlib import Path
     import re
     import shlex
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme[readme.index("### Machines"):]
-    section = section[:section.index("\n### ", 5)]
+    from tests.docs_pages import page
+    section = page("hardware.md")                                   # once the README's "### Machines"
     block = re.findall(r"```bash\n(.*?)```", section, re.S)[0]
     commands = [line for line in block.splitlines() if line.startswith("tuner ")]
     assert len(commands) >= 4

@@ -177,7 +177,8 @@ def test_a_study_toml_and_the_library_take_seq_length(tmp_path):
 def test_the_readme_examples_of_config_json_and_seq_length_run(tuner, monkeypatch):
     import shlex
     root = HF.parents[2]
-    lines = [line for line in (root / "README.md").read_text().splitlines()
+    from tests.docs_pages import all_text
+    lines = [line for line in all_text().splitlines()                # README and docs/ pages
              if line.startswith("tuner ") and "--seq-length" in line]
     assert len(lines) >= 2
     monkeypatch.chdir(root)
