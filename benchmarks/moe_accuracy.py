@@ -55,14 +55,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tuner.layout import Layout, why_invalid  # noqa: E402
 from tuner.perfmodel import PRUNE_BELOW, predict  # noqa: E402
 from tuner.perfmodel.moe import TokenExchange  # noqa: E402
-from tuner.specs import load_cluster, load_model, make_workload  # noqa: E402
+from tuner.specs import load_cluster, make_workload  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import published  # noqa: E402  (one held-out rule)
 from framework_accuracy import error_stats  # noqa: E402  (one summary)
+from memory_accuracy import model_of  # noqa: E402  (a preset, or a row's own shape: the Grok-1 rows)
 
 DATA = Path(__file__).resolve().parent / "data" / "moe_published.toml"
 OLDER = ("25.09", "25.11", "26.02 ")       # releases before 26.02.01 (the trailing space keeps 26.02.01 out)
+OLDER_STACKS = ("NeMo 24.",)               # 2024 containers (dgxc-benchmarking's Grok-1 rows)
 
 
 def load_rows() -> list[dict]:
@@ -78,7 +80,8 @@ def held_out(row: dict) -> bool:
 
 
 def older(row: dict) -> bool:
-    return any(f"Megatron-Bridge {r}" in row["release"] + " " for r in OLDER)
+    return (any(f"Megatron-Bridge {r}" in row["release"] + " " for r in OLDER)
+            or any(r in row["release"] for r in OLDER_STACKS))
 
 
 def layout_of(row: dict) -> Layout:
@@ -98,7 +101,7 @@ def exchange_of(row: dict) -> TokenExchange:
 
 
 def evaluate(row: dict) -> dict:
-    model = load_model(row["model"])
+    model = model_of(row)
     if row.get("moe_capacity_factor"):
         model = dataclasses.replace(model, moe_capacity_factor=row["moe_capacity_factor"])
     cluster = load_cluster(row["cluster"])
