@@ -78,3 +78,19 @@ def test_the_site_and_the_readme_give_the_same_set_up_commands():
     readme = code_blocks((ROOT / "README.md").read_text(), "bash")[:2]
     assert len(readme) == 2 and "pip install -e ." in readme[0] and "python -m pytest" in readme[1]
     assert code_blocks(page("index.md"), "bash")[:2] == readme
+
+
+def test_the_readme_first_day_commands_run_and_print_what_it_shows(tuner):
+    """The README's first-day sessions, run in order in a fresh directory: each command exits 0 and prints
+    the first line the README shows for it (store paths aside)."""
+    import shlex
+    readme = (ROOT / "README.md").read_text()
+    day = readme[readme.index("## A first day"):readme.index("## Where to read on")]
+    sessions = code_blocks(day, "console")
+    assert len(sessions) == 6
+    same = lambda s: re.sub(r"sqlite:///\S+", "STORE", re.sub(r" in [\d.]+ m?s\b.*", "", s)).strip()
+    for session in sessions:
+        command, first = session.splitlines()[:2]
+        code, out, err = tuner(*shlex.split(command.removeprefix("$ tuner ")))
+        assert code == 0, (command, err)
+        assert same(first) in [same(line) for line in (err + out).splitlines()], (command, first, out, err)

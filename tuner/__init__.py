@@ -1,6 +1,6 @@
 """tuner: search for the fastest parallel layout of a large-model training run.
 
-The library's facade (tuner.api), documented in README ("tuner as a library"):
+The library's facade (tuner.api), documented in docs/library.md:
 
     import tuner
     study = tuner.create_study(model="175b", nodes=16, budget=20)

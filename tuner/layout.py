@@ -88,7 +88,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
               help="Samples per micro-batch per replica."),
     Dimension("zero_stage", int, "z", "zero", "TUNER_ZERO_STAGE", default=1, flag="--zero-stage",
               help="ZeRO stage 0-3 (1 = Megatron's distributed optimizer, 3 = FSDP; what each --framework runs: "
-              "README, Frameworks)."),
+              "docs/frameworks.md)."),
     Dimension("recompute", str, "rc", "recompute", "TUNER_RECOMPUTE", default="full", choices=RECOMPUTE,
               flag="--recompute", help="Activation recompute: none, selective (the attention core), full, or "
               "Megatron-Core's module sets moe_act, norm_act (layernorm + moe_act), mla_up (mla_up_proj), "

@@ -4,7 +4,7 @@ read it (`tuner export NAME --format optuna --storage URL`).
 `distributions`, `frozen_trials` and `study_attrs` are pure: a StudyRecord and its TrialRecords in,
 optuna's objects out. `write_study` is the one effect: it checks the storage URL and writes the study.
 
-The mapping (README, `tuner export`):
+The mapping (docs/commands/export.md):
 - one optuna trial per finished tuner trial, in trial-number order (optuna numbers them 0, 1, ...; the
   tuner number is the user attr `tuner_trial`). Running and interrupted trials are left out: they have
   no result yet, and an optuna trial copied as RUNNING would stay RUNNING in the copy for ever; export

@@ -50,7 +50,7 @@ class TrialSpec:
     trial_dir: Path | None = None
 
     def as_json(self) -> dict:
-        """The protocol's trial.json (see README, "Command runner")."""
+        """The protocol's trial.json (see docs/runners/command.md)."""
         w = self.workload
         return {"study": self.study, "trial": self.number, "layout": self.layout.as_dict(),
                 "model": {k: v for k, v in w.model.as_dict().items() if v is not None},

@@ -58,7 +58,7 @@ EarlyStop = Callable[[list], bool]
 
 
 def trial_env(trial: TrialSpec, result_path: Path) -> dict[str, str]:
-    """The TUNER_* variables a trial command receives (README, "Command runner")."""
+    """The TUNER_* variables a trial command receives (docs/runners/command.md)."""
     lay, w = trial.layout, trial.workload
     trial_dir = result_path.parent
     return {

@@ -276,7 +276,7 @@ def build_model(spec: ModelSpec, seed: int, recompute="none"):
     # parameters on TP rank 0 only; a tied embedding once, on its first stage (DeepSpeed marks the
     # last stage's copy ds_pipe_replicated, which clip_grad_norm_ would count again).
     # Expert weights count on every rank (DeepSpeed then averages the ranks' norms over DP: with ep > 1
-    # its norm of an MoE model is not the global norm, see README's MoE section).
+    # its norm of an MoE model is not the global norm, see docs/moe.md).
     for p in module.parameters():
         counted = bool(getattr(p, "tensor_model_parallel", False)) or par.tp_rank == 0 or not getattr(
             p, "allreduce", True)
