@@ -126,7 +126,8 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     # --tp-comm-overlap (Transformer Engine's userbuffers) runs inside the NVLink domain only: a TP group
     # that spans nodes shows its collectives whole; on ROCm it is off (AMD's Primus: tp_comm_overlap false,
     # primus/configs/models/megatron/language_model.yaml line 180 @ fd1eeabbad15), and `launch` leaves it out
-    tp_hidden = "tp" in hide and sh.sp and not comm.leaves_domain(cluster, t, 1) and cluster.software == "cuda"
+    tp_hidden = ("tp" in hide and sh.sp and not comm.leaves_domain(cluster, t, 1) and cluster.software == "cuda"
+                 and exchange.tp_overlap is not False)
     tp_comm = max(0.0, lc["tp_comm"] - lay["gemm"]) if tp_hidden else lc["tp_comm"]
     p2p = layout.virtual_pipeline * comm.pipeline_p2p_time(cluster, t * sh.c, layout.dp, p, boundary)
 

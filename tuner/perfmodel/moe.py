@@ -118,10 +118,14 @@ class TokenExchange:
     overlap: Megatron-Core's --overlap-moe-expert-parallel-comm on or off; None: where the framework
     allows it (tuner.frameworks ep_overlap), as `launch` writes it.
     dispatcher: "alltoall" (--moe-token-dispatcher-type alltoall, what `launch` writes) or "flex"
-    (Megatron-Core's flex dispatcher with its DeepEP or HybridEP backend, `flex_alltoall_time`)."""
+    (Megatron-Core's flex dispatcher with its DeepEP or HybridEP backend, `flex_alltoall_time`).
+    tp_overlap: the run's --tp-comm-overlap (Transformer Engine's userbuffers) on or off; None: where the
+    framework overlaps TP (tuner.perfmodel.stage_times), as `launch` writes it. Published configs that turn
+    it off (NVIDIA's Grok-1 recipe: ub_tp_comm_overlap false) show their TP collectives whole."""
 
     overlap: bool | None = None
     dispatcher: str = "alltoall"
+    tp_overlap: bool | None = None
 
 
 DISPATCHERS = ("alltoall", "flex")
