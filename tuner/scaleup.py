@@ -14,7 +14,7 @@ from tuner.errors import SpecError
 #: Cluster keys added with the scale-up domain and block-scaled precisions (issue 26), stored only when set
 #: (ClusterSpec.as_dict), so a cluster without them is stored as before.
 DOMAIN_KEYS = ("scale_up_domain_gpus", "scale_up_bandwidth_gbps", "peak_tflops_fp4", "block_scaled", "software",
-               "matmul_efficiency_fp8")
+               "matmul_efficiency_fp8", "matmul_efficiency_fp4")
 SOFTWARE = ("cuda", "rocm")
 
 

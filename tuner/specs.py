@@ -84,6 +84,7 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
     "block_scaled": (bool, False),               # tensor cores scale MX / NVFP4 blocks (Blackwell, CDNA 4)
     "software": (str, "cuda"),                   # the GPU stack `launch` writes for: "cuda" | "rocm" (AMD)
     "matmul_efficiency_fp8": (float, None),      # eta_max of FP8 GEMMs where measured apart (default matmul_efficiency)
+    "matmul_efficiency_fp4": (float, None),      # eta_max of FP4 GEMMs where measured apart (default the FP8 one)
     "memory_gb": (float, ...),                   # per GPU
     "hbm_bandwidth_gbps": (float, ...),          # per GPU
     "intra_node_bandwidth_gbps": (float, ...),   # per GPU, per direction, whole-node groups
@@ -283,6 +284,7 @@ class ClusterSpec:
     block_scaled: bool = False
     software: str = "cuda"
     matmul_efficiency_fp8: float | None = None
+    matmul_efficiency_fp4: float | None = None
     operations: dict | None = None           # tuner.goodput.OPERATION_KEYS; stored only when given
 
     @property
@@ -338,7 +340,7 @@ class ClusterSpec:
             if not (k.isdigit() and isinstance(v, (int, float)) and v > 0):
                 raise SpecError(f"{where}: group_bandwidth_gbps entries are \"<group size>\" = <GB/s>, got {k} = {v!r}")
         for k in ("matmul_efficiency", "attention_efficiency", "memory_bandwidth_efficiency", "network_efficiency",
-                  "matmul_efficiency_fp8"):
+                  "matmul_efficiency_fp8", "matmul_efficiency_fp4"):
             if d[k] is not None and d[k] > 1:
                 raise SpecError(f"{where}: {k} is a fraction of peak and must be <= 1, got {d[k]}")
         return cls(**d)

@@ -100,9 +100,12 @@ def shape_of(layout, workload) -> Shape:
 def gemm_efficiency(cluster: ClusterSpec, gflop: float, fp8: bool | str = False) -> float:
     """eta(F) = eta_max * F / (F + F_knee): the fraction of peak one GEMM of `gflop` GFLOP reaches.
     Low-precision GEMMs need proportionally more work to fill the GPU (the knee scales with the peak); their
-    eta_max is matmul_efficiency_fp8 where the cluster measured it apart (FP4 too: an ESTIMATE)."""
+    eta_max is matmul_efficiency_fp8 where the cluster measured it apart, and FP4's matmul_efficiency_fp4 (else
+    the FP8 one: an ESTIMATE)."""
     knee = cluster.gemm_knee_gflop * (fp8_speedup(cluster, fp8) if fp8 else 1.0)
     top = cluster.matmul_efficiency_fp8 if fp8 and cluster.matmul_efficiency_fp8 else cluster.matmul_efficiency
+    if fp8 == "fp4" and cluster.matmul_efficiency_fp4:
+        top = cluster.matmul_efficiency_fp4
     return top * gflop / (gflop + knee)
 
 
