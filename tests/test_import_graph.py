@@ -180,3 +180,29 @@ def test_type_checking_imports_only_annotate(tmp_path):
     (root / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    pass\nelse:\n"
                                "    from pkg.b import B\n")
     assert loops(import_graph(root)) == [["pkg.a", "pkg.b"]]   # an else branch runs
+
+
+def architecture_layers() -> dict[str, int]:
+    """docs/architecture.md's layer table: module (tuner.NAME, or tuner for `__init__`) -> layer number."""
+    import re
+    text = (ROOT.parent / "docs/architecture.md").read_text()
+    layers: dict[str, int] = {}
+    for number, modules in re.findall(r"^\| (\d+) [^|]*\| ([^|]*) \|", text, re.M):
+        for name in re.findall(r"`([\w.]+)`", modules):
+            layers["tuner" if name == "__init__" else f"tuner.{name}"] = int(number)
+    return layers
+
+
+def test_every_module_sits_in_a_layer_of_the_architecture_page_and_imports_only_downwards():
+    layers = architecture_layers()
+    assert len(set(layers.values())) >= 5, layers
+
+    def layer(m: str) -> int | None:
+        owner = max((k for k in layers if m == k or (k != "tuner" and m.startswith(k + "."))), key=len, default=None)
+        return layers.get(owner)
+
+    graph = import_graph()
+    assert [m for m in graph if layer(m) is None] == [], "modules the architecture page places in no layer"
+    upward = [f"{m} ({layer(m)}) -> {d} ({layer(d)})" for m in sorted(graph) for d in sorted(graph[m])
+              if layer(d) > layer(m)]
+    assert upward == [], "imports from a higher layer (docs/architecture.md): " + "; ".join(upward)

@@ -448,7 +448,7 @@ def test_oom_needs_no_throughput(tmp_path):
 
 def test_trial_environment_withholds_the_stores_secrets(tmp_path, monkeypatch):
     import uuid
-    from tuner.runners.environment import withhold_url
+    from tuner.environment import withhold_url
     pw, given = f"Pw-{uuid.uuid4().hex}", f"Db-{uuid.uuid4().hex}"
     monkeypatch.setenv("TUNER_DB", f"postgresql+psycopg://bob:{pw}@db.example:5432/tuner")
     monkeypatch.setenv("DATABASE_URL", "postgresql://alice@h/x?password=other-secret")
@@ -475,7 +475,7 @@ def test_trial_environment_withholds_the_stores_secrets(tmp_path, monkeypatch):
 def test_withheld_passwords_travel_with_a_pickled_runner(tmp_path):
     import pickle
     import uuid
-    from tuner.runners import environment
+    from tuner import environment
     pw = f"Pw-{uuid.uuid4().hex}"
     environment.withhold(pw)
     state = pickle.loads(pickle.dumps(command(tmp_path, "true"))).__dict__

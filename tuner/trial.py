@@ -57,6 +57,20 @@ class TrialSpec:
                 "cluster": w.cluster.name, "nodes": w.nodes, "gpus": w.gpus,
                 "global_batch": w.global_batch, "precision": w.precision, "framework": w.framework}
 
+    def env(self, result_path: Path) -> dict[str, str]:
+        """The protocol's TUNER_* variables, for a trial that writes its result to `result_path`
+        (docs/runners/command.md): the command runner's and, with TUNER_MODEL, a Slurm job's."""
+        lay, w = self.layout, self.workload
+        trial_dir = result_path.parent
+        return {
+            "TUNER_TRIAL_JSON": str(trial_dir / "trial.json"), "TUNER_RESULT_JSON": str(result_path),
+            "TUNER_TRIAL_DIR": str(trial_dir), "TUNER_STUDY": self.study, "TUNER_TRIAL": str(self.number),
+            **lay.env(),             # TUNER_TP, TUNER_PP, ... (tuner.layout.DIMENSIONS)
+            "TUNER_GLOBAL_BATCH": str(w.global_batch), "TUNER_NODES": str(w.nodes), "TUNER_GPUS": str(w.gpus),
+            "TUNER_PEAK_TFLOPS": repr(float(w.cluster.peak_tflops)), "TUNER_PRECISION": w.precision,
+            "TUNER_FRAMEWORK": w.framework,
+        }
+
 
 @dataclass
 class TrialResult:

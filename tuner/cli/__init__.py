@@ -17,8 +17,8 @@ FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(["table", "jso
 
 
 def _withhold_store_password(ctx, param, value):
-    """The store URL's password never reaches a trial's environment (tuner.runners.environment)."""
-    from tuner.runners.environment import withhold_url
+    """The store URL's password never reaches a trial's environment (tuner.environment)."""
+    from tuner.environment import withhold_url
     withhold_url(value)
     return value
 

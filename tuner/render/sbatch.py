@@ -28,10 +28,9 @@ import re
 import shlex
 from pathlib import Path
 
+from tuner.environment import public_env
 from tuner.errors import UsageError
 from tuner.render import megatron
-from tuner.runners.command import trial_env as command_env
-from tuner.runners.environment import public_env
 from tuner.trial import TrialSpec
 
 TEMPLATES = ("harness", "megatron", "command")
@@ -157,8 +156,8 @@ def time_limit_for(timeout_s: float | None) -> str | None:
 
 
 def trial_env(trial: TrialSpec, trial_dir: str) -> dict[str, str]:
-    """The command-runner protocol's TUNER_* variables (tuner/runners/command.py), plus TUNER_MODEL."""
-    env = command_env(trial, Path(trial_dir) / "result.json")
+    """The command-runner protocol's TUNER_* variables (TrialSpec.env), plus TUNER_MODEL."""
+    env = trial.env(Path(trial_dir) / "result.json")
     env["TUNER_MODEL"] = trial.workload.model.name
     return env
 

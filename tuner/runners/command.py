@@ -6,7 +6,7 @@ through a shell unless the command itself is `bash -c ...`) in a new session, so
 group can be killed. Relative paths in the command mean files in the directory tuner was started
 from (TUNER_START_DIR): argv[0] when it contains a '/', and every argument (or `--opt=value` value)
 naming an existing file there, are made absolute (`resolve_relative`). The environment is tuner's
-without the store's secrets (tuner.runners.environment). The command reads TUNER_* environment
+without the store's secrets (tuner.environment). The command reads TUNER_* environment
 variables or trial.json and writes its result JSON to $TUNER_RESULT_JSON:
 
     {"status": "ok" | "oom" | "failed", "samples_per_second": .. (or "step_time_s": ..),
@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 
+from tuner.environment import inherited_env, withhold, withheld
 from tuner.errors import UsageError
 from tuner.metrics import complete, samples_from_step_time
 from tuner.runners import CPU_FRACTION, TrialRunner
-from tuner.runners.environment import inherited_env, withhold, withheld
 from tuner.runners.process import ProcessTree, kill_leftovers, signal_name
 from tuner.trial import Status, TrialResult, TrialSpec, failed, looks_oom, study_dir, trial_dir
 
@@ -55,20 +55,6 @@ RETRY_MARKERS = ("address already in use", "eaddrinuse", "rendezvous", "connecti
 TAIL_BYTES = 2000
 
 EarlyStop = Callable[[list], bool]
-
-
-def trial_env(trial: TrialSpec, result_path: Path) -> dict[str, str]:
-    """The TUNER_* variables a trial command receives (docs/runners/command.md)."""
-    lay, w = trial.layout, trial.workload
-    trial_dir = result_path.parent
-    return {
-        "TUNER_TRIAL_JSON": str(trial_dir / "trial.json"), "TUNER_RESULT_JSON": str(result_path),
-        "TUNER_TRIAL_DIR": str(trial_dir), "TUNER_STUDY": trial.study, "TUNER_TRIAL": str(trial.number),
-        **lay.env(),             # TUNER_TP, TUNER_PP, ... (tuner.layout.DIMENSIONS)
-        "TUNER_GLOBAL_BATCH": str(w.global_batch), "TUNER_NODES": str(w.nodes), "TUNER_GPUS": str(w.gpus),
-        "TUNER_PEAK_TFLOPS": repr(float(w.cluster.peak_tflops)), "TUNER_PRECISION": w.precision,
-        "TUNER_FRAMEWORK": w.framework,
-    }
 
 
 def tail(path: Path, n: int = TAIL_BYTES) -> str:
@@ -249,7 +235,7 @@ class CommandRunner(TrialRunner):
         except OSError as exc:
             return failed(f"cannot prepare trial directory {d}: {exc.strerror or exc}; check that "
                           "--results-dir is writable")
-        env = {**inherited_env(), **self.env, **extra_env, **trial_env(trial, result_path),
+        env = {**inherited_env(), **self.env, **extra_env, **trial.env(result_path),
                "TUNER_START_DIR": str(self.start_dir)}
         stdout_path, stderr_path = d / "stdout.log", d / "stderr.log"
         try:
