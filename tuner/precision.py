@@ -19,9 +19,13 @@ MFU is stated against the bf16 peak in every precision (tuner.perfmodel).
 
 The performance model reads a precision as the GEMMs' rate (`GEMM_RATE`) and the quantisation traffic of
 the GEMM inputs (`CAST_COPIES`: MX and NVFP4 quantise each input along both GEMM dimensions, a rowwise and a
-columnwise copy, where per-tensor FP8 transposes one: an ESTIMATE of twice the cast traffic). NVFP4's
-recipes keep some layers in bf16 (Bridge's Nemotron 3 recipes: the last 14); tuner runs every layer's GEMMs
-at the FP4 rate, an upper bound. The low-precision weight copies' memory is counted as FP8's for all three.
+columnwise copy, where per-tensor FP8 transposes one: an ESTIMATE of twice the cast traffic). tuner runs
+every layer's GEMMs at the FP4 rate (the cluster's matmul_efficiency_fp4 where measured): as NVIDIA's Llama
+and DeepSeek-V3 performance recipes run (bf16_with_nvfp4_mixed, no bf16 layers: Megatron-Bridge
+src/megatron/bridge/perf_recipes/_common.py _perf_precision @ 067f987df03b), an upper bound for recipes that
+keep layers in bf16 (Nemotron 3 Super the last 14, GPT-OSS the last 4). The NVFP4 recipe's quantisation work
+beyond the two casts (Transformer Engine's Hadamard transforms of weight-gradient inputs, stochastic
+rounding) is not modelled. The low-precision weight copies' memory is counted as FP8's for all three.
 """
 
 from __future__ import annotations
