@@ -223,6 +223,41 @@ def test_ctrl_c_kills_running_trials_and_leaves_no_orphans(tmp_path, sig, code):
         assert s.get_study("int").state != "running"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_sigterm_to_a_search_with_running_local_trials_leaves_no_process_and_a_resumable_study(tmp_path):
+    """Slurm's time limit (SIGTERM) reaching `tuner search --runner local` while torchrun and both DeepSpeed ranks
+    run: all of them end with the driver, the trial is interrupted, and `tuner resume` measures it (issue 28)."""
+    pytest.importorskip("deepspeed")
+    marker = f"chaos-local-{uuid.uuid4().hex[:10]}"
+    db = f"sqlite:///{tmp_path / 'lt.db'}"
+    env = {**os.environ, "TUNER_DB": db, "PYTHONPATH": str(ROOT), "CHAOS_MARKER": marker}
+    args = [PY, "-m", "tuner", "search", *TINY, "--budget", "1", "--runner", "local", "--gpus", "2", "--study", "lt"]
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None and len(procs_with(marker)) < 4:
+        time.sleep(0.2)                                # the driver, torchrun and its two ranks
+    assert proc.poll() is None and len(procs_with(marker)) >= 4, "the trial's ranks never started"
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "SIGTERM" in err and "tuner resume lt" in err, err
+    time.sleep(0.5)
+    left = procs_with(marker)
+    for p in left:
+        p.kill()
+    assert left == [], f"processes outlived the driver: {[p.cmdline() for p in left]}"
+    with open_store(db) as s:
+        assert [t.status for t in s.trials("lt")] == [Status.INTERRUPTED]
+        assert s.get_study("lt").state != "running"
+    r = subprocess.run([PY, "-m", "tuner", "resume", "lt"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    with open_store(db) as s:
+        assert Status.OK in {t.status for t in s.trials("lt")}
+    assert procs_with(marker) == []
+
+
 def test_resume_reaps_what_a_sigkilled_driver_left_running(tmp_path):
     """SIGKILL cannot be caught: the trial's process tree survives the driver. `tuner resume` kills it
     (found by its TUNER_TRIAL_DIR, also the grandchild in its own session) before running the trial again."""
