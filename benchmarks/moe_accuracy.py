@@ -3,7 +3,8 @@
 Run: python benchmarks/moe_accuracy.py [--all-rows]
 
 Rows: benchmarks/data/moe_published.toml (NVIDIA Megatron-Bridge's DGX-H100 MoE rows, 25.09 to 26.06:
-Qwen3-30B-A3B, Qwen3-235B-A22B, DeepSeek-V3; NVIDIA dgxc-benchmarking v24.11.1's Grok-1 314B on 8-2048 H100), predicted as framework megatron-core with the layout each
+Qwen3-30B-A3B, Qwen3-235B-A22B, DeepSeek-V3; NVIDIA dgxc-benchmarking v24.11.1's Grok-1 314B on 8-2048
+H100), predicted as framework megatron-core with the layout each
 row states (ep, etp 1, sequence parallel with tp > 1, the distributed optimizer, the row's recompute)
 and its token exchange as configured (`exchange_of`: the all-to-all overlap only where the row states it
 ran with it; the flex dispatcher where the row names it; "unstated" predicts no overlap and the alltoall
@@ -35,7 +36,7 @@ another measurement, not against another layout. Chosen after seeing rows:
 - the split of the headline by release: rows of releases before 26.02.01 are reported apart as "older
   software", because the same Qwen3-30B-A3B layout ran 5113 tokens/s/GPU in 26.02 and 9058 in 26.02.01
   (1.77x from software alone, which no layout model can see).
-- (issue 25) the Grok-1 rows' TP collectives shown whole (TokenExchange.tp_overlap False, as their yaml's
+- (issue 25) the Grok-1 rows' TP collectives shown whole (TokenExchange.overlaps without "tp", as their yaml's
   ub_tp_comm_overlap false states): decided after all 18 Grok-1 rows were printed with the overlap assumed
   (BF16 +4 to +7 %, FP8 +11 to +19 %); no constant was fitted, but those rows are seen (published.SEEN).
 MOE_LOAD = 1 (balanced routing) was not chosen: it is what the rows' footnote says they ran.
@@ -63,6 +64,7 @@ from tuner.specs import load_cluster, make_workload  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import published  # noqa: E402  (one held-out rule)
 from framework_accuracy import error_stats  # noqa: E402  (one summary)
+from tuner.frameworks import FRAMEWORKS  # noqa: E402
 from memory_accuracy import model_of  # noqa: E402  (a preset, or a row's own shape: the Grok-1 rows)
 
 DATA = Path(__file__).resolve().parent / "data" / "moe_published.toml"
@@ -102,7 +104,8 @@ def exchange_of(row: dict) -> TokenExchange:
     where the row states it ran without (`tp_comm_overlap = false`: the Grok-1 rows' yaml)."""
     return TokenExchange(overlap=row.get("a2a_overlap") is True,
                          dispatcher="flex" if str(row.get("dispatcher", "")).startswith("flex") else "alltoall",
-                         tp_overlap=False if row.get("tp_comm_overlap") is False else None)
+                         overlaps=FRAMEWORKS[row["framework"]].overlaps - {"tp"} if row.get("tp_comm_overlap") is False
+                         else None)
 
 
 def evaluate(row: dict) -> dict:

@@ -162,7 +162,7 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
         "speed", lambda r: "ep" in r and not r.get("release", "").startswith("dgxc-benchmarking")),
     # issue 25: predicting a row's TP collectives whole where its config turns --tp-comm-overlap off was
     # decided after every Grok-1 row's error had been printed with the overlap assumed
-    "TokenExchange.tp_overlap as the row states it (benchmarks/moe_accuracy.py)": (
+    "TokenExchange.overlaps: TP overlap off where the row states it (benchmarks/moe_accuracy.py)": (
         "speed", lambda r: r.get("tp_comm_overlap") is False),
     "grad_reduce modelled (issue 24: every published megatron-core run's p_fit was printed first)": (
         "memory", lambda r: r["framework"] == "megatron-core" and r.get("file", "").endswith("published.toml")),

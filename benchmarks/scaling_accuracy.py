@@ -31,7 +31,8 @@ import published  # noqa: E402  (benchmarks/published.py: the split and what saw
 from framework_accuracy import layout_of  # noqa: E402  (a published row's layout, as its accuracy benchmark reads it)
 from tuner.best import best_for_unmeasured  # noqa: E402
 from tuner.errors import TunerError  # noqa: E402
-from tuner.perfmodel import predict, rank  # noqa: E402
+from tuner.perfmodel import expected_speed, predict, rank  # noqa: E402
+from tuner.perfmodel.moe import TokenExchange  # noqa: E402
 from tuner.space import load_space  # noqa: E402
 from tuner.specs import ModelSpec, load_cluster, load_model, make_workload  # noqa: E402
 
@@ -57,7 +58,7 @@ def given_series(s: dict) -> list[dict]:
                                                                                   **p.get("pins", {})},
                        "layout": None, "clean": None, "source": s["source"]})
     return [{"name": s["name"], "kind": s["kind"], "framework": s["framework"], "cluster": s["cluster"],
-             "precision": s["precision"], "metric": s["metric"], "points": points}]
+             "precision": s["precision"], "metric": s["metric"], "points": points, "overlaps": s.get("overlaps")}]
 
 
 def _row_layout(r: dict):
@@ -119,6 +120,22 @@ def workload(series: dict, p: dict):
                          series["precision"], series["framework"], p.get("grad_reduce"))
 
 
+def as_run(series: dict) -> TokenExchange | None:
+    """The series' run where it is not the framework's current release: `overlaps` (the overlaps that
+    release had; [] for a Megatron-LM older than all of them), credited at the published layout only."""
+    return None if series.get("overlaps") is None else TokenExchange(overlaps=frozenset(series["overlaps"]))
+
+
+def _best_pinned(layouts, w, exchange: TokenExchange | None):
+    """The best layout that fits among `layouts`, as `tuner plan` ranks them, predicted as the run ran."""
+    if exchange is None:
+        ranked = rank(layouts, w)
+    else:
+        ranked = sorted((predict(lay, w, exchange) for lay in layouts), key=lambda pr: (not pr.fits, -expected_speed(pr)))
+    ranked = [x for x in ranked if x.fits]
+    return ranked[0] if ranked else None
+
+
 def predicted_mfu(series: dict, p: dict) -> tuple[float | None, float | None, str]:
     """(MFU of tuner's answer, MFU at the published layout, a note): None where the model refuses."""
     w = workload(series, p)
@@ -130,12 +147,12 @@ def predicted_mfu(series: dict, p: dict) -> tuple[float | None, float | None, st
     try:
         if p["layout"] is not None:
             from tuner.layout import validate
-            pinned = predict(validate(p["layout"], w), w).mfu
+            pinned = predict(validate(p["layout"], w), w, as_run(series)).mfu
         else:
             from tuner.space import valid_layouts
-            ranked = [x for x in rank(valid_layouts(SPACE.pinned(p["pins"]), w), w) if x.fits]
-            pinned = ranked[0].mfu if ranked else None
-            note = note or ("" if ranked else "published layout: none of the pinned layouts fits")
+            top = _best_pinned(valid_layouts(SPACE.pinned(p["pins"]), w), w, as_run(series))
+            pinned = top.mfu if top else None
+            note = note or ("" if top else "published layout: none of the pinned layouts fits")
     except TunerError as exc:
         pinned, note = None, note or f"published layout: {str(exc)[:90]}"
     return answer, pinned, note
@@ -148,7 +165,8 @@ def evaluate(series: dict) -> list[dict]:
     for p, (ans, pin, note) in zip(series["points"], mfus):
         eff = p["value"] / base["value"]
         row = {"series": series["name"], "kind": series["kind"], "gpus": p["gpus"], "published": eff,
-               "clean": p["clean"], "note": note, "first": p is base}
+               "clean": p["clean"], "note": note, "first": p is base,
+               "abs": pin / p["value"] - 1.0 if pin is not None and series["metric"] == "mfu" else None}
         for label, v, v0 in (("answer", ans, mfus[0][0]), ("pinned", pin, mfus[0][1])):
             row[label] = None if v is None or v0 is None else v / v0
         out.append(row)
@@ -170,12 +188,13 @@ def main(argv=None) -> dict:
     rows = [r for s in load_series() if args.series in s["name"] for r in evaluate(s)]
     fmt = lambda v: "-" if v is None else f"{v:.3f}"      # noqa: E731
     print(f"{'series':70s} {'kind':6s} {'gpus':>5s} {'published':>9s} {'answer':>7s} {'d':>7s} {'pinned':>7s} "
-          f"{'d':>7s}  clean  note")
+          f"{'d':>7s} {'mfu err':>8s}  clean  note")
     for r in rows:
         d = [None if r[k] is None else r[k] - r["published"] for k in ("answer", "pinned")]
+        ab = "-" if r["abs"] is None else f"{100 * r['abs']:+.1f}%"      # MFU at the published layout / published - 1
         print(f"{r['series'][:70]:70s} {r['kind']:6s} {r['gpus']:5d} {r['published']:9.3f} {fmt(r['answer']):>7s} "
               f"{fmt(d[0]) if d[0] is None else f'{d[0]:+.3f}':>7s} {fmt(r['pinned']):>7s} "
-              f"{fmt(d[1]) if d[1] is None else f'{d[1]:+.3f}':>7s}  {'-' if r['clean'] is None else 'yes' if r['clean'] else 'no':5s}  {r['note']}")
+              f"{fmt(d[1]) if d[1] is None else f'{d[1]:+.3f}':>7s} {ab:>8s}  {'-' if r['clean'] is None else 'yes' if r['clean'] else 'no':5s}  {r['note']}")
     later = [r for r in rows if not r["first"]]
     result = {}
     print()

@@ -121,13 +121,12 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     act = lc["activation_bytes"]
     ar = comm.tp_allreduce_time(cluster, t, act)
     boundary = act / t if sh.sp else act              # sequence parallelism sends the scattered tensor
-    hide = framework_of(workload).overlaps
-    ep_hidden = framework_of(workload).ep_overlap(layout) and exchange.overlap is not False
+    hide = overlaps_of(workload, exchange)
+    ep_hidden = framework_of(workload).ep_overlap(layout) and exchange.overlap is not False and "ep" in hide
     # --tp-comm-overlap (Transformer Engine's userbuffers) runs inside the NVLink domain only: a TP group
     # that spans nodes shows its collectives whole; on ROCm it is off (AMD's Primus: tp_comm_overlap false,
     # primus/configs/models/megatron/language_model.yaml line 180 @ fd1eeabbad15), and `launch` leaves it out
-    tp_hidden = ("tp" in hide and sh.sp and not comm.leaves_domain(cluster, t, 1) and cluster.software == "cuda"
-                 and exchange.tp_overlap is not False)
+    tp_hidden = "tp" in hide and sh.sp and not comm.leaves_domain(cluster, t, 1) and cluster.software == "cuda"
     tp_comm = max(0.0, lc["tp_comm"] - lay["gemm"]) if tp_hidden else lc["tp_comm"]
     p2p = layout.virtual_pipeline * comm.pipeline_p2p_time(cluster, t * sh.c, layout.dp, p, boundary)
 
@@ -161,6 +160,11 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
         last["tp_comm"] += ar
         return [last]
     return [first, *(body(s) for s in stage_candidates(layout, model)[1:-1]), last]
+
+
+def overlaps_of(workload: Workload, exchange: moe.TokenExchange | None) -> frozenset:
+    """The overlaps a prediction credits: the run's where `exchange` states them, else the framework's."""
+    return framework_of(workload).overlaps if exchange is None or exchange.overlaps is None else exchange.overlaps
 
 
 HIDDEN = "hidden_under_compute"     # a stage entry that is not a time: compute an overlap already used
@@ -220,7 +224,7 @@ def fsdp_time(layout: Layout, workload: Workload, compute_mb: float, m: int, gra
 
 
 def gradient_sync_time(layout: Layout, workload: Workload, fw, slow: dict, m: int, params_gpu: float,
-                       experts_gpu: float) -> dict:
+                       experts_gpu: float, hide: frozenset | None = None) -> dict:
     """The data-parallel gradient reduce and parameter gather of one step beyond what hides under compute:
     FSDP2's layer by layer, else DP/ZeRO's over the dense replicas plus the expert gradients' over the
     expert-dp group (ep*etp ranks apart); Megatron-Core overlaps them with the last backward / first forward."""
@@ -243,36 +247,75 @@ def gradient_sync_time(layout: Layout, workload: Workload, fw, slow: dict, m: in
         de = comm.dp_time(cluster, layout.expert_parallel * layout.expert_tensor_parallel,
                           expert_data_parallel(layout), layout.zero_stage, experts_gpu, m, layout.checkpointing)
         dp = {k: dp[k] + de[k] for k in dp}
-    if "dp" in fw.overlaps and layout.zero_stage <= 1:
+    if "dp" in (fw.overlaps if hide is None else hide) and layout.zero_stage <= 1:
         dp = {"grad_reduce": max(0.0, dp["grad_reduce"] - compute_mb * 2 / 3),
               "param_gather": max(0.0, dp["param_gather"] - compute_mb / 3)}
     return dp
 
 
-def predict(layout: Layout, workload: Workload, exchange: moe.TokenExchange | None = None) -> Prediction:
+def memory_fit(layout: Layout, workload: Workload, memo: dict | None = None) -> tuple:
+    """The memory half of `predict`: (micro-batches per pipeline, the Shape, the worst stage, its breakdown
+    with the framework's measured bias, p_fit). `memo`: sub-results shared by the layouts of one workload."""
+    m = micro_batches_per_pipeline(layout, workload.global_batch)
+    sh = shape_of(layout, workload) if memo is None else _memo_shape(layout, workload, memo)
+    worst_stage, mem = memory.peak_memory(layout, workload, m, sh, memo)
+    fw = framework_of(workload)
+    mem = with_measured_bias(mem, fw.memory_bias)
+    p_fit = fit_probability(mem["total"], workload.cluster.memory_gb,
+                            memory_prior_sd(fw.memory_sd, memory_shares(mem)))
+    return m, sh, worst_stage, mem, p_fit
+
+
+def _memo_shape(layout: Layout, workload: Workload, memo: dict) -> compute.Shape:
+    key = ("shape", layout.micro_batch, layout.tp, layout.context_parallel, layout.sequence_parallel, layout.recompute,
+           layout.expert_parallel, layout.expert_tensor_parallel)
+    sh = memo.get(key)
+    if sh is None:
+        sh = memo[key] = shape_of(layout, workload)
+    return sh
+
+
+def slowest_stage(layout: Layout, workload: Workload, sh: compute.Shape, exchange: moe.TokenExchange | None = None,
+                  memo: dict | None = None) -> tuple[dict, float]:
+    """The slowest stage's breakdown per micro-batch and its seconds; one computation for the layouts of a
+    workload that differ only in ZeRO stage (stage_times does not read it) when `memo` is given."""
+    key = None
+    if memo is not None and exchange is None:
+        key = ("slow", layout.tp, layout.sequence_parallel, layout.context_parallel, layout.pp, layout.virtual_pipeline,
+               layout.pipeline_split, layout.dp, layout.expert_parallel, layout.expert_tensor_parallel,
+               layout.micro_batch, layout.recompute)
+        got = memo.get(key)
+        if got is not None:
+            return got
+    slow = max(stage_times(layout, workload, sh, exchange), key=stage_total)
+    got = (slow, stage_total(slow))
+    if key is not None:
+        memo[key] = got
+    return got
+
+
+def predict(layout: Layout, workload: Workload, exchange: moe.TokenExchange | None = None,
+            memo: dict | None = None, fitted: tuple | None = None) -> Prediction:
     """Predicted throughput, step time and per-GPU peak memory of a valid `layout` on `workload`; an MoE
-    model's tokens moved as `exchange` says (default: as `tuner launch` writes the layout)."""
+    model's tokens moved as `exchange` says (default: as `tuner launch` writes the layout). `memo` (a dict
+    kept for one workload's layouts, as `rank` does) shares the sub-results layouts have in common; `fitted`:
+    memory_fit's answer for this layout, where it was already asked."""
     model, cluster = workload.model, workload.cluster
     t, p, d = layout.tp, layout.pp, layout.dp
-    m = micro_batches_per_pipeline(layout, workload.global_batch)
     shards = d * layout.context_parallel         # the ranks that hold the same weights
 
     # ---- memory
-    sh = shape_of(layout, workload)
-    worst_stage, mem = memory.peak_memory(layout, workload, m, sh)
+    m, sh, worst_stage, mem, p_fit = fitted or memory_fit(layout, workload, memo)
     fw = framework_of(workload)
-    mem = with_measured_bias(mem, fw.memory_bias)
-    p_fit = fit_probability(mem["total"], cluster.memory_gb, memory_prior_sd(fw.memory_sd, memory_shares(mem)))
     fits = p_fit >= PRUNE_BELOW
     reason = memory.fit_reason(mem, cluster.memory_gb, worst_stage) if mem["total"] > cluster.memory_gb else ""
 
     # ---- time
-    slow = max(stage_times(layout, workload, sh, exchange), key=stage_total)
-    t_stage = stage_total(slow)
+    slow, t_stage = slowest_stage(layout, workload, sh, exchange, memo)
     params_gpu, experts_gpu = max((memory.stage_params(model, layout, s), memory.stage_expert_params(model, layout, s))
                                   for s in stage_candidates(layout, model))
     edp = expert_data_parallel(layout)
-    dp = gradient_sync_time(layout, workload, fw, slow, m, params_gpu, experts_gpu)
+    dp = gradient_sync_time(layout, workload, fw, slow, m, params_gpu, experts_gpu, overlaps_of(workload, exchange))
     tied = memory.tied_embedding_params(model, t, p)     # none when the LM head is untied
     sync = comm.embedding_sync_time(cluster, t * layout.context_parallel, d, p, tied) if tied else 0.0
     owned = (params_gpu - experts_gpu) / shards + experts_gpu / edp if layout.zero_stage >= 1 else params_gpu
@@ -336,6 +379,10 @@ def rank(layouts, workload: Workload) -> list[Prediction]:
     MFU, discounted by the risk of not fitting), then by lower peak memory; those ruled out last. Megatron's
     TFLOPS count recompute, so ordering by them would reward activation checkpointing for the work it
     repeats; step time compares like with like."""
-    preds = [predict(lay, workload) for lay in layouts]
-    return sorted(preds, key=lambda pr: (not pr.fits, -expected_speed(pr), pr.memory_gb,
-                                         RECOMPUTE.index(pr.layout.recompute)))   # at a tie, recompute less
+    memo: dict = {}
+    return sorted((predict(lay, workload, memo=memo) for lay in layouts), key=rank_key)
+
+
+def rank_key(pr: Prediction) -> tuple:
+    """`rank`'s order: not ruled out first, by expected speed, then lower peak memory; at a tie, recompute less."""
+    return not pr.fits, -expected_speed(pr), pr.memory_gb, RECOMPUTE.index(pr.layout.recompute)

@@ -119,13 +119,15 @@ class TokenExchange:
     allows it (tuner.frameworks ep_overlap), as `launch` writes it.
     dispatcher: "alltoall" (--moe-token-dispatcher-type alltoall, what `launch` writes) or "flex"
     (Megatron-Core's flex dispatcher with its DeepEP or HybridEP backend, `flex_alltoall_time`).
-    tp_overlap: the run's --tp-comm-overlap (Transformer Engine's userbuffers) on or off; None: where the
-    framework overlaps TP (tuner.perfmodel.stage_times), as `launch` writes it. Published configs that turn
-    it off (NVIDIA's Grok-1 recipe: ub_tp_comm_overlap false) show their TP collectives whole."""
+    overlaps: the framework overlaps the run had (names of tuner.frameworks Framework.overlaps: "tp", "p2p",
+    "dp", "ep"), where they are not what the framework's current release does and `launch` writes: a
+    published config that turns --tp-comm-overlap off (NVIDIA's Grok-1 recipe: ub_tp_comm_overlap false), a
+    Megatron-LM older than its overlaps (commit 285068c8, 2023-01-11, has none: --overlap-grad-reduce came in
+    2d5220a424, 2023-09-05). None: the framework's own."""
 
     overlap: bool | None = None
     dispatcher: str = "alltoall"
-    tp_overlap: bool | None = None
+    overlaps: frozenset | None = None
 
 
 DISPATCHERS = ("alltoall", "flex")
