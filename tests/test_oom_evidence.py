@@ -58,7 +58,22 @@ def test_best_at_2n_does_not_recommend_first_the_twin_of_an_oom():
     after = best_for_unmeasured(W4, SPACE, recs, k=400)
     twin = next(r for r in after if r["layout"] == TWIN)
     assert twin["p_fit_limited_by"] and twin["p_fit"] < next(r["p_fit"] for r in plain if r["layout"] == TWIN)
-    assert after[0]["headroom_ok"] and after[0]["layout"] != TWIN and after[0]["p_fit_limited_by"] is None
+    assert after[0]["headroom_ok"] and after[0]["layout"] != TWIN
+
+
+def test_an_oom_caps_every_layout_with_its_activation_account_not_only_twins():
+    """At 2N the OOM'd layout's pipeline doubled keeps as many activations (twice the passes in flight, half the
+    layers) with less model state: it fits only if the OOM was over by less than that state. Twice the
+    micro-batch at a like rest cannot fit; another tp keeps its activations by another account."""
+    cap = W4.cluster.memory_gb
+    recs = [record(OOMED, Status.OOM)]
+    bounds = oom_bounds(recs, W4, warm_start_records(recs, W4).observations.memory_gp(of(W4).memory_sd))
+    deeper = predict(replace(OOMED, pp=8), W4)
+    assert deeper.p_fit > 0.99 and abs(deeper.memory_breakdown["activations"] - bounds[0].act_gb) < 0.05 * bounds[0].act_gb
+    p, why = oom_fit_cap(deeper, bounds, cap)
+    assert p < deeper.p_fit and OOMED.key() in why and "activation account" in why
+    assert oom_fit_cap(predict(replace(OOMED, pp=8, micro_batch=2), W4), bounds, cap)[0] == 0.0
+    assert oom_fit_cap(predict(replace(OOMED, tp=4), W4), bounds, cap) == (1.0, None)
 
 
 def test_an_oom_the_measured_peaks_already_explain_does_not_pull_the_correction_down():

@@ -1,7 +1,11 @@
-"""What a measured OOM says about other layouts (issue 24): it is a lower bound on the layout's peak, and its
-twins -- the same layout at another dp or ZeRO stage, with the same activations -- need its true peak less
-the model state they save. `best` caps the probability that a twin fits by the chance that the OOM was over
-by less than that (the memory correction's belief about the OOM'd layout, given that it did not fit).
+"""What a measured OOM says about other layouts (issue 24): it is a lower bound on the layout's peak, and every
+layout that keeps its activations by the same account per token -- the same tp, sequence and context
+parallelism, recompute mode and expert split, at any dp, ZeRO stage, pipeline depth or micro-batch -- has them
+off by the same factor. The model state is exact arithmetic; the activations are a model of what kernels keep,
+so the OOM says that factor is at least what would fill the GPU, and such a layout fits only if the factor is
+at most what fills it there. `best` caps the probability that it fits by the chance of that given the OOM
+(the memory correction's belief about the OOM'd layout, given that it did not fit). A twin (the same layout at
+another dp or ZeRO stage: the same activations) needs the OOM'd layout's true peak less the state it saves.
 
 Pure (no I/O): stored trials in, bounds and probabilities out.
 """
@@ -22,19 +26,23 @@ from tuner.trial import Status
 class OomBound:
     """A measured OOM as a bound on its twins: its layout and node count, its predicted peak (GB), the
     capacity it exceeded as log(capacity / predicted), and the memory correction's belief about its
-    log(true / predicted) before the OOM is known (mean, sd)."""
+    log(true / predicted) before the OOM is known (mean, sd); act_gb, its predicted activations (GB)."""
 
     layout: Layout
     nodes: int
     total_gb: float
+    act_gb: float
     bound: float
     mean: float
     sd: float
 
 
-def _activation_shape(layout: Layout) -> Layout:
-    """The layout with what changes only the model state's sharding (dp, ZeRO stage) taken out."""
-    return replace(layout, dp=1, zero_stage=0)
+def activation_account(layout: Layout) -> tuple:
+    """What sets the bytes a layer keeps per token (tuner.perfmodel.memory): tp and sequence parallelism,
+    context parallelism, the recompute mode and the expert split. Not dp or the ZeRO stage (model state), the
+    pipeline depth or schedule (how many layers and passes are in flight) nor the micro-batch (the tokens)."""
+    return (layout.tp, layout.sequence_parallel, layout.context_parallel, layout.recompute,
+            layout.expert_parallel, layout.expert_tensor_parallel)
 
 
 def oom_bounds(records, workload: Workload, gp, studies: dict | None = None) -> list[OomBound]:
@@ -53,8 +61,8 @@ def oom_bounds(records, workload: Workload, gp, studies: dict | None = None) -> 
         p = predict(rec.layout, w)
         ft = features(rec.layout, w, p)
         mu, sd = gp.predict(ft.z[None, :], ft.fm[None, :])
-        out.append(OomBound(rec.layout, int(rec.nodes), p.memory_gb, math.log(cap / p.memory_gb), float(mu[0]),
-                            max(math.hypot(float(sd[0]), MEMORY_NOISE_SD), floor)))
+        out.append(OomBound(rec.layout, int(rec.nodes), p.memory_gb, p.memory_breakdown.get("activations", 0.0),
+                            math.log(cap / p.memory_gb), float(mu[0]), max(math.hypot(float(sd[0]), MEMORY_NOISE_SD), floor)))
     return out
 
 
@@ -62,22 +70,35 @@ def _ndtr(z: float) -> float:
     return 0.5 * math.erfc(-z / math.sqrt(2.0))
 
 
+def room_gb(pred, b: OomBound, capacity_gb: float) -> float | None:
+    """The most the OOM'd layout `b` can have needed for `pred`'s layout to fit (None: not comparable). With
+    their activations off by one factor k over an exact rest S (S = total - activations), the OOM says
+    S_oom + k A_oom > capacity and the layout fits iff S + k A <= capacity, i.e. iff the OOM'd layout needed
+    at most S_oom + A_oom (capacity - S) / A; a twin (A = A_oom): capacity + its total less the layout's."""
+    if activation_account(b.layout) != activation_account(pred.layout):
+        return None
+    act = pred.memory_breakdown.get("activations", 0.0)
+    if b.act_gb <= 0.0 or act <= 0.0:
+        return None
+    return b.total_gb - b.act_gb + b.act_gb * (capacity_gb - (pred.memory_gb - act)) / act
+
+
 def oom_fit_cap(pred, bounds: list[OomBound], capacity_gb: float) -> tuple[float, str | None]:
-    """The probability that a layout (its Prediction) fits as far as the OOMs say, and the OOM that limits it.
-    A twin of an OOM'd layout (the same layout but for dp and the ZeRO stage: the same activations, other
-    model-state shards) needs that layout's true peak less the model state it saves, so it fits only if the
-    OOM'd layout needed less than capacity plus the difference of their predicted peaks: the memory
-    correction's belief about that layout, given that it needed more than the capacity."""
-    best, why, shape = 1.0, None, _activation_shape(pred.layout)
+    """The probability that a layout (its Prediction) fits as far as the OOMs say, and the OOM that limits it:
+    for each OOM'd layout with the same activation account, the memory correction's belief that it needed at
+    most `room_gb`, given that it needed more than the capacity."""
+    best, why = 1.0, None
     for b in bounds:
-        if _activation_shape(b.layout) != shape:
+        room = room_gb(pred, b, capacity_gb)
+        if room is None:
             continue
-        room = capacity_gb + b.total_gb - pred.memory_gb
         if room <= capacity_gb:
             p = 0.0
         else:
             over = 1.0 - _ndtr((b.bound - b.mean) / b.sd)
             p = max(_ndtr((math.log(room / b.total_gb) - b.mean) / b.sd) - (1.0 - over), 0.0) / max(over, 1e-12)
         if p < best:
-            best, why = p, f"its twin {b.layout.key()} ran out of memory at {b.nodes} node(s)"
+            twin = replace(b.layout, dp=1, zero_stage=0) == replace(pred.layout, dp=1, zero_stage=0)
+            best, why = p, (f"{'its twin ' if twin else ''}{b.layout.key()} ran out of memory at {b.nodes} node(s)"
+                            + ("" if twin else " with the same activation account (tp, cp, recompute)"))
     return best, why
