@@ -231,12 +231,31 @@ def zero3_gather_bytes(model: ModelSpec, tp: int, dp: int, zero_stage: int) -> f
 
 
 # ----------------------------------------------------------------------------------- per stage
-def stage_memory(layout: Layout, workload: Workload, stage: int, m: int, sh: Shape | None = None) -> dict:
-    """Memory breakdown (GB) of one GPU on pipeline stage `stage`; 'total' is the peak."""
+def stage_parts(layout: Layout, workload: Workload, stage: int, m: int, sh: Shape) -> tuple[float, float, float, float]:
+    """What a stage holds whatever the ZeRO stage: (parameters, routed-expert parameters among them,
+    activation bytes, logits bytes)."""
+    model = workload.model
+    return (stage_params(model, layout, stage), stage_expert_params(model, layout, stage),
+            stage_activation_bytes(model, layout, stage, m, sh, workload.cluster.flash_attention),
+            logits_bytes(model, sh.tokens, layout.tp) if stage == layout.pp - 1 else 0.0)
+
+
+def stage_memory(layout: Layout, workload: Workload, stage: int, m: int, sh: Shape | None = None,
+                 memo: dict | None = None) -> dict:
+    """Memory breakdown (GB) of one GPU on pipeline stage `stage`; 'total' is the peak. `memo`: stage_parts
+    kept for one workload's layouts (those differing only in ZeRO stage share them)."""
     from tuner.frameworks import of
     model, cluster, sh, fw = workload.model, workload.cluster, sh or shape_of(layout, workload), of(workload)
-    params = stage_params(model, layout, stage)
-    experts = stage_expert_params(model, layout, stage)
+    if memo is None:
+        params, experts, act, logits = stage_parts(layout, workload, stage, m, sh)
+    else:
+        key = ("stage", layout.tp, layout.sequence_parallel, layout.context_parallel, layout.pp,
+               layout.virtual_pipeline, layout.pipeline_split, layout.expert_parallel, layout.expert_tensor_parallel,
+               layout.micro_batch, layout.recompute, m, stage)
+        parts = memo.get(key)
+        if parts is None:
+            parts = memo[key] = stage_parts(layout, workload, stage, m, sh)
+        params, experts, act, logits = parts
     shards = layout.dp * layout.context_parallel
     gb = fw.grad_bytes(workload)
     per = model_state_bytes_per_param(layout.zero_stage, shards, gb, fw.fsdp)
@@ -244,8 +263,8 @@ def stage_memory(layout: Layout, workload: Workload, stage: int, m: int, sh: Sha
     out = {k: ((params - experts) * v + experts * per_e[k]) / GB for k, v in per.items()}
     if sh.fp8 and not fw.fsdp:     # sharded like the bf16 weights; FSDP2's float8 casts while it gathers
         out["fp8_weights"] = out["weights"] / 2.0
-    out["activations"] = stage_activation_bytes(model, layout, stage, m, sh, cluster.flash_attention) / GB
-    out["logits"] = logits_bytes(model, sh.tokens, layout.tp) / GB if stage == layout.pp - 1 else 0.0
+    out["activations"] = act / GB
+    out["logits"] = logits / GB
     out["zero3_buffers"] = (fsdp_buffers(model, layout, stage, shards) if fw.fsdp else
                             zero3_gather_bytes(model, layout.tp, shards, layout.zero_stage)) / GB
     out["reserved"] = cluster.memory_reserved_gb
@@ -254,12 +273,13 @@ def stage_memory(layout: Layout, workload: Workload, stage: int, m: int, sh: Sha
     return out
 
 
-def peak_memory(layout: Layout, workload: Workload, m: int, sh: Shape | None = None) -> tuple[int, dict]:
+def peak_memory(layout: Layout, workload: Workload, m: int, sh: Shape | None = None,
+                memo: dict | None = None) -> tuple[int, dict]:
     """The worst stage and its breakdown. Stage 0 holds the most micro-batches in flight and the
     embedding; the last stage holds the LM head and the logits; a middle rank is never worse than the
     first one between them with its layers (tuner.layout.stage_candidates: an uneven split's)."""
     sh = sh or shape_of(layout, workload)
-    return max(((s, stage_memory(layout, workload, s, m, sh)) for s in stage_candidates(layout, workload.model)),
+    return max(((s, stage_memory(layout, workload, s, m, sh, memo)) for s in stage_candidates(layout, workload.model)),
                key=lambda sm: sm[1]["total"])
 
 
