@@ -1,15 +1,15 @@
-"""The search loop: ask -> record -> run -> finish -> tell. Resume = replay the store.
+"""The search loop: ask -> record -> run -> finish -> tell, under the study's lease.
 
 The store is the single source of truth: on start the driver replays every finished trial into the
-searcher, re-runs trials a dead driver left interrupted, and never runs a finished layout again.
-A trial's failure is a result; only driver bugs and store failures raise.
+searcher (tuner.replay), re-runs trials a dead driver left interrupted, and never runs a finished layout
+again; a heartbeat (tuner.lease.Heartbeat) keeps its lease while trials run. A trial's failure is a result;
+only driver bugs and store failures raise.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
@@ -21,6 +21,7 @@ from tuner.lease import HEARTBEAT_S
 from tuner.errors import BudgetSpent, Displaced, TunerError, UsageError
 from tuner.layout import Layout
 from tuner.perfmodel import predict
+from tuner.replay import faster, replay
 from tuner.specs import Workload
 from tuner.trial import Status, TrialResult, TrialSpec, trial_dir
 
@@ -65,13 +66,6 @@ class Outcome:
     earlier: int = 0             # trials run (or pruned) before, by earlier drivers: counted in the budget
 
 
-def result_of(record) -> TrialResult:
-    """The TrialResult a stored trial stands for (used to replay it into a searcher)."""
-    return TrialResult(record.status, tflops_per_gpu=record.tflops_per_gpu, mfu=record.mfu,
-                       peak_fraction=record.peak_fraction, samples_per_second=record.samples_per_second,
-                       peak_memory_gb=record.peak_memory_gb, message=record.message or "")
-
-
 class Driver:
     def __init__(self, *, store, study: str, workload: Workload, searcher, runner, executor,
                  budget: int, parallel: int = 1, time_limit: float | None = None, prune: bool = True,
@@ -111,27 +105,13 @@ class Driver:
 
     # -- replay -------------------------------------------------------------------------------
     def _replay(self) -> list[tuple[int, Layout]]:
-        """Tell the searcher every finished trial; return the interrupted ones to run again."""
-        again = []
-        for rec in self.store.trials(self.study):
-            if rec.status == Status.RUNNING:
-                continue  # another live driver owns it (a dead one's were marked interrupted by resume)
-            if rec.status == Status.INTERRUPTED:
-                again.append((rec.number, rec.layout))
-                continue
-            self.searcher.tell(rec.layout, result_of(rec))
-            if rec.status == Status.PRUNED:
-                self.progress.pruned += 1
-            else:
-                self.progress.ran += 1
-            self._update_best(rec)
+        """Tell the searcher every finished trial (tuner.replay); return the interrupted ones to run again."""
+        found = replay(self.store.trials(self.study), self.searcher)
+        self.progress.ran += found.ran
+        self.progress.pruned += found.pruned
+        self.progress.best = faster(self.progress.best, found.best)
         self._earlier = (self.progress.ran, self.progress.pruned)
-        return again
-
-    def _update_best(self, rec) -> None:
-        if rec.status == Status.OK and rec.mfu is not None and (
-                self.progress.best is None or rec.mfu > self.progress.best.mfu):
-            self.progress.best = rec
+        return found.again
 
     # -- one trial ----------------------------------------------------------------------------
     def _spec(self, number: int, layout: Layout) -> TrialSpec:
@@ -201,7 +181,7 @@ class Driver:
         self.progress.last = _Finished(number, layout, result)
         self.progress.finished.append(self.progress.last)
         if result.status == Status.OK:
-            self._update_best(self.progress.last)
+            self.progress.best = faster(self.progress.best, self.progress.last)
         self._watch_failures(result)
 
     def _watch_failures(self, result: TrialResult) -> None:
@@ -261,7 +241,7 @@ class Driver:
         """Run the study (its searcher's candidates: tuner.space.valid_layouts) to an end; see Outcome."""
         deadline = time.monotonic() + self.time_limit if self.time_limit else None
         self._lease(self._take)
-        beat = _Heartbeat(self)                  # keeps the lease fresh while a trial runs, inline too
+        beat = lease.Heartbeat(lambda: self._lease(self._beat))   # the lease kept fresh while a trial runs
         reruns = self._replay()
         self.on_progress(self.progress)
         try:
@@ -332,25 +312,6 @@ class Driver:
             self.store.set_study_state(self.study, "interrupted")
         self.executor.shutdown()
         return len(numbers)
-
-
-class _Heartbeat:
-    """Refreshes the driver's lease every HEARTBEAT_S from a daemon thread until stopped."""
-
-    def __init__(self, driver: "Driver"):
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(driver,), daemon=True, name="tuner-lease")
-        self._thread.start()
-
-    def _run(self, driver: "Driver") -> None:
-        while not self._stop.wait(HEARTBEAT_S):
-            try:
-                driver._lease(driver._beat)
-            except TunerError:          # a lost store: the driver's own next call reports it
-                pass
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 @dataclass

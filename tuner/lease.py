@@ -10,16 +10,19 @@ came to join (mode "join") or to take over from a driver that died on another ho
 Fencing: `settings["epoch"]` counts take-overs. "force" raises it; a driver keeps the epoch it took the
 lease in, and the store refuses its claims and results once the epoch has moved on (Displaced), and
 `refresh` never re-adds a displaced driver's lease. Joining leaves the epoch alone.
-Pure apart from reading the clock, the host name and the process table.
+Pure apart from reading the clock, the host name and the process table; `Heartbeat` is the thread
+that keeps a driver's lease fresh.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
+from typing import Callable
 
-from tuner.errors import UsageError
+from tuner.errors import TunerError, UsageError
 
 HEARTBEAT_S = 15.0   # a live driver refreshes its lease this often
 MODES = ("run", "join", "force")
@@ -94,3 +97,22 @@ def refresh(settings: dict, held: int | None = None) -> dict | None:
 def release(settings: dict) -> dict:
     """The settings change that gives this driver's lease up."""
     return {"driver": None, "drivers": {k: v for k, v in holders(settings).items() if k != me()}}
+
+
+class Heartbeat:
+    """Calls `beat` (a driver's lease refresh) every HEARTBEAT_S from a daemon thread until stopped."""
+
+    def __init__(self, beat: Callable[[], None]):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(beat,), daemon=True, name="tuner-lease")
+        self._thread.start()
+
+    def _run(self, beat: Callable[[], None]) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                beat()
+            except TunerError:          # a lost store: the driver's own next call reports it
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
