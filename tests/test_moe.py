@@ -17,7 +17,8 @@ from tuner.layout import Layout, expert_data_parallel, stage_layer_indices, stag
 from tuner.perfmodel import comm, memory, predict
 from tuner.perfmodel.compute import shape_of
 from tuner.perfmodel.flops import model_flops
-from tuner.perfmodel.moe import TokenExchange, alltoall_seconds, ep_group_nodes, flex_alltoall_time
+from tuner.perfmodel.moe import (TokenExchange, alltoall_seconds, dispatcher_for, ep_group_nodes, flex_alltoall_time,
+                                 flex_backend)
 from tuner.render import mcore, torchtitan
 from tuner.space import load_space
 from tuner.specs import ModelSpec, load_cluster, load_model, make_workload
@@ -37,6 +38,9 @@ MOE_FLAGS = {
     "--moe-router-topk": "TC:760", "--moe-ffn-hidden-size": "TC:740",
     "--moe-layer-freq": "A:3520 (moe_freq_type: an int or a list expression)",
     "--moe-token-dispatcher-type": "TC:891 ('allgather' | 'alltoall' | 'flex', default allgather)",
+    "--moe-flex-dispatcher-backend": "TC:898 ('deepep' | 'hybridep' | 'ncclep'; only hybridep in the MNNVL case)",
+    "--moe-router-dtype": "TC:811 ('fp32' | 'fp64'; moe/token_dispatcher.py 1135-1139, 1312-1316: HybridEP and "
+                          "DeepEP take fp32 probabilities)",
     "--moe-grouped-gemm": "TC:850", "--moe-shared-expert-intermediate-size": "TC:701",
     "--moe-expert-capacity-factor": "TC:917", "--moe-router-score-function": "TC:808 ('softmax' | 'sigmoid')",
     "--moe-router-num-groups": "TC:780", "--moe-router-group-topk": "TC:796",
@@ -214,15 +218,21 @@ def test_alltoall_inside_a_node_is_faster_than_across_nodes():
 
 def test_the_alltoall_is_its_own_term_in_predict():
     """With full recompute Megatron-Core cannot overlap it: the term is whole, and larger when the EP
-    group leaves the node (ep 16) than inside it (ep 8) for the same tokens."""
+    group leaves the node (ep 16) than inside it (ep 8) for the same tokens (the alltoall dispatcher: more
+    than twice; the dispatcher tuner picks, `dispatcher_for`, is never slower than it)."""
     w = h100("qwen3-30b-a3b", 2)
     inside = Layout(tp=1, pp=1, dp=16, expert_parallel=8, micro_batch=1, recompute="full")
     across = dataclasses.replace(inside, expert_parallel=16)
-    a, b = predict(inside, w), predict(across, w)
+    plain = TokenExchange(dispatcher="alltoall")
+    a, b = predict(inside, w, plain), predict(across, w, plain)
     assert a.time_breakdown["all_to_all"] > 0 and b.time_breakdown["all_to_all"] > 2 * a.time_breakdown["all_to_all"]
     m = 512 // 16
     per_layer = alltoall_seconds(w.model, w.cluster, shape_of(inside, w))
     assert a.time_breakdown["all_to_all"] == pytest.approx(m * 48 * per_layer)
+    for lay, alltoall in ((inside, a), (across, b)):
+        picked = predict(lay, w).time_breakdown["all_to_all"]
+        assert 0 < picked <= alltoall.time_breakdown["all_to_all"]
+    assert predict(across, w).time_breakdown["all_to_all"] > predict(inside, w).time_breakdown["all_to_all"]
     dense = predict(Layout(tp=1, pp=1, dp=16, micro_batch=1), h100("llama3-8b", 2))
     assert "all_to_all" not in dense.time_breakdown
 
@@ -244,7 +254,8 @@ def test_an_exchange_without_the_overlap_exposes_the_whole_alltoall():
     w = h100("qwen3-30b-a3b", 2)
     lay = Layout(tp=1, pp=1, dp=16, expert_parallel=16, micro_batch=1, recompute="none")
     off = predict(lay, w, TokenExchange(overlap=False))
-    per_layer = alltoall_seconds(w.model, w.cluster, shape_of(lay, w))
+    sh = shape_of(lay, w)
+    per_layer = alltoall_seconds(w.model, w.cluster, sh, dispatcher_for(w.model, w.cluster, sh, w.framework))
     assert off.time_breakdown["all_to_all"] == pytest.approx((512 // 16) * 48 * per_layer)
     assert predict(lay, w).time_breakdown["all_to_all"] < off.time_breakdown["all_to_all"]
     assert predict(lay, w, TokenExchange(overlap=True)).step_time_s == predict(lay, w).step_time_s
@@ -291,7 +302,13 @@ def test_megatron_core_moe_flags_are_checked(model, lay):
     assert v["--num-experts"] == str(m.num_experts) and v["--moe-router-topk"] == str(m.moe_top_k)
     assert v["--expert-model-parallel-size"] == str(lay.expert_parallel)
     assert v["--expert-tensor-parallel-size"] == "1"          # written: Megatron's default would be tp
-    assert v["--moe-token-dispatcher-type"] == "alltoall" and "--moe-grouped-gemm" in args
+    sh = shape_of(lay, w)
+    picked = dispatcher_for(m, w.cluster, sh, w.framework)
+    assert v["--moe-token-dispatcher-type"] == picked and "--moe-grouped-gemm" in args
+    if picked == "flex":
+        assert v["--moe-flex-dispatcher-backend"] == "deepep" and v["--moe-router-dtype"] == "fp32"
+    else:
+        assert "--moe-flex-dispatcher-backend" not in args
     assert ("--overlap-moe-expert-parallel-comm" in args) == FRAMEWORKS["megatron-core"].ep_overlap(lay)
     if model == "deepseek-v3":
         assert v["--moe-layer-freq"] == "([0]*3+[1]*58)" and v["--moe-shared-expert-intermediate-size"] == "2048"
@@ -373,3 +390,31 @@ def test_predict_turns_sequence_parallelism_on_where_megatron_core_requires_it(t
     code, out, err = tuner("predict", "--model", "llama3-8b", "--cluster", "h100", "--nodes", "1", "--framework",
                            "megatron-core", "--tp", "2", "--pp", "1", "--micro-batch", "1")
     assert code == 0 and "tp2-pp1-" in out, err           # a dense model: off, Megatron's default
+
+
+@pytest.mark.parametrize("cluster, framework, ep, nodes, want", [
+    ("h100", "megatron-core", 32, 32, ("flex", "deepep")),     # 4 nodes of 8: DeepEP forwards over NVLink
+    ("gb200", "megatron-core", 32, 64, ("flex", "hybridep")),  # 8 trays of one NVL72 rack: only HybridEP (MNNVL)
+    ("h100", "torchtitan", 32, 32, ("alltoall", None)),         # torchtitan has no flex dispatcher
+    ("mi300x", "megatron-core", 32, 32, ("alltoall", None)),    # DeepEP / HybridEP are CUDA libraries
+])
+def test_the_dispatcher_is_the_faster_one_the_stack_runs_and_launch_writes_it(cluster, framework, ep, nodes, want):
+    """Issue 25: where a run names no dispatcher, Megatron-Core on CUDA is predicted with the flex dispatcher
+    when it moves the layout's tokens faster than alltoall (never slower than alltoall), and `launch` writes
+    the dispatcher the prediction used, with its backend and the fp32 router probabilities it needs."""
+    w = make_workload("qwen3-235b-a22b", nodes, cluster, 2048, framework=framework)
+    lay = Layout(tp=1, pp=8, dp=w.gpus // 8, expert_parallel=ep, micro_batch=1, recompute="full",
+                 zero_stage=3 if framework == "torchtitan" else 1)
+    sh = shape_of(lay, w)
+    picked = dispatcher_for(w.model, w.cluster, sh, framework)
+    assert (picked, flex_backend(w.cluster, sh) if picked == "flex" else None) == want
+    default, plain = predict(lay, w), predict(lay, w, TokenExchange(dispatcher="alltoall"))
+    assert default.time_breakdown["all_to_all"] <= plain.time_breakdown["all_to_all"]
+    assert (default.time_breakdown["all_to_all"] < plain.time_breakdown["all_to_all"]) == (picked == "flex")
+    if framework == "megatron-core":
+        args = mcore.pretrain_args(lay, w)
+        v = {a: args[i + 1] for i, a in enumerate(args[:-1])}
+        assert v["--moe-token-dispatcher-type"] == picked
+        assert v.get("--moe-flex-dispatcher-backend") == want[1]
+        assert (v.get("--moe-router-dtype") == "fp32") == (picked == "flex")
+        assert _flags(args) <= set(MCORE_FLAGS) | set(MOE_FLAGS)

@@ -116,7 +116,9 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     lay = _with_modules(compute.layer_times(model, cluster, sh), model, cluster, sh, False)
     lay_moe = _with_modules(moe.moe_layer_times(model, cluster, sh), model, cluster, sh, True) if model.is_moe else lay
     exchange = exchange or moe.TokenExchange()
-    a2a = moe.alltoall_seconds(model, cluster, sh, exchange.dispatcher) if model.is_moe else 0.0
+    a2a = (moe.alltoall_seconds(model, cluster, sh, exchange.dispatcher or moe.dispatcher_for(model, cluster, sh,
+                                                                                              workload.framework))
+           if model.is_moe else 0.0)
     lc = layer_comm(layout, workload, sh, lay["attention"])
     act = lc["activation_bytes"]
     ar = comm.tp_allreduce_time(cluster, t, act)

@@ -117,8 +117,8 @@ class TokenExchange:
     (benchmarks/moe_accuracy.py predicts published runs as they were configured).
     overlap: Megatron-Core's --overlap-moe-expert-parallel-comm on or off; None: where the framework
     allows it (tuner.frameworks ep_overlap), as `launch` writes it.
-    dispatcher: "alltoall" (--moe-token-dispatcher-type alltoall, what `launch` writes) or "flex"
-    (Megatron-Core's flex dispatcher with its DeepEP or HybridEP backend, `flex_alltoall_time`).
+    dispatcher: "alltoall" (--moe-token-dispatcher-type alltoall) or "flex" (Megatron-Core's flex dispatcher
+    with its DeepEP or HybridEP backend, `flex_alltoall_time`); None: `dispatcher_for`, what `launch` writes.
     overlaps: the framework overlaps the run had (names of tuner.frameworks Framework.overlaps: "tp", "p2p",
     "dp", "ep"), where they are not what the framework's current release does and `launch` writes: a
     published config that turns --tp-comm-overlap off (NVIDIA's Grok-1 recipe: ub_tp_comm_overlap false), a
@@ -126,7 +126,7 @@ class TokenExchange:
     2d5220a424, 2023-09-05). None: the framework's own."""
 
     overlap: bool | None = None
-    dispatcher: str = "alltoall"
+    dispatcher: str | None = None
     overlaps: frozenset | None = None
 
 
@@ -162,6 +162,25 @@ def flex_alltoall_time(model: ModelSpec, cluster: ClusterSpec, shape: Shape, tok
     intra = per_token * nodes * (local - 1) * hit_gpu / (bw * up)
     inter = per_token * (nodes - 1) * hit_node / (bw * cluster.nic_bandwidth)
     return max(intra, inter) + nodes * cluster.latency_us * 1e-6
+
+
+def dispatcher_for(model: ModelSpec, cluster: ClusterSpec, shape: Shape, framework: str) -> str:
+    """The token dispatcher a layout is predicted and launched with where the run names none: Megatron-Core's
+    flex dispatcher (DeepEP / HybridEP, which NVIDIA's DeepSeek-V3 and Qwen3-30B-A3B H100 recipes run) where
+    it moves this layout's tokens faster than the alltoall one, on CUDA; the alltoall one elsewhere (ep 1,
+    torchtitan, ROCm: DeepEP and HybridEP are NVSHMEM / CUDA libraries)."""
+    if shape.ep <= 1 or framework != "megatron-core" or cluster.software != "cuda":
+        return "alltoall"
+    flex = alltoall_seconds(model, cluster, shape, "flex")
+    return "flex" if flex < alltoall_seconds(model, cluster, shape, "alltoall") else "alltoall"
+
+
+def flex_backend(cluster: ClusterSpec, shape: Shape) -> str:
+    """The flex dispatcher's backend: HybridEP where the EP group crosses nodes of a scale-up domain larger
+    than a node (an NVL72 rack: "currently only 'hybridep' backend supports the MNNVL case", Megatron-Core's
+    transformer_config.py line 898 at d98e8a64dd), DeepEP otherwise (its default)."""
+    mnnvl = cluster.domain_gpus > cluster.gpus_per_node and comm.crosses_nodes(cluster, shape.ep, shape.etp)
+    return "hybridep" if mnnvl else "deepep"
 
 
 def alltoall_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Shape, dispatcher: str = "alltoall") -> float:
@@ -254,6 +273,11 @@ def moe_summary(layout, workload, prediction) -> str:
         f"EP group of {ep} GPUs {etp} apart {inside if domains == 1 else f'over {nodes} nodes (network)'}")
     t = prediction.time_breakdown
     a2a, over = t.get("all_to_all", 0.0), t.get("moe_overhead", 0.0)
+    from tuner.perfmodel.compute import shape_of
+    sh = shape_of(layout, workload)
+    if ep > 1:
+        how = dispatcher_for(m, c, sh, workload.framework)
+        where += f", {how} dispatcher" + (f" ({flex_backend(c, sh)})" if how == "flex" else "")
     split = f", each split {etp} ways" if etp > 1 else ""
     return (f"MoE: all-to-all {a2a:.3g} s of the {prediction.step_time_s:.3g} s step ({100 * a2a / prediction.step_time_s:.1f} %; "
             f"{where}), MoE layer overhead {over:.3g} s; {m.num_experts // ep} of {m.num_experts} experts per GPU{split}, "

@@ -32,8 +32,9 @@ expert width), `--moe-layer-freq` (A:3520) as a list expression when some layers
 `--moe-expert-capacity-factor` (TC:917) for a capacity-bound router, the router's score function, groups,
 scaling and expert bias (TC:808, 780, 796, 804, 816), its load balancing (A:3532, A:3536: "aux_loss" with
 Megatron's recommended start 1e-2, or DeepSeek-V3's sequence-wise loss at its 1e-4 with the expert bias);
-the token dispatcher tuner models, `--moe-token-dispatcher-type alltoall` (TC:891; the default is
-allgather), grouped expert GEMMs `--moe-grouped-gemm` (TC:850); the layout's `--expert-model-parallel-size`
+the token dispatcher the layout was predicted with, `--moe-token-dispatcher-type alltoall` or `flex` (TC:891;
+the default is allgather) with `--moe-flex-dispatcher-backend deepep | hybridep` (TC:898) and
+`--moe-router-dtype fp32` (TC:811), grouped expert GEMMs `--moe-grouped-gemm` (TC:850); the layout's `--expert-model-parallel-size`
 (MPC:127) and `--expert-tensor-parallel-size` (MPC:130) always (tuner's etp defaults to 1, Megatron's to tp),
 and `--overlap-moe-expert-parallel-comm` (MPC:343) where the model overlapped the all-to-all
 (tuner.frameworks ep_overlap). Attention beyond the shape: `--kv-channels` (TC:184) when head_dim is not
@@ -139,6 +140,20 @@ def moe_layer_freq(m: ModelSpec) -> str:
     return "[" + ",".join(map(str, pattern)) + "]"
 
 
+def dispatcher_args(layout: Layout, workload: Workload) -> list[str]:
+    """The token dispatcher the layout was predicted with (tuner.perfmodel.moe dispatcher_for): alltoall, or
+    flex with its backend (DeepEP; HybridEP across the trays of an NVL72 rack) and the fp32 router
+    probabilities both backends take (token_dispatcher.py lines 1135-1139 and 1312-1316 at d98e8a64dd: "please
+    set --moe-router-dtype=fp32")."""
+    from tuner.perfmodel.compute import shape_of
+    from tuner.perfmodel.moe import dispatcher_for, flex_backend
+    sh = shape_of(layout, workload)
+    if dispatcher_for(workload.model, workload.cluster, sh, workload.framework) != "flex":
+        return ["--moe-token-dispatcher-type", "alltoall"]
+    return ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", flex_backend(workload.cluster, sh),
+            "--moe-router-dtype", "fp32"]
+
+
 def moe_args(layout: Layout, workload: Workload) -> list[str]:
     """The MoE layers and the layout's expert parallelism (nothing for a dense model)."""
     m = workload.model
@@ -146,7 +161,7 @@ def moe_args(layout: Layout, workload: Workload) -> list[str]:
         return []
     args = ["--num-experts", str(m.num_experts), "--moe-router-topk", str(m.moe_top_k),
             "--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size), "--moe-layer-freq", moe_layer_freq(m),
-            "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm",
+            *dispatcher_args(layout, workload), "--moe-grouped-gemm",
             "--expert-model-parallel-size", str(layout.expert_parallel),
             "--expert-tensor-parallel-size", str(layout.expert_tensor_parallel)]
     if m.num_shared_experts:
