@@ -18,7 +18,9 @@ of its neighbours).
   running layout counts as measured at its posterior mean.
 - An OOM defers (tuner/search/base.py: proposed only once nothing else is left) every layout not yet run
   that the model predicts to need at least as much memory on the same worst pipeline stage
-  (Prediction.memory_stage) -- equal counts: the model cannot tell such a layout from the one that ran out.
+  (Prediction.memory_stage) -- equal counts: the model cannot tell such a layout from the one that ran out --
+  until the memory learned from measured peaks puts it below every OOM'd layout of that stage and is sure
+  it fits (p_fit >= RECOMMEND_AT): a model that overstates some layouts' memory cannot hide them for good.
 - `history` (stored trials of the same model and cluster at any node count, see
   correction.warm_start_records; `history_studies` maps study name -> StudyRecord for their global
   batch) corrects the model before the first trial; `evidence` says what it used. Only measurements of
@@ -107,6 +109,9 @@ class GuidedSearcher(BaseSearcher):
         self.mem_scale = 1.0                    # max measured/predicted peak seen (reported)
         self.failed = np.zeros(n, dtype=bool)   # told a failure: cannot be the fastest
         self.ran = np.zeros(n, dtype=bool)      # ran (not pruned): known to fit
+        self.heavier = np.zeros(n, dtype=bool)       # predicted to need as much as an OOM'd layout (_hold)
+        self.structural = np.zeros(n, dtype=bool)    # deferred by base.py's rule
+        self.ooms: list[tuple] = []                  # (worst stage, z, fm, log predicted memory) of each OOM
         self._learned = 0                       # results that taught something (the stop rule's cache key)
         self._checked: int | None = None
         if workload is not None:                # unmeasured first picks keep the memory headroom
@@ -117,6 +122,7 @@ class GuidedSearcher(BaseSearcher):
 
     # ---- telling ----------------------------------------------------------------------------------
     def _observe(self, layout: Layout, result: TrialResult, asked: bool) -> None:
+        self.structural |= self.deferred & ~self.heavier      # base.py's deferrals (needs_more_memory)
         i = self.index.get(layout)
         if i is not None:
             self.pending.pop(i, None)
@@ -137,7 +143,9 @@ class GuidedSearcher(BaseSearcher):
         if i is not None and result.status not in (Status.OK, Status.STOPPED):
             self.failed[i] = True
         if result.status == Status.OOM and self.workload is not None:
-            self._defer_heavier(*self._predicted_memory(layout, i))
+            memory_gb, stage = self._predicted_memory(layout, i)
+            self.ooms.append((stage, np.asarray(ft.z, float), np.asarray(ft.fm, float), ft.log_mem))
+            self._defer_heavier(memory_gb, stage)
         if result.status == Status.OK and result.peak_memory_gb and self.workload is not None:
             self.mem_scale = max(self.mem_scale, result.peak_memory_gb / math.exp(ft.log_mem))
         if result.status == Status.OK and result.mfu:
@@ -157,8 +165,28 @@ class GuidedSearcher(BaseSearcher):
 
     def _defer_heavier(self, memory_gb: float, stage: int) -> None:
         """After an OOM at a layout predicted to need `memory_gb` on pipeline stage `stage`: defer every
-        layout not yet run that is predicted to need at least as much there."""
-        self.deferred |= ~self.used & (self.mem_stage == stage) & (self._mem >= memory_gb * (1 - SAME_MEMORY))
+        layout not yet run that is predicted to need at least as much there (until the learned memory
+        says it fits: _hold)."""
+        heavier = ~self.used & (self.mem_stage == stage) & (self._mem >= memory_gb * (1 - SAME_MEMORY))
+        self.heavier |= heavier
+        self.deferred |= heavier
+
+    def _hold(self, p_fit: np.ndarray) -> None:
+        """Defer what base.py's rule defers, and the layouts predicted heavier than an OOM (_defer_heavier)
+        unless the memory learned from measured peaks both puts them below every OOM'd layout of their stage
+        and is sure they fit (p_fit >= RECOMMEND_AT): the model's order of memory is only its own, and
+        measured peaks that reorder it outweigh it (issue 30)."""
+        held = self.heavier & ~self.used
+        if held.any() and (p_fit >= RECOMMEND_AT)[held].any():
+            mem = self._memory_obs()
+            peaks = Observations(mZ=mem.mZ, mF=mem.mF, my=mem.my, mnoise=mem.mnoise).memory_gp(self.memory_sd)
+            learned = self.log_mem + peaks.predict(self.Z, self.FM)[0]
+            below = p_fit >= RECOMMEND_AT
+            for stage, z, fm, log_mem in self.ooms:
+                bound = log_mem + peaks.predict(z[None, :], fm[None, :])[0][0]
+                below &= (self.mem_stage != stage) | (learned < bound + math.log1p(-SAME_MEMORY))
+            held &= ~below
+        self.deferred = self.structural | held
 
     def tell_claimed_elsewhere(self, layout: Layout) -> None:
         """Another driver runs `layout`: never propose it, and do not wait for its result."""
@@ -192,12 +220,15 @@ class GuidedSearcher(BaseSearcher):
         """Probability that each candidate fits in memory, from the learned memory correction."""
         if self.capacity is None:
             return np.ones(len(self.candidates))
+        mu, sd = self._memory_obs().memory_gp(self.memory_sd).predict(self.Z, self.FM)
+        z = (math.log(self.capacity) - self.log_mem - mu) / np.hypot(sd, P_FIT_SD)
+        return ndtr(z)
+
+    def _memory_obs(self) -> Observations:
         mem = Observations()
         mem.extend(self.history)
         mem.extend(self.own)
-        mu, sd = mem.memory_gp(self.memory_sd).predict(self.Z, self.FM)
-        z = (math.log(self.capacity) - self.log_mem - mu) / np.hypot(sd, P_FIT_SD)
-        return ndtr(z)
+        return mem
 
     def _free(self) -> np.ndarray:
         free = np.flatnonzero(~self.used)
@@ -261,6 +292,7 @@ class GuidedSearcher(BaseSearcher):
 
     def _propose(self, n: int) -> list:
         p_fit = self.p_fit()
+        self._hold(p_fit)
         log_fit = np.log(np.maximum(p_fit, 1e-12))
         chosen: list[int] = []
         for _ in range(n):
