@@ -163,14 +163,15 @@ def report_trial(number, runner="local", mfu=0.30, **layout):
 def report_of(trials, monkeypatch):
     """build_report's page and the titles and texts of every figure it drew (read before rendering)."""
     import tuner.report as report
+    import tuner.report.plots as plots             # where the figures are drawn since report.py was split
     from tuner.specs import make_workload
     from tuner.store import StudyRecord
-    drawn, real_png = [], report._png
+    drawn, real_png = [], plots._png
 
     def png(fig):
         drawn.append(" | ".join([a.get_title() for a in fig.axes] + [t.get_text() for a in fig.axes for t in a.texts]))
         return real_png(fig)
-    monkeypatch.setattr(report, "_png", png)
+    monkeypatch.setattr(plots, "_png", png)
     rec = StudyRecord(name="st", workload=make_workload("175b", 16).as_dict(), space={}, searcher="random",
                       runner=trials[0].runner, state="done")
     return report.build_report(rec, trials), drawn

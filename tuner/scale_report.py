@@ -11,7 +11,8 @@ from __future__ import annotations
 import html
 from datetime import datetime, timezone
 
-from tuner.report import CSS, _img, _plt, _png, html_table
+from tuner.report.plots import _plt, _png
+from tuner.report.page import CSS, _img, html_table
 from tuner.scaling import cost_axis
 
 FIGURES = ("time_vs_nodes.png", "cost_vs_nodes.png", "pareto.png", "mfu_vs_nodes.png")
