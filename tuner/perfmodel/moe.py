@@ -44,6 +44,12 @@ PERMUTE_BYTES = 8.0     # per routed token copy and h: permute before dispatch a
 # of the same tables 0-20 %). Independent of the layer's size: it fits Qwen3-30B-A3B (h 2048) and
 # Qwen3-235B-A22B (h 4096) alike.
 MOE_LAYER_OVERHEAD_MS = 2.5
+#: The flex dispatcher's bandwidth as a share of the links' (instead of the cluster's NCCL network_efficiency):
+#: DeepEP's own measurement of its normal (training) kernels, deepseek-ai/DeepEP README 'Normal kernels with
+#: NVLink and RDMA forwarding' (H800, ~160 GB/s NVLink, CX7 400 Gb/s ~50 GB/s; DeepSeek-V3 pre-training
+#: setting): intranode dispatch / combine 153 / 158 GB/s (0.97 of 160, the mean), internode EP 16-64
+#: 43-47 GB/s (0.89 of 50, the median of the six). HybridEP is taken as DeepEP (ASSUMED: no published table).
+FLEX_EFFICIENCY = {"nvlink": 0.97, "network": 0.89}
 ROUTER_BYTES = 12.0     # per token and expert: fp32 router logits written, read by the softmax/top-k, probs written
 
 
@@ -157,10 +163,9 @@ def flex_alltoall_time(model: ModelSpec, cluster: ClusterSpec, shape: Shape, tok
     nodes, e, k = ep // local, model.num_experts, model.moe_top_k
     hit_gpu, hit_node = 1.0 - _miss(e, e / ep, k), 1.0 - _miss(e, e * local / ep, k)
     per_token = token_bytes * rank_tokens(model, shape)
-    bw = cluster.network_efficiency * comm.GB
     up = cluster.intra_node_bandwidth_gbps if not comm.crosses_nodes(cluster, local, shape.etp) else cluster.domain_bandwidth
-    intra = per_token * nodes * (local - 1) * hit_gpu / (bw * up)
-    inter = per_token * (nodes - 1) * hit_node / (bw * cluster.nic_bandwidth)
+    intra = per_token * nodes * (local - 1) * hit_gpu / (FLEX_EFFICIENCY["nvlink"] * comm.GB * up)
+    inter = per_token * (nodes - 1) * hit_node / (FLEX_EFFICIENCY["network"] * comm.GB * cluster.nic_bandwidth)
     return max(intra, inter) + nodes * cluster.latency_us * 1e-6
 
 
