@@ -23,7 +23,7 @@ from tuner.render.dsconfig import ADAM_PARAMS, GRADIENT_CLIPPING, render_ds_conf
 from tuner.render.megatron import OPTIMIZER_ARGS, deepspeed_config, pretrain_args
 from tuner.render.sbatch import SLURM_KEYS, job_name, render_sbatch, time_limit_for, validate_slurm
 from tuner.runners import make_runner, megatron
-from tuner.runners.slurm import map_state
+from tuner.runners.slurm_jobs import map_state
 from tuner.specs import ModelSpec, load_cluster, load_model, make_workload
 from tuner.trial import Status, TrialSpec, looks_oom
 

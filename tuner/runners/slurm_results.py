@@ -1,0 +1,74 @@
+"""What a finished Slurm job says about its trial: the runner's own reason (timeout, early stop, a poller
+or squeue that failed), Slurm's state (OUT_OF_MEMORY, TIMEOUT, NODE_FAIL, CANCELLED, ...), then the
+trial's result.json (the harness or command template) or Megatron's iteration log (the megatron template).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tuner.runners import megatron
+from tuner.runners.command import parse_result, stopped_result, tail
+from tuner.runners.slurm_jobs import SQUEUE_GIVE_UP_S, Job, map_state
+from tuner.trial import Status, TrialResult, TrialSpec, failed, looks_oom
+
+
+def job_result(trial: TrialSpec, job: Job, *, template: str, trial_timeout: float | None, warmup: int,
+               peak_tflops: float) -> TrialResult:
+    """The trial's result from its finished `job` (the runner's settings: template, timeout, Megatron
+    warm-up iterations, the cluster's peak TFLOPS)."""
+    log = job.trial_dir / f"slurm-{job.job_id}.out"
+    log_path = str(log)
+    log_tail = _tail_text(tail(log, 1500)) if log.exists() else "no log"
+    if job.reason == "timeout":
+        return failed(f"ran past --trial-timeout of {trial_timeout:g} s (from the job's start); scancelled",
+                      Status.TIMEOUT,
+                      log_path=log_path)
+    if job.reason == "stopped":
+        res = stopped_result(job.progress, trial, f"at step {len(job.progress)}")
+        res.log_path = log_path
+        return res
+    if job.reason == "poller":
+        return failed(f"the runner's squeue poller failed ({job.state}); job scancelled", retryable=True,
+                      log_path=log_path)
+    if job.reason == "squeue":
+        return failed(f"squeue failed for {SQUEUE_GIVE_UP_S:g} s; job state unknown, scancel sent", retryable=True,
+                      log_path=log_path)
+    status, retryable = map_state(job.state)
+    if status == Status.INTERRUPTED:
+        who = "cancelled" if job.reason == "cancelled" else "cancelled outside tuner (scancel?)"
+        return TrialResult(Status.INTERRUPTED, message=who, log_path=log_path)
+    if status in (Status.OOM, Status.TIMEOUT) or retryable:
+        return failed(f"Slurm state {job.state}; {log_tail}", status, retryable=retryable, log_path=log_path)
+    if template == "megatron":
+        return _megatron_result(trial, job, log_path, warmup, peak_tflops)
+    if (job.trial_dir / "result.json").exists():
+        res = parse_result(job.trial_dir / "result.json", trial)
+        res.log_path = log_path
+        return res
+    if looks_oom(log_tail):
+        return failed(f"out of memory: {log_tail}", Status.OOM, log_path=log_path)
+    return failed(f"Slurm state {job.state}, no result.json; {log_tail}", log_path=log_path)
+
+
+def _megatron_result(trial: TrialSpec, job: Job, log_path: str, warmup: int, peak_tflops: float) -> TrialResult:
+    text = Path(log_path).read_text(errors="replace") if Path(log_path).exists() else ""
+    w, lay = trial.workload, trial.layout
+    parsed = megatron.parse_log(text, w.model, w.gpus, recompute=lay.recompute,
+                                global_batch=w.global_batch, warmup=warmup)
+    if parsed is None:
+        status = Status.OOM if looks_oom(text) else Status.FAILED
+        return failed(f"Slurm state {job.state}, no iteration after warm-up in the log; {_tail_text(text)}",
+                      status, log_path=log_path)
+    msg = f"median of {parsed.iterations} iterations: {parsed.time_ms:.1f} ms"
+    if parsed.mismatch:
+        msg += f"; TFLOPs recomputed from samples processed ({parsed.mismatch})"
+    return TrialResult(Status.OK, tflops_per_gpu=parsed.tflops,
+                       peak_fraction=parsed.tflops / peak_tflops,
+                       samples_per_second=parsed.samples_per_second, peak_memory_gb=parsed.peak_memory_gb,
+                       message=msg, log_path=log_path)
+
+
+def _tail_text(text: str, n: int = 1500) -> str:
+    """The last lines of a log's last `n` characters on one line, for a trial's message."""
+    return " | ".join(text[-n:].strip().splitlines()[-8:]) or "empty log"
