@@ -48,8 +48,8 @@ GLOBAL_SHARE = 0.5   # share of the study's typical error that counts as the mod
 #: The family of a layout for the first picks: what one wrong term of the model can hide together. The first
 #: KEY_DIMS count twice: a pipeline depth, a recompute mode, a micro-batch size, a ZeRO stage is each the
 #: subject of one term of the model (bubble and per-micro-batch cost, recompute cost, GEMM shapes, collectives).
-FAMILY_DIMS = ("pp", "recompute", "micro_batch", "zero_stage", "tp", "expert_parallel", "context_parallel",
-               "virtual_pipeline")
+FAMILY_DIMS = ("pp", "recompute", "micro_batch", "zero_stage", "tp", "expert_parallel", "expert_tensor_parallel",
+               "context_parallel", "virtual_pipeline")
 KEY_DIMS = 4
 
 
