@@ -124,17 +124,16 @@ def plan(model, nodes: int, cluster="frontier", *, global_batch: int | None = No
     import pandas as pd
 
     from tuner.best import require_fit
-    from tuner.perfmodel import rank
+    from tuner.perfmodel.screening import rank_shown
     from tuner.space import load_space, valid_layouts
     w = _workload(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce)
     sp = load_space(space).pinned(_layout_options(pins))
-    ranked = rank(valid_layouts(sp, w), w)
+    ranking = rank_shown(valid_layouts(sp, w), w, top, show_all)
     if not show_all:
-        require_fit(ranked, w, sp)
-    shown = [p for p in ranked if show_all or p.fits][:top]
+        require_fit(ranking.screened, w, sp)
     df = pd.DataFrame([{"rank": i + 1, **prediction_row(p, w), "layout_key": p.layout.key()}
-                       for i, p in enumerate(shown)])
-    df.attrs.update(workload=workload_line(w), valid_layouts=len(ranked), may_fit=sum(p.fits for p in ranked))
+                       for i, p in enumerate(ranking.shown)])
+    df.attrs.update(workload=workload_line(w), valid_layouts=len(ranking.screened), may_fit=ranking.may_fit)
     return df
 
 

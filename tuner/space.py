@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tuner.errors import SpecError, UsageError
-from tuner.layout import (BY_NAME, DIMENSIONS as LAYOUT_DIMS, SEARCHED, Layout, micro_batches_per_pipeline,
+from tuner.layout import (BY_NAME, DIMENSIONS as LAYOUT_DIMS, LAYOUT_FIELDS, SEARCHED, Layout,
+                          micro_batches_per_pipeline,
                           why_invalid as layout_why_invalid, why_invalid_cut, why_invalid_schedule,
                           why_invalid_values, expert_data_parallel)
 from tuner.frameworks import of as framework_of, recompute_refusal, split_refusal
@@ -231,45 +232,68 @@ class SearchSpace:
         return None
 
     def enumerate_layouts(self, workload: Workload) -> list[Layout]:
-        """Every valid layout of the space for the workload, in a stable order. The GPU count fixes dp,
-        so only (tp, cp, pp) that divide it are expanded; the model's cut (tp, sp, cp, pp, vp) is checked
-        once -- its rules and the constraints that read nothing else -- then each micro-batch, before the
-        ZeRO and recompute choices are."""
-        cut = [d for d in DIMENSIONS if d in ("tp", "sequence_parallel", "context_parallel", "pp", "virtual_pipeline",
-                                              "pipeline_split", "expert_parallel", "expert_tensor_parallel")]
-        rest = [d for d in DIMENSIONS if d not in cut and d != "micro_batch"]
-        early, late = [], []
+        """Every valid layout of the space for the workload, in a stable order (Layout's own). The GPU count
+        fixes dp, so only (tp, cp, pp) that divide it are expanded, and only (pp, vp, pipeline_split) that cut
+        the layers; the model's cut (tp, sp, cp, pp, vp, split, ep, etp) is checked once -- its rules and the
+        constraints that read nothing else -- then each micro-batch (with the constraints that read nothing
+        but the cut, the micro-batch and m), before the ZeRO and recompute choices are."""
+        rest = [d for d in DIMENSIONS if d not in CUT and d != "micro_batch"]
+        early, per_mb, late = [], [], []
         for k, v in self.constraints.items():
             tree = _compile(k, v, self.name)
             names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-            (late if names & {"micro_batch", "m", *rest} else early).append(_closure(tree))
+            (late if names & {*rest, "activation_checkpointing"} else per_mb if names & {"micro_batch", "m"}
+             else early).append(_closure(tree))
         choices = {d: [BY_NAME[d].type(v) for v in self.choices(d, workload)] for d in DIMENSIONS}
         one = Layout(tp=1, pp=1, dp=1, micro_batch=1)     # recompute modes the model or framework never runs
         choices["recompute"] = [r for r in choices["recompute"] if recompute_refusal(
             workload.framework, dataclasses.replace(one, recompute=r), workload) is None] or choices["recompute"]
         refusal = framework_of(workload).refusal
+        rests = [dict(zip(rest, more)) for more in itertools.product(*(choices[d] for d in rest))]
         out = []
-        for values in itertools.product(*(choices[d] for d in cut)):
-            shape = dict(zip(cut, values))
-            n = shape["tp"] * shape["context_parallel"] * shape["pp"]
-            if workload.gpus % n or why_invalid_split(workload.model.num_layers, shape["pp"], shape["virtual_pipeline"],
-                                                      shape["pipeline_split"]):
-                continue
-            shape["dp"] = workload.gpus // n
+        for shape in self._cuts(choices, workload):
             probe = Layout(**shape, micro_batch=1)
             if why_invalid_values(probe, workload) or why_invalid_cut(probe, workload.model) or \
                     not all(c(self._env(probe, workload)) for c in early):
                 continue
             for mb in choices["micro_batch"]:
-                if why_invalid_schedule(Layout(**shape, micro_batch=mb, zero_stage=0), workload):
-                    continue
-                for more in itertools.product(*(choices[d] for d in rest)):
-                    lay = Layout(**shape, micro_batch=mb, **dict(zip(rest, more)))
-                    if why_invalid_schedule(lay, workload) or refusal(lay, workload):
+                probe = Layout(**shape, micro_batch=mb, zero_stage=0)
+                if why_invalid_schedule(probe, workload) or (
+                        per_mb and not all(c(self._env(probe, workload)) for c in per_mb)):
+                    continue                   # the schedule's rules read nothing but the cut and micro-batch
+                for more in rests:
+                    lay = Layout(**shape, micro_batch=mb, **more)
+                    if refusal(lay, workload):
                         continue
                     if not late or all(c(self._env(lay, workload)) for c in late):
                         out.append(lay)
-        return sorted(out)
+        return sorted(out, key=_order)
+
+    @staticmethod
+    def _cuts(choices: dict, workload: Workload):
+        """Each (tp, sp, cp, pp, vp, pipeline_split, ep, etp) as a dict with its dp, where tp*cp*pp divides the
+        GPUs and the split cuts the layers (the rest of the cut's rules are the caller's)."""
+        gpus, layers = workload.gpus, workload.model.num_layers
+        for tp, cp, pp in itertools.product(choices["tp"], choices["context_parallel"], choices["pp"]):
+            if gpus % (tp * cp * pp):
+                continue
+            for vp, split in itertools.product(choices["virtual_pipeline"], choices["pipeline_split"]):
+                if why_invalid_split(layers, pp, vp, split):
+                    continue
+                for sp, ep, etp in itertools.product(choices["sequence_parallel"], choices["expert_parallel"],
+                                                     choices["expert_tensor_parallel"]):
+                    yield {"tp": tp, "sequence_parallel": sp, "context_parallel": cp, "pp": pp, "virtual_pipeline": vp,
+                           "pipeline_split": split, "expert_parallel": ep, "expert_tensor_parallel": etp,
+                           "dp": gpus // (tp * cp * pp)}
+
+
+CUT = ("tp", "sequence_parallel", "context_parallel", "pp", "virtual_pipeline", "pipeline_split", "expert_parallel",
+       "expert_tensor_parallel")
+
+
+def _order(lay: Layout) -> tuple:
+    """Layout's own order (its fields in turn, as its dataclass compares them), as a key: one tuple a layout."""
+    return tuple(getattr(lay, f) for f in LAYOUT_FIELDS)
 
 
 def load_space(name: str | None = None) -> SearchSpace:

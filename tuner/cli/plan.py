@@ -10,7 +10,8 @@ from tuner.cli import FORMAT_OPTION, cli
 from tuner.cli.options import layout_options, workload_options
 from tuner.cli.render import render
 from tuner.frameworks import of as framework_of
-from tuner.perfmodel import RECOMMEND_AT, keeps_headroom, predict as model_predict, rank, risk
+from tuner.perfmodel import RECOMMEND_AT, keeps_headroom, predict as model_predict, risk
+from tuner.perfmodel.screening import rank_shown
 from tuner.perfmodel.moe import moe_summary
 from tuner.planning import complete_layout, prediction_row, workload_line
 from tuner.space import load_space, valid_layouts
@@ -67,13 +68,12 @@ def plan(model, nodes, cluster, global_batch, seq_length, precision, framework, 
     sp = load_space(space).pinned(layout)
     layouts = valid_layouts(sp, w)
     t0 = time.perf_counter()
-    ranked = rank(layouts, w)
+    ranking = rank_shown(layouts, w, top, show_all)     # rank's first `top` rows, each layout's memory
     dt = time.perf_counter() - t0
-    fitting = [p for p in ranked if p.fits]
     if not show_all:
         from tuner.best import require_fit
-        require_fit(ranked, w, sp)
-    shown = (ranked if show_all else fitting)[:top]
+        require_fit(ranking.screened, w, sp)
+    shown = ranking.shown
     rows = [{"rank": i + 1, **prediction_row(p, w)} for i, p in enumerate(shown)]
     objs = [{"rank": i + 1, **p.as_dict(), "memory_used_fraction": p.memory_gb / w.cluster.memory_gb,
              "headroom_ok": keeps_headroom(p, w), "risk": risk(p, w), "p_fit_basis": framework_of(w).memory_note()}
@@ -82,8 +82,9 @@ def plan(model, nodes, cluster, global_batch, seq_length, precision, framework, 
         click.echo(workload_line(w))
     click.echo(render(rows, fmt, json_obj=objs))
     if fmt == "table":
-        roomy = sum(keeps_headroom(p, w) for p in fitting)
-        click.echo(f"\n{len(ranked)} valid {w.framework} layouts, {len(fitting)} may fit in memory, {roomy} with "
+        roomy = sum(keeps_headroom(p, w) for p in ranking.screened if p.fits)
+        n = len(ranking.screened)
+        click.echo(f"\n{n} valid {w.framework} layouts, {ranking.may_fit} may fit in memory, {roomy} with "
                    f"p_fit >= {RECOMMEND_AT:g} (fits = yes; maybe = not ruled out); ranked by predicted samples/s x "
-                   f"p_fit in {dt * 1000:.0f} ms ({len(ranked) / max(dt, 1e-9):,.0f} layouts/s)\n"
+                   f"p_fit in {dt * 1000:.0f} ms ({n / max(dt, 1e-9):,.0f} layouts/s)\n"
                    f"p_fit from {framework_of(w).memory_note()}, and per-layout terms")

@@ -1,0 +1,90 @@
+"""plan's shortcuts answer exactly as the plain model (issue 25 item 6, issue 27): `rank`'s memo of sub-results
+shared between layouts, `rank_shown` (memory of every layout, time only of the rows plan may list) and the
+enumeration's order of checks change no prediction, no ranking and no count. benchmarks/golden_predictions.py
+checks the same over whole plans of the largest shipped workloads, and one tree against another."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.perfmodel import predict, rank
+from tuner.perfmodel.screening import rank_shown
+from tuner.space import SearchSpace, load_space, valid_layouts
+from tuner.specs import make_workload
+
+WORKLOADS = [   # dense, MoE, uneven splits, cp, torchtitan, Megatron-DeepSpeed, fp8; a few hundred to 6,405 layouts
+    ("175b", 8, "frontier", None, "bf16", None),
+    ("llama3-8b", 1, "h100", "torchtitan", "bf16", 16384),
+    ("llama3-8b", 1, "h100", None, "fp8", None),
+    ("qwen3-30b-a3b", 1, "h200", None, "bf16", None),
+]
+
+
+@pytest.fixture(scope="module", params=WORKLOADS, ids=lambda p: f"{p[0]}-{p[2]}-{p[3] or 'own'}-{p[4]}")
+def planned(request):
+    model, nodes, cluster, framework, precision, seq = request.param
+    w = make_workload(model, nodes, cluster, None, precision, framework, None, seq)
+    layouts = valid_layouts(load_space("default"), w)
+    return w, layouts, rank(layouts, w)
+
+
+def test_rank_with_its_memo_predicts_each_layout_as_alone(planned):
+    w, layouts, ranked = planned
+    by_layout = {p.layout: p for p in ranked}
+    assert len(by_layout) == len(layouts) > 100
+    for lay in layouts[::7]:
+        assert predict(lay, w) == by_layout[lay]          # every field, every breakdown entry: bit for bit
+
+
+@pytest.mark.parametrize("top,show_all", [(10, False), (1, True), (None, False), (None, True), (100000, True)])
+def test_rank_shown_is_ranks_rows_and_counts(planned, top, show_all):
+    w, layouts, ranked = planned
+    got = rank_shown(layouts, w, top, show_all)
+    assert got.shown == [p for p in ranked if show_all or p.fits][:top]
+    by_layout = {p.layout: p for p in ranked}
+    assert [(s.layout, s.memory_gb, s.p_fit, s.fits) for s in got.screened] == \
+        [(lay, by_layout[lay].memory_gb, by_layout[lay].p_fit, by_layout[lay].fits) for lay in layouts]
+    assert got.may_fit == sum(p.fits for p in ranked)
+
+
+def test_rank_shown_lists_ruled_out_layouts_only_with_all():
+    w = make_workload("175b", 8, "frontier")       # 149 of 1,272 layouts may fit on 64 GPUs
+    layouts = valid_layouts(load_space("default"), w)
+    ranked = rank(layouts, w)
+    fitting = sum(p.fits for p in ranked)
+    assert 0 < fitting < 200
+    assert len(rank_shown(layouts, w, 200).shown) == fitting
+    assert rank_shown(layouts, w, 200, show_all=True).shown == ranked[:200]
+
+
+def _enumerate_plainly(space: SearchSpace, w) -> list:
+    """Every layout of the space's product that space.why_invalid and the framework accept: the rules one by one."""
+    import itertools
+
+    from tuner.layout import Layout
+    from tuner.space import DIMENSIONS
+    out = []
+    for values in itertools.product(*(space.choices(d, w) for d in DIMENSIONS)):
+        lay = dict(zip(DIMENSIONS, values))
+        n = lay["tp"] * lay["context_parallel"] * lay["pp"]
+        if w.gpus % n:
+            continue
+        layout = Layout(**lay, dp=w.gpus // n)
+        if space.why_invalid(layout, w) is None:
+            out.append(layout)
+    return sorted(out)
+
+
+@pytest.mark.parametrize("model,nodes,cluster,constraints", [
+    ("175b", 16, "frontier", {}),
+    ("mixtral-8x7b", 1, "h100", {"few_micro_batches": "m <= 64", "no_z0_full": "zero_stage > 0 or recompute != 'full'"}),
+    ("llama3-8b", 1, "h100", {"no_checkpointing": "not activation_checkpointing"}),
+])
+def test_enumeration_is_every_layout_the_rules_allow(model, nodes, cluster, constraints):
+    base = load_space("default")     # narrowed so that the plain product stays small
+    narrow = {"tp": [1, 2, 8], "context_parallel": [1, 2], "virtual_pipeline": [1, 2],
+              "pipeline_split": ["auto", "balanced"], "micro_batch": [1, 2], "expert_parallel": [1, 8],
+              "expert_tensor_parallel": [1, 2]}
+    space = SearchSpace(base.name, {**base.dimensions, **narrow}, {**base.constraints, **constraints})
+    w = make_workload(model, nodes, cluster)
+    assert space.enumerate_layouts(w) == _enumerate_plainly(space, w)
