@@ -229,11 +229,12 @@ def gradient_sync_time(layout: Layout, workload: Workload, fw, slow: dict, m: in
                        experts_gpu: float, hide: frozenset | None = None) -> dict:
     """The data-parallel gradient reduce and parameter gather of one step beyond what hides under compute:
     FSDP2's layer by layer, else DP/ZeRO's over the dense replicas plus the expert gradients' over the
-    expert-dp group (ep*etp ranks apart); Megatron-Core overlaps them with the last backward / first forward."""
+    expert-dp group (ep*etp ranks apart); Megatron-Core overlaps them with the last backward / first forward.
+    `slow`: the stage whose compute they hide under (predict: the one with the least free compute)."""
     cluster, t = workload.cluster, layout.tp
     # compute that hides one collective cannot hide another: what the MoE exchange already hides under is
     # not there for the gradient sync (else recomputing more would hide more, and be faster)
-    compute_mb = max(0.0, slow["gemm"] + slow["attention"] + slow["elementwise"] - slow.get(HIDDEN, 0.0))
+    compute_mb = free_compute(slow)
     if fw.fsdp:
         return fsdp_time(layout, workload, compute_mb, m)
     if megatron_fsdp(layout, workload):     # Megatron-FSDP: layer by layer, in the gradients' own dtype
@@ -277,10 +278,16 @@ def _memo_shape(layout: Layout, workload: Workload, memo: dict) -> compute.Shape
     return sh
 
 
+def free_compute(st: dict) -> float:
+    """A stage's compute per micro-batch that no overlap has used yet (the gradient sync may hide under it)."""
+    return max(0.0, st["gemm"] + st["attention"] + st["elementwise"] - st.get(HIDDEN, 0.0))
+
+
 def slowest_stage(layout: Layout, workload: Workload, sh: compute.Shape, exchange: moe.TokenExchange | None = None,
-                  memo: dict | None = None) -> tuple[dict, float]:
-    """The slowest stage's breakdown per micro-batch and its seconds; one computation for the layouts of a
-    workload that differ only in ZeRO stage (stage_times does not read it) when `memo` is given."""
+                  memo: dict | None = None) -> tuple[dict, float, list]:
+    """The slowest stage's breakdown per micro-batch, its seconds, and every distinct stage's breakdown; one
+    computation for the layouts of a workload that differ only in ZeRO stage (stage_times does not read it)
+    when `memo` is given."""
     key = None
     if memo is not None and exchange is None:
         key = ("slow", layout.tp, layout.sequence_parallel, layout.context_parallel, layout.pp, layout.virtual_pipeline,
@@ -289,11 +296,28 @@ def slowest_stage(layout: Layout, workload: Workload, sh: compute.Shape, exchang
         got = memo.get(key)
         if got is not None:
             return got
-    slow = max(stage_times(layout, workload, sh, exchange), key=stage_total)
-    got = (slow, stage_total(slow))
+    stages = stage_times(layout, workload, sh, exchange)
+    slow = max(stages, key=stage_total)
+    got = (slow, stage_total(slow), stages)
     if key is not None:
         memo[key] = got
     return got
+
+
+def last_to_finish(layout: Layout, workload: Workload, fw, stages: list, m: int, params_gpu: float,
+                   experts_gpu: float, hide: frozenset) -> tuple[dict, dict]:
+    """The stage the step waits for and its gradient sync: every stage syncs its gradients under its own free
+    compute after its m micro-batches, so the step ends with the latest of m * stage time + exposed sync
+    (the slowest stage, unless another hides much less of its sync: with the slowest stage's compute alone,
+    recomputing more could hide a stage's exposed all-to-all, leave the slowest stage as slow and give its
+    spare compute to the sync -- faster)."""
+    best = None
+    for st in stages:
+        dp = gradient_sync_time(layout, workload, fw, st, m, params_gpu, experts_gpu, hide)
+        end = m * stage_total(st) + dp["grad_reduce"] + dp["param_gather"]
+        if best is None or end > best[0]:
+            best = (end, st, dp)
+    return best[1], best[2]
 
 
 def predict(layout: Layout, workload: Workload, exchange: moe.TokenExchange | None = None,
@@ -313,11 +337,11 @@ def predict(layout: Layout, workload: Workload, exchange: moe.TokenExchange | No
     reason = memory.fit_reason(mem, cluster.memory_gb, worst_stage) if mem["total"] > cluster.memory_gb else ""
 
     # ---- time
-    slow, t_stage = slowest_stage(layout, workload, sh, exchange, memo)
+    _, t_stage, stages = slowest_stage(layout, workload, sh, exchange, memo)
     params_gpu, experts_gpu = max((memory.stage_params(model, layout, s), memory.stage_expert_params(model, layout, s))
                                   for s in stage_candidates(layout, model))
     edp = expert_data_parallel(layout)
-    dp = gradient_sync_time(layout, workload, fw, slow, m, params_gpu, experts_gpu, overlaps_of(workload, exchange))
+    slow, dp = last_to_finish(layout, workload, fw, stages, m, params_gpu, experts_gpu, overlaps_of(workload, exchange))
     tied = memory.tied_embedding_params(model, t, p)     # none when the LM head is untied
     sync = comm.embedding_sync_time(cluster, t * layout.context_parallel, d, p, tied) if tied else 0.0
     owned = (params_gpu - experts_gpu) / shards + experts_gpu / edp if layout.zero_stage >= 1 else params_gpu
