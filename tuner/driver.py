@@ -82,12 +82,9 @@ class Driver:
         self.progress = Progress(study, budget)
         self._inflight: dict[Future, tuple[int, Layout, int]] = {}
         self._claimed: set[int] = set()      # claimed by this driver, not finished: interrupted on Ctrl-C
-        self.lease_mode, self.keep_going = lease_mode, keep_going
         self._spent = False                  # the study's budget is spent (by any of its drivers)
-        self.epoch: int | None = None        # the lease's epoch (tuner.lease): claims and results are fenced
-        self._displaced = False              # the heartbeat saw the study taken over
-        self._streak: tuple[str, int] = ("", 0)
-        self._abort: str | None = None
+        self.lease = lease.StudyLease(store, study, lease_mode)   # its epoch fences claims and results
+        self.failures = FailureStreak(study, keep_going)
         if early_stop:          # runners that watch no progress ignore it; executors carry it to the trial
             self.early_stop_fraction = early_stop
             runner.early_stop = self._clearly_worse
@@ -127,7 +124,7 @@ class Driver:
         if self._spent:
             return None
         try:
-            number = self.store.claim_trial(self.study, layout, pred, self.runner.name, epoch=self.epoch)
+            number = self.store.claim_trial(self.study, layout, pred, self.runner.name, epoch=self.lease.epoch)
         except BudgetSpent:
             self._spent = True
             return None
@@ -146,7 +143,8 @@ class Driver:
                 pred = predict(lay, self.workload)
                 if self.prune and not pred.fits:
                     res = TrialResult(Status.PRUNED, peak_memory_gb=pred.memory_gb, message=pred.reason)
-                    if self.store.record_trial(self.study, lay, pred, res, self.runner.name, self.epoch) is not None:
+                    recorded = self.store.record_trial(self.study, lay, pred, res, self.runner.name, self.lease.epoch)
+                    if recorded is not None:
                         self.progress.pruned += 1
                     self.searcher.tell(lay, res)
                     continue
@@ -173,7 +171,7 @@ class Driver:
         if result.retryable and attempt < MAX_INFRA_RETRIES:
             self._launch(number, layout, attempt + 1)
             return
-        self.store.finish_trial(self.study, number, result, epoch=self.epoch)
+        self.store.finish_trial(self.study, number, result, epoch=self.lease.epoch)
         self._claimed.discard(number)
         log.debug("trial %d %s %s: %s", number, result.status, layout.key(), result.message or "")
         self.searcher.tell(layout, result)
@@ -182,49 +180,21 @@ class Driver:
         self.progress.finished.append(self.progress.last)
         if result.status == Status.OK:
             self.progress.best = faster(self.progress.best, self.progress.last)
-        self._watch_failures(result)
-
-    def _watch_failures(self, result: TrialResult) -> None:
-        """Stop a study whose trials all fail the same way (a typo in --command burns no budget). An OOM,
-        a timeout or a stopped trial is a result about its layout, not a broken command."""
-        if result.status != Status.FAILED or self.progress.best is not None:
-            self._streak = ("", 0)
-            return
-        sig = failure_signature(result.message)
-        n = self._streak[1] + 1 if sig == self._streak[0] else 1
-        self._streak = (sig, n)
-        if n >= SAME_FAILURES and not self.keep_going and self._abort is None:
-            self._abort = (f"{n} trials in a row failed the same way and none succeeded: {result.message[:400]} "
-                           f"-- fix the cause and continue with `tuner resume {self.study}` (or resume with "
-                           "--keep-going to run on regardless)")
+        self.failures.see(result, succeeded=self.progress.best is not None)
 
     # -- the loop -----------------------------------------------------------------------------
-    def _lease(self, change) -> None:
-        self.store.modify_study_settings(self.study, change)
-
-    def _take(self, settings: dict) -> dict:
-        """Take the lease, and store this driver's budget as the study's: from here on the row holds it."""
-        change = lease.take(settings, self.study, self.lease_mode)
-        self.epoch = change["epoch"]
-        return {**change, "budget": self.budget}
-
-    def _beat(self, settings: dict) -> dict | None:
-        """Renew the lease and follow the study's budget (raised by `resume --budget` elsewhere); a study
-        taken over since this driver's epoch is noted, and the lease is not renewed."""
-        change = lease.refresh(settings, self.epoch)
-        if change is None:
-            self._displaced = True
-        elif settings.get("budget") and int(settings["budget"]) != self.budget:
-            self.budget = self.progress.budget = int(settings["budget"])
+    def _follow_budget(self, budget: int) -> None:
+        """The study's budget as stored now (raised by `resume --budget` elsewhere): this driver keeps to it."""
+        if budget != self.budget:
+            self.budget = self.progress.budget = budget
             self._spent = False
-        return change
 
     def _fill(self, reruns: list, deadline: float | None) -> bool:
         """Launch what the free slots allow; False once the time limit has passed."""
         if deadline and time.monotonic() >= deadline:
             return False
         free = min(self.parallel - len(self._inflight), self.budget - self.progress.ran - len(self._inflight))
-        if free <= 0 or self._abort:
+        if free <= 0 or self.failures.abort:
             return True
         launched = 0
         while reruns and launched < free:       # a rerun another driver reclaimed frees its slot again
@@ -240,8 +210,8 @@ class Driver:
     def run(self) -> Outcome:
         """Run the study (its searcher's candidates: tuner.space.valid_layouts) to an end; see Outcome."""
         deadline = time.monotonic() + self.time_limit if self.time_limit else None
-        self._lease(self._take)
-        beat = lease.Heartbeat(lambda: self._lease(self._beat))   # the lease kept fresh while a trial runs
+        self.lease.take(self.budget)            # and the study's budget is this driver's from here on
+        beat = lease.Heartbeat(lambda: self.lease.renew(self._follow_budget))   # fresh while trials run
         reruns = self._replay()
         self.on_progress(self.progress)
         try:
@@ -263,14 +233,14 @@ class Driver:
                 self._interrupt()
             except TunerError:
                 pass
-            err = TunerError(exc if self._abort else f"{exc} (the study is saved: continue with "
+            err = TunerError(exc if self.failures.abort else f"{exc} (the study is saved: continue with "
                              f"`tuner resume {self.study}`)")
             err.exit_code = exc.exit_code
             raise err from None
         finally:
             beat.stop()
         self.progress.running, self.progress.running_trials = 0, []
-        self._lease(lease.release)
+        self.lease.release()
         self.on_progress(self.progress)
         ran, pruned = self._earlier
         return Outcome(self.study, self.progress.ran - ran, self.progress.pruned - pruned, reason, ran + pruned)
@@ -279,7 +249,7 @@ class Driver:
         """Run trials until the budget, the space, the searcher or the time limit ends it; why it ended."""
         reason = "budget"
         while True:
-            if self._displaced:
+            if self.lease.displaced:
                 raise Displaced(self.study)
             before = len(self._inflight)
             if not self._fill(reruns, deadline):
@@ -288,8 +258,8 @@ class Driver:
             if len(self._inflight) > before:       # the live view shows what just started
                 self.on_progress(self.progress)
             if not self._inflight:
-                if self._abort:
-                    raise TunerError(self._abort)
+                if self.failures.abort:
+                    raise TunerError(self.failures.abort)
                 if reason != "time-limit" and self.progress.ran < self.budget and not self._spent:
                     reason = "converged" if self.searcher.stopped else "exhausted"
                 return reason
@@ -307,11 +277,34 @@ class Driver:
         if numbers:
             self.store.mark_interrupted(self.study, numbers)
         self._claimed.clear()
-        self._lease(lease.release)
+        self.lease.release()
         if not lease.holders(self.store.get_study(self.study).settings):   # joined drivers still run it
             self.store.set_study_state(self.study, "interrupted")
         self.executor.shutdown()
         return len(numbers)
+
+
+class FailureStreak:
+    """Stops a study whose trials all fail the same way (a typo in --command burns no budget). An OOM, a
+    timeout or a stopped trial is a result about its layout, not a broken command."""
+
+    def __init__(self, study: str, keep_going: bool = False):
+        self.study, self.keep_going = study, keep_going
+        self._last: tuple[str, int] = ("", 0)     # (failure signature, how many in a row)
+        self.abort: str | None = None              # why the study stops, once it must
+
+    def see(self, result: TrialResult, succeeded: bool) -> None:
+        """Count `result` (a finished trial's); `succeeded`: some trial of the study has succeeded."""
+        if result.status != Status.FAILED or succeeded:
+            self._last = ("", 0)
+            return
+        sig = failure_signature(result.message)
+        n = self._last[1] + 1 if sig == self._last[0] else 1
+        self._last = (sig, n)
+        if n >= SAME_FAILURES and not self.keep_going and self.abort is None:
+            self.abort = (f"{n} trials in a row failed the same way and none succeeded: {result.message[:400]} "
+                          f"-- fix the cause and continue with `tuner resume {self.study}` (or resume with "
+                          "--keep-going to run on regardless)")
 
 
 @dataclass

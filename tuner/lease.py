@@ -10,8 +10,8 @@ came to join (mode "join") or to take over from a driver that died on another ho
 Fencing: `settings["epoch"]` counts take-overs. "force" raises it; a driver keeps the epoch it took the
 lease in, and the store refuses its claims and results once the epoch has moved on (Displaced), and
 `refresh` never re-adds a displaced driver's lease. Joining leaves the epoch alone.
-Pure apart from reading the clock, the host name and the process table; `Heartbeat` is the thread
-that keeps a driver's lease fresh.
+Pure apart from reading the clock, the host name and the process table; `StudyLease` is one driver's
+lease, changed through the store, and `Heartbeat` the thread that keeps it fresh.
 """
 
 from __future__ import annotations
@@ -116,3 +116,38 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+class StudyLease:
+    """One driver's lease on a study, kept in the study's settings and changed under its row lock
+    (store.modify_study_settings): `epoch` fences the driver's claims and results, `displaced` says the
+    study was taken over since."""
+
+    def __init__(self, store, study: str, mode: str = "run"):
+        self.store, self.study, self.mode = store, study, mode
+        self.epoch: int | None = None
+        self.displaced = False
+
+    def take(self, budget: int) -> None:
+        """Take the lease, and store `budget` as the study's: from here on the row holds it."""
+        def change(settings: dict) -> dict:
+            got = take(settings, self.study, self.mode)
+            self.epoch = got["epoch"]
+            return {**got, "budget": budget}
+        self.store.modify_study_settings(self.study, change)
+
+    def renew(self, follow_budget: Callable[[int], None]) -> None:
+        """Renew the lease and hand the study's stored budget to `follow_budget`; a study taken over since
+        this lease's epoch is noted (`displaced`), and the lease is not renewed."""
+        def change(settings: dict) -> dict | None:
+            got = refresh(settings, self.epoch)
+            if got is None:
+                self.displaced = True
+            elif settings.get("budget"):
+                follow_budget(int(settings["budget"]))
+            return got
+        self.store.modify_study_settings(self.study, change)
+
+    def release(self) -> None:
+        """Give this driver's lease up."""
+        self.store.modify_study_settings(self.study, release)

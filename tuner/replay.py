@@ -34,7 +34,8 @@ def result_of(record) -> TrialResult:
 
 def faster(best, trial):
     """`trial` when it is ok, has an MFU and beats `best` (or there is none), else `best`."""
-    if trial is not None and trial.status == Status.OK and trial.mfu is not None and (best is None or trial.mfu > best.mfu):
+    if (trial is not None and trial.status == Status.OK and trial.mfu is not None
+            and (best is None or trial.mfu > best.mfu)):
         return trial
     return best
 
