@@ -59,6 +59,7 @@ def test_best_at_2n_does_not_recommend_first_the_twin_of_an_oom():
     twin = next(r for r in after if r["layout"] == TWIN)
     assert twin["p_fit_limited_by"] and twin["p_fit"] < next(r["p_fit"] for r in plain if r["layout"] == TWIN)
     assert after[0]["headroom_ok"] and after[0]["layout"] != TWIN
+    assert after[0]["p_fit_basis"] == of(W4).memory_note() and "ASSUMED" in after[0]["p_fit_basis"]   # said, as plan says it
 
 
 def test_an_oom_caps_every_layout_with_its_activation_account_not_only_twins():

@@ -181,7 +181,8 @@ def predicted_best(store, w, rows: list, model: str, cluster: str, k: int, fmt: 
         capped = [o for o in objs if o.get("p_fit_limited_by")]
         if capped:
             click.echo(f"p_fit of {len(capped)} listed layout(s) capped by a measured OOM (e.g. "
-                       f"{capped[0]['p_fit_limited_by']}): a twin needs what the OOM needed less the state it saves")
+                       f"{capped[0]['p_fit_limited_by']}): a layout whose activations follow the OOM'd one's account (tp, cp, recompute) "
+                       "fits only if the OOM was over by less than it saves")
 
 
 @cli.group()
