@@ -94,3 +94,33 @@ def test_the_readme_first_day_commands_run_and_print_what_it_shows(tuner):
         code, out, err = tuner(*shlex.split(command.removeprefix("$ tuner ")))
         assert code == 0, (command, err)
         assert same(first) in [same(line) for line in (err + out).splitlines()], (command, first, out, err)
+
+
+def shown_commands(*verbs: str) -> list[tuple[str, str, str]]:
+    """(page, command, its comment) of every `tuner VERB ...` line in a bash block of the README or docs/
+    (continued lines joined)."""
+    found = []
+    for p in pages():
+        for block in code_blocks(p.read_text(), "bash"):
+            for line in block.replace("\\\n", " ").splitlines():
+                command, _, comment = line.partition(" #")
+                if re.match(rf"tuner ({'|'.join(verbs)}) ", command):
+                    found.append((str(p.relative_to(ROOT)), " ".join(command.split()), comment.strip()))
+    return found
+
+
+def test_every_predict_and_plan_example_of_the_docs_runs(tuner, monkeypatch):
+    """The model's examples (predict, plan: a few seconds in all) run as shown, from the repository root:
+    exit 0, or, where the example's comment shows a refusal ("# ...; use more nodes: ..."), exit 2 with
+    the words the comment shows."""
+    import shlex
+    examples = shown_commands("predict", "plan")
+    assert len(examples) >= 20
+    monkeypatch.chdir(ROOT)
+    for page_name, command, comment in examples:
+        code, out, err = tuner(*shlex.split(command)[1:])
+        if comment.startswith("..."):
+            words = [w.strip(" ;") for w in comment.split("...") if w.strip(" ;")]
+            assert code == 2 and all(w in err for w in words), (page_name, command, comment, err)
+        else:
+            assert code == 0, (page_name, command, err)
