@@ -116,9 +116,8 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     lay = _with_modules(compute.layer_times(model, cluster, sh), model, cluster, sh, False)
     lay_moe = _with_modules(moe.moe_layer_times(model, cluster, sh), model, cluster, sh, True) if model.is_moe else lay
     exchange = exchange or moe.TokenExchange()
-    a2a = (moe.alltoall_seconds(model, cluster, sh, exchange.dispatcher or moe.dispatcher_for(model, cluster, sh,
-                                                                                              workload.framework))
-           if model.is_moe else 0.0)
+    how = exchange.dispatcher or (moe.dispatcher_for(model, cluster, sh, workload.framework) if model.is_moe else "")
+    a2a = moe.alltoall_seconds(model, cluster, sh, how) if model.is_moe else 0.0
     lc = layer_comm(layout, workload, sh, lay["attention"])
     act = lc["activation_bytes"]
     ar = comm.tp_allreduce_time(cluster, t, act)
@@ -306,11 +305,8 @@ def slowest_stage(layout: Layout, workload: Workload, sh: compute.Shape, exchang
 
 def last_to_finish(layout: Layout, workload: Workload, fw, stages: list, m: int, params_gpu: float,
                    experts_gpu: float, hide: frozenset) -> tuple[dict, dict]:
-    """The stage the step waits for and its gradient sync: every stage syncs its gradients under its own free
-    compute after its m micro-batches, so the step ends with the latest of m * stage time + exposed sync
-    (the slowest stage, unless another hides much less of its sync: with the slowest stage's compute alone,
-    recomputing more could hide a stage's exposed all-to-all, leave the slowest stage as slow and give its
-    spare compute to the sync -- faster)."""
+    """The stage the step waits for and its gradient sync: the latest of m * stage time + the sync exposed
+    beyond that stage's own free compute (not the slowest stage's: recomputing more could then be faster)."""
     best = None
     for st in stages:
         dp = gradient_sync_time(layout, workload, fw, st, m, params_gpu, experts_gpu, hide)
