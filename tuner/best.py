@@ -29,10 +29,10 @@ from tuner.errors import UsageError
 from tuner.metrics import trial_rank_key
 from tuner.layout import Layout
 from tuner.frameworks import of as framework_of, runnable
-from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT, predict
+from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT, memory_fit, predict
 from tuner.fit_nodes import more_nodes_hint
 from tuner.specs import Workload
-from tuner.correction import Observations, features, simulated, warm_start_records
+from tuner.correction import Z_DIM, Observations, features, memory_features, simulated, warm_start_records
 from tuner.oom_evidence import oom_bounds, oom_fit_cap
 
 Z90 = 1.645           # two-sided 90 % interval / one-sided 95 % bound of a normal
@@ -54,7 +54,8 @@ def corrected(layouts: list[Layout], workload: Workload, obs: Observations, pred
     """For each layout: raw and corrected MFU and memory, the residual's uncertainty, the probability
     that it fits in memory (at most what the measured OOMs, `bounds`, leave it: oom_evidence.oom_fit_cap)
     and whether it keeps the memory headroom."""
-    preds = preds or [predict(lay, workload) for lay in layouts]
+    memo: dict = {}                 # sub-results the layouts of one workload share (tuner.perfmodel.predict)
+    preds = preds or [predict(lay, workload, memo=memo) for lay in layouts]
     fts = [features(lay, workload, p) for lay, p in zip(layouts, preds)]
     Z, F, FM = (np.array([getattr(f, a) for f in fts]) for a in ("z", "f", "fm"))
     mu, sd = obs.time_gp().predict(Z, F)
@@ -63,13 +64,33 @@ def corrected(layouts: list[Layout], workload: Workload, obs: Observations, pred
     out = []
     for i, (lay, p, ft) in enumerate(zip(layouts, preds, fts)):
         mem = math.exp(ft.log_mem + mmu[i])
-        z = (math.log(cap) - ft.log_mem - mmu[i]) / math.hypot(msd[i], MEMORY_NOISE_SD)
         p_oom, limited_by = oom_fit_cap(p, bounds, cap)
-        p_fit = min(0.5 * math.erfc(-z / math.sqrt(2)), p_oom)
+        p_fit = min(_p_fit(ft.log_mem, mmu[i], msd[i], cap), p_oom)
         out.append({"layout": lay, "raw": p, "log_mean": ft.log_pred + mu[i], "log_sd": float(sd[i]),
                     "mfu": math.exp(ft.log_pred + mu[i]), "memory_gb": mem, "p_fit": p_fit,
                     "headroom_ok": p_fit >= RECOMMEND_AT, "limited_by": limited_by})
     return out
+
+
+def _p_fit(log_mem: float, mean: float, sd: float, cap: float) -> float:
+    """P(fits) of a layout predicted at exp(log_mem) GB whose log error the memory correction puts at (mean, sd)."""
+    z = (math.log(cap) - log_mem - mean) / math.hypot(sd, MEMORY_NOISE_SD)
+    return 0.5 * math.erfc(-z / math.sqrt(2))
+
+
+def likely_to_fit(layouts: list[Layout], workload: Workload, gp) -> list:
+    """The predictions of the layouts `corrected` gives p_fit >= 0.5 under a memory correction `gp` that has no
+    data (its answer reads the memory shares alone) and no OOM bound, chosen by each layout's memory before any
+    step time is predicted."""
+    memo: dict = {}
+    fitted = [memory_fit(lay, workload, memo) for lay in layouts]
+    logs = [math.log(max(f[3]["total"], 1e-6)) for f in fitted]          # as features() reads the Prediction
+    fms = [memory_features({k: v for k, v in f[3].items() if k not in ("total", "params_billion")}, lay.recompute)
+           for lay, f in zip(layouts, fitted)]
+    mmu, msd = gp.predict(np.zeros((len(layouts), Z_DIM)), np.array(fms))
+    cap = workload.cluster.memory_gb
+    return [predict(lay, workload, memo=memo, fitted=fitted[i]) for i, lay in enumerate(layouts)
+            if _p_fit(logs[i], mmu[i], msd[i], cap) >= 0.5]
 
 
 def _evidence(ws, workload: Workload, studies: dict | None) -> dict:
@@ -117,7 +138,12 @@ def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies:
     layouts = valid_layouts(space, workload)
     ws = warm_start_records(records, workload, studies)
     gp = ws.observations.memory_gp(framework_of(workload).memory_sd)
-    rows = corrected(layouts, workload, ws.observations, bounds=oom_bounds(records, workload, gp, studies))
+    bounds = oom_bounds(records, workload, gp, studies)
+    preds = None
+    if not bounds and not ws.observations.my and not ws.observations.oy:   # no memory data: p_fit from memory alone
+        preds = likely_to_fit(layouts, workload, gp) or None               # (none: all, for the refusal's words)
+        layouts = [p.layout for p in preds] if preds else layouts
+    rows = corrected(layouts, workload, ws.observations, preds, bounds=bounds)
     likely = [r for r in rows if r["p_fit"] >= 0.5]
     if not likely:
         least = min(rows, key=lambda r: r["memory_gb"])

@@ -240,10 +240,8 @@ class SearchSpace:
         rest = [d for d in DIMENSIONS if d not in CUT and d != "micro_batch"]
         early, per_mb, late = [], [], []
         for k, v in self.constraints.items():
-            tree = _compile(k, v, self.name)
-            names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-            (late if names & {*rest, "activation_checkpointing"} else per_mb if names & {"micro_batch", "m"}
-             else early).append(_closure(tree))
+            c = _Constraint(self, _compile(k, v, self.name), workload)
+            (late if set(c.dims) & set(rest) else per_mb if "micro_batch" in c.dims else early).append(c)
         choices = {d: [BY_NAME[d].type(v) for v in self.choices(d, workload)] for d in DIMENSIONS}
         one = Layout(tp=1, pp=1, dp=1, micro_batch=1)     # recompute modes the model or framework never runs
         choices["recompute"] = [r for r in choices["recompute"] if recompute_refusal(
@@ -254,18 +252,18 @@ class SearchSpace:
         for shape in self._cuts(choices, workload):
             probe = Layout(**shape, micro_batch=1)
             if why_invalid_values(probe, workload) or why_invalid_cut(probe, workload.model) or \
-                    not all(c(self._env(probe, workload)) for c in early):
+                    not all(c(probe) for c in early):
                 continue
             for mb in choices["micro_batch"]:
                 probe = Layout(**shape, micro_batch=mb, zero_stage=0)
                 if why_invalid_schedule(probe, workload) or (
-                        per_mb and not all(c(self._env(probe, workload)) for c in per_mb)):
+                        per_mb and not all(c(probe) for c in per_mb)):
                     continue                   # the schedule's rules read nothing but the cut and micro-batch
                 for more in rests:
                     lay = Layout(**shape, micro_batch=mb, **more)
                     if refusal(lay, workload):
                         continue
-                    if not late or all(c(self._env(lay, workload)) for c in late):
+                    if not late or all(c(lay) for c in late):
                         out.append(lay)
         return sorted(out, key=_order)
 
@@ -285,6 +283,30 @@ class SearchSpace:
                     yield {"tp": tp, "sequence_parallel": sp, "context_parallel": cp, "pp": pp, "virtual_pipeline": vp,
                            "pipeline_split": split, "expert_parallel": ep, "expert_tensor_parallel": etp,
                            "dp": gpus // (tp * cp * pp)}
+
+
+#: What a name of a constraint's environment (SearchSpace._env) reads of the layout beside the layout's own
+#: dimensions; the other names are the workload's.
+_READS = {"activation_checkpointing": ("recompute",), "auto_split_runs": ("pp", "virtual_pipeline"),
+          "m": ("micro_batch", "dp")}
+
+
+class _Constraint:
+    """A space's constraint during one enumeration: its answer kept by the layout values it reads (`dims`), so
+    the layouts that differ elsewhere are not asked again."""
+
+    def __init__(self, space: SearchSpace, tree: ast.Expression, workload: Workload):
+        self.check, self.space, self.workload = _closure(tree), space, workload
+        self.names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        self.dims = tuple(d for d in LAYOUT_FIELDS if d in self.names or any(d in _READS.get(n, ()) for n in self.names))
+        self.seen: dict = {}
+
+    def __call__(self, layout: Layout) -> bool:
+        key = tuple(getattr(layout, d) for d in self.dims)
+        got = self.seen.get(key)
+        if got is None:
+            got = self.seen[key] = bool(self.check(self.space._env(layout, self.workload)))
+        return got
 
 
 CUT = ("tp", "sequence_parallel", "context_parallel", "pp", "virtual_pipeline", "pipeline_split", "expert_parallel",
