@@ -60,6 +60,8 @@ MCORE_FLAGS = {
     "--save": "TR:395", "--load": "TR:430", "--save-interval": "TR:398",
     # issue 24: bf16 gradient reduce (A:1213 sets accumulate_allreduce_grads_in_fp32 False; else forced True)
     "--grad-reduce-in-bf16": "A:3053",
+    "--use-precision-aware-optimizer": "A:3667", "--exp-avg-dtype": "A:3675 ('fp32' | 'fp16' | 'bf16' | 'fp8')",
+    "--exp-avg-sq-dtype": "A:3680 ('fp32' | 'fp16' | 'bf16' | 'fp8')",
     # issue 25: pipeline splits (tuner.pipeline_split); the layout string's grammar is
     # megatron/core/transformer/pipeline_parallel_layer_layout.py line 283 (parse_str_to_list)
     "--decoder-first-pipeline-num-layers": "A:3095", "--decoder-last-pipeline-num-layers": "A:3099",

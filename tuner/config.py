@@ -115,7 +115,7 @@ def workload_of(o: dict):
     if nodes is None and o.get("runner") == "local":
         nodes = 1
     return make_workload(model, nodes, cluster, o.get("global_batch"), o.get("precision") or "bf16",
-                         o.get("framework"), o.get("grad_reduce"), o.get("seq_length"))
+                         o.get("framework"), o.get("grad_reduce"), o.get("seq_length"), o.get("optimizer_moments"))
 
 
 def space_of(o: dict):
@@ -166,7 +166,7 @@ def options_of(rec) -> dict:
     o = {"model": _preset_or_table("model", w["model"]), "nodes": w["nodes"],
          "cluster": _preset_or_table("cluster", w["cluster"]), "global_batch": w["global_batch"],
          "precision": w.get("precision") or "bf16", "framework": w.get("framework") or None,
-         "grad_reduce": w.get("grad_reduce") or None,
+         "grad_reduce": w.get("grad_reduce") or None, "optimizer_moments": w.get("optimizer_moments") or None,
          "searcher": rec.searcher, "runner": rec.runner}
     try:
         same = load_space(rec.space.get("name", "default")).as_record() == rec.space

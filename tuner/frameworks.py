@@ -212,6 +212,10 @@ def _megatron_core(layout, workload) -> str | None:
     reason = recompute_refusal("megatron-core", layout, workload)
     if reason:
         return reason
+    if workload.optimizer_moments == "bf16" and layout.zero_stage != 1:
+        return (f"megatron-core keeps Adam's moments in bf16 (--use-precision-aware-optimizer) only with the "
+                "distributed optimizer, zero_stage 1 (megatron/core/optimizer/__init__.py line 1057 at d98e8a64dd: "
+                f"\"only supported with distributed optimizer\"), not zero_stage {layout.zero_stage}; use zero_stage 1")
     if layout.zero_stage >= 2 and layout.pp > 1:
         return (f"megatron-core runs Megatron-FSDP (zero_stage {layout.zero_stage}) here without pipelining: NVIDIA's "
                 "Megatron-FSDP runs and tests are pp 1 (examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh, "

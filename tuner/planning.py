@@ -25,7 +25,8 @@ from tuner.layout import Layout, flat_layout, validate
 def workload_line(w) -> str:
     """What a prediction is for, as `predict` and `plan` head their answer."""
     return (f"{w.model.name} on {w.nodes} x {w.cluster.name} node(s) = {w.gpus} GPUs, global batch {w.global_batch}, "
-            f"{w.precision}, {w.framework} (gradients in {w.gradient_dtype})")
+            f"{w.precision}, {w.framework} (gradients in {w.gradient_dtype}"
+            + (f", Adam's moments in {w.optimizer_moments})" if w.optimizer_moments else ")"))
 
 
 def prediction_row(p, w) -> dict:

@@ -351,6 +351,7 @@ class ClusterSpec:
 #: bf16, fp8, mxfp8, nvfp4 (tuner.precision: what each needs of the cluster and the framework)
 PRECISIONS = PRECISIONS
 GRAD_REDUCES = ("fp32", "bf16")    # the dtype gradients accumulate and reduce in (tuner.frameworks grad_reduces)
+OPTIMIZER_MOMENTS = ("fp32", "bf16")   # Adam's two moments (bf16: Megatron-Core's precision-aware optimizer)
 
 
 @dataclass(frozen=True)
@@ -367,6 +368,7 @@ class Workload:
     precision: str = "bf16"
     framework: str = ""
     grad_reduce: str = ""     # fp32 | bf16; "" = the framework's default (tuner.frameworks grad_reduces[0])
+    optimizer_moments: str = ""   # fp32 | bf16; "" = fp32 (bf16: --use-precision-aware-optimizer, Megatron-Core only)
 
     def __post_init__(self):
         if not self.framework:
@@ -385,14 +387,15 @@ class Workload:
     def as_dict(self) -> dict:
         return {"model": self.model.as_dict(), "cluster": self.cluster.as_dict(),
                 "nodes": self.nodes, "global_batch": self.global_batch, "precision": self.precision,
-                "framework": self.framework, "grad_reduce": self.grad_reduce}
+                "framework": self.framework, "grad_reduce": self.grad_reduce,
+                **({"optimizer_moments": self.optimizer_moments} if self.optimizer_moments else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Workload":
         """A stored workload; one stored before frameworks existed runs on its cluster's (comm_overlap: Megatron-Core)."""
         return cls(ModelSpec.from_dict(d["model"]), ClusterSpec.from_dict(d["cluster"]),
                    int(d["nodes"]), int(d["global_batch"]), d.get("precision") or "bf16", d.get("framework") or "",
-                   d.get("grad_reduce") or "")
+                   d.get("grad_reduce") or "", d.get("optimizer_moments") or "")
 
 
 def stored_framework(workload: dict | None) -> str:
@@ -429,7 +432,8 @@ def load_cluster(name: str) -> ClusterSpec:
 
 def make_workload(model: str | ModelSpec, nodes: int, cluster: str | ClusterSpec = "frontier",
                   global_batch: int | None = None, precision: str = "bf16", framework: str | None = None,
-                  grad_reduce: str | None = None, seq_length: int | None = None) -> Workload:
+                  grad_reduce: str | None = None, seq_length: int | None = None,
+                  optimizer_moments: str | None = None) -> Workload:
     if isinstance(model, str):
         _needs_training_choices(model, seq_length, global_batch)
     m = load_model(model, seq_length) if isinstance(model, str) else with_seq_length(model, seq_length)
@@ -456,7 +460,14 @@ def make_workload(model: str | ModelSpec, nodes: int, cluster: str | ClusterSpec
     if grad_reduce and grad_reduce not in framework_grad_reduces(fw):
         raise UsageError(f"--grad-reduce {grad_reduce} is not something {fw} does: it reduces gradients in "
                          f"{' or '.join(framework_grad_reduces(fw))}; leave --grad-reduce out")
-    return Workload(m, c, nodes, gb, precision, fw, grad_reduce or "")
+    if optimizer_moments not in (None, *OPTIMIZER_MOMENTS):
+        raise UsageError(f"--optimizer-moments must be one of {', '.join(OPTIMIZER_MOMENTS)} "
+                         f"(got {optimizer_moments!r})")
+    if optimizer_moments == "bf16" and fw != "megatron-core":
+        raise UsageError(f"--optimizer-moments bf16 is Megatron-Core's precision-aware optimizer; {fw} keeps Adam's "
+                         "moments in fp32: leave --optimizer-moments out, or --framework megatron-core")
+    return Workload(m, c, nodes, gb, precision, fw, grad_reduce or "",
+                    "" if optimizer_moments in (None, "fp32") else optimizer_moments)
 
 
 def _needs_training_choices(model: str, seq_length: int | None, global_batch: int | None) -> None:

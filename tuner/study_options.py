@@ -16,7 +16,7 @@ from tuner.presets import MODEL_ALIASES, read_toml, shipped_presets
 from tuner.runners import DEFAULT_TRIAL_TIMEOUT_S
 from tuner.runners.registry import runner_names
 from tuner.search import SEARCHERS, STUDY_DEFAULTS
-from tuner.specs import GRAD_REDUCES, PRECISIONS, cluster_framework
+from tuner.specs import GRAD_REDUCES, OPTIMIZER_MOMENTS, PRECISIONS, cluster_framework
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,12 @@ GRAD_REDUCE = _opt(
          "Megatron-LM forces with bf16; bf16 is its --grad-reduce-in-bf16, what NVIDIA's NeMo / Megatron-Bridge "
          "recipes run: 2 bytes per parameter less).")
 
+OPTIMIZER_MOMENTS_OPTION = _opt(
+    "--optimizer-moments", type=click.Choice(OPTIMIZER_MOMENTS), default=None,
+    help="The dtype of Adam's two moments (default fp32); bf16 is Megatron-Core's precision-aware optimizer "
+         "(--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16, with the distributed "
+         "optimizer only), as NVIDIA's DeepSeek-V3 recipes run: 4 bytes per parameter less, sharded.")
+
 SEQ_LENGTH = _opt(
     "--seq-length", type=click.IntRange(min=1, max=2**31 - 1), default=None,
     help="Training sequence length in tokens (default: the preset's; required with a Hugging Face config.json). "
@@ -88,6 +94,7 @@ WORKLOAD = [
               "stated against the bf16 peak)."),
     FRAMEWORK,
     GRAD_REDUCE,
+    OPTIMIZER_MOMENTS_OPTION,
 ]
 
 #: The study's own settings, in the order `tuner search --help` lists them.

@@ -10,11 +10,13 @@ import click
 from tuner.errors import UsageError
 from tuner.layout import DIMENSIONS
 from tuner.frameworks import FRAMEWORKS
-from tuner.study_options import (CLUSTERS, FRAMEWORK, FRAMEWORK_DEFAULTS, GRAD_REDUCE, MODELS, PINNED,  # noqa: F401
-                                 SEQ_LENGTH, WORKLOAD, cluster_frameworks, dimension, preset_list)
+from tuner.study_options import (CLUSTERS, FRAMEWORK, FRAMEWORK_DEFAULTS, GRAD_REDUCE, MODELS,  # noqa: F401
+                                 OPTIMIZER_MOMENTS_OPTION, PINNED, SEQ_LENGTH, WORKLOAD, cluster_frameworks, dimension,
+                                 preset_list)
 
 FRAMEWORK_OPTION = FRAMEWORK.decorator()
 GRAD_REDUCE_OPTION = GRAD_REDUCE.decorator()
+MOMENTS_OPTION = OPTIMIZER_MOMENTS_OPTION.decorator()
 SEQ_LENGTH_OPTION = SEQ_LENGTH.decorator()
 WORKLOAD_OPTIONS = [o.decorator() for o in WORKLOAD]
 

@@ -23,12 +23,14 @@ from tuner.specs import make_workload
 @layout_options(required=("tp", "pp", "micro_batch"))
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
               help="Output format.")
-def predict(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce, layout, fmt):
+def predict(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce, optimizer_moments,
+            layout, fmt):
     """Predict throughput and memory of one layout.
 
     Example: tuner predict --model llama3-70b --cluster h100 --nodes 64 --tp 4 --sequence-parallel --cp 2 --pp 4 --vp 5 --micro-batch 1 --recompute none
     """
-    w = make_workload(model, nodes, cluster, global_batch, precision, framework, grad_reduce, seq_length)
+    w = make_workload(model, nodes, cluster, global_batch, precision, framework, grad_reduce, seq_length,
+                      optimizer_moments)
     fw = framework_of(w)
     lay = complete_layout(layout, w)             # what the framework runs where an option is left out
     p = model_predict(lay, w)
@@ -57,14 +59,15 @@ def predict(model, nodes, cluster, global_batch, seq_length, precision, framewor
 @click.option("--all", "show_all", is_flag=True, help="Include layouts that do not fit in memory.")
 @layout_options(pins=True)
 @FORMAT_OPTION
-def plan(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce, space, top, show_all,
-         layout, fmt):
+def plan(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce, optimizer_moments, space,
+         top, show_all, layout, fmt):
     """Rank every valid layout by the performance model (a planner answer in seconds). A layout option
     (--tp, --cp, --vp, --recompute, ...) pins that dimension.
 
     Example: tuner plan --model 175b --nodes 128 --top 5
     """
-    w = make_workload(model, nodes, cluster, global_batch, precision, framework, grad_reduce, seq_length)
+    w = make_workload(model, nodes, cluster, global_batch, precision, framework, grad_reduce, seq_length,
+                      optimizer_moments)
     sp = load_space(space).pinned(layout)
     layouts = valid_layouts(sp, w)
     t0 = time.perf_counter()

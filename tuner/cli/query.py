@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from tuner.cli import DB_OPTION, FORMAT_OPTION, cli, read_store
-from tuner.cli.options import CLUSTERS, FRAMEWORK_OPTION, GRAD_REDUCE_OPTION, MODELS, SEQ_LENGTH_OPTION
+from tuner.cli.options import CLUSTERS, FRAMEWORK_OPTION, GRAD_REDUCE_OPTION, MODELS, MOMENTS_OPTION, SEQ_LENGTH_OPTION
 from tuner.cli.render import flat_layout, render
 from tuner.planning import best_json, predicted_json
 from tuner.report import ok_trials
@@ -113,11 +113,13 @@ def trials(name, statuses, wide, db, fmt):
               help="Only studies in this precision answer (bf16 and fp8 speeds do not compare).")
 @FRAMEWORK_OPTION
 @GRAD_REDUCE_OPTION
+@MOMENTS_OPTION
 @click.option("--study", default=None, help="Only this study.")
 @click.option("-k", "k", type=click.IntRange(min=1), default=1, show_default=True, help="How many layouts.")
 @DB_OPTION
 @FORMAT_OPTION
-def best(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce, study, k, db, fmt):
+def best(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce, optimizer_moments, study,
+         k, db, fmt):
     """The fastest known layout (samples/s) for a model, cluster and node count, across all studies.
 
     Measured trials at that node count and global batch answer first; otherwise the performance model,
@@ -131,7 +133,8 @@ def best(model, nodes, cluster, global_batch, seq_length, precision, framework, 
     store = read_store(db, required=bool(study))
     if study and framework is None:           # one study's trials answer in its own framework
         framework = stored_framework(store.get_study(study).workload)
-    w = make_workload(model, nodes, cluster, global_batch, precision, framework, grad_reduce, seq_length)
+    w = make_workload(model, nodes, cluster, global_batch, precision, framework, grad_reduce, seq_length,
+                      optimizer_moments)
     answer = best_layouts(store, w, k=k, study=study)
     found = answer.trials
     if not found and study:

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from tuner.cli import DB_OPTION, cli, read_store
-from tuner.cli.options import CLUSTERS, GRAD_REDUCE_OPTION, MODELS, SEQ_LENGTH_OPTION
+from tuner.cli.options import CLUSTERS, GRAD_REDUCE_OPTION, MODELS, MOMENTS_OPTION, SEQ_LENGTH_OPTION
 from tuner.cli.outdir import write_files
 from tuner.layout import DIMENSIONS
 from tuner.cli.render import to_csv
@@ -142,7 +142,8 @@ def export_optuna(name: str, out, storage: str | None, force: bool, db) -> None:
 
 
 def pick_layout(store, name, model, nodes, cluster, precision: str = "bf16", framework: str | None = None,
-                grad_reduce: str | None = None, seq_length: int | None = None, global_batch: int | None = None):
+                grad_reduce: str | None = None, seq_length: int | None = None, global_batch: int | None = None,
+                optimizer_moments: str | None = None):
     """(layout, workload, source) from a study, else from the store's best, else from the model (in
     `precision`, bf16 or fp8)."""
     if name:
@@ -159,7 +160,7 @@ def pick_layout(store, name, model, nodes, cluster, precision: str = "bf16", fra
         return ok[0].layout, w, Source("study", *_measured(ok[0]))
     from tuner.best import best
     w = make_workload(model, nodes, load_cluster(cluster), global_batch, precision=precision, framework=framework,
-                      grad_reduce=grad_reduce, seq_length=seq_length)
+                      grad_reduce=grad_reduce, seq_length=seq_length, optimizer_moments=optimizer_moments)
     answer = best(store, w)
     if answer.trials:
         t = answer.trials[0]
@@ -213,6 +214,7 @@ def _measured(t) -> tuple:
 @click.option("--save-dir", default=None, help="Checkpoint directory, saved to and resumed from (default: checkpoints).")
 @click.option("--partition", default=None, help="Slurm partition (overrides the cluster's [slurm] table).")
 @GRAD_REDUCE_OPTION
+@MOMENTS_OPTION
 @SEQ_LENGTH_OPTION
 @click.option("--global-batch", type=click.IntRange(min=1), default=None,
               help="Without NAME: global batch in samples (default: the model's recipe).")
@@ -220,7 +222,8 @@ def _measured(t) -> tuple:
               help="Training iterations of the real run (required: the [slurm] table's `iterations` are for short trials).")
 @DB_OPTION
 def launch(name, model, nodes, cluster, out, force, framework, megatron_dir, account, time_limit, precision, data_path,
-           mock_data, tokenizer, save_dir, partition, grad_reduce, seq_length, global_batch, train_iters, db):
+           mock_data, tokenizer, save_dir, partition, grad_reduce, optimizer_moments, seq_length, global_batch,
+           train_iters, db):
     """Write the launch files of the best layout for its framework: Megatron-DeepSpeed (ds_config.json,
     megatron_args.txt), Megatron-Core (Megatron-LM's megatron_args.txt) or torchtitan (torchtitan.toml),
     each with launch.sbatch and layout.json. A study's layout is launched with the study's framework.
@@ -237,13 +240,13 @@ def launch(name, model, nodes, cluster, out, force, framework, megatron_dir, acc
         raise UsageError("--model and --nodes go together: e.g. `tuner launch --model 175b --nodes 16 --out launch/`")
     check_out_dir(out, force)
     store = read_store(db, required=bool(name))
-    settings = [flag for flag, v in (("--grad-reduce", grad_reduce), ("--seq-length", seq_length),
-                                     ("--global-batch", global_batch)) if v is not None]
+    settings = [flag for flag, v in (("--grad-reduce", grad_reduce), ("--optimizer-moments", optimizer_moments),
+                                     ("--seq-length", seq_length), ("--global-batch", global_batch)) if v is not None]
     if name and settings:
         raise UsageError(f"{' and '.join(settings)}: study settings; study '{name}' keeps its own, so leave them out")
     low = precision in ("fp8", "mxfp8", "nvfp4")
     layout, w, src = pick_layout(store, name, model, nodes, cluster, precision if low else "bf16",
-                                 framework, grad_reduce, seq_length, global_batch)
+                                 framework, grad_reduce, seq_length, global_batch, optimizer_moments)
     if low:
         if w.precision != precision:
             raise UsageError(f"--precision {precision}: study '{name}' ran in {w.precision}; its launch files keep it")

@@ -92,9 +92,11 @@ def tied_embedding_params(model: ModelSpec, tp: int, pp: int) -> float:
     return embedding_params(model, tp) if model.tie_embeddings and pp > 1 else 0.0
 
 
-def model_state_bytes_per_param(zero_stage: int, dp: int, grad_bytes: float = 2.0, fsdp: bool = False) -> dict:
+def model_state_bytes_per_param(zero_stage: int, dp: int, grad_bytes: float = 2.0, fsdp: bool = False,
+                                moment_bytes: float = 4.0) -> dict:
     """Bytes per parameter for weights, gradients and optimizer states under a ZeRO stage, with a
-    gradient buffer of `grad_bytes` per parameter.
+    gradient buffer of `grad_bytes` per parameter and Adam's two moments in `moment_bytes` each (2: bf16,
+    Megatron-Core's precision-aware optimizer; the fp32 main parameters stay 4).
 
     2-byte gradients: ZeRO-0: 2 + 2 + 12 = 16; ZeRO-1: 4 + 12/d; ZeRO-2: 2 + 14/d; ZeRO-3: 16/d.
     fp32 gradients (Megatron-Core): 18; distributed optimizer 6 + 12/d. FSDP2 (fsdp): fp32 parameters
@@ -104,7 +106,8 @@ def model_state_bytes_per_param(zero_stage: int, dp: int, grad_bytes: float = 2.
         return {"weights": 4.0 / d, "gradients": 4.0 / d, "optimizer": 8.0 / d}
     weights = 2.0 / d if zero_stage >= 3 else 2.0
     grads = grad_bytes / d if zero_stage >= 2 else grad_bytes
-    optim = 12.0 / d if zero_stage >= 1 else 12.0
+    optim = 4.0 + 2.0 * moment_bytes
+    optim = optim / d if zero_stage >= 1 else optim
     return {"weights": weights, "gradients": grads, "optimizer": optim}
 
 
@@ -258,8 +261,9 @@ def stage_memory(layout: Layout, workload: Workload, stage: int, m: int, sh: Sha
         params, experts, act, logits = parts
     shards = layout.dp * layout.context_parallel
     gb = fw.grad_bytes(workload)
-    per = model_state_bytes_per_param(layout.zero_stage, shards, gb, fw.fsdp)
-    per_e = model_state_bytes_per_param(layout.zero_stage, expert_data_parallel(layout), gb, fw.fsdp)
+    mb = 2.0 if workload.optimizer_moments == "bf16" else 4.0
+    per = model_state_bytes_per_param(layout.zero_stage, shards, gb, fw.fsdp, mb)
+    per_e = model_state_bytes_per_param(layout.zero_stage, expert_data_parallel(layout), gb, fw.fsdp, mb)
     out = {k: ((params - experts) * v + experts * per_e[k]) / GB for k, v in per.items()}
     if sh.fp8 and not fw.fsdp:     # sharded like the bf16 weights; FSDP2's float8 casts while it gathers
         out["fp8_weights"] = out["weights"] / 2.0

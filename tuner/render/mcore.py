@@ -140,6 +140,12 @@ def moe_layer_freq(m: ModelSpec) -> str:
     return "[" + ",".join(map(str, pattern)) + "]"
 
 
+#: Adam's two moments in bf16 (--optimizer-moments bf16): Megatron-LM arguments.py lines 3667, 3675, 3680 at
+#: d98e8a64dd (the main parameters keep their fp32 default, line 3673), as Megatron-Bridge's DeepSeek-V3 H100
+#: recipe sets them (src/megatron/bridge/recipes/deepseek/h100/deepseek_v3.py lines 221-225 @ 067f987df).
+PRECISION_AWARE_BF16 = ("--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16")
+
+
 def dispatcher_args(layout: Layout, workload: Workload) -> list[str]:
     """The token dispatcher the layout was predicted with (tuner.perfmodel.moe dispatcher_for): alltoall, or
     flex with its backend (DeepEP; HybridEP across the trays of an NVL72 rack) and the fp32 router
@@ -305,5 +311,7 @@ def pretrain_args(layout: Layout, workload: Workload, *, precision: str = "bf16"
     args += fsdp_args(layout)
     if workload.gradient_dtype == "bf16" and workload.grad_reduce and precision == "bf16":   # 2-byte grads, as counted
         args.append("--grad-reduce-in-bf16")
+    if workload.optimizer_moments == "bf16":      # Adam's moments in bf16, as counted (NVIDIA's DeepSeek-V3 recipe)
+        args += list(PRECISION_AWARE_BF16)
     args += recompute_args(layout)
     return args + [str(a) for a in extra]
