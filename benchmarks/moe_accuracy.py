@@ -39,6 +39,9 @@ another measurement, not against another layout. Chosen after seeing rows:
 - (issue 25) the Grok-1 rows' TP collectives shown whole (TokenExchange.overlaps without "tp", as their yaml's
   ub_tp_comm_overlap false states): decided after all 18 Grok-1 rows were printed with the overlap assumed
   (BF16 +4 to +7 %, FP8 +11 to +19 %); no constant was fitted, but those rows are seen (published.SEEN).
+- (issue 25) the flex dispatcher's links at DeepEP's measured share (moe.FLEX_EFFICIENCY, from DeepEP's README,
+  not fitted) instead of NCCL's 0.8: the two stated-flex rows (Qwen3-30B-A3B 26.04, 26.04.01) moved from -3.4 and
+  -4.1 % to -1.8 and -2.4 %.
 MOE_LOAD = 1 (balanced routing) was not chosen: it is what the rows' footnote says they ran.
 Unstated rows: predicting them without the overlap and with the alltoall dispatcher is the rule, not
 evidence. Megatron-Bridge's own H100 configs suggest otherwise for some (its tags v0.3.0, 2026-02-26:
