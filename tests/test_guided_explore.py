@@ -140,3 +140,29 @@ def test_leaves_a_favourite_family_the_model_overrates(seed):
     favourite = next(iter(PREDS)).pp
     truth = _world(lambda lay: 0.5 if lay.pp == favourite else 1.0)
     assert _search(truth, seed) >= 0.93 * _fastest(truth)
+
+
+def test_an_oom_holds_heavier_layouts_until_measured_peaks_reorder_them():
+    """An OOM defers what the model predicts to need as much on that stage; once measured peaks say the model
+    overstates one kind of memory (here the activations kept without recompute, at half), the layouts that
+    memory made heavier are proposed again where the learned memory is sure they fit, and the layouts the
+    peaks leave heavier stay deferred."""
+    preds = {c: predict(c, W) for c in CANDS}
+    full = [c for c in CANDS if c.recompute == "full" and preds[c].fits]
+    oom = min(full, key=lambda c: abs(preds[c].memory_gb - 0.8 * W.cluster.memory_gb))
+    stage, bound = preds[oom].memory_stage, preds[oom].memory_gb
+
+    def peak(c):
+        return preds[c].memory_gb - 0.5 * preds[c].memory_breakdown["activations"] * (c.recompute == "none")
+    s = GuidedSearcher(CANDS, workload=W, seed=3)
+    s.tell(oom, TrialResult(Status.OOM, message="out of memory"))
+    heavier = [c for c in CANDS if c != oom and preds[c].memory_stage == stage and preds[c].memory_gb >= bound]
+    assert heavier and all(s.deferred[s.index[c]] for c in heavier)
+    light = sorted((c for c in CANDS if c.recompute == "none" and preds[c].fits and preds[c].memory_gb < bound),
+                   key=lambda c: preds[c].memory_gb)
+    for c in light[::max(len(light) // 6, 1)][:6] + [c for c in full if preds[c].memory_gb < 0.6 * bound][:2]:
+        s.tell(c, metrics.complete(TrialResult(Status.OK, mfu=preds[c].mfu, peak_memory_gb=peak(c)), W, c))
+    s.ask(1)
+    released = [c for c in heavier if not s.deferred[s.index[c]] and not s.used[s.index[c]]]
+    assert released and all(c.recompute == "none" and peak(c) < bound for c in released)
+    assert all(s.deferred[s.index[c]] for c in heavier if c.recompute == "full" and not s.used[s.index[c]])
