@@ -182,9 +182,18 @@ def in_flight(stage: int, pp: int, m: int, vp: int = 1) -> int:
     return max(1, min(2 * (pp - stage - 1) + (vp - 1) * pp + 1, m * vp))
 
 
+def layer_activation_bytes(model: ModelSpec, shape: Shape, flash_attention: bool) -> tuple[float, float, float]:
+    """What one layer keeps for backward on one rank: (a dense layer's full activations, an MoE layer's (0 for a
+    dense model), the layer's checkpoint under full recompute), less what its recomputed modules free."""
+    full_dense = activation_bytes_per_layer(model, shape, flash_attention) - freed_bytes(model, shape, False)
+    full_moe = (moe_activation_bytes(model, shape, flash_attention) - freed_bytes(model, shape, True)
+                if model.is_moe else 0.0)
+    return full_dense, full_moe, checkpoint_bytes_per_layer(model, shape)
+
+
 def stage_activation_bytes(model: ModelSpec, layout: Layout, stage: int, m: int, shape: Shape,
-                           flash_attention: bool) -> float:
-    """Activation memory of stage `stage` at its peak.
+                           flash_attention: bool, per_layer: tuple | None = None) -> float:
+    """Activation memory of stage `stage` at its peak (`per_layer`: layer_activation_bytes, where known).
 
     Each in-flight pass keeps, per layer, its checkpoint (full recompute) or its full activations,
     plus the (virtual) stage's output tensor that the pipeline keeps until the backward pass. With
@@ -192,9 +201,8 @@ def stage_activation_bytes(model: ModelSpec, layout: Layout, stage: int, m: int,
     checkpoint (its input) is one of them, so it is not counted twice."""
     moe = stage_moe_layers(layout, model, stage)
     dense = stage_layers(layout, model.num_layers, stage) - moe
-    full_dense = activation_bytes_per_layer(model, shape, flash_attention) - freed_bytes(model, shape, False)
-    full_moe = moe_activation_bytes(model, shape, flash_attention) - freed_bytes(model, shape, True) if moe else 0.0
-    ckpt = checkpoint_bytes_per_layer(model, shape)
+    full_dense, full_moe, ckpt = per_layer or layer_activation_bytes(model, shape, flash_attention)
+    full_moe = full_moe if moe else 0.0
     boundary = ckpt if layout.pp > 1 else 0.0
     if shape.recompute == "full":
         per_pass = (dense + moe) / layout.virtual_pipeline * ckpt + boundary
@@ -234,12 +242,24 @@ def zero3_gather_bytes(model: ModelSpec, tp: int, dp: int, zero_stage: int) -> f
 
 
 # ----------------------------------------------------------------------------------- per stage
-def stage_parts(layout: Layout, workload: Workload, stage: int, m: int, sh: Shape) -> tuple[float, float, float, float]:
+def stage_parts(layout: Layout, workload: Workload, stage: int, m: int, sh: Shape,
+                memo: dict | None = None) -> tuple[float, float, float, float]:
     """What a stage holds whatever the ZeRO stage: (parameters, routed-expert parameters among them,
-    activation bytes, logits bytes)."""
-    model = workload.model
-    return (stage_params(model, layout, stage), stage_expert_params(model, layout, stage),
-            stage_activation_bytes(model, layout, stage, m, sh, workload.cluster.flash_attention),
+    activation bytes, logits bytes). `memo`: the parameters by the model's cut and what one layer keeps by its
+    shape, kept for one workload's layouts."""
+    model, flash = workload.model, workload.cluster.flash_attention
+    if memo is None:
+        params, per_layer = (stage_params(model, layout, stage), stage_expert_params(model, layout, stage)), None
+    else:
+        key = ("params", layout.tp, layout.pp, layout.virtual_pipeline, layout.pipeline_split, layout.expert_parallel,
+               layout.expert_tensor_parallel, stage)
+        params = memo.get(key)
+        if params is None:
+            params = memo[key] = (stage_params(model, layout, stage), stage_expert_params(model, layout, stage))
+        per_layer = memo.get(("layer", sh))
+        if per_layer is None:
+            per_layer = memo[("layer", sh)] = layer_activation_bytes(model, sh, flash)
+    return (*params, stage_activation_bytes(model, layout, stage, m, sh, flash, per_layer),
             logits_bytes(model, sh.tokens, layout.tp) if stage == layout.pp - 1 else 0.0)
 
 
@@ -257,7 +277,7 @@ def stage_memory(layout: Layout, workload: Workload, stage: int, m: int, sh: Sha
                layout.micro_batch, layout.recompute, m, stage)
         parts = memo.get(key)
         if parts is None:
-            parts = memo[key] = stage_parts(layout, workload, stage, m, sh)
+            parts = memo[key] = stage_parts(layout, workload, stage, m, sh, memo)
         params, experts, act, logits = parts
     shards = layout.dp * layout.context_parallel
     gb = fw.grad_bytes(workload)
