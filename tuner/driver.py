@@ -86,19 +86,7 @@ class Driver:
         self.lease = lease.StudyLease(store, study, lease_mode)   # its epoch fences claims and results
         self.failures = FailureStreak(study, keep_going)
         if early_stop:          # runners that watch no progress ignore it; executors carry it to the trial
-            self.early_stop_fraction = early_stop
-            runner.early_stop = self._clearly_worse
-
-    def _clearly_worse(self, progress: list[dict]) -> bool:
-        """Multi-fidelity: after its warm-up step, is a running trial clearly below the best so far?
-
-        `progress` holds the trial's per-step records (step, elapsed, samples_per_second, ...); the first
-        is warm-up. Clearly worse = the latest samples/s below early_stop x the best's."""
-        best = self.progress.best
-        timed = [r for r in progress[1:] if isinstance(r.get("samples_per_second"), (int, float))]
-        if best is None or not best.samples_per_second or not timed:
-            return False
-        return timed[-1]["samples_per_second"] < self.early_stop_fraction * best.samples_per_second
+            runner.early_stop = ClearlyWorse(early_stop, self.progress)
 
     # -- replay -------------------------------------------------------------------------------
     def _replay(self) -> list[tuple[int, Layout]]:
@@ -282,6 +270,23 @@ class Driver:
             self.store.set_study_state(self.study, "interrupted")
         self.executor.shutdown()
         return len(numbers)
+
+
+class ClearlyWorse:
+    """Multi-fidelity (`--early-stop FRACTION`): after its warm-up step, is a running trial clearly below
+    the best so far? The runner calls it with the trial's per-step records (step, elapsed,
+    samples_per_second, ...), the first of them warm-up; clearly worse = the latest samples/s below
+    FRACTION x the best's (`progress.best`, the driver's, read at each call)."""
+
+    def __init__(self, fraction: float, progress: Progress):
+        self.fraction, self.progress = fraction, progress
+
+    def __call__(self, records: list[dict]) -> bool:
+        best = self.progress.best
+        timed = [r for r in records[1:] if isinstance(r.get("samples_per_second"), (int, float))]
+        if best is None or not best.samples_per_second or not timed:
+            return False
+        return timed[-1]["samples_per_second"] < self.fraction * best.samples_per_second
 
 
 class FailureStreak:
