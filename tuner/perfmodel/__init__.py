@@ -243,11 +243,12 @@ def gradient_sync_time(layout: Layout, workload: Workload, fw, slow: dict, m: in
                                   layout.checkpointing)["param_gather"]
             out["param_gather"] += max(0.0, gather - compute_mb / 3)
         return out
+    gb = fw.grad_bytes(workload) if fw.name == "megatron-core" else None     # its buffers' dtype (comm.dp_time)
     dp = comm.dp_time(cluster, t, layout.dp * layout.context_parallel, layout.zero_stage, params_gpu - experts_gpu,
-                      m, layout.checkpointing)
+                      m, layout.checkpointing, gb)
     if experts_gpu:
         de = comm.dp_time(cluster, layout.expert_parallel * layout.expert_tensor_parallel,
-                          expert_data_parallel(layout), layout.zero_stage, experts_gpu, m, layout.checkpointing)
+                          expert_data_parallel(layout), layout.zero_stage, experts_gpu, m, layout.checkpointing, gb)
         dp = {k: dp[k] + de[k] for k in dp}
     if "dp" in (fw.overlaps if hide is None else hide) and layout.zero_stage <= 1:
         dp = {"grad_reduce": max(0.0, dp["grad_reduce"] - compute_mb * 2 / 3),

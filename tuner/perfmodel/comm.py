@@ -171,7 +171,7 @@ def pipeline_p2p_time(cluster: ClusterSpec, tp: int, dp: int, pp: int, nbytes: f
 
 
 def dp_time(cluster: ClusterSpec, tp: int, dp: int, zero_stage: int, params: float, m: int,
-            checkpointing: bool) -> dict:
+            checkpointing: bool, grad_bytes: float | None = None) -> dict:
     """Data-parallel / ZeRO collectives per iteration for a GPU holding `params` parameters (fp16),
     over `dp` ranks `tp` apart (with context parallelism: the d*c ranks sharing weights, stride t).
 
@@ -183,6 +183,14 @@ def dp_time(cluster: ClusterSpec, tp: int, dp: int, zero_stage: int, params: flo
         return {"grad_reduce": 0.0, "param_gather": 0.0}
     bw = group_bandwidth(cluster, dp, tp)
     n = 2.0 * params
+    if grad_bytes is not None and zero_stage <= 1:
+        # Megatron-Core's buffers (megatron/core/distributed/param_and_grad_buffer.py at d98e8a64dd,
+        # start_grad_sync lines 701-725, start_param_sync line 383): the gradients reduce in their own dtype,
+        # all-reduced without the distributed optimizer, reduce-scattered with it; the bf16 parameters gathered
+        g = grad_bytes * params
+        if zero_stage == 0:
+            return {"grad_reduce": allreduce_time(g, dp, bw, cluster), "param_gather": 0.0}
+        return {"grad_reduce": reduce_scatter_time(g, dp, bw, cluster), "param_gather": allgather_time(n, dp, bw, cluster)}
     if zero_stage == 0:
         return {"grad_reduce": allreduce_time(n, dp, bw, cluster), "param_gather": 0.0}
     if zero_stage == 1:
