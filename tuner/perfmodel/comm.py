@@ -178,7 +178,8 @@ def dp_time(cluster: ClusterSpec, tp: int, dp: int, zero_stage: int, params: flo
     ZeRO-0: all-reduce of the gradients once per step (after gradient accumulation; with PP in
     DeepSpeed not overlapped with compute). ZeRO-1: the same reduction, then an all-gather of the
     updated parameters. ZeRO-2: reduce-scatter of the gradients every micro-step, all-gather once.
-    ZeRO-3: also all-gathers the parameters in every forward, backward (and recompute)."""
+    ZeRO-3: also all-gathers the parameters in every forward, backward (and recompute).
+    `grad_bytes` (Megatron-Core, ZeRO 0 / 1): its gradient buffers' dtype, see the branch below."""
     if dp <= 1:
         return {"grad_reduce": 0.0, "param_gather": 0.0}
     bw = group_bandwidth(cluster, dp, tp)
@@ -190,7 +191,8 @@ def dp_time(cluster: ClusterSpec, tp: int, dp: int, zero_stage: int, params: flo
         g = grad_bytes * params
         if zero_stage == 0:
             return {"grad_reduce": allreduce_time(g, dp, bw, cluster), "param_gather": 0.0}
-        return {"grad_reduce": reduce_scatter_time(g, dp, bw, cluster), "param_gather": allgather_time(n, dp, bw, cluster)}
+        return {"grad_reduce": reduce_scatter_time(g, dp, bw, cluster),
+                "param_gather": allgather_time(n, dp, bw, cluster)}
     if zero_stage == 0:
         return {"grad_reduce": allreduce_time(n, dp, bw, cluster), "param_gather": 0.0}
     if zero_stage == 1:
