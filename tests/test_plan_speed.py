@@ -88,3 +88,11 @@ def test_enumeration_is_every_layout_the_rules_allow(model, nodes, cluster, cons
     space = SearchSpace(base.name, {**base.dimensions, **narrow}, {**base.constraints, **constraints})
     w = make_workload(model, nodes, cluster)
     assert space.enumerate_layouts(w) == _enumerate_plainly(space, w)
+
+
+@pytest.mark.parametrize("top,show_all", [(10, False), (None, False), (40, True)])
+def test_plan_in_worker_processes_is_plan_in_one(planned, top, show_all):
+    from tuner.cli.plan import plan_ranking
+    w, layouts, _ = planned
+    one, many = rank_shown(layouts, w, top, show_all), plan_ranking(layouts, w, top, show_all, jobs=3)
+    assert many.shown == one.shown and many.screened == one.screened

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import time
 
 import click
@@ -11,11 +13,38 @@ from tuner.cli.options import layout_options, workload_options
 from tuner.cli.render import render
 from tuner.frameworks import of as framework_of
 from tuner.perfmodel import RECOMMEND_AT, keeps_headroom, predict as model_predict, risk
-from tuner.perfmodel.screening import rank_shown
 from tuner.perfmodel.moe import moe_summary
+from tuner.perfmodel.screening import assemble, rank_shown, screen_run
 from tuner.planning import complete_layout, prediction_row, workload_line
 from tuner.space import load_space, valid_layouts
 from tuner.specs import make_workload
+
+
+#: From this many layouts `plan_ranking` screens them in worker processes (below, a fork costs more than it saves).
+PARALLEL_FROM = 20000
+_PLAN: dict = {}           # what a forked plan worker reads: the layouts, the workload, the rows kept
+
+
+def plan_ranking(layouts: list, w, top: int | None, show_all: bool, jobs: int | None = None):
+    """plan's Ranking (tuner.perfmodel.screening.rank_shown: the same rows and counts) with runs of the layouts
+    screened in `jobs` forked processes that read them as forked (default: the CPUs from PARALLEL_FROM layouts;
+    one process where fork does not exist)."""
+    jobs = jobs or ((os.cpu_count() or 1) if len(layouts) >= PARALLEL_FROM else 1)
+    if jobs < 2 or len(layouts) < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return rank_shown(layouts, w, top, show_all)
+    n = len(layouts)
+    runs = min(4 * jobs, n)        # more runs than workers: the layouts that fit are not spread evenly
+    _PLAN.update(layouts=layouts, workload=w, top=top)
+    try:
+        with multiprocessing.get_context("fork").Pool(min(jobs, runs)) as pool:
+            answers = pool.map(_plan_run, [(n * i // runs, n * (i + 1) // runs) for i in range(runs)])
+    finally:
+        _PLAN.clear()
+    return assemble(layouts, w, answers, top, show_all)
+
+
+def _plan_run(bounds: tuple[int, int]) -> tuple:
+    return screen_run(_PLAN["layouts"], _PLAN["workload"], _PLAN["top"], *bounds)
 
 
 @cli.command()
@@ -71,7 +100,7 @@ def plan(model, nodes, cluster, global_batch, seq_length, precision, framework, 
     sp = load_space(space).pinned(layout)
     layouts = valid_layouts(sp, w)
     t0 = time.perf_counter()
-    ranking = rank_shown(layouts, w, top, show_all)     # rank's first `top` rows, each layout's memory
+    ranking = plan_ranking(layouts, w, top, show_all)   # rank's first `top` rows, each layout's memory
     dt = time.perf_counter() - t0
     if not show_all:
         from tuner.best import require_fit

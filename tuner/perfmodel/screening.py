@@ -10,6 +10,7 @@ the full ranking cut in two. The layouts ruled out are predicted only when the r
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 from tuner.layout import Layout
@@ -47,14 +48,34 @@ def rank_shown(layouts: list[Layout], workload: Workload, top: int | None = None
                show_all: bool = False) -> Ranking:
     """The first `top` (None: all) rows `plan` lists of `rank(layouts, workload)`: those the model cannot rule
     out, and with `show_all` the ruled-out ones after them; each layout's memory for the rest."""
+    return assemble(layouts, workload, [screen_run(layouts, workload, top, 0, len(layouts))], top, show_all)
+
+
+def screen_run(layouts: list[Layout], workload: Workload, top: int | None, lo: int, hi: int) -> tuple:
+    """For layouts[lo:hi]: each one's peak memory and p_fit, and the first `top` (None: all) (position,
+    Prediction) of those the model cannot rule out, in rank's order (ties in position order). Runs of one
+    list may be screened apart (in processes: tuner.planning) and put together by `assemble`."""
     memo: dict = {}
-    screened, fitting = [], []
-    for lay in layouts:
-        fitted = memory_fit(lay, workload, memo)
-        screened.append(Screened(lay, fitted[3]["total"], fitted[4]))
-        if screened[-1].fits:
-            fitting.append((lay, fitted))
-    shown = sorted((predict(lay, workload, memo=memo, fitted=f) for lay, f in fitting), key=rank_key)
+    mems, p_fits, fitting = [], [], []
+    for i in range(lo, hi):
+        fitted = memory_fit(layouts[i], workload, memo)
+        mems.append(fitted[3]["total"])
+        p_fits.append(fitted[4])
+        if fitted[4] >= PRUNE_BELOW:
+            fitting.append((i, predict(layouts[i], workload, memo=memo, fitted=fitted)))
+    fitting.sort(key=lambda ip: rank_key(ip[1]))
+    return mems, p_fits, fitting if top is None else fitting[:top]
+
+
+def assemble(layouts: list[Layout], workload: Workload, runs: list[tuple], top: int | None,
+             show_all: bool) -> Ranking:
+    """The Ranking of `layouts` from screen_run's answers for consecutive runs of it (all of it, in order): the
+    rows merged by (rank's key, position), which is rank's stable order; the ruled-out layouts predicted here
+    where `show_all` asks for more rows than fit."""
+    screened = [Screened(lay, mem, p_fit) for lay, mem, p_fit in
+                zip(layouts, (m for run in runs for m in run[0]), (f for run in runs for f in run[1]), strict=True)]
+    shown = [p for _, p in heapq.merge(*(run[2] for run in runs), key=lambda ip: (rank_key(ip[1]), ip[0]))]
     if show_all and (top is None or len(shown) < top):
+        memo: dict = {}
         shown += sorted((predict(s.layout, workload, memo=memo) for s in screened if not s.fits), key=rank_key)
     return Ranking(shown if top is None else shown[:top], screened)
