@@ -81,12 +81,13 @@ def dump_one(name, model, cluster, nodes, framework, precision, seq_length, pins
     best = best_for_unmeasured(w, sp, [], k=5)
     best = [{k: (v.key() if k == "layout" else v) for k, v in r.items()} for r in best]
     return {"layouts": [lay.key() for lay in layouts], "ranking": [p.layout.key() for p in ranked], "rows": rows,
-            "best": best, "seconds": seconds, "self_check": self_check(layouts, w, ranked)}
+            "best": best, "seconds": seconds, "self_check": self_check(layouts, w, ranked, sp)}
 
 
-def self_check(layouts, w, ranked) -> list[str]:
-    """Within this tree: every layout predicted alone (no memo) as `rank` predicted it, and plan's shortcut
-    (`rank_shown`: the top rows and the counts, with and without --all) as `rank`'s; what differs."""
+def self_check(layouts, w, ranked, sp) -> list[str]:
+    """Within this tree: every third layout predicted alone (no memo) as `rank` predicted it, best's answer as
+    without its shortcut (likely_to_fit), and plan's shortcut (`rank_shown`: the top rows and the counts, with
+    and without --all) as `rank`'s; what differs."""
     from tuner.perfmodel import predict
     try:
         from tuner.perfmodel.screening import rank_shown
@@ -97,6 +98,17 @@ def self_check(layouts, w, ranked) -> list[str]:
     for i, lay in enumerate(layouts):
         if i % 3 == 0 and predict(lay, w) != by_key[lay.key()]:
             bad.append(f"{lay.key()}: predicted alone differs from rank's")
+    import tuner.best as best_module
+    if hasattr(best_module, "likely_to_fit"):        # best's shortcut against its full path (no shortcut taken)
+        quick = best_module.best_for_unmeasured(w, sp, [], k=5)
+        kept, best_module.likely_to_fit = best_module.likely_to_fit, lambda *a: []
+        try:
+            full = best_module.best_for_unmeasured(w, sp, [], k=5)
+        finally:
+            best_module.likely_to_fit = kept
+        if not _same(*(json.loads(json.dumps([{k: (v.key() if k == "layout" else v) for k, v in r.items()}
+                                                for r in rows], default=str)) for rows in (quick, full))):
+            bad.append("best_for_unmeasured's shortcut differs from its full path")
     if rank_shown is not None:
         for top, show_all in ((10, False), (len(layouts), True), (None, False)):
             got = rank_shown(layouts, w, top, show_all)
