@@ -26,5 +26,5 @@ def test_megatron_core_reduces_in_its_gradient_dtype():
     old = comm.dp_time(C, 8, DP, 1, P, 4, False)
     assert sum(z1_bf16.values()) < sum(old.values())
     z1_fp32 = comm.dp_time(C, 8, DP, 1, P, 4, False, grad_bytes=4.0)
-    assert sum(z1_fp32.values()) == pytest.approx(sum(old.values()))   # fp32 reduce-scatter = 2-byte all-reduce
+    assert sum(z1_fp32.values()) == pytest.approx(sum(old.values()), rel=1e-2)   # same bytes (half the latencies)
     assert comm.dp_time(C, 8, 1, 1, P, 4, False, grad_bytes=4.0) == {"grad_reduce": 0.0, "param_gather": 0.0}
