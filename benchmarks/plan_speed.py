@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import resource
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scale_speed import spread, timed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = {   # name -> tuner's arguments
@@ -32,22 +32,11 @@ CASES = {   # name -> tuner's arguments
 
 
 def run_once(args: list[str]) -> tuple[float, float, str]:
-    """(wall s, CPU s, the plan's count line) of one `tuner ...` process."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")})
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode:
-        raise SystemExit(f"tuner {' '.join(args)} failed: {done.stderr.strip()[-500:]}")
-    counts = re.search(r"^(\d+) valid .*? layouts, (\d+) may fit", done.stdout, re.M)
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), \
-        f"{counts[1]} layouts, {counts[2]} may fit" if counts else ""
-
-
-def spread(xs: list[float]) -> str:
-    return f"{min(xs):6.2f} {statistics.median(xs):6.2f} {max(xs):6.2f}"
+    """(wall s, CPU s, the plan's counts) of one `tuner ...` process."""
+    path = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    wall, cpu, out = timed(args, env={**os.environ, "PYTHONPATH": path})
+    counts = re.search(r"^(\d+) valid .*? layouts, (\d+) may fit", out, re.M)
+    return wall, cpu, f"{counts[1]} layouts, {counts[2]} may fit" if counts else ""
 
 
 def main(argv=None) -> None:
@@ -70,8 +59,8 @@ def main(argv=None) -> None:
         wall, cpu = statistics.median(g[0] for g in got), statistics.median(g[1] for g in got)
         base = base or (wall, cpu)
         ratio = f"{wall / base[0]:6.1f} {cpu / base[1]:6.1f}"
-        print(f"{'tuner ' + ' '.join(CASES[name]):70s} {spread([g[0] for g in got]):>20s} "
-              f"{spread([g[1] for g in got]):>20s} {ratio:>24s}  {got[0][2]}")
+        print(f"{'tuner ' + ' '.join(CASES[name]):70s} {spread([g[0] for g in got], 2):>20s} "
+              f"{spread([g[1] for g in got], 2):>20s} {ratio:>24s}  {got[0][2]}")
 
 
 if __name__ == "__main__":

@@ -34,23 +34,28 @@ CASES = {   # name -> the arguments of `tuner scale`
 }
 
 
-def run_once(args: list[str], env: dict) -> tuple[float, float, int, int]:
-    """(wall s, CPU s, points answered, points) of one `tuner scale` process."""
+def timed(args: list[str], **run) -> tuple[float, float, str]:
+    """(wall s, CPU s of it and the processes it waited for, stdout) of one `tuner ARGS` process; exits
+    naming the command where it fails."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "tuner", "scale", *args, "--format", "json"], capture_output=True,
-                          text=True, env=env, cwd=env["SCALE_BENCH_DIR"])
+    done = subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True, **run)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode:
-        raise SystemExit(f"tuner scale {' '.join(args)} failed: {done.stderr.strip()[-500:]}")
-    rows = json.loads(done.stdout)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        raise SystemExit(f"tuner {' '.join(args)} failed: {done.stderr.strip()[-500:]}")
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), done.stdout
+
+
+def run_once(args: list[str], env: dict) -> tuple[float, float, int, int]:
+    """(wall s, CPU s, points answered, points) of one `tuner scale` process."""
+    wall, cpu, out = timed(["scale", *args, "--format", "json"], env=env, cwd=env["SCALE_BENCH_DIR"])
+    rows = json.loads(out)
     return wall, cpu, sum(r["status"] == "ok" for r in rows), len(rows)
 
 
-def spread(xs: list[float]) -> str:
-    return f"{min(xs):6.1f} {statistics.median(xs):6.1f} {max(xs):6.1f}"
+def spread(xs: list[float], digits: int = 1) -> str:
+    return " ".join(f"{x:6.{digits}f}" for x in (min(xs), statistics.median(xs), max(xs)))
 
 
 def main(argv=None) -> None:

@@ -77,7 +77,8 @@ def _enumerate_plainly(space: SearchSpace, w) -> list:
 
 @pytest.mark.parametrize("model,nodes,cluster,constraints", [
     ("175b", 16, "frontier", {}),
-    ("mixtral-8x7b", 1, "h100", {"few_micro_batches": "m <= 64", "no_z0_full": "zero_stage > 0 or recompute != 'full'"}),
+    ("mixtral-8x7b", 1, "h100", {"few_micro_batches": "m <= 64",
+                                 "no_z0_full": "zero_stage > 0 or recompute != 'full'"}),
     ("llama3-8b", 1, "h100", {"no_checkpointing": "not activation_checkpointing"}),
 ])
 def test_enumeration_is_every_layout_the_rules_allow(model, nodes, cluster, constraints):

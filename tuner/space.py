@@ -298,7 +298,8 @@ class _Constraint:
     def __init__(self, space: SearchSpace, tree: ast.Expression, workload: Workload):
         self.check, self.space, self.workload = _closure(tree), space, workload
         self.names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-        self.dims = tuple(d for d in LAYOUT_FIELDS if d in self.names or any(d in _READS.get(n, ()) for n in self.names))
+        reads = self.names | {d for n in self.names for d in _READS.get(n, ())}
+        self.dims = tuple(d for d in LAYOUT_FIELDS if d in reads)
         self.seen: dict = {}
 
     def __call__(self, layout: Layout) -> bool:
