@@ -38,6 +38,8 @@ def plan_ranking(layouts: list, w, top: int | None, show_all: bool, jobs: int | 
     try:
         with multiprocessing.get_context("fork").Pool(min(jobs, runs)) as pool:
             answers = pool.map(_plan_run, [(n * i // runs, n * (i + 1) // runs) for i in range(runs)])
+    except OSError:                # no semaphores here (a container without /dev/shm): one process
+        return rank_shown(layouts, w, top, show_all)
     finally:
         _PLAN.clear()
     return assemble(layouts, w, answers, top, show_all)
