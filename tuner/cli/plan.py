@@ -20,16 +20,17 @@ from tuner.space import load_space, valid_layouts
 from tuner.specs import make_workload
 
 
-#: From this many layouts `plan_ranking` screens them in worker processes (below, a fork costs more than it saves).
-PARALLEL_FROM = 20000
+#: From this many layouts `plan_ranking` screens them in worker processes (below, a fork costs more than it saves),
+#: each worker at least PER_WORKER of them.
+PARALLEL_FROM, PER_WORKER = 20000, 5000
 _PLAN: dict = {}           # what a forked plan worker reads: the layouts, the workload, the rows kept
 
 
 def plan_ranking(layouts: list, w, top: int | None, show_all: bool, jobs: int | None = None):
     """plan's Ranking (tuner.perfmodel.screening.rank_shown: the same rows and counts) with runs of the layouts
-    screened in `jobs` forked processes that read them as forked (default: the CPUs from PARALLEL_FROM layouts;
-    one process where fork does not exist)."""
-    jobs = jobs or ((os.cpu_count() or 1) if len(layouts) >= PARALLEL_FROM else 1)
+    screened in `jobs` forked processes that read them as forked (default: the CPUs from PARALLEL_FROM layouts,
+    at most one per PER_WORKER; one process where fork does not exist)."""
+    jobs = jobs or (min(os.cpu_count() or 1, len(layouts) // PER_WORKER) if len(layouts) >= PARALLEL_FROM else 1)
     if jobs < 2 or len(layouts) < 2 or "fork" not in multiprocessing.get_all_start_methods():
         return rank_shown(layouts, w, top, show_all)
     n = len(layouts)
