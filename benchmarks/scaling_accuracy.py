@@ -12,8 +12,9 @@ Predicted two ways, both by the performance model alone (no store, nothing fitte
   the rest the model's best (`tuner plan`'s ranking), its MFU.
 
 Prints every point, per series, and the median and worst |delta efficiency| over the points past each
-series' first (the first is 1 by definition), for all points and for the points of published rows that
-benchmarks/published.py calls clean for speed (hashed out and seen by no speed choice).
+series' first (the first is 1 by definition), for all points, for the points of published rows that
+benchmarks/published.py calls clean for speed (hashed out and seen by no speed choice), and for the points
+given in the toml that no choice saw (a given series a choice saw names it in `seen`: column clean "seen").
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def given_series(s: dict) -> list[dict]:
                                                                                   **p.get("pins", {})},
                        "layout": None, "clean": None, "source": s["source"]})
     return [{"name": s["name"], "kind": s["kind"], "framework": s["framework"], "cluster": s["cluster"],
-             "precision": s["precision"], "metric": s["metric"], "points": points, "overlaps": s.get("overlaps")}]
+             "precision": s["precision"], "metric": s["metric"], "points": points, "overlaps": s.get("overlaps"),
+             "seen": list(s.get("seen", []))}]
 
 
 def _row_layout(r: dict):
@@ -165,12 +167,19 @@ def evaluate(series: dict) -> list[dict]:
     for p, (ans, pin, note) in zip(series["points"], mfus):
         eff = p["value"] / base["value"]
         row = {"series": series["name"], "kind": series["kind"], "gpus": p["gpus"], "published": eff,
-               "clean": p["clean"], "note": note, "first": p is base,
+               "clean": p["clean"], "seen": bool(series.get("seen")), "note": note, "first": p is base,
                "abs": pin / p["value"] - 1.0 if pin is not None and series["metric"] == "mfu" else None}
         for label, v, v0 in (("answer", ans, mfus[0][0]), ("pinned", pin, mfus[0][1])):
             row[label] = None if v is None or v0 is None else v / v0
         out.append(row)
     return out
+
+
+def _clean_mark(r: dict) -> str:
+    """yes / no: a published row's split (clean for speed); seen: a given series a choice saw; -: a given one."""
+    if r["clean"] is None:
+        return "seen" if r["seen"] else "-"
+    return "yes" if r["clean"] else "no"
 
 
 def summary(label: str, deltas: list[float]) -> str:
@@ -194,7 +203,7 @@ def main(argv=None) -> dict:
         ab = "-" if r["abs"] is None else f"{100 * r['abs']:+.1f}%"      # MFU at the published layout / published - 1
         print(f"{r['series'][:70]:70s} {r['kind']:6s} {r['gpus']:5d} {r['published']:9.3f} {fmt(r['answer']):>7s} "
               f"{fmt(d[0]) if d[0] is None else f'{d[0]:+.3f}':>7s} {fmt(r['pinned']):>7s} "
-              f"{fmt(d[1]) if d[1] is None else f'{d[1]:+.3f}':>7s} {ab:>8s}  {'-' if r['clean'] is None else 'yes' if r['clean'] else 'no':5s}  {r['note']}")
+              f"{fmt(d[1]) if d[1] is None else f'{d[1]:+.3f}':>7s} {ab:>8s}  {_clean_mark(r):5s}  {r['note']}")
     later = [r for r in rows if not r["first"]]
     result = {}
     print()
@@ -205,8 +214,9 @@ def main(argv=None) -> dict:
             result[(key, kind)] = statistics.median(got) if got else None
         clean = [abs(r[key] - r["published"]) for r in later if r[key] is not None and r["clean"]]
         print(summary(f"{label}, points of published rows clean for speed (held out, seen by no speed choice)", clean))
-        print(summary(f"{label}, points given in scaling_published.toml (no constant saw them)",
-                      [abs(r[key] - r["published"]) for r in later if r[key] is not None and r["clean"] is None]))
+        print(summary(f"{label}, points given in scaling_published.toml that no choice saw (its `seen`)",
+                      [abs(r[key] - r["published"]) for r in later
+                       if r[key] is not None and r["clean"] is None and not r["seen"]]))
     refused = [r for r in later if r["answer"] is None or r["pinned"] is None]
     print(f"\n{len(rows)} points in {len({r['series'] for r in rows})} series; {len(refused)} later point(s) the model "
           f"refused one way (note); {time.perf_counter() - t0:.0f} s")
