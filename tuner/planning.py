@@ -13,11 +13,11 @@ what these return.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from tuner.errors import UsageError
 from tuner.layout import Layout, flat_layout, validate
+from tuner.workers import fork_context, quiet_worker, usable_cpus
 
 # ------------------------------------------------------------------------------------ predict / plan
 
@@ -59,9 +59,11 @@ def complete_layout(given: dict, w) -> Layout:
     return validate(Layout(**layout), w)
 
 
-def _workload(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce):
+def _workload(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce,
+              optimizer_moments=None):
     from tuner.specs import make_workload
-    return make_workload(model, nodes, cluster, global_batch, precision, framework, grad_reduce, seq_length)
+    return make_workload(model, nodes, cluster, global_batch, precision, framework, grad_reduce, seq_length,
+                         optimizer_moments)
 
 
 #: Library spellings of the layout's options (cp, vp, sp) beside the dimensions' own names.
@@ -76,9 +78,9 @@ def _layout_options(options: dict) -> dict:
     for k, v in options.items():
         name = LAYOUT_ALIASES.get(k, k)
         if name not in names:
-            raise UsageError(f"unknown option {k!r}: give the workload (model, nodes, cluster, global_batch, "
-                             f"seq_length, precision, framework, grad_reduce) and layout dimensions "
-                             f"({', '.join(sorted(names))})")
+            from tuner.study_options import WORKLOAD        # the workload's options, declared once
+            raise UsageError(f"unknown option {k!r}: give the workload ({', '.join(o.name for o in WORKLOAD)}) "
+                             f"and layout dimensions ({', '.join(sorted(names))})")
         if v is not None:
             out[name] = v
     return out
@@ -103,6 +105,7 @@ class PredictAnswer:
 
 def predict(model, nodes: int, cluster="frontier", *, global_batch: int | None = None, seq_length: int | None = None,
             precision: str = "bf16", framework: str | None = None, grad_reduce: str | None = None,
+            optimizer_moments: str | None = None,
             **layout) -> PredictAnswer:
     """Predict one layout (tp, pp and micro_batch required; the rest as `tuner predict` fills them in)."""
     from tuner.frameworks import of as framework_of
@@ -111,13 +114,15 @@ def predict(model, nodes: int, cluster="frontier", *, global_batch: int | None =
     missing = [d for d in ("tp", "pp", "micro_batch") if d not in given]
     if missing:
         raise UsageError(f"predict needs {', '.join(missing)}: the layout to predict (e.g. tp=4, pp=8, micro_batch=1)")
-    w = _workload(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce)
+    w = _workload(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce,
+                  optimizer_moments)
     lay = complete_layout(given, w)
     return PredictAnswer(w, lay, model_predict(lay, w), framework_of(w).memory_note())
 
 
 def plan(model, nodes: int, cluster="frontier", *, global_batch: int | None = None, seq_length: int | None = None,
          precision: str = "bf16", framework: str | None = None, grad_reduce: str | None = None,
+         optimizer_moments: str | None = None,
          space: str = "default", top: int | None = 10, show_all: bool = False, **pins):
     """Every valid layout ranked by the model (expected speed: samples/s x p_fit), as `tuner plan` lists
     them: a DataFrame, best first, `top` rows (None: all); `df.attrs` holds the workload line and counts.
@@ -127,7 +132,8 @@ def plan(model, nodes: int, cluster="frontier", *, global_batch: int | None = No
     from tuner.best import require_fit
     from tuner.perfmodel.screening import rank_shown
     from tuner.space import load_space, valid_layouts
-    w = _workload(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce)
+    w = _workload(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce,
+                  optimizer_moments)
     sp = load_space(space).pinned(_layout_options(pins))
     ranking = rank_shown(valid_layouts(sp, w), w, top, show_all)
     if not show_all:
@@ -186,7 +192,8 @@ def _read_store(storage):
 
 
 def best(model, nodes: int, cluster="frontier", *, global_batch: int | None = None, seq_length: int | None = None,
-         precision: str = "bf16", framework: str | None = None, grad_reduce: str | None = None, k: int = 1,
+         precision: str = "bf16", framework: str | None = None, grad_reduce: str | None = None,
+         optimizer_moments: str | None = None, k: int = 1,
          study: str | None = None, storage=None) -> BestAnswer:
     """The fastest known layouts, as `tuner best`: measured trials of the store's studies at this node count
     and global batch first (simulated ones only where nothing was measured, and said so); else the
@@ -198,7 +205,8 @@ def best(model, nodes: int, cluster="frontier", *, global_batch: int | None = No
         raise UsageError(f"study {study!r}: no store to read it from (storage=URL)")
     if study and framework is None:
         framework = stored_framework(store.get_study(study).workload)
-    w = _workload(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce)
+    w = _workload(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce,
+                  optimizer_moments)
     answer = best_layouts(store, w, k=k, study=study)
     if answer.trials:
         objs = [{**best_json(t), "framework": w.framework} for t in answer.trials]
@@ -258,10 +266,10 @@ def _answer_all(jobs_wanted: list[tuple], store, jobs: int) -> dict:
             out[key] = got
         else:
             todo.append((key, w))
-    import multiprocessing
-    if jobs > 1 and len(todo) > 1 and "fork" in multiprocessing.get_all_start_methods():
+    context = fork_context()
+    if jobs > 1 and len(todo) > 1 and context is not None:
         from concurrent.futures import ProcessPoolExecutor
-        with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=multiprocessing.get_context("fork")) as pool:
+        with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=context, initializer=quiet_worker) as pool:
             out.update(pool.map(_predicted, *zip(*todo)))
     else:
         out.update(_predicted(key, w) for key, w in todo)
@@ -365,7 +373,7 @@ def answer_scale(req, notes: list[str], store, space: str = "default", jobs: int
     jobs_wanted = {scaling.answer_key(c, fw, n, g):
                    make_workload(m, n, c, g, req.precision, fw, req.grad_reduce or None)
                    for c, fw, n, phases in wanted for _, g in phases}
-    answers = _answer_all(list(jobs_wanted.items()), store, jobs or os.cpu_count() or 1)
+    answers = _answer_all(list(jobs_wanted.items()), store, jobs or usable_cpus())
     rows, chosen, sentence = scaling.table(req, wanted, answers)
     rows, dropped = _drop_silent_frameworks(rows, framework)
     return ScaleResult(rows, chosen, sentence, notes + dropped + skipped + scaling.basis_notes(req, rows), m.name,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import time
 
 import click
@@ -18,6 +16,7 @@ from tuner.perfmodel.screening import assemble, rank_shown, screen_run
 from tuner.planning import complete_layout, prediction_row, workload_line
 from tuner.space import load_space, valid_layouts
 from tuner.specs import make_workload
+from tuner.workers import fork_context, quiet_worker, usable_cpus
 
 
 #: From this many layouts `plan_ranking` screens them in worker processes (below, a fork costs more than it saves),
@@ -30,18 +29,27 @@ def plan_ranking(layouts: list, w, top: int | None, show_all: bool, jobs: int | 
     """plan's Ranking (tuner.perfmodel.screening.rank_shown: the same rows and counts) with runs of the layouts
     screened in `jobs` forked processes that read them as forked (default: the CPUs from PARALLEL_FROM layouts,
     at most one per PER_WORKER; one process where fork does not exist)."""
-    jobs = jobs or (min(os.cpu_count() or 1, len(layouts) // PER_WORKER) if len(layouts) >= PARALLEL_FROM else 1)
-    if jobs < 2 or len(layouts) < 2 or "fork" not in multiprocessing.get_all_start_methods():
+    jobs = jobs or (min(usable_cpus(), len(layouts) // PER_WORKER) if len(layouts) >= PARALLEL_FROM else 1)
+    context = fork_context()
+    if jobs < 2 or len(layouts) < 2 or context is None:
         return rank_shown(layouts, w, top, show_all)
     n = len(layouts)
     runs = min(4 * jobs, n)        # more runs than workers: the layouts that fit are not spread evenly
     _PLAN.update(layouts=layouts, workload=w, top=top)
     try:
-        with multiprocessing.get_context("fork").Pool(min(jobs, runs)) as pool:
-            answers = pool.map(_plan_run, [(n * i // runs, n * (i + 1) // runs) for i in range(runs)])
+        pool = context.Pool(min(jobs, runs), initializer=quiet_worker)
     except OSError:                # no semaphores here (a container without /dev/shm): one process
+        _PLAN.clear()
         return rank_shown(layouts, w, top, show_all)
+    try:
+        answers = pool.map(_plan_run, [(n * i // runs, n * (i + 1) // runs) for i in range(runs)])
+    except BaseException:          # Ctrl-C, SIGTERM, a worker's error: end the workers (quiet_worker lets them)
+        pool.terminate()
+        raise
+    else:
+        pool.close()               # done: the workers leave when the queue says so
     finally:
+        pool.join()
         _PLAN.clear()
     return assemble(layouts, w, answers, top, show_all)
 
