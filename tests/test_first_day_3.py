@@ -111,12 +111,19 @@ def test_db_current_on_a_missing_store_exits_as_the_readme_says(tuner, tmp_path)
     assert "no results store at" in err and f"exit {code}" in said, (code, said)
 
 
-def test_the_readme_states_this_tuners_schema_version():
+def test_the_docs_state_db_currents_line_as_tuner_prints_it(tuner, tmp_path):
+    """The docs show `tuner db current`'s line (generically, N, or with this tuner's number), and the command
+    prints that line for a store it just created."""
     from tuner.store import SCHEMA_VERSION
     from tests.docs_pages import all_text
-    readme = all_text()                                             # README and every page of docs/
-    stated = re.findall(r"schema version (\d+), revision (\d{4}); up to date", readme)
-    assert all(int(v) == SCHEMA_VERSION and int(r) == SCHEMA_VERSION for v, r in stated), stated
+    stated = re.findall(r"schema version (\w+), revision (\w+); up to date", all_text())   # README and docs/
+    assert stated, "no page shows tuner db current's line"
+    assert all((v, r) == ("N", "000N") or (v, r) == (str(SCHEMA_VERSION), f"{SCHEMA_VERSION:04d}")
+               for v, r in stated), stated
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    assert tuner("db", "upgrade", "--db", url)[0] == 0
+    code, out, err = tuner("db", "current", "--db", url)
+    assert code == 0 and f"schema version {SCHEMA_VERSION}, revision {SCHEMA_VERSION:04d}; up to date" in out + err
 
 
 def test_calibrate_that_fell_back_to_defaults_says_so_and_its_note_is_whole_words(tuner, tmp_path, monkeypatch):
