@@ -66,3 +66,43 @@ def test_the_commands_take_it_and_refuse_it_in_one_line():
                                  "--optimizer-moments", "bf16"])
     assert isinstance(r.exception, UsageError) and r.exception.exit_code == 2      # `tuner` prints it in one line
     assert "precision-aware optimizer" in str(r.exception) and "\n" not in str(r.exception)
+
+
+WL = ["--model", "llama3-8b", "--cluster", "h100", "--nodes", "1", "--framework", "megatron-core"]
+
+
+def test_best_answers_only_with_trials_of_the_same_optimizer_moments(tmp_path, monkeypatch):
+    import json
+    monkeypatch.setenv("TUNER_DB", f"sqlite:///{tmp_path / 'om.db'}")
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(cli, ["search", *WL, "--optimizer-moments", "bf16", "--study", "om", "--budget", "5"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["best", *WL, "--format", "json"])                 # fp32 moments: nothing stored
+    assert r.exit_code == 0, r.output
+    assert '"study": "om"' not in r.stdout and '"status": "predicted"' in r.stdout
+    r = CliRunner().invoke(cli, ["best", *WL, "--optimizer-moments", "fp32", "--format", "json"])
+    assert r.exit_code == 0 and '"study": "om"' not in r.stdout and '"status": "predicted"' in r.stdout
+    r = CliRunner().invoke(cli, ["best", *WL, "--optimizer-moments", "bf16", "--format", "json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["study"] == "om"
+
+
+def test_the_library_takes_them_as_the_commands_do(tmp_path):
+    import tuner
+    kw = dict(model="llama3-8b", nodes=1, cluster="h100", framework="megatron-core")
+    fp32 = tuner.predict(**kw, tp=1, pp=1, micro_batch=1, zero_stage=1)
+    bf16 = tuner.predict(**kw, optimizer_moments="bf16", tp=1, pp=1, micro_batch=1, zero_stage=1)
+    assert bf16.workload.optimizer_moments == "bf16" and bf16.prediction.memory_gb < fp32.prediction.memory_gb
+    assert "Adam's moments in bf16" in tuner.plan(**kw, optimizer_moments="bf16", top=1).attrs["workload"]
+    assert tuner.best(**kw, optimizer_moments="bf16", storage=f"sqlite:///{tmp_path / 'none.db'}").layouts
+    with pytest.raises(UsageError, match="optimizer_moments"):                       # the workload's names, listed
+        tuner.predict(**kw, optimizer_momentz="bf16", tp=1, pp=1, micro_batch=1)
+
+
+def test_p_fit_says_its_memory_error_was_measured_with_fp32_moments_only():
+    from tuner.frameworks import of
+    assert "fp32-moment runs, none bf16" in of(_w(optimizer_moments="bf16")).memory_note()
+    assert "fp32-moment" not in of(_w()).memory_note()
+    r = CliRunner().invoke(cli, ["plan", *WL, "--optimizer-moments", "bf16", "--top", "1"])
+    assert r.exit_code == 0, r.output
+    assert "measured on 52 fp32-moment runs, none bf16" in r.output

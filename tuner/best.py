@@ -31,7 +31,7 @@ from tuner.layout import Layout
 from tuner.frameworks import of as framework_of, runnable
 from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT, memory_fit, predict
 from tuner.fit_nodes import more_nodes_hint
-from tuner.specs import Workload
+from tuner.specs import STORED_SETTINGS, Workload
 from tuner.correction import Z_DIM, Observations, features, memory_features, simulated, warm_start_records
 from tuner.oom_evidence import oom_bounds, oom_fit_cap
 
@@ -176,11 +176,12 @@ def history(store, model: str, cluster: str, exclude: str | None = None) -> tupl
 
 
 def stored_best(store, workload: Workload, k: int = 1, study: str | None = None) -> list:
-    """The k fastest stored trials at `workload`'s node count, global batch, precision and framework that
-    the framework runs; measured ones first: simulated trials (the model's prediction) answer only where
-    no study at this node count measured one."""
+    """The k fastest stored trials at `workload`'s node count, global batch, precision, optimizer moments
+    and framework that the framework runs; measured ones first: simulated trials (the model's prediction)
+    answer only where no study at this node count measured one."""
     args = (workload.model.name, workload.cluster.name, workload.nodes)
     kw = {"k": k + STALE_MARGIN, "global_batch": workload.global_batch, "precision": workload.precision,
+          "optimizer_moments": workload.optimizer_moments or STORED_SETTINGS["optimizer_moments"],
           "framework": workload.framework}
     found = runnable(store.best(*args, study=study, **kw), workload)   # one stored before frameworks: refusals
     if study is None and any(simulated(t) for t in found):

@@ -35,7 +35,7 @@ models nor launches, so it refuses MoE models.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
 from tuner.errors import UsageError
@@ -91,13 +91,15 @@ class Framework:
     refuse: Callable            # (layout, workload) -> one-line reason or None
     sp_with_moe_tp: bool = False  # it runs an MoE model with tp > 1 only with sequence parallelism
     memory_n: int = 0           # the measurements memory_bias / memory_sd were fitted on (0: assumed)
-    memory_sources: str = ""    # where those measurements come from
+    memory_sources: str = ""    # where those measurements come from (every one with Adam's moments in fp32)
+    moments: str = "fp32"       # the Adam-moment dtype of the workload `of` answered for (memory_note says it)
 
     def memory_note(self) -> str:
         """Where the memory error behind p_fit comes from, as every output states it."""
         spread = f"bias {self.memory_bias:+.3f}, sd {self.memory_sd:.3f} in log"
         if self.memory_n:
-            return f"{self.name}'s memory error measured on {self.memory_n} runs ({self.memory_sources}): {spread}"
+            runs = f"{self.memory_n} runs" if self.moments == "fp32" else f"{self.memory_n} fp32-moment runs, none bf16"
+            return f"{self.name}'s memory error measured on {runs} ({self.memory_sources}): {spread}"
         return f"{self.name}'s memory error ASSUMED, not measured: {spread}"
 
     def grad_bytes(self, workload: "Workload") -> float:
@@ -298,7 +300,19 @@ def get(name: str) -> Framework:
 
 
 def of(workload: "Workload") -> Framework:
-    return get(workload.framework)
+    """The workload's framework; with Adam's moments in bf16, a copy whose memory_note says that its
+    memory error was measured with fp32 moments only."""
+    fw = get(workload.framework)
+    moments = getattr(workload, "optimizer_moments", "") or "fp32"
+    if moments == fw.moments:
+        return fw
+    key = (fw.name, moments)
+    if key not in _WITH_MOMENTS:
+        _WITH_MOMENTS[key] = replace(fw, moments=moments)
+    return _WITH_MOMENTS[key]
+
+
+_WITH_MOMENTS: dict[tuple[str, str], Framework] = {}
 
 
 def runnable(trials, workload: "Workload") -> list:

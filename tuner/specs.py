@@ -398,6 +398,17 @@ class Workload:
                    d.get("grad_reduce") or "", d.get("optimizer_moments") or "")
 
 
+#: The settings a stored workload is matched on beside its model, cluster, nodes and global batch (`tuner
+#: best`: speeds and peaks in another precision or with other optimizer moments do not compare), each with
+#: what a workload that leaves it out (or was stored before it existed) ran with.
+STORED_SETTINGS = {"precision": "bf16", "optimizer_moments": "fp32"}
+
+
+def stored_setting(workload: dict | None, key: str) -> str:
+    """Setting `key` (one of STORED_SETTINGS) of a stored workload, its default where left out."""
+    return (workload or {}).get(key) or STORED_SETTINGS[key]
+
+
 def stored_framework(workload: dict | None) -> str:
     """The framework of a stored workload (one stored before frameworks: its cluster's stack)."""
     w = workload or {}

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from tuner.errors import StudyExists
 from tuner.metrics import trial_rank_key
-from tuner.specs import stored_framework
+from tuner.specs import stored_framework, stored_setting
 from tuner.store import migrations
 from tuner.store.claims import Claims
 from tuner.store.engine import _engine_for
@@ -88,23 +88,26 @@ class Store(Claims):
 
     def best(self, model: str, cluster: str, nodes: int, k: int = 1, study: str | None = None,
              global_batch: int | None = None, precision: str | None = None,
-             framework: str | None = None) -> list[TrialRecord]:
+             framework: str | None = None, optimizer_moments: str | None = None) -> list[TrialRecord]:
         """The k fastest ok trials (highest MFU) of every study of that model, cluster and node count
-        (and global batch and precision, when given: speeds at another batch or in bf16 vs fp8 do not
-        compare; a study stored before precision existed is bf16), and framework (a layout's speed and
-        memory are its framework's).
+        (and global batch, precision and optimizer moments, when given: speeds at another batch or in bf16
+        vs fp8, and peaks with bf16 vs fp32 Adam moments, do not compare; a study stored before a setting
+        existed has its default: tuner.specs.stored_setting), and framework (a layout's speed and memory
+        are its framework's).
 
         The top k of each matching study (index range on (study_id, status, mfu)), merged:
         fast whatever the number of trials and whether anything matches."""
         if k <= 0:
             return []
+        settings = {k: v for k, v in (("precision", precision), ("optimizer_moments", optimizer_moments)) if v}
+
         def run(s: Session) -> list[TrialRecord]:
             q = select(StudyRow).where(StudyRow.model_name == model, StudyRow.cluster_name == cluster,
                                        StudyRow.nodes == int(nodes))
             if global_batch is not None:
                 q = q.where(StudyRow.global_batch == int(global_batch))
             studies = {r.id: r for r in s.execute(q if study is None else q.where(StudyRow.name == study)).scalars()
-                       if (precision is None or (r.workload or {}).get("precision", "bf16") == precision)
+                       if all(stored_setting(r.workload, k) == v for k, v in settings.items())
                        and (framework is None or stored_framework(r.workload) == framework)}
             rows: list[TrialRow] = []
             for sid in studies:
