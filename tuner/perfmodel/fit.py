@@ -1,0 +1,82 @@
+"""The chance a layout fits, and what the model's answers make of it: the memory prior every command states one
+p_fit from (`predict`, `plan`, `best` and guided), the thresholds that prune and recommend, the expected speed
+`plan` ranks by and the words of a risky layout. Pure (no I/O)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tuner.perfmodel.prediction import Prediction
+    from tuner.specs import Workload
+
+#: A layout is pruned (never launched) only when it fits with probability below PRUNE_BELOW; one is
+#: recommended without a measurement only when it fits with probability at least RECOMMEND_AT.
+PRUNE_BELOW = 0.02
+RECOMMEND_AT = 0.95
+#: The prior of log(true / predicted peak) before any measurement, the same one the memory correction
+#: (tuner.correction.Observations.memory_gp) starts from, so that `predict`, `plan`, `best` and guided state
+#: one p_fit: N(0, sd^2 (GLOBAL + SHARES |s|^2 + SMOOTH) + NOISE_SD^2) at a layout whose memory components
+#: have shares s; sd is the framework's scale (tuner.frameworks memory_sd: fitted where measured), split
+#: between an error common to every layout, one per memory component and one smooth over the layout (the
+#: correction's kernel terms); the framework's bias is already in the predicted peak (`measured_bias`).
+MEMORY_PRIOR_SPLIT = {"global": 0.5, "shares": 1.0, "smooth": 0.25}
+MEMORY_NOISE_SD = 0.02
+MEMORY_KEYS = ("weights", "gradients", "optimizer", "fp8_weights", "activations", "logits", "zero3_buffers",
+               "reserved", "measured_bias")
+
+
+def memory_shares(breakdown: dict) -> list[float]:
+    """Each memory component's share of the peak (MEMORY_KEYS order): the memory correction's features."""
+    total = sum(breakdown.get(k, 0.0) for k in MEMORY_KEYS) or 1.0
+    return [breakdown.get(k, 0.0) / total for k in MEMORY_KEYS]
+
+
+def memory_gp_scales(framework_sd: float) -> tuple[float, float, float]:
+    """(global, per-component, smooth) prior sds of the memory correction for a framework's scale."""
+    k = MEMORY_PRIOR_SPLIT
+    return tuple(framework_sd * math.sqrt(k[n]) for n in ("global", "shares", "smooth"))
+
+
+def memory_prior_sd(framework_sd: float, shares: list[float]) -> float:
+    s_c, s_w, s_g = memory_gp_scales(framework_sd)
+    return math.sqrt(s_c ** 2 + s_w ** 2 * sum(x * x for x in shares) + s_g ** 2 + MEMORY_NOISE_SD ** 2)
+
+
+def fit_probability(memory_gb: float, capacity_gb: float, sd: float, mean: float = 0.0) -> float:
+    """P(true peak <= capacity) when log(true / predicted) ~ N(mean, sd)."""
+    z = (math.log(capacity_gb) - math.log(max(memory_gb, 1e-9)) - mean) / max(sd, 1e-6)
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+def with_measured_bias(breakdown: dict, bias: float) -> dict:
+    """The breakdown with the framework's measured memory bias as its own entry (`measured_bias`: the peak
+    times e^bias - 1), so that the one figure every command states is the model's expected peak."""
+    if not bias:
+        return breakdown
+    out = dict(breakdown)
+    out["measured_bias"] = breakdown["total"] * math.expm1(bias)
+    out["total"] = breakdown["total"] + out["measured_bias"]
+    return out
+
+
+def keeps_headroom(pred: Prediction, workload: Workload | None = None) -> bool:
+    """Whether a layout may be recommended without a measurement: it fits with probability >= RECOMMEND_AT."""
+    return pred.p_fit >= RECOMMEND_AT
+
+
+def expected_speed(pred: Prediction) -> float:
+    """Samples/s weighted by the chance the layout runs at all (p_fit): what `plan` ranks by, so a fast
+    layout that probably fits is not buried under slower ones, and a doubtful one sinks as far as it is
+    doubtful (one that fits with probability 0.8 ranks as 0.8 of its speed)."""
+    return pred.samples_per_second * pred.p_fit
+
+
+def risk(pred: Prediction, workload: Workload) -> str:
+    """Why a layout may not fit (empty when p_fit >= RECOMMEND_AT): its worst stage, how full, how sure."""
+    if pred.p_fit >= RECOMMEND_AT:
+        return ""
+    cap = workload.cluster.memory_gb
+    return (f"stage {pred.memory_stage}: {pred.memory_gb:.1f} of {cap:g} GB ({100 * pred.memory_gb / cap:.0f} %), "
+            f"p_fit {pred.p_fit:.2f}")
