@@ -129,8 +129,8 @@ SETTINGS = [
          help="guided: correct the model with every stored trial of this model and cluster (any node count)."),
     _opt("--stop-threshold", type=click.FloatRange(0, 1, min_open=True, max_open=True),
          default=STUDY_DEFAULTS["stop_threshold"], show_default=True,
-         help="guided: stop once 95 % confident that no layout trains more than this fraction faster "
-              "than the recommended one."),
+         help=f"guided: stop once {100 * (1 - STUDY_DEFAULTS['stop_probability']):g} % confident that no layout "
+              "trains more than this fraction faster than the recommended one."),
     _opt("--no-stop", is_flag=True, help="guided: never stop before the budget."),
     _opt("--keep-going", is_flag=True,
          help="Run on even when trials fail the same way (default: stop after 3 in a row with no success)."),

@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 __all__ = ["STUDY_DEFAULTS", "SEARCHERS", "Searcher", "BaseSearcher", "make_searcher", "register", "objective"]
 
 #: The stop rule of a study (guided): stop once P(some layout beats the recommended one by more than
-#: stop_threshold) < stop_probability, after at least min_trials successes.
-STUDY_DEFAULTS = {"stop_threshold": 0.03, "stop_probability": 0.05, "min_trials": 8}
+#: stop_threshold) < stop_probability (99 % confident), after at least min_trials successes. 0.01, not
+#: 0.05: benchmarks/stop_calibration.py's figures for both are in docs/commands/search.md (issue 30).
+STUDY_DEFAULTS = {"stop_threshold": 0.03, "stop_probability": 0.01, "min_trials": 8}
 
 # name -> "module:Class" (imported on use) or a factory callable (registered at run time)
 _REGISTRY: dict[str, str | Callable[..., Searcher]] = {

@@ -49,7 +49,7 @@ from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT
 from tuner.layout import Layout
 from tuner.metrics import rank_key
 from tuner.perfmodel import predict
-from tuner.search import STUDY_DEFAULTS  # noqa: F401  (re-exported: the study defaults of the stop rule)
+from tuner.search import STUDY_DEFAULTS  # (re-exported: the study defaults of the stop rule)
 from tuner.search.base import BaseSearcher
 from tuner.search.confidence import beat_probability, margin_of
 from tuner.search.explore import believe, family_key, fit_beliefs, novelty
@@ -73,7 +73,8 @@ class GuidedSearcher(BaseSearcher):
 
     def __init__(self, candidates: list[Layout], *, seed: int = 0, workload=None, history=None,
                  history_studies: dict | None = None, stop_threshold: float | None = None,
-                 stop_probability: float = 0.05, min_trials: int = 4, n_initial: int = N_INITIAL, **kw):
+                 stop_probability: float = STUDY_DEFAULTS["stop_probability"], min_trials: int = 4,
+                 n_initial: int = N_INITIAL, **kw):
         super().__init__(candidates, seed=seed, **kw)
         self.workload = workload
         self.stop_threshold, self.stop_probability = stop_threshold, stop_probability
