@@ -106,3 +106,18 @@ def test_p_fit_says_its_memory_error_was_measured_with_fp32_moments_only():
     r = CliRunner().invoke(cli, ["plan", *WL, "--optimizer-moments", "bf16", "--top", "1"])
     assert r.exit_code == 0, r.output
     assert "measured on 52 fp32-moment runs, none bf16" in r.output
+
+
+def test_scale_takes_them_too_and_leaves_out_the_stacks_without_them():
+    import tuner
+    kw = dict(model="llama3-8b", cluster="h100", nodes="1", tokens=1e10, jobs=1)
+    r = tuner.scale(**kw, framework="megatron-core", optimizer_moments="bf16")
+    assert [row["framework"] for row in r.rows] == ["megatron-core"] and r.rows[0]["status"] == "ok"
+    r = tuner.scale(**kw, framework="all", optimizer_moments="bf16")
+    assert {row["framework"] for row in r.rows} == {"megatron-core"}
+    assert any("torchtitan left out: Adam's moments in bf16" in n for n in r.notes)
+    with pytest.raises(UsageError, match="torchtitan keeps Adam's moments in fp32"):
+        tuner.scale(**kw, framework="torchtitan", optimizer_moments="bf16")
+    out = CliRunner().invoke(cli, ["scale", "--model", "llama3-8b", "--cluster", "h100", "--nodes", "1",
+                                   "--tokens", "1e10", "--optimizer-moments", "bf16", "--jobs", "1"])
+    assert out.exit_code == 0, out.output

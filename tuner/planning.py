@@ -314,8 +314,9 @@ def _frameworks(framework, clusters, model, precision) -> tuple[dict, list[str]]
 def scale(model, cluster="frontier", nodes="16:512", *, tokens: float | None = None, steps: int | None = None,
           framework: str | None = None, global_batch: int | None = None, batch_schedule: str | None = None,
           batch_per_gpu: int | None = None, seq_length: int | None = None, precision: str = "bf16",
-          grad_reduce: str | None = None, price=None, deadline: float | None = None, max_gpus: int | None = None,
-          space: str = "default", storage=None, jobs: int | None = None) -> ScaleResult:
+          grad_reduce: str | None = None, optimizer_moments: str | None = None, price=None,
+          deadline: float | None = None, max_gpus: int | None = None, space: str = "default", storage=None,
+          jobs: int | None = None) -> ScaleResult:
     """`tuner scale`: for each cluster (a name, a comma list or ClusterSpecs), framework and node count
     ('16,32,64' or '16:512', doubling), the best layout and its samples/s (measured where a stored study
     measured it), days to train `tokens` (or `steps`) with goodput, GPU-hours, cost (with `price`: one
@@ -324,14 +325,14 @@ def scale(model, cluster="frontier", nodes="16:512", *, tokens: float | None = N
     for the predictions (default: the CPUs)."""
     req, notes = scale_request(model, cluster, nodes, tokens=tokens, steps=steps, framework=framework,
                                global_batch=global_batch, batch_schedule=batch_schedule, batch_per_gpu=batch_per_gpu,
-                               seq_length=seq_length, precision=precision, grad_reduce=grad_reduce, price=price,
-                               deadline=deadline, max_gpus=max_gpus)
+                               seq_length=seq_length, precision=precision, grad_reduce=grad_reduce,
+                               optimizer_moments=optimizer_moments, price=price, deadline=deadline, max_gpus=max_gpus)
     return answer_scale(req, notes, _read_store(storage), space, jobs, framework)
 
 
 def scale_request(model, cluster, nodes, *, tokens=None, steps=None, framework=None, global_batch=None,
                   batch_schedule=None, batch_per_gpu=None, seq_length=None, precision="bf16", grad_reduce=None,
-                  price=None, deadline=None, max_gpus=None):
+                  optimizer_moments=None, price=None, deadline=None, max_gpus=None):
     """The checked Request of `scale`'s arguments (UsageError naming the fix), and notes on the frameworks
     left out; nothing is predicted or read."""
     from tuner import scaling
@@ -346,6 +347,8 @@ def scale_request(model, cluster, nodes, *, tokens=None, steps=None, framework=N
     if len({c.name for c in clusters}) < len(clusters):
         raise UsageError(f"--cluster {cluster} names a cluster twice: give each once")
     fws, notes = _frameworks(framework, clusters, m, precision)
+    if optimizer_moments == "bf16":             # Megatron-Core's precision-aware optimizer: no other stack has it
+        fws, notes = _with_bf16_moments(fws, notes, framework)
     gb = global_batch if global_batch is not None else (None if batch_schedule or batch_per_gpu else m.global_batch)
     if gb is None and not (batch_schedule or batch_per_gpu):
         raise UsageError(f"model '{m.name}' has no default global batch: pass --global-batch")
@@ -353,10 +356,20 @@ def scale_request(model, cluster, nodes, *, tokens=None, steps=None, framework=N
     prices = (scaling.parse_prices(price, [c.name for c in clusters]) if isinstance(price, (str, type(None)))
               else dict(price))
     req = scaling.Request(m, tuple(clusters), fws, scaling.parse_nodes(nodes) if isinstance(nodes, str)
-                          else tuple(sorted(set(nodes))), batch, tokens, steps, precision, grad_reduce or "", prices,
-                          deadline, max_gpus)
+                          else tuple(sorted(set(nodes))), batch, tokens, steps, precision, grad_reduce or "",
+                          "" if optimizer_moments in (None, "fp32") else optimizer_moments, prices, deadline, max_gpus)
     scaling.check_request(req)
     return req, notes
+
+
+def _with_bf16_moments(fws: dict, notes: list[str], framework) -> tuple[dict, list[str]]:
+    """With Adam's moments in bf16: the stacks that have them (Megatron-Core); with --framework all the
+    others left out and said so, else make_workload's refusal names the fix."""
+    if str(framework).replace(" ", "") != "all":
+        return fws, notes
+    notes = notes + [f"{c}: {fw} left out: Adam's moments in bf16 are Megatron-Core's precision-aware optimizer"
+                     for c, names in fws.items() for fw in names if fw != "megatron-core"]
+    return {c: [fw for fw in names if fw == "megatron-core"] for c, names in fws.items()}, notes
 
 
 def answer_scale(req, notes: list[str], store, space: str = "default", jobs: int | None = None,
@@ -371,7 +384,8 @@ def answer_scale(req, notes: list[str], store, space: str = "default", jobs: int
     wanted, skipped = scaling.points(req)
     _SHARED.update(space=load_space(space), histories={c.name: history(store, m.name, c.name) for c in req.clusters})
     jobs_wanted = {scaling.answer_key(c, fw, n, g):
-                   make_workload(m, n, c, g, req.precision, fw, req.grad_reduce or None)
+                   make_workload(m, n, c, g, req.precision, fw, req.grad_reduce or None,
+                                 optimizer_moments=req.optimizer_moments or None)
                    for c, fw, n, phases in wanted for _, g in phases}
     answers = _answer_all(list(jobs_wanted.items()), store, jobs or usable_cpus())
     rows, chosen, sentence = scaling.table(req, wanted, answers)

@@ -128,6 +128,7 @@ class Request:
     steps: int | None = None
     precision: str = "bf16"
     grad_reduce: str = ""
+    optimizer_moments: str = ""     # "" = fp32; bf16: Megatron-Core's precision-aware optimizer
     prices: dict = field(default_factory=dict)
     deadline_days: float | None = None
     max_gpus: int | None = None

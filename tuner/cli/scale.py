@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from tuner.cli import DB_OPTION, FORMAT_OPTION, cli
-from tuner.cli.options import CLUSTERS, GRAD_REDUCE_OPTION, MODELS, SEQ_LENGTH_OPTION
+from tuner.cli.options import CLUSTERS, GRAD_REDUCE_OPTION, MODELS, MOMENTS_OPTION, SEQ_LENGTH_OPTION
 from tuner.cli.render import render
 from tuner.specs import PRECISIONS
 
@@ -39,6 +39,7 @@ CSV_COLUMNS = ["cluster", "framework", "nodes", "gpus", "global_batch", "status"
 @SEQ_LENGTH_OPTION
 @click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True, help="GEMM precision.")
 @GRAD_REDUCE_OPTION
+@MOMENTS_OPTION
 @click.option("--price", default=None,
               help="Price per GPU-hour: one for all clusters (2.5) or per cluster (h100=2.5,frontier=1.8).")
 @click.option("--deadline", type=float, default=None, help="Days: pick the cheapest point that trains within them.")
@@ -52,7 +53,7 @@ CSV_COLUMNS = ["cluster", "framework", "nodes", "gpus", "global_batch", "status"
 @DB_OPTION
 @FORMAT_OPTION
 def scale(model, cluster, nodes, tokens, steps, framework, global_batch, batch_schedule, batch_per_gpu, seq_length,
-          precision, grad_reduce, price, deadline, max_gpus, space, jobs, out, force, db, fmt):
+          precision, grad_reduce, optimizer_moments, price, deadline, max_gpus, space, jobs, out, force, db, fmt):
     """How many nodes, which machine, how long, how much: for every cluster, framework and node count the
     best layout and its samples/s (measured where a stored study measured it, else `tuner best`'s corrected
     prediction), days to train with goodput (failures, checkpoints, restarts), GPU-hours, cost and energy;
@@ -65,8 +66,8 @@ def scale(model, cluster, nodes, tokens, steps, framework, global_batch, batch_s
     t0 = time.perf_counter()
     req, notes = scale_request(model, cluster, nodes, tokens=tokens, steps=steps, framework=framework,
                                global_batch=global_batch, batch_schedule=batch_schedule, batch_per_gpu=batch_per_gpu,
-                               seq_length=seq_length, precision=precision, grad_reduce=grad_reduce, price=price,
-                               deadline=deadline, max_gpus=max_gpus)
+                               seq_length=seq_length, precision=precision, grad_reduce=grad_reduce,
+                               optimizer_moments=optimizer_moments, price=price, deadline=deadline, max_gpus=max_gpus)
     if out is not None:
         from tuner.cli.report import check_out_dir
         check_out_dir(out, force)
