@@ -15,11 +15,11 @@ from tuner import hf_config
 from tuner.errors import SpecError, UsageError
 from tuner.frameworks import NAMES as FRAMEWORK_NAMES, grad_reduces as framework_grad_reduces
 from tuner.precision import PRECISIONS, refusal as precision_refusal
-from tuner.scaleup import DOMAIN_KEYS, check_domain, segment
-from tuner.goodput import check_operations
 from tuner.presets import find_spec_file, read_toml
+from tuner.cluster_spec import (CLUSTER_KEYS, RETIRED_CLUSTER_KEYS, ClusterSpec, cluster_framework,  # noqa: F401
+                                load_cluster)
+from tuner.spec_keys import ALLOW_ZERO, MAX_INT, check_keys as _check  # noqa: F401  (names specs always had)
 
-MAX_INT = 2**31 - 1   # every count is stored in 32-bit integer columns (PostgreSQL INTEGER)
 
 # key -> (type, default); a default of ... means required.
 MODEL_KEYS: dict[str, tuple[type, Any]] = {
@@ -72,93 +72,6 @@ MODEL_CHOICES: dict[str, tuple[str, ...]] = {
     "normalization": ("layernorm", "rmsnorm"),
     "moe_router_score_function": ("softmax", "sigmoid"),
 }
-
-# Every hardware constant the performance model uses lives here, with its documented default.
-# Numbers must be > 0, except the fixed overheads (ALLOW_ZERO), which may be measured as none.
-CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
-    "name": (str, ...),
-    "gpus_per_node": (int, ...),
-    "peak_tflops": (float, ...),                 # dense bf16/fp16 per GPU
-    "peak_tflops_fp8": (float, None),            # dense FP8 per GPU (none: the GPU has no FP8 GEMMs)
-    "peak_tflops_fp4": (float, None),            # dense FP4 (NVFP4 / MXFP4) per GPU (none: no FP4 GEMMs)
-    "block_scaled": (bool, False),               # tensor cores scale MX / NVFP4 blocks (Blackwell, CDNA 4)
-    "software": (str, "cuda"),                   # the GPU stack `launch` writes for: "cuda" | "rocm" (AMD)
-    "matmul_efficiency_fp8": (float, None),      # eta_max of FP8 GEMMs where measured apart (default matmul_efficiency)
-    "matmul_efficiency_fp4": (float, None),      # eta_max of FP4 GEMMs where measured apart (default the FP8 one)
-    "memory_gb": (float, ...),                   # per GPU
-    "hbm_bandwidth_gbps": (float, ...),          # per GPU
-    "intra_node_bandwidth_gbps": (float, ...),   # per GPU, per direction, whole-node groups
-    "inter_node_bandwidth_gbps": (float, None),  # per node injection, per direction (required unless
-                                                 # scale_out_bandwidth_gbps gives it per GPU)
-    # The scale-up domain (NVLink / Infinity Fabric) when it is more than one node: an NVL72 rack is 18 trays
-    # (nodes, gpus_per_node 4) in one 72-GPU NVLink domain. Default: the node.
-    "scale_up_domain_gpus": (int, None),         # GPUs in one domain (a multiple of gpus_per_node)
-    "scale_up_bandwidth_gbps": (float, None),    # per GPU, per direction, across the domain's nodes
-                                                 # (default intra_node_bandwidth_gbps)
-    "scale_out_bandwidth_gbps": (float, None),   # per GPU, per direction: its own NIC(s) to other domains
-                                                 # (read into inter_node_bandwidth_gbps = this x gpus_per_node)
-    "matmul_efficiency": (float, 0.7),           # eta_max: fraction of peak that large training GEMMs sustain
-    "latency_us": (float, 10.0),                 # per ring step of a collective / per p2p message
-    "gemm_knee_gflop": (float, 20.0),            # per-GPU GEMM work (GFLOP) at which efficiency is eta_max / 2
-    "attention_efficiency": (float, 0.35),       # fraction of peak on the attention FLOPs Megatron counts (full s^2)
-    "memory_bandwidth_efficiency": (float, 0.7),  # fraction of HBM bandwidth element-wise kernels reach
-    "network_efficiency": (float, 0.8),          # collective bus bandwidth / link bandwidth for large messages
-    "microbatch_overhead_ms": (float, 1.0),      # fixed cost per micro-batch per stage (dispatch, p2p sync)
-    "step_overhead_ms": (float, 0.0),            # fixed cost per iteration (engine step, optimizer dispatch, loss sync)
-    "memory_reserved_gb": (float, 3.0),          # context, communication buffers, workspaces, allocator slack
-    "flash_attention": (bool, True),             # whether attention keeps no s^2 scores (and runs fused)
-    "framework": (str, "megatron-deepspeed"),    # the training stack run here by default (tuner.frameworks):
-                                                 # --framework overrides it per study
-    "group_bandwidth_gbps": (dict, None),        # {"2": 200.0, ...} per-GPU bandwidth of an aligned intra-node block
-    "slurm": (dict, None),                       # the [slurm] table used by the Slurm runner
-    "operations": (dict, None),                  # the [operations] table (tuner.goodput: node MTBF, file system
-                                                 # bandwidth, restart, node power); absent keys: cited defaults
-}
-#: Numbers that may be 0: the fixed overheads (measured as none) and counts whose 0 means "none".
-ALLOW_ZERO = frozenset({"microbatch_overhead_ms", "step_overhead_ms", "num_experts", "num_shared_experts",
-                        "moe_first_dense_layers"})
-#: Keys of older cluster files and stored studies, read and dropped by ClusterSpec.from_dict: comm_overlap
-#: (now the framework's overlaps: true meant Megatron-Core) and memory_headroom (the margin is now a fit
-#: probability from the framework's measured memory error).
-RETIRED_CLUSTER_KEYS = ("comm_overlap", "memory_headroom")
-
-
-def cluster_framework(cluster: dict) -> str:
-    """A cluster file's (or stored cluster's) framework; one written before frameworks: the stack its
-    comm_overlap described."""
-    if cluster.get("framework") is not None:
-        return cluster["framework"]
-    return "megatron-core" if cluster.get("comm_overlap") else "megatron-deepspeed"
-
-
-def _check(kind: str, path: str, data: dict, keys: dict[str, tuple[type, Any]]) -> dict:
-    unknown = sorted(set(data) - set(keys))
-    if unknown:
-        shown = ", ".join(k if k.isidentifier() else repr(k) for k in unknown)   # one line, whatever the key
-        raise SpecError(f"{path}: unknown {kind} key(s) {shown}; valid keys: {', '.join(keys)}")
-    missing = [k for k, (_, d) in keys.items() if d is ... and data.get(k) is None]
-    if missing:
-        raise SpecError(f"{path}: missing {kind} key(s) {', '.join(missing)}; valid keys: {', '.join(keys)}")
-    out = {}
-    for k, (typ, default) in keys.items():
-        if data.get(k) is None:  # absent (a stored spec keeps unset optional keys as None)
-            out[k] = default
-            continue
-        v = data[k]
-        ok = isinstance(v, typ) and not (typ is int and isinstance(v, bool))
-        if typ is float and isinstance(v, int) and not isinstance(v, bool):
-            v, ok = float(v), True
-        if not ok:
-            raise SpecError(f"{path}: {kind} key '{k}' must be {typ.__name__}, got {type(v).__name__} ({v!r})")
-        if typ in (int, float) and not (v > 0 or (k in ALLOW_ZERO and v == 0)):   # also refuses NaN
-            raise SpecError(f"{path}: {kind} key '{k}' must be {'>=' if k in ALLOW_ZERO else '>'} 0, got {v}")
-        if typ is int and v > MAX_INT or typ is float and v == float("inf"):
-            raise SpecError(f"{path}: {kind} key '{k}' must be at most {MAX_INT}, got {v}")
-        if k == "name" and not (v.strip() and v.isprintable() and len(v) <= 200):
-            raise SpecError(f"{path}: {kind} name {v[:200]!r} must be one printable line of at most 200 characters")
-        out[k] = v
-    return out
-
 
 @dataclass(frozen=True)
 class ModelSpec(ArchitectureSizes):
@@ -255,99 +168,6 @@ LATER_KEYS = ("head_dim", "qk_layernorm", "multi_latent_attention", *MLA_KEYS, "
 _DATACLASS_DEFAULTS = {f.name: f.default for f in fields(ModelSpec)}
 
 
-@dataclass(frozen=True)
-class ClusterSpec:
-    name: str
-    gpus_per_node: int
-    peak_tflops: float
-    memory_gb: float
-    hbm_bandwidth_gbps: float
-    intra_node_bandwidth_gbps: float
-    inter_node_bandwidth_gbps: float
-    matmul_efficiency: float = 0.7
-    latency_us: float = 10.0
-    gemm_knee_gflop: float = 20.0
-    attention_efficiency: float = 0.35
-    memory_bandwidth_efficiency: float = 0.7
-    network_efficiency: float = 0.8
-    microbatch_overhead_ms: float = 1.0
-    step_overhead_ms: float = 0.0
-    memory_reserved_gb: float = 3.0
-    flash_attention: bool = True
-    framework: str = "megatron-deepspeed"
-    group_bandwidth_gbps: dict | None = None
-    slurm: dict | None = None
-    peak_tflops_fp8: float | None = None
-    scale_up_domain_gpus: int | None = None
-    scale_up_bandwidth_gbps: float | None = None
-    peak_tflops_fp4: float | None = None
-    block_scaled: bool = False
-    software: str = "cuda"
-    matmul_efficiency_fp8: float | None = None
-    matmul_efficiency_fp4: float | None = None
-    operations: dict | None = None           # tuner.goodput.OPERATION_KEYS; stored only when given
-
-    @property
-    def domain_gpus(self) -> int:
-        """GPUs in one scale-up (NVLink / Infinity Fabric) domain: the node unless the cluster says more."""
-        return self.scale_up_domain_gpus or self.gpus_per_node
-
-    @property
-    def domain_bandwidth(self) -> float:
-        """Per-GPU bandwidth (GB/s, per direction) of a group that spans nodes inside one domain."""
-        return self.scale_up_bandwidth_gbps or self.intra_node_bandwidth_gbps
-
-    @property
-    def nic_bandwidth(self) -> float:
-        """Scale-out bandwidth per GPU (GB/s, per direction): the node's injection shared by its GPUs."""
-        return self.inter_node_bandwidth_gbps / self.gpus_per_node
-
-    def for_nodes(self, nodes: int) -> "ClusterSpec":
-        """The cluster as a job of `nodes` nodes gets it (tuner.scaleup.segment: the racks of an NVL72 domain)."""
-        seg = segment(self.domain_gpus // self.gpus_per_node, nodes)
-        import dataclasses
-        return self if seg * self.gpus_per_node == self.domain_gpus else dataclasses.replace(
-            self, scale_up_domain_gpus=seg * self.gpus_per_node)
-
-    @property
-    def segment_nodes(self) -> int:
-        """Nodes of one scale-up domain (1 when the domain is the node): Slurm's --segment."""
-        return self.domain_gpus // self.gpus_per_node
-
-    def intra_group_bandwidth(self, size: int) -> float:
-        """Per-GPU bandwidth (GB/s) of a collective group of `size` GPUs inside one node."""
-        table = self.group_bandwidth_gbps or {}
-        if str(size) in table:
-            return float(table[str(size)])
-        return self.intra_node_bandwidth_gbps
-
-    def as_dict(self) -> dict:
-        """Every key; the scale-up domain's only when set, so a one-node-domain cluster is stored as before."""
-        return {k: v for k, v in asdict(self).items() if not (k in DOMAIN_KEYS and v in (None, False, "cuda"))
-                and not (k == "operations" and v is None)}
-
-    @classmethod
-    def from_dict(cls, data: dict, where: str = "cluster") -> "ClusterSpec":
-        framework = cluster_framework(data)          # before the retired keys are dropped
-        data = {**{k: v for k, v in data.items() if k not in RETIRED_CLUSTER_KEYS}, "framework": framework}
-        d = _check("cluster", where, data, CLUSTER_KEYS)
-        check_domain(d, where)
-        check_operations(d["operations"], where)
-        if d["framework"] not in FRAMEWORK_NAMES:
-            raise SpecError(f"{where}: cluster key 'framework' must be one of {', '.join(FRAMEWORK_NAMES)}, "
-                            f"got {d['framework'][:200]!r}")
-        for k, v in (d["group_bandwidth_gbps"] or {}).items():
-            if not (k.isdigit() and isinstance(v, (int, float)) and v > 0):
-                raise SpecError(f"{where}: group_bandwidth_gbps entries are \"<group size>\" = <GB/s>, got {k} = {v!r}")
-        for k in ("matmul_efficiency", "attention_efficiency", "memory_bandwidth_efficiency", "network_efficiency",
-                  "matmul_efficiency_fp8", "matmul_efficiency_fp4"):
-            if d[k] is not None and d[k] > 1:
-                raise SpecError(f"{where}: {k} is a fraction of peak and must be <= 1, got {d[k]}")
-        return cls(**d)
-
-
-
-
 #: bf16, fp8, mxfp8, nvfp4 (tuner.precision: what each needs of the cluster and the framework)
 PRECISIONS = PRECISIONS
 GRAD_REDUCES = ("fp32", "bf16")    # the dtype gradients accumulate and reduce in (tuner.frameworks grad_reduces)
@@ -434,11 +254,6 @@ def with_seq_length(m: ModelSpec, seq_length: int | None) -> ModelSpec:
         raise UsageError(f"--seq-length must be between 1 and {MAX_INT} (got {seq_length})")
     base = re.sub(r"-s\d+$", "", m.name)
     return replace(m, name=f"{base}-s{seq_length}", seq_length=seq_length)
-
-
-def load_cluster(name: str) -> ClusterSpec:
-    path = find_spec_file("clusters", name)
-    return ClusterSpec.from_dict(read_toml(path), str(path))
 
 
 def make_workload(model: str | ModelSpec, nodes: int, cluster: str | ClusterSpec = "frontier",
