@@ -32,6 +32,7 @@ study's own measurements only.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,6 +52,9 @@ GLOBAL_SHARE = 0.5   # share of the study's typical error that counts as the mod
 FAMILY_DIMS = ("pp", "recompute", "micro_batch", "zero_stage", "tp", "expert_parallel", "expert_tensor_parallel",
                "context_parallel", "virtual_pipeline")
 KEY_DIMS = 4
+N_INITIAL = 3              # first picks: the model's top pick + the best of other layout families
+SPREAD_CAP = 12            # novelty beyond this does not rank a first pick higher
+DIVERSE_WITHIN = 0.7       # a first pick's predicted throughput is at least this fraction of the top
 
 
 @dataclass
@@ -141,6 +145,23 @@ def believe(gp: FamilyGP, rows: np.ndarray, F: np.ndarray) -> FamilyGP:
     out.fit(np.vstack([A, rows]), np.vstack([Fd, F]), np.concatenate([y, mu]),
             np.concatenate([noise, np.zeros(len(mu))]))
     return out
+
+
+def first_pick(candidates: list, free: np.ndarray, score: np.ndarray, picks: list[tuple], roomy: np.ndarray,
+               tiebreak: np.ndarray) -> int | None:
+    """A first trial (no history) among the indices `free`: the best-scored (predicted) candidate that takes
+    values no earlier pick (`picks`: their family keys) has in as many of the family dimensions (FAMILY_DIMS,
+    up to SPREAD_CAP) as any candidate within DIVERSE_WITHIN of the top does -- the model's top pick when
+    there is none -- keeping the memory headroom (`roomy`) where any does: one wrong term of the model cannot
+    hide a whole family."""
+    top = float(score[free].max())
+    ok = [i for i in free if score[i] >= top + math.log(DIVERSE_WITHIN)] if picks else list(free)
+    if any(roomy[i] for i in ok):
+        ok = [i for i in ok if roomy[i]]
+    if not ok:
+        return None
+    far = {i: min(novelty(family_key(candidates[i]), picks), SPREAD_CAP) for i in ok}
+    return int(max(ok, key=lambda i: (far[i], score[i] + tiebreak[i])))
 
 
 def family_key(layout) -> tuple:

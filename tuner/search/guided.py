@@ -11,29 +11,25 @@ of its neighbours).
 
 - First trials (no history): the model's top pick, then `n_initial - 1` layouts within DIVERSE_WITHIN of
   its predicted speed, each the best predicted of those that take values no earlier pick has in the most
-  family dimensions (explore.novelty), so that a wrong model shows itself early; each keeps the cluster's
+  family dimensions (explore.first_pick), so that a wrong model shows itself early; each keeps the cluster's
   memory headroom (tuner/best.py) where any layout does, since nothing has been measured yet.
 - Then: expected improvement over the best measured, in log space, times the probability of fitting.
   A batch (ask(n > 1), or asks without tells in between) uses the kriging believer: each chosen or
   running layout counts as measured at its posterior mean.
-- An OOM defers (tuner/search/base.py: proposed only once nothing else is left) every layout not yet run
-  that the model predicts to need at least as much memory on the same worst pipeline stage
-  (Prediction.memory_stage) -- equal counts: the model cannot tell such a layout from the one that ran out --
-  until the memory learned from measured peaks puts it below every OOM'd layout of that stage and is sure
-  it fits (p_fit >= RECOMMEND_AT): a model that overstates some layouts' memory cannot hide them for good.
+- An OOM defers every layout not yet run that the model predicts to need at least as much memory on the
+  same worst pipeline stage, until the memory learned from measured peaks says otherwise
+  (tuner/search/oom_deferral.py).
 - `history` (stored trials of the same model and cluster at any node count, see
   correction.warm_start_records; `history_studies` maps study name -> StudyRecord for their global
   batch) corrects the model before the first trial; `evidence` says what it used. Only measurements of
   the workload's framework count: a simulated trial of another study is the model's own prediction (a
   study's own trials, simulated or not, are told to it and learned from as the world it searches).
 - Early stop (`stop_threshold`, off by default so that `ask` honours the contract of exhausting the
-  candidates): ask returns [] (running trials may still change its mind) once the probability that
-  *some* layout beats the recommended one (the fastest measured) by more than `stop_threshold` is at
-  most `stop_probability` -- joint over every layout, against the recommended layout's posterior
-  (tuner/search/confidence.py). `confidence` (1 minus that probability) and `stop_reason` say how sure
-  it is after every ask, whether or not stopping is on. The GP's sd is widened when its leave-one-out
-  errors say it does not explain the data (correction.GP.calibrate); benchmarks/stop_calibration.py
-  checks the stated confidence against the realised false-stop rate on independent worlds.
+  candidates): ask returns [] (running trials may still change its mind) once the stop rule
+  (tuner/search/stop_rule.py) is sure enough that no layout beats the recommended one (the fastest
+  measured) by more than `stop_threshold`; `confidence` and `stop_reason` say how sure it is after every
+  ask, whether or not stopping is on. The GP's sd is widened when its leave-one-out errors say it does
+  not explain the data (correction.GP.calibrate).
 Deterministic: ties break by a seeded permutation.
 """
 
@@ -52,16 +48,14 @@ from tuner.perfmodel import predict
 from tuner.search import STUDY_DEFAULTS  # (re-exported: the study defaults of the stop rule)
 from tuner.search.base import BaseSearcher
 from tuner.search.confidence import beat_probability, margin_of
-from tuner.search.explore import believe, family_key, fit_beliefs, novelty
+from tuner.search.explore import N_INITIAL, believe, family_key, first_pick, fit_beliefs
+from tuner.search.oom_deferral import OomDeferral
+from tuner.search.stop_rule import StopRule
 from tuner.correction import F_DIM, FM_DIM, GP, Z_DIM, Features, Observations, features, warm_start_records
 from tuner.trial import Status, TrialResult
 
-N_INITIAL = 3              # model's top pick + best of other layout families (explore.FAMILY_DIMS)
-SPREAD_CAP = 12            # novelty (explore.novelty) beyond this does not rank a first pick higher
-DIVERSE_WITHIN = 0.7       # an initial layout's predicted throughput is at least this fraction of the top
 XI = 0.0                   # EI margin (log space)
 P_FIT_SD = MEMORY_NOISE_SD     # memory ratio noise beyond the learned uncertainty (as predict states p_fit)
-SAME_MEMORY = 1e-9         # relative: predicted peaks this close are equal (an OOM defers both)
 
 
 def _norm_pdf(z):
@@ -77,8 +71,8 @@ class GuidedSearcher(BaseSearcher):
                  n_initial: int = N_INITIAL, **kw):
         super().__init__(candidates, seed=seed, **kw)
         self.workload = workload
-        self.stop_threshold, self.stop_probability = stop_threshold, stop_probability
-        self.min_trials, self.n_initial = int(min_trials), int(n_initial)
+        self.stop = StopRule(stop_threshold, stop_probability, min_trials)
+        self.n_initial = int(n_initial)
         self.capacity = workload.cluster.memory_gb if workload is not None else None
         preds = [predict(c, workload) for c in self.candidates] if workload is not None else [None] * len(self.candidates)
         self.fts: list[Features] = [features(c, workload, p) for c, p in zip(self.candidates, preds)]
@@ -90,7 +84,8 @@ class GuidedSearcher(BaseSearcher):
         self.log_mem = np.array([f.log_mem for f in self.fts])
         self.mem_gb = [p.memory_gb if p is not None else None for p in preds]   # stored as predicted_memory_gb
         self.mem_stage = np.array([p.memory_stage if p is not None else -1 for p in preds], dtype=int)
-        self._mem = np.array([p.memory_gb if p is not None else -math.inf for p in preds], dtype=float)
+        self.oom = OomDeferral(np.array([p.memory_gb if p is not None else -math.inf for p in preds], dtype=float),
+                               self.mem_stage, self.log_mem, self.Z, self.FM)
         self._tiebreak = np.random.default_rng([self.seed, 11]).permutation(n) * 1e-12
         ws = warm_start_records(history, workload, history_studies) if (history and workload is not None) else None
         self.history = ws.observations if ws else Observations()
@@ -104,26 +99,27 @@ class GuidedSearcher(BaseSearcher):
         self.best_index: int | None = None
         self.best_key: tuple | None = None
         self.n_ok = 0
-        self.confidence: float | None = None    # P(no layout beats the recommended one by > threshold)
-        self.stop_reason: str | None = None
-        self.stopped = False
         self.mem_scale = 1.0                    # max measured/predicted peak seen (reported)
         self.failed = np.zeros(n, dtype=bool)   # told a failure: cannot be the fastest
         self.ran = np.zeros(n, dtype=bool)      # ran (not pruned): known to fit
-        self.heavier = np.zeros(n, dtype=bool)       # predicted to need as much as an OOM'd layout (_hold)
-        self.structural = np.zeros(n, dtype=bool)    # deferred by base.py's rule
-        self.ooms: list[tuple] = []                  # (worst stage, z, fm, log predicted memory) of each OOM
         self._learned = 0                       # results that taught something (the stop rule's cache key)
-        self._checked: int | None = None
         if workload is not None:                # unmeasured first picks keep the memory headroom
             self.memory_sd = framework_of(workload).memory_sd
             self.roomy = self.p_fit() >= RECOMMEND_AT
         else:
-            self.roomy = np.ones(n, dtype=bool)
+            self.memory_sd, self.roomy = None, np.ones(n, dtype=bool)
+
+    # the stop rule's state, read by the driver, the CLI and the library
+    stop_threshold = property(lambda self: self.stop.threshold)
+    stop_probability = property(lambda self: self.stop.probability)
+    min_trials = property(lambda self: self.stop.min_trials)
+    confidence = property(lambda self: self.stop.confidence)
+    stop_reason = property(lambda self: self.stop.reason)
+    stopped = property(lambda self: self.stop.stopped)
 
     # ---- telling ----------------------------------------------------------------------------------
     def _observe(self, layout: Layout, result: TrialResult, asked: bool) -> None:
-        self.structural |= self.deferred & ~self.heavier      # base.py's deferrals (needs_more_memory)
+        self.oom.note_base(self.deferred)      # base.py's deferrals (needs_more_memory)
         i = self.index.get(layout)
         if i is not None:
             self.pending.pop(i, None)
@@ -145,8 +141,7 @@ class GuidedSearcher(BaseSearcher):
             self.failed[i] = True
         if result.status == Status.OOM and self.workload is not None:
             memory_gb, stage = self._predicted_memory(layout, i)
-            self.ooms.append((stage, np.asarray(ft.z, float), np.asarray(ft.fm, float), ft.log_mem))
-            self._defer_heavier(memory_gb, stage)
+            self.deferred |= self.oom.after_oom(memory_gb, stage, ft.z, ft.fm, ft.log_mem, self.used)
         if result.status == Status.OK and result.peak_memory_gb and self.workload is not None:
             self.mem_scale = max(self.mem_scale, result.peak_memory_gb / math.exp(ft.log_mem))
         if result.status == Status.OK and result.mfu:
@@ -163,31 +158,6 @@ class GuidedSearcher(BaseSearcher):
             return self.mem_gb[i], int(self.mem_stage[i])
         p = predict(layout, self.workload)
         return p.memory_gb, p.memory_stage
-
-    def _defer_heavier(self, memory_gb: float, stage: int) -> None:
-        """After an OOM at a layout predicted to need `memory_gb` on pipeline stage `stage`: defer every
-        layout not yet run that is predicted to need at least as much there (until the learned memory
-        says it fits: _hold)."""
-        heavier = ~self.used & (self.mem_stage == stage) & (self._mem >= memory_gb * (1 - SAME_MEMORY))
-        self.heavier |= heavier
-        self.deferred |= heavier
-
-    def _hold(self, p_fit: np.ndarray) -> None:
-        """Defer what base.py's rule defers, and the layouts predicted heavier than an OOM (_defer_heavier)
-        unless the memory learned from measured peaks both puts them below every OOM'd layout of their stage
-        and is sure they fit (p_fit >= RECOMMEND_AT): the model's order of memory is only its own, and
-        measured peaks that reorder it outweigh it (issue 30)."""
-        held = self.heavier & ~self.used
-        if held.any() and (p_fit >= RECOMMEND_AT)[held].any():
-            mem = self._memory_obs()
-            peaks = Observations(mZ=mem.mZ, mF=mem.mF, my=mem.my, mnoise=mem.mnoise).memory_gp(self.memory_sd)
-            learned = self.log_mem + peaks.predict(self.Z, self.FM)[0]
-            below = p_fit >= RECOMMEND_AT
-            for stage, z, fm, log_mem in self.ooms:
-                bound = log_mem + peaks.predict(z[None, :], fm[None, :])[0][0]
-                below &= (self.mem_stage != stage) | (learned < bound + math.log1p(-SAME_MEMORY))
-            held &= ~below
-        self.deferred = self.structural | held
 
     def tell_claimed_elsewhere(self, layout: Layout) -> None:
         """Another driver runs `layout`: never propose it, and do not wait for its result."""
@@ -245,24 +215,15 @@ class GuidedSearcher(BaseSearcher):
     def _should_stop(self) -> bool:
         """Update `confidence`; True when stopping is on and no layout is likely to beat the recommended one."""
         if self.best_index is None or self.n_ok < 1:
-            self.confidence = None
+            self.stop.confidence = None
             return False
-        if self._checked != self._learned:      # only a result that taught something changes the answer
-            self._checked, self.confidence = self._learned, self._confidence()
-        p = 1.0 - self.confidence
-        self.stopped = False
-        if self.stop_threshold is None or self.n_ok < self.min_trials or p > self.stop_probability:
-            return False
-        self.stopped = True
-        self.stop_reason = (f"{100 * self.confidence:.1f} % confident that no layout trains more than "
-                            f"{100 * self.stop_threshold:g} % faster than {self.best_layout.key()} "
-                            f"(MFU {100 * math.exp(self.best_log):.2f} %)")
-        return True
+        recommended = f"{self.best_layout.key()} (MFU {100 * math.exp(self.best_log):.2f} %)"
+        return self.stop.check(self._learned, self.n_ok, self._confidence, recommended)
 
     def _confidence(self) -> float:
         """P(no layout beats the recommended one by more than the threshold), see confidence.py."""
         gp, rows = self._beliefs([])            # running trials are not measurements
-        threshold = self.stop_threshold if self.stop_threshold is not None else 0.01
+        threshold = self.stop.threshold if self.stop.threshold is not None else 0.01
         others = np.flatnonzero(~self.failed)
         others = others[others != self.best_index]
         p_fit = np.where(self.ran, 1.0, self.p_fit())     # a layout the model pruned may still run in truth
@@ -271,9 +232,7 @@ class GuidedSearcher(BaseSearcher):
                                       margin_of(threshold), rng)
 
     def _initial_pick(self, score: np.ndarray, chosen: list[int]) -> int | None:
-        """The model's top pick first, then the best predicted layout that takes values no earlier pick has in
-        as many of the family dimensions (explore.FAMILY_DIMS, up to SPREAD_CAP) as any layout within
-        DIVERSE_WITHIN of the top does: one wrong term of the model cannot hide a whole family."""
+        """One of the first `n_initial` trials (no history; explore.first_pick), or None once they are chosen."""
         tried = sum(r.status != Status.PRUNED for r in self.told.values()) + len(chosen) + len(self.pending)
         if self.history.y or tried >= self.n_initial:
             return None
@@ -282,18 +241,11 @@ class GuidedSearcher(BaseSearcher):
             return None
         picks = [family_key(self.candidates[i]) for i in (*chosen, *self.pending)]
         picks += [family_key(lay) for lay, r in self.told.items() if r.status != Status.PRUNED]
-        top = float(score[free].max())
-        ok = [i for i in free if score[i] >= top + math.log(DIVERSE_WITHIN)] if picks else list(free)
-        if any(self.roomy[i] for i in ok):
-            ok = [i for i in ok if self.roomy[i]]
-        if not ok:
-            return None
-        far = {i: min(novelty(family_key(self.candidates[i]), picks), SPREAD_CAP) for i in ok}
-        return int(max(ok, key=lambda i: (far[i], score[i] + self._tiebreak[i])))
+        return first_pick(self.candidates, free, score, picks, self.roomy, self._tiebreak)
 
     def _propose(self, n: int) -> list:
         p_fit = self.p_fit()
-        self._hold(p_fit)
+        self.deferred = self.oom.deferred(p_fit, self.used, self._memory_obs, self.memory_sd)
         log_fit = np.log(np.maximum(p_fit, 1e-12))
         chosen: list[int] = []
         for _ in range(n):

@@ -1,0 +1,64 @@
+"""The guided searcher's OOM deferral: after an out-of-memory trial, what waits, and until when.
+
+An OOM defers (tuner/search/base.py: proposed only once nothing else is left) every layout not yet run
+that the model predicts to need at least as much memory on the same worst pipeline stage
+(Prediction.memory_stage) -- equal counts: the model cannot tell such a layout from the one that ran out --
+until the memory learned from measured peaks puts it below every OOM'd layout of that stage and is sure it
+fits (p_fit >= RECOMMEND_AT): a model that overstates some layouts' memory cannot hide them for good
+(issue 30). Pure (numpy).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from tuner.correction import Observations
+from tuner.perfmodel import RECOMMEND_AT
+
+SAME_MEMORY = 1e-9         # relative: predicted peaks this close are equal (an OOM defers both)
+
+
+class OomDeferral:
+    """The layouts an OOM holds back, over candidates with predicted peaks `memory_gb` (GB, -inf where
+    unknown) on worst stages `stage`, and log predicted memory `log_mem` at features `Z`, `FM`."""
+
+    def __init__(self, memory_gb: np.ndarray, stage: np.ndarray, log_mem: np.ndarray, Z: np.ndarray,
+                 FM: np.ndarray):
+        self.memory_gb, self.stage, self.log_mem, self.Z, self.FM = memory_gb, stage, log_mem, Z, FM
+        n = len(memory_gb)
+        self.heavier = np.zeros(n, dtype=bool)       # predicted to need as much as an OOM'd layout
+        self.structural = np.zeros(n, dtype=bool)    # deferred by base.py's rule
+        self.ooms: list[tuple] = []                  # (worst stage, z, fm, log predicted memory) of each OOM
+
+    def note_base(self, deferred: np.ndarray) -> None:
+        """Remember what base.py's rule (needs_more_memory) has deferred so far."""
+        self.structural |= deferred & ~self.heavier
+
+    def after_oom(self, memory_gb: float, stage: int, z, fm, log_mem: float, used: np.ndarray) -> np.ndarray:
+        """After an OOM at a layout predicted to need `memory_gb` on pipeline stage `stage`: every layout
+        not yet run that is predicted to need at least as much there (deferred until `held` lets it go)."""
+        self.ooms.append((stage, np.asarray(z, float), np.asarray(fm, float), log_mem))
+        heavier = ~used & (self.stage == stage) & (self.memory_gb >= memory_gb * (1 - SAME_MEMORY))
+        self.heavier |= heavier
+        return heavier
+
+    def deferred(self, p_fit: np.ndarray, used: np.ndarray, memory: Callable[[], Observations],
+                 memory_sd: float | None) -> np.ndarray:
+        """What stays deferred: base.py's deferrals, and the layouts predicted heavier than an OOM unless the
+        memory learned from measured peaks (`memory`) both puts them below every OOM'd layout of their stage
+        and is sure they fit (p_fit >= RECOMMEND_AT): the model's order of memory is only its own, and
+        measured peaks that reorder it outweigh it."""
+        held = self.heavier & ~used
+        if held.any() and (p_fit >= RECOMMEND_AT)[held].any():
+            mem = memory()
+            peaks = Observations(mZ=mem.mZ, mF=mem.mF, my=mem.my, mnoise=mem.mnoise).memory_gp(memory_sd)
+            learned = self.log_mem + peaks.predict(self.Z, self.FM)[0]
+            below = p_fit >= RECOMMEND_AT
+            for stage, z, fm, log_mem in self.ooms:
+                bound = log_mem + peaks.predict(z[None, :], fm[None, :])[0][0]
+                below &= (self.stage != stage) | (learned < bound + math.log1p(-SAME_MEMORY))
+            held &= ~below
+        return self.structural | held
