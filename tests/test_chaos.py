@@ -71,6 +71,14 @@ def procs_with(marker: str) -> list[psutil.Process]:
     return out
 
 
+def assert_none_left(marker: str, what: str) -> None:
+    """No live process carries `marker`; any that does is killed (not left to the next test) and named."""
+    left = procs_with(marker)
+    for p in left:
+        p.kill()
+    assert left == [], f"{what}: {[p.cmdline() for p in left]}"
+
+
 
 
 # ---- 1. the driver killed ------------------------------------------------------------------------
@@ -156,10 +164,7 @@ def test_hung_trial_killed_with_its_whole_tree(tuner, tmp_path):
     assert t.status == Status.TIMEOUT and "--trial-timeout" in t.message
     assert (tmp_path / "results/trials/hang/1/spawned").exists(), "the fixture never spawned its tree"
     time.sleep(0.3)
-    left = procs_with(marker)
-    for p in left:            # do not leave them to the next test
-        p.kill()
-    assert left == [], f"orphans after --trial-timeout: {[p.cmdline() for p in left]}"
+    assert_none_left(marker, "orphans after --trial-timeout")
 
 
 def test_trial_killed_by_a_signal_is_failed(tuner):
@@ -214,10 +219,7 @@ def test_ctrl_c_kills_running_trials_and_leaves_no_orphans(tmp_path, sig, code):
     assert proc.returncode == code, err
     assert "tuner resume int" in err and ("interrupted" if sig == signal.SIGINT else signal.Signals(sig).name) in err
     time.sleep(0.3)
-    left = procs_with(marker)
-    for p in left:
-        p.kill()
-    assert left == [], f"orphans after Ctrl-C: {[p.cmdline() for p in left]}"
+    assert_none_left(marker, "orphans after Ctrl-C")
     with open_store(db) as s:
         assert {t.status for t in s.trials("int")} == {Status.INTERRUPTED}
         assert s.get_study("int").state != "running"
@@ -243,10 +245,7 @@ def test_sigterm_to_a_search_with_running_local_trials_leaves_no_process_and_a_r
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 143 and "SIGTERM" in err and "tuner resume lt" in err, err
     time.sleep(0.5)
-    left = procs_with(marker)
-    for p in left:
-        p.kill()
-    assert left == [], f"processes outlived the driver: {[p.cmdline() for p in left]}"
+    assert_none_left(marker, "processes outlived the driver")
     with open_store(db) as s:
         assert [t.status for t in s.trials("lt")] == [Status.INTERRUPTED]
         assert s.get_study("lt").state != "running"
@@ -277,10 +276,7 @@ def test_resume_reaps_what_a_sigkilled_driver_left_running(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "left by the stopped driver: 1" in r.stderr
     time.sleep(0.3)
-    left = procs_with(marker)
-    for p in left:
-        p.kill()
-    assert left == [], f"orphans after resume: {[p.cmdline() for p in left]}"
+    assert_none_left(marker, "orphans after resume")
     with open_store(db) as s:
         [t] = s.trials("k9")
     assert t.status == Status.TIMEOUT
