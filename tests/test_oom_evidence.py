@@ -62,7 +62,7 @@ def test_best_at_2n_does_not_recommend_first_the_twin_of_an_oom():
     limit = after[0]["p_fit_limited_by"]             # a layout of the OOM's activation account may be capped, yet sure
     assert limit is None or (OOMED.key() in limit and after[0]["p_fit"] < next(
         r["p_fit"] for r in plain if r["layout"] == after[0]["layout"]))
-    assert after[0]["p_fit_basis"] == of(W4).memory_note() and "ASSUMED" in after[0]["p_fit_basis"]   # said, as plan says it
+    assert after[0]["p_fit_basis"] == of(W4).memory_note(W4) and "ASSUMED" in after[0]["p_fit_basis"]   # said, as plan says it
 
 
 def test_an_oom_caps_every_layout_with_its_activation_account_not_only_twins():

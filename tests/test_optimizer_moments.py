@@ -101,8 +101,8 @@ def test_the_library_takes_them_as_the_commands_do(tmp_path):
 
 def test_p_fit_says_its_memory_error_was_measured_with_fp32_moments_only():
     from tuner.frameworks import of
-    assert "fp32-moment runs, none bf16" in of(_w(optimizer_moments="bf16")).memory_note()
-    assert "fp32-moment" not in of(_w()).memory_note()
+    assert "fp32-moment runs, none bf16" in of(bf16 := _w(optimizer_moments="bf16")).memory_note(bf16)
+    assert "fp32-moment" not in of(fp32 := _w()).memory_note(fp32)
     r = CliRunner().invoke(cli, ["plan", *WL, "--optimizer-moments", "bf16", "--top", "1"])
     assert r.exit_code == 0, r.output
     assert "measured on 52 fp32-moment runs, none bf16" in r.output

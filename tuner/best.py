@@ -125,7 +125,7 @@ def answer(row: dict, workload: Workload, evidence: dict) -> dict:
             "memory_gb": row["memory_gb"], "raw_memory_gb": row["raw"].memory_gb, "memory_capacity_gb": cap,
             "memory_used_fraction": row["memory_gb"] / cap, "headroom_ok": row["headroom_ok"],
             "p_fit": row["p_fit"], "p_fit_limited_by": row.get("limited_by"),
-            "p_fit_basis": framework_of(workload).memory_note(), "evidence": evidence}
+            "p_fit_basis": framework_of(workload).memory_note(workload), "evidence": evidence}
 
 
 def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies: dict | None = None) -> list[dict]:

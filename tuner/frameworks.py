@@ -35,7 +35,7 @@ models nor launches, so it refuses MoE models.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from tuner.errors import UsageError
@@ -92,13 +92,14 @@ class Framework:
     sp_with_moe_tp: bool = False  # it runs an MoE model with tp > 1 only with sequence parallelism
     memory_n: int = 0           # the measurements memory_bias / memory_sd were fitted on (0: assumed)
     memory_sources: str = ""    # where those measurements come from (every one with Adam's moments in fp32)
-    moments: str = "fp32"       # the Adam-moment dtype of the workload `of` answered for (memory_note says it)
 
-    def memory_note(self) -> str:
-        """Where the memory error behind p_fit comes from, as every output states it."""
+    def memory_note(self, workload: "Workload | None" = None) -> str:
+        """Where the memory error behind p_fit comes from, as every output states it; for a workload whose Adam
+        moments are bf16, that the error was measured with fp32 moments only."""
+        moments = getattr(workload, "optimizer_moments", None) or "fp32"
         spread = f"bias {self.memory_bias:+.3f}, sd {self.memory_sd:.3f} in log"
         if self.memory_n:
-            runs = f"{self.memory_n} runs" if self.moments == "fp32" else f"{self.memory_n} fp32-moment runs, none bf16"
+            runs = f"{self.memory_n} runs" if moments == "fp32" else f"{self.memory_n} fp32-moment runs, none bf16"
             return f"{self.name}'s memory error measured on {runs} ({self.memory_sources}): {spread}"
         return f"{self.name}'s memory error ASSUMED, not measured: {spread}"
 
@@ -300,19 +301,7 @@ def get(name: str) -> Framework:
 
 
 def of(workload: "Workload") -> Framework:
-    """The workload's framework; with Adam's moments in bf16, a copy whose memory_note says that its
-    memory error was measured with fp32 moments only."""
-    fw = get(workload.framework)
-    moments = getattr(workload, "optimizer_moments", "") or "fp32"
-    if moments == fw.moments:
-        return fw
-    key = (fw.name, moments)
-    if key not in _WITH_MOMENTS:
-        _WITH_MOMENTS[key] = replace(fw, moments=moments)
-    return _WITH_MOMENTS[key]
-
-
-_WITH_MOMENTS: dict[tuple[str, str], Framework] = {}
+    return get(workload.framework)
 
 
 def runnable(trials, workload: "Workload") -> list:

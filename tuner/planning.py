@@ -117,7 +117,7 @@ def predict(model, nodes: int, cluster="frontier", *, global_batch: int | None =
     w = _workload(model, nodes, cluster, global_batch, seq_length, precision, framework, grad_reduce,
                   optimizer_moments)
     lay = complete_layout(given, w)
-    return PredictAnswer(w, lay, model_predict(lay, w), framework_of(w).memory_note())
+    return PredictAnswer(w, lay, model_predict(lay, w), framework_of(w).memory_note(w))
 
 
 def plan(model, nodes: int, cluster="frontier", *, global_batch: int | None = None, seq_length: int | None = None,

@@ -75,7 +75,7 @@ def predict(model, nodes, cluster, global_batch, seq_length, precision, framewor
     lay = complete_layout(layout, w)             # what the framework runs where an option is left out
     p = model_predict(lay, w)
     if fmt == "json":
-        click.echo(render([], "json", json_obj={**p.as_dict(), "p_fit_basis": fw.memory_note()}))
+        click.echo(render([], "json", json_obj={**p.as_dict(), "p_fit_basis": fw.memory_note(w)}))
         return
     click.echo(f"{workload_line(w)}, layout {lay.key()}")
     click.echo(f"  {p.samples_per_second:.2f} samples/s, MFU {100 * p.mfu:.2f} %, step {p.step_time_s:.3f} s; "
@@ -85,7 +85,7 @@ def predict(model, nodes, cluster, global_batch, seq_length, precision, framewor
            "recommendation needs" if p.fits else f"DOES NOT FIT: {p.reason}")
     click.echo(f"  memory {p.memory_gb:.1f} GB of {w.cluster.memory_gb:.0f} GB per GPU "
                f"({100 * p.memory_gb / w.cluster.memory_gb:.1f} %; p_fit {p.p_fit:.3f}; {fit})")
-    click.echo(f"  p_fit from {fw.memory_note()}")
+    click.echo(f"  p_fit from {fw.memory_note(w)}")
     for title, table in (("memory (GB)", p.memory_breakdown), ("time (s per step)", p.time_breakdown)):
         click.echo(f"  {title}: " + ", ".join(f"{k} {v:.3g}" for k, v in table.items()))
     if w.model.is_moe:
@@ -119,7 +119,7 @@ def plan(model, nodes, cluster, global_batch, seq_length, precision, framework, 
     shown = ranking.shown
     rows = [{"rank": i + 1, **prediction_row(p, w)} for i, p in enumerate(shown)]
     objs = [{"rank": i + 1, **p.as_dict(), "memory_used_fraction": p.memory_gb / w.cluster.memory_gb,
-             "headroom_ok": keeps_headroom(p, w), "risk": risk(p, w), "p_fit_basis": framework_of(w).memory_note()}
+             "headroom_ok": keeps_headroom(p, w), "risk": risk(p, w), "p_fit_basis": framework_of(w).memory_note(w)}
             for i, p in enumerate(shown)]
     if fmt == "table":
         click.echo(workload_line(w))
@@ -130,4 +130,4 @@ def plan(model, nodes, cluster, global_batch, seq_length, precision, framework, 
         click.echo(f"\n{n} valid {w.framework} layouts, {ranking.may_fit} may fit in memory, {roomy} with "
                    f"p_fit >= {RECOMMEND_AT:g} (fits = yes; maybe = not ruled out); ranked by predicted samples/s x "
                    f"p_fit in {dt * 1000:.0f} ms ({n / max(dt, 1e-9):,.0f} layouts/s)\n"
-                   f"p_fit from {framework_of(w).memory_note()}, and per-layout terms")
+                   f"p_fit from {framework_of(w).memory_note(w)}, and per-layout terms")

@@ -178,7 +178,7 @@ def predicted_best(store, w, rows: list, model: str, cluster: str, k: int, fmt: 
         extra = f"; {ev['note'].split('; ', 1)[1]}" if "; " in ev.get("note", "") else ""   # what was left out
         click.echo(f"\nPREDICTED, not measured: no trial of {w.model.name} on {w.nodes} x {w.cluster.name} node(s) "
                    f"at global batch {w.global_batch} in {store.url if store else 'any store'}; {basis}{extra}. Layouts come "
-                   f"first when they fit with probability >= 0.95 (p_fit: from {framework_of(w).memory_note()}; "
+                   f"first when they fit with probability >= 0.95 (p_fit: from {framework_of(w).memory_note(w)}; "
                    f"narrowed by measured peaks of this model). Measure it: tuner search --model "
                    f"{model} --nodes {w.nodes} --cluster {cluster} --framework {w.framework} --warm-start")
         capped = [o for o in objs if o.get("p_fit_limited_by")]
