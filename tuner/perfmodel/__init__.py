@@ -67,8 +67,12 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     lay = _with_modules(compute.layer_times(model, cluster, sh), model, cluster, sh, False)
     lay_moe = _with_modules(moe.moe_layer_times(model, cluster, sh), model, cluster, sh, True) if model.is_moe else lay
     exchange = exchange or moe.TokenExchange()
-    how = exchange.dispatcher or (moe.dispatcher_for(model, cluster, sh, workload.framework) if model.is_moe else "")
-    a2a = moe.alltoall_seconds(model, cluster, sh, how) if model.is_moe else 0.0
+    if not model.is_moe:
+        a2a = 0.0
+    elif exchange.dispatcher:                          # the dispatcher a published run states
+        a2a = moe.alltoall_seconds(model, cluster, sh, exchange.dispatcher)
+    else:
+        a2a = moe.dispatch(model, cluster, sh, workload.framework)[1]
     lc = layer_comm(layout, workload, sh, lay["attention"])
     act = lc["activation_bytes"]
     ar = comm.tp_allreduce_time(cluster, t, act)

@@ -174,10 +174,16 @@ def dispatcher_for(model: ModelSpec, cluster: ClusterSpec, shape: Shape, framewo
     flex dispatcher (DeepEP / HybridEP, which NVIDIA's DeepSeek-V3 and Qwen3-30B-A3B H100 recipes run) where
     it moves this layout's tokens faster than the alltoall one, on CUDA; the alltoall one elsewhere (ep 1,
     torchtitan, ROCm: DeepEP and HybridEP are NVSHMEM / CUDA libraries)."""
+    return dispatch(model, cluster, shape, framework)[0]
+
+
+def dispatch(model: ModelSpec, cluster: ClusterSpec, shape: Shape, framework: str) -> tuple[str, float]:
+    """(`dispatcher_for`'s dispatcher, its `alltoall_seconds`): each exchange computed once."""
+    alltoall = alltoall_seconds(model, cluster, shape, "alltoall")
     if shape.ep <= 1 or framework != "megatron-core" or cluster.software != "cuda":
-        return "alltoall"
+        return "alltoall", alltoall
     flex = alltoall_seconds(model, cluster, shape, "flex")
-    return "flex" if flex < alltoall_seconds(model, cluster, shape, "alltoall") else "alltoall"
+    return ("flex", flex) if flex < alltoall else ("alltoall", alltoall)
 
 
 def flex_backend(cluster: ClusterSpec, shape: Shape) -> str:
