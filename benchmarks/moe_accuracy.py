@@ -4,13 +4,14 @@ Run: python benchmarks/moe_accuracy.py [--all-rows]
 
 Rows: benchmarks/data/moe_published.toml (NVIDIA Megatron-Bridge's DGX-H100 MoE rows, 25.09 to 26.06:
 Qwen3-30B-A3B, Qwen3-235B-A22B, DeepSeek-V3; NVIDIA dgxc-benchmarking v24.11.1's Grok-1 314B on 8-2048
-H100), predicted as framework megatron-core with the layout each
+H100 and v25.05's DeepSeek-V3 on 1,024 H100, with its stated uneven pipeline split), predicted as framework megatron-core with the layout each
 row states (ep, etp 1, sequence parallel with tp > 1, the distributed optimizer, the row's recompute)
 and its token exchange as configured (`exchange_of`: the all-to-all overlap only where the row states it
 ran with it; the flex dispatcher where the row names it; "unstated" predicts no overlap and the alltoall
 dispatcher). Prints per row (--all-rows) and the median and worst |error| of tokens/s/GPU (predicted /
 measured - 1) over all rows first, then the rows whose overlap and dispatcher are both stated, the current
-(tuning, held-out) and older rows, and how many rows the memory model would prune.
+(tuning, held-out) and older rows, the held-out rows that no speed choice saw (published.clean: today none),
+and how many rows the memory model would prune.
 
 Held out: a third of the rows, chosen by a hash of each row's source and configuration (the rule of
 benchmarks/framework_accuracy.py, not by looking at them), is reported apart from the rows that could have
@@ -72,7 +73,7 @@ from memory_accuracy import model_of  # noqa: E402  (a preset, or a row's own sh
 
 DATA = Path(__file__).resolve().parent / "data" / "moe_published.toml"
 OLDER = ("25.09", "25.11", "26.02 ")       # releases before 26.02.01 (the trailing space keeps 26.02.01 out)
-OLDER_STACKS = ("NeMo 24.",)               # 2024 containers (dgxc-benchmarking's Grok-1 rows)
+OLDER_STACKS = ("NeMo 24.", "NeMo 25.")    # 2024-25 containers (dgxc-benchmarking's Grok-1 and DeepSeek-V3 rows)
 
 
 def load_rows() -> list[dict]:
@@ -95,7 +96,7 @@ def older(row: dict) -> bool:
 def layout_of(row: dict) -> Layout:
     tp, cp, pp = row["tp"], row["cp"], row["pp"]
     return Layout(tp=tp, sequence_parallel=row["sequence_parallel"], context_parallel=cp, pp=pp,
-                  virtual_pipeline=row["vp"], dp=row["gpus"] // (tp * cp * pp), expert_parallel=row["ep"],
+                  virtual_pipeline=row["vp"], pipeline_split=row.get("pipeline_split", "auto"), dp=row["gpus"] // (tp * cp * pp), expert_parallel=row["ep"],
                   expert_tensor_parallel=row["etp"], micro_batch=row["micro_batch"],
                   zero_stage=1 if row["distributed_optimizer"] else 0, recompute=row["recompute"])
 
@@ -150,7 +151,8 @@ def main(all_rows: bool = False) -> dict:
                        ("  held-out", [x for x in current if held_out(x[0])]),
                        ("older", [x for x in ok if older(x[0])]),
                        ("every release, tuning", [x for x in ok if not held_out(x[0])]),
-                       ("every release, held-out", [x for x in ok if held_out(x[0])])):
+                       ("every release, held-out", [x for x in ok if held_out(x[0])]),
+                       ("held out, no speed choice saw", [x for x in ok if published.clean(x[0], "speed")])):
         print(f"  {label:24s} {error_stats([e['error'] for _, e in sel])}")
     pruned = sum(e["p_fit"] < PRUNE_BELOW for _, e in ok)
     print(f"  memory: of {len(ok)} runs that ran, {pruned} would be pruned (p_fit < {PRUNE_BELOW}), "
