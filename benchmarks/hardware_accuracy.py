@@ -4,7 +4,7 @@ the layout it ran (tokens/s/GPU: predicted / measured - 1).
 Run: python benchmarks/hardware_accuracy.py
 
 Rows: benchmarks/data/hardware_published.toml (NVIDIA Megatron-Bridge's DGX-GB200 / B200 / GB300 / B300
-pre-training tables, DeepSeek-V3's H800 run), every source named in the file; each row is predicted with the
+pre-training tables, NVIDIA dgxc-benchmarking v25.05.05's GB200 tables, DeepSeek-V3's H800 run), every source named in the file; each row is predicted with the
 layout it ran, its pipeline split included (the DeepSeek-V3 recipes' "light-last" layers per stage, the
 data file's `pipeline_split`). One configuration is one row
 (benchmarks/published.py: a configuration stated in several releases is the median of its measurements).
@@ -52,6 +52,8 @@ def evaluate(row: dict) -> dict:
     model = load_model(row["model"])
     if model.seq_length != row["seq_length"]:
         model = dataclasses.replace(model, seq_length=row["seq_length"])
+    if row.get("moe_capacity_factor"):      # a row that states its token dropping (as moe_accuracy.evaluate)
+        model = dataclasses.replace(model, moe_capacity_factor=row["moe_capacity_factor"])
     cluster = load_cluster(row["cluster"])
     lay = layout_of(row)
     try:
