@@ -14,7 +14,9 @@ Layout (Shape): context parallelism gives each rank s/cp of the sequence (its GE
 work and its share of the causal attention, balanced over 2*cp chunks); sequence parallelism splits
 the element-wise work outside attention and the FFN (norms, dropout, residual adds) by tp too. FP8
 (Transformer Engine) runs the layers' GEMMs at the cluster's FP8 rate and casts every GEMM input
-(read 2 bytes, write 1); attention, the LM head and the element-wise kernels stay in bf16.
+(read 2 bytes, write 1); attention, the LM head and the element-wise kernels stay in bf16. On Hopper the
+two backward GEMMs run without fast accumulation (SPLIT_ACCUMULATOR), as Transformer Engine and torchao
+run them.
 Architecture (ModelSpec): grouped-query attention narrows the QKV GEMM to h x (h + 2kv) and the K/V
 traffic; SwiGLU's gate and up matrices run as one fc1 GEMM of width 2f (as Megatron-Core fuses them)
 and its element-wise kernel reads two f-wide inputs; RoPE adds a fused rotation of Q and K.
@@ -56,6 +58,15 @@ OP_SAC_GEMM = 0.4
 # 2.0 was chosen on benchmarks/framework_accuracy.py's tuning rows (1.6, 2.0, 2.4 tried); its held-out rows
 # check it. On GPUs without FP8 (A100) the two kernels are alike: 1.
 FA2_ON_HOPPER = 2.0
+# Hopper's FP8 tensor cores accumulate in reduced precision unless the kernel promotes partial sums to FP32
+# (cuBLASLt CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0, "split accumulator"). Transformer Engine runs the forward GEMM
+# with fast accumulation and both backward GEMMs without it (_2X_ACC_FPROP = False, _2X_ACC_DGRAD = _2X_ACC_WGRAD
+# = True, transformer_engine/pytorch/module/base.py, also for GroupedLinear); torchao's float8 training does the
+# same (use_fast_accum only for the output GEMM, torchao/float8/config.py). Turning fast accumulation on speeds an
+# FP8 GEMM 1.1-1.2x on H100 (pytorch/ao issue #2377, a GEMM microbenchmark); 1.15, the middle, is taken: not
+# fitted to any training row. Blackwell's (block-scaled) tensor cores accumulate in FP32 and have no such mode
+# (TransformerEngine PR #2748 review), so the factor applies to per-tensor FP8 on Hopper-class CUDA GPUs only.
+SPLIT_ACCUMULATOR = 1.15
 
 
 @dataclass(frozen=True)
@@ -77,6 +88,7 @@ class Shape:
     attention_slowdown: float = 1.0   # attention kernel time relative to the cluster's attention_efficiency
     ep: int = 1                   # expert-parallel and expert tensor-parallel degrees (MoE layers)
     etp: int = 1
+    backward_gemm: float = 1.0    # backward GEMMs' time over the forward's at the same FLOPs (SPLIT_ACCUMULATOR)
 
     @property
     def tokens(self) -> float:
@@ -94,7 +106,14 @@ def shape_of(layout, workload) -> Shape:
                  op_sac=fw.selective == "op" and layout.recompute == "selective", fused=fw.fused(workload.precision),
                  gathered_inputs=fw.sp_with_tp,
                  attention_slowdown=FA2_ON_HOPPER if fw.attention == "sdpa" and workload.cluster.peak_tflops_fp8 else 1.0,
-                 ep=layout.expert_parallel, etp=layout.expert_tensor_parallel)
+                 ep=layout.expert_parallel, etp=layout.expert_tensor_parallel,
+                 backward_gemm=backward_gemm_factor(workload.cluster, precision.gemm_format(workload.precision)))
+
+
+def backward_gemm_factor(cluster: ClusterSpec, fmt: bool | str) -> float:
+    """How much slower the backward (data- and weight-gradient) GEMMs run than the forward one at equal FLOPs:
+    SPLIT_ACCUMULATOR for per-tensor FP8 on a Hopper-class CUDA GPU (no block-scaled tensor cores), else 1."""
+    return SPLIT_ACCUMULATOR if fmt == "fp8" and cluster.software == "cuda" and not cluster.block_scaled else 1.0
 
 
 def gemm_efficiency(cluster: ClusterSpec, gflop: float, fp8: bool | str = False) -> float:
@@ -205,7 +224,7 @@ def _assemble(model: ModelSpec, cluster: ClusterSpec, shape: Shape, gemm_fwd: fl
     attn_bwd = attn_fwd * (FLASH_BACKWARD_FLOPS if cluster.flash_attention else 2.0)
     hbm = cluster.hbm_bandwidth_gbps * 1e9 * cluster.memory_bandwidth_efficiency
     elem_fwd = elem_bytes / hbm * (1.0 if shape.fused else UNFUSED_TRAFFIC)
-    return {"gemm": gemm_fwd * (1.0 + gemm_again + 2.0),
+    return {"gemm": gemm_fwd * (1.0 + gemm_again + 2.0 * shape.backward_gemm),
             "attention": attn_fwd * (1.0 + again) + attn_bwd,
             "elementwise": elem_fwd * (1.0 + elem_again + BACKWARD_TRAFFIC)}
 
