@@ -4,7 +4,7 @@ the layout it ran (tokens/s/GPU: predicted / measured - 1).
 Run: python benchmarks/hardware_accuracy.py
 
 Rows: benchmarks/data/hardware_published.toml (NVIDIA Megatron-Bridge's DGX-GB200 / B200 / GB300 / B300
-pre-training tables, NVIDIA dgxc-benchmarking v25.05.05's GB200 tables, DeepSeek-V3's H800 run), every source named in the file; each row is predicted with the
+pre-training tables, NVIDIA dgxc-benchmarking v25.05.05's GB200 tables (Grok-1 with its own shape), DeepSeek-V3's H800 run), every source named in the file; each row is predicted with the
 layout it ran, its pipeline split included (the DeepSeek-V3 recipes' "light-last" layers per stage, the
 data file's `pipeline_split`). One configuration is one row
 (benchmarks/published.py: a configuration stated in several releases is the median of its measurements).
@@ -27,9 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import published  # noqa: E402  (one configuration = one row; the held-out rule)
 from moe_accuracy import exchange_of  # noqa: E402  (the row's token exchange as its config set it)
+from memory_accuracy import model_of  # noqa: E402  (a preset, or a row's own shape)
 from tuner.layout import Layout, why_invalid  # noqa: E402
 from tuner.perfmodel import predict  # noqa: E402
-from tuner.specs import load_cluster, load_model, make_workload  # noqa: E402
+from tuner.specs import load_cluster, make_workload  # noqa: E402
 
 FAMILIES = {"b200": "Blackwell DGX B200", "gb200": "Blackwell GB200 NVL72", "b300": "Blackwell Ultra DGX B300",
             "gb300": "Blackwell Ultra GB300 NVL72", "h800": "Hopper H800", "mi325x": "AMD Instinct MI325X",
@@ -49,9 +50,7 @@ def layout_of(row: dict) -> Layout:
 
 
 def evaluate(row: dict) -> dict:
-    model = load_model(row["model"])
-    if model.seq_length != row["seq_length"]:
-        model = dataclasses.replace(model, seq_length=row["seq_length"])
+    model = model_of(row)               # a preset at the row's sequence, or the row's own shape (Grok-1)
     if row.get("moe_capacity_factor"):      # a row that states its token dropping (as moe_accuracy.evaluate)
         model = dataclasses.replace(model, moe_capacity_factor=row["moe_capacity_factor"])
     cluster = load_cluster(row["cluster"])
