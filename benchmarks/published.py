@@ -179,6 +179,11 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
         "memory", lambda r: r["framework"] == "megatron-core" and "peak_allocated_gib" in r),
     "unstated grad_reduce read as bf16 (benchmarks/memory_accuracy.py)": (
         "memory", lambda r: r["framework"] == "megatron-core" and r.get("grad_reduce") == "unstated"),
+    # issue 24: torchtitan's op-SAC account (tuner/perfmodel/memory.op_sac_bytes) was derived from its 0.3.0
+    # policy and checked on selective-less-full activations after every measured torchtitan row's error had
+    # been printed, held-out ones included
+    "op-SAC account: fused QKV, logsumexp, w2's partial output, reduce-scatter outputs (tuner/perfmodel/memory.py)": (
+        "memory", lambda r: r["framework"] == "torchtitan" and "peak_allocated_gib" in r),
 }
 
 

@@ -137,6 +137,24 @@ def eager_split_bytes(model: ModelSpec) -> float:
     return 10.0 + 8.0 * kv + (8.0 if model.ffn_type == "swiglu" else 4.0) * f
 
 
+def op_sac_bytes(model: ModelSpec, shape: Shape) -> float:
+    """What torchtitan's per-op selective recompute (SelectiveAC) keeps of one layer per s*b*h element on one rank.
+
+    Its policy (torchtitan 0.3.0, torchtitan/distributed/activation_checkpoint.py: `_get_default_save_ops`,
+    `SelectiveAC._wrap_block`; the same at main b5bcd76c6) saves the outputs of every odd matmul of a block, of
+    flex_attention and of reduce_scatter_tensor, and recomputes the rest; the checkpoint keeps the block's input.
+    Llama 3 runs a fused QKV projection (models/llama3/__init__.py: fuse_qkv=True, since pytorch/torchtitan#3714),
+    so its matmuls are wqkv (1, saved), wo (2), w1 (3, saved), w3 (4) and w2 (5, saved). Kept: the input (2; a 1/t shard with sequence parallelism), Q, K
+    and V (2 + 4kv/h), the attention output and its fp32 logsumexp per head (2 + 4a/h), w1's output (2f/h), all
+    split by t; w2's output whole (2: under TP it is the partial sum over the rank's whole sequence, before the
+    reduce-scatter); with sequence parallelism the reduce-scatters' outputs after wo and w2 (2/t each). The
+    all-gathered GEMM inputs are not kept (all_gather is not in the save list)."""
+    h, t = model.hidden_size, shape.t
+    split = 4.0 + 4.0 * model.kv_size / h + 4.0 * model.num_attention_heads / h + 2.0 * model.ffn_hidden_size / h
+    scattered = 4.0 / t if shape.sp and t > 1 else 0.0
+    return (2.0 / t if shape.sp else 2.0) + split / t + 2.0 + scattered
+
+
 def fp8_saved_bytes(model: ModelSpec) -> tuple[float, float]:
     """Bytes per s*b*h element FP8 saves of (the replicated, the split-by-t) activations: the QKV and
     fc1 inputs (replicated, 2 of 4 bytes) and the projection and fc2 inputs (split, 1 + f/h)."""
@@ -150,12 +168,12 @@ def activation_bytes_per_layer(model: ModelSpec, shape: Shape, flash_attention: 
     QKV and fc1 inputs (4) and two dropout masks (2). FlashAttention (or selective recompute) keeps no
     s^2 scores and drops the last term. A context-parallel rank keeps s/cp of it."""
     s, h, a, t = model.seq_length, model.hidden_size, model.num_attention_heads, shape.t
+    if shape.op_sac:        # torchtitan's per-op SAC: what its policy saves (op_sac_bytes); FlashAttention-like
+        return s * shape.tokens * h * op_sac_bytes(model, shape)
     replicated, split = 10.0, split_activation_bytes(model)
-    if shape.op_sac:        # per-op SAC keeps the input, Q, V, the attention output, fc1 (gate) and fc2's output
-        replicated, split = 4.0, 4.0 + 2.0 * (model.kv_size + model.ffn_hidden_size) / h
-    elif not shape.fused:   # eager: every unfused op keeps its own inputs
+    if not shape.fused:     # eager: every unfused op keeps its own inputs
         replicated, split = EAGER_REPLICATED, eager_split_bytes(model)
-    if shape.fp8 and not shape.op_sac:
+    if shape.fp8:
         saved_r, saved_s = fp8_saved_bytes(model)
         replicated, split = replicated - saved_r, split - saved_s
     per = (replicated + split) / t if shape.sp else replicated + split / t
