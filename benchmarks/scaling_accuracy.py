@@ -13,8 +13,9 @@ Predicted two ways, both by the performance model alone (no store, nothing fitte
 
 Prints every point, per series, and the median and worst |delta efficiency| over the points past each
 series' first (the first is 1 by definition), for all points, for the points of published rows that
-benchmarks/published.py calls clean for speed (hashed out and seen by no speed choice), and for the points
-given in the toml that no choice saw (a given series a choice saw names it in `seen`: column clean "seen").
+benchmarks/published.py calls clean for speed (hashed out and seen by no speed choice), for the points
+given in the toml that no choice saw (a given series a choice saw names it in `seen`: column clean "seen"),
+and for those two together (every point no choice saw).
 """
 
 from __future__ import annotations
@@ -182,6 +183,11 @@ def _clean_mark(r: dict) -> str:
     return "yes" if r["clean"] else "no"
 
 
+def unseen_point(r: dict) -> bool:
+    """A point no choice saw: a published row's, clean for speed, or a given series' not marked `seen`."""
+    return bool(r["clean"]) if r["clean"] is not None else not r["seen"]
+
+
 def summary(label: str, deltas: list[float]) -> str:
     if not deltas:
         return f"{label}: no points"
@@ -217,6 +223,9 @@ def main(argv=None) -> dict:
         print(summary(f"{label}, points given in scaling_published.toml that no choice saw (its `seen`)",
                       [abs(r[key] - r["published"]) for r in later
                        if r[key] is not None and r["clean"] is None and not r["seen"]]))
+        unseen = [abs(r[key] - r["published"]) for r in later if r[key] is not None and unseen_point(r)]
+        print(summary(f"{label}, every point no choice saw (the two lines above together)", unseen))
+        result[(key, "unseen")] = statistics.median(unseen) if unseen else None
     refused = [r for r in later if r["answer"] is None or r["pinned"] is None]
     print(f"\n{len(rows)} points in {len({r['series'] for r in rows})} series; {len(refused)} later point(s) the model "
           f"refused one way (note); {time.perf_counter() - t0:.0f} s")
