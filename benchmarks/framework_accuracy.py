@@ -90,7 +90,7 @@ def evaluate(row: dict) -> dict:
     if shape:
         model = dataclasses.replace(model, **shape, num_query_groups=shape.get("num_attention_heads",
                                                                                model.num_query_groups))
-    cluster = load_cluster(row["cluster"])
+    cluster = load_cluster(row.get("machine", row["cluster"]))     # the machine it ran on, where stated
     w = make_workload(model, row["gpus"] // cluster.gpus_per_node, cluster, row["global_batch"],
                       precision=row["precision"], framework=fw,
                       grad_reduce=published.grad_reduce(row) if fw == "megatron-core" else None)

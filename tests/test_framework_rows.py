@@ -16,7 +16,7 @@ REQUIRED = ("framework", "source", "release", "model", "cluster", "gpus", "preci
             "micro_batch", "tp", "pp", "cp", "vp", "sequence_parallel", "recompute", "distributed_optimizer",
             "tokens_per_s_per_gpu", "note")
 OPTIONAL = ("zero_stage", "model_tflops_per_gpu", "peak_memory_gib", "oom", "grad_reduce", "optimizer",
-            "pipeline_split", "num_layers", "hidden_size", "num_attention_heads")
+            "pipeline_split", "num_layers", "hidden_size", "num_attention_heads", "machine")
 FRAMEWORKS = ("torchtitan", "fsdp", "megatron-core", "megatron-deepspeed")
 UNSTATED = "unstated"
 
@@ -87,6 +87,10 @@ def test_row(i):
     cluster = _cluster(r["cluster"])
     assert model.name == r["model"] and cluster.name == r["cluster"]
     assert r["gpus"] % cluster.gpus_per_node == 0, f"{where}: not whole {cluster.name} nodes"
+    if "machine" in r:        # the machine it ran on has the GPUs its cluster names
+        m = _cluster(r["machine"])
+        assert (m.peak_tflops, m.memory_gb, m.gpus_per_node) == (cluster.peak_tflops, cluster.memory_gb,
+                                                                  cluster.gpus_per_node), where
     if r["precision"] == "fp8":
         assert cluster.peak_tflops_fp8, f"{where}: an FP8 row on a cluster without an FP8 peak"
     if "peak_memory_gib" in r:
