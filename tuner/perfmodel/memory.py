@@ -144,13 +144,14 @@ def op_sac_bytes(model: ModelSpec, shape: Shape) -> float:
     `SelectiveAC._wrap_block`; the same at main b5bcd76c6) saves the outputs of every odd matmul of a block, of
     flex_attention and of reduce_scatter_tensor, and recomputes the rest; the checkpoint keeps the block's input.
     Llama 3 runs a fused QKV projection (models/llama3/__init__.py: fuse_qkv=True, since pytorch/torchtitan#3714),
-    so its matmuls are wqkv (1, saved), wo (2), w1 (3, saved), w3 (4) and w2 (5, saved). Kept: the input (2; a 1/t shard with sequence parallelism), Q, K
-    and V (2 + 4kv/h), the attention output and its fp32 logsumexp per head (2 + 4a/h), w1's output (2f/h), all
-    split by t; w2's output whole (2: under TP it is the partial sum over the rank's whole sequence, before the
-    reduce-scatter); with sequence parallelism the reduce-scatters' outputs after wo and w2 (2/t each). The
-    all-gathered GEMM inputs are not kept (all_gather is not in the save list)."""
+    so its matmuls are wqkv (1, saved), wo (2), w1 (3, saved), w3 (4) and w2 (5, saved). Kept: the input (2; a
+    1/t shard with sequence parallelism); Q, K and V (2 + 4kv/h), the attention output and its fp32 logsumexp
+    per head (2 + 4a/h) and w1's output (2f/h), all split by t; w2's output whole (2: under TP it is the partial
+    sum over the rank's whole sequence, before the reduce-scatter); with sequence parallelism the reduce-scatters'
+    outputs after wo and w2 (2/t each). The all-gathered GEMM inputs are not kept (all_gather is not saved).
+    Checked on the measured selective-less-full activations at tp 1, 2 and 8 (tests/test_op_sac.py)."""
     h, t = model.hidden_size, shape.t
-    split = 4.0 + 4.0 * model.kv_size / h + 4.0 * model.num_attention_heads / h + 2.0 * model.ffn_hidden_size / h
+    split = 4.0 + (4.0 * model.kv_size + 4.0 * model.num_attention_heads + 2.0 * model.ffn_hidden_size) / h
     scattered = 4.0 / t if shape.sp and t > 1 else 0.0
     return (2.0 / t if shape.sp else 2.0) + split / t + 2.0 + scattered
 
