@@ -112,6 +112,9 @@ def workload_of(o: dict):
     model = ModelSpec.from_dict(model, "[model]") if isinstance(model, dict) else model
     cluster = ClusterSpec.from_dict(cluster, "[cluster]") if isinstance(cluster, dict) else cluster
     nodes = o.get("nodes")
+    if isinstance(nodes, tuple):
+        raise UsageError(f"nodes = {','.join(map(str, nodes))}: a study runs at one node count; several are linked "
+                         "studies, one per count: `tuner search --nodes 32,64` (docs/commands/search.md)")
     if nodes is None and o.get("runner") == "local":
         nodes = 1
     return make_workload(model, nodes, cluster, o.get("global_batch"), o.get("precision") or "bf16",

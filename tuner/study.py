@@ -143,6 +143,13 @@ def create(store, rec: StudyRecord, runner: TrialRunner | None = None) -> StudyR
     """Check everything a study needs before storing it: valid layouts that fit, runner options, the
     Ray address. Raises UsageError (nothing stored) or StudyExists. `runner`: the study's runner when
     it is not one tuner can build by its name (a Python object, tuner.runners.registry)."""
+    check(rec, runner)
+    store.create_study(rec)
+    return store.get_study(rec.name)
+
+
+def check(rec: StudyRecord, runner: TrialRunner | None = None) -> None:
+    """What `create` checks before it stores `rec` (UsageError naming the fix); stores nothing."""
     workload, space = Workload.from_dict(rec.workload), SearchSpace.from_record(rec.space)
     refusal = framework_model_refusal(workload)
     if refusal:                                   # before any trial: its answer could never be launched
@@ -158,8 +165,6 @@ def create(store, rec: StudyRecord, runner: TrialRunner | None = None) -> StudyR
     if s.get("executor") == "ray" and (s.get("executor_options") or {}).get("address"):
         from tuner.executors.ray import check_address
         check_address(s["executor_options"]["address"])
-    store.create_study(rec)
-    return store.get_study(rec.name)
 
 
 def runner_for(rec: StudyRecord, workload: Workload, given: TrialRunner | None = None):
@@ -203,8 +208,31 @@ def searcher_for(store, rec: StudyRecord, workload: Workload, candidates: list):
         options["stop_threshold"] = None if s.get("no_stop") or not threshold else threshold   # 0: an old "never"
         if s.get("warm_start"):
             options["history"], options["history_studies"] = _warm_start(store, rec, workload)
+        if s.get("linked"):                       # a multi-node search: the other counts' trials (tuner.study_group)
+            records, linked = linked_history(store, rec, workload, skip=options.get("history_studies", {}))
+            options["history"] = [*options.get("history", []), *records]
+            options["history_studies"] = {**options.get("history_studies", {}), **linked}
     return make_searcher(rec.searcher, candidates, seed=s.get("seed", 0), workload=workload,
                          parallel=s.get("parallel", 1), **options)
+
+
+def linked_history(store, rec: StudyRecord, workload, skip: dict | None = None) -> tuple[list, dict]:
+    """The trials of `rec`'s linked studies (not its own, nor those already in `skip`) and their records,
+    as --warm-start hands them to the guided searcher."""
+    from tuner.correction import warm_start_records
+    names = [n for n in rec.settings.get("linked", []) if n != rec.name and n not in (skip or {})]
+    known = set(store.study_names())
+    linked = {n: store.get_study(n) for n in names if n in known}
+    trials = [t for n in linked for t in store.trials(n)]
+    ev = warm_start_records(trials, workload, linked).evidence
+    sim = (f" ({ev['simulated_trials']} simulated trial(s) left out: the model's own prediction)"
+           if ev.get("simulated_trials") else "")
+    if ev["trials"]:
+        log.info("%s: %d measured trial(s) of the linked studies at %s node(s) correct the model%s", rec.name,
+                 ev["trials"], ", ".join(map(str, ev["node_counts"])), sim)
+    elif trials:
+        log.info("%s: no measured trial of the linked studies to learn from%s", rec.name, sim)
+    return trials, linked
 
 
 def _warm_start(store, rec: StudyRecord, workload: Workload) -> tuple[list, dict]:

@@ -81,10 +81,35 @@ SEQ_LENGTH = _opt(
     help="Training sequence length in tokens (default: the preset's; required with a Hugging Face config.json). "
          "Another length than the preset's is its own model: llama3-8b-s4096.")
 
+class NodeCounts(click.ParamType):
+    """`tuner search --nodes`: one count (an int) or several (a sorted tuple: 32,64 or 16:64, doubling)."""
+    name = "N|N,N,..|FROM:TO"
+
+    def convert(self, value, param, ctx):
+        from tuner.errors import UsageError
+        from tuner.scaling import parse_nodes
+        if isinstance(value, tuple) or (isinstance(value, int) and value >= 1):
+            return value
+        try:
+            counts = parse_nodes(str(value))
+        except UsageError:
+            self.fail(f"{value!r}: give one count (128), several (32,64) or a range FROM:TO doubling from FROM "
+                      "(16:64), each >= 1", param, ctx)
+        return counts[0] if len(counts) == 1 else counts
+
+
+NODES = _opt("--nodes", type=click.IntRange(min=1), default=None,
+             help="Number of nodes of the cluster (required; only `search --runner local` defaults to 1).")
+SEARCH_NODES = _opt(
+    "--nodes", type=NodeCounts(), default=None,
+    help="Number of nodes of the cluster (required; only `search --runner local` defaults to 1). Several (32,64 "
+         "or 16:64, doubling): one linked study per count, --budget trials each, run in turn; the guided searcher "
+         "at each count learns from the others' measured trials; `tuner resume NAME` continues them all "
+         "(docs/commands/search.md).")
+
 WORKLOAD = [
     _opt("--model", required=True, help=f"Model {MODELS}."),
-    _opt("--nodes", type=click.IntRange(min=1), default=None,
-         help="Number of nodes of the cluster (required; only `search --runner local` defaults to 1)."),
+    NODES,
     _opt("--cluster", default="frontier", show_default=True, help=f"Cluster {CLUSTERS}."),
     _opt("--global-batch", type=click.IntRange(min=1), default=None,
          help="Global batch in samples (default: the model's recipe)."),
@@ -163,6 +188,11 @@ def pins() -> list[Opt]:
     return [dimension(d, f"{d.help} [{PINNED}]") for d in DIMENSIONS if d.searched]
 
 
+def search_workload() -> list[Opt]:
+    """The workload's options as `tuner search` takes them: --nodes may name several counts (tuner.study_group)."""
+    return [SEARCH_NODES if o is NODES else o for o in WORKLOAD]
+
+
 def params() -> dict[str, click.Parameter]:
     """Every setting of a study (workload, settings, layout pins) as its click parameter, by name."""
-    return {p.name: p for p in (o.param() for o in [*WORKLOAD, *SETTINGS, *pins()])}
+    return {p.name: p for p in (o.param() for o in [*search_workload(), *SETTINGS, *pins()])}

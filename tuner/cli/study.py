@@ -8,13 +8,21 @@ from pathlib import Path
 import click
 
 from tuner.cli import DB_OPTION, FORMAT_OPTION, cli
-from tuner.cli.options import layout_options, workload_options
+from tuner.cli.options import layout_options
 from tuner.cli.progress import ProgressView
 from tuner.cli.query import best_rows, top_rows
 from tuner.cli.render import render
 from tuner.errors import UsageError
 from tuner.specs import Workload, stored_framework
-from tuner.study_options import SETTINGS
+from tuner.study_options import SETTINGS, search_workload
+
+
+def search_workload_options(fn):
+    """The workload's options as search takes them (--nodes: one count or several, study_options.NodeCounts)."""
+    for o in reversed(search_workload()):
+        fn = o.decorator()(fn)
+    return fn
+
 
 CONFIG_TABLES = "tuner.config_tables"
 
@@ -75,6 +83,10 @@ class _Closing:
             click.echo(text, err=True)
 
 
+WHY = {"budget": "budget reached", "exhausted": "search space exhausted", "time-limit": "time limit reached",
+       "converged": "stopped early"}
+
+
 def show_result(store, name: str, result, fmt: str) -> None:
     outcome, searcher = result.outcome, result.searcher
     out = _Closing()
@@ -87,8 +99,7 @@ def show_result(store, name: str, result, fmt: str) -> None:
     out.echo(render(top_rows(store, name, 5), fmt), listing=True)
     if fmt != "table":
         return
-    why = {"budget": "budget reached", "exhausted": "search space exhausted", "time-limit": "time limit reached",
-           "converged": f"stopped early: {searcher.stop_reason}"}
+    why = {**WHY, "converged": f"stopped early: {searcher.stop_reason}"}
     stored = len(store.trials(name))      # this driver's, and those of earlier runs or of drivers that joined
     in_all = f"; {stored} in the study" if stored != outcome.ran + outcome.pruned else ""
     out.echo(f"\nstudy {name}: {outcome.ran} trial(s) ran, {outcome.pruned} pruned ({why[outcome.reason]}){in_all}.")
@@ -118,7 +129,7 @@ def _launch_hint(store, name: str, layout) -> str:
 @cli.command()
 @click.option("--config", type=click.Path(dir_okay=False, path_type=Path), default=None, is_eager=True,
               callback=_read_config, help="A study.toml: every option below as a key (`tuner config NAME` writes one).")
-@workload_options
+@search_workload_options
 @study_settings
 @layout_options(pins=True)
 def search(layout, db, fmt, config, **options):
@@ -128,18 +139,66 @@ def search(layout, db, fmt, config, **options):
     study's): a flag given here wins over the file.
 
     Example: tuner search --model 175b --nodes 128 --budget 30
+
+    Several node counts (the curve's shape, a few trials each): tuner search --model 22b --nodes 4,8 --budget 4
     """
     from tuner import study as studies
     from tuner.config import record
     from tuner.store import open_store
     tables = click.get_current_context().meta.get(CONFIG_TABLES, {})
     options = {**options, **layout, **{k: v for k, v in tables.items() if options.get(k) in (placeholder(k), None)}}
+    if isinstance(options["nodes"], tuple):           # several counts (study_options.NodeCounts)
+        return search_group(options, options["nodes"], db, fmt)
     store = open_store(db)
     rec = studies.create(store, record(options, set(store.study_names())))
     w = Workload.from_dict(rec.workload)
     click.echo(f"study {rec.name}: {w.model.name} on {w.nodes} x {w.cluster.name} ({w.gpus} GPUs), {w.framework}, "
                f"searcher {rec.searcher}, runner {rec.runner}, store {store.url}", err=True)
     run_and_show(store, rec, fmt, lambda **kw: studies.run(store, rec, **kw))
+
+
+def search_group(options: dict, counts: tuple[int, ...], db, fmt: str) -> None:
+    """`tuner search --nodes 32,64`: one linked study per count (tuner.study_group), run in turn."""
+    from tuner import study as studies, study_group as group
+    from tuner.config import record
+    from tuner.store import open_store
+    store = open_store(db)
+    taken = set(store.study_names())
+    build = lambda n, name: record({**options, "nodes": n, "study": studies.check_study_name(name)}, taken)  # noqa: E731
+    first = Workload.from_dict(record({**options, "nodes": counts[0], "study": None}, taken).workload)
+    name = studies.check_study_name(options["study"]) if options.get("study") else studies.generated_name(
+        first.model.name, f"{counts[0]}-{counts[-1]}", taken)
+    recs = group.create(store, group.records(build, name, counts, taken))
+    click.echo(f"study group {name}: {first.model.name} on {', '.join(map(str, counts))} x {first.cluster.name} nodes, "
+               f"{first.framework}: studies {', '.join(r.name for r in recs)}, {recs[0].settings['budget']} trial(s) "
+               f"each, searcher {recs[0].searcher}, runner {recs[0].runner}, store {store.url}", err=True)
+    run_members(store, name, recs, fmt, lambda rec, **kw: studies.run(store, rec, **kw))
+
+
+def run_members(store, name: str, recs: list, fmt: str, run, budget: int | None = None) -> None:
+    """Run a group's members in turn with the live view, then print the curve: per count the fastest trial."""
+    from tuner import study_group as group
+    ran = []
+    for rec in recs:
+        with ProgressView(rec.name, budget or rec.settings["budget"], sys.stderr) as view:
+            result = run(rec, on_progress=view.update)
+        ran.append({"study": rec.name, "nodes": rec.nodes, "ran": result.outcome.ran, "pruned": result.outcome.pruned,
+                    "stopped_by": result.outcome.reason})
+    rows = group.curve(store, [store.get_study(r.name) for r in recs])
+    out = _Closing()
+    if fmt == "json":
+        out.echo(render([], "json", json_obj={"group": name, "studies": ran, "curve": rows}))
+        return
+    out.echo(render([{**r, "layout": r["layout"] or "-"} for r in rows], fmt), listing=True)
+    if fmt != "table":
+        return
+    for r in ran:
+        out.echo(f"study {r['study']}: {r['ran']} trial(s) ran, {r['pruned']} pruned ({WHY[r['stopped_by']]}).")
+    sim = [r["study"] for r in rows if r["layout"] and not r["measured"]]
+    out.echo(("\nsimulated, not measured: " + ", ".join(sim) + " (the model's own prediction). " if sim else "\n") +
+             f"efficiency: per-GPU samples/s over the first count's. At {', '.join(str(r['nodes']) for r in rows)} "
+             f"nodes `tuner best` answers with these and `tuner scale` with the measured ones; "
+             f"`tuner resume {name}` continues them all.")
 
 
 @cli.command()
@@ -152,15 +211,21 @@ def search(layout, db, fmt, config, **options):
 @DB_OPTION
 @FORMAT_OPTION
 def resume(name, budget, join, force, ray_address, keep_going, db, fmt):
-    """Continue an interrupted or finished study; nothing is lost or measured twice.
+    """Continue an interrupted or finished study; nothing is lost or measured twice. NAME may be a multi-node
+    search's group (`tuner search --nodes 32,64`): its studies continue in turn (--budget: each one's).
 
     Example: tuner resume my-study --budget 80
     """
-    from tuner import study as studies
+    from tuner import study as studies, study_group as group
     from tuner.store import open_store
     store = open_store(db)
-    rec = store.get_study(name)
     mode = "join" if join else "force" if force else "run"
+    members = group.members(store, name) if name not in store.study_names() else []
+    if members:                     # a multi-node search's group: every member, in turn
+        run_members(store, name, members, fmt, lambda rec, **kw: studies.resume(
+            store, rec.name, budget=budget, mode=mode, ray_address=ray_address, keep_going=keep_going, **kw), budget)
+        return
+    rec = store.get_study(name)
     run_and_show(store, rec, fmt, lambda **kw: studies.resume(
         store, name, budget=budget, mode=mode, ray_address=ray_address, keep_going=keep_going, **kw),
         budget)
