@@ -11,8 +11,9 @@ data file's `pipeline_split`). One configuration is one row
 Every row is in the headline: each is printed, and each GPU family's line counts all its rows (a row the
 model's rules refuse is counted and named as refused). Held out: the configurations hashed into the
 held-out third (data/held_out.txt, written before this benchmark first ran) that no choice saw
-(published.HARDWARE_SEEN, empty: the clusters' constants are quoted or marked ESTIMATE in their files, none
-was chosen on these rows). AMD Instinct MI325X and MI355X rows: AMD's measured Primus-Megatron runs (the data
+(published.HARDWARE_SEEN: the MI325X rows, seen by their global batch's correction and by the choice of
+mi325x.toml's GEMM fractions; every other constant is quoted or marked ESTIMATE in its file, none chosen on these
+rows). AMD Instinct MI325X and MI355X rows: AMD's measured Primus-Megatron runs (the data
 file names the source and each unstated value it takes); MI300X and MI300A have none: unvalidated.
 """
 
