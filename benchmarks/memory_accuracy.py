@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from published import clean, grad_reduce, held_out, measured, published, zero_stage  # noqa: E402
+from published import clean, grad_reduce, held_out, loss_of, measured, published, zero_stage  # noqa: E402
 from tuner.frameworks import FRAMEWORKS  # noqa: E402
 from tuner.layout import Layout, micro_batches_per_pipeline, why_invalid  # noqa: E402
 from tuner.perfmodel import fit_probability, memory, memory_prior_sd, memory_shares, rank  # noqa: E402
@@ -111,7 +111,7 @@ def evaluate(row: dict, kind: str) -> dict | None:
         m = micro_batches_per_pipeline(lay, w.global_batch)
         mem = memory.stage_memory(lay, raw, row.get("stage", 0), m, shape_of(lay, raw))
         pred = mem["total"] - mem["reserved"]
-        if "ChunkedLossWrapper" in row.get("note", ""):    # torchtitan 0.3.0's default loss: the fp32 logits
+        if loss_of(row) == "chunked":                      # torchtitan 0.3.0's default loss: the fp32 logits
             pred -= mem["logits"] * (1 - 1 / LOSS_CHUNKS)  # of one chunk at a time (launch's commit: un-chunked)
         true = row["peak_allocated_gib"] * GIB
     else:                               # a stated peak is the allocator's reserved peak: at least what it needed

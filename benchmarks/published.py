@@ -29,7 +29,8 @@ from pathlib import Path
 
 DATA = Path(__file__).resolve().parent / "data"
 PUBLISHED = ("llama_published.toml", "framework_published.toml", "moe_published.toml")
-MEASURED = ("memory_measured_megatron-core.toml", "memory_measured_torchtitan.toml")
+MEASURED = ("memory_measured_megatron-core.toml", "memory_measured_torchtitan.toml",
+            "memory_measured_torchtitan_fresh.toml")
 #: Published runs on the machines of issue 26 (benchmarks/hardware_accuracy.py): split by the same rule and
 #: listed in held_out.txt, but kept out of `published()`, whose rows the memory and framework fits read.
 HARDWARE = ("hardware_published.toml",)
@@ -73,9 +74,19 @@ def split_key(row: dict) -> str:
     return "|".join(parts)
 
 
+def loss_of(row: dict) -> str | None:
+    """A torchtitan memory measurement's loss: torchtitan 0.3.0's default ChunkedLossWrapper or the un-chunked
+    CrossEntropyLoss (its note says which); None for any other row."""
+    note = row.get("note", "")
+    return "chunked" if "ChunkedLossWrapper" in note else "un-chunked" if "un-chunked" in note else None
+
+
 def config_key(row: dict) -> str:
-    """One distinct row: the configuration, and the stage and attention kernel of a memory measurement."""
-    return split_key(row) + "".join(f"|{k}={row[k]}" for k in ("stage", "attention") if k in row)
+    """One distinct row: the configuration, and the stage, attention kernel and loss of a memory measurement
+    (a chunked and an un-chunked loss are two measurements of different code, never one median)."""
+    loss = loss_of(row)
+    return (split_key(row) + "".join(f"|{k}={row[k]}" for k in ("stage", "attention") if k in row)
+            + (f"|loss={loss}" if loss else ""))
 
 
 def held_out(row: dict) -> bool:
