@@ -87,9 +87,11 @@ def evaluate(row: dict) -> dict:
     if model.seq_length != row["seq_length"]:
         model = dataclasses.replace(model, seq_length=row["seq_length"])
     shape = {k: row[k] for k in SHAPE_OVERRIDES if k in row and row[k] != getattr(model, k)}
-    if shape:
+    if shape:     # heads of hidden / heads width each (Megatron's default --kv-channels), as the rows ran
+        heads = shape.get("num_attention_heads", model.num_attention_heads)
         model = dataclasses.replace(model, **shape, num_query_groups=shape.get("num_attention_heads",
-                                                                               model.num_query_groups))
+                                                                               model.num_query_groups),
+                                    head_dim=shape.get("hidden_size", model.hidden_size) // heads)
     cluster = load_cluster(row.get("machine", row["cluster"]))     # the machine it ran on, where stated
     w = make_workload(model, row["gpus"] // cluster.gpus_per_node, cluster, row["global_batch"],
                       precision=row["precision"], framework=fw,
