@@ -359,3 +359,26 @@ def test_each_modern_dimension_has_its_term_in_the_breakdown():
     assert p0.time_breakdown["gemm"] / 2 < f8.time_breakdown["gemm"] < p0.time_breakdown["gemm"] * 0.75
     assert f8.memory_breakdown["fp8_weights"] > 0 and "fp8_weights" not in p0.memory_breakdown
     assert f8.mfu == pytest.approx(p0.mfu * p0.step_time_s / f8.step_time_s)
+
+
+def test_fp8_backward_gemms_run_without_fast_accumulation_on_hopper_only():
+    """Transformer Engine and torchao run FP8 dgrad / wgrad with the split accumulator (no cuBLASLt fast
+    accumulation): on H100 a layer's GEMM seconds are fwd * (1 + 2 * SPLIT_ACCUMULATOR); bf16, and FP8 on
+    Blackwell (block-scaled tensor cores, no such mode) and on ROCm, keep backward = 2 x forward."""
+    model = load_model("llama3-8b")
+    h100, b200, mi300x = load_cluster("h100"), load_cluster("b200"), load_cluster("mi300x")
+    fwd = sum(compute.gemm_time(h100, f, "fp8") for f in compute.layer_gemm_flops(model, 1, 1))
+    split = compute.backward_gemm_factor(h100, "fp8")
+    fp8 = compute.layer_times(model, h100, Shape(b=1, fp8="fp8", backward_gemm=split))
+    assert fp8["gemm"] == pytest.approx(fwd * (1 + 2 * compute.SPLIT_ACCUMULATOR))
+    assert compute.SPLIT_ACCUMULATOR > 1
+    assert compute.backward_gemm_factor(h100, "fp8") == compute.SPLIT_ACCUMULATOR
+    assert compute.backward_gemm_factor(h100, False) == 1.0
+    assert compute.backward_gemm_factor(b200, "fp8") == 1.0 and compute.backward_gemm_factor(b200, "fp4") == 1.0
+    assert compute.backward_gemm_factor(mi300x, "fp8") == 1.0
+    w = make_workload(model, 1, h100, precision="fp8")
+    assert compute.shape_of(Layout(tp=1, pp=1, dp=8, micro_batch=1), w).backward_gemm == compute.SPLIT_ACCUMULATOR
+    slower = predict(Layout(tp=1, pp=1, dp=8, micro_batch=1), w).time_breakdown["gemm"]
+    faster = predict(Layout(tp=1, pp=1, dp=8, micro_batch=1),
+                     dataclasses.replace(w, cluster=dataclasses.replace(h100, block_scaled=True))).time_breakdown["gemm"]
+    assert slower > faster
