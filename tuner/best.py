@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import sys
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -31,9 +31,11 @@ from tuner.layout import Layout
 from tuner.frameworks import of as framework_of, runnable
 from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT, memory_fit, predict
 from tuner.fit_nodes import more_nodes_hint
-from tuner.specs import STORED_SETTINGS, Workload
-from tuner.correction import Z_DIM, Observations, features, memory_features, simulated, warm_start_records
+from tuner.specs import STORED_SETTINGS, Workload, stored_setting
+from tuner.correction import (Z_DIM, Observations, _left_out, _record_workload, features, memory_features, simulated,
+                              warm_start_records)
 from tuner.oom_evidence import oom_bounds, oom_fit_cap
+from tuner.trial import Status
 
 Z90 = 1.645           # two-sided 90 % interval / one-sided 95 % bound of a normal
 STALE_MARGIN = 64     # more stored trials asked for than answered: some may be refused by their framework
@@ -50,10 +52,12 @@ def require_fit(preds, workload: Workload, space=None) -> None:
                          f"(smallest needs {least.memory_gb:.1f} GB: {least.layout.key()}); {fix}")
 
 
-def corrected(layouts: list[Layout], workload: Workload, obs: Observations, preds=None, bounds=()) -> list[dict]:
+def corrected(layouts: list[Layout], workload: Workload, obs: Observations, preds=None, bounds=(),
+              support=None) -> list[dict]:
     """For each layout: raw and corrected MFU and memory, the residual's uncertainty, the probability
-    that it fits in memory (at most what the measured OOMs, `bounds`, leave it: oom_evidence.oom_fit_cap)
-    and whether it keeps the memory headroom."""
+    that it fits in memory (at most what the measured OOMs, `bounds`, leave it: oom_evidence.oom_fit_cap;
+    at least what a measured twin at fewer GPUs, `support` (twin_support), says) and whether it keeps the
+    memory headroom."""
     memo: dict = {}                 # sub-results the layouts of one workload share (tuner.perfmodel.predict)
     preds = preds or [predict(lay, workload, memo=memo) for lay in layouts]
     fts = [features(lay, workload, p) for lay, p in zip(layouts, preds)]
@@ -66,9 +70,12 @@ def corrected(layouts: list[Layout], workload: Workload, obs: Observations, pred
         mem = math.exp(ft.log_mem + mmu[i])
         p_oom, limited_by = oom_fit_cap(p, bounds, cap)
         p_fit = min(_p_fit(ft.log_mem, mmu[i], msd[i], cap), p_oom)
+        p_twin, supported_by = supported_fit(lay, support or {}, cap)
+        if p_twin > p_fit:
+            p_fit, limited_by = p_twin, None
         out.append({"layout": lay, "raw": p, "log_mean": ft.log_pred + mu[i], "log_sd": float(sd[i]),
                     "mfu": math.exp(ft.log_pred + mu[i]), "memory_gb": mem, "p_fit": p_fit,
-                    "headroom_ok": p_fit >= RECOMMEND_AT, "limited_by": limited_by})
+                    "headroom_ok": p_fit >= RECOMMEND_AT, "limited_by": limited_by, "supported_by": supported_by})
     return out
 
 
@@ -76,6 +83,39 @@ def _p_fit(log_mem: float, mean: float, sd: float, cap: float) -> float:
     """P(fits) of a layout predicted at exp(log_mem) GB whose log error the memory correction puts at (mean, sd)."""
     z = (math.log(cap) - log_mem - mean) / math.hypot(sd, MEMORY_NOISE_SD)
     return 0.5 * math.erfc(-z / math.sqrt(2))
+
+
+def twin_support(records, workload: Workload, studies: dict | None = None) -> dict[Layout, list]:
+    """The measured peaks that bound layouts of `workload` from above (issue 30): its stored ok trials of the
+    same model, cluster, framework, precision and optimizer moments at fewer GPUs, keyed by the layout at dp 1.
+    A layout that is such a trial with dp multiplied (the same tp, cp, pp, split, experts, micro-batch, ZeRO
+    stage and recompute) keeps the same activations and at most as many micro-batches in flight, and ZeRO
+    shards its state over more ranks: it needs at most the trial's measured peak."""
+    moments = workload.optimizer_moments or STORED_SETTINGS["optimizer_moments"]
+    out: dict[Layout, list] = {}
+    for rec in records or ():
+        if rec.status != Status.OK or not rec.peak_memory_gb or _left_out(rec, workload, studies):
+            continue
+        w = _record_workload(rec, workload, studies)
+        st = (studies or {}).get(getattr(rec, "study", None))
+        if (w.precision != workload.precision or rec.layout.gpus != w.gpus or rec.layout.gpus >= workload.gpus
+                or (st is not None and stored_setting(st.workload, "optimizer_moments") != moments)):
+            continue
+        out.setdefault(replace(rec.layout, dp=1), []).append(rec)
+    return out
+
+
+def supported_fit(layout: Layout, support: dict, cap: float) -> tuple[float, str | None]:
+    """The probability that `layout` fits by its measured twins (`support`, twin_support): that the smallest
+    measured peak among them, measured again, stays within `cap` (MEMORY_NOISE_SD: run-to-run noise), and
+    which twin says so; (0, None) without one."""
+    twins = [r for r in support.get(replace(layout, dp=1), ()) if layout.dp % r.layout.dp == 0]
+    if not twins:
+        return 0.0, None
+    rec = min(twins, key=lambda r: r.peak_memory_gb)
+    z = math.log(cap / rec.peak_memory_gb) / MEMORY_NOISE_SD
+    return 0.5 * math.erfc(-z / math.sqrt(2)), (f"its twin {rec.layout.key()} ran at {rec.nodes} node(s) with a "
+                                               f"measured peak of {rec.peak_memory_gb:.1f} GB")
 
 
 def likely_to_fit(layouts: list[Layout], workload: Workload, gp) -> list:
@@ -124,7 +164,7 @@ def answer(row: dict, workload: Workload, evidence: dict) -> dict:
             "raw_peak_fraction": row["raw"].peak_fraction, "raw_tflops_per_gpu": row["raw"].tflops_per_gpu,
             "memory_gb": row["memory_gb"], "raw_memory_gb": row["raw"].memory_gb, "memory_capacity_gb": cap,
             "memory_used_fraction": row["memory_gb"] / cap, "headroom_ok": row["headroom_ok"],
-            "p_fit": row["p_fit"], "p_fit_limited_by": row.get("limited_by"),
+            "p_fit": row["p_fit"], "p_fit_limited_by": row.get("limited_by"), "p_fit_supported_by": row.get("supported_by"),
             "p_fit_basis": framework_of(workload).memory_note(workload), "evidence": evidence}
 
 
@@ -143,7 +183,8 @@ def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies:
     if not bounds and not ws.observations.my and not ws.observations.oy:   # no memory data: p_fit from memory alone
         preds = likely_to_fit(layouts, workload, gp) or None               # (none: all, for the refusal's words)
         layouts = [p.layout for p in preds] if preds else layouts
-    rows = corrected(layouts, workload, ws.observations, preds, bounds=bounds)
+    rows = corrected(layouts, workload, ws.observations, preds, bounds=bounds,
+                     support=twin_support(records, workload, studies))
     likely = [r for r in rows if r["p_fit"] >= 0.5]
     if not likely:
         least = min(rows, key=lambda r: r["memory_gb"])

@@ -1,0 +1,59 @@
+"""`best --nodes 2N` keeps what measured twins at N say (issue 30): a layout that is a measured ok trial at
+fewer GPUs with dp multiplied -- the same activations, at most as many micro-batches in flight, its ZeRO state
+over more ranks -- needs at most that trial's measured peak, whatever an OOM of the same activation account
+or the model's memory account say."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+from tuner.best import best_for_unmeasured, supported_fit, twin_support
+from tuner.layout import Layout
+from tuner.space import load_space
+from tuner.specs import make_workload
+from tuner.trial import Status
+
+SPACE = load_space("frontier-2023")
+W2, W4 = make_workload("22b", 2), make_workload("22b", 4)
+OOMED = Layout(tp=2, pp=4, dp=2, micro_batch=1, zero_stage=1, recompute="none")
+RAN = replace(OOMED, pp=8, dp=1)                  # the same activation account (tp, cp, recompute): it ran
+
+
+def record(layout: Layout, status: Status, peak: float | None = None, mfu: float | None = None, **kw):
+    return SimpleNamespace(layout=layout, status=status, nodes=2, peak_memory_gb=peak, mfu=mfu, model="gpt-22b",
+                           cluster="frontier", study="s", runner="command", global_batch=None, **kw)
+
+
+def test_a_measured_twin_at_n_lifts_the_oom_cap_on_its_dp_doubled_layout_at_2n():
+    cap = W4.cluster.memory_gb
+    recs = [record(OOMED, Status.OOM), record(RAN, Status.OK, peak=0.9 * cap, mfu=0.3)]
+    rows = {r["layout"]: r for r in best_for_unmeasured(W4, SPACE, recs, k=10**6)}
+    doubled = rows[replace(RAN, dp=2)]
+    assert doubled["p_fit"] > 0.99 and doubled["headroom_ok"] and doubled["p_fit_limited_by"] is None
+    assert RAN.key() in doubled["p_fit_supported_by"] and "2 node(s)" in doubled["p_fit_supported_by"]
+    # without the measured twin, the OOM of the same activation account caps it
+    capped = {r["layout"]: r for r in best_for_unmeasured(W4, SPACE, recs[:1], k=10**6)}.get(replace(RAN, dp=2))
+    assert capped is None or (capped["p_fit"] < doubled["p_fit"] and OOMED.key() in capped["p_fit_limited_by"]
+                              and capped["p_fit_supported_by"] is None)
+    # other layouts are not its twins: another micro-batch, recompute or ZeRO stage keep their own p_fit
+    for other in (replace(RAN, dp=2, micro_batch=2), replace(RAN, dp=2, recompute="full"), replace(RAN, dp=2, zero_stage=0)):
+        assert other not in rows or rows[other]["p_fit_supported_by"] is None
+
+
+def test_only_measured_ok_trials_with_a_peak_at_fewer_gpus_of_the_same_settings_support():
+    cap = W4.cluster.memory_gb
+    good = record(RAN, Status.OK, peak=0.5 * cap, mfu=0.3)
+    assert set(twin_support([good], W4)) == {replace(RAN, dp=1)}
+    for bad in (record(RAN, Status.OOM), record(RAN, Status.OK, mfu=0.3),                 # no peak measured
+                SimpleNamespace(**{**vars(good), "runner": "sim"}),
+                SimpleNamespace(**{**vars(good), "model": "gpt-175b"})):
+        assert twin_support([bad], W4) == {}
+    assert twin_support([good], W2) == {}                           # the same GPU count: stored_best answers there
+    fp8 = {"s": SimpleNamespace(workload={"precision": "fp8"}, global_batch=None, runner="command")}
+    assert twin_support([good], W4, fp8) == {}
+    # the probability is the chance the measured peak, measured again, stays within the capacity
+    support = twin_support([good], W4)
+    assert supported_fit(replace(RAN, dp=2), support, cap)[0] > 0.999
+    assert supported_fit(replace(RAN, dp=2), support, 0.5 * cap)[0] == 0.5
+    assert supported_fit(replace(RAN, dp=2, micro_batch=2), support, cap) == (0.0, None)
