@@ -4,7 +4,7 @@ the layout it ran (tokens/s/GPU: predicted / measured - 1).
 Run: python benchmarks/hardware_accuracy.py
 
 Rows: benchmarks/data/hardware_published.toml (NVIDIA Megatron-Bridge's DGX-GB200 / B200 / GB300 / B300
-pre-training tables, NVIDIA dgxc-benchmarking v25.05.05's GB200 tables (Grok-1 with its own shape), DeepSeek-V3's H800 run), every source named in the file; each row is predicted with the
+pre-training tables, 25.09 to 26.08, NVIDIA dgxc-benchmarking v25.05.05's GB200 tables (Grok-1 with its own shape), DeepSeek-V3's H800 run), every source named in the file; each row is predicted with the
 layout it ran, its pipeline split included (the DeepSeek-V3 recipes' "light-last" layers per stage, the
 data file's `pipeline_split`). One configuration is one row
 (benchmarks/published.py: a configuration stated in several releases is the median of its measurements).
