@@ -197,8 +197,9 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # issue 24: torchtitan's op-SAC account (tuner/perfmodel/memory.op_sac_bytes) was derived from its 0.3.0
     # policy and checked on selective-less-full activations after every measured torchtitan row's error had
     # been printed, held-out ones included
+    # (the rows of memory_measured_torchtitan.toml; memory_measured_torchtitan_fresh.toml was measured after it)
     "op-SAC account: fused QKV, logsumexp, w2's partial output, reduce-scatter outputs (tuner/perfmodel/memory.py)": (
-        "memory", lambda r: r["framework"] == "torchtitan" and "peak_allocated_gib" in r),
+        "memory", lambda r: "memory_measured_torchtitan.toml" in r.get("files", [r.get("file")])),
 }
 
 
