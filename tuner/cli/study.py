@@ -183,7 +183,7 @@ def run_members(store, name: str, recs: list, fmt: str, run, budget: int | None 
         with ProgressView(rec.name, budget or rec.settings["budget"], sys.stderr) as view:
             result = run(rec, on_progress=view.update)
         ran.append({"study": rec.name, "nodes": rec.nodes, "ran": result.outcome.ran, "pruned": result.outcome.pruned,
-                    "stopped_by": result.outcome.reason})
+                    "stopped_by": result.outcome.reason, "stop_reason": result.searcher.stop_reason})
     rows = group.curve(store, [store.get_study(r.name) for r in recs])
     out = _Closing()
     if fmt == "json":
@@ -193,7 +193,8 @@ def run_members(store, name: str, recs: list, fmt: str, run, budget: int | None 
     if fmt != "table":
         return
     for r in ran:
-        out.echo(f"study {r['study']}: {r['ran']} trial(s) ran, {r['pruned']} pruned ({WHY[r['stopped_by']]}).")
+        why = f"stopped early: {r['stop_reason']}" if r["stopped_by"] == "converged" else WHY[r["stopped_by"]]
+        out.echo(f"study {r['study']}: {r['ran']} trial(s) ran, {r['pruned']} pruned ({why}).")
     sim = [r["study"] for r in rows if r["layout"] and not r["measured"]]
     out.echo(("\nsimulated, not measured: " + ", ".join(sim) + " (the model's own prediction). " if sim else "\n") +
              f"efficiency: per-GPU samples/s over the first count's. At {', '.join(str(r['nodes']) for r in rows)} "
