@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from published import clean, grad_reduce, held_out, loss_of, measured, published, zero_stage  # noqa: E402
 from tuner.frameworks import FRAMEWORKS  # noqa: E402
-from tuner.layout import Layout, micro_batches_per_pipeline, why_invalid  # noqa: E402
+from tuner.layout import Layout, micro_batches_per_pipeline, stage_layers, why_invalid  # noqa: E402
 from tuner.perfmodel import fit_probability, memory, memory_prior_sd, memory_shares, rank  # noqa: E402
 from tuner.perfmodel.compute import shape_of  # noqa: E402
 from tuner.perfmodel.moe import TokenExchange  # noqa: E402
@@ -100,6 +100,17 @@ def exchange_of(row: dict) -> TokenExchange:
                          dispatcher="flex" if str(row.get("dispatcher", "")).startswith("flex") else "alltoall")
 
 
+def fused_qkv_gb(row: dict, lay: Layout, w) -> float:
+    """torchtitan 0.3.0's fused wqkv makes per-op SAC keep K too (memory.op_sac_bytes); tuner predicts the
+    separate projections of the torchtitan it launches. A 0.3.0 measurement of a dense model is predicted as it ran."""
+    sh = shape_of(lay, w)
+    if not sh.op_sac or w.model.is_moe or not str(row.get("release", "")).startswith("torchtitan 0.3"):
+        return 0.0
+    extra = memory.op_sac_bytes(w.model, sh, fused_qkv=True) - memory.op_sac_bytes(w.model, sh, fused_qkv=False)
+    layers = stage_layers(lay, w.model.num_layers, row.get("stage", 0))
+    return layers * w.model.seq_length * sh.tokens * w.model.hidden_size * extra / 1e9
+
+
 def evaluate(row: dict, kind: str) -> dict | None:
     """One row: its log ratio (exact) or upper bound (censored), the raw prediction, the prior sd terms."""
     w, fw_name = workload_of(row), PREDICTED_AS.get(row["framework"], row["framework"])
@@ -113,6 +124,7 @@ def evaluate(row: dict, kind: str) -> dict | None:
         pred = mem["total"] - mem["reserved"]
         if loss_of(row) == "chunked":                      # torchtitan 0.3.0's default loss: the fp32 logits
             pred -= mem["logits"] * (1 - 1 / LOSS_CHUNKS)  # of one chunk at a time (launch's commit: un-chunked)
+        pred += fused_qkv_gb(row, lay, raw)
         true = row["peak_allocated_gib"] * GIB
     else:                               # a stated peak is the allocator's reserved peak: at least what it needed
         _, mem = memory.peak_memory(lay, raw, micro_batches_per_pipeline(lay, w.global_batch))

@@ -137,21 +137,30 @@ def eager_split_bytes(model: ModelSpec) -> float:
     return 10.0 + 8.0 * kv + (8.0 if model.ffn_type == "swiglu" else 4.0) * f
 
 
-def op_sac_bytes(model: ModelSpec, shape: Shape) -> float:
-    """What torchtitan's per-op selective recompute (SelectiveAC) keeps of one layer per s*b*h element on one rank.
+#: The torchtitan tuner launches (tuner/render/torchtitan.py: 238fa9953e4a, TOML job files) projects Q, K and V with
+#: three matmuls (models/llama3/model/model.py line 251); torchtitan 0.3.0's Llama 3, which the fake-tensor
+#: measurements ran, with one fused wqkv (models/llama3/__init__.py: fuse_qkv=True, pytorch/torchtitan#3714).
+LAUNCHED_FUSED_QKV = False
 
-    Its policy (torchtitan 0.3.0, torchtitan/distributed/activation_checkpoint.py: `_get_default_save_ops`,
-    `SelectiveAC._wrap_block`; the same at main b5bcd76c6) saves the outputs of every odd matmul of a block, of
-    flex_attention and of reduce_scatter_tensor, and recomputes the rest; the checkpoint keeps the block's input.
-    Llama 3 runs a fused QKV projection (models/llama3/__init__.py: fuse_qkv=True, since pytorch/torchtitan#3714),
-    so its matmuls are wqkv (1, saved), wo (2), w1 (3, saved), w3 (4) and w2 (5, saved). Kept: the input (2; a
-    1/t shard with sequence parallelism); Q, K and V (2 + 4kv/h), the attention output and its fp32 logsumexp
-    per head (2 + 4a/h) and w1's output (2f/h), all split by t; w2's output whole (2: under TP it is the partial
-    sum over the rank's whole sequence, before the reduce-scatter); with sequence parallelism the reduce-scatters'
-    outputs after wo and w2 (2/t each). The all-gathered GEMM inputs are not kept (all_gather is not saved).
-    Checked on the measured selective-less-full activations at tp 1, 2 and 8 (tests/test_op_sac.py)."""
+
+def op_sac_bytes(model: ModelSpec, shape: Shape, fused_qkv: bool = LAUNCHED_FUSED_QKV) -> float:
+    """What torchtitan's per-op selective recompute keeps of one layer per s*b*h element on one rank.
+
+    Its policy (238fa9953e4a: models/llama3/infra/parallelize.py `_op_sac_save_list`, distributed/
+    activation_checkpoint.py `_apply_op_sac`; torchtitan 0.3.0: `_get_default_save_ops`, `SelectiveAC._wrap_block`)
+    saves the outputs of every odd matmul of a block, of the attention kernel (SDPA / flex_attention: the output
+    and its fp32 logsumexp) and of reduce_scatter_tensor, and recomputes the rest; the checkpoint keeps the block's
+    input. With separate projections the matmuls are wq (1, saved), wk (2), wv (3, saved), wo (4), w1 (5, saved),
+    w3 (6), w2 (7, saved); with a fused wqkv (1, saved), wo, w1 (saved), w3, w2 (saved), so K is kept too. Kept:
+    the input (2; a 1/t shard with sequence parallelism); Q and V (2 + 2kv/h; K 2kv/h more when fused), the
+    attention output and its logsumexp per head (2 + 4a/h) and w1's output (2f/h), all split by t; w2's output
+    whole (2: under TP it is the partial sum over the rank's whole sequence, before the reduce-scatter); with
+    sequence parallelism the reduce-scatters' outputs after wo and w2 (2/t each). The all-gathered GEMM inputs
+    are not kept (all_gather is not saved). Checked on the selective-less-full activations measured over
+    torchtitan 0.3.0 at tp 1, 2 and 8 (tests/test_op_sac.py)."""
     h, t = model.hidden_size, shape.t
-    split = 4.0 + (4.0 * model.kv_size + 4.0 * model.num_attention_heads + 2.0 * model.ffn_hidden_size) / h
+    qkv = 2.0 + (4.0 if fused_qkv else 2.0) * model.kv_size / h
+    split = qkv + 2.0 + (4.0 * model.num_attention_heads + 2.0 * model.ffn_hidden_size) / h
     scattered = 4.0 / t if shape.sp and t > 1 else 0.0
     return (2.0 / t if shape.sp else 2.0) + split / t + 2.0 + scattered
 
