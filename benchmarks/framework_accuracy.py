@@ -83,7 +83,7 @@ SHAPE_OVERRIDES = ("num_layers", "hidden_size", "num_attention_heads")
 
 def evaluate(row: dict) -> dict:
     fw = PREDICTED_AS.get(row["framework"], row["framework"])
-    model = load_model(row["model"])
+    model = published.custom_model(row) if "shape_name" in row else load_model(row["model"])
     if model.seq_length != row["seq_length"]:
         model = dataclasses.replace(model, seq_length=row["seq_length"])
     shape = {k: row[k] for k in SHAPE_OVERRIDES if k in row and row[k] != getattr(model, k)}

@@ -81,6 +81,18 @@ def loss_of(row: dict) -> str | None:
     return "chunked" if "ChunkedLossWrapper" in note else "un-chunked" if "un-chunked" in note else None
 
 
+#: A row of a model no preset holds (model = "custom") states its shape in these keys (ModelSpec's), named by shape_name.
+ROW_MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+                  "vocab_size", "ffn_type", "position_embedding", "normalization", "add_bias_linear", "tie_embeddings")
+
+
+def custom_model(row: dict):
+    """The ModelSpec of a model = "custom" row: its stated shape at its sequence length."""
+    from tuner.specs import ModelSpec
+    return ModelSpec.from_dict({"name": row["shape_name"], "seq_length": row["seq_length"],
+                                **{k: row[k] for k in ROW_MODEL_KEYS if k in row}}, f"row {row['shape_name']}")
+
+
 def config_key(row: dict) -> str:
     """One distinct row: the configuration, and the stage, attention kernel and loss of a memory measurement
     (a chunked and an un-chunked loss are two measurements of different code, never one median)."""
@@ -176,9 +188,10 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     "TokenExchange.overlaps: TP overlap off where the row states it (benchmarks/moe_accuracy.py)": (
         "speed", lambda r: r.get("tp_comm_overlap") is False),
     # issue 25: its value is a GEMM microbenchmark's (pytorch/ao #2377), fitted to no row, but the cause was looked
-    # for after every published fp8 row's error (the held-out ones' too) had been printed as "fp8 too fast"
+    # for after every published fp8 row's error (the held-out ones' too) had been printed as "fp8 too fast"; rows
+    # marked `added` (issue 25 round 2) came later: it saw none of them
     "SPLIT_ACCUMULATOR, FP8 backward GEMMs without fast accumulation (tuner/perfmodel/compute.py)": (
-        "speed", lambda r: r.get("precision") == "fp8"),
+        "speed", lambda r: r.get("precision") == "fp8" and "added" not in r),
     # issue 25: BigScience's rows predicted on Jean Zay (a100-jean-zay.toml: its Omni-Path links, no FlashAttention),
     # the machine its README states, looked up after their errors on a100.toml (26.7 %) had been printed
     "machine = a100-jean-zay for BigScience's rows (benchmarks/data/framework_published.toml)": (

@@ -9,16 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from tuner.specs import load_cluster, load_model
+from tuner.specs import ModelSpec, load_cluster, load_model
 
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "framework_published.toml"
 REQUIRED = ("framework", "source", "release", "model", "cluster", "gpus", "precision", "seq_length", "global_batch",
             "micro_batch", "tp", "pp", "cp", "vp", "sequence_parallel", "recompute", "distributed_optimizer",
             "tokens_per_s_per_gpu", "note")
 OPTIONAL = ("zero_stage", "model_tflops_per_gpu", "peak_memory_gib", "oom", "grad_reduce", "optimizer",
-            "pipeline_split", "num_layers", "hidden_size", "num_attention_heads", "machine")
+            "pipeline_split", "num_layers", "hidden_size", "num_attention_heads", "machine", "added", "shape_name",
+            "num_query_groups", "ffn_hidden_size", "vocab_size", "ffn_type", "position_embedding", "normalization",
+            "add_bias_linear", "tie_embeddings")
 FRAMEWORKS = ("torchtitan", "fsdp", "megatron-core", "megatron-deepspeed")
 UNSTATED = "unstated"
+MODEL_ROW_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+                  "vocab_size", "ffn_type", "position_embedding", "normalization", "add_bias_linear", "tie_embeddings")
 
 
 @functools.cache
@@ -83,9 +87,16 @@ def test_row(i):
     if r["vp"] > 1:
         assert r["pp"] > 1, where
 
-    model = _model(r["model"])
+    if r["model"] == "custom":      # a model no preset holds: its shape in the row (ModelSpec checks it)
+        assert "shape_name" in r and "num_layers" in r, f"{where}: a custom model states shape_name and its shape"
+        model = ModelSpec.from_dict({"name": r["shape_name"], "seq_length": r["seq_length"],
+                                    **{k: r[k] for k in MODEL_ROW_KEYS if k in r}}, where)
+        assert model.num_layers % (r["pp"] * r["vp"]) == 0 or "pipeline_split" in r, f"{where}: layers over pp x vp"
+    else:
+        model = _model(r["model"])
+        assert model.name == r["model"], where
     cluster = _cluster(r["cluster"])
-    assert model.name == r["model"] and cluster.name == r["cluster"]
+    assert cluster.name == r["cluster"], where
     assert r["gpus"] % cluster.gpus_per_node == 0, f"{where}: not whole {cluster.name} nodes"
     if "machine" in r:        # the machine it ran on has the GPUs its cluster names
         m = _cluster(r["machine"])
