@@ -64,7 +64,7 @@ def test_one_linked_study_per_count_with_its_budget_a_curve_and_best_at_each_cou
     assert code == 2 and "`tuner resume g`" in err
 
 
-def test_measured_trials_carry_over_and_scale_answers_with_them(tuner, caplog):
+def test_measured_trials_carry_over_and_scale_answers_with_them(tuner):
     code, out, err = tuner("search", "--model", "22b", "--nodes", "2,4", "--budget", "2", "--study", "m", *MEASURED)
     assert code == 0, err
     assert "m-4n: 2 measured trial(s) of the linked studies at 2 node(s) correct the model" in err
