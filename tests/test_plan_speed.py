@@ -91,6 +91,32 @@ def test_enumeration_is_every_layout_the_rules_allow(model, nodes, cluster, cons
     assert space.enumerate_layouts(w) == _enumerate_plainly(space, w)
 
 
+@pytest.mark.parametrize("model,framework,precision", [("deepseek-v3", "megatron-core", "bf16"),
+                                                       ("mixtral-8x7b", "torchtitan", "fp8"),
+                                                       ("175b", "megatron-deepspeed", "fp8"),
+                                                       ("qwen3-30b-a3b", "megatron-core", "fp8")])
+def test_a_refusal_never_reads_the_micro_batch(model, framework, precision):
+    """The enumeration asks a framework's refusal once per cut and ZeRO / recompute choice (tuner.space): every
+    refusal, on every kind of layout, answers the same at each micro-batch."""
+    import dataclasses
+    import itertools
+
+    from tuner.frameworks import of
+    from tuner.layout import Layout
+    w = make_workload(model, 8, "h100", None, precision, framework)
+    refusal, answers = of(w).refusal, set()
+    for tp, sp, pp, vp, split, ep, etp, zero, rc in itertools.product(
+            (1, 2, 8), (False, True), (1, 4), (1, 2), ("auto", "light-last"), (1, 8), (1, 2), (0, 1, 2, 3),
+            ("none", "selective", "mla_up", "moe_act", "full")):
+        lay = Layout(tp=tp, sequence_parallel=sp, pp=pp, virtual_pipeline=vp, pipeline_split=split,
+                     dp=64 // (tp * pp), expert_parallel=ep, expert_tensor_parallel=etp, micro_batch=1,
+                     zero_stage=zero, recompute=rc)
+        first = refusal(lay, w)
+        answers.add(first is None)
+        assert all(refusal(dataclasses.replace(lay, micro_batch=mb), w) == first for mb in (2, 4, 16)), lay
+    assert answers == {True, False}          # both kinds of answer were asked
+
+
 @pytest.mark.parametrize("top,show_all", [(10, False), (None, False), (40, True)])
 def test_plan_in_worker_processes_is_plan_in_one(planned, top, show_all):
     from tuner.cli.plan import plan_ranking

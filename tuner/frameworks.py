@@ -112,7 +112,9 @@ class Framework:
         return self.sp_with_tp or (self.sp_with_moe_tp and model.is_moe)
 
     def refusal(self, layout: "Layout", workload: "Workload") -> str | None:
-        """Why this framework cannot run `layout` on `workload` as it is (a sentence), or None."""
+        """Why this framework cannot run `layout` on `workload` as it is (a sentence), or None. It never reads
+        the layout's micro-batch: tuner.space asks it once per cut and ZeRO / recompute choice
+        (tests/test_plan_speed.py checks it)."""
         return self.refuse(layout, workload)
 
     def fused(self, precision: str) -> bool:

@@ -238,10 +238,11 @@ class SearchSpace:
         constraints that read nothing else -- then each micro-batch (with the constraints that read nothing
         but the cut, the micro-batch and m), before the ZeRO and recompute choices are."""
         rest = [d for d in DIMENSIONS if d not in CUT and d != "micro_batch"]
-        early, per_mb, late = [], [], []
+        outer, early, per_mb, late = [], [], [], []
         for k, v in self.constraints.items():
             c = _Constraint(self, _compile(k, v, self.name), workload)
-            (late if set(c.dims) & set(rest) else per_mb if "micro_batch" in c.dims else early).append(c)
+            (late if set(c.dims) & set(rest) else per_mb if "micro_batch" in c.dims else
+             outer if set(c.dims) <= set(OUTER) else early).append(c)
         choices = {d: [BY_NAME[d].type(v) for v in self.choices(d, workload)] for d in DIMENSIONS}
         one = Layout(tp=1, pp=1, dp=1, micro_batch=1)     # recompute modes the model or framework never runs
         choices["recompute"] = [r for r in choices["recompute"] if recompute_refusal(
@@ -249,34 +250,39 @@ class SearchSpace:
         refusal = framework_of(workload).refusal
         rests = [dict(zip(rest, more)) for more in itertools.product(*(choices[d] for d in rest))]
         out = []
-        for shape in self._cuts(choices, workload):
+        for shape in self._cuts(choices, workload, outer):
             probe = Layout(**shape, micro_batch=1)
             if why_invalid_values(probe, workload) or why_invalid_cut(probe, workload.model) or \
                     not all(c(probe) for c in early):
                 continue
+            runs = None                        # the ZeRO / recompute choices the framework runs on this cut
             for mb in choices["micro_batch"]:
                 probe = Layout(**shape, micro_batch=mb, zero_stage=0)
                 if why_invalid_schedule(probe, workload) or (
                         per_mb and not all(c(probe) for c in per_mb)):
                     continue                   # the schedule's rules read nothing but the cut and micro-batch
-                for more in rests:
+                if runs is None:               # a refusal never reads the micro-batch (Framework.refusal)
+                    runs = [more for more in rests if not refusal(Layout(**shape, micro_batch=mb, **more), workload)]
+                for more in runs:
                     lay = Layout(**shape, micro_batch=mb, **more)
-                    if refusal(lay, workload):
-                        continue
                     if not late or all(c(lay) for c in late):
                         out.append(lay)
         return sorted(out, key=_order)
 
     @staticmethod
-    def _cuts(choices: dict, workload: Workload):
+    def _cuts(choices: dict, workload: Workload, outer: list | tuple = ()):
         """Each (tp, sp, cp, pp, vp, pipeline_split, ep, etp) as a dict with its dp, where tp*cp*pp divides the
-        GPUs and the split cuts the layers (the rest of the cut's rules are the caller's)."""
+        GPUs, the split cuts the layers and the `outer` constraints (those that read nothing but OUTER) hold
+        (the rest of the cut's rules are the caller's)."""
         gpus, layers = workload.gpus, workload.model.num_layers
         for tp, cp, pp in itertools.product(choices["tp"], choices["context_parallel"], choices["pp"]):
             if gpus % (tp * cp * pp):
                 continue
             for vp, split in itertools.product(choices["virtual_pipeline"], choices["pipeline_split"]):
                 if why_invalid_split(layers, pp, vp, split):
+                    continue
+                if outer and not all(c(Layout(tp=tp, context_parallel=cp, pp=pp, virtual_pipeline=vp, pipeline_split=split,
+                                              dp=gpus // (tp * cp * pp), micro_batch=1)) for c in outer):
                     continue
                 for sp, ep, etp in itertools.product(choices["sequence_parallel"], choices["expert_parallel"],
                                                      choices["expert_tensor_parallel"]):
@@ -312,11 +318,12 @@ class _Constraint:
 
 CUT = ("tp", "sequence_parallel", "context_parallel", "pp", "virtual_pipeline", "pipeline_split", "expert_parallel",
        "expert_tensor_parallel")
+#: The part of a cut a constraint may be checked on before sp, ep and etp are chosen (SearchSpace._cuts).
+OUTER = ("tp", "context_parallel", "pp", "virtual_pipeline", "pipeline_split", "dp")
 
 
-def _order(lay: Layout) -> tuple:
-    """Layout's own order (its fields in turn, as its dataclass compares them), as a key: one tuple a layout."""
-    return tuple(getattr(lay, f) for f in LAYOUT_FIELDS)
+#: Layout's own order (its fields in turn, as its dataclass compares them), as a key: one tuple a layout.
+_order = operator.attrgetter(*LAYOUT_FIELDS)
 
 
 def load_space(name: str | None = None) -> SearchSpace:

@@ -291,6 +291,23 @@ def stage_parts(layout: Layout, workload: Workload, stage: int, m: int, sh: Shap
             logits_bytes(model, sh.tokens, layout.tp) if stage == layout.pp - 1 else 0.0)
 
 
+def state_bytes(layout: Layout, workload: Workload, fw, shards: int) -> tuple[dict, dict]:
+    """Model-state bytes per parameter (model_state_bytes_per_param) of the dense and of the routed-expert
+    parameters, sharded over dp*cp (`shards`) and over the expert-dp group."""
+    gb = fw.grad_bytes(workload)
+    mb = 2.0 if workload.optimizer_moments == "bf16" else 4.0
+    return (model_state_bytes_per_param(layout.zero_stage, shards, gb, fw.fsdp, mb),
+            model_state_bytes_per_param(layout.zero_stage, expert_data_parallel(layout), gb, fw.fsdp, mb))
+
+
+def _memo_state_bytes(layout: Layout, workload: Workload, fw, shards: int, memo: dict) -> tuple[dict, dict]:
+    key = ("states", layout.zero_stage, shards, expert_data_parallel(layout))
+    got = memo.get(key)
+    if got is None:
+        got = memo[key] = state_bytes(layout, workload, fw, shards)
+    return got
+
+
 def stage_memory(layout: Layout, workload: Workload, stage: int, m: int, sh: Shape | None = None,
                  memo: dict | None = None) -> dict:
     """Memory breakdown (GB) of one GPU on pipeline stage `stage`; 'total' is the peak. `memo`: stage_parts
@@ -308,10 +325,8 @@ def stage_memory(layout: Layout, workload: Workload, stage: int, m: int, sh: Sha
             parts = memo[key] = stage_parts(layout, workload, stage, m, sh, memo)
         params, experts, act, logits = parts
     shards = layout.dp * layout.context_parallel
-    gb = fw.grad_bytes(workload)
-    mb = 2.0 if workload.optimizer_moments == "bf16" else 4.0
-    per = model_state_bytes_per_param(layout.zero_stage, shards, gb, fw.fsdp, mb)
-    per_e = model_state_bytes_per_param(layout.zero_stage, expert_data_parallel(layout), gb, fw.fsdp, mb)
+    per, per_e = (state_bytes(layout, workload, fw, shards) if memo is None else
+                  _memo_state_bytes(layout, workload, fw, shards, memo))
     out = {k: ((params - experts) * v + experts * per_e[k]) / GB for k, v in per.items()}
     if sh.fp8 and not fw.fsdp:     # sharded like the bf16 weights; FSDP2's float8 casts while it gathers
         out["fp8_weights"] = out["weights"] / 2.0
