@@ -86,3 +86,22 @@ def test_measured_trials_carry_over_and_scale_answers_with_them(tuner):
     assert rows[2]["measured"] and rows[4]["measured"] and not rows[8]["measured"]
     assert "measured: study m-4n" in rows[4]["source"]
     assert "corrected by measurements" in rows[8]["source"]
+
+
+def test_an_interrupted_group_names_the_group_to_resume_and_resume_runs_the_counts_left(tuner, monkeypatch):
+    from tuner import study as studies
+    from tuner.driver import Interrupted
+    real = studies.run
+
+    def ctrl_c_at_4(store, rec, **kw):
+        if rec.name.endswith("-4n"):
+            raise Interrupted(f"interrupted: 0 running trial(s) marked interrupted; continue with `tuner resume {rec.name}`")
+        return real(store, rec, **kw)
+
+    monkeypatch.setattr(studies, "run", ctrl_c_at_4)
+    code, out, err = tuner("search", "--model", "22b", "--nodes", "2,4", "--budget", "2", "--study", "i")
+    assert code == 130 and "the whole multi-node search: `tuner resume i`" in err
+    monkeypatch.setattr(studies, "run", real)
+    code, out, err = tuner("resume", "i", "--format", "json")
+    assert code == 0, err
+    assert [(s["study"], s["ran"]) for s in json.loads(out)["studies"]] == [("i-2n", 0), ("i-4n", 2)]

@@ -178,10 +178,15 @@ def search_group(options: dict, counts: tuple[int, ...], db, fmt: str) -> None:
 def run_members(store, name: str, recs: list, fmt: str, run, budget: int | None = None) -> None:
     """Run a group's members in turn with the live view, then print the curve: per count the fastest trial."""
     from tuner import study_group as group
+    from tuner.driver import Interrupted
     ran = []
     for rec in recs:
-        with ProgressView(rec.name, budget or rec.settings["budget"], sys.stderr) as view:
-            result = run(rec, on_progress=view.update)
+        try:
+            with ProgressView(rec.name, budget or rec.settings["budget"], sys.stderr) as view:
+                result = run(rec, on_progress=view.update)
+        except Interrupted as exc:          # the resume hint names the group: the later counts have not run
+            exc.args = (f"{exc}; the whole multi-node search: `tuner resume {name}`",)
+            raise
         ran.append({"study": rec.name, "nodes": rec.nodes, "ran": result.outcome.ran, "pruned": result.outcome.pruned,
                     "stopped_by": result.outcome.reason, "stop_reason": result.searcher.stop_reason})
     rows = group.curve(store, [store.get_study(r.name) for r in recs])
