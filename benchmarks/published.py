@@ -213,6 +213,10 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # (the rows of memory_measured_torchtitan.toml; memory_measured_torchtitan_fresh.toml was measured after it)
     "op-SAC account: fused QKV, logsumexp, w2's partial output, reduce-scatter outputs (tuner/perfmodel/memory.py)": (
         "memory", lambda r: "memory_measured_torchtitan.toml" in r.get("files", [r.get("file")])),
+    # issue 24: the eager account keeps RoPE's fp32 q and k only for RoPE models, decided after every llm-foundry
+    # (MPT, learned positions) run's p_fit had been printed, the held-out ones' bounds row by row
+    "eager account without RoPE's fp32 q, k for a learned position table (tuner/perfmodel/memory.py)": (
+        "memory", lambda r: r["framework"] == "fsdp"),
 }
 
 

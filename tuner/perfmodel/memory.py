@@ -132,9 +132,12 @@ EAGER_REPLICATED = 14.0
 def eager_split_bytes(model: ModelSpec) -> float:
     """What an eager Llama layer saves per s*b*h element within the TP split: RoPE's fp32 q and k (4 + 4kv/h),
     the rotated bf16 q, k, v (2 + 4kv/h), SDPA's output and its contiguous copy into wo (2 + 2), and in the
-    SwiGLU FFN w1's and w3's outputs, silu's output and the product fed to w2 (4 x 2f/h)."""
+    SwiGLU FFN w1's and w3's outputs, silu's output and the product fed to w2 (4 x 2f/h). A model without RoPE
+    (a learned position table, as MPT's presets) runs no rotation, so it keeps no fp32 q and k: SDPA's q, k, v
+    (2 + 4kv/h) are the projections' outputs; a GeLU FFN keeps fc1's output and GeLU's (2 x 2f/h)."""
     kv, f = model.kv_size / model.hidden_size, model.ffn_hidden_size / model.hidden_size
-    return 10.0 + 8.0 * kv + (8.0 if model.ffn_type == "swiglu" else 4.0) * f
+    rope = 4.0 + 4.0 * kv if model.position_embedding == "rope" else 0.0
+    return rope + 6.0 + 4.0 * kv + (8.0 if model.ffn_type == "swiglu" else 4.0) * f
 
 
 #: The torchtitan tuner launches (tuner/render/torchtitan.py: 238fa9953e4a, TOML job files) projects Q, K and V with
