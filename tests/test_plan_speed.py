@@ -47,6 +47,22 @@ def test_rank_shown_is_ranks_rows_and_counts(planned, top, show_all):
     assert got.may_fit == sum(p.fits for p in ranked)
 
 
+def test_no_step_is_shorter_than_its_micro_batches_of_the_slowest_stage(planned):
+    """What plan's shortcut with --top rests on (screening.speed_bound): every entry of a step beyond m micro-batches
+    of the stage it waits for is >= 0, and that stage's own are at least the slowest stage's; so the bound of the
+    expected speed is never below the prediction's."""
+    from tuner.perfmodel import memory_fit, slowest_stage
+    from tuner.perfmodel.fit import expected_speed
+    from tuner.perfmodel.screening import speed_bound
+    w, layouts, ranked = planned
+    memo: dict = {}
+    for p in ranked:
+        fitted = memory_fit(p.layout, w, memo)
+        floor = fitted[0] * slowest_stage(p.layout, w, fitted[1], None, memo)[1]
+        assert p.step_time_s >= floor, p.layout.key()
+        assert speed_bound(p.layout, w, fitted, memo) >= expected_speed(p), p.layout.key()
+
+
 def test_rank_shown_lists_ruled_out_layouts_only_with_all():
     w = make_workload("175b", 8, "frontier")       # 149 of 1,272 layouts may fit on 64 GPUs
     layouts = valid_layouts(load_space("default"), w)
