@@ -10,7 +10,7 @@ Set-up (outside the repository; torch MUST be pinned, an unpinned torch pulls a 
 
     python3 -m venv /work/ttvenv && . /work/ttvenv/bin/activate
     pip install torch==2.13.0 torchtitan==0.3.0 triton==3.8.0
-    python benchmarks/measure_memory_torchtitan.py [--out FILE] [--only N] [--jobs 2] [--list] [--two-steps] [--fresh]
+    python benchmarks/measure_memory_torchtitan.py [--out FILE] [--only N] [--jobs 2] [--list] [--two-steps] [--fresh | --fresh2]
 
 (torchtitan 0.3.0 imports triton at module level, in distributed/minimal_async_ep/kernels.py, so
 triton must be installed even though no Triton kernel runs here.) `--only N` runs configuration N
@@ -187,8 +187,41 @@ FRESH = [
     _c("llama3-8b", None, 8192, 16, 1, 2, "full"),
 ]
 FRESH_OUT = HERE / "data" / "memory_measured_torchtitan_fresh.toml"
-if "--fresh" in sys.argv:       # the worker subprocesses get the flag too (run_one), so indices name FRESH's rows
-    CONFIGS, DEFAULT_OUT = FRESH, FRESH_OUT
+#: --fresh2 (issue 24 round 2; FRESH's rows were printed while alternatives were weighed, so they now count as seen):
+#: 24 more configurations no choice has seen, drawn before any was measured and before the outside-the-layers
+#: account was written, seed 3211157920 (os.urandom), from FRESH's grid x loss {chunked, un-chunked CE}, among the
+#: configurations not in CONFIGS or FRESH that published.held_out puts in the held-out third: per recompute mode
+#: 5 chunked and 3 un-chunked. Written to data/memory_measured_torchtitan_fresh2.toml.
+FRESH2 = [
+    _c("llama3-70b", 16, 2048, 8, 2, 2, "none"),
+    _c("llama3-8b", None, 4096, 64, 4, 2, "none"),
+    _c("llama3-70b", 8, 8192, 8, 1, 2, "none"),
+    _c("llama3-70b", 8, 8192, 8, 4, 2, "none"),
+    _c("llama3-70b", 8, 8192, 16, 2, 2, "none"),
+    _c("llama3-70b", 8, 8192, 16, 8, 2, "none", loss="ce"),
+    _c("llama3-8b", None, 8192, 16, 2, 2, "none", loss="ce"),
+    _c("llama3-70b", 16, 8192, 16, 1, 1, "none", loss="ce"),
+    _c("llama3-8b", None, 4096, 8, 4, 2, "selective"),
+    _c("llama3-70b", 16, 2048, 16, 1, 2, "selective"),
+    _c("llama3-70b", 8, 8192, 8, 4, 1, "selective"),
+    _c("llama3-70b", 16, 8192, 64, 8, 2, "selective"),
+    _c("llama3-70b", 8, 2048, 16, 2, 2, "selective"),
+    _c("llama3-8b", None, 4096, 16, 2, 2, "selective", loss="ce"),
+    _c("llama3-8b", None, 8192, 64, 1, 1, "selective", loss="ce"),
+    _c("llama3-70b", 16, 2048, 64, 4, 1, "selective", loss="ce"),
+    _c("llama3-70b", 16, 8192, 64, 1, 2, "full"),
+    _c("llama3-8b", None, 2048, 16, 2, 1, "full"),
+    _c("llama3-70b", 8, 8192, 16, 8, 1, "full"),
+    _c("llama3-70b", 8, 8192, 8, 4, 2, "full"),
+    _c("llama3-70b", 16, 4096, 16, 4, 2, "full"),
+    _c("llama3-70b", 8, 8192, 8, 8, 2, "full", loss="ce"),
+    _c("llama3-70b", 16, 2048, 64, 8, 1, "full", loss="ce"),
+    _c("llama3-70b", 8, 4096, 64, 1, 1, "full", loss="ce"),
+]
+FRESH2_OUT = HERE / "data" / "memory_measured_torchtitan_fresh2.toml"
+BATCH_FLAG = next((f for f in ("--fresh", "--fresh2") if f in sys.argv), None)
+if BATCH_FLAG:                  # the worker subprocesses get the flag too (run_one), so indices name the batch's rows
+    CONFIGS, DEFAULT_OUT = {"--fresh": (FRESH, FRESH_OUT), "--fresh2": (FRESH2, FRESH2_OUT)}[BATCH_FLAG]
 
 
 # ------------------------------------------------------------------------------------------ worker
@@ -580,7 +613,7 @@ def run_one(i: int, two_steps: bool = False) -> tuple[int, dict | None, str]:
     """Configuration i (1-based) in a fresh subprocess; (i, result or None, error's last line)."""
     t = time.time()
     cmd = ([sys.executable, __file__, "--worker", str(i)] + (["--two-steps"] if two_steps else [])
-           + (["--fresh"] if CONFIGS is FRESH else []))
+           + ([BATCH_FLAG] if BATCH_FLAG else []))
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -604,6 +637,8 @@ def main() -> None:
                     help="track a first step from scratch and then the measured second step (estimation.py's "
                          "loop) instead of one step after init_optim_state; same peak, twice the time")
     ap.add_argument("--fresh", action="store_true", help=f"the FRESH configurations instead, written to {FRESH_OUT.name}")
+    ap.add_argument("--fresh2", action="store_true",
+                    help=f"the FRESH2 configurations instead, written to {FRESH2_OUT.name}")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker is not None:
