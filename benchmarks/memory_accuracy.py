@@ -42,6 +42,7 @@ from tuner.frameworks import FRAMEWORKS  # noqa: E402
 from tuner.layout import Layout, micro_batches_per_pipeline, stage_layers, why_invalid  # noqa: E402
 from tuner.perfmodel import fit_probability, memory, memory_prior_sd, memory_shares, rank  # noqa: E402
 from tuner.perfmodel.compute import shape_of  # noqa: E402
+from tuner.perfmodel.memory_loss import MEASURED_LOSS_CHUNKS  # noqa: E402
 from tuner.perfmodel.moe import TokenExchange  # noqa: E402
 from tuner.space import load_space, valid_layouts  # noqa: E402
 from tuner.specs import load_cluster, load_model, make_workload  # noqa: E402
@@ -51,7 +52,6 @@ PREDICTED_AS = {"fsdp": "torchtitan"}
 SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "vocab_size",
          "num_experts", "moe_ffn_hidden_size")
 RENAMED = {"moe_router_topk": "moe_top_k"}
-LOSS_CHUNKS = 8
 CAPACITY_STEPS = [0.70 + 0.02 * i for i in range(31)]
 BINS = [(0.0, 0.1), (0.1, 0.3), (0.3, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 0.97), (0.97, 1.0001)]
 
@@ -111,6 +111,17 @@ def fused_qkv_gb(row: dict, lay: Layout, w) -> float:
     return layers * w.model.seq_length * sh.tokens * w.model.hidden_size * extra / 1e9
 
 
+def rope_cache_gb(row: dict, lay: Layout, w) -> float:
+    """torchtitan 0.3.0 gives every attention layer its own RoPE module with a non-persistent fp32 cache buffer of
+    max_seq_len x head_dim (models/common/rope.py register_buffer("cache"); Decoder.update_from_config sets
+    max_seq_len to the run's sequence): layers x s x head_dim x 4 bytes on every rank (the tracker's Buffer). The
+    torchtitan tuner launches keeps one freqs_cis for the model (s x head_dim/2 complex64): not charged."""
+    if not str(row.get("release", "")).startswith("torchtitan 0.3") or w.model.position_embedding != "rope":
+        return 0.0
+    layers = stage_layers(lay, w.model.num_layers, row.get("stage", 0))
+    return layers * w.model.seq_length * w.model.head_dim * 4.0 / 1e9
+
+
 def evaluate(row: dict, kind: str) -> dict | None:
     """One row: its log ratio (exact) or upper bound (censored), the raw prediction, the prior sd terms."""
     w, fw_name = workload_of(row), PREDICTED_AS.get(row["framework"], row["framework"])
@@ -120,11 +131,10 @@ def evaluate(row: dict, kind: str) -> dict | None:
     raw = dataclasses.replace(w, framework=fw_name)
     if kind == "measured":              # the stage measured, allocated bytes: no fixed reserve, no bias
         m = micro_batches_per_pipeline(lay, w.global_batch)
-        mem = memory.stage_memory(lay, raw, row.get("stage", 0), m, shape_of(lay, raw))
+        chunks = MEASURED_LOSS_CHUNKS if loss_of(row) == "chunked" else 1    # 0.3.0's default; launched: 1
+        mem = memory.stage_memory(lay, raw, row.get("stage", 0), m, shape_of(lay, raw), loss_chunks=chunks)
         pred = mem["total"] - mem["reserved"]
-        if loss_of(row) == "chunked":                      # torchtitan 0.3.0's default loss: the fp32 logits
-            pred -= mem["logits"] * (1 - 1 / LOSS_CHUNKS)  # of one chunk at a time (launch's commit: un-chunked)
-        pred += fused_qkv_gb(row, lay, raw)
+        pred += fused_qkv_gb(row, lay, raw) + rope_cache_gb(row, lay, raw)
         true = row["peak_allocated_gib"] * GIB
     else:                               # a stated peak is the allocator's reserved peak: at least what it needed
         _, mem = memory.peak_memory(lay, raw, micro_batches_per_pipeline(lay, w.global_batch))

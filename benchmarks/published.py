@@ -216,6 +216,14 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # (the rows of memory_measured_torchtitan.toml; memory_measured_torchtitan_fresh.toml was measured after it)
     "op-SAC account: fused QKV, logsumexp, w2's partial output, reduce-scatter outputs (tuner/perfmodel/memory.py)": (
         "memory", lambda r: "memory_measured_torchtitan.toml" in r.get("files", [r.get("file")])),
+    # issue 24 round 2: torchtitan's memory outside the layers at its loss's peak (tuner/perfmodel/memory_loss.py)
+    # and 0.3.0's per-layer RoPE cache (benchmarks/memory_accuracy.py) were derived from the source and checked on
+    # the tuning rows' tracker categories, after every row of memory_measured_torchtitan.toml had been printed and
+    # after the 15 of memory_measured_torchtitan_fresh.toml had been printed while alternatives were weighed (round
+    # 1); memory_measured_torchtitan_fresh2.toml was drawn before it and measured after it
+    "torchtitan's loss phase and 0.3.0's RoPE caches (tuner/perfmodel/memory_loss.py)": (
+        "memory", lambda r: bool({"memory_measured_torchtitan.toml", "memory_measured_torchtitan_fresh.toml"}
+                                 & set(r.get("files", [r.get("file")])))),
     # issue 24: the eager account keeps RoPE's fp32 q and k only for RoPE models, decided after every llm-foundry
     # (MPT, learned positions) run's p_fit had been printed, the held-out ones' bounds row by row
     "eager account without RoPE's fp32 q, k for a learned position table (tuner/perfmodel/memory.py)": (

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from tuner.layout import Layout, expert_data_parallel, stage_candidates, stage_layers, stage_moe_layers
 from tuner.perfmodel.compute import Shape, shape_of
+from tuner.perfmodel.memory_loss import LAUNCHED_LOSS_CHUNKS, loss_phase
 from tuner.perfmodel.moe import moe_activation_bytes, moe_layer_params
 from tuner.perfmodel.recompute import freed_bytes     # Megatron-Core's --recompute-modules (issue 25)
 from tuner.specs import ModelSpec, Workload
@@ -311,10 +312,29 @@ def _memo_state_bytes(layout: Layout, workload: Workload, fw, shards: int, memo:
     return got
 
 
+def fsdp_phases(model: ModelSpec, layout: Layout, sh: Shape, act: float, shards: int, flash: bool,
+                chunks: int, memo: dict | None = None) -> tuple[float, float, float]:
+    """torchtitan with one stage: (activations, activations outside the layers, FSDP buffers) in the phase whose
+    sum is largest (tuner.perfmodel.memory_loss): the loss (the layers' kept activations, without full recompute's
+    working layer, and loss_phase), a layer's backward (all of `act` and one layer's buffers, as fsdp_buffers) or
+    the embedding's backward (its unit's buffers alone)."""
+    working = 0.0
+    if sh.recompute == "full":
+        per = (memo or {}).get(("layer", sh)) or layer_activation_bytes(model, sh, flash)
+        working = max(per[0] if model.num_moe_layers < model.num_layers else 0.0, per[1]) - per[2]
+    loss_act, loss_buf = loss_phase(model, layout.tp, sh.sp, sh.tokens, layout.micro_batch, shards, chunks,
+                                    compiled=sh.fused)
+    phases = ((act - working, loss_act, loss_buf), (act, 0.0, 10.0 * max_layer_params(model, layout)),
+              (0.0, 0.0, 10.0 * embedding_params(model, layout.tp)))
+    return max(phases, key=sum)
+
+
 def stage_memory(layout: Layout, workload: Workload, stage: int, m: int, sh: Shape | None = None,
-                 memo: dict | None = None) -> dict:
+                 memo: dict | None = None, loss_chunks: int = LAUNCHED_LOSS_CHUNKS) -> dict:
     """Memory breakdown (GB) of one GPU on pipeline stage `stage`; 'total' is the peak. `memo`: stage_parts
-    kept for one workload's layouts (those differing only in ZeRO stage share them)."""
+    kept for one workload's layouts (those differing only in ZeRO stage share them). torchtitan with one stage
+    (FSDP2 sharded over more than one rank) takes its peak phase (fsdp_phases) with a loss of `loss_chunks`
+    chunks (the launched one's by default; a measurement of torchtitan 0.3.0 ran 8)."""
     from tuner.frameworks import of
     model, cluster, sh, fw = workload.model, workload.cluster, sh or shape_of(layout, workload), of(workload)
     if memo is None:
@@ -333,10 +353,13 @@ def stage_memory(layout: Layout, workload: Workload, stage: int, m: int, sh: Sha
     out = {k: ((params - experts) * v + experts * per_e[k]) / GB for k, v in per.items()}
     if sh.fp8 and not fw.fsdp:     # sharded like the bf16 weights; FSDP2's float8 casts while it gathers
         out["fp8_weights"] = out["weights"] / 2.0
+    buffers = (fsdp_buffers(model, layout, stage, shards) if fw.fsdp else
+               zero3_gather_bytes(model, layout.tp, shards, layout.zero_stage))
+    if fw.fsdp and layout.pp == 1 and shards > 1:
+        act, logits, buffers = fsdp_phases(model, layout, sh, act, shards, cluster.flash_attention, loss_chunks, memo)
     out["activations"] = act / GB
     out["logits"] = logits / GB
-    out["zero3_buffers"] = (fsdp_buffers(model, layout, stage, shards) if fw.fsdp else
-                            zero3_gather_bytes(model, layout.tp, shards, layout.zero_stage)) / GB
+    out["zero3_buffers"] = buffers / GB
     out["reserved"] = cluster.memory_reserved_gb
     out["total"] = sum(out.values())
     out["params_billion"] = params / 1e9
