@@ -57,22 +57,37 @@ def layer_comm(layout: Layout, workload: Workload, sh: compute.Shape, attention_
     return {"tp_comm": tp, "cp_comm": max(0.0, ring - attention_s), "activation_bytes": act}
 
 
-def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = None,
-                exchange: moe.TokenExchange | None = None) -> list[dict]:
-    """Seconds per micro-batch of each distinct pipeline stage, each a breakdown by component: [first,
-    ..., last], one stage with pp = 1; between them the first rank of each other layer count
-    (tuner.layout.stage_candidates: the middle stages of an uneven split)."""
+def layer_terms(workload: Workload, sh: compute.Shape, exchange: moe.TokenExchange) -> tuple[dict, dict, float]:
+    """What one layer costs at a shape, whatever the pipeline: a dense layer's and an MoE layer's times (with what
+    their recomputed modules run again) and the MoE token exchange's seconds."""
     model, cluster = workload.model, workload.cluster
-    t, p, sh = layout.tp, layout.pp, sh or shape_of(layout, workload)
     lay = _with_modules(compute.layer_times(model, cluster, sh), model, cluster, sh, False)
     lay_moe = _with_modules(moe.moe_layer_times(model, cluster, sh), model, cluster, sh, True) if model.is_moe else lay
-    exchange = exchange or moe.TokenExchange()
     if not model.is_moe:
         a2a = 0.0
     elif exchange.dispatcher:                          # the dispatcher a published run states
         a2a = moe.alltoall_seconds(model, cluster, sh, exchange.dispatcher)
     else:
         a2a = moe.dispatch(model, cluster, sh, workload.framework)[1]
+    return lay, lay_moe, a2a
+
+
+def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = None,
+                exchange: moe.TokenExchange | None = None, memo: dict | None = None) -> list[dict]:
+    """Seconds per micro-batch of each distinct pipeline stage, each a breakdown by component: [first,
+    ..., last], one stage with pp = 1; between them the first rank of each other layer count
+    (tuner.layout.stage_candidates: the middle stages of an uneven split). `memo` (with no `exchange`): layer_terms
+    kept by shape for one workload's layouts."""
+    model, cluster = workload.model, workload.cluster
+    t, p, sh = layout.tp, layout.pp, sh or shape_of(layout, workload)
+    key = ("terms", sh) if memo is not None and exchange is None else None
+    terms = memo.get(key) if key else None
+    exchange = exchange or moe.TokenExchange()
+    if terms is None:
+        terms = layer_terms(workload, sh, exchange)
+        if key:
+            memo[key] = terms
+    lay, lay_moe, a2a = terms
     lc = layer_comm(layout, workload, sh, lay["attention"])
     act = lc["activation_bytes"]
     ar = comm.tp_allreduce_time(cluster, t, act)
@@ -251,7 +266,7 @@ def slowest_stage(layout: Layout, workload: Workload, sh: compute.Shape, exchang
         got = memo.get(key)
         if got is not None:
             return got
-    stages = stage_times(layout, workload, sh, exchange)
+    stages = stage_times(layout, workload, sh, exchange, memo)
     slow = max(stages, key=stage_total)
     got = (slow, stage_total(slow), stages)
     if key is not None:
