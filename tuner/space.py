@@ -390,14 +390,14 @@ def one_zero_stage_where_unsharded(layouts: list[Layout], workload: Workload) ->
     group): where both are 1 every stage is the same run, so only the framework's own first stage among
     them is kept (tp2-pp8-dp1 is one layout, not one per stage)."""
     order = {z: i for i, z in enumerate(framework_of(workload).zero_stages)}
-    kept: dict[Layout, Layout] = {}
-    for lay in layouts:
-        unsharded = lay.dp * lay.context_parallel == 1 and (
-            not workload.model.is_moe or expert_data_parallel(lay) == 1)
-        key = replace(lay, zero_stage=-1) if unsharded else lay
+    moe = workload.model.is_moe
+    unsharded = [lay.dp * lay.context_parallel == 1 and (not moe or expert_data_parallel(lay) == 1) for lay in layouts]
+    kept: dict[Layout, Layout] = {}      # the unsharded ones by their layout at any ZeRO stage (a sharded one stays)
+    for lay in itertools.compress(layouts, unsharded):
+        key = replace(lay, zero_stage=-1)
         if key not in kept or order.get(lay.zero_stage, 99) < order.get(kept[key].zero_stage, 99):
             kept[key] = lay
-    if len(kept) == len(layouts):
+    if len(kept) == sum(unsharded):
         return layouts
     keep = set(kept.values())
-    return [lay for lay in layouts if lay in keep]
+    return [lay for lay, alone in zip(layouts, unsharded) if not alone or lay in keep]
