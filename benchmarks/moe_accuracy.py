@@ -43,6 +43,11 @@ another measurement, not against another layout. Chosen after seeing rows:
 - (issue 25) the flex dispatcher's links at DeepEP's measured share (moe.FLEX_EFFICIENCY, from DeepEP's README,
   not fitted) instead of NCCL's 0.8: the two stated-flex rows (Qwen3-30B-A3B 26.04, 26.04.01) moved from -3.4 and
   -4.1 % to -1.8 and -2.4 %.
+- (issue 25, speed C) written before the model ran on the rows they touch, and no error printed since changed
+  them: rows predicted with the pipeline_split they state (dgxc-benchmarking v25.05's DeepSeek-V3, NeMo's 3 | 4 x
+  14 | 2; Megatron-Bridge 25.09's DeepSeek-V3, Et|(tt|)*30mL, whose recompute was corrected to its config's
+  mla_up_proj + mlp at the same time: it had been refused, so its error had never been printed), and NeMo 25.x
+  containers counted as older stacks. Both rows train with an MTP layer tuner's preset leaves out.
 MOE_LOAD = 1 (balanced routing) was not chosen: it is what the rows' footnote says they ran.
 Unstated rows: predicting them without the overlap and with the alltoall dispatcher is the rule, not
 evidence. Megatron-Bridge's own H100 configs suggest otherwise for some (its tags v0.3.0, 2026-02-26:
