@@ -16,8 +16,8 @@ guided study at N, scored against the same world at 2N.
         [--searchers guided,random,cbo,tpe] [--budget 10] [--stop-budget 20] [--transfer] [--jobs 1]
 
 Prints per world its model facts (the model's rank of the optimum, the model's top pick's true speed /
-the fastest), then per world and searcher the median and the worst seed after the budget, the stop
-rule's stops and false stops, and the wall time.
+the fastest), then per world and searcher the median and the worst seed after the budget, each searcher's
+OOMs among its trials, the stop rule's stops and false stops, and the wall time.
 """
 
 from __future__ import annotations
@@ -104,6 +104,7 @@ def evaluate(task: tuple) -> dict:
         options = {"stop_threshold": None} if s == "guided" else {}
         trials, _, _ = run_study(world, s, seed, budget, options)
         out["scores"][s] = fraction(world, recommended(trials, budget), opt)
+        out.setdefault("ooms", {})[s] = sum(t.status == Status.OOM for t in trials[:budget])
     if stop_budget:
         trials, s, _ = run_study(world, "guided", seed, stop_budget, dict(STUDY_DEFAULTS))
         ratio = fraction(world, recommended(trials, len(trials)), opt)
@@ -142,6 +143,9 @@ def report(results: list[dict], searchers: list[str], budget: int) -> None:
         row = " ".join(f"{cell([r['scores'][s] for r in rs]):>13}" for s in searchers)
         extra = f"   {cell([r['transfer'] for r in rs])}" if "transfer" in rs[0] else ""
         print(f"{fam:14} {wl:32} {row}{extra}")
+    ooms = {s: sum(r["ooms"][s] for r in results) for s in searchers}
+    print(f"\nOOMs among the first {budget} trials that ran, all worlds and seeds: "
+          + ", ".join(f"{s} {n} of {budget * len(results)}" for s, n in ooms.items()))
     stops = [r["stop"] for r in results if "stop" in r]
     if stops:
         st = [s for s in stops if s["stopped"]]
