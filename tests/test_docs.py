@@ -87,7 +87,7 @@ def test_the_readme_first_day_commands_run_and_print_what_it_shows(tuner):
     readme = (ROOT / "README.md").read_text()
     day = readme[readme.index("## A first day"):readme.index("## Where to read on")]
     sessions = code_blocks(day, "console")
-    assert len(sessions) == 6
+    assert len(sessions) == 7
     same = lambda s: re.sub(r"sqlite:///\S+", "STORE", re.sub(r" in [\d.]+ m?s\b.*", "", s)).strip()
     for session in sessions:
         command, first = session.splitlines()[:2]
