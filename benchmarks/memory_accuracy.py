@@ -71,9 +71,9 @@ def model_of(row: dict):
 
 def layout_of(row: dict, framework: str) -> Layout:
     tp, cp, pp = row["tp"], row["cp"], row["pp"]
-    sp = row.get("sequence_parallel", "unstated")
+    sp = row.get("ran_sequence_parallel", row.get("sequence_parallel", "unstated"))
     sp = tp > 1 if sp == "unstated" or framework == "torchtitan" else sp
-    rc = "none" if row.get("recompute", "unstated") == "unstated" else row["recompute"]
+    rc = row.get("ran_recompute", "none" if row.get("recompute", "unstated") == "unstated" else row["recompute"])
     zero = 3 if framework == "torchtitan" else zero_stage(row)
     ep = row.get("ep", 1)
     etp = row.get("etp", tp if framework == "torchtitan" and ep == 1 and row.get("num_experts") else 1)
@@ -122,6 +122,17 @@ def rope_cache_gb(row: dict, lay: Layout, w) -> float:
     return layers * w.model.seq_length * w.model.head_dim * 4.0 / 1e9
 
 
+def optimizer_state_gb(row: dict, lay: Layout, mem: dict) -> float:
+    """A row whose source names apex's DistributedFusedAdam with dtype bf16 (NeMo's distributed_fused_adam,
+    `optimizer_state = "bf16"`): its state -- the parameter shard (store_params) and both moments -- is bf16
+    (apex/contrib/optimizers/distributed_fused_adam.py, StateBucket: params_shard, exp_avg_shard and
+    exp_avg_sq_shard all `dtype`), 6 bytes per parameter over dp*cp, where tuner predicts Megatron-Core's
+    distributed optimizer (fp32 main parameters and moments, 12). A dense model's only: an MoE row names none."""
+    if row.get("optimizer_state") != "bf16":
+        return 0.0
+    return -(12.0 - 6.0) * mem["params_billion"] / (lay.dp * lay.context_parallel)
+
+
 def evaluate(row: dict, kind: str) -> dict | None:
     """One row: its log ratio (exact) or upper bound (censored), the raw prediction, the prior sd terms."""
     w, fw_name = workload_of(row), PREDICTED_AS.get(row["framework"], row["framework"])
@@ -138,7 +149,7 @@ def evaluate(row: dict, kind: str) -> dict | None:
         true = row["peak_allocated_gib"] * GIB
     else:                               # a stated peak is the allocator's reserved peak: at least what it needed
         _, mem = memory.peak_memory(lay, raw, micro_batches_per_pipeline(lay, w.global_batch))
-        pred, true = mem["total"], None
+        pred, true = mem["total"] + optimizer_state_gb(row, lay, mem), None
     shares = memory_shares(mem)
     local = str(row.get("attention", "")).startswith("local")    # Megatron's unfused kernel: keeps the scores
     group = row["framework"] + (" MoE" if w.model.is_moe else "") + (" (scores kept)" if local else "")

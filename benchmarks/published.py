@@ -228,6 +228,10 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # (MPT, learned positions) run's p_fit had been printed, the held-out ones' bounds row by row
     "eager account without RoPE's fp32 q, k for a learned position table (tuner/perfmodel/memory.py)": (
         "memory", lambda r: r["framework"] == "fsdp"),
+    # issue 24 round 3: the Nemotron-340B row's recompute, sequence parallelism and bf16 optimizer state (its
+    # `read` key) were read from NeMo-Framework-Launcher 24.07 after its p_fit 0.00 had been printed
+    "NeMo 24.07's Nemotron-340B recipe read onto its row (benchmarks/memory_accuracy.optimizer_state_gb)": (
+        "memory", lambda r: r.get("shape_name") == "nemo-nemotron-340b"),
 }
 
 
