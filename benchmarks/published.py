@@ -232,6 +232,11 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # `read` key) were read from NeMo-Framework-Launcher 24.07 after its p_fit 0.00 had been printed
     "NeMo 24.07's Nemotron-340B recipe read onto its row (benchmarks/memory_accuracy.optimizer_state_gb)": (
         "memory", lambda r: r.get("shape_name") == "nemo-nemotron-340b"),
+    # issue 24 round 3: Megatron-Core >= 0.13's combine keeps no input (probabilities scale the experts' activation:
+    # tuner/perfmodel/moe.moe_activation_bytes), read from its source after the Qwen3-30B-A3B mb-2 rows' p_fit
+    # 0.00 and every Megatron-Core MoE row's memory error had been printed
+    "Megatron-Core MoE combine keeps no input (Shape.probs_in_experts, tuner/perfmodel/moe.py)": (
+        "memory", lambda r: r["framework"] == "megatron-core" and bool(r.get("ep") or r.get("num_experts"))),
 }
 
 

@@ -419,3 +419,22 @@ def test_the_dispatcher_is_the_faster_one_the_stack_runs_and_launch_writes_it(cl
         assert v.get("--moe-flex-dispatcher-backend") == want[1]
         assert (v.get("--moe-router-dtype") == "fp32") == (picked == "flex")
         assert _flags(args) <= set(MCORE_FLAGS) | set(MOE_FLAGS)
+
+
+def test_megatron_core_combine_keeps_no_input_torchtitan_does():
+    """Megatron-Core >= 0.13 scales the experts' activation by the routing probabilities, so its combine keeps
+    nothing for their gradient; torchtitan scales the experts' outputs and keeps them (2h per routed copy)."""
+    from tuner.perfmodel.moe import moe_activation_bytes, rank_tokens
+    lay = Layout(tp=1, pp=1, dp=8, micro_batch=1, expert_parallel=8)
+    got = {}
+    for fw in ("megatron-core", "torchtitan"):
+        w = make_workload("qwen3-30b-a3b", 1, "h100", global_batch=64, framework=fw)
+        sh = shape_of(lay, w)
+        assert sh.probs_in_experts is (fw == "megatron-core")
+        got[fw] = (moe_activation_bytes(w.model, sh, True),
+                   moe_activation_bytes(w.model, dataclasses.replace(sh, probs_in_experts=not sh.probs_in_experts), True))
+    m = load_model("qwen3-30b-a3b")
+    combine = rank_tokens(m, shape_of(lay, make_workload("qwen3-30b-a3b", 1, "h100", global_batch=64))) \
+        * m.moe_top_k * 2.0 * m.hidden_size
+    assert got["torchtitan"][0] - got["torchtitan"][1] == pytest.approx(combine)
+    assert got["megatron-core"][1] - got["megatron-core"][0] == pytest.approx(combine)

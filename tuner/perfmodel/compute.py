@@ -89,6 +89,7 @@ class Shape:
     ep: int = 1                   # expert-parallel and expert tensor-parallel degrees (MoE layers)
     etp: int = 1
     backward_gemm: float = 1.0    # backward GEMMs' time over the forward's at the same FLOPs (SPLIT_ACCUMULATOR)
+    probs_in_experts: bool = False  # MoE: the routing probabilities scale the experts' activation, not the combine
 
     @property
     def tokens(self) -> float:
@@ -107,7 +108,8 @@ def shape_of(layout, workload) -> Shape:
                  gathered_inputs=fw.sp_with_tp,
                  attention_slowdown=FA2_ON_HOPPER if fw.attention == "sdpa" and workload.cluster.peak_tflops_fp8 else 1.0,
                  ep=layout.expert_parallel, etp=layout.expert_tensor_parallel,
-                 backward_gemm=backward_gemm_factor(workload.cluster, precision.gemm_format(workload.precision)))
+                 backward_gemm=backward_gemm_factor(workload.cluster, precision.gemm_format(workload.precision)),
+                 probs_in_experts=fw.moe_probs_in_experts)
 
 
 def backward_gemm_factor(cluster: ClusterSpec, fmt: bool | str) -> float:

@@ -230,7 +230,13 @@ def moe_activation_bytes(model: ModelSpec, shape: Shape, flash_attention: bool) 
     (as a dense FFN's), and per routed pair the dispatched hidden state (2h bytes), the expert's inner
     activations ((6 or 4)*f/etp: SwiGLU keeps gate and up and fc2's input), the combine's input (2h per
     token copy) and the fp32 routing probabilities (4 per token and expert). Per-op selective recompute
-    (torchtitan) keeps every other GEMM output: half the inner activations."""
+    (torchtitan) keeps every other GEMM output: half the inner activations.
+
+    The combine's input is kept where the probabilities scale the experts' outputs there (torchtitan; Megatron-Core
+    up to 0.12, unpermute(probs=...)). Megatron-Core from 0.13 scales the activation instead (experts.py
+    TEGroupedMLP / SequentialMLP: activation_func_with_probs, weighted_bias_swiglu_impl; token_dispatcher.py
+    combine: unpermute without probs, keeping only its index map -- core_v0.14.0, core_v0.15.0, core_v0.16.1):
+    Shape.probs_in_experts, no combine term."""
     s, h, t = model.seq_length, model.hidden_size, shape.t
     attention = 2.0 * (model.q_width + model.k_width + model.v_width + model.o_width) / h
     replicated, split = 10.0, attention + activation_function_bytes(model) * model.shared_expert_width / h
@@ -247,8 +253,8 @@ def moe_activation_bytes(model: ModelSpec, shape: Shape, flash_attention: bool) 
     pairs, tokens = routed_pairs(model, shape), rank_tokens(model, shape)
     width = model.moe_ffn_hidden_size / shape.etp
     n += pairs * ((1.0 if fp8 else 2.0) * h + (inner - (1.0 if fp8 else 0.0)) * width)
-    n += tokens * model.moe_top_k * load(model) * 2.0 * h + tokens * model.num_experts * 4.0
-    return n
+    combine = 0.0 if shape.probs_in_experts else tokens * model.moe_top_k * load(model) * 2.0 * h
+    return n + combine + tokens * model.num_experts * 4.0
 
 
 def moe_flops_per_token(model: ModelSpec) -> float:
