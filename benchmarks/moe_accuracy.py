@@ -110,11 +110,12 @@ def exchange_of(row: dict) -> TokenExchange:
     """The row's token exchange as its config set it: the all-to-all overlap only where the row states it
     ran with it (false and "unstated" predict without), the flex dispatcher where the row names it
     (an unstated dispatcher predicts the alltoall one, what `tuner launch` writes); TP overlap off only
-    where the row states it ran without (`tp_comm_overlap = false`: the Grok-1 rows' yaml)."""
+    where the row states it ran without (`tp_comm_overlap = false`: the Grok-1 rows' yaml), DP overlap off where
+    it states `overlap_grad_reduce = false` (Megatron-Bridge 25.09's DeepSeek-V3 H100 run_script.py)."""
+    off = {k for k, key in (("tp", "tp_comm_overlap"), ("dp", "overlap_grad_reduce")) if row.get(key) is False}
     return TokenExchange(overlap=row.get("a2a_overlap") is True,
                          dispatcher="flex" if str(row.get("dispatcher", "")).startswith("flex") else "alltoall",
-                         overlaps=FRAMEWORKS[row["framework"]].overlaps - {"tp"} if row.get("tp_comm_overlap") is False
-                         else None)
+                         overlaps=FRAMEWORKS[row["framework"]].overlaps - off if off else None)
 
 
 def evaluate(row: dict) -> dict:
