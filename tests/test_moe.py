@@ -263,6 +263,17 @@ def test_an_exchange_without_the_overlap_exposes_the_whole_alltoall():
     assert predict(full, w, TokenExchange(overlap=True)).step_time_s == predict(full, w).step_time_s
 
 
+def test_the_overlap_hides_each_exchange_only_under_its_own_phase():
+    """Megatron-Core's 1F1B A2A overlap pairs combine_bwd with the attention forward, dispatch fwd + bwd with
+    the MLP's backward and forward, combine_fwd with the attention backward: compute in one phase cannot hide
+    the exchange of another (the old stage-wide account hid 4 s under 5 s of compute here)."""
+    from tuner.perfmodel.moe import exposed_alltoall
+    assert exposed_alltoall(4.0, 0.0, 0.0, 1 / 3) == 4.0                  # no compute: all of it shows
+    assert exposed_alltoall(4.0, 3.0, 2.0, 1 / 3) == 0.0                  # every phase covers its exchange
+    assert exposed_alltoall(4.0, 4.5, 0.5, 1 / 3) == pytest.approx(1.5)   # MLP too short: 2 - 0.5 shows
+    assert exposed_alltoall(4.0, 0.6, 5.0, 1 / 3) == pytest.approx(0.8 + 0.6)   # attention too short both ways
+
+
 def test_the_flex_dispatcher_sends_a_token_once_per_remote_node():
     """HybridEP / DeepEP: over 2 nodes of 8 a token with top-8 of 128 experts crosses the network once
     (it almost surely has an expert on the other node), where the alltoall dispatcher sends the 4 copies

@@ -100,6 +100,7 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     tp_hidden = "tp" in hide and sh.sp and not comm.leaves_domain(cluster, t, 1) and cluster.software == "cuda"
     tp_comm = max(0.0, lc["tp_comm"] - lay["gemm"]) if tp_hidden else lc["tp_comm"]
     p2p = layout.virtual_pipeline * comm.pipeline_p2p_time(cluster, t * sh.c, layout.dp, p, boundary)
+    exposed = overlapped_exchange(workload, sh, lay_moe, a2a) if ep_hidden else a2a
 
     def body(stage: int) -> dict:
         layers = stage_layers(layout, model.num_layers, stage)
@@ -111,9 +112,8 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
                     "microbatch_overhead": cluster.microbatch_overhead_ms * 1e-3})
         if sh.c > 1:
             out["cp_comm"] = layers * lc["cp_comm"]
-        if model.is_moe:      # the MoE token dispatch and combine; under the stage's compute where overlapped
-            busy = out["gemm"] + out["attention"] + out["elementwise"]
-            out["all_to_all"] = max(0.0, n_moe * a2a - busy) if ep_hidden else n_moe * a2a
+        if model.is_moe:      # the MoE token dispatch and combine; each under its phase's compute where overlapped
+            out["all_to_all"] = n_moe * (exposed if ep_hidden else a2a)
             out["moe_overhead"] = n_moe * moe.MOE_LAYER_OVERHEAD_MS * 1e-3
             out[HIDDEN] = n_moe * a2a - out["all_to_all"]     # compute already spent hiding the exchange
         return out
@@ -131,6 +131,17 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
         last["tp_comm"] += ar
         return [last]
     return [first, *(body(s) for s in stage_candidates(layout, model)[1:-1]), last]
+
+
+def overlapped_exchange(workload: Workload, sh: compute.Shape, lay_moe: dict, a2a: float) -> float:
+    """One MoE layer's exchange left exposed by the EP overlap (moe.exposed_alltoall): its compute split into the
+    pre-dispatch part (attention core, and of the GEMMs and element-wise kernels the share of the attention's and
+    router's GEMMs) and the MLP part, forward : backward as the GEMMs' 1 : 2 x backward_gemm."""
+    model, cluster = workload.model, workload.cluster
+    share = moe.pre_dispatch_gemm_seconds(model, cluster, sh) / moe.moe_gemm_seconds(model, cluster, sh)
+    rest = lay_moe["gemm"] + lay_moe["elementwise"]
+    return moe.exposed_alltoall(a2a, lay_moe["attention"] + share * rest, (1.0 - share) * rest,
+                                1.0 / (1.0 + 2.0 * sh.backward_gemm))
 
 
 def overlaps_of(workload: Workload, exchange: moe.TokenExchange | None) -> frozenset:

@@ -80,13 +80,21 @@ def moe_gemm_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> fl
     bs2 = 2.0 * model.seq_length * shape.tokens
     m = model.ffn_matrices
     f_sh, f_e = model.shared_expert_width, model.moe_ffn_hidden_size
-    seconds = gemm_time(cluster, bs2 * model.qkv_weights / t, fp8) + gemm_time(cluster, bs2 * model.o_width * h / t, fp8)
-    seconds += gemm_time(cluster, 2.0 * rank_tokens(model, shape) * h * model.num_experts)     # router, bf16
+    seconds = pre_dispatch_gemm_seconds(model, cluster, shape)
     if f_sh:
         seconds += gemm_time(cluster, bs2 * h * (m - 1) * f_sh / t, fp8) + gemm_time(cluster, bs2 * f_sh * h / t, fp8)
     pairs2, width = 2.0 * routed_pairs(model, shape), f_e / shape.etp     # all local experts' tokens, one kernel
     grouped = gemm_time(cluster, pairs2 * h * (m - 1) * width, fp8) + gemm_time(cluster, pairs2 * width * h, fp8)
     return seconds + grouped
+
+
+def pre_dispatch_gemm_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> float:
+    """Forward seconds of the GEMMs an MoE layer runs before its dispatch (Megatron-Core's
+    pre_dispatch_computation): attention's QKV and projection, and the router (bf16)."""
+    h, t, fp8 = model.hidden_size, shape.t, shape.fp8
+    bs2 = 2.0 * model.seq_length * shape.tokens
+    seconds = gemm_time(cluster, bs2 * model.qkv_weights / t, fp8) + gemm_time(cluster, bs2 * model.o_width * h / t, fp8)
+    return seconds + gemm_time(cluster, 2.0 * rank_tokens(model, shape) * h * model.num_experts)
 
 
 def moe_elementwise_bytes(model: ModelSpec, shape: Shape, flash_attention: bool) -> float:
@@ -137,6 +145,23 @@ class TokenExchange:
 
 
 DISPATCHERS = ("alltoall", "flex")
+
+
+def exposed_alltoall(a2a: float, pre: float, mlp: float, forward: float) -> float:
+    """Seconds of one MoE layer's token exchange per micro-batch left exposed under Megatron-Core's
+    --overlap-moe-expert-parallel-comm (with --delay-wgrad-compute, as NVIDIA's configs and `tuner launch` run
+    it). Its 1F1B schedule pairs one micro-batch's forward of a layer with another's backward of a layer, in
+    three phases (TransformerLayerSchedulePlan.run, megatron/core/models/common/model_chunk_schedule_plan.py
+    lines 236-300 at d98e8a64ddf3):
+        comm stream:    combine_bwd       | dispatch_fwd -> dispatch_bwd    | combine_fwd
+        compute stream: pre_dispatch_fwd  | mlp_bwd -> mlp_bwd_dw -> mlp_fwd | pre_dispatch_bwd
+    so each exchange hides only behind its own phase's compute, and what outlasts it shows. `a2a`: the layer's
+    four exchanges (`alltoall_seconds`, no full recompute: the overlap refuses it), taken equal; `pre` / `mlp`:
+    the layer's pre-dispatch (attention, router) and MLP (experts) seconds, forward + backward; `forward`: the
+    forward's share of them. Not counted: the micro-batches a schedule runs unpaired (the first forward and the
+    last backward of a step; the interleaved schedule's warm-up and cool-down chunks), whose exchanges show whole."""
+    one = a2a / 4.0
+    return max(0.0, one - forward * pre) + max(0.0, 2.0 * one - mlp) + max(0.0, one - (1.0 - forward) * pre)
 
 
 def _miss(experts: int, held: float, top_k: int) -> float:
