@@ -49,6 +49,8 @@ MOE_FLAGS = {
     "--expert-model-parallel-size": "MPC:127", "--expert-tensor-parallel-size": "MPC:130 (None: tp, arguments.py 587)",
     "--overlap-moe-expert-parallel-comm": "MPC:343 (transformer_config.py 3002-3041: ep > 1, no full recompute, "
                                            "vp with pp > 1, alltoall/flex dispatcher)",
+    "--delay-wgrad-compute": "MPC:348 (TC:3073-3077: only with --overlap-moe-expert-parallel-comm; A:1903-1906: "
+                             "transformer_engine, TE >= 2.8.0 with --overlap-grad-reduce)",
     "--kv-channels": "TC:184", "--qk-layernorm": "TC:259", "--multi-latent-attention": "TC:288",
     "--q-lora-rank": "A:3548", "--kv-lora-rank": "A:3550", "--qk-head-dim": "A:3552",
     "--qk-pos-emb-head-dim": "A:3554", "--v-head-dim": "A:3556",
@@ -322,6 +324,7 @@ def test_megatron_core_moe_flags_are_checked(model, lay):
     else:
         assert "--moe-flex-dispatcher-backend" not in args
     assert ("--overlap-moe-expert-parallel-comm" in args) == FRAMEWORKS["megatron-core"].ep_overlap(lay)
+    assert ("--delay-wgrad-compute" in args) == ("--overlap-moe-expert-parallel-comm" in args)
     if model == "deepseek-v3":
         assert v["--moe-layer-freq"] == "([0]*3+[1]*58)" and v["--moe-shared-expert-intermediate-size"] == "2048"
         assert v["--q-lora-rank"] == "1536" and "--multi-latent-attention" in args

@@ -36,8 +36,11 @@ the token dispatcher the layout was predicted with, `--moe-token-dispatcher-type
 the default is allgather) with `--moe-flex-dispatcher-backend deepep | hybridep` (TC:898) and
 `--moe-router-dtype fp32` (TC:811), grouped expert GEMMs `--moe-grouped-gemm` (TC:850); the layout's `--expert-model-parallel-size`
 (MPC:127) and `--expert-tensor-parallel-size` (MPC:130) always (tuner's etp defaults to 1, Megatron's to tp),
-and `--overlap-moe-expert-parallel-comm` (MPC:343) where the model overlapped the all-to-all
-(tuner.frameworks ep_overlap). Attention beyond the shape: `--kv-channels` (TC:184) when head_dim is not
+and `--overlap-moe-expert-parallel-comm` (MPC:343) with `--delay-wgrad-compute` (MPC:348; TC:3073-3077 asserts
+the overlap with it; A:1903-1906: Transformer Engine, >= 2.8.0 with --overlap-grad-reduce) where the model
+overlapped the all-to-all (tuner.frameworks ep_overlap; tuner.perfmodel.moe.exposed_alltoall: the schedule's
+phases with the MLP's weight gradients run under the dispatch, as every NVIDIA config with the overlap sets them
+together: Megatron-Bridge scripts/performance/utils/overrides.py lines 148-154 at v0.3.0). Attention beyond the shape: `--kv-channels` (TC:184) when head_dim is not
 h / heads, `--qk-layernorm` (TC:259), and multi-latent attention `--multi-latent-attention` (TC:288) with
 `--q-lora-rank` (A:3548), `--kv-lora-rank` (A:3550), `--qk-head-dim` (A:3552), `--qk-pos-emb-head-dim`
 (A:3554), `--v-head-dim` (A:3556).
@@ -187,7 +190,7 @@ def moe_args(layout: Layout, workload: Workload) -> list[str]:
     else:
         args += ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", "1e-2"]
     if framework_of(workload).ep_overlap(layout):
-        args.append("--overlap-moe-expert-parallel-comm")
+        args += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     return args
 
 
