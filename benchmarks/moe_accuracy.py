@@ -48,12 +48,15 @@ another measurement, not against another layout. Chosen after seeing rows:
   14 | 2; Megatron-Bridge 25.09's DeepSeek-V3, Et|(tt|)*30mL, whose recompute was corrected to its config's
   mla_up_proj + mlp at the same time: it had been refused, so its error had never been printed), and NeMo 25.x
   containers counted as older stacks. Both rows train with an MTP layer tuner's preset leaves out.
+- (issue 25 item 3, round 2) every Megatron-Bridge row's exchange read from the tag its note already cited for
+  grad_reduce (25.09: 684a6861's run_script.py; 25.11 v0.2.0; 26.02 v0.3.0; 26.02.01 v0.3.1, its Qwen3-30B-A3B
+  layout being v0.3.0's preset; 26.06 v0.5.0), and the EP overlap's exposure taken phase by phase
+  (tuner/perfmodel/moe.exposed_alltoall, from Megatron-Core's schedule) instead of under the whole stage's
+  compute: both written after every row had been printed with the exchange unstated (published.SEEN). Only
+  Megatron-Bridge 25.11's Qwen3-30B-A3B row stays unstated (its layout is no preset of either tag).
 MOE_LOAD = 1 (balanced routing) was not chosen: it is what the rows' footnote says they ran.
 Unstated rows: predicting them without the overlap and with the alltoall dispatcher is the rule, not
-evidence. Megatron-Bridge's own H100 configs suggest otherwise for some (its tags v0.3.0, 2026-02-26:
-Qwen3-235B-A22B and the pp 2 x vp 12 Qwen3-30B-A3B layout with moe_a2a_overlap=True; v0.5.0, 2026-06-16:
-Qwen3-30B-A3B ep 16 flex/HybridEP without it), but which tag each NeMo container ran is not stated, so
-the rows stay "unstated" and the "stated" line is the check of the exchange model.
+evidence; the "stated" line is the check of the exchange model.
 """
 
 from __future__ import annotations
