@@ -105,3 +105,26 @@ def test_an_interrupted_group_names_the_group_to_resume_and_resume_runs_the_coun
     code, out, err = tuner("resume", "i", "--format", "json")
     assert code == 0, err
     assert [(s["study"], s["ran"]) for s in json.loads(out)["studies"]] == [("i-2n", 0), ("i-4n", 2)]
+
+
+@pytest.mark.parametrize("signum", [None, 15])
+def test_a_signal_between_two_counts_names_the_group_to_resume(tuner, monkeypatch, signum):
+    """Ctrl-C or SIGTERM while a count is set up (outside its driver's loop: the searcher reading the other counts'
+    trials, the candidates) still says how to continue the whole search, with the signal's exit status."""
+    from tuner import study as studies
+    from tuner.cli import Terminated
+    real = studies.run
+
+    def signal_at_4(store, rec, **kw):
+        if rec.name.endswith("-4n"):
+            raise Terminated(signum) if signum else KeyboardInterrupt()
+        return real(store, rec, **kw)
+
+    monkeypatch.setattr(studies, "run", signal_at_4)
+    code, out, err = tuner("search", "--model", "22b", "--nodes", "2,4", "--budget", "1", "--study", "j")
+    assert code == (128 + signum if signum else 130)
+    assert err.strip().splitlines()[-1].endswith("continue the multi-node search with `tuner resume j`")
+    monkeypatch.setattr(studies, "run", real)
+    code, out, err = tuner("resume", "j", "--format", "json")
+    assert code == 0, err
+    assert [(s["study"], s["ran"]) for s in json.loads(out)["studies"]] == [("j-2n", 0), ("j-4n", 1)]

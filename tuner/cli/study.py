@@ -187,6 +187,12 @@ def run_members(store, name: str, recs: list, fmt: str, run, budget: int | None 
         except Interrupted as exc:          # the resume hint names the group: the later counts have not run
             exc.args = (f"{exc}; the whole multi-node search: `tuner resume {name}`",)
             raise
+        except KeyboardInterrupt as exc:    # Ctrl-C / SIGTERM outside the driver's loop (a count being set up)
+            signum = getattr(exc, "signum", None)
+            err = Interrupted(f"{f'terminated by {exc}' if signum else 'interrupted'} at study {rec.name}; continue "
+                              f"the multi-node search with `tuner resume {name}`")
+            err.exit_code = 128 + signum if signum else err.exit_code
+            raise err from None
         ran.append({"study": rec.name, "nodes": rec.nodes, "ran": result.outcome.ran, "pruned": result.outcome.pruned,
                     "stopped_by": result.outcome.reason, "stop_reason": result.searcher.stop_reason})
     rows = group.curve(store, [store.get_study(r.name) for r in recs])
