@@ -104,7 +104,7 @@ def fused_qkv_gb(row: dict, lay: Layout, w) -> float:
     """torchtitan 0.3.0's fused wqkv makes per-op SAC keep K too (memory.op_sac_bytes); tuner predicts the
     separate projections of the torchtitan it launches. A 0.3.0 measurement of a dense model is predicted as it ran."""
     sh = shape_of(lay, w)
-    if not sh.op_sac or w.model.is_moe or not str(row.get("release", "")).startswith("torchtitan 0.3"):
+    if not sh.op_sac or not str(row.get("release", "")).startswith("torchtitan 0.3"):
         return 0.0
     extra = memory.op_sac_bytes(w.model, sh, fused_qkv=True) - memory.op_sac_bytes(w.model, sh, fused_qkv=False)
     layers = stage_layers(lay, w.model.num_layers, row.get("stage", 0))

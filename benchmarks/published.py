@@ -242,6 +242,11 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # 0.00 and every Megatron-Core MoE row's memory error had been printed
     "Megatron-Core MoE combine keeps no input (Shape.probs_in_experts, tuner/perfmodel/moe.py)": (
         "memory", lambda r: r["framework"] == "megatron-core" and bool(r.get("ep") or r.get("num_experts"))),
+    # issue 24 round 3: torchtitan's per-op SAC of an MoE layer keeps nothing of the routed experts (no grouped_mm
+    # among 0.3.0's save ops: tuner/perfmodel/moe.op_sac_moe_bytes), read from its source after the one measured
+    # torchtitan MoE op-SAC row (hashed out) had been printed 0.33 in log too high
+    "torchtitan op-SAC MoE account (tuner/perfmodel/moe.op_sac_moe_bytes)": (
+        "memory", lambda r: r["framework"] == "torchtitan" and bool(r.get("num_experts"))),
 }
 
 

@@ -452,3 +452,20 @@ def test_megatron_core_combine_keeps_no_input_torchtitan_does():
         * m.moe_top_k * 2.0 * m.hidden_size
     assert got["torchtitan"][0] - got["torchtitan"][1] == pytest.approx(combine)
     assert got["megatron-core"][1] - got["megatron-core"][0] == pytest.approx(combine)
+
+
+def test_torchtitan_op_sac_keeps_nothing_of_the_routed_experts():
+    """torchtitan's per-op SAC saves no grouped_mm: widening the experts changes nothing it keeps, and another
+    routed choice per token costs only topk's value and index (12 bytes per token)."""
+    from tuner.perfmodel.moe import moe_activation_bytes, rank_tokens
+    lay = Layout(tp=1, pp=1, dp=8, micro_batch=2, recompute="selective", zero_stage=3)
+    w = make_workload("qwen3-30b-a3b", 1, "h100", global_batch=16, framework="torchtitan")
+    sh = shape_of(lay, w)
+    assert sh.op_sac
+    base = moe_activation_bytes(w.model, sh, True)
+    wide = dataclasses.replace(w.model, moe_ffn_hidden_size=4 * w.model.moe_ffn_hidden_size)
+    more = dataclasses.replace(w.model, moe_top_k=w.model.moe_top_k + 1)
+    assert moe_activation_bytes(wide, sh, True) == pytest.approx(base)
+    assert moe_activation_bytes(more, sh, True) - base == pytest.approx(12.0 * rank_tokens(w.model, sh))
+    none = moe_activation_bytes(w.model, shape_of(dataclasses.replace(lay, recompute="none"), w), True)
+    assert base < none / 5

@@ -262,13 +262,13 @@ def moe_activation_bytes(model: ModelSpec, shape: Shape, flash_attention: bool) 
     TEGroupedMLP / SequentialMLP: activation_func_with_probs, weighted_bias_swiglu_impl; token_dispatcher.py
     combine: unpermute without probs, keeping only its index map -- core_v0.14.0, core_v0.15.0, core_v0.16.1):
     Shape.probs_in_experts, no combine term."""
+    if shape.op_sac:
+        return op_sac_moe_bytes(model, shape)
     s, h, t = model.seq_length, model.hidden_size, shape.t
     attention = 2.0 * (model.q_width + model.k_width + model.v_width + model.o_width) / h
     replicated, split = 10.0, attention + activation_function_bytes(model) * model.shared_expert_width / h
     inner = activation_function_bytes(model)
-    if shape.op_sac:
-        replicated, split, inner = 4.0, 4.0 + 2.0 * (model.kv_size + model.shared_expert_width) / h, inner / 2
-    fp8 = shape.fp8 and not shape.op_sac          # GEMM inputs saved in FP8 (1 byte): QKV, projection, fc1, fc2
+    fp8 = shape.fp8                               # GEMM inputs saved in FP8 (1 byte): QKV, projection, fc1, fc2
     if fp8:
         replicated, split = replicated - 1.0, split - 1.0 - model.shared_expert_width / h
     per = (replicated + split) / t if shape.sp else replicated + split / t
@@ -280,6 +280,24 @@ def moe_activation_bytes(model: ModelSpec, shape: Shape, flash_attention: bool) 
     n += pairs * ((1.0 if fp8 else 2.0) * h + (inner - (1.0 if fp8 else 0.0)) * width)
     combine = 0.0 if shape.probs_in_experts else tokens * model.moe_top_k * load(model) * 2.0 * h
     return n + combine + tokens * model.num_experts * 4.0
+
+
+def op_sac_moe_bytes(model: ModelSpec, shape: Shape) -> float:
+    """What torchtitan's per-op selective recompute keeps of one MoE layer per micro-batch on one rank. Its save
+    ops (torchtitan 0.3.0 distributed/activation_checkpoint.py `_get_default_save_ops`: every other mm / linear,
+    the attention kernels, topk, max, reduce_scatter, device-to-host copies) hold no aten._grouped_mm, so the
+    routed experts and the combine's score multiply are recomputed in the backward and keep nothing; the linears
+    counted are wq (1, saved), wk, wv (3, saved), wo, the router's gate (5, saved; 3 with a fused wqkv), the shared
+    experts' w1, w3 (saved), w2. Kept per token: the block's input (2h; a 1/t shard with sequence parallelism), Q
+    and V (2*(a*d + kv)), the attention output and its fp32 logsumexp (2*a*d + 4a), the shared experts' w3
+    output (2*f_sh), all split by t; the gate's fp32 logits (4 per expert) and topk's values and indices (4 + 8
+    per choice)."""
+    s, h, t = model.seq_length, model.hidden_size, shape.t
+    split = (2.0 * (2 * model.q_width + model.kv_size + model.shared_expert_width)
+             + 4.0 * model.num_attention_heads) / h
+    per = (2.0 + split) / t if shape.sp else 2.0 + split / t
+    tokens = rank_tokens(model, shape)
+    return s * shape.tokens * h * per + tokens * (4.0 * model.num_experts + 12.0 * model.moe_top_k)
 
 
 def moe_flops_per_token(model: ModelSpec) -> float:
