@@ -128,3 +128,15 @@ def test_a_signal_between_two_counts_names_the_group_to_resume(tuner, monkeypatc
     code, out, err = tuner("resume", "j", "--format", "json")
     assert code == 0, err
     assert [(s["study"], s["ran"]) for s in json.loads(out)["studies"]] == [("j-2n", 0), ("j-4n", 1)]
+
+
+def test_a_single_study_cannot_take_a_groups_name(tuner):
+    """`tuner resume g` continues group g: a later `tuner search --study g` at one count would take the name over."""
+    code, _, err = tuner("search", "--model", "22b", "--nodes", "2,4", "--budget", "1", "--study", "g")
+    assert code == 0, err
+    code, out, err = tuner("search", "--model", "22b", "--nodes", "8", "--budget", "1", "--study", "g")
+    assert code == 2 and out == "" and err == "error: study 'g' exists: continue it with `tuner resume g`, or pick " \
+                                               "another name with --study\n"
+    code, out, err = tuner("resume", "g", "--budget", "2", "--format", "json")
+    assert code == 0, err
+    assert [s["study"] for s in json.loads(out)["studies"]] == ["g-2n", "g-4n"]

@@ -56,6 +56,11 @@ def create(store, recs: list[StudyRecord]) -> list[StudyRecord]:
     return [store.get_study(rec.name) for rec in recs]
 
 
+def names(store) -> set[str]:
+    """Every group's name: no single study may take one (`tuner resume NAME` would no longer reach the group)."""
+    return {g for st in store.list_studies() if (g := (st.settings or {}).get("group"))}
+
+
 def members(store, name: str) -> list[StudyRecord]:
     """The members of group `name` in the order they run ([] when `name` is no group)."""
     found = [st for st in store.list_studies() if (st.settings or {}).get("group") == name]

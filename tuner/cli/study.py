@@ -12,7 +12,7 @@ from tuner.cli.options import layout_options
 from tuner.cli.progress import ProgressView
 from tuner.cli.query import best_rows, top_rows
 from tuner.cli.render import render
-from tuner.errors import UsageError
+from tuner.errors import StudyExists, UsageError
 from tuner.specs import Workload, stored_framework
 from tuner.study_options import SETTINGS, search_workload
 
@@ -142,7 +142,7 @@ def search(layout, db, fmt, config, **options):
 
     Several node counts (the curve's shape, a few trials each): tuner search --model 22b --nodes 4,8 --budget 4
     """
-    from tuner import study as studies
+    from tuner import study as studies, study_group as group
     from tuner.config import record
     from tuner.store import open_store
     tables = click.get_current_context().meta.get(CONFIG_TABLES, {})
@@ -150,7 +150,10 @@ def search(layout, db, fmt, config, **options):
     if isinstance(options["nodes"], tuple):           # several counts (study_options.NodeCounts)
         return search_group(options, options["nodes"], db, fmt)
     store = open_store(db)
-    rec = studies.create(store, record(options, set(store.study_names())))
+    groups = group.names(store)                   # a multi-node search's name is no single study's
+    if options.get("study") in groups:
+        raise StudyExists(options["study"])
+    rec = studies.create(store, record(options, set(store.study_names()) | groups))
     w = Workload.from_dict(rec.workload)
     click.echo(f"study {rec.name}: {w.model.name} on {w.nodes} x {w.cluster.name} ({w.gpus} GPUs), {w.framework}, "
                f"searcher {rec.searcher}, runner {rec.runner}, store {store.url}", err=True)
