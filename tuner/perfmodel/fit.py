@@ -4,6 +4,7 @@ p_fit from (`predict`, `plan`, `best` and guided), the thresholds that prune and
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -29,19 +30,25 @@ MEMORY_KEYS = ("weights", "gradients", "optimizer", "fp8_weights", "activations"
 
 def memory_shares(breakdown: dict) -> list[float]:
     """Each memory component's share of the peak (MEMORY_KEYS order): the memory correction's features."""
-    total = sum(breakdown.get(k, 0.0) for k in MEMORY_KEYS) or 1.0
-    return [breakdown.get(k, 0.0) / total for k in MEMORY_KEYS]
+    values = [breakdown.get(k, 0.0) for k in MEMORY_KEYS]
+    total = sum(values) or 1.0
+    return [v / total for v in values]
 
 
 def memory_gp_scales(framework_sd: float) -> tuple[float, float, float]:
     """(global, per-component, smooth) prior sds of the memory correction for a framework's scale."""
     k = MEMORY_PRIOR_SPLIT
-    return tuple(framework_sd * math.sqrt(k[n]) for n in ("global", "shares", "smooth"))
+    return _gp_scales(framework_sd, k["global"], k["shares"], k["smooth"])
+
+
+@functools.lru_cache(maxsize=64)
+def _gp_scales(framework_sd: float, *split: float) -> tuple[float, float, float]:
+    return tuple(framework_sd * math.sqrt(k) for k in split)
 
 
 def memory_prior_sd(framework_sd: float, shares: list[float]) -> float:
     s_c, s_w, s_g = memory_gp_scales(framework_sd)
-    return math.sqrt(s_c ** 2 + s_w ** 2 * sum(x * x for x in shares) + s_g ** 2 + MEMORY_NOISE_SD ** 2)
+    return math.sqrt(s_c ** 2 + s_w ** 2 * sum([x * x for x in shares]) + s_g ** 2 + MEMORY_NOISE_SD ** 2)
 
 
 def fit_probability(memory_gb: float, capacity_gb: float, sd: float, mean: float = 0.0) -> float:

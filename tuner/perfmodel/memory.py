@@ -331,49 +331,92 @@ def fsdp_phases(model: ModelSpec, layout: Layout, sh: Shape, act: float, shards:
 
 def stage_memory(layout: Layout, workload: Workload, stage: int, m: int, sh: Shape | None = None,
                  memo: dict | None = None, loss_chunks: int = LAUNCHED_LOSS_CHUNKS) -> dict:
-    """Memory breakdown (GB) of one GPU on pipeline stage `stage`; 'total' is the peak. `memo`: stage_parts
-    kept for one workload's layouts (those differing only in ZeRO stage share them). torchtitan with one stage
-    (FSDP2 sharded over more than one rank) takes its peak phase (fsdp_phases) with a loss of `loss_chunks`
-    chunks (the launched one's by default; a measurement of torchtitan 0.3.0 ran 8)."""
+    """Memory breakdown (GB) of one GPU on pipeline stage `stage`; 'total' is the peak. `memo`: the parameters
+    and what one layer keeps, kept for one workload's layouts (stage_parts). torchtitan with one stage (FSDP2
+    sharded over more than one rank) takes its peak phase (fsdp_phases) with a loss of `loss_chunks` chunks
+    (the launched one's by default; a measurement of torchtitan 0.3.0 ran 8)."""
     from tuner.frameworks import of
-    model, cluster, sh, fw = workload.model, workload.cluster, sh or shape_of(layout, workload), of(workload)
-    if memo is None:
-        params, experts, act, logits = stage_parts(layout, workload, stage, m, sh)
-    else:
-        key = ("stage", layout.tp, layout.sequence_parallel, layout.context_parallel, layout.pp,
-               layout.virtual_pipeline, layout.pipeline_split, layout.expert_parallel, layout.expert_tensor_parallel,
-               layout.micro_batch, layout.recompute, m, stage)
-        parts = memo.get(key)
-        if parts is None:
-            parts = memo[key] = stage_parts(layout, workload, stage, m, sh, memo)
-        params, experts, act, logits = parts
+    sh, fw = sh or shape_of(layout, workload), of(workload)
+    parts = stage_parts(layout, workload, stage, m, sh, memo)
+    states = _states_gb(layout, workload, fw, stage, sh, *parts[:2])
+    return _breakdown(*_stage_sums(layout, workload, fw, sh, parts, states, memo, loss_chunks))
+
+
+def _breakdown(total: float, states: dict, values: tuple, params: float) -> dict:
+    """stage_memory's dict from _stage_sums' answer (a new dict: `states` may be the memo's)."""
+    out = dict(states)
+    out["activations"], out["logits"], out["zero3_buffers"], out["reserved"] = values
+    out["total"] = total
+    out["params_billion"] = params / 1e9
+    return out
+
+
+def _stage_sums(layout: Layout, workload: Workload, fw, sh: Shape, parts: tuple, states: tuple, memo: dict | None,
+                loss_chunks: int = LAUNCHED_LOSS_CHUNKS) -> tuple[float, dict, tuple, float]:
+    """stage_memory's figures without its dict, from the stage's stage_parts and _states_gb: (the total GB, the
+    model states in GB, (activations, logits, buffers, reserved) in GB, the parameters); the total is the sum of
+    the dict's entries in the dict's order."""
+    params, _, act, logits = parts
+    out, state_values, buffers = states
+    shards = layout.dp * layout.context_parallel
+    if fw.fsdp and layout.pp == 1 and shards > 1:
+        act, logits, buffers = fsdp_phases(workload.model, layout, sh, act, shards, workload.cluster.flash_attention,
+                                           loss_chunks, memo)
+    values = (act / GB, logits / GB, buffers / GB, workload.cluster.memory_reserved_gb)
+    return sum((*state_values, *values)), out, values, params
+
+
+def _states_gb(layout: Layout, workload: Workload, fw, stage: int, sh: Shape, params: float, experts: float,
+               memo: dict | None = None) -> tuple[dict, tuple, float]:
+    """A stage's model states in GB (weights, gradients, optimizer, FP8 weights), their values in that order,
+    and its ZeRO-3 / FSDP buffer bytes."""
     shards = layout.dp * layout.context_parallel
     per, per_e = (state_bytes(layout, workload, fw, shards) if memo is None else
                   _memo_state_bytes(layout, workload, fw, shards, memo))
     out = {k: ((params - experts) * v + experts * per_e[k]) / GB for k, v in per.items()}
     if sh.fp8 and not fw.fsdp:     # sharded like the bf16 weights; FSDP2's float8 casts while it gathers
         out["fp8_weights"] = out["weights"] / 2.0
-    buffers = (fsdp_buffers(model, layout, stage, shards) if fw.fsdp else
-               zero3_gather_bytes(model, layout.tp, shards, layout.zero_stage))
-    if fw.fsdp and layout.pp == 1 and shards > 1:
-        act, logits, buffers = fsdp_phases(model, layout, sh, act, shards, cluster.flash_attention, loss_chunks, memo)
-    out["activations"] = act / GB
-    out["logits"] = logits / GB
-    out["zero3_buffers"] = buffers / GB
-    out["reserved"] = cluster.memory_reserved_gb
-    out["total"] = sum(out.values())
-    out["params_billion"] = params / 1e9
-    return out
+    buffers = (fsdp_buffers(workload.model, layout, stage, shards) if fw.fsdp else
+               zero3_gather_bytes(workload.model, layout.tp, shards, layout.zero_stage))
+    return out, tuple(out.values()), buffers
+
+
+def _memo_stages(layout: Layout, workload: Workload, fw, stages: tuple, m: int, sh: Shape, memo: dict) -> tuple:
+    """(stage_parts, _states_gb) of each of `stages`, kept in `memo`: the parts for the layouts that differ only in
+    ZeRO stage, the states for those that differ only in micro-batch, recompute or sp."""
+    cut = (layout.tp, layout.context_parallel, layout.pp, layout.virtual_pipeline, layout.pipeline_split,
+           layout.expert_parallel, layout.expert_tensor_parallel)
+    key = ("stage_parts", cut, layout.sequence_parallel, layout.micro_batch, layout.recompute, m)
+    parts = memo.get(key)
+    if parts is None:
+        parts = memo[key] = [stage_parts(layout, workload, s, m, sh, memo) for s in stages]
+    key = ("states_gb", cut, layout.dp, layout.zero_stage, sh.fp8)      # all _states_gb reads of the layout
+    states = memo.get(key)
+    if states is None:
+        states = memo[key] = [_states_gb(layout, workload, fw, s, sh, *pt[:2], memo) for s, pt in zip(stages, parts)]
+    return parts, states
 
 
 def peak_memory(layout: Layout, workload: Workload, m: int, sh: Shape | None = None,
                 memo: dict | None = None) -> tuple[int, dict]:
     """The worst stage and its breakdown. Stage 0 holds the most micro-batches in flight and the
     embedding; the last stage holds the LM head and the logits; a middle rank is never worse than the
-    first one between them with its layers (tuner.layout.stage_candidates: an uneven split's)."""
-    sh = sh or shape_of(layout, workload)
-    return max(((s, stage_memory(layout, workload, s, m, sh, memo)) for s in stage_candidates(layout, workload.model)),
-               key=lambda sm: sm[1]["total"])
+    first one between them with its layers (tuner.layout.stage_candidates: an uneven split's). Of equal
+    totals the first candidate; only the worst stage's dict is built."""
+    from tuner.frameworks import of
+    sh, fw = sh or shape_of(layout, workload), of(workload)
+    stages = stage_candidates(layout, workload.model)
+    if memo is None:
+        parts = [stage_parts(layout, workload, s, m, sh) for s in stages]
+        states = [_states_gb(layout, workload, fw, s, sh, *pt[:2]) for s, pt in zip(stages, parts)]
+    else:
+        parts, states = _memo_stages(layout, workload, fw, stages, m, sh, memo)
+    worst = None
+    for s, pt, st in zip(stages, parts, states):
+        got = _stage_sums(layout, workload, fw, sh, pt, st, memo)
+        if worst is None or got[0] > worst[1][0]:        # max()'s choice: the first of the largest
+            worst = (s, got)
+    return worst[0], _breakdown(*worst[1])
 
 
 def fit_reason(breakdown: dict, capacity_gb: float, stage: int) -> str:
