@@ -57,3 +57,16 @@ def test_only_measured_ok_trials_with_a_peak_at_fewer_gpus_of_the_same_settings_
     assert supported_fit(replace(RAN, dp=2), support, cap)[0] > 0.999
     assert supported_fit(replace(RAN, dp=2), support, 0.5 * cap)[0] == 0.5
     assert supported_fit(replace(RAN, dp=2, micro_batch=2), support, cap) == (0.0, None)
+
+
+def test_a_twin_that_ran_fewer_micro_batches_a_replica_does_not_support():
+    """A twin measured with a smaller global batch per GPU ran fewer micro-batches per replica: a pipeline then holds
+    fewer of them in flight than the dp-multiplied layout at the workload's batch (the model: 30.8 GB at 2 samples
+    on 16 GPUs, 40.9 GB at 640 on 32, ZeRO 0), so its peak bounds nothing."""
+    cap = W4.cluster.memory_gb
+    lay = replace(RAN, zero_stage=0)
+    assert set(twin_support([record(lay, Status.OK, peak=0.5 * cap, mfu=0.3)], W4)) == {replace(lay, dp=1)}
+    small = SimpleNamespace(**{**vars(record(lay, Status.OK, peak=0.5 * cap, mfu=0.3)), "global_batch": 2})
+    assert twin_support([small], W4) == {}                          # 2 samples on 16 GPUs against 640 on 32
+    same = SimpleNamespace(**{**vars(small), "global_batch": 320})  # the same batch per GPU: still a twin
+    assert set(twin_support([same], W4)) == {replace(lay, dp=1)}

@@ -89,8 +89,9 @@ def twin_support(records, workload: Workload, studies: dict | None = None) -> di
     """The measured peaks that bound layouts of `workload` from above (issue 30): its stored ok trials of the
     same model, cluster, framework, precision and optimizer moments at fewer GPUs, keyed by the layout at dp 1.
     A layout that is such a trial with dp multiplied (the same tp, cp, pp, split, experts, micro-batch, ZeRO
-    stage and recompute) keeps the same activations and at most as many micro-batches in flight, and ZeRO
-    shards its state over more ranks: it needs at most the trial's measured peak."""
+    stage and recompute) keeps the same activations and at most as many micro-batches in flight -- when its global
+    batch per GPU is at most the trial's (else each replica runs more micro-batches, and a pipeline holds more of
+    them) -- and ZeRO shards its state over more ranks: it needs at most the trial's measured peak."""
     moments = workload.optimizer_moments or STORED_SETTINGS["optimizer_moments"]
     out: dict[Layout, list] = {}
     for rec in records or ():
@@ -99,6 +100,7 @@ def twin_support(records, workload: Workload, studies: dict | None = None) -> di
         w = _record_workload(rec, workload, studies)
         st = (studies or {}).get(getattr(rec, "study", None))
         if (w.precision != workload.precision or rec.layout.gpus != w.gpus or rec.layout.gpus >= workload.gpus
+                or workload.global_batch * w.gpus > w.global_batch * workload.gpus     # more micro-batches a replica
                 or (st is not None and stored_setting(st.workload, "optimizer_moments") != moments)):
             continue
         out.setdefault(replace(rec.layout, dp=1), []).append(rec)
