@@ -18,7 +18,10 @@ REQUIRED = ("framework", "source", "release", "model", "cluster", "gpus", "preci
 OPTIONAL = ("zero_stage", "model_tflops_per_gpu", "peak_memory_gib", "oom", "grad_reduce", "optimizer",
             "pipeline_split", "num_layers", "hidden_size", "num_attention_heads", "machine", "added", "shape_name",
             "num_query_groups", "ffn_hidden_size", "vocab_size", "ffn_type", "position_embedding", "normalization",
-            "add_bias_linear", "tie_embeddings")
+            "add_bias_linear", "tie_embeddings",
+            # what a run's recipe ran where the table leaves it unstated, read onto the row after its prediction
+            # (its split key keeps the table's reading): benchmarks/memory_accuracy.layout_of, optimizer_state_gb
+            "ran_recompute", "ran_sequence_parallel", "optimizer_state", "read")
 FRAMEWORKS = ("torchtitan", "fsdp", "megatron-core", "megatron-deepspeed")
 UNSTATED = "unstated"
 MODEL_ROW_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
@@ -57,6 +60,8 @@ def test_row(i):
     unknown = set(r) - set(REQUIRED) - set(OPTIONAL)
     assert not unknown, f"{where} has unknown keys {unknown} (no 'apart': every row is in the headline)"
     assert r["framework"] in FRAMEWORKS, where
+    assert r.get("ran_recompute", "none") in ("none", "selective", "full"), where
+    assert r.get("optimizer_state", "bf16") == "bf16" and ("ran_recompute" not in r or "read" in r), where
     assert r["precision"] in ("bf16", "fp8"), where
     assert r["recompute"] in ("none", "selective", "full", UNSTATED), where
     for k in ("sequence_parallel", "distributed_optimizer"):
