@@ -36,6 +36,20 @@ def test_rank_with_its_memo_predicts_each_layout_as_alone(planned):
         assert predict(lay, w) == by_layout[lay]          # every field, every breakdown entry: bit for bit
 
 
+def test_peak_memory_is_the_largest_stage_memory(planned):
+    """peak_memory (each stage's total summed without its dict, the dict built for the worst alone, its parts kept
+    per group of layouts in rank's memo) answers as max() over stage_memory's whole breakdowns, one stage at a time."""
+    from tuner.layout import micro_batches_per_pipeline, stage_candidates
+    from tuner.perfmodel.memory import peak_memory, stage_memory
+    w, layouts, _ = planned
+    memo: dict = {}
+    for lay in layouts[::5]:
+        m = micro_batches_per_pipeline(lay, w.global_batch)
+        want = max(((s, stage_memory(lay, w, s, m)) for s in stage_candidates(lay, w.model)),
+                   key=lambda sm: sm[1]["total"])
+        assert peak_memory(lay, w, m, memo=memo) == peak_memory(lay, w, m) == want, lay.key()
+
+
 @pytest.mark.parametrize("top,show_all", [(10, False), (1, True), (None, False), (None, True), (100000, True)])
 def test_rank_shown_is_ranks_rows_and_counts(planned, top, show_all):
     w, layouts, ranked = planned

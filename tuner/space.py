@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tuner.errors import SpecError, UsageError
 from tuner.layout import (BY_NAME, DIMENSIONS as LAYOUT_DIMS, LAYOUT_FIELDS, SEARCHED, Layout,
-                          micro_batches_per_pipeline,
+                          layout_from, micro_batches_per_pipeline,
                           why_invalid as layout_why_invalid, why_invalid_cut, why_invalid_schedule,
                           why_invalid_values, expert_data_parallel)
 from tuner.frameworks import of as framework_of, recompute_refusal, split_refusal
@@ -262,9 +262,10 @@ class SearchSpace:
                         per_mb and not all(c(probe) for c in per_mb)):
                     continue                   # the schedule's rules read nothing but the cut and micro-batch
                 if runs is None:               # a refusal never reads the micro-batch (Framework.refusal)
-                    runs = [more for more in rests if not refusal(Layout(**shape, micro_batch=mb, **more), workload)]
+                    runs = [more for more in rests
+                            if not refusal(layout_from({**shape, "micro_batch": mb, **more}), workload)]
                 for more in runs:
-                    lay = Layout(**shape, micro_batch=mb, **more)
+                    lay = layout_from({**shape, "micro_batch": mb, **more})
                     if not late or all(c(lay) for c in late):
                         out.append(lay)
         return sorted(out, key=_order)

@@ -406,11 +406,7 @@ def peak_memory(layout: Layout, workload: Workload, m: int, sh: Shape | None = N
     from tuner.frameworks import of
     sh, fw = sh or shape_of(layout, workload), of(workload)
     stages = stage_candidates(layout, workload.model)
-    if memo is None:
-        parts = [stage_parts(layout, workload, s, m, sh) for s in stages]
-        states = [_states_gb(layout, workload, fw, s, sh, *pt[:2]) for s, pt in zip(stages, parts)]
-    else:
-        parts, states = _memo_stages(layout, workload, fw, stages, m, sh, memo)
+    parts, states = _memo_stages(layout, workload, fw, stages, m, sh, {} if memo is None else memo)
     worst = None
     for s, pt, st in zip(stages, parts, states):
         got = _stage_sums(layout, workload, fw, sh, pt, st, memo)
