@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from tuner.layout import LAYOUT_FIELDS
 from tuner.perfmodel import predict, rank
 from tuner.perfmodel.screening import rank_shown
 from tuner.space import SearchSpace, load_space, valid_layouts
@@ -118,7 +119,9 @@ def test_enumeration_is_every_layout_the_rules_allow(model, nodes, cluster, cons
               "expert_tensor_parallel": [1, 2]}
     space = SearchSpace(base.name, {**base.dimensions, **narrow}, {**base.constraints, **constraints})
     w = make_workload(model, nodes, cluster)
-    assert space.enumerate_layouts(w) == _enumerate_plainly(space, w)
+    got = space.enumerate_layouts(w)
+    assert got == _enumerate_plainly(space, w)
+    assert {tuple(vars(lay)) for lay in got} == {LAYOUT_FIELDS}     # layout_from's fields, as Layout() sets them
 
 
 @pytest.mark.parametrize("model,framework,precision", [("deepseek-v3", "megatron-core", "bf16"),

@@ -167,11 +167,14 @@ Layout = make_dataclass(
 Layout.__module__ = __name__          # pickles (Ray) find it here
 
 
-def layout_from(values: dict) -> Layout:
-    """Layout(**values) for a dict holding every field: the same object (its fields set in field order) without
-    the frozen dataclass's __init__, for the ~150,000 layouts and ~200,000 probes plan's enumeration makes."""
+def layout_from(*parts: dict) -> Layout:
+    """Layout(**parts[0], **parts[1], ...) for dicts that hold every field once, in field order from the first to
+    the last: the same object (its fields set in field order) without the frozen dataclass's __init__, for the
+    ~150,000 layouts and ~150,000 refusal probes plan's enumeration makes."""
     lay = _new_layout(Layout)
-    lay.__dict__.update({f: values[f] for f in LAYOUT_FIELDS})
+    fields = lay.__dict__
+    for part in parts:
+        fields.update(part)
     return lay
 
 

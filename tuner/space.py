@@ -261,11 +261,11 @@ class SearchSpace:
                 if why_invalid_schedule(probe, workload) or (
                         per_mb and not all(c(probe) for c in per_mb)):
                     continue                   # the schedule's rules read nothing but the cut and micro-batch
+                batch = {"micro_batch": mb}
                 if runs is None:               # a refusal never reads the micro-batch (Framework.refusal)
-                    runs = [more for more in rests
-                            if not refusal(layout_from({**shape, "micro_batch": mb, **more}), workload)]
+                    runs = [more for more in rests if not refusal(layout_from(shape, batch, more), workload)]
                 for more in runs:
-                    lay = layout_from({**shape, "micro_batch": mb, **more})
+                    lay = layout_from(shape, batch, more)        # field order: the cut, mb, the rest
                     if not late or all(c(lay) for c in late):
                         out.append(lay)
         return sorted(out, key=_order)
@@ -288,8 +288,8 @@ class SearchSpace:
                 for sp, ep, etp in itertools.product(choices["sequence_parallel"], choices["expert_parallel"],
                                                      choices["expert_tensor_parallel"]):
                     yield {"tp": tp, "sequence_parallel": sp, "context_parallel": cp, "pp": pp, "virtual_pipeline": vp,
-                           "pipeline_split": split, "expert_parallel": ep, "expert_tensor_parallel": etp,
-                           "dp": gpus // (tp * cp * pp)}
+                           "pipeline_split": split, "dp": gpus // (tp * cp * pp), "expert_parallel": ep,
+                           "expert_tensor_parallel": etp}        # Layout's field order (layout_from)
 
 
 #: What a name of a constraint's environment (SearchSpace._env) reads of the layout beside the layout's own
