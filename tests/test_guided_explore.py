@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,10 +19,10 @@ W = make_workload("22b", 2)
 CANDS = load_space("frontier-2023").enumerate_layouts(W)
 
 
-def measured(layout, factor: float = 1.0, w=W) -> TrialResult:
-    p = predict(layout, w)
+def measured(layout, factor: float = 1.0) -> TrialResult:
+    p = predict(layout, W)
     return metrics.complete(TrialResult(Status.OK, samples_per_second=p.samples_per_second * factor,
-                                        peak_memory_gb=p.memory_gb), w, layout)
+                                        peak_memory_gb=p.memory_gb), W, layout)
 
 
 def test_model_errors_count_the_spread_and_half_the_typical_error():
@@ -56,30 +55,6 @@ def test_first_picks_spread_over_layout_families():
     keys = [family_key(p) for p in picks]
     for k, later in enumerate(keys[1:], 1):
         assert novelty(later, keys[:k]) >= 3, (picks, FAMILY_DIMS)
-
-
-def test_history_from_another_node_count_keeps_the_first_picks_and_this_count_replaces_them():
-    """Issue 30 round 2: trials at 4 nodes correct the 2-node prior but the spread-out first picks still run
-    (a linked `--nodes 2,4` study searched worse than a cold one where they were skipped); trials at 2 nodes
-    (a study resumed on the same GPUs) replace them."""
-    def records(nodes):
-        w = make_workload("22b", nodes)
-        lays = [p.layout for p in rank(load_space("frontier-2023").enumerate_layouts(w), w)[:4]]
-        return [SimpleNamespace(study=f"22b-{nodes}", layout=lay, status=Status.OK, nodes=nodes,
-                                mfu=measured(lay, w=w).mfu, peak_memory_gb=predict(lay, w).memory_gb,
-                                model=w.model.name, cluster=w.cluster.name) for lay in lays]
-    other, here = (GuidedSearcher(CANDS, workload=W, seed=1, history=records(n)) for n in (4, 2))
-    assert other.evidence["node_counts"] == [4] and other.history.y and not other.history_here
-    assert here.evidence["node_counts"] == [2] and here.history_here
-    assert other._initial_pick(other.log_pred, []) is not None       # a first pick, not expected improvement
-    keys = []
-    for _ in range(3):
-        lay = other.ask(1)[0]
-        keys.append(family_key(lay))
-        other.tell(lay, measured(lay))
-    for k, later in enumerate(keys[1:], 1):
-        assert novelty(later, keys[:k]) >= 3, keys
-    assert here._initial_pick(here.log_pred, []) is None
 
 
 def _posterior(s: GuidedSearcher):

@@ -9,10 +9,10 @@ an expert-parallel degree), and a trial far above its prediction moves its neigh
 the same way from measured peaks and OOMs (an OOM at a layout predicted to fit raises the expected memory
 of its neighbours).
 
-- First trials (no history at this node count): the model's top pick, then `n_initial - 1` layouts within
-  DIVERSE_WITHIN of its predicted speed, each the best predicted of those that take values no earlier pick
-  has in the most family dimensions (explore.first_pick), so that a wrong model shows itself early; each
-  keeps the cluster's memory headroom (tuner/best.py) where any layout does, since nothing has been measured yet.
+- First trials (no history): the model's top pick, then `n_initial - 1` layouts within DIVERSE_WITHIN of
+  its predicted speed, each the best predicted of those that take values no earlier pick has in the most
+  family dimensions (explore.first_pick), so that a wrong model shows itself early; each keeps the cluster's
+  memory headroom (tuner/best.py) where any layout does, since nothing has been measured yet.
 - Then: expected improvement over the best measured, in log space, times the probability of fitting.
   A batch (ask(n > 1), or asks without tells in between) uses the kriging believer: each chosen or
   running layout counts as measured at its posterior mean.
@@ -21,9 +21,7 @@ of its neighbours).
   (tuner/search/oom_deferral.py).
 - `history` (stored trials of the same model and cluster at any node count, see
   correction.warm_start_records; `history_studies` maps study name -> StudyRecord for their global
-  batch) corrects the model before the first trial; `evidence` says what it used. Trials at this node count
-  replace the first picks; from other counts they only correct the prior the first picks are ranked by (a
-  linked `--nodes N,2N` study that skipped them ended below a cold one in 6 of 27 worlds). Only measurements of
+  batch) corrects the model before the first trial; `evidence` says what it used. Only measurements of
   the workload's framework count: a simulated trial of another study is the model's own prediction (a
   study's own trials, simulated or not, are told to it and learned from as the world it searches).
 - Early stop (`stop_threshold`, off by default so that `ask` honours the contract of exhausting the
@@ -92,8 +90,6 @@ class GuidedSearcher(BaseSearcher):
         ws = warm_start_records(history, workload, history_studies) if (history and workload is not None) else None
         self.history = ws.observations if ws else Observations()
         self.evidence = ws.evidence if ws else None
-        # history at this node count replaces the first picks; from other counts it only corrects the prior
-        self.history_here = bool(ws) and workload.nodes in ws.evidence["node_counts"]
         self.own = Observations()
         self.own_X: list[list[float]] = []      # the searcher's coordinates of each own time observation
         self.varying = [k for k in range(self.X.shape[1]) if np.ptp(self.X[:, k]) > 0] if n else []
@@ -236,10 +232,9 @@ class GuidedSearcher(BaseSearcher):
                                       margin_of(threshold), rng)
 
     def _initial_pick(self, score: np.ndarray, chosen: list[int]) -> int | None:
-        """One of the first `n_initial` trials (explore.first_pick; none where history holds trials at this node
-        count), or None once they are chosen."""
+        """One of the first `n_initial` trials (no history; explore.first_pick), or None once they are chosen."""
         tried = sum(r.status != Status.PRUNED for r in self.told.values()) + len(chosen) + len(self.pending)
-        if self.history_here or tried >= self.n_initial:
+        if self.history.y or tried >= self.n_initial:
             return None
         free = self._free()
         if free.size == 0:
