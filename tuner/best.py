@@ -32,7 +32,7 @@ from tuner.frameworks import of as framework_of, runnable
 from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT, memory_fit, predict
 from tuner.fit_nodes import more_nodes_hint
 from tuner.specs import STORED_SETTINGS, Workload, stored_setting
-from tuner.correction import (Z_DIM, Observations, _left_out, _record_workload, features, memory_features, simulated,
+from tuner.correction import (Z_DIM, Observations, features, left_out, memory_features, record_workload, simulated,
                               warm_start_records)
 from tuner.oom_evidence import oom_bounds, oom_fit_cap
 from tuner.trial import Status
@@ -95,9 +95,9 @@ def twin_support(records, workload: Workload, studies: dict | None = None) -> di
     moments = workload.optimizer_moments or STORED_SETTINGS["optimizer_moments"]
     out: dict[Layout, list] = {}
     for rec in records or ():
-        if rec.status != Status.OK or not rec.peak_memory_gb or _left_out(rec, workload, studies):
+        if rec.status != Status.OK or not rec.peak_memory_gb or left_out(rec, workload, studies):
             continue
-        w = _record_workload(rec, workload, studies)
+        w = record_workload(rec, workload, studies)
         st = (studies or {}).get(getattr(rec, "study", None))
         if (w.precision != workload.precision or rec.layout.gpus != w.gpus or rec.layout.gpus >= workload.gpus
                 or workload.global_batch * w.gpus > w.global_batch * workload.gpus     # more micro-batches a replica

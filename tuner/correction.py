@@ -326,7 +326,7 @@ class WarmStart:
         return not self.observations.y and not self.observations.my and not self.observations.oy
 
 
-def _record_workload(rec, workload: Workload, studies: dict | None) -> Workload:
+def record_workload(rec, workload: Workload, studies: dict | None) -> Workload:
     """The workload a stored trial ran: `workload` at the trial's node count, and its study's global
     batch, precision and framework (each trial is a residual of the model in its own workload)."""
     gb, precision, framework = getattr(rec, "global_batch", None), None, workload.framework
@@ -348,7 +348,7 @@ def simulated(rec, studies: dict | None = None) -> bool:
     return st is not None and (getattr(st, "runner", "") or "") in SIMULATED
 
 
-def _left_out(rec, workload: Workload, studies: dict | None) -> str | None:
+def left_out(rec, workload: Workload, studies: dict | None) -> str | None:
     """Why a stored trial is no evidence for `workload` ("simulated", "framework", "other": another model
     or cluster, a status that says nothing, another GPU count), or None when it is."""
     if (getattr(rec, "model", workload.model.name) != workload.model.name
@@ -357,7 +357,7 @@ def _left_out(rec, workload: Workload, studies: dict | None) -> str | None:
         return "other"
     if simulated(rec, studies):
         return "simulated"
-    if _record_workload(rec, workload, studies).framework != workload.framework:
+    if record_workload(rec, workload, studies).framework != workload.framework:
         return "framework"
     return None
 
@@ -374,12 +374,12 @@ def warm_start_records(records, workload: Workload, studies: dict | None = None)
     skipped = {"simulated": 0, "framework": 0}
     cap = workload.cluster.memory_gb
     for rec in records or ():
-        why = _left_out(rec, workload, studies)
+        why = left_out(rec, workload, studies)
         if why in skipped:
             skipped[why] += 1
         if why:
             continue
-        w = _record_workload(rec, workload, studies)
+        w = record_workload(rec, workload, studies)
         lay = rec.layout
         if lay.gpus != w.gpus or (rec.status in (Status.OK, Status.STOPPED) and not rec.mfu):
             continue

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from tuner.correction import _left_out, _record_workload, features
+from tuner.correction import features, left_out, record_workload
 from tuner.layout import Layout
 from tuner.perfmodel import MEMORY_NOISE_SD, predict
 from tuner.specs import Workload
@@ -53,9 +53,9 @@ def oom_bounds(records, workload: Workload, gp, studies: dict | None = None) -> 
 
     cap, out, floor = workload.cluster.memory_gb, [], of(workload).memory_sd
     for rec in records or ():
-        if rec.status != Status.OOM or _left_out(rec, workload, studies):
+        if rec.status != Status.OOM or left_out(rec, workload, studies):
             continue
-        w = _record_workload(rec, workload, studies)
+        w = record_workload(rec, workload, studies)
         if rec.layout.gpus != w.gpus:
             continue
         p = predict(rec.layout, w)
