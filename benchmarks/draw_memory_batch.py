@@ -1,0 +1,73 @@
+"""Draw a batch of torchtitan memory configurations no choice has seen (issue 24: held-out p_fit reliability).
+
+Run: python benchmarks/draw_memory_batch.py [--seed N] [--chunked 8] [--ce 4]
+
+Without --seed a seed is drawn from os.urandom and printed. The rule (the one FRESH2 of
+benchmarks/measure_memory_torchtitan.py was drawn by, written down here so that a batch can be re-drawn from its
+seed): the grid model {Llama 3 8B with all 32 layers, the Llama 3 70B shape built with 8 or 16 layers} x sequence
+{2048, 4096, 8192} x tp {1, 2, 4, 8} x micro-batch {1, 2} x dp {8, 16, 64} x recompute {none, selective, full} x
+loss {torchtitan's default chunked CE, the un-chunked CE}, less every configuration already in CONFIGS, FRESH or
+FRESH2, keeping those benchmarks/published.held_out puts in the held-out third; per recompute mode `--chunked`
+chunked and `--ce` un-chunked ones, drawn with random.Random(seed).sample from the grid in its fixed order.
+Prints the `_c(...)` lines to paste into measure_memory_torchtitan.py, which is committed before any is measured.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from measure_memory_torchtitan import CONFIGS, FRESH, FRESH2, PRESETS, _c  # noqa: E402
+from published import held_out  # noqa: E402
+
+MODELS = (("llama3-8b", None), ("llama3-70b", 8), ("llama3-70b", 16))
+GRID = dict(seq=(2048, 4096, 8192), tp=(1, 2, 4, 8), mb=(1, 2), dp=(8, 16, 64))
+MODES = ("none", "selective", "full")
+
+
+def split_row(c: dict) -> dict:
+    """The keys published.split_key reads, as measure_memory_torchtitan.to_row writes them for `c`."""
+    p = PRESETS[c["model"]]
+    layers = c["layers"] or p["num_layers"]
+    return {"framework": "torchtitan", "model": c["model"] if layers == p["num_layers"] else "custom",
+            "num_layers": layers, **{k: p[k] for k in ("hidden_size", "num_attention_heads", "num_query_groups",
+                                                        "ffn_hidden_size", "vocab_size")},
+            "gpus": c["dp"] * c["tp"], "precision": "bf16", "seq_length": c["seq"], "global_batch": c["mb"] * c["dp"],
+            "micro_batch": c["mb"], "tp": c["tp"], "pp": 1, "cp": 1, "vp": 1, "sequence_parallel": c["tp"] > 1,
+            "recompute": c["recompute"], "zero_stage": 3}
+
+
+def candidates(mode: str, loss: str) -> list[dict]:
+    taken = [dict(c) for c in CONFIGS + FRESH + FRESH2]
+    out = []
+    for (model, layers), seq, tp, mb, dp in itertools.product(MODELS, *GRID.values()):
+        c = _c(model, layers, seq, dp, tp, mb, mode, loss=loss)
+        if c not in taken and held_out(split_row(c)):
+            out.append(c)
+    return out
+
+
+def draw(seed: int, chunked: int, ce: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [c for mode in MODES for loss, k in (("chunked", chunked), ("ce", ce))
+            for c in rng.sample(candidates(mode, loss), k)]
+
+
+def main() -> None:
+    args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+    seed = int(args["--seed"]) if "--seed" in args else int.from_bytes(os.urandom(4), "little")
+    batch = draw(seed, int(args.get("--chunked", 8)), int(args.get("--ce", 4)))
+    print(f"# seed {seed}: {len(batch)} configurations")
+    for c in batch:
+        loss = ', loss="ce"' if c["loss"] == "ce" else ""
+        print(f'    _c("{c["model"]}", {c["layers"]}, {c["seq"]}, {c["dp"]}, {c["tp"]}, {c["mb"]}, '
+              f'"{c["recompute"]}"{loss}),')
+
+
+if __name__ == "__main__":
+    main()
