@@ -6,7 +6,9 @@ Rows: benchmarks/data/llama_published.toml (NVIDIA's Megatron-Core recipes, torc
 and benchmarks/data/framework_published.toml (MosaicML llm-foundry's FSDP tables, torchtitan's tables with
 peak memory, NeMo / Megatron-Bridge). Every row is in the headline of its framework: none is reported
 apart. llm-foundry's rows ran PyTorch FSDP (ZeRO-3, FULL_SHARD; a few SHARD_GRAD_OP) and are predicted as
-framework torchtitan (FSDP), the stack tuner has for FSDP; its "fsdp" label is kept in the table.
+framework torchtitan (FSDP), the stack tuner has for FSDP; its "fsdp" label is kept in the table. Each row is
+read as every accuracy benchmark reads it (benchmarks/reading.py): a recipe's `ran_*` keys and its memory as it
+ran (apex's bf16 optimizer state, activation offloading) enter its p_fit here as in memory_accuracy.py.
 
 Held out: the rows whose configuration hashes into the held-out third (benchmarks/published.py: the
 configuration only, never its source or line; one configuration stated in both files, or in several
@@ -28,7 +30,6 @@ that can fail is search_efficiency.py's transfer line.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 import sys
@@ -39,14 +40,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import published  # noqa: E402  (one configuration = one row; the held-out rule)
-from tuner.layout import Layout, why_invalid  # noqa: E402
+import reading  # noqa: E402  (one reading of a row: its model, machine, layout, and memory as it ran)
+from tuner.layout import why_invalid  # noqa: E402
 from tuner.perfmodel import PRUNE_BELOW, predict  # noqa: E402
-from tuner.specs import load_cluster, load_model, make_workload  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 FILES = ("llama_published.toml", "framework_published.toml")
 GIB = 1.073741824          # GB per GiB
-PREDICTED_AS = {"fsdp": "torchtitan"}
+PREDICTED_AS = reading.PREDICTED_AS
 
 
 def load_rows() -> list[dict]:
@@ -66,46 +67,24 @@ def held_out(row: dict) -> bool:
     return published.clean(row, "speed")
 
 
-def layout_of(row: dict, framework: str) -> Layout:
-    tp, cp, pp = row["tp"], row["cp"], row["pp"]
-    sp = row["sequence_parallel"]
-    sp = tp > 1 if sp == "unstated" or framework == "torchtitan" else sp
-    rc = "none" if row["recompute"] == "unstated" else row["recompute"]
-    zero = 3 if framework == "torchtitan" else row.get("zero_stage", 0 if row["distributed_optimizer"] is False else 1)
-    return Layout(tp=tp, pp=pp, dp=row["gpus"] // (tp * cp * pp), micro_batch=row["micro_batch"], zero_stage=zero,
-                  recompute=rc, sequence_parallel=sp, context_parallel=cp, virtual_pipeline=row["vp"],
-                  pipeline_split=row.get("pipeline_split", "auto"))
-
-
-#: A row's shape keys that override its preset (BigScience's layout search of BLOOM-176B varied the heads).
-SHAPE_OVERRIDES = ("num_layers", "hidden_size", "num_attention_heads")
+#: the one reading of a row every accuracy benchmark shares (benchmarks/reading.py); scaling_accuracy imports it here
+layout_of = reading.layout_of
 
 
 def evaluate(row: dict) -> dict:
-    fw = PREDICTED_AS.get(row["framework"], row["framework"])
-    model = published.custom_model(row) if "shape_name" in row else load_model(row["model"])
-    if model.seq_length != row["seq_length"]:
-        model = dataclasses.replace(model, seq_length=row["seq_length"])
-    shape = {k: row[k] for k in SHAPE_OVERRIDES if k in row and row[k] != getattr(model, k)}
-    if shape:     # heads of hidden / heads width each (Megatron's default --kv-channels), as the rows ran
-        heads = shape.get("num_attention_heads", model.num_attention_heads)
-        model = dataclasses.replace(model, **shape, num_query_groups=shape.get("num_attention_heads",
-                                                                               model.num_query_groups),
-                                    head_dim=shape.get("hidden_size", model.hidden_size) // heads)
-    cluster = load_cluster(row.get("machine", row["cluster"]))     # the machine it ran on, where stated
-    w = make_workload(model, row["gpus"] // cluster.gpus_per_node, cluster, row["global_batch"],
-                      precision=row["precision"], framework=fw,
-                      grad_reduce=published.grad_reduce(row) if fw == "megatron-core" else None)
-    lay = layout_of(row, fw)
+    """A row predicted as it ran (benchmarks/reading.py: its model, machine, layout and `ran_*` keys); its memory and
+    p_fit as tuner states them for that run (reading.memory_as_ran)."""
+    w, lay = reading.workload_of(row), reading.layout_of(row)
     bad = why_invalid(lay, w)
     if bad:
         return {"refused": bad, "layout": lay}
     pr = predict(lay, w)
+    memory_gb, p_fit = reading.memory_as_ran(row, lay, w)
     tps = pr.samples_per_second * row["seq_length"] / row["gpus"]
     out = {"refused": None, "layout": lay, "error": tps / row["tokens_per_s_per_gpu"] - 1.0, "pred": tps,
-           "p_fit": pr.p_fit, "memory_gb": pr.memory_gb, "capacity": cluster.memory_gb}
+           "p_fit": p_fit, "memory_gb": memory_gb, "capacity": w.cluster.memory_gb}
     if row.get("peak_memory_gib"):
-        out["mem_log_ratio"] = math.log(row["peak_memory_gib"] * GIB / pr.memory_gb)
+        out["mem_log_ratio"] = math.log(row["peak_memory_gib"] * GIB / memory_gb)
     return out
 
 

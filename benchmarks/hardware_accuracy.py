@@ -19,7 +19,6 @@ file names the source and each unstated value it takes); MI300X and MI300A have 
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -27,11 +26,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import published  # noqa: E402  (one configuration = one row; the held-out rule)
+import reading  # noqa: E402  (one reading of a row: its model, machine, layout, and memory as it ran)
 from moe_accuracy import exchange_of  # noqa: E402  (the row's token exchange as its config set it)
-from memory_accuracy import model_of  # noqa: E402  (a preset, or a row's own shape)
-from tuner.layout import Layout, why_invalid  # noqa: E402
+from tuner.layout import why_invalid  # noqa: E402
 from tuner.perfmodel import predict  # noqa: E402
-from tuner.specs import load_cluster, make_workload  # noqa: E402
 
 FAMILIES = {"b200": "Blackwell DGX B200", "gb200": "Blackwell GB200 NVL72", "b300": "Blackwell Ultra DGX B300",
             "gb300": "Blackwell Ultra GB300 NVL72", "h800": "Hopper H800", "mi325x": "AMD Instinct MI325X",
@@ -40,26 +38,12 @@ FAMILIES = {"b200": "Blackwell DGX B200", "gb200": "Blackwell GB200 NVL72", "b30
 UNVALIDATED = ("mi300x", "mi300a")
 
 
-def layout_of(row: dict) -> Layout:
-    tp, cp, pp = row["tp"], row["cp"], row["pp"]
-    rc = "none" if row["recompute"] == "unstated" else row["recompute"]
-    return Layout(tp=tp, sequence_parallel=row["sequence_parallel"], context_parallel=cp, pp=pp,
-                  virtual_pipeline=row["vp"], dp=row["gpus"] // (tp * cp * pp), expert_parallel=row.get("ep", 1),
-                  expert_tensor_parallel=row.get("etp", 1), micro_batch=row["micro_batch"],
-                  zero_stage=published.zero_stage(row), recompute=rc,
-                  pipeline_split=row.get("pipeline_split", "auto"))
-
-
 def evaluate(row: dict) -> dict:
-    model = model_of(row)               # a preset at the row's sequence, or the row's own shape (Grok-1)
-    if row.get("moe_capacity_factor"):      # a row that states its token dropping (as moe_accuracy.evaluate)
-        model = dataclasses.replace(model, moe_capacity_factor=row["moe_capacity_factor"])
-    cluster = load_cluster(row["cluster"])
-    lay = layout_of(row)
+    """A row predicted as it ran (benchmarks/reading.py: its model, layout, `ran_*` keys), with its token exchange;
+    its p_fit as tuner states it for that run (reading.memory_as_ran: a recipe's activation offloading included)."""
+    lay = reading.layout_of(row)
     try:
-        w = make_workload(model, row["gpus"] // cluster.gpus_per_node, cluster, row["global_batch"],
-                          precision=row["precision"], framework=row["framework"],
-                          grad_reduce=published.grad_reduce(row))
+        w = reading.workload_of(row)
     except Exception as exc:      # a precision the model refuses on this machine: counted as refused
         return {"refused": str(exc), "layout": lay}
     bad = why_invalid(lay, w)
@@ -67,8 +51,9 @@ def evaluate(row: dict) -> dict:
         return {"refused": bad, "layout": lay}
     pr = predict(lay, w, exchange_of(row)) if row.get("ep", 1) > 1 else predict(lay, w)
     tps = pr.samples_per_second * row["seq_length"] / row["gpus"]
+    memory_gb, p_fit = reading.memory_as_ran(row, lay, w)
     return {"refused": None, "layout": lay, "error": tps / row["tokens_per_s_per_gpu"] - 1.0, "pred": tps,
-            "p_fit": pr.p_fit}
+            "p_fit": p_fit, "memory_gb": memory_gb}
 
 
 def stats(errors: list[float]) -> str:
@@ -84,7 +69,7 @@ def main() -> dict:
     results = [(r, evaluate(r)) for r in rows]
     print("== Published runs on the new machines (tokens/s/GPU: predicted / measured - 1; every row)")
     for r, e in results:
-        tag = "held-out" if published.hardware_clean(r) else "in-split"
+        tag = "held-out" if published.hardware_clean(r, "speed") else "in-split"
         what = e["refused"][:110] if e["refused"] else (
             f"{100 * e['error']:+6.1f} %  pred {e['pred']:7.0f}  meas {r['tokens_per_s_per_gpu']:7.0f}  p_fit {e['p_fit']:.2f}")
         print(f"  {r['cluster']:6s} {r['model']:16s} {r['precision']:5s} {r['gpus']:5d} {e['layout'].key():42s} "
@@ -94,17 +79,29 @@ def main() -> dict:
     for fam, title in FAMILIES.items():
         mine = [(r, e) for r, e in results if r["cluster"] == fam]
         ok = [(r, e) for r, e in mine if not e["refused"]]
-        ho = [e["error"] for r, e in ok if published.hardware_clean(r)]
+        ho = [e["error"] for r, e in ok if published.hardware_clean(r, "speed")]
         refused = len(mine) - len(ok)
         print(f"  {title:28s} all: {stats([e['error'] for _, e in ok])}; held out: {stats(ho)}"
               f"{f'; {refused} refused by the model' if refused else ''}")
         summary[fam] = {"all": [e["error"] for _, e in ok], "held_out": ho, "refused": refused}
     every = [e["error"] for _, e in results if not e["refused"]]
-    ho = [e["error"] for r, e in results if not e["refused"] and published.hardware_clean(r)]
+    ho = [e["error"] for r, e in results if not e["refused"] and published.hardware_clean(r, "speed")]
     print(f"  {'every family':28s} all: {stats(every)}; held out: {stats(ho)}")
     print(f"  AMD Instinct ({', '.join(UNVALIDATED)}): no published run with its layout in the stored sources: "
           "unvalidated")
+    fit_report(results)
     return summary
+
+
+def fit_report(results: list) -> None:
+    """Every run here ran: how many tuner gives p_fit >= 0.5, and each below it (its memory against the GPU's)."""
+    ran = [(r, e) for r, e in results if not e["refused"]]
+    low = [(r, e) for r, e in ran if e["p_fit"] < 0.5]
+    print(f"\n== p_fit of the runs that ran (memory as each ran: benchmarks/reading.py): {len(ran) - len(low)} of "
+          f"{len(ran)} have p_fit >= 0.5")
+    for r, e in low:
+        print(f"  {r['cluster']:6s} {r['model']:16s} {r['precision']:5s} {r['gpus']:5d} {e['layout'].key():42s} "
+              f"{e['memory_gb']:6.1f} of {reading.cluster_of(r).memory_gb:.0f} GB  p_fit {e['p_fit']:.2f}")
 
 
 if __name__ == "__main__":

@@ -37,67 +37,23 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from published import clean, grad_reduce, held_out, loss_of, measured, published, zero_stage  # noqa: E402
+import reading  # noqa: E402  (one reading of a row: its model, machine, layout, and memory as it ran)
+from published import clean, held_out, loss_of, measured, published  # noqa: E402
 from tuner.frameworks import FRAMEWORKS  # noqa: E402
 from tuner.layout import Layout, micro_batches_per_pipeline, stage_layers, why_invalid  # noqa: E402
 from tuner.perfmodel import fit_probability, memory, memory_prior_sd, memory_shares, rank  # noqa: E402
 from tuner.perfmodel.compute import shape_of  # noqa: E402
 from tuner.perfmodel.memory_loss import MEASURED_LOSS_CHUNKS  # noqa: E402
-from tuner.perfmodel.moe import TokenExchange  # noqa: E402
 from tuner.space import load_space, valid_layouts  # noqa: E402
-from tuner.specs import load_cluster, load_model, make_workload  # noqa: E402
 
 GIB = 2 ** 30 / 1e9                  # GB per GiB
-PREDICTED_AS = {"fsdp": "torchtitan"}
-SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "vocab_size",
-         "num_experts", "moe_ffn_hidden_size")
-RENAMED = {"moe_router_topk": "moe_top_k"}
+PREDICTED_AS = reading.PREDICTED_AS
 CAPACITY_STEPS = [0.70 + 0.02 * i for i in range(31)]
 BINS = [(0.0, 0.1), (0.1, 0.3), (0.3, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 0.97), (0.97, 1.0001)]
 
 
-def model_of(row: dict):
-    """The row's model: a preset, its sequence as the row ran it; a custom shape on a preset of its kind."""
-    if row.get("model", "custom") != "custom":
-        m = load_model(row["model"])
-    else:
-        m = load_model("llama3-8b" if row.get("ffn_type", "swiglu") == "swiglu" else "gpt-22b")
-        m = dataclasses.replace(m, name="custom", **{k: row[k] for k in SHAPE if k in row},
-                                **{RENAMED[k]: row[k] for k in RENAMED if k in row})
-    if "num_layers" in row and row.get("model") != "custom":
-        m = dataclasses.replace(m, num_layers=row["num_layers"])
-    return dataclasses.replace(m, seq_length=row["seq_length"]) if m.seq_length != row["seq_length"] else m
-
-
-def layout_of(row: dict, framework: str) -> Layout:
-    tp, cp, pp = row["tp"], row["cp"], row["pp"]
-    sp = row.get("ran_sequence_parallel", row.get("sequence_parallel", "unstated"))
-    sp = tp > 1 if sp == "unstated" or framework == "torchtitan" else sp
-    rc = row.get("ran_recompute", "none" if row.get("recompute", "unstated") == "unstated" else row["recompute"])
-    zero = 3 if framework == "torchtitan" else zero_stage(row)
-    ep = row.get("ep", 1)
-    etp = row.get("etp", tp if framework == "torchtitan" and ep == 1 and row.get("num_experts") else 1)
-    return Layout(tp=tp, pp=pp, dp=row["gpus"] // (tp * cp * pp), micro_batch=row["micro_batch"], zero_stage=zero,
-                  recompute=rc, sequence_parallel=sp, context_parallel=cp, virtual_pipeline=row.get("vp", 1),
-                  expert_parallel=ep, expert_tensor_parallel=etp)
-
-
-def workload_of(row: dict):
-    fw = PREDICTED_AS.get(row["framework"], row["framework"])
-    cluster = load_cluster(row.get("cluster", "h100"))
-    if "attention" in row:              # a measurement names its kernel: Megatron's local one keeps the scores
-        cluster = dataclasses.replace(cluster, flash_attention=not row["attention"].startswith("local"))
-    gpn = cluster.gpus_per_node
-    if row["gpus"] % gpn:               # a measured rank of fewer GPUs than a node: a node of that many
-        cluster = dataclasses.replace(cluster, gpus_per_node=row["gpus"])
-    return make_workload(model_of(row), row["gpus"] // cluster.gpus_per_node, cluster, row["global_batch"],
-                         precision=row.get("precision", "bf16"), framework=fw,
-                         grad_reduce=grad_reduce(row) if fw == "megatron-core" else None)
-
-
-def exchange_of(row: dict) -> TokenExchange:
-    return TokenExchange(overlap=row.get("a2a_overlap") is True,
-                         dispatcher="flex" if str(row.get("dispatcher", "")).startswith("flex") else "alltoall")
+#: the one reading of a row every accuracy benchmark shares (benchmarks/reading.py); moe_accuracy imports model_of here
+model_of, layout_of, workload_of = reading.model_of, reading.layout_of, reading.workload_of
 
 
 def fused_qkv_gb(row: dict, lay: Layout, w) -> float:
@@ -122,20 +78,9 @@ def rope_cache_gb(row: dict, lay: Layout, w) -> float:
     return layers * w.model.seq_length * w.model.head_dim * 4.0 / 1e9
 
 
-def optimizer_state_gb(row: dict, lay: Layout, mem: dict) -> float:
-    """A row whose source names apex's DistributedFusedAdam with dtype bf16 (NeMo's distributed_fused_adam,
-    `optimizer_state = "bf16"`): its state -- the parameter shard (store_params) and both moments -- is bf16
-    (apex/contrib/optimizers/distributed_fused_adam.py, StateBucket: params_shard, exp_avg_shard and
-    exp_avg_sq_shard all `dtype`), 6 bytes per parameter over dp*cp, where tuner predicts Megatron-Core's
-    distributed optimizer (fp32 main parameters and moments, 12). A dense model's only: an MoE row names none."""
-    if row.get("optimizer_state") != "bf16":
-        return 0.0
-    return -(12.0 - 6.0) * mem["params_billion"] / (lay.dp * lay.context_parallel)
-
-
 def evaluate(row: dict, kind: str) -> dict | None:
     """One row: its log ratio (exact) or upper bound (censored), the raw prediction, the prior sd terms."""
-    w, fw_name = workload_of(row), PREDICTED_AS.get(row["framework"], row["framework"])
+    w, fw_name = workload_of(row), reading.framework_of(row)
     lay = layout_of(row, fw_name)
     if why_invalid(lay, w):
         return None
@@ -148,8 +93,8 @@ def evaluate(row: dict, kind: str) -> dict | None:
         pred += fused_qkv_gb(row, lay, raw) + rope_cache_gb(row, lay, raw)
         true = row["peak_allocated_gib"] * GIB
     else:                               # a stated peak is the allocator's reserved peak: at least what it needed
-        _, mem = memory.peak_memory(lay, raw, micro_batches_per_pipeline(lay, w.global_batch))
-        pred, true = mem["total"] + optimizer_state_gb(row, lay, mem), None
+        mem = reading.peak_as_ran(row, lay, raw)          # what its recipe ran (ran_* keys) included
+        pred, true = mem["total"], None
     shares = memory_shares(mem)
     local = str(row.get("attention", "")).startswith("local")    # Megatron's unfused kernel: keeps the scores
     group = row["framework"] + (" MoE" if w.model.is_moe else "") + (" (scores kept)" if local else "")

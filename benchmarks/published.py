@@ -236,7 +236,7 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
         "memory", lambda r: r["framework"] == "fsdp"),
     # issue 24 round 3: the Nemotron-340B row's recompute, sequence parallelism and bf16 optimizer state (its
     # `read` key) were read from NeMo-Framework-Launcher 24.07 after its p_fit 0.00 had been printed
-    "NeMo 24.07's Nemotron-340B recipe read onto its row (benchmarks/memory_accuracy.optimizer_state_gb)": (
+    "NeMo 24.07's Nemotron-340B recipe read onto its row (benchmarks/reading.ran_breakdown)": (
         "memory", lambda r: r.get("shape_name") == "nemo-nemotron-340b"),
     # issue 24 round 3: Megatron-Core >= 0.13's combine keeps no input (probabilities scale the experts' activation:
     # tuner/perfmodel/moe.moe_activation_bytes), read from its source after the Qwen3-30B-A3B mb-2 rows' p_fit
@@ -270,12 +270,16 @@ def clean(row: dict, kind: str | None = None) -> bool:
 HARDWARE_SEEN: dict = {
     "mi325x-8b-global-batch": ("speed", lambda r: r.get("cluster") == "mi325x"),
     "mi325x-gemm-taf": ("speed", lambda r: r.get("cluster") == "mi325x"),
+    # issue 24: Megatron-Core's activation CPU offloading (benchmarks/reading.ran_breakdown) read from the recipes
+    # onto the Megatron-FSDP rows (ran_offload_layers) after their p_fit 0.00 had been printed; memory only
+    "activation offloading read onto the Megatron-FSDP rows (benchmarks/reading.py)": (
+        "memory", lambda r: "ran_offload_layers" in r),
 }
 
 
-def hardware_clean(row: dict) -> bool:
-    """A HARDWARE row hashed out and seen by no choice of HARDWARE_SEEN."""
-    return held_out(row) and not any(pred(row) for _, pred in HARDWARE_SEEN.values())
+def hardware_clean(row: dict, kind: str | None = None) -> bool:
+    """A HARDWARE row hashed out and seen by no choice of HARDWARE_SEEN (of `kind`; None: any)."""
+    return held_out(row) and not any(pred(row) for k, pred in HARDWARE_SEEN.values() if kind in (None, k))
 
 
 def held_out_lines() -> list[str]:

@@ -20,7 +20,7 @@ OPTIONAL = ("zero_stage", "model_tflops_per_gpu", "peak_memory_gib", "oom", "gra
             "num_query_groups", "ffn_hidden_size", "vocab_size", "ffn_type", "position_embedding", "normalization",
             "add_bias_linear", "tie_embeddings",
             # what a run's recipe ran where the table leaves it unstated, read onto the row after its prediction
-            # (its split key keeps the table's reading): benchmarks/memory_accuracy.layout_of, optimizer_state_gb
+            # (its split key keeps the table's reading): benchmarks/reading.layout_of, ran_breakdown
             "ran_recompute", "ran_sequence_parallel", "optimizer_state", "read")
 FRAMEWORKS = ("torchtitan", "fsdp", "megatron-core", "megatron-deepspeed")
 UNSTATED = "unstated"

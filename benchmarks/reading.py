@@ -1,0 +1,159 @@
+"""How every accuracy benchmark reads a row: the model, the machine, the workload and the layout it ran, and what its
+recipe ran where the table leaves it unstated (issue 24: one reading, so that two benchmarks never predict one row
+two ways).
+
+Read by framework_accuracy, hardware_accuracy and memory_accuracy (and, through them, scaling_accuracy and
+moe_accuracy's model_of). A row is predicted as it ran:
+- its framework (llm-foundry's "fsdp" predicted as torchtitan, the FSDP stack tuner has);
+- its model: a preset at the row's sequence (with the shape keys a row overrides: BigScience's heads and
+  widths, a layer count), a `shape_name` row's own ModelSpec (published.custom_model), or a `model = "custom"`
+  row's shape on a preset of its kind (the Grok-1 and MoE rows); a stated `moe_capacity_factor`;
+- its machine (`machine` where the row states the one it ran on), with a measurement's attention kernel and a
+  measured rank of fewer GPUs than a node;
+- its layout, with the `ran_*` keys where a recipe read from source says what ran and the table did not
+  (`ran_recompute`, `ran_sequence_parallel`), its pipeline split and experts;
+- its memory as it ran (`peak_as_ran`, `memory_as_ran`): the predicted peak with what the recipe changes that tuner
+  does not choose -- apex's bf16 optimizer state (`optimizer_state = "bf16"`) and Megatron-Core's activation CPU
+  offloading (`ran_offload_layers`) -- and the p_fit tuner states for it (the framework's bias and spread, as
+  tuner.perfmodel.memory_fit states them).
+The split key (benchmarks/published.split_key) reads the table's keys only: a `ran_*` key never moves a row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import published
+from tuner.frameworks import of as framework_spec
+from tuner.layout import Layout, micro_batches_per_pipeline
+from tuner.perfmodel import fit_probability, memory, memory_prior_sd, memory_shares
+from tuner.perfmodel.fit import with_measured_bias
+from tuner.specs import load_cluster, load_model, make_workload
+
+PREDICTED_AS = {"fsdp": "torchtitan"}
+#: a model = "custom" row's shape keys (ModelSpec's names but moe_router_topk)
+SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "vocab_size",
+         "num_experts", "moe_ffn_hidden_size")
+RENAMED = {"moe_router_topk": "moe_top_k"}
+#: a preset row's shape keys that override its preset (BigScience's layout search of BLOOM-176B varied the heads;
+#: a measurement of fewer layers)
+SHAPE_OVERRIDES = ("num_layers", "hidden_size", "num_attention_heads")
+
+
+def framework_of(row: dict) -> str:
+    return PREDICTED_AS.get(row["framework"], row["framework"])
+
+
+def model_of(row: dict):
+    """The row's model at its sequence (see the module's docstring)."""
+    if "shape_name" in row:
+        m = published.custom_model(row)
+    elif row.get("model", "custom") == "custom":
+        m = load_model("llama3-8b" if row.get("ffn_type", "swiglu") == "swiglu" else "gpt-22b")
+        m = dataclasses.replace(m, name="custom", **{k: row[k] for k in SHAPE if k in row},
+                                **{RENAMED[k]: row[k] for k in RENAMED if k in row})
+    else:
+        m = load_model(row["model"])
+        shape = {k: row[k] for k in SHAPE_OVERRIDES if k in row and row[k] != getattr(m, k)}
+        if set(shape) - {"num_layers"}:   # heads of hidden / heads width (Megatron's default --kv-channels)
+            heads = shape.get("num_attention_heads", m.num_attention_heads)
+            shape.update(num_query_groups=shape.get("num_attention_heads", m.num_query_groups),
+                         head_dim=shape.get("hidden_size", m.hidden_size) // heads)
+        m = dataclasses.replace(m, **shape) if shape else m
+    if m.seq_length != row["seq_length"]:
+        m = dataclasses.replace(m, seq_length=row["seq_length"])
+    if row.get("moe_capacity_factor"):      # a row that states its token dropping
+        m = dataclasses.replace(m, moe_capacity_factor=row["moe_capacity_factor"])
+    return m
+
+
+def cluster_of(row: dict):
+    """The machine it ran on: `machine` where stated, else `cluster`; a measurement's attention kernel (Megatron's
+    local one keeps the scores); a measured rank of fewer GPUs than a node runs on a node of that many."""
+    cluster = load_cluster(row.get("machine", row.get("cluster", "h100")))
+    if "attention" in row:
+        cluster = dataclasses.replace(cluster, flash_attention=not row["attention"].startswith("local"))
+    if row["gpus"] % cluster.gpus_per_node:
+        cluster = dataclasses.replace(cluster, gpus_per_node=row["gpus"])
+    return cluster
+
+
+def workload_of(row: dict):
+    """The workload as it ran (make_workload's UsageError where the machine refuses its precision)."""
+    fw, cluster = framework_of(row), cluster_of(row)
+    return make_workload(model_of(row), row["gpus"] // cluster.gpus_per_node, cluster, row["global_batch"],
+                         precision=row.get("precision", "bf16"), framework=fw,
+                         grad_reduce=published.grad_reduce(row) if fw == "megatron-core" else None)
+
+
+def layout_of(row: dict, framework: str | None = None) -> Layout:
+    """The layout it ran: sequence parallelism unstated (or torchtitan's, whose TP always shards the sequence) is
+    tp > 1; recompute unstated is none; torchtitan shards everything (ZeRO 3); `ran_*` keys say what a recipe ran."""
+    fw = framework or framework_of(row)
+    tp, cp, pp = row["tp"], row["cp"], row["pp"]
+    sp = row.get("ran_sequence_parallel", row.get("sequence_parallel", "unstated"))
+    sp = tp > 1 if sp == "unstated" or fw == "torchtitan" else sp
+    rc = row.get("ran_recompute", "none" if row.get("recompute", "unstated") == "unstated" else row["recompute"])
+    ep = row.get("ep", 1)
+    etp = row.get("etp", tp if fw == "torchtitan" and ep == 1 and row.get("num_experts") else 1)
+    return Layout(tp=tp, pp=pp, dp=row["gpus"] // (tp * cp * pp), micro_batch=row["micro_batch"],
+                  zero_stage=3 if fw == "torchtitan" else published.zero_stage(row), recompute=rc,
+                  sequence_parallel=sp, context_parallel=cp, virtual_pipeline=row.get("vp", 1),
+                  expert_parallel=ep, expert_tensor_parallel=etp or 1,
+                  pipeline_split=row.get("pipeline_split", "auto"))
+
+
+# ------------------------------------------------------------------------------------------ memory as it ran
+def offload_resident_layers(layers: int, offloaded: int) -> int:
+    """Layers whose activations are on the GPU at once when Megatron-Core offloads the first `offloaded` of `layers`
+    (--cpu-offloading-num-layers; TransformerEngine's AsyncDoubleBufferGroupOffloadHandler, TE 2.7
+    transformer_engine/pytorch/cpu_offload.py lines 333-349 and 506-527): offloaded layer g stays until the forward
+    of layer layer_window_map[g] has run, then its copy to the host is awaited and it is freed; the other layers
+    stay until their backward. The largest count over the forward (the backward reloads one layer ahead of it)."""
+    window, constant = [], 0
+    for g in range(offloaded):
+        w = (layers // offloaded) * (g + 1) - 1
+        if g < layers % offloaded:
+            w, constant = w + g + 1, g + 1
+        else:
+            w += constant
+        window.append(w)
+    return max(max(0, c + 1 - offloaded) + sum(1 for g in range(min(c + 1, offloaded)) if window[g] >= c)
+               for c in range(layers))
+
+
+def ran_breakdown(row: dict, lay: Layout, w, mem: dict) -> dict:
+    """The worst stage's breakdown (tuner.perfmodel.memory.peak_memory) with what the row's recipe ran that tuner
+    does not choose:
+    - `optimizer_state = "bf16"`: apex's DistributedFusedAdam in bf16 (NeMo's distributed_fused_adam): its parameter
+      shard and both moments in `dtype` (apex/contrib/optimizers/distributed_fused_adam.py, StateBucket), 6 bytes per
+      parameter over dp*cp where tuner predicts Megatron-Core's 12 (fp32 main parameters and moments);
+    - `ran_offload_layers = N`: Megatron-Core's activation CPU offloading (cpu_offloading_num_layers, weights not
+      offloaded; refused with pp > 1 or any recompute: megatron/core/transformer/transformer_config.py 808-822 at
+      core_v0.14.0): of the stage's layers only offload_resident_layers() keep their activations on the GPU."""
+    out = dict(mem)
+    if row.get("optimizer_state") == "bf16":
+        out["optimizer"] = mem["optimizer"] - (12.0 - 6.0) * mem["params_billion"] / (lay.dp * lay.context_parallel)
+    if row.get("ran_offload_layers"):
+        n, layers = row["ran_offload_layers"], w.model.num_layers
+        if lay.pp > 1 or lay.recompute != "none" or not 0 < n < layers:
+            raise ValueError(f"{row['source']}: Megatron-Core offloads activations only with pp 1, no recompute and "
+                             f"0 < ran_offload_layers < {layers}")
+        out["activations"] = mem["activations"] * offload_resident_layers(layers, n) / layers
+    out["total"] = mem["total"] + sum(out[k] - mem[k] for k in ("optimizer", "activations"))
+    return out
+
+
+def peak_as_ran(row: dict, lay: Layout, w) -> dict:
+    """The worst stage's predicted breakdown as the row ran (before the framework's measured bias)."""
+    _, mem = memory.peak_memory(lay, w, micro_batches_per_pipeline(lay, w.global_batch))
+    return ran_breakdown(row, lay, w, mem)
+
+
+def memory_as_ran(row: dict, lay: Layout, w) -> tuple[float, float]:
+    """(the peak tuner states, GB; its p_fit) for the row as it ran: tuner.perfmodel.memory_fit's figures, on
+    peak_as_ran's breakdown."""
+    fw = framework_spec(w)
+    mem = with_measured_bias(peak_as_ran(row, lay, w), fw.memory_bias)
+    return mem["total"], fit_probability(mem["total"], w.cluster.memory_gb,
+                                         memory_prior_sd(fw.memory_sd, memory_shares(mem)))

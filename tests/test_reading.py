@@ -1,0 +1,80 @@
+"""benchmarks/reading.py (issue 24): every accuracy benchmark reads a row one way -- the same workload, layout and
+memory as it ran (`ran_*` keys included) -- and a recipe's activation offloading keeps TransformerEngine's count."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.frameworks import FRAMEWORKS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import framework_accuracy  # noqa: E402
+import hardware_accuracy  # noqa: E402
+import memory_accuracy  # noqa: E402
+import published  # noqa: E402
+import reading  # noqa: E402
+
+
+def _te_resident(layers: int, offloaded: int) -> int:
+    """TransformerEngine 2.7's AsyncDoubleBufferGroupOffloadHandler, step by step: group g (layer g < offloaded)
+    is freed at the end of layer layer_window_map[g], one group after another; the most layers held at once."""
+    window, constant = {}, 0
+    for i in range(offloaded):
+        window[i] = (layers // offloaded) * (i + 1) - 1
+        if i < layers % offloaded:
+            window[i] += i + 1
+            constant = i + 1
+        else:
+            window[i] += constant
+    held, freed, most = set(), 0, 0
+    for layer in range(layers):
+        held.add(layer)
+        most = max(most, len(held))
+        if freed < offloaded and window[freed] == layer:
+            held.discard(freed)
+            freed += 1
+    return most
+
+
+@pytest.mark.parametrize("layers,offloaded", [(80, 40), (80, 20), (80, 30), (126, 95), (126, 92), (10, 9), (7, 3)])
+def test_offloading_keeps_transformer_engines_count(layers, offloaded):
+    assert reading.offload_resident_layers(layers, offloaded) == _te_resident(layers, offloaded)
+    assert reading.offload_resident_layers(layers, offloaded) == layers - offloaded + 1
+
+
+def test_a_recipe_read_onto_a_row_enters_every_benchmarks_p_fit():
+    """The Nemotron-340B row (NeMo 24.07's selective recompute, sequence parallelism and bf16 optimizer state):
+    framework_accuracy and memory_accuracy predict it from one workload, layout and memory."""
+    row = next(r for r in published.published() if r.get("optimizer_state") == "bf16")
+    e = framework_accuracy.evaluate(row)
+    m = memory_accuracy.evaluate(row, "published")
+    assert e["layout"] == m["layout"] and e["layout"].recompute == row["ran_recompute"]
+    assert e["memory_gb"] == pytest.approx(m["pred"] * math.exp(FRAMEWORKS[m["framework"]].memory_bias))
+    lay, w = reading.layout_of(row), reading.workload_of(row)
+    plain = reading.peak_as_ran({k: v for k, v in row.items() if k != "optimizer_state"}, lay, w)["total"]
+    assert m["pred"] == pytest.approx(reading.peak_as_ran(row, lay, w)["total"]) and m["pred"] < plain - 5
+    assert e["p_fit"] >= 0.5
+
+
+def test_offloaded_rows_are_predicted_with_the_offload_in_the_hardware_benchmark():
+    rows = [r for r in published.hardware() if r.get("ran_offload_layers")]
+    assert rows
+    for r in rows:
+        lay, w = reading.layout_of(r), reading.workload_of(r)
+        kept = reading.peak_as_ran(r, lay, w)
+        plain = reading.peak_as_ran({k: v for k, v in r.items() if k != "ran_offload_layers"}, lay, w)
+        layers, n = w.model.num_layers, r["ran_offload_layers"]
+        assert kept["activations"] == pytest.approx(plain["activations"] * (layers - n + 1) / layers)
+        assert hardware_accuracy.evaluate(r)["memory_gb"] == pytest.approx(reading.memory_as_ran(r, lay, w)[0])
+
+
+def test_offloading_is_refused_where_megatron_core_refuses_it():
+    row = next(r for r in published.hardware() if r.get("ran_offload_layers"))
+    lay, w = reading.layout_of({**row, "ran_recompute": "full"}), reading.workload_of(row)
+    with pytest.raises(ValueError, match="pp 1, no recompute"):
+        reading.peak_as_ran(row, lay, w)
