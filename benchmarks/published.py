@@ -186,16 +186,18 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # its stated split and recompute were written in (issue 25, speed C): no error of it was printed before
     "MOE_LAYER_OVERHEAD_MS, the flex dispatcher (tuner/perfmodel/moe.py)": (
         "speed", lambda r: "ep" in r and not r.get("release", "").startswith("dgxc-benchmarking")
-        and not (r.get("model") == "deepseek-v3" and r.get("release", "").startswith("Megatron-Bridge 25.09"))),
+        and not (r.get("model") == "deepseek-v3" and r.get("release", "").startswith("Megatron-Bridge 25.09"))
+        and "added" not in r),
     # issue 25 round 2: each Megatron-Bridge MoE row's token exchange read from its release's tag (a2a_overlap,
     # dispatcher, overlap_grad_reduce in moe_published.toml) and the EP overlap's phase-level exposure
     # (tuner/perfmodel/moe.exposed_alltoall), both written after every one of these rows had been printed
     "EP overlap as the rows' configs state it, and its phase-level exposure (tuner/perfmodel/moe.py)": (
         "speed", lambda r: "ep" in r and r.get("release", "").startswith("Megatron-Bridge")),
     # issue 25: predicting a row's TP collectives whole where its config turns --tp-comm-overlap off was
-    # decided after every Grok-1 row's error had been printed with the overlap assumed
+    # decided after every Grok-1 row's error had been printed with the overlap assumed (rows marked `added`, issue 25
+    # rounds 2-3, came later; so did the MoE rows marked `added` for MOE_LAYER_OVERHEAD_MS above)
     "TokenExchange.overlaps: TP overlap off where the row states it (benchmarks/moe_accuracy.py)": (
-        "speed", lambda r: r.get("tp_comm_overlap") is False),
+        "speed", lambda r: r.get("tp_comm_overlap") is False and "added" not in r),
     # issue 25: its value is a GEMM microbenchmark's (pytorch/ao #2377), fitted to no row, but the cause was looked
     # for after every published fp8 row's error (the held-out ones' too) had been printed as "fp8 too fast"; rows
     # marked `added` (issue 25 round 2) came later: it saw none of them
