@@ -1,10 +1,13 @@
 """The performance model on the machines of issue 26, against PUBLISHED, MEASURED runs, each predicted with
 the layout it ran (tokens/s/GPU: predicted / measured - 1).
 
-Run: python benchmarks/hardware_accuracy.py
+Run: python benchmarks/hardware_accuracy.py [--source TEXT]   (--source: only the rows whose source names TEXT,
+e.g. "training_results_v5.1" for the MLPerf rows, "performance_long_sequence" for NeMo's long-sequence rows)
 
 Rows: benchmarks/data/hardware_published.toml (NVIDIA Megatron-Bridge's DGX-GB200 / B200 / GB300 / B300
-pre-training tables, 25.09 to 26.08, NVIDIA dgxc-benchmarking v25.05.05's GB200 tables (Grok-1 with its own shape), DeepSeek-V3's H800 run), every source named in the file; each row is predicted with the
+pre-training tables, 25.09 to 26.08, NVIDIA dgxc-benchmarking v25.05.05's GB200 tables (Grok-1 with its own shape),
+DeepSeek-V3's H800 run, MLPerf Training v5.1's Llama 3.1 405B / 8B result logs and configs (NVIDIA GB200 / GB300,
+B200 / B300 submitters, AMD MI355X), NeMo's long-sequence B200 table), every source named in the file; each row is predicted with the
 layout it ran, its pipeline split included (the DeepSeek-V3 recipes' "light-last" layers per stage, the
 data file's `pipeline_split`). One configuration is one row
 (benchmarks/published.py: a configuration stated in several releases is the median of its measurements).
@@ -64,8 +67,10 @@ def stats(errors: list[float]) -> str:
             f"{100 * max(errors, key=abs):+6.1f} %")
 
 
-def main() -> dict:
-    rows = published.hardware()
+def main(source: str | None = None) -> dict:
+    rows = [r for r in published.hardware() if source is None or any(source in s for s in r["sources"])]
+    if source is not None:
+        print(f"rows whose source names {source!r}: {len(rows)} configurations")
     results = [(r, evaluate(r)) for r in rows]
     print("== Published runs on the new machines (tokens/s/GPU: predicted / measured - 1; every row)")
     for r, e in results:
@@ -105,4 +110,8 @@ def fit_report(results: list) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    args = sys.argv[1:]
+    if args and (args[0] != "--source" or len(args) != 2):
+        print("usage: python benchmarks/hardware_accuracy.py [--source TEXT]", file=sys.stderr)
+        sys.exit(2)
+    main(args[1] if args else None)
