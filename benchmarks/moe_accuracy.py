@@ -106,7 +106,7 @@ def layout_of(row: dict) -> Layout:
     return Layout(tp=tp, sequence_parallel=row["sequence_parallel"], context_parallel=cp, pp=pp,
                   virtual_pipeline=row["vp"], pipeline_split=row.get("pipeline_split", "auto"), dp=row["gpus"] // (tp * cp * pp), expert_parallel=row["ep"],
                   expert_tensor_parallel=row["etp"], micro_batch=row["micro_batch"],
-                  zero_stage=1 if row["distributed_optimizer"] else 0, recompute=row["recompute"])
+                  zero_stage=published.zero_stage(row), recompute=row["recompute"])
 
 
 def exchange_of(row: dict) -> TokenExchange:

@@ -33,7 +33,7 @@ from tuner.specs import load_cluster, load_model, make_workload
 PREDICTED_AS = {"fsdp": "torchtitan"}
 #: a model = "custom" row's shape keys (ModelSpec's names but moe_router_topk)
 SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "vocab_size",
-         "num_experts", "moe_ffn_hidden_size")
+         "num_experts", "moe_ffn_hidden_size", "num_shared_experts", "moe_layer_freq")
 RENAMED = {"moe_router_topk": "moe_top_k"}
 #: a preset row's shape keys that override its preset (BigScience's layout search of BLOOM-176B varied the heads;
 #: a measurement of fewer layers)
