@@ -250,6 +250,11 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # torchtitan MoE op-SAC row (hashed out) had been printed 0.33 in log too high
     "torchtitan op-SAC MoE account (tuner/perfmodel/moe.op_sac_moe_bytes)": (
         "memory", lambda r: r["framework"] == "torchtitan" and bool(r.get("num_experts"))),
+    # issue 24 round 4: llm-foundry's MPT under Composer's FSDP1 (benchmarks/reading.llm_foundry_breakdown: its block's
+    # saved tensors, flash-attn's fused loss, FSDP1's buffers) read from llm-foundry 5e85bd6 / composer / flash-attn
+    # after every MPT run's p_fit had been printed (74 of 86 >= 0.5)
+    "llm-foundry's MPT under Composer FSDP1 (benchmarks/reading.llm_foundry_breakdown)": (
+        "memory", lambda r: r["framework"] == "fsdp"),
 }
 
 

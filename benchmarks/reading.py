@@ -13,9 +13,9 @@ moe_accuracy's model_of). A row is predicted as it ran:
 - its layout, with the `ran_*` keys where a recipe read from source says what ran and the table did not
   (`ran_recompute`, `ran_sequence_parallel`), its pipeline split and experts;
 - its memory as it ran (`peak_as_ran`, `memory_as_ran`): the predicted peak with what the recipe changes that tuner
-  does not choose -- apex's bf16 optimizer state (`optimizer_state = "bf16"`) and Megatron-Core's activation CPU
-  offloading (`ran_offload_layers`) -- and the p_fit tuner states for it (the framework's bias and spread, as
-  tuner.perfmodel.memory_fit states them).
+  does not choose -- llm-foundry's MPT under Composer's FSDP1, apex's bf16 optimizer state (`optimizer_state =
+  "bf16"`) and Megatron-Core's activation CPU offloading (`ran_offload_layers`) -- and the p_fit tuner states for
+  it (the framework's bias and spread, as tuner.perfmodel.memory_fit states them).
 The split key (benchmarks/published.split_key) reads the table's keys only: a `ran_*` key never moves a row.
 """
 
@@ -122,16 +122,59 @@ def offload_resident_layers(layers: int, offloaded: int) -> int:
                for c in range(layers))
 
 
+#: What llm-foundry's MPT block keeps for backward per s*b*h element (bf16 under Composer's FSDP "PURE" mixed precision
+#: and amp_bf16, eager; mosaicml/llm-foundry @ 5e85bd62d4, the commit of the benchmark tables, with
+#: scripts/train/benchmarking/submit_benchmarks.py's norm_type low_precision_layernorm and attn_impl flash): each
+#: LPLayerNorm's bf16 input (F.layer_norm with autocast off, llmfoundry/models/layers/norm.py) and its output kept
+#: by the next linear (2 x (2 + 2)); flash_attn_fn's unpadded copies of q, k, v (bert_padding.unpad_input's
+#: index_select: 2 + 4kv/h) kept by flash_attn_varlen_func with its output (2), and pad_input's output kept by
+#: out_proj (2); MPTMLP's up_proj output kept by GELU (2f/h) and GELU's output kept by down_proj (2f/h). No dropout
+#: (p = 0 returns its input), no RoPE. The fp32 log-sum-exp and the norms' statistics are per token: left out.
+def mpt_layer_bytes(model) -> float:
+    return 8.0 + 2.0 + 4.0 * model.kv_size / model.hidden_size + 4.0 + 4.0 * model.ffn_hidden_size / model.hidden_size
+
+
+def llm_foundry_breakdown(lay: Layout, w, mem: dict) -> dict:
+    """MPT under Composer's FSDP1 (FULL_SHARD, mixed precision PURE: bf16 parameters gathered, bf16 gradients
+    reduced, composer/trainer/mosaic_fsdp.py get_mixed_precision) as llm-foundry's benchmark tables ran it. The
+    model states are FSDP2's (sharded fp32 parameters, fp32 gradients cast back to the parameter's dtype, Adam:
+    16/d). The peak is the larger of two phases over every layer's kept activations (mpt_layer_bytes, or the block
+    input under activation checkpointing):
+    - the loss: flash-attn's fused cross entropy (llm-foundry's default loss_fn 'fused_crossentropy',
+      flash_attn/ops/triton/cross_entropy.py) keeps the bf16 logits and its backward allocates bf16 dlogits
+      (inplace_backward False): 4 bytes per s*b*V element; the final LPLayerNorm's input and output (4 per s*b*h);
+    - a block's backward: its recomputed activations less its input, and FSDP1's unit buffers (the unit's and
+      the prefetched unit's gathered bf16 parameters, the unit's unsharded bf16 gradient: 6 bytes per parameter).
+    Both hold the root unit's gathered bf16 parameters (the tied embedding and the position table: FSDP1 does not
+    reshard the root after forward)."""
+    m = w.model
+    sh = lay.micro_batch * m.seq_length
+    sbh, logits = sh * m.hidden_size, sh * m.vocab_size
+    full = mpt_layer_bytes(m) * sbh
+    kept = m.num_layers * (2.0 * sbh if lay.recompute == "full" else full)
+    root = 2.0 * (memory.embedding_params(m, 1) + (m.seq_length * m.hidden_size
+                                                   if m.position_embedding == "learned" else 0.0))
+    loss = (kept + 4.0 * sbh, 4.0 * logits, root)
+    layer = (kept + (full - 2.0 * sbh if lay.recompute == "full" else 0.0), 0.0,
+             root + 6.0 * memory.max_layer_params(m, lay))
+    act, out_logits, buffers = max(loss, layer, key=sum)
+    out = dict(mem)
+    out["activations"], out["logits"], out["zero3_buffers"] = act / 1e9, out_logits / 1e9, buffers / 1e9
+    return out
+
+
 def ran_breakdown(row: dict, lay: Layout, w, mem: dict) -> dict:
     """The worst stage's breakdown (tuner.perfmodel.memory.peak_memory) with what the row's recipe ran that tuner
     does not choose:
+    - llm-foundry's rows (framework "fsdp", predicted as torchtitan): MPT under Composer's FSDP1
+      (llm_foundry_breakdown) in place of torchtitan's activations, loss and FSDP2 buffers;
     - `optimizer_state = "bf16"`: apex's DistributedFusedAdam in bf16 (NeMo's distributed_fused_adam): its parameter
       shard and both moments in `dtype` (apex/contrib/optimizers/distributed_fused_adam.py, StateBucket), 6 bytes per
       parameter over dp*cp where tuner predicts Megatron-Core's 12 (fp32 main parameters and moments);
     - `ran_offload_layers = N`: Megatron-Core's activation CPU offloading (cpu_offloading_num_layers, weights not
       offloaded; refused with pp > 1 or any recompute: megatron/core/transformer/transformer_config.py 808-822 at
       core_v0.14.0): of the stage's layers only offload_resident_layers() keep their activations on the GPU."""
-    out = dict(mem)
+    out = llm_foundry_breakdown(lay, w, mem) if row["framework"] == "fsdp" else dict(mem)
     if row.get("optimizer_state") == "bf16":
         out["optimizer"] = mem["optimizer"] - (12.0 - 6.0) * mem["params_billion"] / (lay.dp * lay.context_parallel)
     if row.get("ran_offload_layers"):
@@ -140,7 +183,7 @@ def ran_breakdown(row: dict, lay: Layout, w, mem: dict) -> dict:
             raise ValueError(f"{row['source']}: Megatron-Core offloads activations only with pp 1, no recompute and "
                              f"0 < ran_offload_layers < {layers}")
         out["activations"] = mem["activations"] * offload_resident_layers(layers, n) / layers
-    out["total"] = mem["total"] + sum(out[k] - mem[k] for k in ("optimizer", "activations"))
+    out["total"] = mem["total"] + sum(out[k] - mem[k] for k in ("optimizer", "activations", "logits", "zero3_buffers"))
     return out
 
 

@@ -78,3 +78,23 @@ def test_offloading_is_refused_where_megatron_core_refuses_it():
     lay, w = reading.layout_of({**row, "ran_recompute": "full"}), reading.workload_of(row)
     with pytest.raises(ValueError, match="pp 1, no recompute"):
         reading.peak_as_ran(row, lay, w)
+
+
+def test_llm_foundry_rows_are_predicted_as_composer_fsdp1_ran_mpt():
+    """An MPT row's activations are its block's saved tensors (34 bytes per s*b*h element for MPT-7B: norms 8,
+    unpadded q, k, v and flash's output 10, the GELU FFN 16) and, in the loss phase, flash-attn's fused loss keeps
+    4 bytes per logit; the model states are FSDP's sharded 16 bytes per parameter, as tuner's torchtitan account."""
+    row = next(r for r in published.published() if r["framework"] == "fsdp" and r["model"] == "mpt-7b"
+               and r["recompute"] == "none")
+    lay, w = reading.layout_of(row), reading.workload_of(row)
+    assert reading.mpt_layer_bytes(w.model) == 34.0
+    mem = reading.peak_as_ran(row, lay, w)
+    m = w.model
+    sbh = lay.micro_batch * m.seq_length * m.hidden_size
+    kept = m.num_layers * 34.0 * sbh
+    loss_phase = kept + 4.0 * sbh + 4.0 * lay.micro_batch * m.seq_length * m.vocab_size
+    assert (mem["activations"] + mem["logits"]) * 1e9 == pytest.approx(max(loss_phase, kept), rel=1e-9)
+    plain = memory_accuracy.memory.peak_memory(lay, w, 10 ** 6)[1]
+    assert all(mem[k] == plain[k] for k in ("weights", "gradients", "optimizer", "reserved"))
+    assert mem["total"] == pytest.approx(sum(mem[k] for k in ("weights", "gradients", "optimizer", "activations",
+                                                               "logits", "zero3_buffers", "reserved")))
