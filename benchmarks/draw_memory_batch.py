@@ -1,6 +1,7 @@
 """Draw a batch of torchtitan memory configurations no choice has seen (issue 24: held-out p_fit reliability).
 
 Run: python benchmarks/draw_memory_batch.py [--seed N] [--chunked 8] [--ce 4]
+     python benchmarks/draw_memory_batch.py --mcore [--seed N] [--per-mode 8]   (Megatron-Core: see MCORE_GRID)
 
 Without --seed a seed is drawn from os.urandom and printed. The rule (the one FRESH2 of
 benchmarks/measure_memory_torchtitan.py was drawn by, written down here so that a batch can be re-drawn from its
@@ -58,9 +59,55 @@ def draw(seed: int, chunked: int, ce: int) -> list[dict]:
             for c in rng.sample(candidates(mode, loss), k)]
 
 
+# Megatron-Core (--mcore): benchmarks/measure_memory_mcore.py's C(...) over the grid shape {Llama 3 8B with all 32
+# layers, the Llama 3 70B and GPT 22B shapes built with 8 layers} x sequence {2048, 4096, 8192} x tp {1, 2, 4, 8} x
+# pp {1, 2 (its first and its last stage)} x dp {4, 16} x micro-batch {1, 2} x micro-batches {2, 4}, the
+# distributed optimizer, sequence parallelism with tp > 1 and the FlashAttention stand-in, less CONFIGS, keeping the
+# held-out third; `--per-mode` per recompute mode.
+MCORE_SHAPES = (("llama3-8b", None), ("llama3-70b", 8), ("gpt-22b", 8))
+MCORE_GRID = dict(seq=(2048, 4096, 8192), tp=(1, 2, 4, 8), pp=((1, 0), (2, 0), (2, -1)), dp=(4, 16), mb=(1, 2),
+                  m=(2, 4))
+
+
+def mcore_split_row(c: dict) -> dict:
+    """The keys published.split_key reads, as measure_memory_mcore._row writes them for `c` (a dense C(...))."""
+    full = c["num_layers"] == MCORE_FULL_LAYERS[c["shape"]]
+    return {"framework": "megatron-core", "model": c["shape"] if full else "custom",
+            **{k: c[k] for k in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+                                 "ffn_hidden_size", "vocab_size", "seq_length", "tp", "pp", "cp", "micro_batch",
+                                 "sequence_parallel", "recompute")},
+            "gpus": c["tp"] * c["cp"] * c["pp"] * c["dp"], "vp": 1, "precision": "bf16",
+            "global_batch": c["micro_batch"] * c["num_microbatches"] * c["dp"],
+            "zero_stage": 1 if c["distributed_optimizer"] else 0}
+
+
+MCORE_FULL_LAYERS = {"llama3-8b": 32, "llama3-70b": 80, "gpt-22b": 48, "gpt-175b": 96}
+
+
+def mcore_draw(seed: int, per_mode: int) -> list[dict]:
+    from measure_memory_mcore import C, CONFIGS as MCORE_CONFIGS
+    rng, out = random.Random(seed), []
+    for mode in MODES:
+        grid = [C(shape, layers=layers, tp=tp, pp=pp, dp=dp, mb=mb, m=m, seq=seq, recompute=mode, stage=stage)
+                for (shape, layers), seq, tp, (pp, stage), dp, mb, m in itertools.product(MCORE_SHAPES,
+                                                                                           *MCORE_GRID.values())]
+        grid = [c for c in grid if c not in MCORE_CONFIGS and held_out(mcore_split_row(c))]
+        out += rng.sample(grid, per_mode)
+    return out
+
+
 def main() -> None:
     args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
     seed = int(args["--seed"]) if "--seed" in args else int.from_bytes(os.urandom(4), "little")
+    if "--mcore" in sys.argv:
+        batch = mcore_draw(seed, int(args.get("--per-mode", 8)))
+        print(f"# seed {seed}: {len(batch)} Megatron-Core configurations")
+        for c in batch:
+            layers = "" if c["num_layers"] == MCORE_FULL_LAYERS[c["shape"]] else f"layers={c['num_layers']}, "
+            stage = f", stage={c['stage'] - c['pp']}" if c["pp"] > 1 and c["stage"] else ""
+            print(f'    C("{c["shape"]}", {layers}tp={c["tp"]}, pp={c["pp"]}, dp={c["dp"]}, mb={c["micro_batch"]}, '
+                  f'm={c["num_microbatches"]}, seq={c["seq_length"]}, recompute="{c["recompute"]}"{stage}),')
+        return
     batch = draw(seed, int(args.get("--chunked", 8)), int(args.get("--ce", 4)))
     print(f"# seed {seed}: {len(batch)} configurations")
     for c in batch:

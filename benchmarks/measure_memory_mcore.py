@@ -18,7 +18,7 @@ Set-up (outside the repository; torch pinned so that pip takes the CPU build):
 
     python3 -m venv /work/mcorevenv && . /work/mcorevenv/bin/activate
     pip install torch==2.13.0 megatron-core==0.16.1
-    python benchmarks/measure_memory_mcore.py [--out FILE] [--only N[,M...]] [--list]
+    python benchmarks/measure_memory_mcore.py [--out FILE] [--only N[,M...]] [--list] [--fresh]
 
 Output: benchmarks/data/memory_measured_megatron-core.toml (one [[row]] per configuration that ran; failures are
 printed at the end and written nowhere). Each configuration runs in a forked child process (fresh process
@@ -198,6 +198,38 @@ CONFIGS = [
     C("mixtral-8x7b", tp=2, pp=2, ep=4, dp=4, mb=1, m=8, seq=4096, stage=0),
     C("mixtral-8x7b", tp=2, pp=2, ep=4, dp=4, mb=1, m=8, seq=4096, stage=-1),
 ]
+
+#: --fresh (issue 24 round 4): 24 dense configurations no choice has seen, for the held-out reliability of the
+#: allocated-bytes p_fit, drawn at run time by benchmarks/draw_memory_batch.py --mcore (its MCORE_GRID, less CONFIGS,
+#: from the held-out third, 8 per recompute mode), seed 463727410 (os.urandom); committed before any is measured and
+#: before Megatron-Core's allocated-bytes spread is chosen. Written to data/memory_measured_megatron-core_fresh.toml.
+FRESH = [
+    C("llama3-70b", layers=8, tp=8, pp=2, dp=16, mb=2, m=2, seq=8192, recompute="none", stage=-1),
+    C("llama3-70b", layers=8, tp=1, pp=2, dp=16, mb=2, m=4, seq=4096, recompute="none", stage=-1),
+    C("llama3-8b", tp=8, pp=2, dp=16, mb=2, m=4, seq=8192, recompute="none"),
+    C("llama3-70b", layers=8, tp=2, pp=2, dp=4, mb=1, m=4, seq=2048, recompute="none"),
+    C("llama3-8b", tp=4, pp=1, dp=16, mb=1, m=4, seq=8192, recompute="none"),
+    C("llama3-70b", layers=8, tp=8, pp=1, dp=16, mb=1, m=2, seq=4096, recompute="none"),
+    C("llama3-70b", layers=8, tp=1, pp=2, dp=16, mb=2, m=4, seq=8192, recompute="none", stage=-1),
+    C("gpt-22b", layers=8, tp=4, pp=1, dp=4, mb=1, m=2, seq=8192, recompute="none"),
+    C("llama3-70b", layers=8, tp=2, pp=1, dp=4, mb=2, m=4, seq=2048, recompute="selective"),
+    C("llama3-8b", tp=2, pp=2, dp=16, mb=1, m=4, seq=2048, recompute="selective", stage=-1),
+    C("gpt-22b", layers=8, tp=8, pp=2, dp=4, mb=1, m=2, seq=2048, recompute="selective", stage=-1),
+    C("gpt-22b", layers=8, tp=4, pp=1, dp=16, mb=2, m=4, seq=8192, recompute="selective"),
+    C("llama3-70b", layers=8, tp=2, pp=2, dp=4, mb=2, m=4, seq=8192, recompute="selective", stage=-1),
+    C("llama3-70b", layers=8, tp=2, pp=2, dp=4, mb=2, m=2, seq=8192, recompute="selective", stage=-1),
+    C("llama3-8b", tp=1, pp=2, dp=4, mb=2, m=4, seq=2048, recompute="selective"),
+    C("llama3-70b", layers=8, tp=2, pp=2, dp=16, mb=2, m=2, seq=4096, recompute="selective"),
+    C("gpt-22b", layers=8, tp=8, pp=2, dp=16, mb=1, m=2, seq=8192, recompute="full"),
+    C("llama3-8b", tp=8, pp=1, dp=16, mb=2, m=2, seq=8192, recompute="full"),
+    C("llama3-8b", tp=8, pp=1, dp=4, mb=1, m=2, seq=2048, recompute="full"),
+    C("llama3-8b", tp=4, pp=2, dp=16, mb=1, m=2, seq=4096, recompute="full"),
+    C("llama3-70b", layers=8, tp=2, pp=2, dp=4, mb=1, m=4, seq=4096, recompute="full"),
+    C("gpt-22b", layers=8, tp=2, pp=1, dp=4, mb=2, m=2, seq=8192, recompute="full"),
+    C("llama3-8b", tp=1, pp=2, dp=16, mb=2, m=4, seq=2048, recompute="full", stage=-1),
+    C("gpt-22b", layers=8, tp=2, pp=2, dp=4, mb=1, m=4, seq=2048, recompute="full", stage=-1),
+]
+FRESH_OUT = REPO / "benchmarks" / "data" / "memory_measured_megatron-core_fresh.toml"
 
 # ----------------------------------------------------------------------------------- patches
 
@@ -876,16 +908,19 @@ def write_toml(rows, path, version):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument("--out", default=None, help=f"output TOML (default {DEFAULT_OUT.name}; --fresh: {FRESH_OUT.name})")
+    ap.add_argument("--fresh", action="store_true", help="the FRESH configurations instead of CONFIGS")
     ap.add_argument("--only", default=None, help="comma-separated indices into CONFIGS")
     ap.add_argument("--list", action="store_true", help="print the configurations and exit")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
     ap.add_argument("--verbose", action="store_true", help="print full tracebacks of failures")
     args = ap.parse_args(argv)
-    idx = list(range(len(CONFIGS))) if args.only is None else [int(i) for i in args.only.split(",")]
+    configs = FRESH if args.fresh else CONFIGS
+    args.out = args.out or str(FRESH_OUT if args.fresh else DEFAULT_OUT)
+    idx = list(range(len(configs))) if args.only is None else [int(i) for i in args.only.split(",")]
     if args.list:
         for i in idx:
-            c = CONFIGS[i]
+            c = configs[i]
             print(i, c["shape"], c["num_layers"], {k: c[k] for k in ("tp", "pp", "cp", "dp", "ep", "micro_batch",
                   "num_microbatches", "seq_length", "sequence_parallel", "recompute", "distributed_optimizer",
                   "attention", "stage")})
@@ -901,7 +936,7 @@ def main(argv=None):
     ctx = mp.get_context("fork")
     rows, failures = [], []
     for i in idx:
-        c = CONFIGS[i]
+        c = configs[i]
         t0 = time.time()
         parent, child = ctx.Pipe(duplex=False)
         p = ctx.Process(target=_child, args=(c, redirect_mode, child))
