@@ -63,6 +63,17 @@ def test_launch_writes_runnable_files_for_an_nvl72_rack(tmp_path):
     _runs_as_written(files, tmp_path)
 
 
+def test_a_full_rack_with_a_batch_dp_cannot_divide_names_the_global_batch_that_runs():
+    """72 GPUs = 8 x 9: with tp, cp, pp powers of two, dp carries the 9, so the default 512 has no layout; the
+    refusal names the nearest batch that has (504 = 7 x 72), and that batch plans on the rack."""
+    from tuner.space import load_space, valid_layouts
+    w = make_workload("llama3-70b", 18, "gb200")
+    with pytest.raises(UsageError) as err:
+        valid_layouts(load_space(), w)
+    assert str(err.value).endswith("pass --global-batch 504 (a multiple of 72, so dp can divide it)")
+    assert valid_layouts(load_space(), make_workload("llama3-70b", 18, "gb200", 504))
+
+
 def test_a_job_of_several_racks_asks_slurm_for_segments_of_a_rack():
     w = make_workload("llama3-70b", 64, "gb200", precision="nvfp4")
     lay = Layout(tp=2, sequence_parallel=True, pp=4, virtual_pipeline=5, dp=32, micro_batch=1, recompute="none")

@@ -14,7 +14,8 @@ balanced-ends, light-last).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, field, make_dataclass, replace
+from math import gcd
 from typing import TYPE_CHECKING
 
 from tuner.errors import InvalidLayout
@@ -295,6 +296,20 @@ def why_invalid_schedule(layout: Layout, workload: "Workload") -> str | None:
         return (f"the interleaved schedule needs the micro-batches per pipeline ({m}) to be a multiple of "
                 f"pp={layout.pp} (Megatron's rule with virtual_pipeline > 1)")
     return None
+
+
+def batch_hint(workload: "Workload", has_layouts) -> str:
+    """The nearest global batch that `has_layouts(workload with it)` accepts, as the flag that asks for it ('' when
+    neither neighbour does): dp must divide the global batch, so the GPU count's odd factor (an NVL72 rack's 9 of
+    72 GPUs, where tp, cp and pp are powers of two) must divide it too; the step keeps the batch's powers of two."""
+    odd, gb = workload.gpus, workload.global_batch
+    while odd % 2 == 0:
+        odd //= 2
+    step = odd * gcd(gb, workload.gpus // odd)
+    for c in sorted({max(step, gb // step * step), (gb // step + 1) * step}, key=lambda c: (abs(c - gb), c)):
+        if c != gb and has_layouts(replace(workload, global_batch=c)):
+            return f"; pass --global-batch {c}" + (f" (a multiple of {step}, so dp can divide it)" if step > 1 else "")
+    return ""
 
 
 def validate(layout: Layout, workload: "Workload") -> Layout:

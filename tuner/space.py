@@ -21,7 +21,7 @@ from tuner.errors import SpecError, UsageError
 from tuner.layout import (BY_NAME, DIMENSIONS as LAYOUT_DIMS, LAYOUT_FIELDS, SEARCHED, Layout,
                           layout_from, micro_batches_per_pipeline,
                           why_invalid as layout_why_invalid, why_invalid_cut, why_invalid_schedule,
-                          why_invalid_values, expert_data_parallel)
+                          why_invalid_values, expert_data_parallel, batch_hint)
 from tuner.frameworks import of as framework_of, recompute_refusal, split_refusal
 from tuner.pipeline_split import why_invalid_split
 from tuner.presets import preset_dir, read_toml
@@ -381,8 +381,10 @@ def valid_layouts(space: SearchSpace, workload: Workload) -> list[Layout]:
     """Every valid layout of `space` for `workload`; UsageError saying why when there is none."""
     layouts = space.enumerate_layouts(workload)
     if not layouts:
+        why = no_layout_reason(space, workload)
+        hint = batch_hint(workload, lambda w: bool(space.enumerate_layouts(w))) if "global batch" in why else ""
         raise UsageError(f"no valid layout for {workload.model.name} on {workload.nodes} node(s) "
-                         f"({workload.gpus} GPUs): {no_layout_reason(space, workload)}")
+                         f"({workload.gpus} GPUs): {why}{hint}")
     return one_zero_stage_where_unsharded(layouts, workload)
 
 
