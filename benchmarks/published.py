@@ -218,6 +218,11 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
         "memory", lambda r: r["framework"] == "megatron-core" and "peak_allocated_gib" in r),
     "unstated grad_reduce read as bf16 (benchmarks/memory_accuracy.py)": (
         "memory", lambda r: r["framework"] == "megatron-core" and r.get("grad_reduce") == "unstated"),
+    # issue 25 round 3: the EP overlap's unpaired passes (tuner/perfmodel/moe.unpaired_share, read from Megatron-Core's
+    # combined 1F1B schedule, no constant) written after every row here had been printed; it moves only the rows
+    # that ran the overlap (a2a_overlap true), so it names those
+    "EP overlap's unpaired warm-up and cool-down passes (tuner/perfmodel/moe.unpaired_share)": (
+        "speed", lambda r: r.get("a2a_overlap") is True),
     # issue 24: torchtitan's op-SAC account (tuner/perfmodel/memory.op_sac_bytes) was derived from its 0.3.0
     # policy and checked on selective-less-full activations after every measured torchtitan row's error had
     # been printed, held-out ones included

@@ -276,6 +276,26 @@ def test_the_overlap_hides_each_exchange_only_under_its_own_phase():
     assert exposed_alltoall(4.0, 0.6, 5.0, 1 / 3) == pytest.approx(0.8 + 0.6)   # attention too short both ways
 
 
+def test_the_overlap_shows_the_exchanges_of_the_unpaired_passes():
+    """Megatron-Core's combined 1F1B runs its warm-up forwards and cool-down backwards unpaired: pp 1, one of each
+    (combined_1f1b_schedule_for_no_pipelining); interleaved, (pp - rank - 1) * 2 + (vp - 1) * pp + 1 chunk passes of
+    the rank's m * vp (get_pp_rank_microbatches). Their exchanges show whole, so fewer micro-batches expose more."""
+    from tuner.perfmodel import stage_times
+    from tuner.perfmodel.moe import unpaired_share
+    assert unpaired_share(1, 1, 0, 32) == pytest.approx(1 / 32)
+    assert unpaired_share(8, 4, 0, 128) == pytest.approx(39 / 512)       # 14 + 24 + 1 warm-up chunk passes
+    assert unpaired_share(8, 4, 7, 128) == pytest.approx(25 / 512)
+    assert unpaired_share(8, 4, 0, 4) == 1.0                              # all in warm-up: none paired
+    w = h100("qwen3-30b-a3b", 2)
+    lay = Layout(tp=1, pp=1, dp=16, expert_parallel=16, micro_batch=1, recompute="none")
+    sh = shape_of(lay, w)
+    a2a = alltoall_seconds(w.model, w.cluster, sh, dispatcher_for(w.model, w.cluster, sh, w.framework))
+    shown = stage_times(lay, w)[0]["all_to_all"] / 48
+    paired = stage_times(lay, dataclasses.replace(w, global_batch=10 ** 7))[0]["all_to_all"] / 48
+    assert paired < shown < a2a
+    assert shown == pytest.approx(a2a / 32 + paired * 31 / 32, rel=1e-3)     # m = 512 / 16 = 32
+
+
 def test_the_flex_dispatcher_sends_a_token_once_per_remote_node():
     """HybridEP / DeepEP: over 2 nodes of 8 a token with top-8 of 128 experts crosses the network once
     (it almost surely has an expert on the other node), where the alltoall dispatcher sends the 4 copies

@@ -101,6 +101,7 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     tp_comm = max(0.0, lc["tp_comm"] - lay["gemm"]) if tp_hidden else lc["tp_comm"]
     p2p = layout.virtual_pipeline * comm.pipeline_p2p_time(cluster, t * sh.c, layout.dp, p, boundary)
     exposed = overlapped_exchange(workload, sh, lay_moe, a2a) if ep_hidden else a2a
+    m = micro_batches_per_pipeline(layout, workload.global_batch)
 
     def body(stage: int) -> dict:
         layers = stage_layers(layout, model.num_layers, stage)
@@ -113,7 +114,8 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
         if sh.c > 1:
             out["cp_comm"] = layers * lc["cp_comm"]
         if model.is_moe:      # the MoE token dispatch and combine; each under its phase's compute where overlapped
-            out["all_to_all"] = n_moe * (exposed if ep_hidden else a2a)
+            u = moe.unpaired_share(p, layout.virtual_pipeline, stage, m) if ep_hidden else 1.0   # but unpaired passes
+            out["all_to_all"] = n_moe * (u * a2a + (1.0 - u) * exposed)
             out["moe_overhead"] = n_moe * moe.MOE_LAYER_OVERHEAD_MS * 1e-3
             out[HIDDEN] = n_moe * a2a - out["all_to_all"]     # compute already spent hiding the exchange
         return out

@@ -158,10 +158,23 @@ def exposed_alltoall(a2a: float, pre: float, mlp: float, forward: float) -> floa
     so each exchange hides only behind its own phase's compute, and what outlasts it shows. `a2a`: the layer's
     four exchanges (`alltoall_seconds`, no full recompute: the overlap refuses it), taken equal; `pre` / `mlp`:
     the layer's pre-dispatch (attention, router) and MLP (experts) seconds, forward + backward; `forward`: the
-    forward's share of them. Not counted: the micro-batches a schedule runs unpaired (the first forward and the
-    last backward of a step; the interleaved schedule's warm-up and cool-down chunks), whose exchanges show whole."""
+    forward's share of them. The passes a schedule runs unpaired (the warm-up and cool-down chunks) show their
+    exchanges whole: `unpaired_share`, weighed in by tuner.perfmodel.stage_times."""
     one = a2a / 4.0
     return max(0.0, one - forward * pre) + max(0.0, 2.0 * one - mlp) + max(0.0, one - (1.0 - forward) * pre)
+
+
+def unpaired_share(pp: int, vp: int, rank: int, m: int) -> float:
+    """Share of a pipeline rank's layer passes that Megatron-Core's combined 1F1B schedule (the EP overlap) runs
+    unpaired, so that their token exchanges show whole (`exposed_alltoall`'s pairing needs a forward and a backward
+    at once). With pp 1 the first micro-batch's forward runs alone and the last one's backward
+    (pipeline_parallel/combined_1f1b.py combined_1f1b_schedule_for_no_pipelining, at d98e8a64ddf3); interleaved,
+    the rank's warm-up forwards, (pp - rank - 1) * 2 + (vp - 1) * pp + 1 chunk passes (the extra one that the
+    overlap schedules before its 1F1B steps), and as many cool-down backwards, of its m * vp each way
+    (schedules.py get_pp_rank_microbatches lines 953-970; microbatch_group_size_per_vp_stage defaults to pp,
+    model_parallel_config.py line 568). The overlap needs vp > 1 when pp > 1 (transformer_config.py line 3007)."""
+    warm = 1 if pp == 1 else (pp - rank - 1) * 2 + (vp - 1) * pp + 1
+    return min(1.0, warm / max(1, m * vp))
 
 
 def _miss(experts: int, held: float, top_k: int) -> float:
