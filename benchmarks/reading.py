@@ -64,6 +64,8 @@ def model_of(row: dict):
         m = dataclasses.replace(m, seq_length=row["seq_length"])
     if row.get("moe_capacity_factor"):      # a row that states its token dropping
         m = dataclasses.replace(m, moe_capacity_factor=row["moe_capacity_factor"])
+    if row.get("mtp_num_layers"):           # a run that trained multi-token prediction (DeepSeek-V3's recipes)
+        m = dataclasses.replace(m, mtp_num_layers=row["mtp_num_layers"])
     return m
 
 
@@ -129,9 +131,13 @@ def offload_resident_layers(layers: int, offloaded: int) -> int:
 #: by the next linear (2 x (2 + 2)); flash_attn_fn's unpadded copies of q, k, v (bert_padding.unpad_input's
 #: index_select: 2 + 4kv/h) kept by flash_attn_varlen_func with its output (2), and pad_input's output kept by
 #: out_proj (2); MPTMLP's up_proj output kept by GELU (2f/h) and GELU's output kept by down_proj (2f/h). No dropout
-#: (p = 0 returns its input), no RoPE. The fp32 log-sum-exp and the norms' statistics are per token: left out.
-def mpt_layer_bytes(model) -> float:
-    return 8.0 + 2.0 + 4.0 * model.kv_size / model.hidden_size + 4.0 + 4.0 * model.ffn_hidden_size / model.hidden_size
+#: (p = 0 returns its input), no RoPE. The fp32 log-sum-exp and the norms' statistics are per token: left out. FP8 rows
+#: ran TransformerEngine's Linear (submit_benchmarks.py @ 8c8dd48f72: fc_type 'te' for fp8 on H100), which saves its
+#: input cast to FP8: the four linears' inputs (both norms' outputs, out_proj's, down_proj's) at 1 byte, not 2.
+def mpt_layer_bytes(model, fp8: bool = False) -> float:
+    f, kv = model.ffn_hidden_size / model.hidden_size, model.kv_size / model.hidden_size
+    linear_inputs = (1.0 if fp8 else 2.0) * (3.0 + f)
+    return 4.0 + 2.0 + 4.0 * kv + 2.0 + 2.0 * f + linear_inputs
 
 
 def llm_foundry_breakdown(lay: Layout, w, mem: dict) -> dict:
@@ -150,7 +156,7 @@ def llm_foundry_breakdown(lay: Layout, w, mem: dict) -> dict:
     m = w.model
     sh = lay.micro_batch * m.seq_length
     sbh, logits = sh * m.hidden_size, sh * m.vocab_size
-    full = mpt_layer_bytes(m) * sbh
+    full = mpt_layer_bytes(m, w.precision == "fp8") * sbh
     kept = m.num_layers * (2.0 * sbh if lay.recompute == "full" else full)
     root = 2.0 * (memory.embedding_params(m, 1) + (m.seq_length * m.hidden_size
                                                    if m.position_embedding == "learned" else 0.0))

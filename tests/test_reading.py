@@ -87,7 +87,7 @@ def test_llm_foundry_rows_are_predicted_as_composer_fsdp1_ran_mpt():
     row = next(r for r in published.published() if r["framework"] == "fsdp" and r["model"] == "mpt-7b"
                and r["recompute"] == "none")
     lay, w = reading.layout_of(row), reading.workload_of(row)
-    assert reading.mpt_layer_bytes(w.model) == 34.0
+    assert reading.mpt_layer_bytes(w.model) == 34.0 and reading.mpt_layer_bytes(w.model, fp8=True) == 27.0
     mem = reading.peak_as_ran(row, lay, w)
     m = w.model
     sbh = lay.micro_batch * m.seq_length * m.hidden_size
