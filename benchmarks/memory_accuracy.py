@@ -52,7 +52,7 @@ CAPACITY_STEPS = [0.70 + 0.02 * i for i in range(31)]
 BINS = [(0.0, 0.1), (0.1, 0.3), (0.3, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 0.97), (0.97, 1.0001)]
 
 
-#: the one reading of a row every accuracy benchmark shares (benchmarks/reading.py); moe_accuracy imports model_of here
+#: the one reading of a row every accuracy benchmark shares (benchmarks/reading.py)
 model_of, layout_of, workload_of = reading.model_of, reading.layout_of, reading.workload_of
 
 

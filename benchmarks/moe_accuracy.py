@@ -61,23 +61,21 @@ evidence; the "stated" line is the check of the exchange model.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.layout import Layout, why_invalid  # noqa: E402
+from tuner.layout import why_invalid  # noqa: E402
 from tuner.perfmodel import PRUNE_BELOW, predict  # noqa: E402
 from tuner.perfmodel.moe import TokenExchange  # noqa: E402
-from tuner.specs import load_cluster, make_workload  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import published  # noqa: E402  (one held-out rule)
 from framework_accuracy import error_stats  # noqa: E402  (one summary)
 from tuner.frameworks import FRAMEWORKS  # noqa: E402
-from memory_accuracy import model_of  # noqa: E402  (a preset, or a row's own shape: the Grok-1 rows)
+import reading  # noqa: E402  (one reading of a row: its model, machine, layout, and memory as it ran)
 
 DATA = Path(__file__).resolve().parent / "data" / "moe_published.toml"
 OLDER = ("25.09", "25.11", "26.02 ")       # releases before 26.02.01 (the trailing space keeps 26.02.01 out)
@@ -101,12 +99,8 @@ def older(row: dict) -> bool:
             or any(r in row["release"] for r in OLDER_STACKS))
 
 
-def layout_of(row: dict) -> Layout:
-    tp, cp, pp = row["tp"], row["cp"], row["pp"]
-    return Layout(tp=tp, sequence_parallel=row["sequence_parallel"], context_parallel=cp, pp=pp,
-                  virtual_pipeline=row["vp"], pipeline_split=row.get("pipeline_split", "auto"), dp=row["gpus"] // (tp * cp * pp), expert_parallel=row["ep"],
-                  expert_tensor_parallel=row["etp"], micro_batch=row["micro_batch"],
-                  zero_stage=published.zero_stage(row), recompute=row["recompute"])
+#: the one reading of a row every accuracy benchmark shares (benchmarks/reading.py: ep, etp, split, ZeRO stage)
+layout_of = reading.layout_of
 
 
 def exchange_of(row: dict) -> TokenExchange:
@@ -122,21 +116,17 @@ def exchange_of(row: dict) -> TokenExchange:
 
 
 def evaluate(row: dict) -> dict:
-    model = model_of(row)
-    if row.get("moe_capacity_factor"):
-        model = dataclasses.replace(model, moe_capacity_factor=row["moe_capacity_factor"])
-    cluster = load_cluster(row["cluster"])
-    w = make_workload(model, row["gpus"] // cluster.gpus_per_node, cluster, row["global_batch"],
-                      precision=row["precision"], framework=row["framework"],
-                      grad_reduce=published.grad_reduce(row) if row["framework"] == "megatron-core" else None)
-    lay = layout_of(row)
+    """A row predicted as it ran (benchmarks/reading.py) with its token exchange; its memory and p_fit as tuner
+    states them for that run (reading.memory_as_ran)."""
+    w, lay = reading.workload_of(row), reading.layout_of(row)
     bad = why_invalid(lay, w)
     if bad:
         return {"refused": bad, "layout": lay}
     pr = predict(lay, w, exchange_of(row))
+    memory_gb, p_fit = reading.memory_as_ran(row, lay, w)
     tps = pr.samples_per_second * row["seq_length"] / row["gpus"]
     return {"refused": None, "layout": lay, "error": tps / row["tokens_per_s_per_gpu"] - 1.0, "pred": tps,
-            "p_fit": pr.p_fit, "memory_gb": pr.memory_gb, "a2a_s": pr.time_breakdown.get("all_to_all", 0.0),
+            "p_fit": p_fit, "memory_gb": memory_gb, "a2a_s": pr.time_breakdown.get("all_to_all", 0.0),
             "step_s": pr.step_time_s}
 
 
