@@ -1,14 +1,14 @@
 """Draw a batch of torchtitan memory configurations no choice has seen (issue 24: held-out p_fit reliability).
 
-Run: python benchmarks/draw_memory_batch.py [--seed N] [--chunked 8] [--ce 4]
+Run: python benchmarks/draw_memory_batch.py [--seed N] [--chunked 8] [--ce 4] [--batch fresh4]
      python benchmarks/draw_memory_batch.py --mcore [--seed N] [--per-mode 8]   (Megatron-Core: see MCORE_GRID)
 
 Without --seed a seed is drawn from os.urandom and printed. The rule (the one FRESH2 of
 benchmarks/measure_memory_torchtitan.py was drawn by, written down here so that a batch can be re-drawn from its
 seed): the grid model {Llama 3 8B with all 32 layers, the Llama 3 70B shape built with 8 or 16 layers} x sequence
 {2048, 4096, 8192} x tp {1, 2, 4, 8} x micro-batch {1, 2} x dp {8, 16, 64} x recompute {none, selective, full} x
-loss {torchtitan's default chunked CE, the un-chunked CE}, less every configuration already in CONFIGS, FRESH or
-FRESH2, keeping those benchmarks/published.held_out puts in the held-out third; per recompute mode `--chunked`
+loss {torchtitan's default chunked CE, the un-chunked CE}, less every configuration measured before the batch
+(`EARLIER`: FRESH3 was drawn outside CONFIGS, FRESH and FRESH2; FRESH4 outside FRESH3 too), keeping those benchmarks/published.held_out puts in the held-out third; per recompute mode `--chunked`
 chunked and `--ce` un-chunked ones, drawn with random.Random(seed).sample from the grid in its fixed order.
 Prints the `_c(...)` lines to paste into measure_memory_torchtitan.py, which is committed before any is measured.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measure_memory_torchtitan import CONFIGS, FRESH, FRESH2, PRESETS, _c  # noqa: E402
+from measure_memory_torchtitan import CONFIGS, FRESH, FRESH2, FRESH3, PRESETS, _c  # noqa: E402
 from published import held_out  # noqa: E402
 
 MODELS = (("llama3-8b", None), ("llama3-70b", 8), ("llama3-70b", 16))
@@ -43,8 +43,12 @@ def split_row(c: dict) -> dict:
             "recompute": c["recompute"], "zero_stage": 3}
 
 
-def candidates(mode: str, loss: str) -> list[dict]:
-    taken = [dict(c) for c in CONFIGS + FRESH + FRESH2]
+#: what each batch was drawn from outside: every configuration measured before it
+EARLIER = {"fresh3": CONFIGS + FRESH + FRESH2, "fresh4": CONFIGS + FRESH + FRESH2 + FRESH3}
+
+
+def candidates(mode: str, loss: str, batch: str = "fresh4") -> list[dict]:
+    taken = [dict(c) for c in EARLIER[batch]]
     out = []
     for (model, layers), seq, tp, mb, dp in itertools.product(MODELS, *GRID.values()):
         c = _c(model, layers, seq, dp, tp, mb, mode, loss=loss)
@@ -53,10 +57,10 @@ def candidates(mode: str, loss: str) -> list[dict]:
     return out
 
 
-def draw(seed: int, chunked: int, ce: int) -> list[dict]:
+def draw(seed: int, chunked: int, ce: int, batch: str = "fresh4") -> list[dict]:
     rng = random.Random(seed)
     return [c for mode in MODES for loss, k in (("chunked", chunked), ("ce", ce))
-            for c in rng.sample(candidates(mode, loss), k)]
+            for c in rng.sample(candidates(mode, loss, batch), k)]
 
 
 # Megatron-Core (--mcore): benchmarks/measure_memory_mcore.py's C(...) over the grid shape {Llama 3 8B with all 32
@@ -108,7 +112,7 @@ def main() -> None:
             print(f'    C("{c["shape"]}", {layers}tp={c["tp"]}, pp={c["pp"]}, dp={c["dp"]}, mb={c["micro_batch"]}, '
                   f'm={c["num_microbatches"]}, seq={c["seq_length"]}, recompute="{c["recompute"]}"{stage}),')
         return
-    batch = draw(seed, int(args.get("--chunked", 8)), int(args.get("--ce", 4)))
+    batch = draw(seed, int(args.get("--chunked", 8)), int(args.get("--ce", 4)), args.get("--batch", "fresh4"))
     print(f"# seed {seed}: {len(batch)} configurations")
     for c in batch:
         loss = ', loss="ce"' if c["loss"] == "ce" else ""
