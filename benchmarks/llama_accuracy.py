@@ -22,7 +22,6 @@ configurations (model, GPUs, precision, layout), each the mean of its releases.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 import sys
@@ -32,11 +31,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import published  # noqa: E402  (the gradient dtype of a row)
+import reading  # noqa: E402  (one reading of a row: its model, machine, layout, and memory as it ran)
 from accuracy_table import table as print_table  # noqa: E402
 from tuner.layout import Layout, why_invalid  # noqa: E402
-from tuner.perfmodel import predict  # noqa: E402
-from tuner.specs import load_cluster, load_model, make_workload  # noqa: E402
+from tuner.perfmodel import PRUNE_BELOW, predict  # noqa: E402
+from tuner.specs import load_cluster  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "llama_published.toml"
 REQUIRED = ("source", "release", "model", "cluster", "gpus", "precision", "seq_length", "global_batch",
@@ -63,30 +62,10 @@ def assumed(row: dict) -> list[str]:
     return [k for k in ("sequence_parallel", "recompute", "distributed_optimizer") if row[k] == UNSTATED]
 
 
-def layout_of(row: dict) -> Layout:
-    """The row's layout; unstated fields: sequence parallel when tp > 1 (NeMo's and Megatron-Bridge's
-    practice), no recompute, the distributed optimizer (ZeRO-1)."""
-    tp, cp, pp = row["tp"], row["cp"], row["pp"]
-    dp = row["gpus"] // (tp * cp * pp)
-    sp = tp > 1 if row["sequence_parallel"] == UNSTATED else row["sequence_parallel"]
-    rc = "none" if row["recompute"] == UNSTATED else row["recompute"]
-    zero = row.get("zero_stage", 0 if row["distributed_optimizer"] is False else 1)
-    if row.get("framework") == "torchtitan":          # FSDP2; its TP always shards the sequence
-        sp, zero = tp > 1, 3
-    return Layout(tp=tp, pp=pp, dp=dp, micro_batch=row["micro_batch"], zero_stage=zero, recompute=rc,
-                  sequence_parallel=sp, context_parallel=cp, virtual_pipeline=row["vp"])
-
-
-def workload_of(row: dict):
-    model = load_model(row["model"])
-    if model.seq_length != row["seq_length"]:
-        model = dataclasses.replace(model, seq_length=row["seq_length"])
-    cluster = load_cluster(row["cluster"])
-    if row["gpus"] % cluster.gpus_per_node:
-        raise ValueError(f"{row['gpus']} GPUs is not a whole number of {cluster.name} nodes")
-    return make_workload(model, row["gpus"] // cluster.gpus_per_node, cluster, row["global_batch"],
-                         precision=row["precision"], framework=row.get("framework"),
-                      grad_reduce=published.grad_reduce(row) if row.get("framework") == "megatron-core" else None)
+#: the one reading of a row every accuracy benchmark shares (benchmarks/reading.py): unstated sequence parallelism is
+#: tp > 1 (NeMo's and Megatron-Bridge's practice), unstated recompute none, an unstated optimizer the distributed one
+#: (ZeRO-1); torchtitan's FSDP2 shards everything and its TP always shards the sequence
+layout_of, workload_of = reading.layout_of, reading.workload_of
 
 
 def evaluate(row: dict) -> dict:
@@ -102,9 +81,10 @@ def evaluate(row: dict) -> dict:
     if bad:
         return {"layout": layout, "refused": bad, "kind": "layout refused by the model's rules"}
     pr = predict(layout, w)
+    memory_gb, p_fit = reading.memory_as_ran(row, layout, w)       # its memory as it ran (reading.py)
     tps = pr.samples_per_second * row["seq_length"] / row["gpus"]
     return {"layout": layout, "refused": None, "tokens_per_s_per_gpu": tps,
-            "error": tps / row["tokens_per_s_per_gpu"] - 1.0, "memory_gb": pr.memory_gb, "fits": pr.fits,
+            "error": tps / row["tokens_per_s_per_gpu"] - 1.0, "memory_gb": memory_gb, "fits": p_fit >= PRUNE_BELOW,
             "mfu": pr.mfu, "tflops": getattr(pr, "tflops_per_gpu", math.nan)}
 
 
