@@ -224,6 +224,11 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # that ran the overlap (a2a_overlap true), so it names those
     "EP overlap's unpaired warm-up and cool-down passes (tuner/perfmodel/moe.unpaired_share)": (
         "speed", lambda r: r.get("a2a_overlap") is True),
+    # issue 25 round 3: DeepSeek-V3's multi-token prediction module (ModelSpec.mtp_num_layers, tuner/perfmodel._add_mtp
+    # and memory.mtp_params, from Megatron-Core's source, no constant), read onto the rows whose recipes ran it after
+    # every one of them had been printed without it
+    "multi-token prediction on the rows that ran it (mtp_num_layers, tuner/perfmodel/__init__._add_mtp)": (
+        "speed", lambda r: bool(r.get("mtp_num_layers"))),
     # issue 24: torchtitan's op-SAC account (tuner/perfmodel/memory.op_sac_bytes) was derived from its 0.3.0
     # policy and checked on selective-less-full activations after every measured torchtitan row's error had
     # been printed, held-out ones included

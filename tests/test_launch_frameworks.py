@@ -73,6 +73,8 @@ MCORE_FLAGS = {
     "--use-megatron-fsdp": "DistributedInitConfig (megatron/training/config/common_config.py:92; A:3092 generates it)",
     "--data-parallel-sharding-strategy": "A:3190 ('optim_grads' | 'optim_grads_params')",
     "--ckpt-format": "TR:486 ('fsdp_dtensor': A:1170 asserts it with Megatron-FSDP)",
+    # issue 25 round 3: multi-token prediction (ModelSpec.mtp_num_layers; A:882 on reads it)
+    "--mtp-num-layers": "TC:68 (Optional[int]; pipeline_parallel_layer_layout.py line 112: a layout places each as m)",
 }
 
 # torchtitan (pytorch/torchtitan) at 238fa9953e4aec2a62582121564273d7cbb1e9f1 (2026-02-23), the last commit

@@ -489,3 +489,54 @@ def test_torchtitan_op_sac_keeps_nothing_of_the_routed_experts():
     assert moe_activation_bytes(more, sh, True) - base == pytest.approx(12.0 * rank_tokens(w.model, sh))
     none = moe_activation_bytes(w.model, shape_of(dataclasses.replace(lay, recompute="none"), w), True)
     assert base < none / 5
+
+
+# ------------------------------------------------------------------------------ multi-token prediction
+def _mtp(w, n: int = 1):
+    return dataclasses.replace(w, model=dataclasses.replace(w.model, mtp_num_layers=n))
+
+
+def test_multi_token_prediction_is_a_model_key_kept_only_when_set():
+    m = load_model("deepseek-v3")
+    assert m.mtp_num_layers == 0 and "mtp_num_layers" not in m.as_dict()     # the preset leaves MTP out
+    d = {**m.as_dict(), "mtp_num_layers": 1}
+    assert ModelSpec.from_dict(d).mtp_num_layers == 1 and ModelSpec.from_dict(d).as_dict()["mtp_num_layers"] == 1
+    with pytest.raises(SpecError, match="mtp_num_layers"):
+        ModelSpec.from_dict({**d, "mtp_num_layers": -1})
+
+
+def test_multi_token_prediction_runs_on_the_last_stage():
+    """DeepSeek-V3 as Megatron-Bridge's H100 recipe runs it (pp 8 x vp 4, 'Et|(tt|)*30mL'): the MTP module, one
+    more MoE layer, eh_proj and the LM head again, lands on the last rank, which then holds 6 layers, two heads and
+    the module, and becomes the slowest; parameters and experts there grow by one MoE layer, eh_proj and the
+    embedding the stage builds (gpt_model.py line 173)."""
+    from tuner.perfmodel import stage_times, stage_total
+    from tuner.perfmodel.memory import mtp_params, stage_expert_params, stage_params
+    w = h100("deepseek-v3", 128, precision="fp8")
+    lay = Layout(tp=2, sequence_parallel=True, pp=8, virtual_pipeline=4, pipeline_split="balanced-ends", dp=64,
+                 expert_parallel=64, micro_batch=1, recompute="mla_up_mlp")
+    plain, mtp = stage_times(lay, w), stage_times(lay, _mtp(w))
+    assert [stage_total(s) for s in plain[:-1]] == [stage_total(s) for s in mtp[:-1]]     # other ranks unchanged
+    assert stage_total(mtp[-1]) > max(stage_total(s) for s in mtp[:-1]) > stage_total(plain[-1])
+    assert mtp[-1]["all_to_all"] > plain[-1]["all_to_all"] and mtp[-1]["moe_overhead"] > plain[-1]["moe_overhead"]
+    assert predict(lay, _mtp(w)).step_time_s > predict(lay, w).step_time_s
+    m = _mtp(w).model
+    last = lay.pp - 1
+    assert stage_params(m, lay, last) - stage_params(w.model, lay, last) == pytest.approx(mtp_params(m, lay, lay.pp))
+    assert mtp_params(m, lay, lay.pp) > memory.embedding_params(m, lay.tp)
+    assert stage_expert_params(m, lay, last) > stage_expert_params(w.model, lay, last)
+    assert stage_params(m, lay, 0) == stage_params(w.model, lay, 0)
+
+
+def test_multi_token_prediction_is_launched_by_megatron_core_only():
+    w = _mtp(h100("deepseek-v3", 128))
+    lay = Layout(tp=2, sequence_parallel=True, pp=8, virtual_pipeline=4, pipeline_split="balanced-ends", dp=64,
+                 expert_parallel=64, micro_batch=1, recompute="mla_up_mlp")
+    args = mcore.pretrain_args(lay, w)
+    v = {a: args[i + 1] for i, a in enumerate(args[:-1])}
+    assert v["--mtp-num-layers"] == "1" and "--mtp-num-layers" in MCORE_FLAGS
+    assert v["--pipeline-model-parallel-layout"] == "Et|(t*2|)*30mL"        # Megatron-Bridge's, with its m
+    assert "--mtp-num-layers" not in mcore.pretrain_args(lay, h100("deepseek-v3", 128))
+    tt = dataclasses.replace(w, framework="torchtitan")
+    assert "no multi-token prediction" in FRAMEWORKS["torchtitan"].refusal(dataclasses.replace(lay, zero_stage=3), tt)
+    assert FRAMEWORKS["megatron-core"].refusal(lay, w) is None

@@ -98,3 +98,17 @@ def test_llm_foundry_rows_are_predicted_as_composer_fsdp1_ran_mpt():
     assert all(mem[k] == plain[k] for k in ("weights", "gradients", "optimizer", "reserved"))
     assert mem["total"] == pytest.approx(sum(mem[k] for k in ("weights", "gradients", "optimizer", "activations",
                                                                "logits", "zero3_buffers", "reserved")))
+
+
+def test_a_row_without_recipe_keys_is_stated_as_predict_states_it():
+    """reading.memory_as_ran states what tuner.perfmodel.predict states when the recipe changes nothing (one p_fit)."""
+    from tuner.perfmodel import predict
+    rows = [r for r in published.published() + published.hardware()
+            if r["framework"] != "fsdp" and not ({"optimizer_state", "ran_offload_layers"} & set(r))][::7]
+    assert len(rows) > 20
+    for r in rows:
+        lay, w = reading.layout_of(r), reading.workload_of(r)
+        if memory_accuracy.why_invalid(lay, w):
+            continue
+        pr = predict(lay, w)
+        assert reading.memory_as_ran(r, lay, w) == pytest.approx((pr.memory_gb, pr.p_fit), abs=1e-9)

@@ -117,6 +117,10 @@ class Framework:
         """Why this framework cannot run `layout` on `workload` as it is (a sentence), or None. It never reads
         the layout's micro-batch: tuner.space asks it once per cut and ZeRO / recompute choice
         (tests/test_plan_speed.py checks it)."""
+        if workload.model.mtp_num_layers and self.name != "megatron-core":
+            return (f"{self.name} has no multi-token prediction (model '{workload.model.name}': mtp_num_layers "
+                    f"{workload.model.mtp_num_layers}); use --framework megatron-core (--mtp-num-layers), or a model "
+                    "without it (mtp_num_layers = 0)")
         return self.refuse(layout, workload)
 
     def fused(self, precision: str) -> bool:

@@ -12,7 +12,7 @@ MAX_INT = 2**31 - 1   # every count is stored in 32-bit integer columns (Postgre
 
 #: Numbers that may be 0: the fixed overheads (measured as none) and counts whose 0 means "none".
 ALLOW_ZERO = frozenset({"microbatch_overhead_ms", "step_overhead_ms", "num_experts", "num_shared_experts",
-                        "moe_first_dense_layers"})
+                        "moe_first_dense_layers", "mtp_num_layers"})
 
 
 def check_keys(kind: str, path: str, data: dict, keys: dict[str, tuple[type, Any]]) -> dict:

@@ -64,6 +64,10 @@ MODEL_KEYS: dict[str, tuple[type, Any]] = {
     "moe_router_group_topk": (int, None),        # groups a token may use (DeepSeek-V3 topk_group 4)
     "moe_router_topk_scaling_factor": (float, None),  # routed weights' scale (DeepSeek-V3 2.5)
     "moe_router_expert_bias": (bool, False),     # aux-loss-free balancing: a per-expert routing bias (DeepSeek-V3)
+    # Multi-token prediction (DeepSeek-V3's num_nextn_predict_layers; Megatron-Core --mtp-num-layers): modules after
+    # the last layer, on the last pipeline stage, each one more layer of the last layer's kind, an h x 2h projection,
+    # the LM head and loss again. 0 (the default, and the DeepSeek-V3 preset's, as NVIDIA's "w/o MTP" runs): none.
+    "mtp_num_layers": (int, 0),
 }
 # Allowed values of the model's string keys other than the name.
 MODEL_CHOICES: dict[str, tuple[str, ...]] = {
@@ -116,6 +120,7 @@ class ModelSpec(ArchitectureSizes):
     moe_router_group_topk: int | None = None
     moe_router_topk_scaling_factor: float | None = None
     moe_router_expert_bias: bool = False
+    mtp_num_layers: int = 0                 # multi-token prediction modules on the last stage
 
     def __post_init__(self):
         if not self.ffn_hidden_size:
@@ -164,7 +169,7 @@ class ModelSpec(ArchitectureSizes):
 
 #: Model keys added with MoE and MLA: ModelSpec.as_dict leaves them out at their defaults.
 LATER_KEYS = ("head_dim", "qk_layernorm", "multi_latent_attention", *MLA_KEYS, "q_lora_rank", "num_experts",
-              *MOE_KEYS, "moe_router_score_function", "moe_router_expert_bias")
+              *MOE_KEYS, "moe_router_score_function", "moe_router_expert_bias", "mtp_num_layers")
 _DATACLASS_DEFAULTS = {f.name: f.default for f in fields(ModelSpec)}
 
 

@@ -103,6 +103,10 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     exposed = overlapped_exchange(workload, sh, lay_moe, a2a) if ep_hidden else a2a
     m = micro_batches_per_pipeline(layout, workload.global_batch)
 
+    def exchange_shown(stage: int) -> float:  # one MoE layer's exchange as it shows; overlapped, the rank's
+        u = moe.unpaired_share(p, layout.virtual_pipeline, stage, m) if ep_hidden else 1.0   # unpaired passes whole
+        return u * a2a + (1.0 - u) * exposed
+
     def body(stage: int) -> dict:
         layers = stage_layers(layout, model.num_layers, stage)
         n_moe = stage_moe_layers(layout, model, stage)
@@ -114,8 +118,7 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
         if sh.c > 1:
             out["cp_comm"] = layers * lc["cp_comm"]
         if model.is_moe:      # the MoE token dispatch and combine; each under its phase's compute where overlapped
-            u = moe.unpaired_share(p, layout.virtual_pipeline, stage, m) if ep_hidden else 1.0   # but unpaired passes
-            out["all_to_all"] = n_moe * (u * a2a + (1.0 - u) * exposed)
+            out["all_to_all"] = n_moe * exchange_shown(stage)
             out["moe_overhead"] = n_moe * moe.MOE_LAYER_OVERHEAD_MS * 1e-3
             out[HIDDEN] = n_moe * a2a - out["all_to_all"]     # compute already spent hiding the exchange
         return out
@@ -128,11 +131,33 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     last["gemm"] += head["gemm"]
     last["elementwise"] += head["elementwise"]
     last["tp_comm"] += ar                     # the LM head's input-gradient all-reduce
+    if model.mtp_num_layers:
+        _add_mtp(last, workload, sh, lay_moe if model.is_moe else lay, {"head": head, "emb": emb, "tp": tp_comm + ar,
+                                                                        "a2a": a2a, "shown": exchange_shown(p - 1)})
     if p == 1:
         last["elementwise"] += emb["elementwise"]
         last["tp_comm"] += ar
         return [last]
     return [first, *(body(s) for s in stage_candidates(layout, model)[1:-1]), last]
+
+
+def _add_mtp(last: dict, workload: Workload, sh: compute.Shape, layer: dict, per: dict) -> None:
+    """The last stage's multi-token prediction (ModelSpec.mtp_num_layers; Megatron-Core's MultiTokenPredictionLayer,
+    transformer/multi_token_prediction.py at d98e8a64ddf3, built on the last stage, which then holds an embedding
+    too: gpt_model.py line 173): per module and micro-batch the embedding lookup of the shifted tokens, two norms,
+    eh_proj (a column-parallel h x 2h linear), one more layer of the last layer's kind (its MoE exchange as the
+    stage's layers show theirs) and the LM head and loss again; `per`: the stage's head, embedding, one layer's TP
+    collectives and MoE exchange (whole and as shown)."""
+    model, n = workload.model, workload.model.mtp_num_layers
+    eh = compute.gemm_time(workload.cluster, 4.0 * model.seq_length * sh.tokens * model.hidden_size ** 2 / sh.t, sh.fp8)
+    last["gemm"] += n * (layer["gemm"] + per["head"]["gemm"] + eh * (1.0 + 2.0 * sh.backward_gemm))
+    last["attention"] += n * layer["attention"]
+    last["elementwise"] += n * (layer["elementwise"] + per["head"]["elementwise"] + per["emb"]["elementwise"])
+    last["tp_comm"] += n * per["tp"]
+    if model.is_moe:
+        last["all_to_all"] += n * per["shown"]
+        last["moe_overhead"] += n * moe.MOE_LAYER_OVERHEAD_MS * 1e-3
+        last[HIDDEN] += n * (per["a2a"] - per["shown"])
 
 
 def overlapped_exchange(workload: Workload, sh: compute.Shape, lay_moe: dict, a2a: float) -> float:

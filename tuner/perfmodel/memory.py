@@ -72,13 +72,29 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> float:
         n += model.norm_params
         if pp > 1 or not model.tie_embeddings:
             n += embedding_params(model, tp)
+        n += mtp_params(model, layout, pp)
     return n
+
+
+def mtp_params(model: ModelSpec, layout: Layout, pp: int) -> float:
+    """The last stage's multi-token prediction modules on one GPU (tuner.perfmodel._add_mtp): each a layer of the
+    last layer's kind, eh_proj (2h x h, split by tp) and two norms; and the word embedding the stage then builds
+    (gpt_model.py line 173 at d98e8a64ddf3) where pp > 1 (with one stage it is the first stage's)."""
+    n = model.mtp_num_layers
+    if not n:
+        return 0.0
+    tp, h = layout.tp, model.hidden_size
+    layer = (sum(moe_layer_params(model, tp, layout.expert_parallel, layout.expert_tensor_parallel)) if model.is_moe
+             else layer_params(model, tp))
+    return n * (layer + 2.0 * h * h / tp + 2.0 * h) + (embedding_params(model, tp) if pp > 1 else 0.0)
 
 
 def stage_expert_params(model: ModelSpec, layout: Layout, stage: int) -> float:
     """The routed-expert parameters among stage_params: sharded over the expert-data-parallel group
     (tuner.layout.expert_data_parallel), not over dp*cp like the rest."""
     moe = stage_moe_layers(layout, model, stage)
+    if model.is_moe and stage == layout.pp - 1:
+        moe += model.mtp_num_layers        # the multi-token prediction modules' MoE layers
     return moe * moe_layer_params(model, layout.tp, layout.expert_parallel, layout.expert_tensor_parallel)[1] if moe else 0.0
 
 
@@ -147,6 +163,8 @@ def stage_activation_bytes(model: ModelSpec, layout: Layout, stage: int, m: int,
     checkpoint (its input) is one of them, so it is not counted twice."""
     moe = stage_moe_layers(layout, model, stage)
     dense = stage_layers(layout, model.num_layers, stage) - moe
+    if stage == layout.pp - 1 and model.mtp_num_layers:      # the multi-token prediction modules' layers
+        moe, dense = (moe + model.mtp_num_layers, dense) if model.is_moe else (moe, dense + model.mtp_num_layers)
     full_dense, full_moe, ckpt = per_layer or layer_activation_bytes(model, shape, flash_attention)
     full_moe = full_moe if moe else 0.0
     boundary = ckpt if layout.pp > 1 else 0.0
@@ -206,7 +224,7 @@ def stage_parts(layout: Layout, workload: Workload, stage: int, m: int, sh: Shap
         if per_layer is None:
             per_layer = memo[("layer", sh)] = layer_activation_bytes(model, sh, flash)
     return (*params, stage_activation_bytes(model, layout, stage, m, sh, flash, per_layer),
-            logits_bytes(model, sh.tokens, layout.tp) if stage == layout.pp - 1 else 0.0)
+            (1 + model.mtp_num_layers) * logits_bytes(model, sh.tokens, layout.tp) if stage == layout.pp - 1 else 0.0)
 
 
 def state_bytes(layout: Layout, workload: Workload, fw, shards: int) -> tuple[dict, dict]:

@@ -122,6 +122,8 @@ def architecture_args(m: ModelSpec) -> list[str]:
         args += ["--rotary-base", str(rotary_base(m))]
     if m.head_dim != m.hidden_size // m.num_attention_heads and not m.multi_latent_attention:
         args += ["--kv-channels", str(m.head_dim)]
+    if m.mtp_num_layers:                      # multi-token prediction on the last stage (TC:68)
+        args += ["--mtp-num-layers", str(m.mtp_num_layers)]
     if m.qk_layernorm:
         args.append("--qk-layernorm")
     if m.multi_latent_attention:
@@ -206,21 +208,24 @@ def data_args(m: ModelSpec, *, data_path: str | None, tokenizer: str | None, moc
     return ["--data-path", str(data_path), "--split", SPLIT, *hf]
 
 
-def pipeline_layout(chunks: tuple[int, ...]) -> str:
+def pipeline_layout(chunks: tuple[int, ...], mtp: int = 0) -> str:
     """Megatron-Core's --pipeline-model-parallel-layout for the chunks' layers (chunk order: virtual stage
     major, pipeline rank minor, as TC:111 reads it): E before the first, L after the last, runs of equal
     middle chunks as "(t*4|)*14" (pipeline_parallel_layer_layout.py line 283, parse_str_to_list, unrolls
-    "(...)*n" then "x*n"): 4 | 4 x 14 | 1 is "Et*4|(t*4|)*14tL", DeepSeek-V3's pp 8 x vp 4 "Et|(t*2|)*30L"."""
+    "(...)*n" then "x*n"): 4 | 4 x 14 | 1 is "Et*4|(t*4|)*14tL", DeepSeek-V3's pp 8 x vp 4 "Et|(t*2|)*30L"; `mtp`
+    multi-token prediction modules go before L on the last chunk, where the layout must place them (line 112:
+    "Number of mtp layers in layout must match mtp_num_layers"): "Et|(t*2|)*30mL", Megatron-Bridge's."""
     def t(k: int) -> str:
         return "" if k == 0 else "t" if k == 1 else f"t*{k}"
+    end = "m" * mtp + "L"
     if len(chunks) == 1:
-        return f"E{t(chunks[0])}L"
+        return f"E{t(chunks[0])}{end}"
     out, middle = [f"E{t(chunks[0])}|"], list(chunks[1:-1])
     while middle:
         k = next((i for i, c in enumerate(middle) if c != middle[0]), len(middle))
         out.append(f"({t(middle[0])}|)*{k}" if k > 1 else f"{t(middle[0])}|")
         middle = middle[k:]
-    return "".join(out) + f"{t(chunks[-1])}L"
+    return "".join(out) + f"{t(chunks[-1])}{end}"
 
 
 def split_args(layout: Layout, m: ModelSpec) -> list[str]:
@@ -241,7 +246,7 @@ def split_args(layout: Layout, m: ModelSpec) -> list[str]:
     if layout.virtual_pipeline == 1 and layout.pp > 2 and min(chunks[0], chunks[-1]) > 0 and len(set(chunks[1:-1])) == 1:
         return ["--decoder-first-pipeline-num-layers", str(chunks[0]),
                 "--decoder-last-pipeline-num-layers", str(chunks[-1])]
-    return ["--pipeline-model-parallel-layout", pipeline_layout(chunks)]
+    return ["--pipeline-model-parallel-layout", pipeline_layout(chunks, m.mtp_num_layers)]
 
 
 def parallel_args(layout: Layout, m: ModelSpec) -> list[str]:
