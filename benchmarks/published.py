@@ -214,9 +214,11 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
                                                                                      lambda r: not held_out(r)),
     "EAGER_REPLICATED, eager and gathered-input activations (tuner/perfmodel/memory.py)": (
         "memory", lambda r: r["framework"] == "torchtitan" and "peak_allocated_gib" in r and not held_out(r)),
+    # (the rows of memory_measured_megatron-core.toml, the only Megatron-Core measurements when it was chosen)
     "megatron-core's memory scale (a dense fit, floor 0.02): chosen with the held-out measured rows' reliability "
     "printed for the alternatives (exact-only, all rows)": (
-        "memory", lambda r: r["framework"] == "megatron-core" and "peak_allocated_gib" in r),
+        "memory", lambda r: r["framework"] == "megatron-core" and "peak_allocated_gib" in r
+        and "memory_measured_megatron-core.toml" in r.get("files", [r.get("file")])),
     "unstated grad_reduce read as bf16 (benchmarks/memory_accuracy.py)": (
         "memory", lambda r: r["framework"] == "megatron-core" and r.get("grad_reduce") == "unstated"),
     # issue 25 round 3: the EP overlap's unpaired passes (tuner/perfmodel/moe.unpaired_share, read from Megatron-Core's

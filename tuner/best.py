@@ -28,7 +28,7 @@ from tuner import metrics
 from tuner.errors import UsageError
 from tuner.metrics import trial_rank_key
 from tuner.layout import Layout
-from tuner.frameworks import of as framework_of, runnable
+from tuner.frameworks import ALLOCATOR_BIAS, ALLOCATOR_SD, of as framework_of, runnable
 from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT, memory_fit, predict
 from tuner.fit_nodes import more_nodes_hint
 from tuner.specs import STORED_SETTINGS, Workload, stored_setting
@@ -80,8 +80,9 @@ def corrected(layouts: list[Layout], workload: Workload, obs: Observations, pred
 
 
 def _p_fit(log_mem: float, mean: float, sd: float, cap: float) -> float:
-    """P(fits) of a layout predicted at exp(log_mem) GB whose log error the memory correction puts at (mean, sd)."""
-    z = (math.log(cap) - log_mem - mean) / math.hypot(sd, MEMORY_NOISE_SD)
+    """P(fits) of a layout predicted at exp(log_mem) GB whose log error the memory correction puts at (mean, sd),
+    with the caching allocator's share on top, as `predict` states p_fit (tuner.perfmodel.gpu_fit_probability)."""
+    z = (math.log(cap) - log_mem - mean - ALLOCATOR_BIAS) / math.hypot(sd, ALLOCATOR_SD)
     return 0.5 * math.erfc(-z / math.sqrt(2))
 
 

@@ -16,8 +16,9 @@ import math
 from dataclasses import dataclass, replace
 
 from tuner.correction import features, left_out, record_workload
+from tuner.frameworks import ALLOCATOR_SD
 from tuner.layout import Layout
-from tuner.perfmodel import MEMORY_NOISE_SD, predict
+from tuner.perfmodel import predict
 from tuner.specs import Workload
 from tuner.trial import Status
 
@@ -62,7 +63,7 @@ def oom_bounds(records, workload: Workload, gp, studies: dict | None = None) -> 
         ft = features(rec.layout, w, p)
         mu, sd = gp.predict(ft.z[None, :], ft.fm[None, :])
         out.append(OomBound(rec.layout, int(rec.nodes), p.memory_gb, p.memory_breakdown.get("activations", 0.0),
-                            math.log(cap / p.memory_gb), float(mu[0]), max(math.hypot(float(sd[0]), MEMORY_NOISE_SD), floor)))
+                            math.log(cap / p.memory_gb), float(mu[0]), max(math.hypot(float(sd[0]), ALLOCATOR_SD), floor)))
     return out
 
 

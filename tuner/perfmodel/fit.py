@@ -8,6 +8,8 @@ import functools
 import math
 from typing import TYPE_CHECKING
 
+from tuner.frameworks import ALLOCATOR_BIAS, ALLOCATOR_SD
+
 if TYPE_CHECKING:
     from tuner.perfmodel.prediction import Prediction
     from tuner.specs import Workload
@@ -18,10 +20,14 @@ PRUNE_BELOW = 0.02
 RECOMMEND_AT = 0.95
 #: The prior of log(true / predicted peak) before any measurement, the same one the memory correction
 #: (tuner.correction.Observations.memory_gp) starts from, so that `predict`, `plan`, `best` and guided state
-#: one p_fit: N(0, sd^2 (GLOBAL + SHARES |s|^2 + SMOOTH) + NOISE_SD^2) at a layout whose memory components
-#: have shares s; sd is the framework's scale (tuner.frameworks memory_sd: fitted where measured), split
-#: between an error common to every layout, one per memory component and one smooth over the layout (the
-#: correction's kernel terms); the framework's bias is already in the predicted peak (`measured_bias`).
+#: one p_fit. Two sources (issue 24 round 4): the account's error against the bytes tensors allocate,
+#: N(0, sd^2 (GLOBAL + SHARES |s|^2 + SMOOTH)) at a layout whose memory components have shares s, with sd the
+#: framework's scale (tuner.frameworks memory_sd, measured on fake-tensor peaks: `account_sd`), split between an
+#: error common to every layout, one per memory component and one smooth over the layout (the correction's
+#: kernel terms); and, on a GPU, the caching allocator's share beyond those bytes, N(ALLOCATOR_BIAS,
+#: ALLOCATOR_SD^2) from published out-of-memory messages (`memory_prior_sd`: both). The framework's bias is
+#: already in the predicted peak (`measured_bias`). MEMORY_NOISE_SD is the run-to-run noise of a measured peak
+#: (the correction's observation noise), no longer part of the prior.
 MEMORY_PRIOR_SPLIT = {"global": 0.5, "shares": 1.0, "smooth": 0.25}
 MEMORY_NOISE_SD = 0.02
 MEMORY_KEYS = ("weights", "gradients", "optimizer", "fp8_weights", "activations", "logits", "zero3_buffers",
@@ -46,9 +52,22 @@ def _gp_scales(framework_sd: float, *split: float) -> tuple[float, float, float]
     return tuple(framework_sd * math.sqrt(k) for k in split)
 
 
-def memory_prior_sd(framework_sd: float, shares: list[float]) -> float:
+def account_sd(framework_sd: float, shares: list[float]) -> float:
+    """The sd of log(allocated peak / predicted peak less the reserve): the account's error alone, what a
+    fake-tensor measurement tests."""
     s_c, s_w, s_g = memory_gp_scales(framework_sd)
-    return math.sqrt(s_c ** 2 + s_w ** 2 * sum([x * x for x in shares]) + s_g ** 2 + MEMORY_NOISE_SD ** 2)
+    return math.sqrt(s_c ** 2 + s_w ** 2 * sum([x * x for x in shares]) + s_g ** 2)
+
+
+def memory_prior_sd(framework_sd: float, shares: list[float]) -> float:
+    """The sd of log(what a GPU run needs / predicted peak): the account's error and the allocator's share."""
+    return math.hypot(account_sd(framework_sd, shares), ALLOCATOR_SD)
+
+
+def gpu_fit_probability(memory_gb: float, capacity_gb: float, sd: float) -> float:
+    """P(a GPU run fits) for a predicted peak whose error on allocated bytes has sd `sd` (memory_prior_sd's
+    account part, or the memory correction's): the allocator's share added to both mean and spread."""
+    return fit_probability(memory_gb, capacity_gb, math.hypot(sd, ALLOCATOR_SD), ALLOCATOR_BIAS)
 
 
 def fit_probability(memory_gb: float, capacity_gb: float, sd: float, mean: float = 0.0) -> float:

@@ -40,8 +40,8 @@ import math
 import numpy as np
 from scipy.special import ndtr
 
-from tuner.frameworks import of as framework_of
-from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT
+from tuner.frameworks import ALLOCATOR_BIAS, ALLOCATOR_SD, of as framework_of
+from tuner.perfmodel import RECOMMEND_AT
 from tuner.layout import Layout
 from tuner.metrics import rank_key
 from tuner.perfmodel import predict
@@ -55,7 +55,7 @@ from tuner.correction import F_DIM, FM_DIM, GP, Z_DIM, Features, Observations, f
 from tuner.trial import Status, TrialResult
 
 XI = 0.0                   # EI margin (log space)
-P_FIT_SD = MEMORY_NOISE_SD     # memory ratio noise beyond the learned uncertainty (as predict states p_fit)
+P_FIT_SD = ALLOCATOR_SD       # the caching allocator's share beyond the learned uncertainty (as predict states p_fit)
 
 
 def _norm_pdf(z):
@@ -192,7 +192,7 @@ class GuidedSearcher(BaseSearcher):
         if self.capacity is None:
             return np.ones(len(self.candidates))
         mu, sd = self._memory_obs().memory_gp(self.memory_sd).predict(self.Z, self.FM)
-        z = (math.log(self.capacity) - self.log_mem - mu) / np.hypot(sd, P_FIT_SD)
+        z = (math.log(self.capacity) - self.log_mem - mu - ALLOCATOR_BIAS) / np.hypot(sd, P_FIT_SD)
         return ndtr(z)
 
     def _memory_obs(self) -> Observations:
