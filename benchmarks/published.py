@@ -231,6 +231,11 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # every one of them had been printed without it
     "multi-token prediction on the rows that ran it (mtp_num_layers, tuner/perfmodel/__init__._add_mtp)": (
         "speed", lambda r: bool(r.get("mtp_num_layers"))),
+    # issue 25 round 3: DeepEP's SMs taken from the compute that hides its exchange (tuner/perfmodel/moe.sm_contention:
+    # 20 of an H100's 132, from DeepEP's source and the GPU's spec, no constant fitted), written after every row here
+    # had been printed; it moves only the rows that ran the flex dispatcher with the EP overlap
+    "flex dispatcher's SMs under the EP overlap (tuner/perfmodel/moe.sm_contention)": (
+        "speed", lambda r: r.get("a2a_overlap") is True and str(r.get("dispatcher", "")).startswith("flex")),
     # issue 24: torchtitan's op-SAC account (tuner/perfmodel/memory.op_sac_bytes) was derived from its 0.3.0
     # policy and checked on selective-less-full activations after every measured torchtitan row's error had
     # been printed, held-out ones included

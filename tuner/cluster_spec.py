@@ -48,6 +48,8 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
     "step_overhead_ms": (float, 0.0),            # fixed cost per iteration (engine step, optimizer dispatch, loss sync)
     "memory_reserved_gb": (float, 3.0),          # context, communication buffers, workspaces, allocator slack
     "flash_attention": (bool, True),             # whether attention keeps no s^2 scores (and runs fused)
+    "sm_count": (int, None),                     # streaming multiprocessors per GPU (none: communication kernels'
+                                                 # SMs not counted against the compute they overlap)
     "framework": (str, "megatron-deepspeed"),    # the training stack run here by default (tuner.frameworks):
                                                  # --framework overrides it per study
     "group_bandwidth_gbps": (dict, None),        # {"2": 200.0, ...} per-GPU bandwidth of an aligned intra-node block
@@ -100,6 +102,7 @@ class ClusterSpec:
     matmul_efficiency_fp8: float | None = None
     matmul_efficiency_fp4: float | None = None
     operations: dict | None = None           # tuner.goodput.OPERATION_KEYS; stored only when given
+    sm_count: int | None = None              # SMs per GPU; stored only when given
 
     @property
     def domain_gpus(self) -> int:
@@ -138,7 +141,7 @@ class ClusterSpec:
     def as_dict(self) -> dict:
         """Every key; the scale-up domain's only when set, so a one-node-domain cluster is stored as before."""
         return {k: v for k, v in asdict(self).items() if not (k in DOMAIN_KEYS and v in (None, False, "cuda"))
-                and not (k == "operations" and v is None)}
+                and not (k in ("operations", "sm_count") and v is None)}
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "cluster") -> "ClusterSpec":

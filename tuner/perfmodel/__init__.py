@@ -40,7 +40,7 @@ from tuner.perfmodel.flops import megatron_flops, model_flops
 from tuner.perfmodel.prediction import Prediction
 from tuner.specs import Workload
 
-__all__ = ["predict", "rank", "expected_speed", "risk", "keeps_headroom", "fit_probability", "memory_prior_sd",
+__all__ = ["SM_SHARE", "predict", "rank", "expected_speed", "risk", "keeps_headroom", "fit_probability", "memory_prior_sd",
            "account_sd", "gpu_fit_probability",
            "memory_gp_scales", "memory_shares", "Prediction", "stage_times", "shape_of", "PRUNE_BELOW", "RECOMMEND_AT",
            "MEMORY_KEYS", "MEMORY_NOISE_SD", "MEMORY_PRIOR_SPLIT", "with_measured_bias"]
@@ -58,19 +58,19 @@ def layer_comm(layout: Layout, workload: Workload, sh: compute.Shape, attention_
     return {"tp_comm": tp, "cp_comm": max(0.0, ring - attention_s), "activation_bytes": act}
 
 
-def layer_terms(workload: Workload, sh: compute.Shape, exchange: moe.TokenExchange) -> tuple[dict, dict, float]:
+def layer_terms(workload: Workload, sh: compute.Shape, exchange: moe.TokenExchange) -> tuple[dict, dict, float, str]:
     """What one layer costs at a shape, whatever the pipeline: a dense layer's and an MoE layer's times (with what
-    their recomputed modules run again) and the MoE token exchange's seconds."""
+    their recomputed modules run again), the MoE token exchange's seconds and its dispatcher."""
     model, cluster = workload.model, workload.cluster
     lay = _with_modules(compute.layer_times(model, cluster, sh), model, cluster, sh, False)
     lay_moe = _with_modules(moe.moe_layer_times(model, cluster, sh), model, cluster, sh, True) if model.is_moe else lay
     if not model.is_moe:
-        a2a = 0.0
+        how, a2a = "alltoall", 0.0
     elif exchange.dispatcher:                          # the dispatcher a published run states
-        a2a = moe.alltoall_seconds(model, cluster, sh, exchange.dispatcher)
+        how, a2a = exchange.dispatcher, moe.alltoall_seconds(model, cluster, sh, exchange.dispatcher)
     else:
-        a2a = moe.dispatch(model, cluster, sh, workload.framework)[1]
-    return lay, lay_moe, a2a
+        how, a2a = moe.dispatch(model, cluster, sh, workload.framework)
+    return lay, lay_moe, a2a, how
 
 
 def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = None,
@@ -88,7 +88,7 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
         terms = layer_terms(workload, sh, exchange)
         if key:
             memo[key] = terms
-    lay, lay_moe, a2a = terms
+    lay, lay_moe, a2a, how = terms
     lc = layer_comm(layout, workload, sh, lay["attention"])
     act = lc["activation_bytes"]
     ar = comm.tp_allreduce_time(cluster, t, act)
@@ -104,9 +104,10 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     exposed = overlapped_exchange(workload, sh, lay_moe, a2a) if ep_hidden else a2a
     m = micro_batches_per_pipeline(layout, workload.global_batch)
 
-    def exchange_shown(stage: int) -> float:  # one MoE layer's exchange as it shows; overlapped, the rank's
-        u = moe.unpaired_share(p, layout.virtual_pipeline, stage, m) if ep_hidden else 1.0   # unpaired passes whole
-        return u * a2a + (1.0 - u) * exposed
+    def exchange_shown(stage: int) -> tuple[float, float, float]:   # one MoE layer's exchange: seconds shown,
+        u = moe.unpaired_share(p, layout.virtual_pipeline, stage, m) if ep_hidden else 1.0   # hidden (unpaired passes
+        shown = u * a2a + (1.0 - u) * exposed            # whole) and what the flex kernels' SMs slow the compute
+        return shown, a2a - shown, moe.sm_contention(cluster, how, a2a - shown)         # they hide under
 
     def body(stage: int) -> dict:
         layers = stage_layers(layout, model.num_layers, stage)
@@ -119,9 +120,12 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
         if sh.c > 1:
             out["cp_comm"] = layers * lc["cp_comm"]
         if model.is_moe:      # the MoE token dispatch and combine; each under its phase's compute where overlapped
-            out["all_to_all"] = n_moe * exchange_shown(stage)
+            shown, hidden, slowed = exchange_shown(stage)
+            out["all_to_all"] = n_moe * shown
             out["moe_overhead"] = n_moe * moe.MOE_LAYER_OVERHEAD_MS * 1e-3
-            out[HIDDEN] = n_moe * a2a - out["all_to_all"]     # compute already spent hiding the exchange
+            out[HIDDEN] = n_moe * hidden     # compute already spent hiding the exchange
+            if slowed:                        # compute time, so other collectives may hide under it too
+                out[SM_SHARE] = n_moe * slowed
         return out
 
     first, last = body(0), body(p - 1)
@@ -134,7 +138,7 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     last["tp_comm"] += ar                     # the LM head's input-gradient all-reduce
     if model.mtp_num_layers:
         _add_mtp(last, workload, sh, lay_moe if model.is_moe else lay, {"head": head, "emb": emb, "tp": tp_comm + ar,
-                                                                        "a2a": a2a, "shown": exchange_shown(p - 1)})
+                                                                        "exchange": exchange_shown(p - 1)})
     if p == 1:
         last["elementwise"] += emb["elementwise"]
         last["tp_comm"] += ar
@@ -148,7 +152,7 @@ def _add_mtp(last: dict, workload: Workload, sh: compute.Shape, layer: dict, per
     too: gpt_model.py line 173): per module and micro-batch the embedding lookup of the shifted tokens, two norms,
     eh_proj (a column-parallel h x 2h linear), one more layer of the last layer's kind (its MoE exchange as the
     stage's layers show theirs) and the LM head and loss again; `per`: the stage's head, embedding, one layer's TP
-    collectives and MoE exchange (whole and as shown)."""
+    collectives and MoE exchange (seconds shown, hidden)."""
     model, n = workload.model, workload.model.mtp_num_layers
     eh = compute.gemm_time(workload.cluster, 4.0 * model.seq_length * sh.tokens * model.hidden_size ** 2 / sh.t, sh.fp8)
     last["gemm"] += n * (layer["gemm"] + per["head"]["gemm"] + eh * (1.0 + 2.0 * sh.backward_gemm))
@@ -156,9 +160,12 @@ def _add_mtp(last: dict, workload: Workload, sh: compute.Shape, layer: dict, per
     last["elementwise"] += n * (layer["elementwise"] + per["head"]["elementwise"] + per["emb"]["elementwise"])
     last["tp_comm"] += n * per["tp"]
     if model.is_moe:
-        last["all_to_all"] += n * per["shown"]
+        shown, hidden, slowed = per["exchange"]
+        last["all_to_all"] += n * shown
         last["moe_overhead"] += n * moe.MOE_LAYER_OVERHEAD_MS * 1e-3
-        last[HIDDEN] += n * (per["a2a"] - per["shown"])
+        last[HIDDEN] += n * hidden
+        if slowed:
+            last[SM_SHARE] = last.get(SM_SHARE, 0.0) + n * slowed
 
 
 def overlapped_exchange(workload: Workload, sh: compute.Shape, lay_moe: dict, a2a: float) -> float:
@@ -178,6 +185,7 @@ def overlaps_of(workload: Workload, exchange: moe.TokenExchange | None) -> froze
 
 
 HIDDEN = "hidden_under_compute"     # a stage entry that is not a time: compute an overlap already used
+SM_SHARE = "ep_sm_share"            # compute slowed by the flex dispatcher's SMs while it hides the exchange
 
 
 def _with_modules(times: dict, model, cluster, sh: compute.Shape, moe_layer: bool) -> dict:
@@ -288,7 +296,7 @@ def _memo_shape(layout: Layout, workload: Workload, memo: dict) -> compute.Shape
 
 def free_compute(st: dict) -> float:
     """A stage's compute per micro-batch that no overlap has used yet (the gradient sync may hide under it)."""
-    return max(0.0, st["gemm"] + st["attention"] + st["elementwise"] - st.get(HIDDEN, 0.0))
+    return max(0.0, st["gemm"] + st["attention"] + st["elementwise"] + st.get(SM_SHARE, 0.0) - st.get(HIDDEN, 0.0))
 
 
 def slowest_stage(layout: Layout, workload: Workload, sh: compute.Shape, exchange: moe.TokenExchange | None = None,

@@ -50,6 +50,11 @@ MOE_LAYER_OVERHEAD_MS = 2.5
 #: setting): intranode dispatch / combine 153 / 158 GB/s (0.97 of 160, the mean), internode EP 16-64
 #: 43-47 GB/s (0.89 of 50, the median of the six). HybridEP is taken as DeepEP (ASSUMED: no published table).
 FLEX_EFFICIENCY = {"nvlink": 0.97, "network": 0.89}
+#: SMs the flex dispatcher's kernels hold while they move tokens: DeepEP's Buffer.num_sms (deep_ep/buffer.py line 30,
+#: 20, at b7fef496 of 2025-08, the V1 the published runs used; its README's example sets 24), which Megatron-Core
+#: kept as moe_deepep_num_sms ("historical default 20", transformer_config.py line 969 at d98e8a64ddf3). Compute that
+#: runs beside an exchange gets the GPU's other SMs (`sm_contention`).
+FLEX_SMS = 20
 ROUTER_BYTES = 12.0     # per token and expert: fp32 router logits written, read by the softmax/top-k, probs written
 
 
@@ -175,6 +180,16 @@ def unpaired_share(pp: int, vp: int, rank: int, m: int) -> float:
     model_parallel_config.py line 568). The overlap needs vp > 1 when pp > 1 (transformer_config.py line 3007)."""
     warm = 1 if pp == 1 else (pp - rank - 1) * 2 + (vp - 1) * pp + 1
     return min(1.0, warm / max(1, m * vp))
+
+
+def sm_contention(cluster: ClusterSpec, dispatcher: str, hidden: float) -> float:
+    """Seconds the compute loses to the flex dispatcher's kernels while it hides `hidden` seconds of their exchange
+    (the EP overlap): the kernels hold FLEX_SMS of the GPU's sm_count SMs, so the compute beside them runs on the
+    rest, FLEX_SMS / sm_count slower for that long. None for the alltoall dispatcher (NCCL's kernels are counted
+    in the cluster's measured efficiencies) or where the cluster states no sm_count."""
+    if dispatcher != "flex" or not cluster.sm_count:
+        return 0.0
+    return hidden * FLEX_SMS / cluster.sm_count
 
 
 def _miss(experts: int, held: float, top_k: int) -> float:
