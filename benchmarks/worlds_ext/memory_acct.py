@@ -20,7 +20,9 @@ model states as each framework keeps them, and the caching allocator's rounding 
 - Model states, bytes per parameter on this GPU: Megatron-Core keeps bf16 weights and an fp32 main-grad
   buffer, its distributed optimizer shards fp32 master weights and Adam moments over dp; DeepSpeed's bf16
   optimizer keeps a drawn gradient accumulation width; torchtitan's FSDP2 shards fp32 parameters,
-  gradients and moments, gathering one layer's bf16 parameters plus a prefetched one.
+  gradients and moments, gathering one layer's bf16 parameters plus a prefetched one -- under pipeline
+  parallelism the whole stage's, with its unsharded fp32 gradients accumulated over the micro-batches
+  (torchtitan's default reshard policy, PyTorch's pipeline stage).
 - Allocator: every block rounded to 512 bytes, blocks over 1 MB to 2 MB, then a drawn fragmentation share
   of the allocated peak that grows with the in-flight micro-batches (blocks of different lifetimes), plus
   the CUDA context, communicator buffers per process group and workspaces (drawn).
@@ -136,7 +138,14 @@ def rank_breakdown(ph, layout: Layout, w: Workload, rank: int) -> dict[str, floa
                     // (layout.expert_parallel * layout.expert_tensor_parallel))
     out = {"states": dense * (whole_b + shard_b / shard) + experts * (whole_b + shard_b / expert_dp)}
     split, _ = geometry.layer_params(w)
-    if fw == "torchtitan" or layout.zero_stage == 3:     # the gathered unit, the prefetched one, its grads
+    if fw == "torchtitan" and layout.pp > 1 and shard > 1:
+        # torchtitan under PP does not reshard after forward (distributed/fsdp.py, the "default" policy:
+        # `not pp_enabled`) and PyTorch's pipeline stage turns off resharding after backward and gradient
+        # sync for every micro-batch but the last (pipelining/stage.py, backward_maybe_with_nosync): the
+        # stage's bf16 parameters stay gathered for the whole step and its unsharded gradients accumulate
+        # in the reduce dtype, fp32 (FSDPParam.to_accumulated_grad_if_needed; mixed_precision_reduce)
+        out["gathered"] = (dense + experts) * (2.0 + 4.0)
+    elif fw == "torchtitan" or layout.zero_stage == 3:     # the gathered unit, the prefetched one, its grads
         unit = max(split, w.model.vocab_size * w.model.hidden_size) / layout.tp   # a layer, or the LM head
         out["gathered"] = 2 * 2.0 * unit + 4.0 * unit
     selective = "op" if fw == "torchtitan" else "core-attention"
