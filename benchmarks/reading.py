@@ -24,10 +24,8 @@ from __future__ import annotations
 import dataclasses
 
 import published
-from tuner.frameworks import of as framework_spec
 from tuner.layout import Layout, micro_batches_per_pipeline
-from tuner.perfmodel import fit_probability, memory, memory_prior_sd, memory_shares
-from tuner.perfmodel.fit import with_measured_bias
+from tuner.perfmodel import breakdown_fit, memory
 from tuner.specs import load_cluster, load_model, make_workload
 
 PREDICTED_AS = {"fsdp": "torchtitan"}
@@ -200,9 +198,7 @@ def peak_as_ran(row: dict, lay: Layout, w) -> dict:
 
 
 def memory_as_ran(row: dict, lay: Layout, w) -> tuple[float, float]:
-    """(the peak tuner states, GB; its p_fit) for the row as it ran: tuner.perfmodel.memory_fit's figures, on
-    peak_as_ran's breakdown."""
-    fw = framework_spec(w)
-    mem = with_measured_bias(peak_as_ran(row, lay, w), fw.memory_bias)
-    return mem["total"], fit_probability(mem["total"], w.cluster.memory_gb,
-                                         memory_prior_sd(fw.memory_sd, memory_shares(mem)))
+    """(the peak tuner states, GB; its p_fit) for the row as it ran: tuner.perfmodel.breakdown_fit (what memory_fit,
+    and so predict, plan and best, state) on peak_as_ran's breakdown."""
+    mem, p_fit = breakdown_fit(peak_as_ran(row, lay, w), w)
+    return mem["total"], p_fit

@@ -41,7 +41,7 @@ from tuner.perfmodel.prediction import Prediction
 from tuner.specs import Workload
 
 __all__ = ["SM_SHARE", "predict", "rank", "expected_speed", "risk", "keeps_headroom", "fit_probability", "memory_prior_sd",
-           "account_sd", "gpu_fit_probability",
+           "account_sd", "gpu_fit_probability", "breakdown_fit",
            "memory_gp_scales", "memory_shares", "Prediction", "stage_times", "shape_of", "PRUNE_BELOW", "RECOMMEND_AT",
            "MEMORY_KEYS", "MEMORY_NOISE_SD", "MEMORY_PRIOR_SPLIT", "with_measured_bias"]
 
@@ -279,10 +279,17 @@ def memory_fit(layout: Layout, workload: Workload, memo: dict | None = None) -> 
     m = micro_batches_per_pipeline(layout, workload.global_batch)
     sh = shape_of(layout, workload) if memo is None else _memo_shape(layout, workload, memo)
     worst_stage, mem = memory.peak_memory(layout, workload, m, sh, memo)
+    return (m, sh, worst_stage, *breakdown_fit(mem, workload))
+
+
+def breakdown_fit(mem: dict, workload: Workload) -> tuple[dict, float]:
+    """A stage's memory breakdown (memory.peak_memory's) as every command states it: with the framework's measured
+    bias, and its p_fit on the workload's GPU (benchmarks/reading.py states a published run's memory as it ran, with
+    what its recipe changed, through this one function)."""
     fw = framework_of(workload)
     mem = with_measured_bias(mem, fw.memory_bias)
-    p_fit = gpu_fit_probability(mem["total"], workload.cluster.memory_gb, account_sd(fw.memory_sd, memory_shares(mem)))
-    return m, sh, worst_stage, mem, p_fit
+    return mem, gpu_fit_probability(mem["total"], workload.cluster.memory_gb,
+                                    account_sd(fw.memory_sd, memory_shares(mem)))
 
 
 def _memo_shape(layout: Layout, workload: Workload, memo: dict) -> compute.Shape:
