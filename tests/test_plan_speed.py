@@ -207,3 +207,40 @@ def test_a_sigterm_while_workers_rank_ends_every_worker_without_a_traceback(cli_
     assert multiprocessing.active_children() == []
     assert [p for p in psutil.Process().children() if p.pid not in before] == []
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_plan_ranks_with_the_collector_paused_and_turns_it_on_again():
+    """`tuner plan` enumerates and screens with Python's cyclic collector off (tuner.workers.collector_paused: a
+    quarter of DeepSeek-V3's plan was collections walking the layouts kept); on again afterwards, also when the
+    block fails, and left off where it was off."""
+    import gc
+
+    from tuner.workers import collector_paused
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(ValueError), collector_paused():
+        raise ValueError("a refusal")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_the_cli_and_plan_start_without_numpy():
+    """numpy is a quarter of the CLI's start-up (every command's); `tuner plan` needs none of it (the searchers and
+    the correction import it where they run), so neither `tuner --help` nor a plan imports it."""
+    import subprocess
+    import sys
+    code = ("import sys; from tuner.cli import main\n"
+            "try: main(['plan', '--model', 'llama3-8b', '--cluster', 'h100', '--nodes', '1', '--top', '1'])\n"
+            "except SystemExit as e: assert not e.code, e.code\n"
+            "assert 'numpy' not in sys.modules, 'numpy imported'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "valid megatron-core layouts" in done.stdout

@@ -9,6 +9,8 @@ every worker starts with `quiet_worker`: SIGTERM and SIGHUP end it, SIGINT is th
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import multiprocessing
 import os
 import signal
@@ -36,3 +38,18 @@ def quiet_worker() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off for the block (and in the workers it forks): `tuner plan` makes and
+    screens ~150,000 layouts, each with tuples and dicts that live to the end, and every collection of the oldest
+    generation walks all of them again -- a quarter of DeepSeek-V3's plan (benchmarks/plan_speed.py). What plan
+    makes holds no reference cycles, so reference counting frees it as before; the collector is on again after."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()

@@ -16,7 +16,7 @@ from tuner.perfmodel.screening import assemble, rank_shown, screen_run
 from tuner.planning import complete_layout, prediction_row, workload_line
 from tuner.space import load_space, valid_layouts
 from tuner.specs import make_workload
-from tuner.workers import fork_context, quiet_worker, usable_cpus
+from tuner.workers import collector_paused, fork_context, quiet_worker, usable_cpus
 
 
 #: From this many layouts `plan_ranking` screens them in worker processes (below, a fork costs more than it saves),
@@ -109,11 +109,12 @@ def plan(model, nodes, cluster, global_batch, seq_length, precision, framework, 
     w = make_workload(model, nodes, cluster, global_batch, precision, framework, grad_reduce, seq_length,
                       optimizer_moments)
     sp = load_space(space).pinned(layout)
-    layouts = valid_layouts(sp, w)
-    t0 = time.perf_counter()
-    ranking = plan_ranking(layouts, w, top, show_all)   # rank's first `top` rows, each layout's memory
-    dt = time.perf_counter() - t0
-    if not show_all:
+    with collector_paused():
+        layouts = valid_layouts(sp, w)
+        t0 = time.perf_counter()
+        ranking = plan_ranking(layouts, w, top, show_all)   # rank's first `top` rows, each layout's memory
+        dt = time.perf_counter() - t0
+    if not show_all and not ranking.may_fit:    # tuner.best (numpy, the correction) only to say why
         from tuner.best import require_fit
         require_fit(ranking.screened, w, sp)
     shown = ranking.shown

@@ -14,9 +14,7 @@ Pure: no I/O, no threads; the driver serialises calls.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
-
-import numpy as np
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from tuner.layout import BY_NAME, DIMENSIONS, SEARCHED, Layout, recomputes_at_least
 from tuner.trial import Status, TrialResult
@@ -27,6 +25,9 @@ _LOG2 = {d.name for d in DIMENSIONS if d.log2}
 #: Failures that say "this does not fit in memory".
 MEMORY_FAILURES = frozenset({Status.OOM, Status.PRUNED})
 _DEFERRED_PENALTY = 1e6   # added to a deferred candidate's distance so that it comes after the rest
+
+if TYPE_CHECKING:         # numpy is imported where a searcher is made: every CLI command imports this module
+    import numpy as np    # (through the options), and numpy is a quarter of its start-up
 
 
 @runtime_checkable
@@ -68,6 +69,7 @@ class BaseSearcher:
     stop_reason: str | None = None
 
     def __init__(self, candidates: list[Layout], *, seed: int = 0, **_ignored):
+        import numpy as np
         self.seed = int(seed)
         self.candidates: list[Layout] = sorted(set(candidates))
         self.index = {lay: i for i, lay in enumerate(self.candidates)}
@@ -89,6 +91,7 @@ class BaseSearcher:
     # ---- encoding -------------------------------------------------------------------------------
     def encode(self, values: dict) -> list[float]:
         """A point in [0, 1]^len(DIMS): each dimension over its range (log2 where declared so)."""
+        import numpy as np
         out = []
         for d in DIMS:
             dim = BY_NAME[d]
@@ -171,6 +174,7 @@ class BaseSearcher:
 
     def _resolve(self, p) -> int | None:
         """An unused candidate index for proposal `p` (an index or a dict of DIMS values)."""
+        import numpy as np
         if self.remaining == 0:
             return None
         if isinstance(p, (int, np.integer)):
@@ -184,6 +188,7 @@ class BaseSearcher:
 
     def nearest(self, values: dict) -> int | None:
         """The unused candidate closest to `values` (non-deferred first; ties to the lowest index)."""
+        import numpy as np
         free = np.flatnonzero(~self.used)
         if free.size == 0:
             return None
@@ -200,6 +205,7 @@ class OrderedSearcher(BaseSearcher):
     """
 
     def __init__(self, candidates: list[Layout], order: np.ndarray, **kw):
+        import numpy as np
         super().__init__(candidates, **kw)
         self.order = np.asarray(order, dtype=int)
         self._start = 0   # every entry before it is used
