@@ -31,7 +31,7 @@ from tuner.layout import (RECOMPUTE, Layout, expert_data_parallel, micro_batches
                           stage_layers, stage_moe_layers)
 from tuner.pipeline_split import bubble_share
 from tuner.frameworks import megatron_fsdp, of as framework_of
-from tuner.perfmodel import comm, compute, memory, moe, recompute
+from tuner.perfmodel import buckets, comm, compute, memory, moe, recompute
 from tuner.perfmodel.compute import shape_of
 from tuner.perfmodel.fit import (MEMORY_KEYS, MEMORY_NOISE_SD, MEMORY_PRIOR_SPLIT, PRUNE_BELOW, RECOMMEND_AT,
                                  account_sd, expected_speed, fit_probability, gpu_fit_probability, keeps_headroom,
@@ -268,8 +268,12 @@ def gradient_sync_time(layout: Layout, workload: Workload, fw, slow: dict, m: in
                           expert_data_parallel(layout), layout.zero_stage, experts_gpu, m, layout.checkpointing, gb)
         dp = {k: dp[k] + de[k] for k in dp}
     if "dp" in (fw.overlaps if hide is None else hide) and layout.zero_stage <= 1:
-        dp = {"grad_reduce": max(0.0, dp["grad_reduce"] - compute_mb * 2 / 3),
-              "param_gather": max(0.0, dp["param_gather"] - compute_mb / 3)}
+        # the embedding's bucket reduces after the last backward and gathers before the first forward (buckets.py)
+        last = min(buckets.last_bucket_params(workload.model, layout), params_gpu - experts_gpu)
+        tail = comm.dp_time(cluster, t, layout.dp * layout.context_parallel, layout.zero_stage, last, m,
+                            layout.checkpointing, gb)
+        dp = {"grad_reduce": max(tail["grad_reduce"], dp["grad_reduce"] - compute_mb * 2 / 3),
+              "param_gather": max(tail["param_gather"], dp["param_gather"] - compute_mb / 3)}
     return dp
 
 

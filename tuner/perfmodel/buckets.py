@@ -1,0 +1,67 @@
+"""Megatron-Core's gradient buckets: the one whose reduction cannot hide under the backward pass.
+
+With --overlap-grad-reduce Megatron-Core cuts a model chunk's gradient buffer into buckets and reduces a bucket
+as soon as the backward pass has produced all of its gradients (megatron/core/distributed/param_and_grad_buffer.py
+at d98e8a64dd: `_compute_default_per_buffer_param_layout` walks the parameters in reverse order, backprop order,
+and closes a bucket at the first parameter boundary where it holds >= bucket_size elements; `register_grad_ready`
+starts its reduction once the last of its gradients is in). The bucket that closes the walk holds the first
+layers and the word embedding: its gradients are ready only when the backward pass ends, so its reduce-scatter
+(all-reduce without the distributed optimizer) runs after all compute, whatever the other buckets hide. With
+--overlap-param-gather the same bucket's parameters are the forward pass's first need: `finish_param_sync`
+dispatches and waits for its all-gather before the first layer runs, and only the later buckets' gathers are
+prefetched under compute.
+
+Bucketing is on only for the first model chunk of pipeline rank 0 (megatron/training/training.py at d98e8a64dd,
+lines 2504-2515: `per_chunk_bucket_sizes` is None for chunks after the first and for pp ranks > 0), the rank whose
+backward ends last; bucket_size defaults to max(40,000,000, 1,000,000 x dp) elements (distributed_data_parallel.py
+line 134), and `tuner launch` writes no --ddp-bucket-size. The routed experts' gradients are a buffer of their own
+(reduced over the expert-data-parallel group); they are not walked here.
+"""
+
+from __future__ import annotations
+
+from tuner.layout import Layout, stage_layers, stage_moe_layers
+from tuner.perfmodel.memory import embedding_params
+from tuner.perfmodel.moe import moe_layer_params
+from tuner.specs import ModelSpec
+
+
+def default_bucket_size(dp: int) -> float:
+    """Megatron-Core's bucket size in elements when none is given: max(40M, 1M x the data-parallel size)."""
+    return max(40_000_000.0, 1_000_000.0 * dp)
+
+
+def _first_chunk_params(model: ModelSpec, layout: Layout) -> list[float]:
+    """One GPU's parameters of pipeline rank 0's first model chunk, in Megatron-Core's registration (forward)
+    order: the word embedding (and learned positions), then per layer its attention projection, QKV, fc1 and fc2
+    weights split by tp (an MoE layer: its weights outside the routed experts as one unit), and with one stage the
+    untied output layer. Norms and biases are left out (under 0.1 % of a layer)."""
+    t, v = layout.tp, max(1, layout.virtual_pipeline)
+    layers = stage_layers(layout, model.num_layers, 0)
+    chunk = max(1, layers // v)
+    dense = layers - stage_moe_layers(layout, model, 0)     # dense layers come first (DeepSeek-V3's three)
+    h, f = model.hidden_size, model.ffn_hidden_size
+    out = [embedding_params(model, t) + (model.seq_length * h if model.position_embedding == "learned" else 0.0)]
+    for i in range(chunk):
+        if i < dense:
+            out += [model.o_width * h / t, model.qkv_weights / t, (model.ffn_matrices - 1) * h * f / t, f * h / t]
+        else:
+            out.append(moe_layer_params(model, t, layout.expert_parallel, layout.expert_tensor_parallel)[0])
+    if layout.pp == 1 and not model.tie_embeddings:
+        out.append(embedding_params(model, t))      # the output layer, registered last: the first bucket's
+    return out
+
+
+def last_bucket_params(model: ModelSpec, layout: Layout, bucket_size: float | None = None) -> float:
+    """Elements of the bucket that closes the reverse walk over rank 0's first chunk (the embedding's bucket):
+    the remainder after the full buckets, or the last full bucket where the walk ends on a boundary."""
+    params = _first_chunk_params(model, layout)
+    if model.tie_embeddings and layout.pp > 1:      # a shared embedding is a bucket of its own (distrib_optimizer.py
+        return params[0]                            # `_does_param_require_new_bucket`, line 530)
+    size = default_bucket_size(layout.dp) if bucket_size is None else bucket_size
+    acc = closed = 0.0
+    for n in reversed(params):
+        acc += n
+        if acc >= size:
+            closed, acc = acc, 0.0
+    return acc or closed
