@@ -211,7 +211,7 @@ def test_a_sigterm_while_workers_rank_ends_every_worker_without_a_traceback(cli_
 
 def test_plan_ranks_with_the_collector_paused_and_turns_it_on_again():
     """`tuner plan` enumerates and screens with Python's cyclic collector off (tuner.workers.collector_paused: a
-    quarter of DeepSeek-V3's plan was collections walking the layouts kept); on again afterwards, also when the
+    fifth of DeepSeek-V3's plan was collections walking the layouts kept); on again afterwards, also when the
     block fails, and left off where it was off."""
     import gc
 

@@ -44,7 +44,7 @@ def quiet_worker() -> None:
 def collector_paused():
     """Python's cyclic garbage collector off for the block (and in the workers it forks): `tuner plan` makes and
     screens ~150,000 layouts, each with tuples and dicts that live to the end, and every collection of the oldest
-    generation walks all of them again -- a quarter of DeepSeek-V3's plan (benchmarks/plan_speed.py). What plan
+    generation walks all of them again -- a fifth of DeepSeek-V3's plan (benchmarks/plan_speed.py). What plan
     makes holds no reference cycles, so reference counting frees it as before; the collector is on again after."""
     was = gc.isenabled()
     gc.disable()
