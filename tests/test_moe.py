@@ -554,6 +554,9 @@ def test_multi_token_prediction_is_launched_by_megatron_core_only():
     assert v["--mtp-num-layers"] == "1" and "--mtp-num-layers" in MCORE_FLAGS
     assert v["--pipeline-model-parallel-layout"] == "Et|(t*2|)*30mL"        # Megatron-Bridge's, with its m
     assert "--mtp-num-layers" not in mcore.pretrain_args(lay, h100("deepseek-v3", 128))
+    assert "--overlap-moe-expert-parallel-comm" in args              # one module: the overlap runs
+    two = mcore.pretrain_args(lay, _mtp(w, 2))                       # two: transformer_config.py refuses the overlap
+    assert "--overlap-moe-expert-parallel-comm" not in two and "--delay-wgrad-compute" not in two
     tt = dataclasses.replace(w, framework="torchtitan")
     assert "no multi-token prediction" in FRAMEWORKS["torchtitan"].refusal(dataclasses.replace(lay, zero_stage=3), tt)
     assert FRAMEWORKS["megatron-core"].refusal(lay, w) is None

@@ -146,14 +146,17 @@ class Framework:
         """Whether element-wise kernels run fused: always (TE), or torch.compile with a low precision."""
         return self.compiled == "always" or (self.compiled == "fp8" and precision in ("fp8", "mxfp8", "nvfp4"))
 
-    def ep_overlap(self, layout: "Layout") -> bool:
+    def ep_overlap(self, layout: "Layout", model=None) -> bool:
         """Whether the MoE token all-to-all runs under compute: Megatron-Core's
         --overlap-moe-expert-parallel-comm (the 1F1B schedule overlaps one micro-batch's dispatch and
         combine with another's forward/backward), which transformer_config.py allows only with ep > 1,
-        without full recompute and, with pp > 1, with the interleaved schedule. With tp or cp > 1 it runs
-        as NVIDIA's published runs do: with more than one CUDA connection (tuner.render.mcore.launch_env)."""
+        without full recompute, with pp > 1 only with the interleaved schedule, and with at most one MTP
+        module (line 3046 at d98e8a64dd: "MTP supports at most one layer"; `model`: the workload's). With tp or
+        cp > 1 it runs as NVIDIA's published runs do: with more than one CUDA connection
+        (tuner.render.mcore.launch_env)."""
         return ("ep" in self.overlaps and layout.expert_parallel > 1 and layout.recompute != "full"
-                and (layout.pp == 1 or layout.virtual_pipeline > 1))
+                and (layout.pp == 1 or layout.virtual_pipeline > 1)
+                and (model is None or model.mtp_num_layers <= 1))
 
 
 def split_refusal(name: str, layout, model) -> str | None:

@@ -94,7 +94,7 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     ar = comm.tp_allreduce_time(cluster, t, act)
     boundary = act / t if sh.sp else act              # sequence parallelism sends the scattered tensor
     hide = overlaps_of(workload, exchange)
-    ep_hidden = framework_of(workload).ep_overlap(layout) and exchange.overlap is not False and "ep" in hide
+    ep_hidden = framework_of(workload).ep_overlap(layout, model) and exchange.overlap is not False and "ep" in hide
     # --tp-comm-overlap (Transformer Engine's userbuffers) runs inside the NVLink domain only: a TP group
     # that spans nodes shows its collectives whole; on ROCm it is off (AMD's Primus: tp_comm_overlap false,
     # primus/configs/models/megatron/language_model.yaml line 180 @ fd1eeabbad15), and `launch` leaves it out

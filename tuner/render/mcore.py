@@ -191,7 +191,7 @@ def moe_args(layout: Layout, workload: Workload) -> list[str]:
                  "--moe-aux-loss-coeff", "1e-4"]
     else:
         args += ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", "1e-2"]
-    if framework_of(workload).ep_overlap(layout):
+    if framework_of(workload).ep_overlap(layout, workload.model):
         args += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     return args
 
@@ -295,7 +295,7 @@ def launch_env(layout: Layout, workload: Workload | None = None) -> dict[str, st
     moe_a2a_overlap")."""
     if layout.zero_stage in FSDP_SHARDING:
         return {}
-    if workload is not None and framework_of(workload).ep_overlap(layout):
+    if workload is not None and framework_of(workload).ep_overlap(layout, workload.model):
         return {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}
     return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if layout.tp > 1 or layout.context_parallel > 1 else {}
 
