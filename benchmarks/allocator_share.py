@@ -22,7 +22,8 @@ allocator configuration (what `tuner launch` runs: it sets no PYTORCH_CUDA_ALLOC
   GPUs) already holds it: at a peak that fills an 80 GB GPU, the median memory outside PyTorch's allocator plus the
   median share of the allocated bytes, against the reserve. Where it does, p_fit adds no bias on top (ALLOCATOR_BIAS
   0); where it does not, the excess in log is the bias.
-Printed on the held-out rows: each share's place in N(centre, ALLOCATOR_SD) -- how many fall inside its central 80 %
+Batch 2 of the data file was collected after ALLOCATOR_SD had been chosen and committed (8e7d327), by the same
+inclusion rule: all held out, the allocator part's only clean test. Printed on the held-out rows: each share's place in N(centre, ALLOCATOR_SD) -- how many fall inside its central 80 %
 and how many beyond 3 sd (a heavy fragmentation the normal does not cover) -- and the same for every row that chose
 nothing (other configurations, the roomy logs).
 """
@@ -51,7 +52,10 @@ def load() -> list[dict]:
 
 
 def held_out(row: dict) -> bool:
-    """A third of the rows, by a hash of what the row is (its source, kind and allocated figure)."""
+    """A third of the rows, by a hash of what the row is (its source, kind and allocated figure); every row of batch 2,
+    collected after the choice."""
+    if row.get("batch") == 2:
+        return True
     key = f"{row['source']}|{row['kind']}|{row['allocated_gib']}"
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 3 == 0
 
@@ -128,7 +132,8 @@ def main() -> None:
     print(f"  tuner states ALLOCATOR_BIAS {ALLOCATOR_BIAS:+.4f}, ALLOCATOR_SD {ALLOCATOR_SD:.4f} (n {ALLOCATOR_N})"
           + ("" if abs(ALLOCATOR_SD - sd) < 5e-4 and abs(ALLOCATOR_BIAS - excess) < 5e-4 else
              "  <-- differs from the choice printed above"))
-    held = [r for r in oom if held_out(r)]
+    held = [r for r in oom if held_out(r) and r.get("batch") != 2]
+    place([r for r in oom if r.get("batch") == 2], centre, sd, "batch 2, collected after the choice (clean), oom")
     place([r for r in held if r["alloc_conf"] == "default"], centre, sd, "held out, oom, default allocator")
     place([r for r in held if r["alloc_conf"] != "default"], centre, sd, "held out, oom, another allocator setting")
     place([r for r in oom if not held_out(r) and not chosen_on(r)], centre, sd,
