@@ -16,8 +16,7 @@ allocator configuration (what `tuner launch` runs: it sets no PYTORCH_CUDA_ALLOC
   1.4826 x the median absolute deviation; run once, it gave 0.0081, with 4 of the 11 rows it chose on and 1 of the
   4 held-out ones beyond +3 sd (the shares are heavy-tailed: a tight bulk below 0.01 and fragmented runs up to
   0.61), so the scale was changed to the interquartile one after those figures, held-out ones included, had been
-  printed: the held-out rows of this file are seen by the choice of ALLOCATOR_SD, and the allocator's part of p_fit
-  has no clean held-out test;
+  printed: the hash's held-out rows are seen by the choice of ALLOCATOR_SD; batch 2 (below) is the clean test;
 - the centre, the median share, and whether the cluster's fixed reserve (memory_reserved_gb, 3 GB on the 80 GB
   GPUs) already holds it: at a peak that fills an 80 GB GPU, the median memory outside PyTorch's allocator plus the
   median share of the allocated bytes, against the reserve. Where it does, p_fit adds no bias on top (ALLOCATOR_BIAS
