@@ -309,6 +309,11 @@ HARDWARE_SEEN: dict = {
     # onto the Megatron-FSDP rows (ran_offload_layers) after their p_fit 0.00 had been printed; memory only
     "activation offloading read onto the Megatron-FSDP rows (benchmarks/reading.py)": (
         "memory", lambda r: "ran_offload_layers" in r),
+    # issue 24 round 5: Megatron-Core frees each pipeline pass's output once sent (tuner/frameworks.py
+    # frees_pipeline_outputs), read from source after every pipelined row's p_fit had been printed (the eight
+    # deep-interleaved Llama rows motivated it); memory only
+    "Megatron-Core's deallocate_pipeline_outputs (tuner/perfmodel/memory.py)": (
+        "memory", lambda r: r.get("framework", "megatron-core") == "megatron-core" and r.get("pp", 1) > 1),
 }
 
 

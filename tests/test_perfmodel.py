@@ -90,6 +90,20 @@ def test_stage_activation_bytes_hand_computed():
     assert memory.stage_activation_bytes(m, no_ckpt, 15, 320, Shape(1, 4), True) == pytest.approx(6 * 16 * sbh + 2 * sbh)
 
 
+def test_megatron_core_frees_each_pass_output_once_sent():
+    """Megatron-Core's deallocate_pipeline_outputs (schedules.deallocate_output_tensor): a pass keeps its layers'
+    activations and nothing for its output; the stacks that keep the output (DeepSpeed's pipeline engine,
+    PyTorch's pipelining) keep one checkpoint-sized tensor per pass in flight."""
+    m = load_model("gpt-175b")
+    sbh = 2048 * 12288
+    layout = lay(4, 16, 2)
+    kept = memory.stage_activation_bytes(m, layout, 0, 320, Shape(1, 4, recompute="full"), True)
+    freed = memory.stage_activation_bytes(m, layout, 0, 320, Shape(1, 4, recompute="full"), True, outputs_freed=True)
+    assert kept - freed == pytest.approx(16 * 2 * sbh)
+    assert framework_of(make_workload(m, 16, load_cluster("h100"), 64, framework="megatron-core")).frees_pipeline_outputs
+    assert not framework_of(make_workload(m, 16, load_cluster("h100"), 64, framework="torchtitan")).frees_pipeline_outputs
+
+
 def test_logits_and_params():
     m = load_model("gpt-175b")
     assert memory.logits_bytes(m, 1, 4) == pytest.approx(4 * 2048 * 50688 / 4)

@@ -108,6 +108,8 @@ class Framework:
     sp_with_moe_tp: bool = False  # it runs an MoE model with tp > 1 only with sequence parallelism
     moe_probs_in_experts: bool = False  # routing probabilities scale the experts' activation (Megatron-Core >= 0.13),
                                         # so the combine keeps no input for their gradient (tuner.perfmodel.moe)
+    frees_pipeline_outputs: bool = False  # a stage's output tensor is freed once sent to the next stage (Megatron-Core's
+                                          # deallocate_pipeline_outputs; tuner.perfmodel.memory.stage_activation_bytes)
     memory_n: int = 0           # the measurements memory_bias / memory_sd were fitted on (0: assumed)
     memory_sources: str = ""    # where those measurements come from (every one with Adam's moments in fp32)
 
@@ -317,7 +319,7 @@ FRAMEWORKS: dict[str, Framework] = {
         memory_sources="Megatron-Core 0.16.1's training step under fake tensors, 50 configurations",
         selective="core-attention", attention="fused",
         compiled="always", files=("megatron_args.txt", *_COMMON), zero_stages=(1, 0, 2, 3), sp_with_tp=False,
-        sp_with_moe_tp=True, moe_probs_in_experts=True, refuse=_megatron_core),
+        sp_with_moe_tp=True, moe_probs_in_experts=True, frees_pipeline_outputs=True, refuse=_megatron_core),
     "torchtitan": Framework(
         name="torchtitan", title="torchtitan (FSDP2)", overlaps=frozenset({"dp"}), fsdp=True,
         memory_sd=0.00115, memory_bias=0.0008, memory_n=113,

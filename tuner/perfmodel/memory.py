@@ -154,20 +154,24 @@ def layer_activation_bytes(model: ModelSpec, shape: Shape, flash_attention: bool
 
 
 def stage_activation_bytes(model: ModelSpec, layout: Layout, stage: int, m: int, shape: Shape,
-                           flash_attention: bool, per_layer: tuple | None = None) -> float:
+                           flash_attention: bool, per_layer: tuple | None = None, outputs_freed: bool = False) -> float:
     """Activation memory of stage `stage` at its peak (`per_layer`: layer_activation_bytes, where known).
 
     Each in-flight pass keeps, per layer, its checkpoint (full recompute) or its full activations,
-    plus the (virtual) stage's output tensor that the pipeline keeps until the backward pass. With
-    full recompute, one layer's full activations are live during its recompute; that layer's
-    checkpoint (its input) is one of them, so it is not counted twice."""
+    plus the (virtual) stage's output tensor that the pipeline keeps until the backward pass -- unless
+    `outputs_freed`: Megatron-Core (deallocate_pipeline_outputs, which Megatron-LM's argument_utils and
+    Megatron-Bridge's GPT provider set) replaces a pass's output data by one element once it is sent
+    (schedules.deallocate_output_tensor; custom_backward runs the backward from its grad_fn alone), and the
+    input it received is its first layer's input, already in that layer's account. With full recompute, one
+    layer's full activations are live during its recompute; that layer's checkpoint (its input) is one of
+    them, so it is not counted twice."""
     moe = stage_moe_layers(layout, model, stage)
     dense = stage_layers(layout, model.num_layers, stage) - moe
     if stage == layout.pp - 1 and model.mtp_num_layers:      # the multi-token prediction modules' layers
         moe, dense = (moe + model.mtp_num_layers, dense) if model.is_moe else (moe, dense + model.mtp_num_layers)
     full_dense, full_moe, ckpt = per_layer or layer_activation_bytes(model, shape, flash_attention)
     full_moe = full_moe if moe else 0.0
-    boundary = ckpt if layout.pp > 1 else 0.0
+    boundary = ckpt if layout.pp > 1 and not outputs_freed else 0.0
     if shape.recompute == "full":
         per_pass = (dense + moe) / layout.virtual_pipeline * ckpt + boundary
         working = max(full_dense if dense else 0.0, full_moe) - ckpt
@@ -211,7 +215,8 @@ def stage_parts(layout: Layout, workload: Workload, stage: int, m: int, sh: Shap
     """What a stage holds whatever the ZeRO stage: (parameters, routed-expert parameters among them,
     activation bytes, logits bytes). `memo`: the parameters by the model's cut and what one layer keeps by its
     shape, kept for one workload's layouts."""
-    model, flash = workload.model, workload.cluster.flash_attention
+    from tuner.frameworks import of
+    model, flash, freed = workload.model, workload.cluster.flash_attention, of(workload).frees_pipeline_outputs
     if memo is None:
         params, per_layer = (stage_params(model, layout, stage), stage_expert_params(model, layout, stage)), None
     else:
@@ -223,7 +228,7 @@ def stage_parts(layout: Layout, workload: Workload, stage: int, m: int, sh: Shap
         per_layer = memo.get(("layer", sh))
         if per_layer is None:
             per_layer = memo[("layer", sh)] = layer_activation_bytes(model, sh, flash)
-    return (*params, stage_activation_bytes(model, layout, stage, m, sh, flash, per_layer),
+    return (*params, stage_activation_bytes(model, layout, stage, m, sh, flash, per_layer, freed),
             (1 + model.mtp_num_layers) * logits_bytes(model, sh.tokens, layout.tp) if stage == layout.pp - 1 else 0.0)
 
 
