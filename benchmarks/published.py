@@ -314,6 +314,10 @@ HARDWARE_SEEN: dict = {
     # deep-interleaved Llama rows motivated it); memory only
     "Megatron-Core's deallocate_pipeline_outputs (tuner/perfmodel/memory.py)": (
         "memory", lambda r: r.get("framework", "megatron-core") == "megatron-core" and r.get("pp", 1) > 1),
+    # issue 24 round 5: a recipe's recompute_modules read at the row's tag onto the row (ran_recompute) after its
+    # p_fit had been printed; it moves the row's step time too
+    "recompute read onto hardware rows at their tag (ran_recompute, memory)": ("memory", lambda r: "ran_recompute" in r),
+    "recompute read onto hardware rows at their tag (ran_recompute, speed)": ("speed", lambda r: "ran_recompute" in r),
 }
 
 
