@@ -6,7 +6,7 @@ Rows: benchmarks/data/moe_published.toml (NVIDIA Megatron-Bridge's DGX-H100 MoE 
 Qwen3-30B-A3B, Qwen3-235B-A22B, DeepSeek-V3; NVIDIA dgxc-benchmarking v24.11.1's Grok-1 314B on 8-2048
 H100 and v25.05's DeepSeek-V3 on 1,024 H100, with its stated uneven pipeline split; issue 25 round 3, added with
 their split before the model ran on them: dgxc-benchmarking's DeepSeek-V3 on 512 (v25.05.04) and 1,024 H100
-(v25.08.02, refused: its recompute includes Megatron-Core's `moe` module, no mode of tuner's), Qwen3-235B-A22B BF16
+(v25.08.02; its recompute includes Megatron-Core's `moe` module: tuner's mla_up_mlp_moe), Qwen3-235B-A22B BF16
 (v25.12.02) and Llama 4 Maverick BF16 / FP8 (v25.05), and Megatron-MoE-ModelZoo's four Qwen3-235B-A22B H100
 layouts), predicted as framework megatron-core with the layout each
 row states (ep, etp 1, sequence parallel with tp > 1, the distributed optimizer, the row's recompute)

@@ -56,7 +56,7 @@ def test_each_set_frees_what_it_names_on_every_layer():
     w = deepseek()
     base = predict(ds_layout("none"), w)
     s = base.memory_stage
-    for rc in ("moe_act", "norm_act", "mla_up", "mla_up_mlp"):
+    for rc in ("moe_act", "norm_act", "mla_up", "mla_up_mlp", "mla_up_mlp_moe"):
         lay = ds_layout(rc)
         sh = compute.shape_of(lay, w)
         n_moe = stage_moe_layers(lay, w.model, s)
@@ -90,6 +90,25 @@ def test_launch_writes_the_modules():
     assert full[full.index("--recompute-modules") + 1:full.index("--recompute-modules") + 3] == ["layernorm", "moe_act"]
     assert {"--recompute-granularity", "--recompute-modules"} <= set(MCORE_FLAGS)
     assert mcore.recompute_args(ds_layout("selective")) == ["--recompute-granularity", "selective"]
+    moe = mcore.pretrain_args(ds_layout("mla_up_mlp_moe"), deepseek())      # NeMo 25.07's DeepSeek-V3 H100 recipe
+    assert moe[moe.index("--recompute-modules") + 1:moe.index("--recompute-modules") + 4] == ["mla_up_proj", "mlp", "moe"]
+    assert "--overlap-moe-expert-parallel-comm" not in moe         # transformer_config.py line 3032 refuses it with moe
+
+
+def test_the_moe_module_runs_the_whole_moe_block_and_its_exchange_again():
+    """Megatron-Core's `moe` module checkpoints the whole MoE layer: the router, both experts' GEMMs, their
+    element-wise kernels and the dispatch and combine run again in the backward (two more all-to-alls), and
+    what the block kept is freed but its input."""
+    from tuner.perfmodel.moe import alltoall_seconds, experts_gemm_seconds, moe_block_activation_bytes
+    w = deepseek()
+    sh, shm = compute.shape_of(ds_layout("mla_up_mlp"), w), compute.shape_of(ds_layout("mla_up_mlp_moe"), w)
+    m, c = w.model, w.cluster
+    assert alltoall_seconds(m, c, shm) == pytest.approx(alltoall_seconds(m, c, sh) * 6 / 4)
+    extra = recompute.extra_seconds(m, c, shm, True)["gemm"] - recompute.extra_seconds(m, c, sh, True)["gemm"]
+    assert extra > experts_gemm_seconds(m, c, shm) > 0
+    assert recompute.freed_bytes(m, shm, True) - recompute.freed_bytes(m, sh, True) == pytest.approx(
+        moe_block_activation_bytes(m, shm))
+    assert recompute.freed_bytes(m, shm, False) == recompute.freed_bytes(m, sh, False)      # dense layers: as mlp
 
 
 def test_the_cli_takes_a_set_and_refuses_one_the_model_cannot_run(tuner):

@@ -157,6 +157,7 @@ class Framework:
         cp > 1 it runs as NVIDIA's published runs do: with more than one CUDA connection
         (tuner.render.mcore.launch_env)."""
         return ("ep" in self.overlaps and layout.expert_parallel > 1 and layout.recompute != "full"
+                and "moe" not in recompute_modules(layout.recompute)          # line 3032: not with moe recomputed
                 and (layout.pp == 1 or layout.virtual_pipeline > 1)
                 and (model is None or model.mtp_num_layers <= 1))
 
@@ -221,8 +222,8 @@ def recompute_refusal(name: str, layout, workload) -> str | None:
         return (f"{name} cannot run recompute {mode}: Megatron-Core's --recompute-modules has no counterpart there "
                 "(its recompute is none, selective or full); use one of those, or --framework megatron-core")
     mods = recompute_modules(mode)
-    if "moe_act" in mods and not m.is_moe:
-        return f"recompute {mode} recomputes the MoE activation (moe_act): '{m.name}' has no experts; use none or selective"
+    if mods & {"moe_act", "moe"} and not m.is_moe:
+        return f"recompute {mode} recomputes the MoE layer or its activation: '{m.name}' has no experts; use none or selective"
     if "mla_up_proj" in mods and not m.multi_latent_attention:
         return (f"recompute {mode} recomputes MLA's up-projection (mla_up_proj): '{m.name}' has no multi-latent "
                 "attention; use none, selective or full")

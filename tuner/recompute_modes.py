@@ -8,12 +8,14 @@ from __future__ import annotations
 #: (--recompute-granularity selective --recompute-modules ..., tuner.perfmodel.recompute) as NVIDIA's recipes
 #: set them: moe_act (Qwen3 / DeepSeek-V3 on GB300), norm_act (layernorm, moe_act: Qwen3-235B on H100),
 #: mla_up (DeepSeek-V3 / Kimi-K2 on Blackwell), mla_up_mlp (mla_up_proj, mlp: DeepSeek-V3 / Kimi-K2 on H100;
-#: Megatron-Bridge perf_recipes/deepseek/h100/deepseek_v3.py line 43 at 067f987df03b). Not a chain: one mode
+#: Megatron-Bridge perf_recipes/deepseek/h100/deepseek_v3.py line 43 at 067f987df03b), mla_up_mlp_moe (and moe, the
+#: whole MoE layer: DeepSeek-V3 on H100 in NeMo 25.07, dgxc-benchmarking v25.08's launch.sh). Not a chain: one mode
 #: recomputes more than another when its modules include the other's (recomputes_at_least); full, everything.
-RECOMPUTE = ("none", "moe_act", "norm_act", "selective", "mla_up", "mla_up_mlp", "full")
+RECOMPUTE = ("none", "moe_act", "norm_act", "selective", "mla_up", "mla_up_mlp", "mla_up_mlp_moe", "full")
 RECOMPUTE_MODULES = {"none": (), "moe_act": ("moe_act",), "norm_act": ("layernorm", "moe_act"),
                      "selective": ("core_attn",), "mla_up": ("mla_up_proj",), "mla_up_mlp": ("mla_up_proj", "mlp"),
-                     "full": ("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp")}
+                     "mla_up_mlp_moe": ("mla_up_proj", "mlp", "moe"),
+                     "full": ("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp", "moe")}
 
 
 _MODULE_SETS = {mode: frozenset(mods) for mode, mods in RECOMPUTE_MODULES.items()}

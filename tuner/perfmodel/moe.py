@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from tuner.perfmodel import comm
 from tuner.perfmodel.compute import (ELEMENTWISE_REPLICATED, FP8_CAST_BYTES, SCORE_BYTES, Shape, _assemble, _passes,
                                      activation_function_bytes, attention_split_bytes, gemm_time)
+from tuner.recompute_modes import recompute_modules
 from tuner.specs import ClusterSpec, ModelSpec
 
 MOE_LOAD = 1.0          # tokens an expert gets / its fair share (balanced routing; see the module's docstring)
@@ -81,16 +82,26 @@ def moe_gemm_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> fl
     dense layer's), the router, the shared experts (split by tp) and the routed experts' fc1 and fc2 as
     grouped GEMMs: all local experts in one kernel (Megatron-Core --moe-grouped-gemm; torchtitan's
     grouped_mm), at the efficiency of a GEMM of their total FLOPs."""
+    return pre_dispatch_gemm_seconds(model, cluster, shape) + experts_gemm_seconds(model, cluster, shape)
+
+
+def experts_gemm_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> float:
+    """Forward seconds of the shared experts' GEMMs (split by tp) and the routed experts' fc1 and fc2 as grouped
+    GEMMs (all local experts in one kernel), on one GPU for one micro-batch."""
     h, t, fp8 = model.hidden_size, shape.t, shape.fp8
     bs2 = 2.0 * model.seq_length * shape.tokens
     m = model.ffn_matrices
     f_sh, f_e = model.shared_expert_width, model.moe_ffn_hidden_size
-    seconds = pre_dispatch_gemm_seconds(model, cluster, shape)
+    seconds = 0.0
     if f_sh:
         seconds += gemm_time(cluster, bs2 * h * (m - 1) * f_sh / t, fp8) + gemm_time(cluster, bs2 * f_sh * h / t, fp8)
     pairs2, width = 2.0 * routed_pairs(model, shape), f_e / shape.etp     # all local experts' tokens, one kernel
-    grouped = gemm_time(cluster, pairs2 * h * (m - 1) * width, fp8) + gemm_time(cluster, pairs2 * width * h, fp8)
-    return seconds + grouped
+    return seconds + gemm_time(cluster, pairs2 * h * (m - 1) * width, fp8) + gemm_time(cluster, pairs2 * width * h, fp8)
+
+
+def router_gemm_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> float:
+    """Forward seconds of the router's h x E GEMM over the rank's tokens (bf16)."""
+    return gemm_time(cluster, 2.0 * rank_tokens(model, shape) * model.hidden_size * model.num_experts)
 
 
 def pre_dispatch_gemm_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> float:
@@ -99,7 +110,7 @@ def pre_dispatch_gemm_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Sha
     h, t, fp8 = model.hidden_size, shape.t, shape.fp8
     bs2 = 2.0 * model.seq_length * shape.tokens
     seconds = gemm_time(cluster, bs2 * model.qkv_weights / t, fp8) + gemm_time(cluster, bs2 * model.o_width * h / t, fp8)
-    return seconds + gemm_time(cluster, 2.0 * rank_tokens(model, shape) * h * model.num_experts)
+    return seconds + router_gemm_seconds(model, cluster, shape)
 
 
 def moe_elementwise_bytes(model: ModelSpec, shape: Shape, flash_attention: bool) -> float:
@@ -109,17 +120,38 @@ def moe_elementwise_bytes(model: ModelSpec, shape: Shape, flash_attention: bool)
     t, h = shape.t, model.hidden_size
     sbh = model.seq_length * shape.tokens * h
     replicated = ELEMENTWISE_REPLICATED / t if shape.sp else ELEMENTWISE_REPLICATED
-    act = activation_function_bytes(model)
-    n = sbh * (replicated + (attention_split_bytes(model) + act * model.shared_expert_width / h) / t)
-    pairs, tokens = routed_pairs(model, shape), rank_tokens(model, shape)
-    n += pairs * act * model.moe_ffn_hidden_size / shape.etp
-    n += tokens * model.moe_top_k * load(model) * h * PERMUTE_BYTES + tokens * model.num_experts * ROUTER_BYTES
+    n = sbh * (replicated + attention_split_bytes(model) / t) + moe_block_elementwise_bytes(model, shape)
+    pairs = routed_pairs(model, shape)
     if shape.fp8:
         n += shape.casts * (sbh * FP8_CAST_BYTES * (2.0 + model.shared_expert_width / h) / t + pairs * FP8_CAST_BYTES * (
             h + model.moe_ffn_hidden_size / shape.etp))
     if not flash_attention:
         n += SCORE_BYTES * model.num_attention_heads * model.seq_length ** 2 * shape.tokens / t
     return n
+
+
+def moe_block_elementwise_bytes(model: ModelSpec, shape: Shape) -> float:
+    """The MoE block's share of moe_elementwise_bytes (what Megatron-Core's `moe` recompute module runs again):
+    the shared experts' and the routed pairs' activation, the permutation around the all-to-alls, the router."""
+    h, t = model.hidden_size, shape.t
+    act, tokens = activation_function_bytes(model), rank_tokens(model, shape)
+    n = model.seq_length * shape.tokens * act * model.shared_expert_width / t
+    n += routed_pairs(model, shape) * act * model.moe_ffn_hidden_size / shape.etp
+    return n + tokens * model.moe_top_k * load(model) * h * PERMUTE_BYTES + tokens * model.num_experts * ROUTER_BYTES
+
+
+def moe_block_activation_bytes(model: ModelSpec, shape: Shape) -> float:
+    """What one MoE layer keeps for backward inside its MoE block (moe_activation_bytes' share of the shared experts,
+    the routed pairs, the combine and the routing probabilities), per micro-batch: what Megatron-Core's `moe`
+    recompute module (a checkpoint of the whole MoE layer, transformer_config.py line 570 at d98e8a64ddf3) frees,
+    keeping only the block's input."""
+    h, t, fp8 = model.hidden_size, shape.t, shape.fp8
+    f_sh, inner = model.shared_expert_width, activation_function_bytes(model)
+    pairs, tokens = routed_pairs(model, shape), rank_tokens(model, shape)
+    shared = model.seq_length * shape.tokens * (inner * f_sh - (f_sh if fp8 else 0.0)) / t
+    routed = pairs * ((1.0 if fp8 else 2.0) * h + (inner - (1.0 if fp8 else 0.0)) * model.moe_ffn_hidden_size / shape.etp)
+    combine = 0.0 if shape.probs_in_experts else tokens * model.moe_top_k * load(model) * 2.0 * h
+    return shared + routed + combine + tokens * model.num_experts * 4.0
 
 
 def moe_layer_times(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> dict:
@@ -254,7 +286,7 @@ def alltoall_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Shape, dispa
     `flex_alltoall_time`); and with etp > 1 the expert-TP all-gather of the dispatched tokens and
     reduce-scatter of the outputs (one all-reduce's worth per pass)."""
     _, _, _, full = _passes(shape)
-    passes = 2.0 + full
+    passes = 2.0 + full + (0.0 if full else float("moe" in recompute_modules(shape.recompute)))  # the moe module
     tokens = rank_tokens(model, shape) * model.moe_top_k * load(model)
     nbytes = 2.0 * tokens * model.hidden_size
     one = (flex_alltoall_time(model, cluster, shape, 2.0 * model.hidden_size) if dispatcher == "flex"

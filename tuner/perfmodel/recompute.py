@@ -15,6 +15,10 @@ module, against the activations tuner.perfmodel.memory / moe already count per l
   GEMMs again and RoPE.
 - mlp (a checkpoint of the dense MLP, its input kept): frees the FFN's inner activations of a dense layer
   (6f/h with SwiGLU, 4f/h with GeLU, split by tp); runs its two GEMMs and activation again.
+- moe (a checkpoint of the whole MoE layer, its input kept): frees what the MoE block keeps (the shared experts',
+  the routed pairs' and the combine's activations, the routing probabilities: moe.moe_block_activation_bytes);
+  runs the router, the shared and routed experts' GEMMs, their element-wise kernels and the dispatch and combine
+  again (the two extra all-to-alls: moe.alltoall_seconds).
 - core_attn: the attention core again (tuner.perfmodel.compute, Megatron's selective recompute); it frees only
   the s^2 scores, which a FlashAttention kernel never keeps.
 """
@@ -23,7 +27,8 @@ from __future__ import annotations
 
 from tuner.recompute_modes import recompute_modules
 from tuner.perfmodel.compute import Shape, activation_function_bytes, gemm_time
-from tuner.perfmodel.moe import routed_pairs
+from tuner.perfmodel.moe import (experts_gemm_seconds, moe_block_activation_bytes, moe_block_elementwise_bytes,
+                                  router_gemm_seconds, routed_pairs)
 from tuner.specs import ClusterSpec, ModelSpec
 
 NORM_BYTES = 8.0       # two norms' forward element-wise traffic (of compute.ELEMENTWISE_REPLICATED's 22)
@@ -63,6 +68,8 @@ def freed_bytes(model: ModelSpec, shape: Shape, moe: bool) -> float:
     n = _sbh(model, shape) * per
     if "moe_act" in mods and moe:
         n += routed_pairs(model, shape) * 2.0 * model.moe_ffn_hidden_size / shape.etp
+    if "moe" in mods and moe:
+        n += moe_block_activation_bytes(model, shape)
     return n
 
 
@@ -91,5 +98,8 @@ def extra_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Shape, moe: boo
         out["gemm"] += gemm_time(cluster, 2.0 * tokens * h * f / t, shape.fp8)
         out["gemm"] += gemm_time(cluster, 2.0 * tokens * model.ffn_hidden_size * h / t, shape.fp8)
         elem += _sbh(model, shape) * activation_function_bytes(model) * model.ffn_hidden_size / h / t
+    if "moe" in mods and moe:
+        out["gemm"] += experts_gemm_seconds(model, cluster, shape) + router_gemm_seconds(model, cluster, shape)
+        elem += moe_block_elementwise_bytes(model, shape)
     out["elementwise"] = elem / hbm
     return out
