@@ -318,6 +318,11 @@ HARDWARE_SEEN: dict = {
     # p_fit had been printed; it moves the row's step time too
     "recompute read onto hardware rows at their tag (ran_recompute, memory)": ("memory", lambda r: "ran_recompute" in r),
     "recompute read onto hardware rows at their tag (ran_recompute, speed)": ("speed", lambda r: "ran_recompute" in r),
+    # issue 24 round 5: Megatron-Bridge's fp8_param_gather (benchmarks/reading.quantized_weight_bytes) read from source
+    # after every Blackwell row's p_fit had been printed; memory only
+    "Megatron-Bridge's FP8 weights held quantized only (benchmarks/reading.py)": (
+        "memory", lambda r: r.get("release", "").startswith("Megatron-Bridge")
+        and r.get("precision") in ("fp8", "mxfp8", "nvfp4")),
 }
 
 

@@ -108,7 +108,39 @@ def test_a_row_without_recipe_keys_is_stated_as_predict_states_it():
     assert len(rows) > 20
     for r in rows:
         lay, w = reading.layout_of(r), reading.workload_of(r)
-        if memory_accuracy.why_invalid(lay, w):
+        if memory_accuracy.why_invalid(lay, w) or reading.quantized_weight_bytes(r, w) is not None:
             continue
         pr = predict(lay, w)
         assert reading.memory_as_ran(r, lay, w) == pytest.approx((pr.memory_gb, pr.p_fit), abs=1e-9)
+
+
+def test_megatron_bridge_fp8_recipes_hold_the_layers_weights_quantized_only():
+    """fp8_param_gather (Megatron-Bridge's FP8 / MXFP8 precision configs; NVFP4 from 26.06): the layers' weights are
+    TransformerEngine's quantized tensors alone (Blackwell: FP8 1 byte, MXFP8 2 + 2/32, NVFP4 1 + 2/16), the word
+    embedding and LM head stay bf16, and the worst stage is taken after it."""
+    rows = [r for r in published.hardware() if r.get("release", "").startswith("Megatron-Bridge")]
+    seen = set()
+    for r in rows:
+        lay, w = reading.layout_of(r), reading.workload_of(r)
+        per = reading.quantized_weight_bytes(r, w)
+        if memory_accuracy.why_invalid(lay, w):
+            continue
+        if w.precision == "bf16" or (w.precision == "nvfp4" and r["release"] < "Megatron-Bridge 26.06"):
+            assert per is None
+            continue
+        assert per == reading.QUANTIZED_WEIGHT_BYTES[w.precision]
+        seen.add(w.precision)
+        got = reading.peak_as_ran(r, lay, w)
+        m = memory_accuracy.micro_batches_per_pipeline(lay, w.global_batch)
+        stage = 1 if lay.pp > 2 else 0          # a middle stage: every weight a layer's; stage 0: the embedding too
+        plain = memory_accuracy.memory.stage_memory(lay, w, stage, m)
+        q = reading.quantized_weights(plain, w, lay, stage, per)
+        if stage:
+            assert q["weights"] == pytest.approx(plain["weights"] * per / 2.0) and q["fp8_weights"] == 0.0
+        assert q["weights"] + q["fp8_weights"] < plain["weights"] + plain["fp8_weights"]
+        assert q["total"] == pytest.approx(plain["total"] - (plain["weights"] + plain["fp8_weights"])
+                                           + q["weights"] + q["fp8_weights"])
+        assert got["total"] >= reading.ran_breakdown(r, lay, w, q)["total"] - 1e-9    # the worst stage after it
+    assert seen == {"fp8", "mxfp8", "nvfp4"}
+    h100 = dict(rows[0], cluster="h100", precision="fp8")
+    assert reading.quantized_weight_bytes(h100, reading.workload_of(h100)) is None     # Hopper: not read so
