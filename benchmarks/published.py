@@ -318,6 +318,10 @@ HARDWARE_SEEN: dict = {
     # p_fit had been printed; it moves the row's step time too
     "recompute read onto hardware rows at their tag (ran_recompute, memory)": ("memory", lambda r: "ran_recompute" in r),
     "recompute read onto hardware rows at their tag (ran_recompute, speed)": ("speed", lambda r: "ran_recompute" in r),
+    # issue 24 round 5: a layout read from the recipe at the row's tag where the table's cells disagree (ran_pp,
+    # ran_vp, ran_micro_batch), after the row's p_fit had been printed; it moves the step time too
+    **{f"the recipe's layout read onto hardware rows whose cells disagree (ran_pp / ran_vp / ran_micro_batch, {k})": (
+        k, lambda r: bool({"ran_pp", "ran_vp", "ran_micro_batch"} & set(r))) for k in ("memory", "speed")},
     # issue 24 round 5: Megatron-Bridge's fp8_param_gather (benchmarks/reading.quantized_weight_bytes) read from source
     # after every Blackwell row's p_fit had been printed; memory only
     "Megatron-Bridge's FP8 weights held quantized only (benchmarks/reading.py)": (

@@ -89,17 +89,20 @@ def workload_of(row: dict):
 
 def layout_of(row: dict, framework: str | None = None) -> Layout:
     """The layout it ran: sequence parallelism unstated (or torchtitan's, whose TP always shards the sequence) is
-    tp > 1; recompute unstated is none; torchtitan shards everything (ZeRO 3); `ran_*` keys say what a recipe ran."""
+    tp > 1; recompute unstated is none; torchtitan shards everything (ZeRO 3); `ran_*` keys say what a recipe ran
+    (`ran_pp`, `ran_vp`, `ran_micro_batch`: where a table's cells disagree with the recipe at the row's tag and the
+    recipe is what ran)."""
     fw = framework or framework_of(row)
-    tp, cp, pp = row["tp"], row["cp"], row["pp"]
+    tp, cp, pp = row["tp"], row["cp"], row.get("ran_pp", row["pp"])
     sp = row.get("ran_sequence_parallel", row.get("sequence_parallel", "unstated"))
     sp = tp > 1 if sp == "unstated" or fw == "torchtitan" else sp
     rc = row.get("ran_recompute", "none" if row.get("recompute", "unstated") == "unstated" else row["recompute"])
     ep = row.get("ep", 1)
     etp = row.get("etp", tp if fw == "torchtitan" and ep == 1 and row.get("num_experts") else 1)
-    return Layout(tp=tp, pp=pp, dp=row["gpus"] // (tp * cp * pp), micro_batch=row["micro_batch"],
+    mb = row.get("ran_micro_batch", row["micro_batch"])
+    return Layout(tp=tp, pp=pp, dp=row["gpus"] // (tp * cp * pp), micro_batch=mb,
                   zero_stage=3 if fw == "torchtitan" else published.zero_stage(row), recompute=rc,
-                  sequence_parallel=sp, context_parallel=cp, virtual_pipeline=row.get("vp", 1),
+                  sequence_parallel=sp, context_parallel=cp, virtual_pipeline=row.get("ran_vp", row.get("vp", 1)),
                   expert_parallel=ep, expert_tensor_parallel=etp or 1,
                   pipeline_split=row.get("pipeline_split", "auto"))
 

@@ -144,3 +144,17 @@ def test_megatron_bridge_fp8_recipes_hold_the_layers_weights_quantized_only():
     assert seen == {"fp8", "mxfp8", "nvfp4"}
     h100 = dict(rows[0], cluster="h100", precision="fp8")
     assert reading.quantized_weight_bytes(h100, reading.workload_of(h100)) is None     # Hopper: not read so
+
+
+def test_a_recipes_layout_read_onto_a_row_is_the_layout_it_is_predicted_with():
+    """ran_pp / ran_vp / ran_micro_batch (a table whose cells disagree with the recipe at the row's tag): the row is
+    predicted with the recipe's layout, and its split key is still the table's."""
+    rows = [r for r in published.hardware() if "ran_pp" in r]
+    assert len(rows) >= 2
+    for r in rows:
+        lay = reading.layout_of(r)
+        assert (lay.pp, lay.virtual_pipeline, lay.micro_batch) == (r["ran_pp"], r["ran_vp"], r["ran_micro_batch"])
+        assert lay.dp == r["gpus"] // (lay.tp * lay.context_parallel * lay.pp)
+        table = {k: v for k, v in r.items() if not k.startswith("ran_")}
+        assert published.split_key(r) == published.split_key(table)
+        assert reading.layout_of(table).pp == r["pp"]
