@@ -375,6 +375,21 @@ def test_each_modern_dimension_has_its_term_in_the_breakdown():
     assert f8.mfu == pytest.approx(p0.mfu * p0.step_time_s / f8.step_time_s)
 
 
+def test_nvfp4_keeps_four_bit_copies_of_weights_and_saved_inputs():
+    """TransformerEngine's NVFP4 (module/linear.py, tensor/nvfp4_tensor.py @ d0067d0da): the cached weight copy is
+    row- and column-wise, 4 bits plus an E4M3 scale per 16 each (1.125 bytes per parameter, FP8's 1); a saved GEMM
+    input is its column-wise copy alone (0.5625 bytes per element, FP8's 1)."""
+    m = load_model("llama3-70b")
+    sbh = m.seq_length * m.hidden_size
+    f8 = memory.activation_bytes_per_layer(m, Shape(1, 1, fp8="fp8"), True)
+    f4 = memory.activation_bytes_per_layer(m, Shape(1, 1, fp8="fp4"), True)
+    assert f8 - f4 == pytest.approx((2 + 1 + m.ffn_hidden_size / m.hidden_size) * (1 - 0.5625) * sbh)
+    w = make_workload(m, 16, load_cluster("gb200"), 256, precision="nvfp4", framework="megatron-core")
+    lay = Layout(tp=1, pp=4, virtual_pipeline=5, dp=16, micro_batch=1, recompute="none")
+    got = predict(lay, w).memory_breakdown
+    assert got["fp8_weights"] == pytest.approx(got["weights"] / 2 * 1.125)
+
+
 def test_fp8_backward_gemms_run_without_fast_accumulation_on_hopper_only():
     """Transformer Engine and torchao run FP8 dgrad / wgrad with the split accumulator (no cuBLASLt fast
     accumulation): on H100 a layer's GEMM seconds are fwd * (1 + 2 * SPLIT_ACCUMULATOR); bf16, and FP8 on

@@ -67,10 +67,18 @@ def op_sac_bytes(model: ModelSpec, shape: Shape, fused_qkv: bool = LAUNCHED_FUSE
     return (2.0 / t if shape.sp else 2.0) + split / t + 2.0 + scattered
 
 
-def fp8_saved_bytes(model: ModelSpec) -> tuple[float, float]:
-    """Bytes per s*b*h element FP8 saves of (the replicated, the split-by-t) activations: the QKV and
-    fc1 inputs (replicated, 2 of 4 bytes) and the projection and fc2 inputs (split, 1 + f/h)."""
-    return 2.0, 1.0 + model.ffn_hidden_size / model.hidden_size
+#: Bytes per element TransformerEngine keeps of a GEMM input it saves quantized for the backward pass (module/linear.py
+#: @ d0067d0da keeps the column-wise copy alone): FP8 1; NVFP4 4 bits with an E4M3 scale per 16 elements
+#: (tensor/nvfp4_tensor.py get_scale_shape: 1D blocks of 16).
+SAVED_INPUT_BYTES = {"fp8": 1.0, "fp4": 0.5 + 1.0 / 16}
+
+
+def fp8_saved_bytes(model: ModelSpec, fmt: str | bool = "fp8") -> tuple[float, float]:
+    """Bytes per s*b*h element a low-precision GEMM format (Shape.fp8) saves of (the replicated, the split-by-t)
+    activations against bf16: the QKV and fc1 inputs (replicated, 2 elements) and the projection and fc2 inputs
+    (split, 1 + f/h), each kept in SAVED_INPUT_BYTES instead of 2 (FP8: 2 and 1 + f/h)."""
+    cut = 2.0 - SAVED_INPUT_BYTES.get(fmt, 1.0)
+    return 2.0 * cut, (1.0 + model.ffn_hidden_size / model.hidden_size) * cut
 
 
 def activation_bytes_per_layer(model: ModelSpec, shape: Shape, flash_attention: bool) -> float:
@@ -86,7 +94,7 @@ def activation_bytes_per_layer(model: ModelSpec, shape: Shape, flash_attention: 
     if not shape.fused:     # eager: every unfused op keeps its own inputs
         replicated, split = EAGER_REPLICATED, eager_split_bytes(model)
     if shape.fp8:
-        saved_r, saved_s = fp8_saved_bytes(model)
+        saved_r, saved_s = fp8_saved_bytes(model, shape.fp8)
         replicated, split = replicated - saved_r, split - saved_s
     per = (replicated + split) / t if shape.sp else replicated + split / t
     if shape.sp and shape.gathered_inputs:     # the attention's and the FFN's gathered bf16 inputs, whole

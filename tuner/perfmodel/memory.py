@@ -19,7 +19,8 @@ mixture-of-experts layers hold their routed experts on 1/(ep*etp) of the GPUs an
 the expert-data-parallel group (tuner.perfmodel.moe); the interleaved schedule keeps p*v + p - 1
 virtual-stage passes in flight on the first rank instead of
 p (Narayanan et al. 2021: 1 + (p - 1)/(p*v) times the layers' activations). FP8 keeps an FP8 copy of
-the weights (1 byte per parameter) and saves the GEMM inputs for backward in FP8 (1 byte, not 2).
+the weights (1 byte per parameter) and saves the GEMM inputs for backward in FP8 (1 byte, not 2); NVFP4 a
+row- and a column-wise 4-bit copy (1.125 bytes with their scales) and 0.5625-byte inputs.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ from tuner.perfmodel.recompute import freed_bytes     # Megatron-Core's --recomp
 from tuner.specs import ModelSpec, Workload
 
 GB = 1e9
+#: Bytes per parameter of the low-precision copy TransformerEngine caches of a bf16 weight (Shape.fp8): FP8 1; NVFP4 a
+#: row-wise and a column-wise copy, each 4 bits with an E4M3 scale per 16 (module/linear.py @ d0067d0da sets both
+#: usages of the weight quantizer in training; tensor/nvfp4_tensor.py get_scale_shape).
+WEIGHT_COPY_BYTES = {"fp8": 1.0, "fp4": 2.0 * (0.5 + 1.0 / 16)}
 
 
 # ----------------------------------------------------------------------------------- parameters
@@ -312,7 +317,7 @@ def _states_gb(layout: Layout, workload: Workload, fw, stage: int, sh: Shape, pa
                   _memo_state_bytes(layout, workload, fw, shards, memo))
     out = {k: ((params - experts) * v + experts * per_e[k]) / GB for k, v in per.items()}
     if sh.fp8 and not fw.fsdp:     # sharded like the bf16 weights; FSDP2's float8 casts while it gathers
-        out["fp8_weights"] = out["weights"] / 2.0
+        out["fp8_weights"] = out["weights"] / 2.0 * WEIGHT_COPY_BYTES.get(sh.fp8, 1.0)
     buffers = (fsdp_buffers(workload.model, layout, stage, shards) if fw.fsdp else
                zero3_gather_bytes(workload.model, layout.tp, shards, layout.zero_stage))
     return out, tuple(out.values()), buffers
