@@ -7,7 +7,8 @@ e.g. "training_results_v5.1" for the MLPerf rows, "performance_long_sequence" fo
 Rows: benchmarks/data/hardware_published.toml (NVIDIA Megatron-Bridge's DGX-GB200 / B200 / GB300 / B300
 pre-training tables, 25.09 to 26.08, NVIDIA dgxc-benchmarking v25.05.05's GB200 tables (Grok-1 with its own shape),
 DeepSeek-V3's H800 run, MLPerf Training v5.1's Llama 3.1 405B / 8B result logs and configs (NVIDIA GB200 / GB300,
-B200 / B300 submitters, AMD MI355X), NeMo's long-sequence B200 table), every source named in the file; each row is predicted with the
+B200 / B300 submitters, AMD MI355X), NeMo's long-sequence B200 table, torchao's torchtitan benchmarks on MI300X and
+on B200 at 750 W), every source named in the file; each row is predicted with the
 layout it ran, its pipeline split included (the DeepSeek-V3 recipes' "light-last" layers per stage, the
 data file's `pipeline_split`). One configuration is one row
 (benchmarks/published.py: a configuration stated in several releases is the median of its measurements).
@@ -16,8 +17,10 @@ model's rules refuse is counted and named as refused). Held out: the configurati
 held-out third (data/held_out.txt, written before this benchmark first ran) that no choice saw
 (published.HARDWARE_SEEN: the MI325X rows, seen by their global batch's correction and by the choice of
 mi325x.toml's GEMM fractions; every other constant is quoted or marked ESTIMATE in its file, none chosen on these
-rows). AMD Instinct MI325X and MI355X rows: AMD's measured Primus-Megatron runs (the data
-file names the source and each unstated value it takes); MI300X and MI300A have none: unvalidated.
+rows; published.HARDWARE_SEEN also names the MI355X rows, seen by the choice of mi355x.toml's CDNA 4 GEMM fractions).
+AMD Instinct MI325X and MI355X rows: AMD's measured Primus-Megatron runs and MLPerf (the data file names the source and
+each unstated value it takes); MI300X: torchao's torchtitan benchmarks (Llama 3 8B on 8 GPUs, bf16 / fp8); MI300A has
+none: unvalidated.
 """
 
 from __future__ import annotations
@@ -36,9 +39,9 @@ from tuner.perfmodel import predict  # noqa: E402
 
 FAMILIES = {"b200": "Blackwell DGX B200", "gb200": "Blackwell GB200 NVL72", "b300": "Blackwell Ultra DGX B300",
             "gb300": "Blackwell Ultra GB300 NVL72", "h800": "Hopper H800", "mi325x": "AMD Instinct MI325X",
-            "mi355x": "AMD Instinct MI355X"}
+            "mi355x": "AMD Instinct MI355X", "mi300x": "AMD Instinct MI300X"}
 #: AMD presets no published run validates (benchmarks/data/hardware_published.toml says why)
-UNVALIDATED = ("mi300x", "mi300a")
+UNVALIDATED = ("mi300a",)
 
 
 def evaluate(row: dict) -> dict:

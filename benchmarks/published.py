@@ -305,6 +305,11 @@ def clean(row: dict, kind: str | None = None) -> bool:
 HARDWARE_SEEN: dict = {
     "mi325x-8b-global-batch": ("speed", lambda r: r.get("cluster") == "mi325x"),
     "mi325x-gemm-taf": ("speed", lambda r: r.get("cluster") == "mi325x"),
+    # issue 26 round 3: mi355x.toml's GEMM fractions from AMD's CDNA 4 hipBLASLt FP8 figures (and its RCCL figures, MI300X's
+    # rccl-tests) were looked for after both MI355X rows had been printed -26 / -32 % with MI300X's 2024 fractions: seen.
+    # (mi300x.toml's new GEMM and RCCL constants were chosen from AMD's MAF / rccl-tests before any MI300X row had been
+    # printed: they saw no row; MI325X's rows, which the RCCL figures move too, are seen above.)
+    "mi355x-gemm-cdna4": ("speed", lambda r: r.get("cluster") == "mi355x"),
     # issue 24: Megatron-Core's activation CPU offloading (benchmarks/reading.ran_breakdown) read from the recipes
     # onto the Megatron-FSDP rows (ran_offload_layers) after their p_fit 0.00 had been printed; memory only
     "activation offloading read onto the Megatron-FSDP rows (benchmarks/reading.py)": (
