@@ -18,7 +18,7 @@ Set-up (outside the repository; torch pinned so that pip takes the CPU build):
 
     python3 -m venv /work/mcorevenv && . /work/mcorevenv/bin/activate
     pip install torch==2.13.0 megatron-core==0.16.1
-    python benchmarks/measure_memory_mcore.py [--out FILE] [--only N[,M...]] [--list] [--fresh]
+    python benchmarks/measure_memory_mcore.py [--out FILE] [--only N[,M...]] [--list] [--fresh | --pipeline]
 
 Output: benchmarks/data/memory_measured_megatron-core.toml (one [[row]] per configuration that ran; failures are
 printed at the end and written nowhere). Each configuration runs in a forked child process (fresh process
@@ -112,7 +112,7 @@ SHAPES = {
 
 
 def C(shape, *, layers=None, tp=1, pp=1, cp=1, dp=1, ep=1, mb=1, m=1, seq=4096, sp=None, recompute="none",
-      dist_opt=True, attention="flash-standin", stage=0):
+      dist_opt=True, attention="flash-standin", stage=0, vp=1):
     """One configuration: a SHAPES entry (optionally cut to `layers` layers) and a layout."""
     c = dict(SHAPES[shape])
     c["shape"] = shape
@@ -120,7 +120,7 @@ def C(shape, *, layers=None, tp=1, pp=1, cp=1, dp=1, ep=1, mb=1, m=1, seq=4096, 
         c["num_layers"] = layers
     c.update(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, micro_batch=mb, num_microbatches=m, seq_length=seq,
              sequence_parallel=(tp > 1) if sp is None else sp, recompute=recompute, distributed_optimizer=dist_opt,
-             attention=attention, stage=stage if stage >= 0 else pp + stage)
+             attention=attention, stage=stage if stage >= 0 else pp + stage, vp=vp)
     return c
 
 
@@ -230,6 +230,23 @@ FRESH = [
     C("gpt-22b", layers=8, tp=2, pp=2, dp=4, mb=1, m=4, seq=2048, recompute="full", stage=-1),
 ]
 FRESH_OUT = REPO / "benchmarks" / "data" / "memory_measured_megatron-core_fresh.toml"
+
+#: --pipeline (issue 24 round 5): what a pipelined stage keeps per pass in flight, with deallocate_pipeline_outputs on
+#: as Megatron-LM sets it -- interleaved stages of one or two layers per virtual stage (vp 2 and 4, where a per-pass
+#: term is a large share), first and last stage, SP, full recompute, a GPT (LayerNorm, dropout) and the same cut under
+#: plain 1F1B. Listed (and committed) before any is measured, after tuner.perfmodel.memory stopped charging a boundary
+#: tensor per pass for Megatron-Core (95daa1c). Written to data/memory_measured_megatron-core_pipeline.toml.
+PIPELINE = [
+    C("llama3-8b", layers=8, tp=1, pp=4, vp=2, dp=1, mb=1, m=8, seq=4096, stage=0),
+    C("llama3-8b", layers=8, tp=1, pp=4, vp=2, dp=1, mb=1, m=8, seq=4096, stage=-1),
+    C("llama3-8b", layers=16, tp=1, pp=4, vp=4, dp=1, mb=1, m=8, seq=4096, stage=0),
+    C("llama3-8b", layers=8, tp=2, pp=2, vp=2, dp=2, mb=1, m=4, seq=8192, stage=0),
+    C("llama3-8b", layers=8, tp=1, pp=4, vp=2, dp=1, mb=1, m=8, seq=4096, recompute="full", stage=0),
+    C("llama3-70b", layers=8, tp=8, pp=4, vp=2, dp=1, mb=1, m=8, seq=8192, stage=0),
+    C("gpt-22b", layers=8, tp=2, pp=4, vp=2, dp=1, mb=1, m=8, seq=2048, stage=0),
+    C("llama3-8b", layers=8, tp=1, pp=4, dp=1, mb=1, m=8, seq=4096, stage=0),
+]
+PIPELINE_OUT = REPO / "benchmarks" / "data" / "memory_measured_megatron-core_pipeline.toml"
 
 # ----------------------------------------------------------------------------------- patches
 
@@ -597,7 +614,9 @@ def measure(c, redirect_mode):
     world = tp * pp * cp * dp
     rank = _rank_of(c)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
-    parallel_state.initialize_model_parallel(tp, pp, context_parallel_size=cp, expert_model_parallel_size=ep,
+    vp = c.get("vp", 1)
+    parallel_state.initialize_model_parallel(tp, pp, virtual_pipeline_model_parallel_size=vp if vp > 1 else None,
+                                             context_parallel_size=cp, expert_model_parallel_size=ep,
                                              create_gloo_process_groups=False)
     assert parallel_state.get_pipeline_model_parallel_rank() == c["stage"], "wrong rank for the stage"
     model_parallel_cuda_manual_seed(1234)
@@ -623,7 +642,7 @@ def measure(c, redirect_mode):
         add_bias_linear=c["add_bias_linear"], hidden_dropout=c["dropout"], attention_dropout=c["dropout"],
         bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp,
-        sequence_parallel=c["sequence_parallel"],
+        virtual_pipeline_model_parallel_size=vp if vp > 1 else None, sequence_parallel=c["sequence_parallel"],
         # Megatron-LM's defaults where they run without CUDA: fused bias+SwiGLU / bias+GeLU (autograd
         # Functions that save only their input), bias-dropout-add; CUDA-only kernels off: the masked-softmax
         # kernel (local attention), TE's fused RoPE, gradient-accumulation fusion, persistent LayerNorm.
@@ -664,39 +683,24 @@ def measure(c, redirect_mode):
     with redirect_mode(), FakeTensorMode(allow_non_fake_inputs=True):
         mt = Tracker()
         with mt:
-            gpt = GPTModel(cfg, spec, vocab_size=V, max_sequence_length=s,
-                           pre_process=parallel_state.is_pipeline_first_stage(),
-                           post_process=parallel_state.is_pipeline_last_stage(),
-                           share_embeddings_and_output_weights=c["tie_embeddings"],
-                           position_embedding_type="rope" if c["position_embedding"] == "rope" else "learned_absolute",
-                           rotary_base=int(c.get("rope_theta", 10000)))
-            # Megatron-LM wraps the model in Float16Module (module.bfloat16()); the same cast, done in place
-            # (module.bfloat16() cannot swap fake parameters): e.g. the learned position table is built fp32.
-            cast = []
-            for name, prm in gpt.named_parameters():
-                if prm.dtype.is_floating_point and prm.dtype != torch.bfloat16:
-                    prm.data = prm.data.to(torch.bfloat16)
-                    cast.append(name)
-            for mod in gpt.modules():
-                for bname, buf in list(mod._buffers.items()):
-                    if buf is not None and buf.dtype.is_floating_point and buf.dtype != torch.bfloat16:
-                        mod._buffers[bname] = buf.to(torch.bfloat16)
-                        cast.append(bname)
-            n_params = sum(p.numel() for p in gpt.parameters())
+            gpts, cast = _model_chunks(c, cfg, spec, GPTModel, parallel_state)
+            n_params = sum(p.numel() for gpt in gpts for p in gpt.parameters())
             ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True,
                                                     use_distributed_optimizer=c["distributed_optimizer"])
-            model = DistributedDataParallel(cfg, ddp_cfg, gpt)
+            # one DDP per virtual stage, bucketing only the first's (Megatron-LM's training.get_model)
+            models = [DistributedDataParallel(cfg, ddp_cfg, gpt, disable_bucketing=i > 0) for i, gpt in enumerate(gpts)]
             opt = get_megatron_optimizer(
                 OptimizerConfig(optimizer="adam", bf16=True, use_distributed_optimizer=c["distributed_optimizer"],
                                 lr=1e-4, weight_decay=0.1, clip_grad=1.0),
-                [model], use_gloo_process_groups=False)
+                models, use_gloo_process_groups=False)
             # Categorise what construction allocated: bf16 params, the fp32 grad buffers, fp32 main params.
-            for p in gpt.parameters():
-                mt.tag(p, _MemRefType.PARAM)
-            for buf in list(model.buffers) + list(model.expert_parallel_buffers):
-                mt.tag(buf.grad_data, _MemRefType.GRAD)
-                if buf.param_data is not None:
-                    mt.tag(buf.param_data, _MemRefType.PARAM)
+            for gpt, model in zip(gpts, models):
+                for p in gpt.parameters():
+                    mt.tag(p, _MemRefType.PARAM)
+                for buf in list(model.buffers) + list(model.expert_parallel_buffers):
+                    mt.tag(buf.grad_data, _MemRefType.GRAD)
+                    if buf.param_data is not None:
+                        mt.tag(buf.param_data, _MemRefType.PARAM)
             for sub in getattr(opt, "chained_optimizers", [opt]):
                 groups = getattr(sub, "shard_fp32_from_float16_groups", None) or \
                     getattr(sub, "fp32_from_float16_groups", [])
@@ -707,17 +711,19 @@ def measure(c, redirect_mode):
             mt.retag_all(_MemRefType.ACT, _MemRefType.OTH)
 
             # Steady state: Adam's moments exist before the measured iteration (one step on zero gradients).
-            model.zero_grad_buffer()
+            for model in models:
+                model.zero_grad_buffer()
             opt.zero_grad()
             opt.step()
             mt.retag_all(_MemRefType.ACT, _MemRefType.OTH)
             after_init = mt.get_tracker_snapshot()
-            model.zero_grad_buffer()
+            for model in models:
+                model.zero_grad_buffer()
             opt.zero_grad()
             mt.reset_peak()
 
             cfg.finalize_model_grads_func = finalize_model_grads
-            cfg.no_sync_func = model.no_sync
+            cfg.no_sync_func = [model.no_sync for model in models] if vp > 1 else models[0].no_sync
             cfg.grad_scale_func = opt.scale_loss
 
             def forward_step(data_iterator, mdl):
@@ -738,7 +744,8 @@ def measure(c, redirect_mode):
 
             fb = get_forward_backward_func()
             # seq_length is the full sequence: the schedule divides it by cp (and tp with SP) for p2p shapes
-            fb(forward_step_func=forward_step, data_iterator=None, model=[model], num_microbatches=m,
+            fb(forward_step_func=forward_step, data_iterator=[None] * vp if vp > 1 else None, model=models,
+               num_microbatches=m,
                seq_length=s, micro_batch_size=b, forward_only=False)
             fb_peak = mt.get_tracker_snapshot("peak")
             opt.step()
@@ -758,6 +765,33 @@ def measure(c, redirect_mode):
     return dict(peak=cats(peak), fb_peak=cats(fb_peak), after_init=cats(after_init), n_params=n_params,
                 fwd=counts["fwd"], bwd=counts["bwd"], max_in_flight=counts["max_in_flight"],
                 p2p_ops=counts["p2p_ops"], schedule=fb.__name__, seconds=time.time() - t0, cast=cast)
+
+
+def _model_chunks(c, cfg, spec, GPTModel, parallel_state):
+    """The GPTModel of each virtual pipeline stage this rank holds (one without interleaving), cast to bf16 as
+    Megatron-LM's Float16Module does (module.bfloat16() cannot swap fake parameters, so in place: e.g. the learned
+    position table is built fp32), and the names cast."""
+    import torch
+    vp, gpts, cast = c.get("vp", 1), [], []
+    for i in range(vp):
+        at = dict(ignore_virtual=False, vp_stage=i) if vp > 1 else {}
+        gpt = GPTModel(cfg, spec, vocab_size=c["vocab_size"], max_sequence_length=c["seq_length"],
+                       pre_process=parallel_state.is_pipeline_first_stage(**at),
+                       post_process=parallel_state.is_pipeline_last_stage(**at),
+                       share_embeddings_and_output_weights=c["tie_embeddings"],
+                       position_embedding_type="rope" if c["position_embedding"] == "rope" else "learned_absolute",
+                       rotary_base=int(c.get("rope_theta", 10000)), **({"vp_stage": i} if vp > 1 else {}))
+        for name, prm in gpt.named_parameters():
+            if prm.dtype.is_floating_point and prm.dtype != torch.bfloat16:
+                prm.data = prm.data.to(torch.bfloat16)
+                cast.append(name)
+        for mod in gpt.modules():
+            for bname, buf in list(mod._buffers.items()):
+                if buf is not None and buf.dtype.is_floating_point and buf.dtype != torch.bfloat16:
+                    mod._buffers[bname] = buf.to(torch.bfloat16)
+                    cast.append(bname)
+        gpts.append(gpt)
+    return gpts, cast
 
 
 def _child(c, redirect_mode, conn):
@@ -849,7 +883,7 @@ def _row(c, r, version, presets):
         row.update(position_embedding=c["position_embedding"], tie_embeddings=c["tie_embeddings"],
                    normalization=c["normalization"], add_bias_linear=c["add_bias_linear"])
     gpus = c["tp"] * c["cp"] * c["pp"] * c["dp"]
-    row.update(gpus=gpus, tp=c["tp"], pp=c["pp"], cp=c["cp"], vp=1, dp=c["dp"])
+    row.update(gpus=gpus, tp=c["tp"], pp=c["pp"], cp=c["cp"], vp=c.get("vp", 1), dp=c["dp"])
     if c.get("num_experts"):
         row.update(ep=c["ep"], etp=c["tp"])
     row.update(micro_batch=c["micro_batch"], global_batch=c["micro_batch"] * c["num_microbatches"] * c["dp"],
@@ -910,18 +944,20 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help=f"output TOML (default {DEFAULT_OUT.name}; --fresh: {FRESH_OUT.name})")
     ap.add_argument("--fresh", action="store_true", help="the FRESH configurations instead of CONFIGS")
+    ap.add_argument("--pipeline", action="store_true", help="the PIPELINE configurations instead of CONFIGS")
     ap.add_argument("--only", default=None, help="comma-separated indices into CONFIGS")
     ap.add_argument("--list", action="store_true", help="print the configurations and exit")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
     ap.add_argument("--verbose", action="store_true", help="print full tracebacks of failures")
     args = ap.parse_args(argv)
-    configs = FRESH if args.fresh else CONFIGS
-    args.out = args.out or str(FRESH_OUT if args.fresh else DEFAULT_OUT)
+    configs = FRESH if args.fresh else PIPELINE if args.pipeline else CONFIGS
+    args.out = args.out or str(FRESH_OUT if args.fresh else PIPELINE_OUT if args.pipeline else DEFAULT_OUT)
     idx = list(range(len(configs))) if args.only is None else [int(i) for i in args.only.split(",")]
     if args.list:
         for i in idx:
             c = configs[i]
-            print(i, c["shape"], c["num_layers"], {k: c[k] for k in ("tp", "pp", "cp", "dp", "ep", "micro_batch",
+            print(i, c["shape"], c["num_layers"], {k: c.get(k, 1) for k in (
+                  "tp", "pp", "vp", "cp", "dp", "ep", "micro_batch",
                   "num_microbatches", "seq_length", "sequence_parallel", "recompute", "distributed_optimizer",
                   "attention", "stage")})
         return 0
@@ -953,7 +989,8 @@ def main(argv=None):
             p.kill()
             p.join()
         dt = time.time() - t0
-        label = (f"[{i}] {c['shape']} L{c['num_layers']} tp{c['tp']} pp{c['pp']} cp{c['cp']} dp{c['dp']} "
+        label = (f"[{i}] {c['shape']} L{c['num_layers']} tp{c['tp']} pp{c['pp']} vp{c.get('vp', 1)} cp{c['cp']} "
+                 f"dp{c['dp']} "
                  f"ep{c['ep']} mb{c['micro_batch']} m{c['num_microbatches']} s{c['seq_length']} "
                  f"sp={int(c['sequence_parallel'])} rc={c['recompute']} do={int(c['distributed_optimizer'])} "
                  f"{c['attention']} stage{c['stage']}")
