@@ -283,6 +283,16 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
         "memory", lambda r: "peak_allocated_gib" in r and not {"memory_measured_torchtitan_fresh4.toml",
                                                                "memory_measured_megatron-core_fresh.toml"}
         & set(r.get("files", [r.get("file")]))),
+    # issue 24 round 5: Megatron-Core's last stage at its unfused loss (bf16 and fp32 logits together, or the output
+    # layer's backward: tuner/perfmodel/memory_loss.megatron_loss_bytes, memory.megatron_phases), the sequence-parallel
+    # gather buffer (memory.sp_gather_bytes) and the tracker's retained pipeline tensors on later stages
+    # (benchmarks/memory_accuracy.tracker_retained_gb), read from megatron-core 0.16.1 and the tracker after every
+    # measured Megatron-Core row's error had been printed, FRESH's 24 included; Megatron-Core's memory_bias /
+    # memory_sd were then chosen again (memory_accuracy.py --fit) on the same rows. FRESH2 was drawn after both; the
+    # --pipeline rows (memory_measured_megatron-core_pipeline.toml, 4b4170d) were not printed by it.
+    "Megatron-Core's loss phase, SP gather buffer and tracker-retained pipeline tensors; its bias / sd again": (
+        "memory", lambda r: bool({"memory_measured_megatron-core.toml", "memory_measured_megatron-core_fresh.toml"}
+                                 & set(r.get("files", [r.get("file")])))),
 }
 
 

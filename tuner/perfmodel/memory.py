@@ -30,7 +30,7 @@ from tuner.perfmodel.activations import (  # noqa: F401 -- one layer's account, 
     EAGER_REPLICATED, LAUNCHED_FUSED_QKV, activation_bytes_per_layer, checkpoint_bytes_per_layer, eager_split_bytes,
     fp8_saved_bytes, op_sac_bytes, split_activation_bytes)
 from tuner.perfmodel.compute import Shape, shape_of
-from tuner.perfmodel.memory_loss import LAUNCHED_LOSS_CHUNKS, loss_phase
+from tuner.perfmodel.memory_loss import LAUNCHED_LOSS_CHUNKS, loss_phase, megatron_loss_bytes
 from tuner.perfmodel.moe import moe_activation_bytes, moe_layer_params
 from tuner.perfmodel.recompute import freed_bytes     # Megatron-Core's --recompute-modules (issue 25)
 from tuner.specs import ModelSpec, Workload
@@ -233,8 +233,19 @@ def stage_parts(layout: Layout, workload: Workload, stage: int, m: int, sh: Shap
         per_layer = memo.get(("layer", sh))
         if per_layer is None:
             per_layer = memo[("layer", sh)] = layer_activation_bytes(model, sh, flash)
-    return (*params, stage_activation_bytes(model, layout, stage, m, sh, flash, per_layer, freed),
+    act = stage_activation_bytes(model, layout, stage, m, sh, flash, per_layer, freed)
+    if of(workload).sp_gather_buffer and sh.sp and layout.tp > 1:
+        act += sp_gather_bytes(model, sh)
+    return (*params, act,
             (1 + model.mtp_num_layers) * logits_bytes(model, sh.tokens, layout.tp) if stage == layout.pp - 1 else 0.0)
+
+
+def sp_gather_bytes(model: ModelSpec, sh: Shape) -> float:
+    """Megatron-Core's sequence-parallel all-gather buffer: a column-parallel linear gathers its s/t input into the
+    global memory buffer "mpu" (tensor_parallel/layers.py, get_global_memory_buffer().get_tensor at 0.16.1), which is
+    kept and reused once allocated: s*b*h bf16 on every rank (the output layer's, on every spec; the local spec's
+    layers use the same one)."""
+    return 2.0 * model.seq_length * sh.tokens * model.hidden_size
 
 
 def state_bytes(layout: Layout, workload: Workload, fw, shards: int) -> tuple[dict, dict]:
@@ -260,15 +271,29 @@ def fsdp_phases(model: ModelSpec, layout: Layout, sh: Shape, act: float, shards:
     sum is largest (tuner.perfmodel.memory_loss): the loss (the layers' kept activations, without full recompute's
     working layer, and loss_phase), a layer's backward (all of `act` and one layer's buffers, as fsdp_buffers) or
     the embedding's backward (its unit's buffers alone)."""
-    working = 0.0
-    if sh.recompute == "full":
-        per = (memo or {}).get(("layer", sh)) or layer_activation_bytes(model, sh, flash)
-        working = max(per[0] if model.num_moe_layers < model.num_layers else 0.0, per[1]) - per[2]
+    working = _working_bytes(model, sh, flash, memo)
     loss_act, loss_buf = loss_phase(model, layout.tp, sh.sp, sh.tokens, layout.micro_batch, shards, chunks,
                                     compiled=sh.fused)
     phases = ((act - working, loss_act, loss_buf), (act, 0.0, 10.0 * max_layer_params(model, layout)),
               (0.0, 0.0, 10.0 * embedding_params(model, layout.tp)))
     return max(phases, key=sum)
+
+
+def _working_bytes(model: ModelSpec, sh: Shape, flash: bool, memo: dict | None) -> float:
+    """Full recompute's working layer (its full activations less its checkpoint), live only in that layer's backward."""
+    if sh.recompute != "full":
+        return 0.0
+    per = (memo or {}).get(("layer", sh)) or layer_activation_bytes(model, sh, flash)
+    return max(per[0] if model.num_moe_layers < model.num_layers else 0.0, per[1]) - per[2]
+
+
+def megatron_phases(model: ModelSpec, sh: Shape, act: float, tp: int, flash: bool,
+                    memo: dict | None = None) -> tuple[float, float]:
+    """Megatron-Core's last stage: (activations, bytes outside the layers) in the larger of its loss's peak (the kept
+    activations without full recompute's working layer, and memory_loss.megatron_loss_bytes per loss: the model's and
+    each multi-token prediction module's) and a layer's backward (all of `act`; the loss's tensors are freed)."""
+    loss = (1 + model.mtp_num_layers) * megatron_loss_bytes(model, tp, sh.sp, sh.tokens)
+    return max(((act - _working_bytes(model, sh, flash, memo), loss), (act, 0.0)), key=sum)
 
 
 def stage_memory(layout: Layout, workload: Workload, stage: int, m: int, sh: Shape | None = None,
@@ -304,6 +329,8 @@ def _stage_sums(layout: Layout, workload: Workload, fw, sh: Shape, parts: tuple,
     if fw.fsdp and layout.pp == 1 and shards > 1:
         act, logits, buffers = fsdp_phases(workload.model, layout, sh, act, shards, workload.cluster.flash_attention,
                                            loss_chunks, memo)
+    elif fw.megatron_loss and logits:
+        act, logits = megatron_phases(workload.model, sh, act, layout.tp, workload.cluster.flash_attention, memo)
     values = (act / GB, logits / GB, buffers / GB, workload.cluster.memory_reserved_gb)
     return sum((*state_values, *values)), out, values, params
 

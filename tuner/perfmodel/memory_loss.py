@@ -1,4 +1,5 @@
-"""torchtitan's memory outside the layers, phase by phase (FSDP2, one pipeline stage): pure functions (issue 24).
+"""The memory outside the layers at the loss, phase by phase: torchtitan (FSDP2, one pipeline stage) and Megatron-Core's
+last stage (`megatron_loss_bytes`, at the end): pure functions (issue 24).
 
 A torchtitan step peaks in one of three phases, each holding the layers' kept activations (or none) and its own
 working set; tuner.perfmodel.memory.stage_memory takes the largest:
@@ -63,3 +64,24 @@ def loss_phase(model, tp: int, sp: bool, tokens: float, micro_batch: int, shards
         return both + copies + 4.0 * sbh + 2.0 * logits / chunks, (12.0 + 4.0 / max(1, shards)) * head
     per = COMPILED_LOSS_BYTES if compiled else 16.0 if tp > 1 else 12.0
     return both + per * logits, 2.0 * head
+
+
+def megatron_loss_bytes(model, tp: int, sp: bool, tokens: float) -> float:
+    """What Megatron-Core's last stage holds beyond the layers' kept activations at its loss's peak, per micro-batch, in
+    bytes: the larger of two moments of megatron-core 0.16.1's unfused vocab-parallel loss (tuner launches no
+    --cross-entropy-loss-fusion), both with the final norm's saved input (the last layer's output) and the output
+    layer's saved input (the norm's bf16 output), 2 + 2 bytes per s*b*h element (h/t of it with sequence parallelism):
+    - the loss's forward (tensor_parallel/cross_entropy.py calculate_logits_max: `vocab_parallel_logits.float()` while
+      the output layer's bf16 logits are alive; the exp and the softmax run in place): 2 + 4 bytes per s*b*V/t logit;
+    - the output layer's backward (tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication.backward:
+      the fp32 gradient of the logits is freed once cast): the bf16 gradient of the logits (2 per logit), the bf16
+      weight gradient (2 per V*h/t parameter: grad_output.t().matmul(total_input), or the dummy wgrad tensor with
+      gradient-accumulation fusion) and the input gradient grad_output.matmul(weight), 2 bytes per s*b*h element
+      whole on every TP rank (plus its reduce-scattered h/t share with sequence parallelism).
+    Checked against the tracker's live tensors at the peak of fake-tensor rows (benchmarks/measure_memory_mcore.py)."""
+    s, h, v = model.seq_length, model.hidden_size, model.vocab_size
+    sbh, logits = s * tokens * h, s * tokens * v / tp
+    kept = 4.0 * sbh / (tp if sp else 1)
+    forward = 6.0 * logits
+    backward = 2.0 * logits + 2.0 * v * h / tp + 2.0 * sbh * (1.0 + (1.0 / tp if sp else 0.0))
+    return kept + max(forward, backward)
