@@ -66,8 +66,9 @@ def draw(seed: int, chunked: int, ce: int, batch: str = "fresh4") -> list[dict]:
 # Megatron-Core (--mcore): benchmarks/measure_memory_mcore.py's C(...) over the grid shape {Llama 3 8B with all 32
 # layers, the Llama 3 70B and GPT 22B shapes built with 8 layers} x sequence {2048, 4096, 8192} x tp {1, 2, 4, 8} x
 # pp {1, 2 (its first and its last stage)} x dp {4, 16} x micro-batch {1, 2} x micro-batches {2, 4}, the
-# distributed optimizer, sequence parallelism with tp > 1 and the FlashAttention stand-in, less CONFIGS, keeping the
-# held-out third; `--per-mode` per recompute mode.
+# distributed optimizer, sequence parallelism with tp > 1 and the FlashAttention stand-in, less every configuration
+# measured before the batch (FRESH was drawn outside CONFIGS; FRESH2, issue 24 round 5, outside CONFIGS, FRESH and
+# PIPELINE too), keeping the held-out third; `--per-mode` per recompute mode.
 MCORE_SHAPES = (("llama3-8b", None), ("llama3-70b", 8), ("gpt-22b", 8))
 MCORE_GRID = dict(seq=(2048, 4096, 8192), tp=(1, 2, 4, 8), pp=((1, 0), (2, 0), (2, -1)), dp=(4, 16), mb=(1, 2),
                   m=(2, 4))
@@ -89,19 +90,21 @@ MCORE_FULL_LAYERS = {"llama3-8b": 32, "llama3-70b": 80, "gpt-22b": 48, "gpt-175b
 
 
 def mcore_draw(seed: int, per_mode: int) -> list[dict]:
-    from measure_memory_mcore import C, CONFIGS as MCORE_CONFIGS
+    from measure_memory_mcore import C, CONFIGS as MCORE_CONFIGS, FRESH as MCORE_FRESH, PIPELINE
+    earlier = MCORE_CONFIGS + MCORE_FRESH + PIPELINE
     rng, out = random.Random(seed), []
     for mode in MODES:
         grid = [C(shape, layers=layers, tp=tp, pp=pp, dp=dp, mb=mb, m=m, seq=seq, recompute=mode, stage=stage)
                 for (shape, layers), seq, tp, (pp, stage), dp, mb, m in itertools.product(MCORE_SHAPES,
                                                                                            *MCORE_GRID.values())]
-        grid = [c for c in grid if c not in MCORE_CONFIGS and held_out(mcore_split_row(c))]
+        grid = [c for c in grid if c not in earlier and held_out(mcore_split_row(c))]
         out += rng.sample(grid, per_mode)
     return out
 
 
 def main() -> None:
-    args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+    argv = sys.argv[1:]     # each --option's value is the word after it (--mcore takes none)
+    args = {a: v for a, v in zip(argv, argv[1:]) if a.startswith("--") and not v.startswith("--")}
     seed = int(args["--seed"]) if "--seed" in args else int.from_bytes(os.urandom(4), "little")
     if "--mcore" in sys.argv:
         batch = mcore_draw(seed, int(args.get("--per-mode", 8)))
