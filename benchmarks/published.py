@@ -236,6 +236,11 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # had been printed; it moves only the rows that ran the flex dispatcher with the EP overlap
     "flex dispatcher's SMs under the EP overlap (tuner/perfmodel/moe.sm_contention)": (
         "speed", lambda r: r.get("a2a_overlap") is True and str(r.get("dispatcher", "")).startswith("flex")),
+    # issue 25 round 4: the shared experts beside the exchange (tuner/perfmodel/moe.shared_overlap_exposed, from
+    # Megatron-Core's --moe-shared-expert-overlap, no constant), read onto the rows whose NeMo configs set it after every
+    # one of them had been printed without it (Llama 4 Maverick's two were held out and seen by no speed choice before)
+    "shared-expert overlap on the rows that ran it (shared_expert_overlap, tuner/perfmodel/moe.shared_overlap_exposed)": (
+        "speed", lambda r: r.get("shared_expert_overlap") is True),
     # issue 24: torchtitan's op-SAC account (tuner/perfmodel/memory.op_sac_bytes) was derived from its 0.3.0
     # policy and checked on selective-less-full activations after every measured torchtitan row's error had
     # been printed, held-out ones included

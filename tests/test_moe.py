@@ -560,3 +560,34 @@ def test_multi_token_prediction_is_launched_by_megatron_core_only():
     tt = dataclasses.replace(w, framework="torchtitan")
     assert "no multi-token prediction" in FRAMEWORKS["torchtitan"].refusal(dataclasses.replace(lay, zero_stage=3), tt)
     assert FRAMEWORKS["megatron-core"].refusal(lay, w) is None
+
+
+def test_the_shared_experts_hide_the_exchange_they_run_beside():
+    """Megatron-Core's --moe-shared-expert-overlap (NeMo's DeepSeek and Llama 4 configs) runs the shared experts on a
+    side stream: fc1 beside the dispatch, fc2 beside the combine, forward and backward; each exchange shows only
+    where it outlasts its shared GEMM. Off by default (launch does not write it); no effect without shared experts
+    or with the flex dispatcher; never slower, and what it hides is compute no other collective may hide under."""
+    from tuner.perfmodel import stage_times
+    from tuner.perfmodel.moe import shared_gemm_seconds, shared_overlap_exposed
+    w = h100("deepseek-v3", 32)
+    lay = Layout(tp=8, sequence_parallel=True, pp=1, dp=32, expert_parallel=64, micro_batch=1, recompute="none")
+    sh = shape_of(lay, w)
+    b = 2.0 * sh.backward_gemm
+    assert shared_overlap_exposed(4.0, 0.0, 0.0, sh) == 4.0                       # nothing beside it: all shows
+    assert shared_overlap_exposed(4.0, 1.0, 1.0, sh) == 0.0                       # every exchange covered
+    assert shared_overlap_exposed(4.0, 0.5, 0.25, sh) == pytest.approx(0.5 + 0.75 + max(0, 1 - 0.5 * b)
+                                                                       + max(0, 1 - 0.25 * b))
+    fc1, fc2 = shared_gemm_seconds(w.model, w.cluster, sh)
+    assert fc2 < fc1 <= 2 * fc2                  # SwiGLU: gate and up, twice fc2's FLOPs (at a larger GEMM's rate)
+    plain, shared = (TokenExchange(overlap=False, dispatcher="alltoall", shared_overlap=s) for s in (False, True))
+    off, on = stage_times(lay, w, exchange=plain)[0], stage_times(lay, w, exchange=shared)[0]
+    assert on["all_to_all"] < off["all_to_all"]
+    assert on["all_to_all"] + on["hidden_under_compute"] == pytest.approx(off["all_to_all"])
+    assert predict(lay, w, shared).step_time_s < predict(lay, w, plain).step_time_s
+    assert predict(lay, w).step_time_s == predict(lay, w, TokenExchange()).step_time_s     # launch: off
+    flex = TokenExchange(overlap=False, dispatcher="flex", shared_overlap=True)
+    assert predict(lay, w, flex).step_time_s == predict(lay, w, dataclasses.replace(flex, shared_overlap=False)).step_time_s
+    q = h100("qwen3-30b-a3b", 2)                                                   # no shared experts
+    ql = Layout(tp=1, pp=1, dp=16, expert_parallel=16, micro_batch=1, recompute="none")
+    assert (predict(ql, q, dataclasses.replace(shared, overlap=False)).step_time_s
+            == predict(ql, q, plain).step_time_s)

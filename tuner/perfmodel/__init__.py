@@ -101,11 +101,14 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     tp_hidden = "tp" in hide and sh.sp and not comm.leaves_domain(cluster, t, 1) and cluster.software == "cuda"
     tp_comm = max(0.0, lc["tp_comm"] - lay["gemm"]) if tp_hidden else lc["tp_comm"]
     p2p = layout.virtual_pipeline * comm.pipeline_p2p_time(cluster, t * sh.c, layout.dp, p, boundary)
-    exposed = overlapped_exchange(workload, sh, lay_moe, a2a) if ep_hidden else a2a
+    shared_hidden = not ep_hidden and exchange.shared_overlap and how == "alltoall" and model.num_shared_experts > 0
+    exposed = (overlapped_exchange(workload, sh, lay_moe, a2a) if ep_hidden else a2a if not shared_hidden
+               else moe.shared_overlap_exposed(a2a, *moe.shared_gemm_seconds(model, cluster, sh), sh))
     m = micro_batches_per_pipeline(layout, workload.global_batch)
 
     def exchange_shown(stage: int) -> tuple[float, float, float]:   # one MoE layer's exchange: seconds shown,
-        u = moe.unpaired_share(p, layout.virtual_pipeline, stage, m) if ep_hidden else 1.0   # hidden (unpaired passes
+        u = (moe.unpaired_share(p, layout.virtual_pipeline, stage, m) if ep_hidden   # hidden (unpaired passes
+             else float(not shared_hidden))
         shown = u * a2a + (1.0 - u) * exposed            # whole) and what the flex kernels' SMs slow the compute
         return shown, a2a - shown, moe.sm_contention(cluster, how, a2a - shown)         # they hide under
 

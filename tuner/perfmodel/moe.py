@@ -88,15 +88,21 @@ def moe_gemm_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> fl
 def experts_gemm_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> float:
     """Forward seconds of the shared experts' GEMMs (split by tp) and the routed experts' fc1 and fc2 as grouped
     GEMMs (all local experts in one kernel), on one GPU for one micro-batch."""
-    h, t, fp8 = model.hidden_size, shape.t, shape.fp8
+    h, m, fp8 = model.hidden_size, model.ffn_matrices, shape.fp8
+    pairs2, width = 2.0 * routed_pairs(model, shape), model.moe_ffn_hidden_size / shape.etp   # one kernel
+    return (sum(shared_gemm_seconds(model, cluster, shape)) + gemm_time(cluster, pairs2 * h * (m - 1) * width, fp8)
+            + gemm_time(cluster, pairs2 * width * h, fp8))
+
+
+def shared_gemm_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> tuple[float, float]:
+    """Forward seconds of the shared experts' fc1 (gate and up) and fc2 GEMMs (split by tp), one GPU, one
+    micro-batch; (0, 0) without shared experts."""
+    f_sh, h, t = model.shared_expert_width, model.hidden_size, shape.t
+    if not f_sh:
+        return 0.0, 0.0
     bs2 = 2.0 * model.seq_length * shape.tokens
-    m = model.ffn_matrices
-    f_sh, f_e = model.shared_expert_width, model.moe_ffn_hidden_size
-    seconds = 0.0
-    if f_sh:
-        seconds += gemm_time(cluster, bs2 * h * (m - 1) * f_sh / t, fp8) + gemm_time(cluster, bs2 * f_sh * h / t, fp8)
-    pairs2, width = 2.0 * routed_pairs(model, shape), f_e / shape.etp     # all local experts' tokens, one kernel
-    return seconds + gemm_time(cluster, pairs2 * h * (m - 1) * width, fp8) + gemm_time(cluster, pairs2 * width * h, fp8)
+    return (gemm_time(cluster, bs2 * h * (model.ffn_matrices - 1) * f_sh / t, shape.fp8),
+            gemm_time(cluster, bs2 * f_sh * h / t, shape.fp8))
 
 
 def router_gemm_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> float:
@@ -179,6 +185,7 @@ class TokenExchange:
     overlap: bool | None = None
     dispatcher: str | None = None
     overlaps: frozenset | None = None
+    shared_overlap: bool = False      # --moe-shared-expert-overlap (`shared_overlap_exposed`); launch leaves it off
 
 
 DISPATCHERS = ("alltoall", "flex")
@@ -199,6 +206,21 @@ def exposed_alltoall(a2a: float, pre: float, mlp: float, forward: float) -> floa
     exchanges whole: `unpaired_share`, weighed in by tuner.perfmodel.stage_times."""
     one = a2a / 4.0
     return max(0.0, one - forward * pre) + max(0.0, 2.0 * one - mlp) + max(0.0, one - (1.0 - forward) * pre)
+
+
+def shared_overlap_exposed(a2a: float, fc1: float, fc2: float, shape: Shape) -> float:
+    """Seconds of one MoE layer's token exchange per micro-batch left exposed under Megatron-Core's
+    --moe-shared-expert-overlap (alltoall dispatcher; NeMo's DeepSeek and Llama 4 configs set it): the shared
+    experts run on a side stream, fc1 launched before the dispatch all-to-all and fc2 before the combine
+    (token_dispatcher.py token_permutation / token_unpermutation, shared_experts.py at core_v0.12.0 and
+    d98e8a64ddf3), and their backward on that stream beside the exchanges' gradients (set_tensor_grad_fn_sequence_sr
+    orders the communication first). So each exchange hides under the shared GEMM it is paired with -- dispatch
+    under fc1, combine under fc2, forward (and recomputed) passes and the backward alike -- and what outlasts it
+    shows. `a2a`: the layer's exchanges (`alltoall_seconds`), taken equal; `fc1` / `fc2`: `shared_gemm_seconds`."""
+    fwd = exchange_passes(shape) - 1.0        # forward passes (recompute runs the layer's forward again)
+    one = a2a / (2.0 * (fwd + 1.0))
+    bwd = 2.0 * shape.backward_gemm
+    return fwd * (max(0.0, one - fc1) + max(0.0, one - fc2)) + max(0.0, one - bwd * fc1) + max(0.0, one - bwd * fc2)
 
 
 def unpaired_share(pp: int, vp: int, rank: int, m: int) -> float:
@@ -279,14 +301,20 @@ def flex_backend(cluster: ClusterSpec, shape: Shape) -> str:
     return "hybridep" if mnnvl else "deepep"
 
 
+def exchange_passes(shape: Shape) -> float:
+    """Passes of an MoE layer that exchange tokens per micro-batch: forward, backward, and the forward again
+    under full recompute or Megatron-Core's moe recompute module."""
+    _, _, _, full = _passes(shape)
+    return 2.0 + full + (0.0 if full else float("moe" in recompute_modules(shape.recompute)))
+
+
 def alltoall_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Shape, dispatcher: str = "alltoall") -> float:
     """The token dispatch and combine of one MoE layer for one micro-batch on one GPU: two all-to-alls
     forward, two backward (the gradients go the other way), two more with full recompute, each moving
     this rank's T*top_k bf16 hidden states over its EP group (ep ranks, etp apart; the flex dispatcher:
     `flex_alltoall_time`); and with etp > 1 the expert-TP all-gather of the dispatched tokens and
     reduce-scatter of the outputs (one all-reduce's worth per pass)."""
-    _, _, _, full = _passes(shape)
-    passes = 2.0 + full + (0.0 if full else float("moe" in recompute_modules(shape.recompute)))  # the moe module
+    passes = exchange_passes(shape)
     tokens = rank_tokens(model, shape) * model.moe_top_k * load(model)
     nbytes = 2.0 * tokens * model.hidden_size
     one = (flex_alltoall_time(model, cluster, shape, 2.0 * model.hidden_size) if dispatcher == "flex"
