@@ -8,7 +8,13 @@ from __future__ import annotations
 from dataclasses import replace
 from types import SimpleNamespace
 
+import math
+
+import pytest
+
 from tuner.best import best_for_unmeasured, supported_fit, twin_support
+from tuner.frameworks import ALLOCATOR_SD
+from tuner.perfmodel import MEMORY_NOISE_SD, fit_probability, gpu_fit_probability
 from tuner.layout import Layout
 from tuner.space import load_space
 from tuner.specs import make_workload
@@ -30,7 +36,8 @@ def test_a_measured_twin_at_n_lifts_the_oom_cap_on_its_dp_doubled_layout_at_2n()
     recs = [record(OOMED, Status.OOM), record(RAN, Status.OK, peak=0.9 * cap, mfu=0.3)]
     rows = {r["layout"]: r for r in best_for_unmeasured(W4, SPACE, recs, k=10**6)}
     doubled = rows[replace(RAN, dp=2)]
-    assert doubled["p_fit"] > 0.99 and doubled["headroom_ok"] and doubled["p_fit_limited_by"] is None
+    assert doubled["p_fit"] == pytest.approx(gpu_fit_probability(0.9 * cap, cap, MEMORY_NOISE_SD))
+    assert doubled["p_fit"] > 0.95 and doubled["headroom_ok"] and doubled["p_fit_limited_by"] is None
     assert RAN.key() in doubled["p_fit_supported_by"] and "2 node(s)" in doubled["p_fit_supported_by"]
     # without the measured twin, the OOM of the same activation account caps it
     capped = {r["layout"]: r for r in best_for_unmeasured(W4, SPACE, recs[:1], k=10**6)}.get(replace(RAN, dp=2))
@@ -70,3 +77,14 @@ def test_a_twin_that_ran_fewer_micro_batches_a_replica_does_not_support():
     assert twin_support([small], W4) == {}                          # 2 samples on 16 GPUs against 640 on 32
     same = SimpleNamespace(**{**vars(small), "global_batch": 320})  # the same batch per GPU: still a twin
     assert set(twin_support([same], W4)) == {replace(lay, dp=1)}
+
+
+def test_a_twins_rerun_carries_the_allocators_share_as_well_as_its_noise():
+    """A measured peak is allocated bytes; run again on a GPU it needs the caching allocator's share on top (the same
+    ALLOCATOR_SD every GPU p_fit carries), so a twin at 95 % of the GPU is less sure than its run-to-run noise alone
+    would say."""
+    cap = W4.cluster.memory_gb
+    p, by = supported_fit(replace(RAN, dp=2), {replace(RAN, dp=1): [record(RAN, Status.OK, peak=0.95 * cap)]}, cap)
+    assert by and RAN.key() in by
+    assert p == pytest.approx(fit_probability(0.95 * cap, cap, math.hypot(MEMORY_NOISE_SD, ALLOCATOR_SD)))
+    assert 0.5 < p < fit_probability(0.95 * cap, cap, MEMORY_NOISE_SD)

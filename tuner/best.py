@@ -29,7 +29,7 @@ from tuner.errors import UsageError
 from tuner.metrics import trial_rank_key
 from tuner.layout import Layout
 from tuner.frameworks import ALLOCATOR_BIAS, ALLOCATOR_SD, of as framework_of, runnable
-from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT, memory_fit, predict
+from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT, gpu_fit_probability, memory_fit, predict
 from tuner.fit_nodes import more_nodes_hint
 from tuner.specs import STORED_SETTINGS, Workload, stored_setting
 from tuner.correction import (Z_DIM, Observations, features, left_out, memory_features, record_workload, simulated,
@@ -110,14 +110,15 @@ def twin_support(records, workload: Workload, studies: dict | None = None) -> di
 
 def supported_fit(layout: Layout, support: dict, cap: float) -> tuple[float, str | None]:
     """The probability that `layout` fits by its measured twins (`support`, twin_support): that the smallest
-    measured peak among them, measured again, stays within `cap` (MEMORY_NOISE_SD: run-to-run noise), and
-    which twin says so; (0, None) without one."""
+    measured peak among them, measured again on a GPU, stays within `cap` -- its run-to-run noise (MEMORY_NOISE_SD)
+    and the caching allocator's share of that run (gpu_fit_probability: ALLOCATOR_SD, ALLOCATOR_BIAS), since a
+    GPU run's measured peak is the bytes its tensors allocated (the harness's max_memory_allocated) -- and which twin
+    says so; (0, None) without one."""
     twins = [r for r in support.get(replace(layout, dp=1), ()) if layout.dp % r.layout.dp == 0]
     if not twins:
         return 0.0, None
     rec = min(twins, key=lambda r: r.peak_memory_gb)
-    z = math.log(cap / rec.peak_memory_gb) / MEMORY_NOISE_SD
-    return 0.5 * math.erfc(-z / math.sqrt(2)), (f"its twin {rec.layout.key()} ran at {rec.nodes} node(s) with a "
+    return gpu_fit_probability(rec.peak_memory_gb, cap, MEMORY_NOISE_SD), (f"its twin {rec.layout.key()} ran at {rec.nodes} node(s) with a "
                                                f"measured peak of {rec.peak_memory_gb:.1f} GB")
 
 
