@@ -241,6 +241,11 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # one of them had been printed without it (Llama 4 Maverick's two were held out and seen by no speed choice before)
     "shared-expert overlap on the rows that ran it (shared_expert_overlap, tuner/perfmodel/moe.shared_overlap_exposed)": (
         "speed", lambda r: r.get("shared_expert_overlap") is True),
+    # issue 25 round 4: Megatron-MoE-ModelZoo's Qwen3-235B-A22B rows ran without --tp-comm-overlap (8017e112's yaml and
+    # scripts pass none; its README: 'not yet compatible with MoE layers'), read after every one had been printed with it
+    # (the pp 32 row was the last held out and seen by no speed choice)
+    "TP overlap off on Megatron-MoE-ModelZoo's Qwen3-235B-A22B rows (tp_comm_overlap false, moe_published.toml)": (
+        "speed", lambda r: r.get("tp_comm_overlap") is False and "Megatron-MoE-ModelZoo" in r.get("release", "")),
     # issue 24: torchtitan's op-SAC account (tuner/perfmodel/memory.op_sac_bytes) was derived from its 0.3.0
     # policy and checked on selective-less-full activations after every measured torchtitan row's error had
     # been printed, held-out ones included
