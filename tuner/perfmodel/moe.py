@@ -43,7 +43,10 @@ PERMUTE_BYTES = 8.0     # per routed token copy and h: permute before dispatch a
 # benchmarks/moe_accuracy.py's tuning rows of current releases (0, 1, 1.5, 2, 2.5 and 3 ms tried; 2.5 gives
 # the smallest median error: without it every MoE row was predicted 17-55 % too fast, the dense H100 rows
 # of the same tables 0-20 %). Independent of the layer's size: it fits Qwen3-30B-A3B (h 2048) and
-# Qwen3-235B-A22B (h 4096) alike.
+# Qwen3-235B-A22B (h 4096) alike. The sync is not all of it: the alltoall dispatcher runs none when it drops and
+# pads to capacity (token_dispatcher.py preprocess, core_v0.9.0 to d98e8a64ddf3), yet without this cost moe_accuracy's
+# 25 drop-and-pad rows (Grok-1, DeepSeek-V3 v25.05, Llama 4, Megatron-Bridge 25.09 token-drop) predict 6-21 points
+# faster, the 18 Grok-1 rows +14 to +28 % (issue 25 round 4, at 9d58919: printed, not applied).
 MOE_LAYER_OVERHEAD_MS = 2.5
 #: The flex dispatcher's bandwidth as a share of the links' (instead of the cluster's NCCL network_efficiency):
 #: DeepEP's own measurement of its normal (training) kernels, deepseek-ai/DeepEP README 'Normal kernels with
