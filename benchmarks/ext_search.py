@@ -17,7 +17,8 @@ guided study at N, scored against the same world at 2N.
 
 Prints per world its model facts (the model's rank of the optimum, the model's top pick's true speed /
 the fastest), then per world and searcher the median and the worst seed after the budget, each searcher's
-OOMs among its trials, the stop rule's stops and false stops, and the wall time.
+OOMs among its trials, `best --nodes 2N`'s picks that run out of memory at 2N against the p_fit it stated
+(and how many rest on a measured twin), the stop rule's stops and false stops, and the wall time.
 """
 
 from __future__ import annotations
@@ -115,6 +116,8 @@ def evaluate(task: tuple) -> dict:
         _, _, answer = run_study(world, "guided", seed, budget, {"stop_threshold": None}, transfer_nodes=2 * nodes)
         world2 = world.at_nodes(2 * nodes)
         out["transfer"] = fraction(world2, answer["layout"], world2.optimum()[1])
+        out["transfer_oom"] = world2.truth(answer["layout"])[0] is None
+        out["transfer_p_fit"], out["transfer_twin"] = answer["p_fit"], answer.get("p_fit_supported_by") is not None
     return out
 
 
@@ -146,6 +149,14 @@ def report(results: list[dict], searchers: list[str], budget: int) -> None:
     ooms = {s: sum(r["ooms"][s] for r in results) for s in searchers}
     print(f"\nOOMs among the first {budget} trials that ran, all worlds and seeds: "
           + ", ".join(f"{s} {n} of {budget * len(results)}" for s, n in ooms.items()))
+    picks = [r for r in results if "transfer" in r]
+    if picks:     # p_fit is printed to users as a probability: the realised fit rate must match it
+        twins = [r for r in picks if r["transfer_twin"]]
+        stated, oom = [r["transfer_p_fit"] for r in picks], [r["transfer_oom"] for r in picks]
+        print(f"\n`best --nodes 2N` picks: out of memory at 2N in {sum(oom)} of {len(picks)} (stated p_fit mean "
+              f"{statistics.mean(stated):.3f}, lowest {min(stated):.3f}; realised fit {1 - statistics.mean(oom):.3f}); "
+              f"resting on a measured twin {len(twins)}, of which out of memory "
+              f"{sum(r['transfer_oom'] for r in twins)}")
     stops = [r["stop"] for r in results if "stop" in r]
     if stops:
         st = [s for s in stops if s["stopped"]]

@@ -137,6 +137,7 @@ def test_the_worlds_optimum_is_not_the_models_top_pick_in_most_seeds(family):
 def test_ext_search_runs_every_searcher_through_the_driver(capsys):
     import ext_search
     assert ext_search.main(["--seed-list", "5", "--families", "gemm-roofline", "--workloads", "0",
-                            "--searchers", "guided,random", "--budget", "3", "--stop-budget", "4"]) == 0
+                            "--searchers", "guided,random", "--budget", "3", "--stop-budget", "4", "--transfer"]) == 0
     out = capsys.readouterr().out
     assert "gemm-roofline" in out and "guided" in out and "stop rule" in out and "seeds: 5" in out
+    assert "`best --nodes 2N` picks: out of memory at 2N in " in out and "realised fit" in out
