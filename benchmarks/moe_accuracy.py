@@ -14,7 +14,7 @@ and its token exchange as configured (`exchange_of`: the all-to-all overlap only
 ran with it; the flex dispatcher where the row names it; "unstated" predicts no overlap and the alltoall
 dispatcher). Prints per row (--all-rows) and the median and worst |error| of tokens/s/GPU (predicted /
 measured - 1) over all rows first, then the rows whose overlap and dispatcher are both stated, the current
-(tuning, held-out) and older rows, the held-out rows that no speed choice saw (published.clean: 3 since issue 25 round 3),
+(tuning, held-out) and older rows, the held-out rows that no speed choice saw (published.clean: 3 after issue 25 round 3, none after round 4),
 and how many rows the memory model would prune.
 
 Held out: a third of the rows, chosen by a hash of each row's source and configuration (the rule of
@@ -63,6 +63,11 @@ another measurement, not against another layout. Chosen after seeing rows:
   overlap and no MTP): the EP overlap's unpaired warm-up / cool-down passes (moe.unpaired_share), DeepSeek-V3's MTP
   module on the last stage where the row's recipe ran it (`mtp_num_layers`, perfmodel._add_mtp), and the SMs DeepEP's
   kernels take from the compute that hides their exchange (moe.sm_contention, 20 of an H100's 132).
+- (issue 25 round 4) Megatron-MoE-ModelZoo's Mixtral 8x22B rows (b09773a8, tuning by hash) added before the model ran
+  on them; then, from source, no constant: the shared experts beside the exchange where NeMo's configs set
+  --moe-shared-expert-overlap (`shared_expert_overlap`: DeepSeek-V3 v25.05 / v25.05.04, both Llama 4 rows) and the
+  ModelZoo Qwen3-235B-A22B rows' TP collectives whole (`tp_comm_overlap = false`: 8017e112 passes no
+  --tp-comm-overlap), each after every row had been printed: the Llama 4 and pp 32 rows, the last clean ones, are seen.
 MOE_LOAD = 1 (balanced routing) was not chosen: it is what the rows' footnote says they ran.
 Unstated rows: predicting them without the overlap and with the alltoall dispatcher is the rule, not
 evidence; the "stated" line is the check of the exchange model.
