@@ -68,6 +68,13 @@ Megatron-Core's DotProductAttention refuses context parallelism (only TE's atten
 the stand-in with ring attention's footprint (each CP rank keeps its s/cp of q, k, v, out, lse; two in-flight
 K/V receive buffers are allocated while it runs). Numbers are allocated bytes (no caching-allocator
 fragmentation, no CUDA context, no NCCL buffers).
+
+Two differences from a GPU run, found in issue 24 round 5 and left in the measurement (benchmarks/memory_accuracy.py
+reads the first): on a pipeline stage after the first, MemTracker keeps every finished micro-batch's received input
+and sent input gradient alive (Megatron-Core drops them; memory_accuracy.tracker_retained_gb adds them to a 1F1B
+row's prediction); and with ``jit_fuser`` an identity the fused bias-GeLU / bias-SwiGLU backward runs eagerly, so a
+layer's backward holds element-wise temporaries a fused kernel does not (about seven FFN-wide tensors at a GeLU
+row's peak).
 """
 
 from __future__ import annotations
