@@ -31,12 +31,13 @@ def _rows(pred) -> list[dict]:
     return out
 
 
-LAST = _rows(lambda r, lay: r.get("stage", 0) == lay.pp - 1 and lay.pp > 1)
+LAST = _rows(lambda r, lay: r.get("stage", 0) == lay.pp - 1 and lay.pp > 1 and lay.virtual_pipeline == 1)
 
 
 @pytest.mark.parametrize("e", LAST, ids=lambda e: e["layout"].key() + f"-s{e['workload'].model.seq_length}")
 def test_last_stage_rows_within_three_percent(e):
-    """Every dense last-stage row (flash stand-in): the loss phase, the gather buffer and the tracker's retained
+    """Every dense last-stage row of 1F1B (flash stand-in; tracker_retained_gb is derived without interleaving): the loss
+    phase, the gather buffer and the tracker's retained
     pipeline tensors bring it within 0.03 in log (before: up to +0.128, the bf16 logits and the retained tensors)."""
     assert abs(e["exact"]) < 0.03
 
