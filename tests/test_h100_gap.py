@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -14,16 +13,11 @@ from tuner.specs import load_model
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _gap():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("h100_gap", ROOT / "benchmarks" / "h100_gap.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import h100_gap as gap  # noqa: E402
 
 
 def test_tp_overlap_costs_a_few_percent_of_the_gemms_on_the_measured_curve():
-    gap = _gap()
     h100 = dataclasses.replace(load_cluster("h100"), **gap.MEASURED)
     model = load_model("llama3-70b")
     for t in (2, 4, 8):
@@ -36,7 +30,6 @@ def test_tp_overlap_costs_a_few_percent_of_the_gemms_on_the_measured_curve():
 
 
 def test_a_variant_reads_the_curve_and_puts_the_model_back():
-    gap = _gap()
     before = (ClusterSpec.__dict__["from_dict"], compute.layer_times)
     with gap.Variant(gap.MEASURED, True):
         assert load_cluster("h100").matmul_efficiency == gap.MEASURED["matmul_efficiency"]

@@ -3,7 +3,6 @@ model's forward of a row at its components' forward shares."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -11,12 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _steps():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("mlperf_steps", ROOT / "benchmarks" / "mlperf_steps.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import mlperf_steps as mod  # noqa: E402
 
 
 def _line(value: dict, **meta) -> str:
@@ -25,7 +20,6 @@ def _line(value: dict, **meta) -> str:
 
 
 def test_log_lines_and_the_validation_set_up_step(tmp_path):
-    mod = _steps()
     text = "\n".join([_line({"train_step_time": 0.09, "reduced_train_loss": 7.0}, step=31.0),
                       _line({"train_step_time": 0.0917}, samples_count=12288),          # a block mean: not a step
                       _line({"validation_step_time": 0.25}, step=0),                     # the pass's set-up
@@ -42,7 +36,6 @@ def test_log_lines_and_the_validation_set_up_step(tmp_path):
 
 
 def test_the_forward_is_a_third_of_a_step_without_recompute():
-    mod = _steps()
     got = mod.rows()
     assert got and all("training_results_v5.1" in r["source"] and r["model"] == "llama3-8b" for r in got)
     step, fwd, comp = mod.model_forward(next(r for r in got if r["cluster"] == "gb200" and r["gpus"] == 72))
@@ -50,7 +43,6 @@ def test_the_forward_is_a_third_of_a_step_without_recompute():
 
 
 def test_a_missing_checkout_is_one_line(capsys):
-    mod = _steps()
     assert mod.main(["/nonexistent/training_results_v5.1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "mlcommons/training_results_v5.1" in err
