@@ -232,6 +232,24 @@ def test_plan_ranks_with_the_collector_paused_and_turns_it_on_again():
         gc.enable()
 
 
+def test_tuner_plan_ranks_with_the_collector_off(tuner, monkeypatch):
+    """`tuner plan` itself ranks inside collector_paused (the test above checks the context manager alone): its
+    ranking runs with the collector off, and the collector is on again once the command has printed."""
+    import gc
+
+    from tuner.cli import plan as plan_cli
+    seen, real = [], plan_cli.plan_ranking
+
+    def spy(*args, **kw):
+        seen.append(gc.isenabled())
+        return real(*args, **kw)
+
+    monkeypatch.setattr(plan_cli, "plan_ranking", spy)
+    code, out, err = tuner("plan", "--model", "llama3-8b", "--cluster", "h100", "--nodes", "1", "--top", "1")
+    assert code == 0, err
+    assert seen == [False] and gc.isenabled()
+
+
 def test_the_cli_and_plan_start_without_numpy():
     """numpy is a quarter of the CLI's start-up (every command's); `tuner plan` needs none of it (the searchers and
     the correction import it where they run), so neither `tuner --help` nor a plan imports it."""
