@@ -118,3 +118,21 @@ def test_activations_off_by_a_factor_extrapolate_to_a_larger_micro_batch():
         mu, _ = gp.predict(ft.z[None], ft.fm[None])
         assert abs(math.exp(ft.log_mem + mu[0]) / truth(lay, W2) - 1) < 0.08, (lay.key(), mu)
     assert np.isfinite(mu).all()
+
+
+def test_the_allocators_bias_enters_an_ooms_belief_as_it_enters_every_p_fit(monkeypatch):
+    """What an OOM'd layout needed on a GPU is its allocated peak and the caching allocator's share, N(ALLOCATOR_BIAS,
+    ALLOCATOR_SD) on top, as predict / plan / best / guided state p_fit (tuner.perfmodel.gpu_fit_probability): with a
+    positive bias the OOM is believed further over, so its twin is less likely to fit."""
+    import tuner.oom_evidence as oe
+    from tuner.perfmodel import fit
+
+    recs = [record(OOMED, Status.OOM)]
+    gp = warm_start_records(recs, W4).observations.memory_gp(of(W4).memory_sd)
+    cap = W4.cluster.memory_gb
+    plain = oom_bounds(recs, W4, gp)
+    for mod in (oe, fit):
+        monkeypatch.setattr(mod, "ALLOCATOR_BIAS", 0.05, raising=False)
+    biased = oom_bounds(recs, W4, gp)
+    assert biased[0].mean == plain[0].mean + 0.05 and biased[0].sd == plain[0].sd
+    assert oom_fit_cap(predict(TWIN, W4), biased, cap)[0] < oom_fit_cap(predict(TWIN, W4), plain, cap)[0]

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, replace
 
 from tuner.correction import features, left_out, record_workload
-from tuner.frameworks import ALLOCATOR_SD
+from tuner.frameworks import ALLOCATOR_BIAS, ALLOCATOR_SD
 from tuner.layout import Layout
 from tuner.perfmodel import predict
 from tuner.specs import Workload
@@ -48,8 +48,9 @@ def activation_account(layout: Layout) -> tuple:
 
 def oom_bounds(records, workload: Workload, gp, studies: dict | None = None) -> list[OomBound]:
     """The measured OOMs of `workload`'s model, cluster and framework at any node count (the evidence
-    `warm_start_records` uses), each with what the memory correction `gp` believes of its peak. An OOM'd
-    layout was never measured: that belief is taken as no surer than the framework's memory error (its sd)."""
+    `warm_start_records` uses), each with what the memory correction `gp` believes of its peak on a GPU -- the
+    caching allocator's share on top (ALLOCATOR_BIAS, ALLOCATOR_SD), as every p_fit states it. An OOM'd layout was
+    never measured: that belief is taken as no surer than the framework's memory error (its sd)."""
     from tuner.frameworks import of
 
     cap, out, floor = workload.cluster.memory_gb, [], of(workload).memory_sd
@@ -63,7 +64,8 @@ def oom_bounds(records, workload: Workload, gp, studies: dict | None = None) -> 
         ft = features(rec.layout, w, p)
         mu, sd = gp.predict(ft.z[None, :], ft.fm[None, :])
         out.append(OomBound(rec.layout, int(rec.nodes), p.memory_gb, p.memory_breakdown.get("activations", 0.0),
-                            math.log(cap / p.memory_gb), float(mu[0]), max(math.hypot(float(sd[0]), ALLOCATOR_SD), floor)))
+                            math.log(cap / p.memory_gb), float(mu[0]) + ALLOCATOR_BIAS,
+                            max(math.hypot(float(sd[0]), ALLOCATOR_SD), floor)))
     return out
 
 
