@@ -27,7 +27,7 @@ another measurement, not against another layout. Chosen after seeing rows:
 - that grouped expert GEMMs run at the efficiency of one GEMM of their total FLOPs (tuner/perfmodel/moe.py;
   per-expert efficiency was tried first and predicted the Qwen3-30B-A3B rows 24-41 % too slow before the
   overhead existed);
-- the flex dispatcher's volume (tuner/perfmodel/moe.py flex_alltoall_time: a token crosses the network
+- the flex dispatcher's volume (tuner/perfmodel/moe_exchange.py flex_alltoall_time: a token crosses the network
   once per remote node holding any of its experts, not once per expert), written after seeing the
   Qwen3-30B-A3B rows of 26.04 and 26.04.01 (HELD-OUT rows) predicted 36 % too slow once they were
   predicted as configured (no overlap) with the alltoall dispatcher's volume; it follows the rows' own
@@ -44,7 +44,7 @@ another measurement, not against another layout. Chosen after seeing rows:
 - (issue 25) the Grok-1 rows' TP collectives shown whole (TokenExchange.overlaps without "tp", as their yaml's
   ub_tp_comm_overlap false states): decided after all 18 Grok-1 rows were printed with the overlap assumed
   (BF16 +4 to +7 %, FP8 +11 to +19 %); no constant was fitted, but those rows are seen (published.SEEN).
-- (issue 25) the flex dispatcher's links at DeepEP's measured share (moe.FLEX_EFFICIENCY, from DeepEP's README,
+- (issue 25) the flex dispatcher's links at DeepEP's measured share (moe_exchange.FLEX_EFFICIENCY, from DeepEP's README,
   not fitted) instead of NCCL's 0.8: the two stated-flex rows (Qwen3-30B-A3B 26.04, 26.04.01) moved from -3.4 and
   -4.1 % to -1.8 and -2.4 %.
 - (issue 25, speed C) written before the model ran on the rows they touch, and no error printed since changed
@@ -55,14 +55,14 @@ another measurement, not against another layout. Chosen after seeing rows:
 - (issue 25 item 3, round 2) every Megatron-Bridge row's exchange read from the tag its note already cited for
   grad_reduce (25.09: 684a6861's run_script.py; 25.11 v0.2.0; 26.02 v0.3.0; 26.02.01 v0.3.1, its Qwen3-30B-A3B
   layout being v0.3.0's preset; 26.06 v0.5.0), and the EP overlap's exposure taken phase by phase
-  (tuner/perfmodel/moe.exposed_alltoall, from Megatron-Core's schedule) instead of under the whole stage's
+  (tuner/perfmodel/moe_exchange.exposed_alltoall, from Megatron-Core's schedule) instead of under the whole stage's
   compute: both written after every row had been printed with the exchange unstated (published.SEEN). Only
   Megatron-Bridge 25.11's Qwen3-30B-A3B row stays unstated (its layout is no preset of either tag).
 - (issue 25 round 3) from Megatron-Core's and DeepEP's source, no constant fitted, each written after every row had
   been printed (published.SEEN names the rows each moves; none of the three clean held-out rows, which ran no EP
-  overlap and no MTP): the EP overlap's unpaired warm-up / cool-down passes (moe.unpaired_share), DeepSeek-V3's MTP
+  overlap and no MTP): the EP overlap's unpaired warm-up / cool-down passes (moe_exchange.unpaired_share), DeepSeek-V3's MTP
   module on the last stage where the row's recipe ran it (`mtp_num_layers`, perfmodel._add_mtp), and the SMs DeepEP's
-  kernels take from the compute that hides their exchange (moe.sm_contention, 20 of an H100's 132).
+  kernels take from the compute that hides their exchange (moe_exchange.sm_contention, 20 of an H100's 132).
 - (issue 25 round 4) Megatron-MoE-ModelZoo's Mixtral 8x22B rows (b09773a8, tuning by hash) added before the model ran
   on them; then, from source, no constant: the shared experts beside the exchange where NeMo's configs set
   --moe-shared-expert-overlap (`shared_expert_overlap`: DeepSeek-V3 v25.05 / v25.05.04, both Llama 4 rows) and the
@@ -83,7 +83,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.layout import why_invalid  # noqa: E402
 from tuner.perfmodel import PRUNE_BELOW, predict  # noqa: E402
-from tuner.perfmodel.moe import TokenExchange  # noqa: E402
+from tuner.perfmodel.moe_exchange import TokenExchange  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import published  # noqa: E402  (one held-out rule)

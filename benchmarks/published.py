@@ -185,14 +185,14 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # chosen on the Megatron-Bridge MoE rows, before the Grok-1 rows of dgxc-benchmarking were added (issue 25);
     # Megatron-Bridge 25.09's DeepSeek-V3 row was refused (no pipeline split for 61 layers on pp 8 x vp 4) until
     # its stated split and recompute were written in (issue 25, speed C): no error of it was printed before
-    "MOE_LAYER_OVERHEAD_MS, the flex dispatcher (tuner/perfmodel/moe.py)": (
+    "MOE_LAYER_OVERHEAD_MS, the flex dispatcher (tuner/perfmodel/moe.py, moe_exchange.py)": (
         "speed", lambda r: "ep" in r and not r.get("release", "").startswith("dgxc-benchmarking")
         and not (r.get("model") == "deepseek-v3" and r.get("release", "").startswith("Megatron-Bridge 25.09"))
         and "added" not in r),
     # issue 25 round 2: each Megatron-Bridge MoE row's token exchange read from its release's tag (a2a_overlap,
     # dispatcher, overlap_grad_reduce in moe_published.toml) and the EP overlap's phase-level exposure
-    # (tuner/perfmodel/moe.exposed_alltoall), both written after every one of these rows had been printed
-    "EP overlap as the rows' configs state it, and its phase-level exposure (tuner/perfmodel/moe.py)": (
+    # (tuner/perfmodel/moe_exchange.exposed_alltoall), both written after every one of these rows had been printed
+    "EP overlap as the rows' configs state it, and its phase-level exposure (tuner/perfmodel/moe_exchange.py)": (
         "speed", lambda r: "ep" in r and r.get("release", "").startswith("Megatron-Bridge")),
     # issue 25: predicting a row's TP collectives whole where its config turns --tp-comm-overlap off was
     # decided after every Grok-1 row's error had been printed with the overlap assumed (rows marked `added`, issue 25
@@ -221,25 +221,25 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
         and "memory_measured_megatron-core.toml" in r.get("files", [r.get("file")])),
     "unstated grad_reduce read as bf16 (benchmarks/memory_accuracy.py)": (
         "memory", lambda r: r["framework"] == "megatron-core" and r.get("grad_reduce") == "unstated"),
-    # issue 25 round 3: the EP overlap's unpaired passes (tuner/perfmodel/moe.unpaired_share, read from Megatron-Core's
+    # issue 25 round 3: the EP overlap's unpaired passes (tuner/perfmodel/moe_exchange.unpaired_share, read from Megatron-Core's
     # combined 1F1B schedule, no constant) written after every row here had been printed; it moves only the rows
     # that ran the overlap (a2a_overlap true), so it names those
-    "EP overlap's unpaired warm-up and cool-down passes (tuner/perfmodel/moe.unpaired_share)": (
+    "EP overlap's unpaired warm-up and cool-down passes (tuner/perfmodel/moe_exchange.unpaired_share)": (
         "speed", lambda r: r.get("a2a_overlap") is True),
     # issue 25 round 3: DeepSeek-V3's multi-token prediction module (ModelSpec.mtp_num_layers, tuner/perfmodel._add_mtp
     # and memory.mtp_params, from Megatron-Core's source, no constant), read onto the rows whose recipes ran it after
     # every one of them had been printed without it
     "multi-token prediction on the rows that ran it (mtp_num_layers, tuner/perfmodel/__init__._add_mtp)": (
         "speed", lambda r: bool(r.get("mtp_num_layers"))),
-    # issue 25 round 3: DeepEP's SMs taken from the compute that hides its exchange (tuner/perfmodel/moe.sm_contention:
+    # issue 25 round 3: DeepEP's SMs taken from the compute that hides its exchange (tuner/perfmodel/moe_exchange.sm_contention:
     # 20 of an H100's 132, from DeepEP's source and the GPU's spec, no constant fitted), written after every row here
     # had been printed; it moves only the rows that ran the flex dispatcher with the EP overlap
-    "flex dispatcher's SMs under the EP overlap (tuner/perfmodel/moe.sm_contention)": (
+    "flex dispatcher's SMs under the EP overlap (tuner/perfmodel/moe_exchange.sm_contention)": (
         "speed", lambda r: r.get("a2a_overlap") is True and str(r.get("dispatcher", "")).startswith("flex")),
-    # issue 25 round 4: the shared experts beside the exchange (tuner/perfmodel/moe.shared_overlap_exposed, from
+    # issue 25 round 4: the shared experts beside the exchange (tuner/perfmodel/moe_exchange.shared_overlap_exposed, from
     # Megatron-Core's --moe-shared-expert-overlap, no constant), read onto the rows whose NeMo configs set it after every
     # one of them had been printed without it (Llama 4 Maverick's two were held out and seen by no speed choice before)
-    "shared-expert overlap on the rows that ran it (shared_expert_overlap, tuner/perfmodel/moe.shared_overlap_exposed)": (
+    "shared-expert overlap on the rows that ran it (shared_expert_overlap, tuner/perfmodel/moe_exchange.shared_overlap_exposed)": (
         "speed", lambda r: r.get("shared_expert_overlap") is True),
     # issue 25 round 4: Megatron-MoE-ModelZoo's Qwen3-235B-A22B rows ran without --tp-comm-overlap (8017e112's yaml and
     # scripts pass none; its README: 'not yet compatible with MoE layers'), read after every one had been printed with it

@@ -34,7 +34,7 @@ from framework_accuracy import layout_of  # noqa: E402  (a published row's layou
 from tuner.best import best_for_unmeasured  # noqa: E402
 from tuner.errors import TunerError  # noqa: E402
 from tuner.perfmodel import expected_speed, predict, rank  # noqa: E402
-from tuner.perfmodel.moe import TokenExchange  # noqa: E402
+from tuner.perfmodel.moe_exchange import TokenExchange  # noqa: E402
 from tuner.space import load_space  # noqa: E402
 from tuner.specs import ModelSpec, load_cluster, load_model, make_workload  # noqa: E402
 

@@ -9,7 +9,7 @@ import pytest
 from tuner.frameworks import FRAMEWORKS
 from tuner.layout import Layout
 from tuner.perfmodel import predict
-from tuner.perfmodel.moe import TokenExchange
+from tuner.perfmodel.moe_exchange import TokenExchange
 from tuner.specs import make_workload
 
 CASES = [

@@ -17,8 +17,8 @@ from tuner.layout import Layout, expert_data_parallel, stage_layer_indices, stag
 from tuner.perfmodel import comm, memory, predict
 from tuner.perfmodel.compute import shape_of
 from tuner.perfmodel.flops import model_flops
-from tuner.perfmodel.moe import (FLEX_EFFICIENCY, TokenExchange, alltoall_seconds, dispatcher_for, ep_group_nodes,
-                                 flex_alltoall_time, flex_backend)
+from tuner.perfmodel.moe_exchange import (FLEX_EFFICIENCY, TokenExchange, alltoall_seconds, dispatcher_for,
+                                          ep_group_nodes, flex_alltoall_time, flex_backend)
 from tuner.render import mcore, torchtitan
 from tuner.space import load_space
 from tuner.specs import ModelSpec, load_cluster, load_model, make_workload
@@ -269,7 +269,7 @@ def test_the_overlap_hides_each_exchange_only_under_its_own_phase():
     """Megatron-Core's 1F1B A2A overlap pairs combine_bwd with the attention forward, dispatch fwd + bwd with
     the MLP's backward and forward, combine_fwd with the attention backward: compute in one phase cannot hide
     the exchange of another (the old stage-wide account hid 4 s under 5 s of compute here)."""
-    from tuner.perfmodel.moe import exposed_alltoall
+    from tuner.perfmodel.moe_exchange import exposed_alltoall
     assert exposed_alltoall(4.0, 0.0, 0.0, 1 / 3) == 4.0                  # no compute: all of it shows
     assert exposed_alltoall(4.0, 3.0, 2.0, 1 / 3) == 0.0                  # every phase covers its exchange
     assert exposed_alltoall(4.0, 4.5, 0.5, 1 / 3) == pytest.approx(1.5)   # MLP too short: 2 - 0.5 shows
@@ -281,7 +281,7 @@ def test_the_overlap_shows_the_exchanges_of_the_unpaired_passes():
     (combined_1f1b_schedule_for_no_pipelining); interleaved, (pp - rank - 1) * 2 + (vp - 1) * pp + 1 chunk passes of
     the rank's m * vp (get_pp_rank_microbatches). Their exchanges show whole, so fewer micro-batches expose more."""
     from tuner.perfmodel import stage_times
-    from tuner.perfmodel.moe import unpaired_share
+    from tuner.perfmodel.moe_exchange import unpaired_share
     assert unpaired_share(1, 1, 0, 32) == pytest.approx(1 / 32)
     assert unpaired_share(8, 4, 0, 128) == pytest.approx(39 / 512)       # 14 + 24 + 1 warm-up chunk passes
     assert unpaired_share(8, 4, 7, 128) == pytest.approx(25 / 512)
@@ -301,7 +301,7 @@ def test_the_flex_kernels_take_their_sms_from_the_compute_they_hide_under():
     overlapped exchange runs 20/132 slower for as long as it hides it; none without the overlap, none for NCCL's
     alltoall (in the measured efficiencies), none on a cluster that states no sm_count."""
     from tuner.perfmodel import SM_SHARE, stage_times
-    from tuner.perfmodel.moe import FLEX_SMS, sm_contention
+    from tuner.perfmodel.moe_exchange import FLEX_SMS, sm_contention
     w = h100("qwen3-30b-a3b", 2)
     assert w.cluster.sm_count == 132 and FLEX_SMS == 20
     assert sm_contention(w.cluster, "flex", 1.32) == pytest.approx(0.2) and sm_contention(w.cluster, "alltoall", 1.0) == 0
@@ -568,7 +568,8 @@ def test_the_shared_experts_hide_the_exchange_they_run_beside():
     where it outlasts its shared GEMM. Off by default (launch does not write it); no effect without shared experts
     or with the flex dispatcher; never slower, and what it hides is compute no other collective may hide under."""
     from tuner.perfmodel import stage_times
-    from tuner.perfmodel.moe import shared_gemm_seconds, shared_overlap_exposed
+    from tuner.perfmodel.moe import shared_gemm_seconds
+    from tuner.perfmodel.moe_exchange import shared_overlap_exposed
     w = h100("deepseek-v3", 32)
     lay = Layout(tp=8, sequence_parallel=True, pp=1, dp=32, expert_parallel=64, micro_batch=1, recompute="none")
     sh = shape_of(lay, w)

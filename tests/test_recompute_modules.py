@@ -99,7 +99,8 @@ def test_the_moe_module_runs_the_whole_moe_block_and_its_exchange_again():
     """Megatron-Core's `moe` module checkpoints the whole MoE layer: the router, both experts' GEMMs, their
     element-wise kernels and the dispatch and combine run again in the backward (two more all-to-alls), and
     what the block kept is freed but its input."""
-    from tuner.perfmodel.moe import alltoall_seconds, experts_gemm_seconds, moe_block_activation_bytes
+    from tuner.perfmodel.moe import experts_gemm_seconds, moe_block_activation_bytes
+    from tuner.perfmodel.moe_exchange import alltoall_seconds
     w = deepseek()
     sh, shm = compute.shape_of(ds_layout("mla_up_mlp"), w), compute.shape_of(ds_layout("mla_up_mlp_moe"), w)
     m, c = w.model, w.cluster

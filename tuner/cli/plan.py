@@ -11,7 +11,7 @@ from tuner.cli.options import layout_options, workload_options
 from tuner.cli.render import render
 from tuner.frameworks import of as framework_of
 from tuner.perfmodel import RECOMMEND_AT, keeps_headroom, predict as model_predict, risk
-from tuner.perfmodel.moe import moe_summary
+from tuner.perfmodel.moe_exchange import moe_summary
 from tuner.perfmodel.screening import assemble, rank_shown, screen_run
 from tuner.planning import complete_layout, prediction_row, workload_line
 from tuner.space import load_space, valid_layouts

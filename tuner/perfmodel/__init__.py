@@ -31,7 +31,7 @@ from tuner.layout import (RECOMPUTE, Layout, expert_data_parallel, micro_batches
                           stage_layers, stage_moe_layers)
 from tuner.pipeline_split import bubble_share
 from tuner.frameworks import megatron_fsdp, of as framework_of
-from tuner.perfmodel import buckets, comm, compute, memory, moe, recompute
+from tuner.perfmodel import buckets, comm, compute, memory, moe, moe_exchange, recompute
 from tuner.perfmodel.compute import shape_of
 from tuner.perfmodel.fit import (MEMORY_KEYS, MEMORY_NOISE_SD, MEMORY_PRIOR_SPLIT, PRUNE_BELOW, RECOMMEND_AT,
                                  account_sd, expected_speed, fit_probability, gpu_fit_probability, keeps_headroom,
@@ -58,7 +58,8 @@ def layer_comm(layout: Layout, workload: Workload, sh: compute.Shape, attention_
     return {"tp_comm": tp, "cp_comm": max(0.0, ring - attention_s), "activation_bytes": act}
 
 
-def layer_terms(workload: Workload, sh: compute.Shape, exchange: moe.TokenExchange) -> tuple[dict, dict, float, str]:
+def layer_terms(workload: Workload, sh: compute.Shape,
+                exchange: moe_exchange.TokenExchange) -> tuple[dict, dict, float, str]:
     """What one layer costs at a shape, whatever the pipeline: a dense layer's and an MoE layer's times (with what
     their recomputed modules run again), the MoE token exchange's seconds and its dispatcher."""
     model, cluster = workload.model, workload.cluster
@@ -67,14 +68,14 @@ def layer_terms(workload: Workload, sh: compute.Shape, exchange: moe.TokenExchan
     if not model.is_moe:
         how, a2a = "alltoall", 0.0
     elif exchange.dispatcher:                          # the dispatcher a published run states
-        how, a2a = exchange.dispatcher, moe.alltoall_seconds(model, cluster, sh, exchange.dispatcher)
+        how, a2a = exchange.dispatcher, moe_exchange.alltoall_seconds(model, cluster, sh, exchange.dispatcher)
     else:
-        how, a2a = moe.dispatch(model, cluster, sh, workload.framework)
+        how, a2a = moe_exchange.dispatch(model, cluster, sh, workload.framework)
     return lay, lay_moe, a2a, how
 
 
 def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = None,
-                exchange: moe.TokenExchange | None = None, memo: dict | None = None) -> list[dict]:
+                exchange: moe_exchange.TokenExchange | None = None, memo: dict | None = None) -> list[dict]:
     """Seconds per micro-batch of each distinct pipeline stage, each a breakdown by component: [first,
     ..., last], one stage with pp = 1; between them the first rank of each other layer count
     (tuner.layout.stage_candidates: the middle stages of an uneven split). `memo` (with no `exchange`): layer_terms
@@ -83,7 +84,7 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     t, p, sh = layout.tp, layout.pp, sh or shape_of(layout, workload)
     key = ("terms", sh) if memo is not None and exchange is None else None
     terms = memo.get(key) if key else None
-    exchange = exchange or moe.TokenExchange()
+    exchange = exchange or moe_exchange.TokenExchange()
     if terms is None:
         terms = layer_terms(workload, sh, exchange)
         if key:
@@ -103,14 +104,14 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     p2p = layout.virtual_pipeline * comm.pipeline_p2p_time(cluster, t * sh.c, layout.dp, p, boundary)
     shared_hidden = not ep_hidden and exchange.shared_overlap and how == "alltoall" and model.num_shared_experts > 0
     exposed = (overlapped_exchange(workload, sh, lay_moe, a2a) if ep_hidden else a2a if not shared_hidden
-               else moe.shared_overlap_exposed(a2a, *moe.shared_gemm_seconds(model, cluster, sh), sh))
+               else moe_exchange.shared_overlap_exposed(a2a, *moe.shared_gemm_seconds(model, cluster, sh), sh))
     m = micro_batches_per_pipeline(layout, workload.global_batch)
 
     def exchange_shown(stage: int) -> tuple[float, float, float]:   # one MoE layer's exchange: seconds shown,
-        u = (moe.unpaired_share(p, layout.virtual_pipeline, stage, m) if ep_hidden   # hidden (unpaired passes
+        u = (moe_exchange.unpaired_share(p, layout.virtual_pipeline, stage, m) if ep_hidden   # hidden (unpaired passes
              else float(not shared_hidden))
         shown = u * a2a + (1.0 - u) * exposed            # whole) and what the flex kernels' SMs slow the compute
-        return shown, a2a - shown, moe.sm_contention(cluster, how, a2a - shown)         # they hide under
+        return shown, a2a - shown, moe_exchange.sm_contention(cluster, how, a2a - shown)         # they hide under
 
     def body(stage: int) -> dict:
         layers = stage_layers(layout, model.num_layers, stage)
@@ -172,17 +173,17 @@ def _add_mtp(last: dict, workload: Workload, sh: compute.Shape, layer: dict, per
 
 
 def overlapped_exchange(workload: Workload, sh: compute.Shape, lay_moe: dict, a2a: float) -> float:
-    """One MoE layer's exchange left exposed by the EP overlap (moe.exposed_alltoall): its compute split into the
-    pre-dispatch part (attention core, and of the GEMMs and element-wise kernels the share of the attention's and
+    """One MoE layer's exchange left exposed by the EP overlap (moe_exchange.exposed_alltoall): its compute split into
+    the pre-dispatch part (attention core, and of the GEMMs and element-wise kernels the share of the attention's and
     router's GEMMs) and the MLP part, forward : backward as the GEMMs' 1 : 2 x backward_gemm."""
     model, cluster = workload.model, workload.cluster
     share = moe.pre_dispatch_gemm_seconds(model, cluster, sh) / moe.moe_gemm_seconds(model, cluster, sh)
     rest = lay_moe["gemm"] + lay_moe["elementwise"]
-    return moe.exposed_alltoall(a2a, lay_moe["attention"] + share * rest, (1.0 - share) * rest,
+    return moe_exchange.exposed_alltoall(a2a, lay_moe["attention"] + share * rest, (1.0 - share) * rest,
                                 1.0 / (1.0 + 2.0 * sh.backward_gemm))
 
 
-def overlaps_of(workload: Workload, exchange: moe.TokenExchange | None) -> frozenset:
+def overlaps_of(workload: Workload, exchange: moe_exchange.TokenExchange | None) -> frozenset:
     """The overlaps a prediction credits: the run's where `exchange` states them, else the framework's."""
     return framework_of(workload).overlaps if exchange is None or exchange.overlaps is None else exchange.overlaps
 
@@ -313,8 +314,8 @@ def free_compute(st: dict) -> float:
     return max(0.0, st["gemm"] + st["attention"] + st["elementwise"] + st.get(SM_SHARE, 0.0) - st.get(HIDDEN, 0.0))
 
 
-def slowest_stage(layout: Layout, workload: Workload, sh: compute.Shape, exchange: moe.TokenExchange | None = None,
-                  memo: dict | None = None) -> tuple[dict, float, list]:
+def slowest_stage(layout: Layout, workload: Workload, sh: compute.Shape,
+                  exchange: moe_exchange.TokenExchange | None = None, memo: dict | None = None) -> tuple[dict, float, list]:
     """The slowest stage's breakdown per micro-batch, its seconds, and every distinct stage's breakdown; one
     computation for the layouts of a workload that differ only in ZeRO stage (stage_times does not read it)
     when `memo` is given."""
@@ -347,7 +348,7 @@ def last_to_finish(layout: Layout, workload: Workload, fw, stages: list, m: int,
     return best[1], best[2]
 
 
-def predict(layout: Layout, workload: Workload, exchange: moe.TokenExchange | None = None,
+def predict(layout: Layout, workload: Workload, exchange: moe_exchange.TokenExchange | None = None,
             memo: dict | None = None, fitted: tuple | None = None) -> Prediction:
     """Predicted throughput, step time and per-GPU peak memory of a valid `layout` on `workload`; an MoE
     model's tokens moved as `exchange` says (default: as `tuner launch` writes the layout). `memo` (a dict

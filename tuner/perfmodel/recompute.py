@@ -18,7 +18,7 @@ module, against the activations tuner.perfmodel.memory / moe already count per l
 - moe (a checkpoint of the whole MoE layer, its input kept): frees what the MoE block keeps (the shared experts',
   the routed pairs' and the combine's activations, the routing probabilities: moe.moe_block_activation_bytes);
   runs the router, the shared and routed experts' GEMMs, their element-wise kernels and the dispatch and combine
-  again (the two extra all-to-alls: moe.alltoall_seconds).
+  again (the two extra all-to-alls: moe_exchange.alltoall_seconds).
 - core_attn: the attention core again (tuner.perfmodel.compute, Megatron's selective recompute); it frees only
   the s^2 scores, which a FlashAttention kernel never keeps.
 """

@@ -38,7 +38,7 @@ the default is allgather) with `--moe-flex-dispatcher-backend deepep | hybridep`
 (MPC:127) and `--expert-tensor-parallel-size` (MPC:130) always (tuner's etp defaults to 1, Megatron's to tp),
 and `--overlap-moe-expert-parallel-comm` (MPC:343) with `--delay-wgrad-compute` (MPC:348; TC:3073-3077 asserts
 the overlap with it; A:1903-1906: Transformer Engine, >= 2.8.0 with --overlap-grad-reduce) where the model
-overlapped the all-to-all (tuner.frameworks ep_overlap; tuner.perfmodel.moe.exposed_alltoall: the schedule's
+overlapped the all-to-all (tuner.frameworks ep_overlap; tuner.perfmodel.moe_exchange.exposed_alltoall: the schedule's
 phases with the MLP's weight gradients run under the dispatch, as every NVIDIA config with the overlap sets them
 together: Megatron-Bridge scripts/performance/utils/overrides.py lines 148-154 at v0.3.0). Attention beyond the shape: `--kv-channels` (TC:184) when head_dim is not
 h / heads, `--qk-layernorm` (TC:259), and multi-latent attention `--multi-latent-attention` (TC:288) with
@@ -152,12 +152,12 @@ PRECISION_AWARE_BF16 = ("--use-precision-aware-optimizer", "--exp-avg-dtype", "b
 
 
 def dispatcher_args(layout: Layout, workload: Workload) -> list[str]:
-    """The token dispatcher the layout was predicted with (tuner.perfmodel.moe dispatcher_for): alltoall, or
+    """The token dispatcher the layout was predicted with (tuner.perfmodel.moe_exchange dispatcher_for): alltoall, or
     flex with its backend (DeepEP; HybridEP across the trays of an NVL72 rack) and the fp32 router
     probabilities both backends take (token_dispatcher.py lines 1135-1139 and 1312-1316 at d98e8a64dd: "please
     set --moe-router-dtype=fp32")."""
     from tuner.perfmodel.compute import shape_of
-    from tuner.perfmodel.moe import dispatcher_for, flex_backend
+    from tuner.perfmodel.moe_exchange import dispatcher_for, flex_backend
     sh = shape_of(layout, workload)
     if dispatcher_for(workload.model, workload.cluster, sh, workload.framework) != "flex":
         return ["--moe-token-dispatcher-type", "alltoall"]
