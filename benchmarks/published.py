@@ -358,6 +358,12 @@ HARDWARE_SEEN: dict = {
     "Megatron-Bridge's FP8 weights held quantized only (benchmarks/reading.py)": (
         "memory", lambda r: r.get("release", "").startswith("Megatron-Bridge")
         and r.get("precision") in ("fp8", "mxfp8", "nvfp4")),
+    # issue 24 round 6: TransformerEngine's quantized weights from source (tuner/perfmodel/quantized.py: per-tensor
+    # FP8's transpose off Blackwell, no copy of the embedding / LM head, the weights alone under the --fp8-param-gather
+    # launch writes) after every low-precision row's p_fit had been printed; memory only
+    "TransformerEngine's quantized weights as launch runs them (tuner/perfmodel/quantized.py)": (
+        "memory", lambda r: r.get("framework") in ("megatron-core", "megatron-deepspeed")
+        and r.get("precision") in ("fp8", "mxfp8", "nvfp4")),
 }
 
 

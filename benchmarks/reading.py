@@ -14,8 +14,8 @@ moe_accuracy's model_of). A row is predicted as it ran:
   (`ran_recompute`, `ran_sequence_parallel`), its pipeline split and experts;
 - its memory as it ran (`peak_as_ran`, `memory_as_ran`): the predicted peak with what the recipe changes that tuner
   does not choose -- llm-foundry's MPT under Composer's FSDP1, apex's bf16 optimizer state (`optimizer_state =
-  "bf16"`), Megatron-Core's activation CPU offloading (`ran_offload_layers`) and Megatron-Bridge's FP8 weights held
-  quantized only (`quantized_weight_bytes`) -- and the p_fit tuner states for
+  "bf16"`), Megatron-Core's activation CPU offloading (`ran_offload_layers`) and FP8 weights held otherwise than tuner's
+  launch holds them (`ran_fp8_params`) -- and the p_fit tuner states for
   it (the framework's bias and spread, as tuner.perfmodel.memory_fit states them).
 The split key (benchmarks/published.split_key) reads the table's keys only: a `ran_*` key never moves a row.
 """
@@ -195,59 +195,45 @@ def ran_breakdown(row: dict, lay: Layout, w, mem: dict) -> dict:
     return out
 
 
-#: Bytes per parameter of a transformer layer's weight held as TransformerEngine's quantized tensor alone, as the
-#: FP8 recipes of Megatron-Bridge's performance configs run it: `_perf_precision` / `get_precision_config` take
+#: What a published Megatron-Core row ran for its layers' weights (Framework.quantized_params: with
+#: --fp8-param-gather they are TransformerEngine's quantized tensors alone, tuner.perfmodel.quantized), read from source.
+#: Megatron-Bridge's performance configs (`_perf_precision` / `get_precision_config`) take
 #: bf16_with_fp8_current_scaling_mixed (fp8_cs) or bf16_with_mxfp8_mixed (fp8_mx), which set fp8_param_gather = True
 #: (mxfp8 also reuse_grad_buf_for_mxfp8_param_ag) in src/megatron/bridge/training/mixed_precision.py at every tag read,
-#: v0.2.0, v0.3.1, v0.4.1 and 067f987df (Kimi's and gpt-oss's configs switch it off: no such row here). Megatron-Core
-#: then keeps no bf16 copy of those weights (megatron/core/distributed/param_and_grad_buffer.py @ d98e8a64dd maps the
-#: quantized storage into its buffer; the distributed optimizer's fp32 main parameters stay). TransformerEngine @
-#: d0067d0da: a per-tensor Float8Tensor keeps its data alone where non-TN FP8 GEMMs run (Blackwell:
-#: float8_tensor_storage.py update_usage, is_non_tn_fp8_gemm_supported) and a transpose too on Hopper; an MXFP8
-#: tensor keeps row-wise and column-wise data, each with an E8M0 scale per 32 elements; an NVFP4 tensor
-#: (nvfp4_tensor_storage.py) row-wise and column-wise 4-bit data, each with an E4M3 scale per 16 elements.
+#: v0.2.0, v0.3.1, v0.4.1 and 067f987df (Kimi's and gpt-oss's configs switch it off: no such row here);
 #: bf16_with_nvfp4_mixed sets fp4_param_gather = True from v0.5.0 (whose docs/performance-summary.md is the 26.06
-#: container's; v0.4.1 and before: fp8_param_gather False and no fp4_param_gather), so NVFP4 rows from release 26.06 on.
-#: Only Blackwell rows (`block_scaled`) are read so.
-QUANTIZED_WEIGHT_BYTES = {"fp8": 1.0, "mxfp8": 2.0 + 2.0 / 32, "nvfp4": 1.0 + 2.0 / 16}
+#: container's), so NVFP4 rows from release 26.06 on. Megatron-Core then keeps no bf16 copy of those weights
+#: (megatron/core/distributed/param_and_grad_buffer.py @ d98e8a64dd maps the quantized storage into its buffer; the
+#: distributed optimizer's fp32 main parameters stay). Every other row is read as tuner's launch runs it: NeMo 2's
+#: bf16_with_fp8_mixed sets fp8_params = True at v2.0.0 and v2.1.0, as the rule does (not checked per row's script);
+#: NeMo 24.07's table names no config (NeMo 1 defaults fp8_params to False, megatron_base_model.py at NeMo v2.0.0, but
+#: the launcher's 24.07 yamls set neither fp8 nor fp8_params and match none of its layouts), so unstated. A row's
+#: `ran_fp8_params` states it.
 NVFP4_PARAMS_FROM = (26, 6)
 
 
-def quantized_weight_bytes(row: dict, w) -> float | None:
-    """QUANTIZED_WEIGHT_BYTES for a Megatron-Bridge FP8 / MXFP8 row (NVFP4 from 26.06) on Blackwell, else None (tuner's
-    bf16 weights plus an FP8 copy, 3 bytes per parameter, as it ran)."""
+def ran_fp8_params(row: dict, lay: Layout, w) -> bool | None:
+    """Whether the row's layers' weights were quantized alone where that is not what tuner's launch would run for its
+    layout (Framework.quantized_params), else None."""
+    from tuner.frameworks import of
     release = row.get("release", "")
-    if row["framework"] != "megatron-core" or not release.startswith("Megatron-Bridge ") or not w.cluster.block_scaled:
-        return None
-    if w.precision == "nvfp4" and tuple(int(x) for x in release.split()[1].split(".")[:2]) < NVFP4_PARAMS_FROM:
-        return None
-    return QUANTIZED_WEIGHT_BYTES.get(w.precision)
-
-
-def quantized_weights(mem: dict, w, lay: Layout, stage: int, per_param: float) -> dict:
-    """A stage's breakdown with its layers' weights held as quantized tensors of `per_param` bytes in place of bf16
-    weights (2 bytes) and their FP8 copy (1 byte); the word embedding and LM head (not TransformerEngine linears) and
-    the other parameters keep theirs. Sharded as the weights are (ZeRO 3 / Megatron-FSDP included)."""
-    out = dict(mem)
-    emb = memory.embedding_params(w.model, lay.tp) * ((stage == 0) + (stage == lay.pp - 1 and not (
-        w.model.tie_embeddings and lay.pp == 1)))
-    share = max(0.0, 1.0 - emb / (mem["params_billion"] * 1e9)) if mem["params_billion"] else 0.0
-    out["weights"] = mem["weights"] * (1.0 - share + share * per_param / 2.0)
-    out["fp8_weights"] = mem.get("fp8_weights", 0.0) * (1.0 - share)
-    out["total"] = mem["total"] + sum(out[k] - mem.get(k, 0.0) for k in ("weights", "fp8_weights"))
-    return out
+    ran = row.get("ran_fp8_params")
+    if ran is None and row["framework"] == "megatron-core" and w.precision in ("fp8", "mxfp8", "nvfp4"):
+        if release.startswith("Megatron-Bridge "):
+            ran = (w.precision != "nvfp4" or
+                   tuple(int(x) for x in release.split()[1].split(".")[:2]) >= NVFP4_PARAMS_FROM)
+    return None if ran is None or bool(ran) == of(w).quantized_params(lay, w) else bool(ran)
 
 
 def peak_as_ran(row: dict, lay: Layout, w) -> dict:
-    """The worst stage's predicted breakdown as the row ran (before the framework's measured bias); with quantized
-    weights (quantized_weight_bytes), the worst stage after them."""
+    """The worst stage's predicted breakdown as the row ran (before the framework's measured bias); where its weights
+    were held otherwise than tuner's launch holds them (ran_fp8_params), the worst stage after that."""
     m = micro_batches_per_pipeline(lay, w.global_batch)
-    per_param = quantized_weight_bytes(row, w)
-    if per_param is None:
+    alone = ran_fp8_params(row, lay, w)
+    if alone is None:
         _, mem = memory.peak_memory(lay, w, m)
         return ran_breakdown(row, lay, w, mem)
-    stages = [quantized_weights(memory.stage_memory(lay, w, s, m), w, lay, s, per_param)
-              for s in stage_candidates(lay, w.model)]
+    stages = [memory.stage_memory(lay, w, s, m, fp8_params=alone) for s in stage_candidates(lay, w.model)]
     return ran_breakdown(row, lay, w, max(stages, key=lambda b: b["total"]))
 
 

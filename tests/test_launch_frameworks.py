@@ -49,6 +49,7 @@ MCORE_FLAGS = {
     "--recompute-num-layers": "TC:551", "--sequence-parallel": "MPC:94", "--context-parallel-size": "MPC:100",
     "--num-layers-per-virtual-pipeline-stage": "A:3114", "--fp8-format": "TC:587",
     "--fp8-amax-history-len": "TC:621", "--fp8-amax-compute-algo": "TC:624",
+    "--fp8-param-gather": "A:2016 (A:1095-1097: only with the distributed optimizer or an FSDP)",
     "--overlap-grad-reduce": "A:3121", "--overlap-param-gather": "A:3148", "--tp-comm-overlap": "MPC:265",
     "--account-for-embedding-in-pipeline-split": "TC:137", "--account-for-loss-in-pipeline-split": "TC:141",
     # issue "launch files that run as written": the RoPE base, the attention the model assumed, data, checkpoints
@@ -237,6 +238,28 @@ def test_megatron_core_writes_every_modern_dimension(precision):
     fp8 = ["--fp8-format", "hybrid", "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max"]
     joined = " ".join(args)
     assert (" ".join(fp8) in joined) == (precision == "fp8") and ("--fp8-format" in args) == (precision == "fp8")
+    assert ("--fp8-param-gather" in args) == (precision == "fp8")      # with the distributed optimizer
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8", "mxfp8", "nvfp4"])
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_megatron_core_fp8_param_gather_where_megatron_allows_it_and_the_memory_model_charges_it(precision, zero):
+    """--fp8-param-gather for FP8 and MXFP8 with the distributed optimizer or Megatron-FSDP (Megatron-LM refuses it
+    without one), never for bf16 or NVFP4; the memory model holds the layers' weights as launch runs them: the
+    quantized bytes alone with the flag, bf16 weights beside TE's cached copy without it."""
+    from tuner.perfmodel import memory
+    cluster = "b200" if precision in ("mxfp8", "nvfp4") else "h100"
+    w = make_workload("llama3-8b", 2, cluster, precision=precision, framework="megatron-core")
+    lay = Layout(tp=1, pp=1, dp=16, micro_batch=1, zero_stage=zero)
+    flag = "--fp8-param-gather" in mcore.pretrain_args(lay, w)
+    assert flag == (precision in ("fp8", "mxfp8") and zero >= 1)
+    mem = memory.stage_memory(lay, w, 0, 8)
+    per = memory.quantized_weight_bytes(precision, w.cluster) if precision != "bf16" else 0.0
+    assert per == {"bf16": 0.0, "fp8": 2.0, "mxfp8": 2.0625, "nvfp4": 1.125}[precision]   # FP8 on Hopper: + transpose
+    layers = (mem["params_billion"] * 1e9 - memory.embedding_params(w.model, 1) * 2) / 1e9   # untied: embedding + head
+    shards = 16 if zero == 3 else 1
+    assert mem.get("fp8_weights", 0.0) == pytest.approx(layers * per / shards)
+    assert mem["weights"] == pytest.approx((mem["params_billion"] - (layers if flag else 0)) * 2 / shards)
 
 
 def test_the_embedding_and_loss_aware_split_and_the_overlaps_the_model_assumed():

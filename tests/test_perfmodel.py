@@ -386,8 +386,11 @@ def test_nvfp4_keeps_four_bit_copies_of_weights_and_saved_inputs():
     assert f8 - f4 == pytest.approx((2 + 1 + m.ffn_hidden_size / m.hidden_size) * (1 - 0.5625) * sbh)
     w = make_workload(m, 16, load_cluster("gb200"), 256, precision="nvfp4", framework="megatron-core")
     lay = Layout(tp=1, pp=4, virtual_pipeline=5, dp=16, micro_batch=1, recompute="none")
-    got = predict(lay, w).memory_breakdown
-    assert got["fp8_weights"] == pytest.approx(got["weights"] / 2 * 1.125)
+    first = memory.stage_memory(lay, w, 0, 16)
+    emb = memory.outside_layer_params(m, lay, 0) * 2 / 1e9           # stage 0: the word embedding stays bf16, uncopied
+    assert emb > 0 and first["fp8_weights"] == pytest.approx((first["weights"] - emb) / 2 * 1.125)
+    middle = memory.stage_memory(lay, w, 1, 16)
+    assert middle["fp8_weights"] == pytest.approx(middle["weights"] / 2 * 1.125)   # no --fp4-param-gather: bf16 kept
 
 
 def test_fp8_backward_gemms_run_without_fast_accumulation_on_hopper_only():

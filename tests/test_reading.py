@@ -108,42 +108,51 @@ def test_a_row_without_recipe_keys_is_stated_as_predict_states_it():
     assert len(rows) > 20
     for r in rows:
         lay, w = reading.layout_of(r), reading.workload_of(r)
-        if memory_accuracy.why_invalid(lay, w) or reading.quantized_weight_bytes(r, w) is not None:
+        if memory_accuracy.why_invalid(lay, w) or reading.ran_fp8_params(r, lay, w) is not None:
             continue
         pr = predict(lay, w)
         assert reading.memory_as_ran(r, lay, w) == pytest.approx((pr.memory_gb, pr.p_fit), abs=1e-9)
 
 
-def test_megatron_bridge_fp8_recipes_hold_the_layers_weights_quantized_only():
-    """fp8_param_gather (Megatron-Bridge's FP8 / MXFP8 precision configs; NVFP4 from 26.06): the layers' weights are
-    TransformerEngine's quantized tensors alone (Blackwell: FP8 1 byte, MXFP8 2 + 2/32, NVFP4 1 + 2/16), the word
-    embedding and LM head stay bf16, and the worst stage is taken after it."""
-    rows = [r for r in published.hardware() if r.get("release", "").startswith("Megatron-Bridge")]
-    seen = set()
+def test_published_fp8_weights_are_read_as_the_row_ran_them():
+    """Megatron-Bridge's FP8 / MXFP8 recipes (fp8_param_gather; NVFP4's fp4_param_gather from 26.06) hold the layers'
+    weights as TransformerEngine's quantized tensors alone; a row's ran_fp8_params says what it ran. Where that is what
+    tuner's launch runs for the layout (--fp8-param-gather with a sharded optimizer), the model's own account stands
+    (ran_fp8_params None); otherwise the stages are taken again with it, the word embedding and LM head bf16 either
+    way, and the worst stage after it. Rows that state nothing are read as tuner's launch runs them."""
+    from tuner.frameworks import of
+    rows = [r for r in published.published() + published.hardware()
+            if r["framework"] == "megatron-core" and r.get("precision") in ("fp8", "mxfp8", "nvfp4")]
+    bridge = next(r for r in rows if r["release"].startswith("Megatron-Bridge") and r["precision"] == "fp8")
+    rows += [dict(bridge, distributed_optimizer=False), dict(bridge, ran_fp8_params=False)]   # against the rule
+    kinds = set()
     for r in rows:
         lay, w = reading.layout_of(r), reading.workload_of(r)
-        per = reading.quantized_weight_bytes(r, w)
         if memory_accuracy.why_invalid(lay, w):
             continue
-        if w.precision == "bf16" or (w.precision == "nvfp4" and r["release"] < "Megatron-Bridge 26.06"):
-            assert per is None
+        alone, rule = reading.ran_fp8_params(r, lay, w), of(w).quantized_params(lay, w)
+        release = r.get("release", "")
+        ran = r.get("ran_fp8_params")
+        if ran is None and release.startswith("Megatron-Bridge"):
+            ran = w.precision != "nvfp4" or release >= "Megatron-Bridge 26.06"
+        assert alone == (None if ran is None or ran == rule else ran)
+        if alone is None:
             continue
-        assert per == reading.QUANTIZED_WEIGHT_BYTES[w.precision]
-        seen.add(w.precision)
-        got = reading.peak_as_ran(r, lay, w)
+        kinds.add((w.precision, alone))
         m = memory_accuracy.micro_batches_per_pipeline(lay, w.global_batch)
         stage = 1 if lay.pp > 2 else 0          # a middle stage: every weight a layer's; stage 0: the embedding too
         plain = memory_accuracy.memory.stage_memory(lay, w, stage, m)
-        q = reading.quantized_weights(plain, w, lay, stage, per)
+        q = memory_accuracy.memory.stage_memory(lay, w, stage, m, fp8_params=alone)
+        per = memory_accuracy.memory.quantized_weight_bytes(w.precision, w.cluster)
+        layers = (q if alone else plain)["fp8_weights"] / per * 2.0           # the layers' bf16 weights, GB
+        assert q["fp8_weights"] == pytest.approx(plain["fp8_weights"])          # the quantized bytes either way
+        assert q["weights"] == pytest.approx(plain["weights"] + (-layers if alone else layers))
         if stage:
-            assert q["weights"] == pytest.approx(plain["weights"] * per / 2.0) and q["fp8_weights"] == 0.0
-        assert q["weights"] + q["fp8_weights"] < plain["weights"] + plain["fp8_weights"]
-        assert q["total"] == pytest.approx(plain["total"] - (plain["weights"] + plain["fp8_weights"])
-                                           + q["weights"] + q["fp8_weights"])
+            assert min(q["weights"], plain["weights"]) == pytest.approx(0.0, abs=1e-9)
+        assert q["total"] - plain["total"] == pytest.approx(q["weights"] - plain["weights"])
+        got = reading.peak_as_ran(r, lay, w)
         assert got["total"] >= reading.ran_breakdown(r, lay, w, q)["total"] - 1e-9    # the worst stage after it
-    assert seen == {"fp8", "mxfp8", "nvfp4"}
-    h100 = dict(rows[0], cluster="h100", precision="fp8")
-    assert reading.quantized_weight_bytes(h100, reading.workload_of(h100)) is None     # Hopper: not read so
+    assert {("nvfp4", True), ("fp8", True), ("fp8", False)} <= kinds, kinds
 
 
 def test_a_recipes_layout_read_onto_a_row_is_the_layout_it_is_predicted_with():

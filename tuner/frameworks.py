@@ -113,6 +113,8 @@ class Framework:
     megatron_loss: bool = False   # its last stage peaks at Megatron-Core's unfused vocab-parallel loss or a layer's backward
                                   # (tuner.perfmodel.memory.megatron_phases); else the account's fp32 logits on top
     sp_gather_buffer: bool = False  # sequence parallelism gathers into a kept s*b*h buffer (memory.sp_gather_bytes)
+    fp8_params: bool = False    # FP8 / MXFP8 layer weights held as TransformerEngine's quantized tensors alone where
+                                # it runs a sharded optimizer (--fp8-param-gather; `quantized_params`)
     memory_n: int = 0           # the measurements memory_bias / memory_sd were fitted on (0: assumed)
     memory_sources: str = ""    # where those measurements come from (every one with Adam's moments in fp32)
 
@@ -150,6 +152,14 @@ class Framework:
     def fused(self, precision: str) -> bool:
         """Whether element-wise kernels run fused: always (TE), or torch.compile with a low precision."""
         return self.compiled == "always" or (self.compiled == "fp8" and precision in ("fp8", "mxfp8", "nvfp4"))
+
+    def quantized_params(self, layout: "Layout", workload: "Workload") -> bool:
+        """Whether the layers' weights are TransformerEngine's FP8 / MXFP8 tensors alone (no bf16 copy): Megatron-Core's
+        --fp8-param-gather, which `tuner launch` writes where Megatron-LM allows it, as NVIDIA's FP8 recipes set it
+        (Megatron-Bridge's and NeMo 2's fp8_param_gather = True): with the distributed optimizer or Megatron-FSDP
+        (zero_stage >= 1; arguments.py lines 1095-1097 at d98e8a64dd refuse it otherwise). NVFP4's --fp4-param-gather
+        is not written (Megatron-Bridge sets it from v0.5.0 only). tuner.perfmodel.memory charges what this says."""
+        return self.fp8_params and workload.precision in ("fp8", "mxfp8") and layout.zero_stage >= 1
 
     def ep_overlap(self, layout: "Layout", model=None) -> bool:
         """Whether the MoE token all-to-all runs under compute: Megatron-Core's
@@ -327,7 +337,7 @@ FRAMEWORKS: dict[str, Framework] = {
         selective="core-attention", attention="fused",
         compiled="always", files=("megatron_args.txt", *_COMMON), zero_stages=(1, 0, 2, 3), sp_with_tp=False,
         sp_with_moe_tp=True, moe_probs_in_experts=True, frees_pipeline_outputs=True, megatron_loss=True,
-        sp_gather_buffer=True, refuse=_megatron_core),
+        sp_gather_buffer=True, fp8_params=True, refuse=_megatron_core),
     "torchtitan": Framework(
         name="torchtitan", title="torchtitan (FSDP2)", overlaps=frozenset({"dp"}), fsdp=True,
         memory_sd=0.00115, memory_bias=0.0008, memory_n=113,

@@ -18,9 +18,11 @@ selective recompute keeps no attention scores (free with FlashAttention, which k
 mixture-of-experts layers hold their routed experts on 1/(ep*etp) of the GPUs and shard those states over
 the expert-data-parallel group (tuner.perfmodel.moe); the interleaved schedule keeps p*v + p - 1
 virtual-stage passes in flight on the first rank instead of
-p (Narayanan et al. 2021: 1 + (p - 1)/(p*v) times the layers' activations). FP8 keeps an FP8 copy of
-the weights (1 byte per parameter) and saves the GEMM inputs for backward in FP8 (1 byte, not 2); NVFP4 a
-row- and a column-wise 4-bit copy (1.125 bytes with their scales) and 0.5625-byte inputs.
+p (Narayanan et al. 2021: 1 + (p - 1)/(p*v) times the layers' activations). FP8 keeps the layers' weights
+quantized (tuner.perfmodel.quantized: a cached copy beside bf16 weights, or, under Megatron-Core's
+--fp8-param-gather, in their place; per-tensor FP8 1 byte per parameter on Blackwell and 2 with its transpose
+elsewhere, MXFP8 2.0625, NVFP4 1.125) and saves the GEMM inputs for backward in FP8 (1 byte, not 2); NVFP4
+0.5625-byte inputs.
 """
 
 from __future__ import annotations
@@ -32,16 +34,12 @@ from tuner.perfmodel.activations import (  # noqa: F401 -- one layer's account, 
 from tuner.perfmodel.compute import Shape, shape_of
 from tuner.perfmodel.memory_loss import LAUNCHED_LOSS_CHUNKS, loss_phase, megatron_loss_bytes
 from tuner.perfmodel.moe import moe_activation_bytes, moe_layer_params
+from tuner.perfmodel.quantized import (  # noqa: F401 -- re-exported: the weights as TransformerEngine quantizes them
+    QUANTIZED_WEIGHT_BYTES, outside_layer_params, quantized_weight_bytes, quantized_weights)
 from tuner.perfmodel.recompute import freed_bytes     # Megatron-Core's --recompute-modules (issue 25)
 from tuner.specs import ModelSpec, Workload
 
 GB = 1e9
-#: Bytes per parameter of the low-precision copy TransformerEngine caches of a bf16 weight (Shape.fp8): FP8 1; NVFP4 a
-#: row-wise and a column-wise copy, each 4 bits with an E4M3 scale per 16 (module/linear.py @ d0067d0da sets both
-#: usages of the weight quantizer in training; tensor/nvfp4_tensor.py get_scale_shape).
-WEIGHT_COPY_BYTES = {"fp8": 1.0, "fp4": 2.0 * (0.5 + 1.0 / 16)}
-
-
 # ----------------------------------------------------------------------------------- parameters
 def layer_params(model: ModelSpec, tp: int) -> float:
     """Parameters of one transformer layer held by one TP rank.
@@ -297,15 +295,16 @@ def megatron_phases(model: ModelSpec, sh: Shape, act: float, tp: int, flash: boo
 
 
 def stage_memory(layout: Layout, workload: Workload, stage: int, m: int, sh: Shape | None = None,
-                 memo: dict | None = None, loss_chunks: int = LAUNCHED_LOSS_CHUNKS) -> dict:
+                 memo: dict | None = None, loss_chunks: int = LAUNCHED_LOSS_CHUNKS, fp8_params: bool | None = None) -> dict:
     """Memory breakdown (GB) of one GPU on pipeline stage `stage`; 'total' is the peak. `memo`: the parameters
     and what one layer keeps, kept for one workload's layouts (stage_parts). torchtitan with one stage (FSDP2
     sharded over more than one rank) takes its peak phase (fsdp_phases) with a loss of `loss_chunks` chunks
-    (the launched one's by default; a measurement of torchtitan 0.3.0 ran 8)."""
+    (the launched one's by default; a measurement of torchtitan 0.3.0 ran 8). `fp8_params`: the layers' weights
+    quantized alone (True) or beside bf16 ones (False) where a run did not do as the framework's rule says."""
     from tuner.frameworks import of
     sh, fw = sh or shape_of(layout, workload), of(workload)
     parts = stage_parts(layout, workload, stage, m, sh, memo)
-    states = _states_gb(layout, workload, fw, stage, sh, *parts[:2])
+    states = _states_gb(layout, workload, fw, stage, sh, *parts[:2], fp8_params=fp8_params)
     return _breakdown(*_stage_sums(layout, workload, fw, sh, parts, states, memo, loss_chunks))
 
 
@@ -336,15 +335,18 @@ def _stage_sums(layout: Layout, workload: Workload, fw, sh: Shape, parts: tuple,
 
 
 def _states_gb(layout: Layout, workload: Workload, fw, stage: int, sh: Shape, params: float, experts: float,
-               memo: dict | None = None) -> tuple[dict, tuple, float]:
+               memo: dict | None = None, fp8_params: bool | None = None) -> tuple[dict, tuple, float]:
     """A stage's model states in GB (weights, gradients, optimizer, FP8 weights), their values in that order,
-    and its ZeRO-3 / FSDP buffer bytes."""
+    and its ZeRO-3 / FSDP buffer bytes. `fp8_params`: whether the layers' weights are quantized alone, where not
+    the framework's rule for the layout (a published run that ran otherwise)."""
     shards = layout.dp * layout.context_parallel
     per, per_e = (state_bytes(layout, workload, fw, shards) if memo is None else
                   _memo_state_bytes(layout, workload, fw, shards, memo))
     out = {k: ((params - experts) * v + experts * per_e[k]) / GB for k, v in per.items()}
     if sh.fp8 and not fw.fsdp:     # sharded like the bf16 weights; FSDP2's float8 casts while it gathers
-        out["fp8_weights"] = out["weights"] / 2.0 * WEIGHT_COPY_BYTES.get(sh.fp8, 1.0)
+        alone = fw.quantized_params(layout, workload) if fp8_params is None else fp8_params
+        quantized_weights(out, workload, per["weights"] * outside_layer_params(workload.model, layout, stage) / GB,
+                          alone)
     buffers = (fsdp_buffers(workload.model, layout, stage, shards) if fw.fsdp else
                zero3_gather_bytes(workload.model, layout.tp, shards, layout.zero_stage))
     return out, tuple(out.values()), buffers

@@ -15,8 +15,11 @@ The layout's dimensions:
   selective: `--recompute-granularity selective` (Megatron's default module, core_attn: TC:560);
 - precision fp8 (the workload's): `--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo
   max` on top of --bf16/--fp16: Megatron-LM's published FP8 recipe, examples/llama/
-  train_llama3_8b_h100_fp8.sh lines 108-110 (its --fp8-param-gather, a memory saving the performance
-  model does not count, is left out); the recipe is TE's default, delayed scaling (TC:594).
+  train_llama3_8b_h100_fp8.sh lines 108-110; the recipe is TE's default, delayed scaling (TC:594). With the
+  distributed optimizer or Megatron-FSDP (zero_stage >= 1) also `--fp8-param-gather` (A:2016; A:1095-1097 refuse it
+  without one of them), as that script (line 111) and NVIDIA's recipes run it (Megatron-Bridge's and NeMo 2's
+  bf16_with_fp8_*_mixed set fp8_param_gather = True): the layers' weights are TE's FP8 / MXFP8 tensors alone, no bf16
+  copy (tuner.frameworks Framework.quantized_params, which tuner.perfmodel.memory charges);
 - the model's rope_theta (when set and not 10000): `--rotary-base` (arguments.py line 2418);
 - the cluster's flash_attention: `--attention-backend flash` (TC:151, AttnBackend.flash, core/transformer/
   enums.py line 54): Transformer Engine's FlashAttention, the attention the model assumed; the default, auto,
@@ -316,6 +319,8 @@ def pretrain_args(layout: Layout, workload: Workload, *, precision: str = "bf16"
     args += list(LOW_PRECISION.get(workload.precision, ()))
     if layout.zero_stage >= 1:
         args.append("--use-distributed-optimizer")
+    if framework_of(workload).quantized_params(layout, workload):    # the weights as the memory model holds them
+        args.append("--fp8-param-gather")
     args += fsdp_args(layout)
     if workload.gradient_dtype == "bf16" and workload.grad_reduce and precision == "bf16":   # 2-byte grads, as counted
         args.append("--grad-reduce-in-bf16")
