@@ -62,7 +62,7 @@ def scale(model, cluster, nodes, tokens, steps, framework, global_batch, batch_s
     Example: tuner scale --model 175b --cluster frontier --nodes 16:512 --tokens 3e11 --price 1.8 --deadline 30
     """
     from tuner.cli import read_store
-    from tuner.planning import answer_scale, scale_request
+    from tuner.scale_answer import answer_scale, scale_request
     t0 = time.perf_counter()
     req, notes = scale_request(model, cluster, nodes, tokens=tokens, steps=steps, framework=framework,
                                global_batch=global_batch, batch_schedule=batch_schedule, batch_per_gpu=batch_per_gpu,
