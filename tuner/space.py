@@ -1,95 +1,31 @@
 """Search spaces: named dimensions with their choices and named constraints, from TOML.
 
 Pure: `enumerate_layouts` lists every valid layout of a workload; `why_invalid` says why one is not.
-Constraints are small expressions evaluated by a restricted evaluator (no Python eval).
+Constraints are small expressions evaluated by a restricted evaluator (no Python eval: tuner.space_constraints).
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import functools
 import itertools
 import math
 import operator
-import types
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tuner.errors import SpecError, UsageError
-from tuner.layout import (BY_NAME, DIMENSIONS as LAYOUT_DIMS, LAYOUT_FIELDS, SEARCHED, Layout,
-                          layout_from, micro_batches_per_pipeline,
+from tuner.layout import (BY_NAME, LAYOUT_FIELDS, SEARCHED, Layout, layout_from,
                           why_invalid as layout_why_invalid, why_invalid_cut, why_invalid_schedule,
                           why_invalid_values, expert_data_parallel, batch_hint)
-from tuner.frameworks import of as framework_of, recompute_refusal, split_refusal
+from tuner.frameworks import of as framework_of, recompute_refusal
 from tuner.pipeline_split import why_invalid_split
 from tuner.presets import preset_dir, read_toml
+from tuner.space_constraints import Constraint, constraint_env, evaluator, parse_constraint
 from tuner.specs import Workload
 
 DIMENSIONS = SEARCHED     # the dimensions a space chooses (tuner.layout.DIMENSIONS); dp follows
 EXPERT_DIMS = ("expert_parallel", "expert_tensor_parallel")
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
-        ast.Mod: operator.mod, ast.Div: operator.truediv, ast.Lt: operator.lt, ast.LtE: operator.le,
-        ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Eq: operator.eq, ast.NotEq: operator.ne,
-        ast.USub: operator.neg, ast.Not: operator.not_}
-NAMES = (*(d.name for d in LAYOUT_DIMS), "gpus", "nodes", "gpus_per_node", "num_layers", "hidden_size",
-         "num_attention_heads", "num_query_groups", "seq_length", "global_batch", "m", "num_experts",
-         "activation_checkpointing",     # recompute == "full", for constraints written before recompute
-         "auto_split_runs")              # the layout's framework runs its cut with pipeline_split auto
-
-
-def _closure(node: ast.AST):
-    """A function env -> value for a checked expression tree (tuner's own small evaluator, no Python
-    eval): each node becomes a closure once, so a constraint costs a few calls per layout."""
-    if isinstance(node, ast.Expression):
-        return _closure(node.body)
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, bool, str)):
-        value = node.value
-        return lambda env: value
-    if isinstance(node, ast.Name):
-        name = node.id
-        return lambda env: env[name]
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-        op, left, right = _OPS[type(node.op)], _closure(node.left), _closure(node.right)
-        return lambda env: op(left(env), right(env))
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
-        op, operand = _OPS[type(node.op)], _closure(node.operand)
-        return lambda env: op(operand(env))
-    if isinstance(node, ast.BoolOp):
-        parts = [_closure(v) for v in node.values]
-        if isinstance(node.op, ast.And):
-            return lambda env: all(p(env) for p in parts)
-        return lambda env: any(p(env) for p in parts)
-    if isinstance(node, ast.Compare):
-        first = _closure(node.left)
-        pairs = [(_OPS[type(op)], _closure(c)) for op, c in zip(node.ops, node.comparators)]
-
-        def compare(env):
-            left = first(env)
-            for op, comp in pairs:
-                right = comp(env)
-                if not op(left, right):
-                    return False
-                left = right
-            return True
-        return compare
-    raise ValueError(f"unsupported expression element {type(node).__name__}")
-
-
-def _compile(name: str, expr: str, where: str) -> ast.Expression:
-    try:
-        tree = ast.parse(expr, mode="eval")
-    except SyntaxError as exc:
-        raise SpecError(f"{where}: constraint '{name}' is not an expression: {exc.msg}") from None
-    for n in ast.walk(tree):
-        if isinstance(n, ast.Name) and n.id not in NAMES:
-            raise SpecError(f"{where}: constraint '{name}' uses unknown name '{n.id}'; names: {', '.join(NAMES)}")
-        allowed = (ast.Expression, ast.Constant, ast.Name, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare,
-                   ast.Load, ast.And, ast.Or, *_OPS)
-        if not isinstance(n, allowed):
-            raise SpecError(f"{where}: constraint '{name}' uses unsupported {type(n).__name__}")
-    return tree
 
 
 def _check_choices(dim: str, values: list, where: str) -> None:
@@ -105,20 +41,6 @@ def _check_choices(dim: str, values: list, where: str) -> None:
                     "true or false" if d.type is bool else "ZeRO stages 0-3" if dim == "zero_stage" else
                     "whole numbers >= 1")
             raise SpecError(f"{where}: dimension '{dim}' has choice {v!r}; its choices must be {want}")
-
-
-def auto_split_runs(layout: Layout, w: Workload) -> bool:
-    """Whether pipeline_split auto cuts the layout's layers and its framework runs that cut (Megatron-DeepSpeed
-    does not run Megatron-Core's embedding- and loss-aware split)."""
-    return _auto_runs(w.framework, w.model.num_layers, layout.pp, layout.virtual_pipeline)
-
-
-@functools.lru_cache(maxsize=4096)
-def _auto_runs(framework: str, num_layers: int, pp: int, vp: int) -> bool:
-    if why_invalid_split(num_layers, pp, vp, "auto"):
-        return False
-    lay = Layout(tp=1, pp=pp, virtual_pipeline=vp, dp=1, micro_batch=1)
-    return split_refusal(framework, lay, types.SimpleNamespace(num_layers=num_layers)) is None
 
 
 def pipeline_stages(num_layers: int) -> list[int]:
@@ -183,7 +105,7 @@ class SearchSpace:
         for k, v in cons.items():
             if not isinstance(v, str):
                 raise SpecError(f"{where}: constraint '{k}' must be a string expression")
-            _compile(k, v, where)
+            parse_constraint(k, v, where)
         return cls(Path(where).stem, dims, cons)
 
     def pinned(self, values: dict) -> "SearchSpace":
@@ -208,16 +130,6 @@ class SearchSpace:
             return [BY_NAME[dim].default]           # a dense model has no experts to split
         return list(v)
 
-    def _env(self, layout: Layout, w: Workload) -> dict:
-        m = w.model
-        return {**layout.as_dict(), "gpus": w.gpus, "nodes": w.nodes, "gpus_per_node": w.cluster.gpus_per_node,
-                "num_layers": m.num_layers, "hidden_size": m.hidden_size, "num_attention_heads": m.num_attention_heads,
-                "num_query_groups": m.num_query_groups, "seq_length": m.seq_length, "global_batch": w.global_batch,
-                "num_experts": m.num_experts,
-                "activation_checkpointing": layout.recompute == "full",
-                "auto_split_runs": auto_split_runs(layout, w),
-                "m": micro_batches_per_pipeline(layout, w.global_batch) if layout.dp else 0}
-
     def why_invalid(self, layout: Layout, workload: Workload) -> str | None:
         reason = layout_why_invalid(layout, workload)
         if reason:
@@ -225,9 +137,9 @@ class SearchSpace:
         for dim in DIMENSIONS:
             if dim in self.dimensions and getattr(layout, dim) not in self.choices(dim, workload):
                 return f"{dim}={getattr(layout, dim)} is not among the space's choices"
-        env = self._env(layout, workload)
+        env = constraint_env(layout, workload)
         for name, expr in self.constraints.items():
-            if not _closure(_compile(name, expr, self.name))(env):
+            if not evaluator(parse_constraint(name, expr, self.name))(env):
                 return f"constraint '{name}' ({expr}) does not hold"
         return None
 
@@ -240,7 +152,7 @@ class SearchSpace:
         rest = [d for d in DIMENSIONS if d not in CUT and d != "micro_batch"]
         outer, early, per_mb, late = [], [], [], []
         for k, v in self.constraints.items():
-            c = _Constraint(self, _compile(k, v, self.name), workload)
+            c = Constraint(parse_constraint(k, v, self.name), workload)
             (late if set(c.dims) & set(rest) else per_mb if "micro_batch" in c.dims else
              outer if set(c.dims) <= set(OUTER) else early).append(c)
         choices = {d: [BY_NAME[d].type(v) for v in self.choices(d, workload)] for d in DIMENSIONS}
@@ -290,31 +202,6 @@ class SearchSpace:
                     yield {"tp": tp, "sequence_parallel": sp, "context_parallel": cp, "pp": pp, "virtual_pipeline": vp,
                            "pipeline_split": split, "dp": gpus // (tp * cp * pp), "expert_parallel": ep,
                            "expert_tensor_parallel": etp}        # Layout's field order (layout_from)
-
-
-#: What a name of a constraint's environment (SearchSpace._env) reads of the layout beside the layout's own
-#: dimensions; the other names are the workload's.
-_READS = {"activation_checkpointing": ("recompute",), "auto_split_runs": ("pp", "virtual_pipeline"),
-          "m": ("micro_batch", "dp")}
-
-
-class _Constraint:
-    """A space's constraint during one enumeration: its answer kept by the layout values it reads (`dims`), so
-    the layouts that differ elsewhere are not asked again."""
-
-    def __init__(self, space: SearchSpace, tree: ast.Expression, workload: Workload):
-        self.check, self.space, self.workload = _closure(tree), space, workload
-        self.names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-        reads = self.names | {d for n in self.names for d in _READS.get(n, ())}
-        self.dims = tuple(d for d in LAYOUT_FIELDS if d in reads)
-        self.seen: dict = {}
-
-    def __call__(self, layout: Layout) -> bool:
-        key = tuple(getattr(layout, d) for d in self.dims)
-        got = self.seen.get(key)
-        if got is None:
-            got = self.seen[key] = bool(self.check(self.space._env(layout, self.workload)))
-        return got
 
 
 CUT = ("tp", "sequence_parallel", "context_parallel", "pp", "virtual_pipeline", "pipeline_split", "expert_parallel",
