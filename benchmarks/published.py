@@ -175,6 +175,15 @@ def _any_source(row: dict, pred) -> bool:
     return any(pred({**row, "source": s}) for s in row.get("sources", [row.get("source")]))
 
 
+def _bucket_moved(r: dict) -> bool:
+    """A row whose default gradient bucket the dp x cp rule (tuner/perfmodel/buckets.py, review of issue 26) sized
+    otherwise than the dp rule before it: context parallel, a distributed or no optimizer sharding (ZeRO <= 1) and a
+    dp x cp group (GPUs / (tp x pp as ran)) over 40, where 1M x dp x cp passes the 40M floor."""
+    pp = int(r.get("ran_pp", r.get("pp", 1)) or 1)
+    return (int(r.get("cp", 1) or 1) > 1 and zero_stage(r) <= 1
+            and int(r.get("gpus", 0)) // (int(r.get("tp", 1) or 1) * pp) > 40)
+
+
 SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     "megatron-core overlaps (tuner/frameworks.py)": ("speed", lambda r: r["framework"] == "megatron-core"
                                                      and "llama_published.toml" in r.get("files", [r.get("file")])),
@@ -309,6 +318,10 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # retained receives, growing with m at a fixed count in flight: docs/benchmarks.md), so they are seen by that choice
     "Megatron-Core's pipeline outputs freed under the interleaved schedule too (tuner/perfmodel/memory.py)": (
         "memory", lambda r: "memory_measured_megatron-core_pipeline.toml" in r.get("files", [r.get("file")])),
+    # review of issue 26 (round 2's last gradient bucket, buckets.py): the default bucket is sized by the dp x cp group
+    # (Megatron-LM training.py resolve_ddp_bucket_size), not dp; read from source after every row had been printed
+    # with dp: it moves the context-parallel rows whose dp x cp exceeds 40
+    "Megatron-Core's default bucket size by the dp x cp group (tuner/perfmodel/buckets.py)": ("speed", _bucket_moved),
 }
 
 
@@ -364,6 +377,9 @@ HARDWARE_SEEN: dict = {
     "TransformerEngine's quantized weights as launch runs them (tuner/perfmodel/quantized.py)": (
         "memory", lambda r: r.get("framework") in ("megatron-core", "megatron-deepspeed")
         and r.get("precision") in ("fp8", "mxfp8", "nvfp4")),
+    # review of issue 26: the default gradient bucket sized by the dp x cp group (SEEN's entry of the same name): it
+    # moves the held-out GB300 Llama 3 8B 512-GPU row (tp2 cp4, +129.6 -> +124.4 %) and the B200 8B 64- and 256-GPU rows
+    "Megatron-Core's default bucket size by the dp x cp group (tuner/perfmodel/buckets.py)": ("speed", _bucket_moved),
 }
 
 

@@ -23,6 +23,16 @@ def test_default_bucket_size_is_megatron_cores():
     assert buckets.default_bucket_size(256) == 256_000_000
 
 
+def test_the_bucket_size_follows_the_group_the_gradients_reduce_over():
+    """Megatron-LM sizes the default bucket by the dp x cp group (training.py resolve_ddp_bucket_size at d98e8a64dd:
+    get_pg_size(dp_cp_group)), so dp 32 with cp 2 buckets as dp 64 does, not as dp 32."""
+    for model, tp in ((LLAMA8, 1), (LLAMA8, 4), (load_model("llama3-70b"), 2)):
+        cp2 = buckets.last_bucket_params(model, Layout(tp=tp, pp=1, dp=32, context_parallel=2, micro_batch=1))
+        assert cp2 == buckets.last_bucket_params(model, Layout(tp=tp, pp=1, dp=64, micro_batch=1))
+        assert cp2 == buckets.last_bucket_params(model, Layout(tp=tp, pp=1, dp=32, micro_batch=1), 64e6)
+        assert cp2 != buckets.last_bucket_params(model, Layout(tp=tp, pp=1, dp=32, micro_batch=1))
+
+
 def test_the_embedding_closes_the_walk():
     # Llama 3 8B at tp 1: layer 0 walked backwards closes fc2 (58.7M) and fc1 (117.4M) alone, QKV + projection
     # (42.0M) together, so the embedding (525.3M) is the last bucket by itself

@@ -13,8 +13,10 @@ prefetched under compute.
 
 Bucketing is on only for the first model chunk of pipeline rank 0 (megatron/training/training.py at d98e8a64dd,
 lines 2504-2515: `per_chunk_bucket_sizes` is None for chunks after the first and for pp ranks > 0), the rank whose
-backward ends last; bucket_size defaults to max(40,000,000, 1,000,000 x dp) elements (distributed_data_parallel.py
-line 134), and `tuner launch` writes no --ddp-bucket-size. The routed experts' gradients are a buffer of their own
+backward ends last; bucket_size defaults to max(40,000,000, 1,000,000 x the data-parallel group's size) elements,
+that group being the one the gradients reduce over, data and context parallel together (training.py
+`resolve_ddp_bucket_size`: get_pg_size(dp_cp_group), line 2189 at d98e8a64dd), and `tuner launch` writes no
+--ddp-bucket-size. The routed experts' gradients are a buffer of their own
 (reduced over the expert-data-parallel group); they are not walked here.
 """
 
@@ -27,7 +29,8 @@ from tuner.specs import ModelSpec
 
 
 def default_bucket_size(dp: int) -> float:
-    """Megatron-Core's bucket size in elements when none is given: max(40M, 1M x the data-parallel size)."""
+    """Megatron-Core's bucket size in elements when none is given: max(40M, 1M x the size of the group the gradients
+    reduce over, dp x cp)."""
     return max(40_000_000.0, 1_000_000.0 * dp)
 
 
@@ -58,7 +61,7 @@ def last_bucket_params(model: ModelSpec, layout: Layout, bucket_size: float | No
     params = _first_chunk_params(model, layout)
     if model.tie_embeddings and layout.pp > 1:      # a shared embedding is a bucket of its own (distrib_optimizer.py
         return params[0]                            # `_does_param_require_new_bucket`, line 530)
-    size = default_bucket_size(layout.dp) if bucket_size is None else bucket_size
+    size = default_bucket_size(layout.dp * layout.context_parallel) if bucket_size is None else bucket_size
     acc = closed = 0.0
     for n in reversed(params):
         acc += n
