@@ -260,6 +260,8 @@ def test_megatron_core_fp8_param_gather_where_megatron_allows_it_and_the_memory_
     shards = 16 if zero == 3 else 1
     assert mem.get("fp8_weights", 0.0) == pytest.approx(layers * per / shards)
     assert mem["weights"] == pytest.approx((mem["params_billion"] - (layers if flag else 0)) * 2 / shards)
+    gathered = memory.zero3_gather_bytes(w.model, 1, 16, zero) / 1e9          # Megatron-FSDP's two gathered layers
+    assert mem["zero3_buffers"] == pytest.approx(gathered * (per / 2 if flag else 1.0))   # gathered quantized too
 
 
 def test_the_embedding_and_loss_aware_split_and_the_overlaps_the_model_assumed():

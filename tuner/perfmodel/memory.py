@@ -343,13 +343,16 @@ def _states_gb(layout: Layout, workload: Workload, fw, stage: int, sh: Shape, pa
     per, per_e = (state_bytes(layout, workload, fw, shards) if memo is None else
                   _memo_state_bytes(layout, workload, fw, shards, memo))
     out = {k: ((params - experts) * v + experts * per_e[k]) / GB for k, v in per.items()}
+    alone = False
     if sh.fp8 and not fw.fsdp:     # sharded like the bf16 weights; FSDP2's float8 casts while it gathers
         alone = fw.quantized_params(layout, workload) if fp8_params is None else fp8_params
         quantized_weights(out, workload, per["weights"] * outside_layer_params(workload.model, layout, stage) / GB,
                           alone)
-    buffers = (fsdp_buffers(workload.model, layout, stage, shards) if fw.fsdp else
-               zero3_gather_bytes(workload.model, layout.tp, shards, layout.zero_stage))
-    return out, tuple(out.values()), buffers
+    if fw.fsdp:
+        return out, tuple(out.values()), fsdp_buffers(workload.model, layout, stage, shards)
+    gathered = zero3_gather_bytes(workload.model, layout.tp, shards, layout.zero_stage)   # quantized layers gather so
+    return out, tuple(out.values()), gathered * (quantized_weight_bytes(workload.precision, workload.cluster) / 2.0
+                                                 if alone else 1.0)
 
 
 def _memo_stages(layout: Layout, workload: Workload, fw, stages: tuple, m: int, sh: Shape, memo: dict) -> tuple:

@@ -1,7 +1,7 @@
 """The layers' weights as TransformerEngine quantizes them for FP8 / MXFP8 / NVFP4 training (issue 24): the copy it
 caches beside each bf16 weight, or, under Megatron-Core's --fp8-param-gather (tuner.frameworks
-Framework.quantized_params, which `tuner launch` writes), the weight itself with no bf16 copy. Pure; sizes in bytes
-unless a name says GB. tuner.perfmodel.memory charges it; benchmarks/reading reads published runs that ran otherwise.
+Framework.quantized_params, which `tuner launch` writes), the weight itself with no bf16 copy, gathered in those bytes
+too (Megatron-FSDP's gathered layers: tuner.perfmodel.memory._states_gb). Pure; sizes in bytes unless a name says GB. tuner.perfmodel.memory charges it; benchmarks/reading reads published runs that ran otherwise.
 """
 
 from __future__ import annotations
