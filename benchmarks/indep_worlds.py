@@ -17,7 +17,9 @@ searcher that trusts the tuner's model gets no help from the world being that mo
 - DP / ZeRO: gradient reduction overlapped with backward by a drawn fraction, ZeRO-2 reduce-scatter per
   micro-batch, ZeRO-3 gathers per layer pass with a drawn prefetch; recompute at a drawn extra cost.
 - Memory: model states per ZeRO stage (fp32 or bf16 gradients), 1F1B in-flight activations, logits,
-  buckets, communicator buffers, allocator fragmentation and usable capacity, all drawn.
+  buckets, communicator buffers, allocator fragmentation and usable capacity, all drawn. A trial runs out of
+  memory when all of it exceeds the usable capacity; one that ran reports the bytes its tensors allocated (no
+  context, communicator buffers or fragmentation), as a GPU run's max_memory_allocated and every tuner runner do.
 
 Families (FAMILIES): "compute-bound" (GEMM shape, tile and wave effects dominate; fast network, light
 host), "network-bound" (slow, congested, high-latency network, little overlap), "host-bound" (heavy
@@ -211,8 +213,9 @@ class WorldRunner:
             cap = self.world.physics.usable * w.cluster.memory_gb
             return TrialResult(Status.OOM, peak_memory_gb=mem,
                                message=f"world OOM: needs {mem:.1f} GB per GPU of {cap:.1f} usable")
+        allocated = mod.peak_memory_gb(self.world.physics, w, trial.layout, allocated=True)  # as a GPU run reports
         return TrialResult(Status.OK, samples_per_second=sps * self.factor(trial.layout, w.nodes),
-                           peak_memory_gb=mem, message="world")
+                           peak_memory_gb=allocated, message="world")
 
     def cancel(self) -> None:
         pass

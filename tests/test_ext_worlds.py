@@ -117,6 +117,8 @@ def test_runner_measures_the_truth_with_seeded_noise_and_reports_ooms():
     again = w.runner(noise=0.02, seed=4).run(TrialSpec("s", 1, runs[0], w.workload))
     assert ok.status == Status.OK and ok.samples_per_second == again.samples_per_second
     assert abs(math.log(ok.samples_per_second / w.truth(runs[0])[0])) < 0.1
+    # a run reports its allocated bytes, as a GPU run's max_memory_allocated: less than all the world's GPU needs
+    assert ok.peak_memory_gb == memory_acct.peak_allocated_gb(w.physics, runs[0], w.workload) < w.truth(runs[0])[1]
     bad = r.run(TrialSpec("s", 2, ooms[0], w.workload))
     assert bad.status == Status.OOM and bad.peak_memory_gb > w.workload.cluster.memory_gb * w.physics["usable"]
 

@@ -99,13 +99,16 @@ def test_no_false_stop_on_20_independent_worlds():
     """Every stop on 20 seeds of the independent worlds (three physics, four workloads) is within the
     threshold of the world's fastest layout, and the rule does stop: a rule that never stops passes
     the first half trivially. Budget 30, as benchmarks/stop_calibration.py (which checks the stated
-    confidence over 200 seeds drawn at run time): the 99 % rule stops in 6 of these 20 within 30 trials."""
+    confidence over 200 seeds drawn at run time): the 99 % rule stops in 4 of these 20 within 30 trials (5 before
+    issue 24 round 6, when the worlds reported everything a GPU holds as the measured peak and the correction read
+    it against a prediction with the reserve; now they report allocated bytes, the reserve is added to them, and
+    seed 5 ends at confidence 0.982 after 30 trials instead of stopping at 17)."""
     stops, thr, sure = [], STUDY_DEFAULTS["stop_threshold"], 1 - STUDY_DEFAULTS["stop_probability"]
     for seed in range(20):
         wd, s, ran = indep_search(seed, budget=30)
         if s.stopped:
             stops.append((seed, len(ran), recommended_ratio(wd, s, ran), s.confidence))
-    assert len(stops) >= 5, stops
+    assert len(stops) >= 4, stops
     assert all(r * (1 + thr) >= 1.0 and c >= sure for _, _, r, c in stops), stops
 
 
@@ -142,7 +145,8 @@ def test_learns_from_an_oom_at_a_layout_predicted_to_fit():
     # a measured peak above the prediction raises the expected memory of similar layouts
     s2 = GuidedSearcher(cands, workload=w)
     ok = Layout(tp=4, pp=8, dp=4, micro_batch=1, zero_stage=0, recompute="full")
-    s2.tell(ok, TrialResult(Status.OK, mfu=0.3, peak_memory_gb=1.3 * mem[ok]))
+    allocated = 1.3 * mem[ok] - w.cluster.memory_reserved_gb   # a peak is allocated bytes; the prediction adds the reserve
+    s2.tell(ok, TrialResult(Status.OK, mfu=0.3, peak_memory_gb=allocated))
     assert s2.mem_scale == pytest.approx(1.3)
     assert s2.p_fit()[s2.index[oom]] < before[s.index[oom]]
 

@@ -322,7 +322,7 @@ def test_log_parser_medians_after_warmup():
     assert r.samples_per_iteration == 640
     assert r.samples_per_second == pytest.approx(640 / 212.4102, rel=1e-3)
     assert r.tflops == pytest.approx(69.13, rel=1e-3) and r.tflops_logged == pytest.approx(69.13, rel=1e-3)
-    assert r.peak_memory_gb == pytest.approx(34713.6 / 1024)
+    assert r.peak_memory_gb == pytest.approx(34713.6 * 1024 ** 2 / 1e9)   # MiB -> GB of 1e9 bytes, as the model's
     assert r.mismatch is None
 
 

@@ -30,6 +30,7 @@ from tuner.metrics import trial_rank_key
 from tuner.layout import Layout
 from tuner.frameworks import ALLOCATOR_BIAS, ALLOCATOR_SD, of as framework_of, runnable
 from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT, gpu_fit_probability, memory_fit, predict
+from tuner.perfmodel.fit import measured_need_gb
 from tuner.fit_nodes import more_nodes_hint
 from tuner.specs import STORED_SETTINGS, Workload, stored_setting
 from tuner.correction import (Z_DIM, Observations, features, left_out, memory_features, record_workload, simulated,
@@ -70,7 +71,7 @@ def corrected(layouts: list[Layout], workload: Workload, obs: Observations, pred
         mem = math.exp(ft.log_mem + mmu[i])
         p_oom, limited_by = oom_fit_cap(p, bounds, cap)
         p_fit = min(_p_fit(ft.log_mem, mmu[i], msd[i], cap), p_oom)
-        p_twin, supported_by = supported_fit(lay, support or {}, cap)
+        p_twin, supported_by = supported_fit(lay, support or {}, cap, workload.cluster.memory_reserved_gb)
         if p_twin > p_fit:
             p_fit, limited_by = p_twin, None
         out.append({"layout": lay, "raw": p, "log_mean": ft.log_pred + mu[i], "log_sd": float(sd[i]),
@@ -108,18 +109,20 @@ def twin_support(records, workload: Workload, studies: dict | None = None) -> di
     return out
 
 
-def supported_fit(layout: Layout, support: dict, cap: float) -> tuple[float, str | None]:
+def supported_fit(layout: Layout, support: dict, cap: float, reserve_gb: float) -> tuple[float, str | None]:
     """The probability that `layout` fits by its measured twins (`support`, twin_support): that the smallest
     measured peak among them, measured again on a GPU, stays within `cap` -- its run-to-run noise (MEMORY_NOISE_SD)
     and the caching allocator's share of that run (gpu_fit_probability: ALLOCATOR_SD, ALLOCATOR_BIAS), since a
-    GPU run's measured peak is the bytes its tensors allocated (the harness's max_memory_allocated) -- and which twin
+    GPU run's measured peak is the bytes its tensors allocated (every runner's max_memory_allocated), to which the
+    cluster's fixed reserve `reserve_gb` is added as every prediction has it (measured_need_gb) -- and which twin
     says so; (0, None) without one."""
     twins = [r for r in support.get(replace(layout, dp=1), ()) if layout.dp % r.layout.dp == 0]
     if not twins:
         return 0.0, None
     rec = min(twins, key=lambda r: r.peak_memory_gb)
-    return gpu_fit_probability(rec.peak_memory_gb, cap, MEMORY_NOISE_SD), (f"its twin {rec.layout.key()} ran at {rec.nodes} node(s) with a "
-                                               f"measured peak of {rec.peak_memory_gb:.1f} GB")
+    need = measured_need_gb(rec.peak_memory_gb, reserve_gb)
+    return gpu_fit_probability(need, cap, MEMORY_NOISE_SD), (f"its twin {rec.layout.key()} ran at {rec.nodes} node(s) with a "
+                                               f"measured peak of {rec.peak_memory_gb:.1f} GB allocated")
 
 
 def likely_to_fit(layouts: list[Layout], workload: Workload, gp) -> list:

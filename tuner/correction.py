@@ -17,7 +17,8 @@ the layout *and* of the model's own account of it:
   checkpointing, TP group leaves the node, predicted bubble, TP and DP communication shares, log2
   nodes) for errors the shares do not explain (physics the model lacks).
 Memory is learned the same way on log(measured peak / predicted peak) with the memory breakdown's
-shares as f; an OOM is a censored observation (the ratio is at least capacity / predicted).
+shares as f, the measured peak (allocated bytes) with the cluster's fixed reserve added as the prediction has it
+(Features.measured_log_ratio); an OOM is a censored observation (the ratio is at least capacity / predicted).
 The time GP's predictive sd is calibrated by its leave-one-out z-scores (widened, never narrowed).
 A trial stopped early (multi-fidelity) is censored: its partial throughput is an upper bound on the
 layout's speed, so it enters the GP only where the posterior mean still sits above that bound.
@@ -38,6 +39,7 @@ import numpy as np
 
 from tuner.layout import RECOMPUTE, Layout
 from tuner.perfmodel import MEMORY_KEYS, MEMORY_NOISE_SD, comm, memory_gp_scales, memory_shares, predict
+from tuner.perfmodel.fit import measured_need_gb
 from tuner.specs import Workload, stored_framework
 from tuner.trial import SIMULATED, Status
 
@@ -80,6 +82,12 @@ class Features:
     log_pred: float                # log predicted MFU (the prior mean)
     log_mem: float                 # log predicted peak memory (GB)
     fits: bool                     # the model's own verdict
+    reserve_gb: float = 0.0        # the cluster's fixed reserve in log_mem (what a measured peak lacks)
+
+    def measured_log_ratio(self, peak_gb: float) -> float:
+        """log(measured / predicted peak) of a runner's measured peak (allocated bytes), the reserve added to it
+        as the prediction has it (tuner.perfmodel.fit.measured_need_gb)."""
+        return math.log(measured_need_gb(peak_gb, self.reserve_gb)) - self.log_mem
 
 
 def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
@@ -102,7 +110,7 @@ def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
     z = np.array(base + [cross, bubble / step, shares[3] + shares[4], dp, math.log2(workload.nodes) / 8])
     fm = memory_features(pred.memory_breakdown, layout.recompute)
     return Features(z, np.array(shares + [dp, other]), fm, math.log(max(pred.mfu, FLOOR)),
-                    math.log(max(pred.memory_gb, 1e-6)), bool(pred.fits))
+                    math.log(max(pred.memory_gb, 1e-6)), bool(pred.fits), workload.cluster.memory_reserved_gb)
 
 
 # ------------------------------------------------------------------------------------------------ GP
@@ -243,7 +251,7 @@ class Observations:
         if not capacity_gb:
             return
         if status == Status.OK and peak_memory_gb:
-            self.add_memory(ft, math.log(peak_memory_gb) - ft.log_mem, noise)
+            self.add_memory(ft, ft.measured_log_ratio(peak_memory_gb), noise)
         elif status == Status.OOM:
             self.oZ.append(ft.z), self.oF.append(ft.fm), self.onoise.append(noise)
             self.oy.append(max(math.log(capacity_gb) - ft.log_mem, 0.0) + OOM_MARGIN)

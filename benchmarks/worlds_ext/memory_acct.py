@@ -26,6 +26,8 @@ model states as each framework keeps them, and the caching allocator's rounding 
 - Allocator: every block rounded to 512 bytes, blocks over 1 MB to 2 MB, then a drawn fragmentation share
   of the allocated peak that grows with the in-flight micro-batches (blocks of different lifetimes), plus
   the CUDA context, communicator buffers per process group and workspaces (drawn).
+  A trial runs out of memory when all of it exceeds the usable capacity; one that ran reports its allocated
+  bytes (peak_allocated_gb), as a GPU run's max_memory_allocated and every tuner runner do.
 """
 
 from __future__ import annotations
@@ -180,7 +182,18 @@ def rank_peak_gb(ph, layout: Layout, w: Workload, rank: int) -> float:
     return sum(rank_breakdown(ph, layout, w, rank).values()) / GB
 
 
+def _ranks(layout: Layout) -> range | tuple:
+    return range(layout.pp) if layout.pp <= 4 else (0, 1, layout.pp // 2, layout.pp - 2, layout.pp - 1)
+
+
 def peak_gb(ph, layout: Layout, w: Workload) -> float:
     """The highest reserved memory over the pipeline ranks (GB)."""
-    ranks = range(layout.pp) if layout.pp <= 4 else (0, 1, layout.pp // 2, layout.pp - 2, layout.pp - 1)
-    return max(rank_peak_gb(ph, layout, w, r) for r in ranks)
+    return max(rank_peak_gb(ph, layout, w, r) for r in _ranks(layout))
+
+
+def peak_allocated_gb(ph, layout: Layout, w: Workload) -> float:
+    """The highest bytes allocated over the pipeline ranks (GB): the tensors alone, without the allocator's
+    fragmentation, the context and the communicator buffers -- what a GPU run's max_memory_allocated, and so every
+    tuner runner, reports as its peak."""
+    return max(sum(v for k, v in rank_breakdown(ph, layout, w, r).items() if k not in ("fragmentation", "context"))
+               for r in _ranks(layout)) / GB

@@ -103,8 +103,9 @@ class ExtRunner:
             cap = self.world.physics["usable"] * w.cluster.memory_gb
             return TrialResult(Status.OOM, peak_memory_gb=mem,
                                message=f"world OOM: needs {mem:.1f} GB per GPU of {cap:.1f} usable")
+        allocated = memory_acct.peak_allocated_gb(self.world.physics, trial.layout, w)   # as a GPU run reports
         return TrialResult(Status.OK, samples_per_second=sps * self.factor(trial.layout, w.nodes),
-                           peak_memory_gb=mem, message="world")
+                           peak_memory_gb=allocated, message="world")
 
     def cancel(self) -> None:
         pass

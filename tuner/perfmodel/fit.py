@@ -64,6 +64,17 @@ def memory_prior_sd(framework_sd: float, shares: list[float]) -> float:
     return math.hypot(account_sd(framework_sd, shares), ALLOCATOR_SD)
 
 
+def measured_need_gb(peak_gb: float, reserve_gb: float) -> float:
+    """A measured peak as the model's figure (issue 24 round 6). Every runner's `peak_memory_gb` is the bytes its
+    tensors allocated at the peak -- PyTorch's max_memory_allocated in GB of 1e9 bytes (the harness; Megatron's
+    "max allocated", converted from MiB; the command runner's contract; the simulator's predicted figure less the
+    reserve) -- while the model's figure adds the cluster's fixed reserve (memory_reserved_gb: CUDA context, NCCL
+    buffers, workspaces) and leaves the caching allocator's share to p_fit (gpu_fit_probability). So a measured
+    peak is compared with a prediction, or with capacity, as the allocated bytes plus that reserve: a run at
+    exactly the predicted allocated bytes says the memory model is right, not 4 % high."""
+    return peak_gb + reserve_gb
+
+
 def gpu_fit_probability(memory_gb: float, capacity_gb: float, sd: float) -> float:
     """P(a GPU run fits) for a predicted peak whose error on allocated bytes has sd `sd` (memory_prior_sd's
     account part, or the memory correction's): the allocator's share added to both mean and spread."""

@@ -20,6 +20,7 @@ MISMATCH_TOLERANCE = 0.10
 
 _ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)$")
 _MAX_ALLOC = re.compile(r"max allocated:\s*([0-9.]+)")
+MIB = 1024 ** 2         # report_memory's "memory (MB)": torch.cuda.max_memory_allocated() / (1024 * 1024)
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class IterationLog:
     tflops_logged: float | None          # what the log printed (per GPU)
     tflops: float                        # recomputed from the samples processed and the measured time
     samples_per_iteration: float
-    peak_memory_gb: float | None = None  # largest "max allocated" of any rank, if the log has it
+    peak_memory_gb: float | None = None  # largest "max allocated" of any rank (GB of 1e9 bytes), if the log has it
     mismatch: str | None = None          # why the logged TFLOPs (or batch) cannot be trusted, if so
 
 
@@ -99,5 +100,5 @@ def parse_log(text: str, model: ModelSpec, gpus: int, *, recompute: bool, global
         iterations=len(post), time_ms=time_ms,
         samples_per_second=statistics.median(sps) if sps else samples / (time_ms / 1e3),
         tflops_logged=tflops_logged, tflops=tflops, samples_per_iteration=samples,
-        peak_memory_gb=max(peaks) / 1024 if peaks else None,   # Megatron reports MB
+        peak_memory_gb=max(peaks) * MIB / 1e9 if peaks else None,   # Megatron reports MiB (bytes / 1024**2)
         mismatch="; ".join(problems) or None)

@@ -1,7 +1,9 @@
 """The simulator runner: the performance model's prediction as the measurement.
 
 Seeded noise is drawn from (seed, layout), so a resumed study sees the same numbers as an
-uninterrupted one. A layout the memory model says cannot fit comes back as OOM.
+uninterrupted one. A layout the memory model says cannot fit comes back as OOM. Its peak memory is what every
+runner reports (tuner.perfmodel.fit.measured_need_gb): the allocated bytes, the predicted peak less the cluster's
+fixed reserve.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ class SimRunner(TrialRunner):
         if p.memory_gb > trial.workload.cluster.memory_gb:      # the simulated world: the model's point estimate
             return TrialResult(Status.OOM, peak_memory_gb=p.memory_gb, message=f"simulated OOM: {p.reason}")
         f = self._factor(trial.layout.key())
+        allocated = p.memory_gb - trial.workload.cluster.memory_reserved_gb   # what a GPU run's peak reports
         return TrialResult(Status.OK, tflops_per_gpu=p.tflops_per_gpu * f, peak_fraction=p.peak_fraction * f,
-                           samples_per_second=p.samples_per_second * f, peak_memory_gb=p.memory_gb,
+                           samples_per_second=p.samples_per_second * f, peak_memory_gb=allocated,
                            message="simulated (predicted, not measured)")
 
     def cancel(self) -> None:

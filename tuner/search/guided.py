@@ -143,7 +143,7 @@ class GuidedSearcher(BaseSearcher):
             memory_gb, stage = self._predicted_memory(layout, i)
             self.deferred |= self.oom.after_oom(memory_gb, stage, ft.z, ft.fm, ft.log_mem, self.used)
         if result.status == Status.OK and result.peak_memory_gb and self.workload is not None:
-            self.mem_scale = max(self.mem_scale, result.peak_memory_gb / math.exp(ft.log_mem))
+            self.mem_scale = max(self.mem_scale, math.exp(ft.measured_log_ratio(result.peak_memory_gb)))
         if result.status == Status.OK and result.mfu:
             self.n_ok += 1
             memory = result.peak_memory_gb if result.peak_memory_gb is not None else self.mem_gb[i] if i is not None else None
