@@ -366,7 +366,7 @@ HARDWARE_SEEN: dict = {
     # ran_vp, ran_micro_batch), after the row's p_fit had been printed; it moves the step time too
     **{f"the recipe's layout read onto hardware rows whose cells disagree (ran_pp / ran_vp / ran_micro_batch, {k})": (
         k, lambda r: bool({"ran_pp", "ran_vp", "ran_micro_batch"} & set(r))) for k in ("memory", "speed")},
-    # issue 24 round 5: Megatron-Bridge's fp8_param_gather (benchmarks/reading.quantized_weight_bytes) read from source
+    # issue 24 round 5: Megatron-Bridge's fp8_param_gather (benchmarks/reading.ran_fp8_params since round 6) read from source
     # after every Blackwell row's p_fit had been printed; memory only
     "Megatron-Bridge's FP8 weights held quantized only (benchmarks/reading.py)": (
         "memory", lambda r: r.get("release", "").startswith("Megatron-Bridge")
