@@ -84,6 +84,25 @@ def test_model_error_pairs_and_relative_error():
     assert model_error([], []) is None
 
 
+def test_a_measured_peak_is_set_against_the_prediction_with_the_clusters_reserve(monkeypatch):
+    """A runner's peak is the bytes its tensors allocated (max_memory_allocated); the prediction holds the cluster's
+    fixed reserve too, so the report's memory error adds it first (tuner.perfmodel.fit.measured_need_gb): a run at
+    exactly the predicted allocated bytes shows no error, not reserve / peak too much."""
+    import tuner.report.page as page
+    from tuner.report import memory_pairs
+    at_prediction = [trial(1, mem=45.0 - 3.0), trial(2, mem=45.0 - 3.0)]      # predicted_memory_gb 45 with 3 GB reserve
+    pred, need = memory_pairs(at_prediction, 3.0)
+    assert pred == [45.0, 45.0] and need == [45.0, 45.0]
+    assert model_error(pred, need)["mape"] == 0.0
+    assert model_error(*pairs(at_prediction, "peak_memory_gb", "predicted_memory_gb"))["bias"] > 0.07   # unlike
+    seen = []
+    monkeypatch.setattr(page, "figures", lambda trials, cap, reserve: seen.append((cap, reserve))
+                        or dict.fromkeys(FIGURES))
+    study = study_record()
+    build_report(study, MIXED)
+    assert seen == [(study.workload["cluster"]["memory_gb"], study.workload["cluster"]["memory_reserved_gb"])]
+
+
 def test_top_rows_best_first_and_export_rows_complete():
     rows = top_rows(MIXED, 2)
     assert [r["trial"] for r in rows] == [4, 5] and rows[0]["mfu_%"] == pytest.approx(50.0)

@@ -11,9 +11,9 @@ library read), `plots` (the PNG figures) and `page` (the HTML page, `build_repor
 from tuner.report.plots import FIGURES, figures
 from tuner.report.page import CSS, Report, build_report, html_table
 from tuner.report.rows import (COLLAPSED, EXPORT_COLUMNS, best_so_far, columns_at_default, export_row, export_rows,
-                               model_error, ok_trials, pairs, simulated, status_counts, top_rows, tp_pp_cells,
-                               tp_pp_grid)
+                               memory_pairs, model_error, ok_trials, pairs, simulated, status_counts, top_rows,
+                               tp_pp_cells, tp_pp_grid)
 
 __all__ = ["FIGURES", "figures", "CSS", "Report", "build_report", "html_table", "COLLAPSED", "EXPORT_COLUMNS",
-           "best_so_far", "columns_at_default", "export_row", "export_rows", "model_error", "ok_trials", "pairs",
-           "simulated", "status_counts", "top_rows", "tp_pp_cells", "tp_pp_grid"]
+           "best_so_far", "columns_at_default", "export_row", "export_rows", "memory_pairs", "model_error", "ok_trials",
+           "pairs", "simulated", "status_counts", "top_rows", "tp_pp_cells", "tp_pp_grid"]

@@ -10,6 +10,7 @@ import html
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from tuner.cluster_spec import CLUSTER_KEYS
 from tuner.report.plots import FIGURES, figures
 from tuner.report.rows import COLLAPSED, columns_at_default, ok_trials, simulated, status_counts, top_rows, tp_pp_cells
 from tuner.specs import stored_framework
@@ -125,7 +126,8 @@ def build_report(study, trials, *, generated: datetime | None = None) -> Report:
         parts.append("<p class='note'>This study has no finished trials yet, so there is nothing to plot. "
                      f"Run some with <code>tuner resume {e(study.name)}</code> and report again.</p>")
     else:
-        drawn = figures(trials, cluster.get("memory_gb"))
+        drawn = figures(trials, cluster.get("memory_gb"), float(cluster.get("memory_reserved_gb",
+                                                                          CLUSTER_KEYS["memory_reserved_gb"][1])))
         figs = {k: v for k, v in drawn.items() if v is not None}
         if ok:
             b = ok[0]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import io
 import math
 
-from tuner.report.rows import (COLLAPSED, best_so_far, model_error, ok_trials, pairs, simulated, status_counts,
-                               tp_pp_cells, tp_pp_grid)
+from tuner.report.rows import (COLLAPSED, best_so_far, memory_pairs, model_error, ok_trials, pairs, simulated,
+                               status_counts, tp_pp_cells, tp_pp_grid)
 from tuner.trial import Status
 
 STATUS_COLORS = {"ok": "#2e7d32", "oom": "#c62828", "timeout": "#ef6c00", "failed": "#6a1b9a",
@@ -79,9 +79,9 @@ def fig_tp_pp_heatmap(trials) -> bytes | None:
     return _png(fig)
 
 
-def fig_model_error(trials, memory_capacity_gb: float | None = None) -> bytes | None:
+def fig_model_error(trials, memory_capacity_gb: float | None = None, reserve_gb: float = 0.0) -> bytes | None:
     tf_p, tf_m = pairs(trials, "mfu", "predicted_mfu")
-    mem_p, mem_m = pairs(trials, "peak_memory_gb", "predicted_memory_gb")
+    mem_p, mem_m = memory_pairs(trials, reserve_gb)     # allocated + the reserve, as the prediction holds it
     oom_pred = [t.predicted_memory_gb for t in trials if t.status == Status.OOM and t.predicted_memory_gb is not None]
     if not tf_p and not mem_p:
         return None
@@ -135,8 +135,9 @@ def fig_status_counts(trials) -> bytes | None:
     return _png(fig)
 
 
-def figures(trials, memory_capacity_gb: float | None = None) -> dict[str, bytes | None]:
-    """Every figure as PNG bytes, None where there is nothing to draw (keys: FIGURES)."""
+def figures(trials, memory_capacity_gb: float | None = None, reserve_gb: float = 0.0) -> dict[str, bytes | None]:
+    """Every figure as PNG bytes, None where there is nothing to draw (keys: FIGURES). `reserve_gb`: the cluster's
+    fixed reserve, added to a measured peak (allocated bytes) before it is set against the prediction."""
     measured = [t for t in trials if not simulated(t)]        # the simulator's numbers are the model's own
     return dict(zip(FIGURES, (fig_best_so_far(trials), fig_tp_pp_heatmap(trials),
-                              fig_model_error(measured, memory_capacity_gb), fig_status_counts(trials))))
+                              fig_model_error(measured, memory_capacity_gb, reserve_gb), fig_status_counts(trials))))

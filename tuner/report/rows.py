@@ -123,6 +123,15 @@ def pairs(trials, measured: str, predicted: str) -> tuple[list[float], list[floa
     return [p for p, _ in got], [m for _, m in got]
 
 
+def memory_pairs(trials, reserve_gb: float) -> tuple[list[float], list[float]]:
+    """(predicted peak, measured need) of the successful trials that have both, in GB: a runner's peak is the bytes
+    its tensors allocated, so the cluster's fixed reserve, which every predicted peak holds, is added to it before
+    the two are compared (tuner.perfmodel.fit.measured_need_gb, as the memory correction and `best` compare them)."""
+    from tuner.perfmodel.fit import measured_need_gb
+    pred, meas = pairs(trials, "peak_memory_gb", "predicted_memory_gb")
+    return pred, [measured_need_gb(m, reserve_gb) for m in meas]
+
+
 def model_error(predicted: list[float], measured: list[float]) -> dict | None:
     """Mean absolute and mean signed relative error of the prediction against the measurement."""
     rel = [(p - m) / m for p, m in zip(predicted, measured) if m]
