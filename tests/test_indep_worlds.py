@@ -111,7 +111,9 @@ def test_optimum_is_a_runnable_layout_and_the_fastest():
         assert all((w.truth(c)[0] or 0.0) <= v for c in w.candidates)
         res = w.runner(noise=0.02, seed=1).run(spec(lay, w.workload))
         assert res.status == Status.OK and res.samples_per_second == pytest.approx(v, rel=0.1)
-        assert res.peak_memory_gb == w.truth(lay)[1] <= 64.0
+        # a run reports its tensors' bytes (max_memory_allocated), below all the world's GPU needs (issue 24 round 6)
+        assert res.peak_memory_gb == iw.mod.peak_memory_gb(w.physics, w.workload, lay, allocated=True)
+        assert res.peak_memory_gb < w.truth(lay)[1] <= 64.0
 
 
 # ------------------------------------------------------------------------------- today's dimensions
