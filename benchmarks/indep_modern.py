@@ -296,10 +296,12 @@ def in_flight(lay: Layout, m: int, rank: int) -> float:
     return min((2 * (p - rank - 1) + (v - 1) * p + 1) / v, m)
 
 
-def stage_memory_gb(ph: Physics, w: Workload, lay: Layout, rank: int, allocated: bool = False) -> float:
+def stage_memory_gb(ph: Physics, w: Workload, lay: Layout, rank: int, allocated: bool = False,
+                    reserved: bool = False) -> float:
     """Peak GB per GPU on pipeline rank `rank`: what the GPU needs (context, communicator buffers and the allocator's
     fragmentation included), or with `allocated` the bytes its tensors allocate -- what a GPU run's
-    max_memory_allocated, and so every tuner runner, reports as its peak."""
+    max_memory_allocated, and so every tuner runner, reports as its peak -- or with `reserved` what the caching
+    allocator holds at the peak, its fragmentation included (max_memory_reserved, issue 24 round 7)."""
     mo, t, z, cp = w.model, lay.tp, lay.zero_stage, lay.context_parallel
     d, last = lay.dp * cp, rank == lay.pp - 1
     m = w.global_batch // (lay.micro_batch * lay.dp)
@@ -325,12 +327,16 @@ def stage_memory_gb(ph: Physics, w: Workload, lay: Layout, rank: int, allocated:
         buffers += 2 * 2.0 * (mo.attention_weights + mo.ffn_weights) / t
     if allocated:
         return (states + buffers + dynamic) / GB
+    if reserved:
+        return (states + buffers + dynamic * ph.frag) / GB
     comms = ph.comm_buf_gb * sum(g > 1 for g in (t, d, lay.pp))
     return (states + buffers + dynamic * ph.frag) / GB + ph.ctx_gb + comms
 
 
-def peak_memory_gb(ph: Physics, w: Workload, lay: Layout, allocated: bool = False) -> float:
-    """The fullest pipeline rank's GB (stage_memory_gb; `allocated`: its tensors' bytes, the largest over the ranks
-    as the harness reports): the first or the last with equal stages, any with the uneven split."""
+def peak_memory_gb(ph: Physics, w: Workload, lay: Layout, allocated: bool = False, reserved: bool = False) -> float:
+    """The fullest pipeline rank's GB (stage_memory_gb; `allocated`: its tensors' bytes, `reserved`: the caching
+    allocator's, the largest over the ranks as the harness reports): the first or the last with equal stages, any
+    with the uneven split."""
     even = w.model.num_layers % (lay.pp * lay.virtual_pipeline) == 0
-    return max(stage_memory_gb(ph, w, lay, r, allocated) for r in ({0, lay.pp - 1} if even else range(lay.pp)))
+    return max(stage_memory_gb(ph, w, lay, r, allocated, reserved)
+               for r in ({0, lay.pp - 1} if even else range(lay.pp)))

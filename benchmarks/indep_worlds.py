@@ -214,8 +214,9 @@ class WorldRunner:
             return TrialResult(Status.OOM, peak_memory_gb=mem,
                                message=f"world OOM: needs {mem:.1f} GB per GPU of {cap:.1f} usable")
         allocated = mod.peak_memory_gb(self.world.physics, w, trial.layout, allocated=True)  # as a GPU run reports
+        reserved = mod.peak_memory_gb(self.world.physics, w, trial.layout, reserved=True)    # its own fragmentation
         return TrialResult(Status.OK, samples_per_second=sps * self.factor(trial.layout, w.nodes),
-                           peak_memory_gb=allocated, message="world")
+                           peak_memory_gb=allocated, peak_reserved_gb=reserved, message="world")
 
     def cancel(self) -> None:
         pass

@@ -39,7 +39,7 @@ import numpy as np
 
 from tuner.layout import RECOMPUTE, Layout
 from tuner.perfmodel import MEMORY_KEYS, MEMORY_NOISE_SD, comm, memory_gp_scales, memory_shares, predict
-from tuner.perfmodel.fit import measured_need_gb
+from tuner.perfmodel.fit import run_need_gb
 from tuner.specs import Workload, stored_framework
 from tuner.trial import SIMULATED, Status
 
@@ -84,10 +84,11 @@ class Features:
     fits: bool                     # the model's own verdict
     reserve_gb: float = 0.0        # the cluster's fixed reserve in log_mem (what a measured peak lacks)
 
-    def measured_log_ratio(self, peak_gb: float) -> float:
+    def measured_log_ratio(self, peak_gb: float, reserved_gb: float | None = None) -> float:
         """log(measured / predicted peak) of a runner's measured peak (allocated bytes), the reserve added to it
-        as the prediction has it (tuner.perfmodel.fit.measured_need_gb)."""
-        return math.log(measured_need_gb(peak_gb, self.reserve_gb)) - self.log_mem
+        as the prediction has it (tuner.perfmodel.fit.measured_need_gb) -- or its reserved peak plus the reserve
+        when that is larger and the runner read it (run_need_gb)."""
+        return math.log(run_need_gb(peak_gb, self.reserve_gb, reserved_gb)) - self.log_mem
 
 
 def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
@@ -240,7 +241,7 @@ class Observations:
         self.mZ.append(ft.z), self.mF.append(ft.fm), self.my.append(log_ratio), self.mnoise.append(noise)
 
     def add_result(self, ft: Features, status: Status, mfu, peak_memory_gb, capacity_gb,
-                   noise: float = 0.0) -> None:
+                   noise: float = 0.0, reserved_gb: float | None = None) -> None:
         """What one finished trial says: a time residual, a memory ratio, or an OOM lower bound. A trial
         stopped early (multi-fidelity) says only that the layout is no faster than its partial throughput."""
         if status == Status.OK and mfu:
@@ -251,7 +252,7 @@ class Observations:
         if not capacity_gb:
             return
         if status == Status.OK and peak_memory_gb:
-            self.add_memory(ft, ft.measured_log_ratio(peak_memory_gb), noise)
+            self.add_memory(ft, ft.measured_log_ratio(peak_memory_gb, reserved_gb), noise)
         elif status == Status.OOM:
             self.oZ.append(ft.z), self.oF.append(ft.fm), self.onoise.append(noise)
             self.oy.append(max(math.log(capacity_gb) - ft.log_mem, 0.0) + OOM_MARGIN)
@@ -393,7 +394,8 @@ def warm_start_records(records, workload: Workload, studies: dict | None = None)
             continue
         ft = features(lay, w)
         n_time = len(obs.y)
-        obs.add_result(ft, rec.status, rec.mfu, rec.peak_memory_gb, cap, HISTORY_NOISE)
+        obs.add_result(ft, rec.status, rec.mfu, rec.peak_memory_gb, cap, HISTORY_NOISE,
+                       getattr(rec, "peak_reserved_gb", None))
         used.append((rec, obs.y[-1] if len(obs.y) > n_time else None))
     res = [r for _, r in used if r is not None]
     evidence = {"studies": sorted({getattr(r, "study", "") for r, _ in used}),

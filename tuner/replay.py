@@ -29,7 +29,8 @@ def result_of(record) -> TrialResult:
     """The TrialResult a stored trial stands for (used to replay it into a searcher)."""
     return TrialResult(record.status, tflops_per_gpu=record.tflops_per_gpu, mfu=record.mfu,
                        peak_fraction=record.peak_fraction, samples_per_second=record.samples_per_second,
-                       peak_memory_gb=record.peak_memory_gb, message=record.message or "")
+                       peak_memory_gb=record.peak_memory_gb, message=record.message or "",
+                       peak_reserved_gb=getattr(record, "peak_reserved_gb", None))
 
 
 def faster(best, trial):

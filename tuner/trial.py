@@ -72,6 +72,9 @@ class TrialSpec:
         }
 
 
+RESERVED_KEY = "peak_reserved_gb"   # a trial's `extra`: the caching allocator's reserved peak, GB of 1e9 bytes
+
+
 @dataclass
 class TrialResult:
     status: Status
@@ -83,6 +86,12 @@ class TrialResult:
     message: str = ""
     log_path: str | None = None
     retryable: bool = False   # an infrastructure failure (node fail, launcher) worth one more try
+    peak_reserved_gb: float | None = None    # the caching allocator's reserved peak (max_memory_reserved), if read
+
+    @property
+    def extra(self) -> dict:
+        """What the store keeps of this result beyond its columns (the trial's `extra`): the reserved peak."""
+        return {} if self.peak_reserved_gb is None else {RESERVED_KEY: self.peak_reserved_gb}
 
     @property
     def objective(self) -> float | None:

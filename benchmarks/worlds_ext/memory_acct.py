@@ -197,3 +197,11 @@ def peak_allocated_gb(ph, layout: Layout, w: Workload) -> float:
     tuner runner, reports as its peak."""
     return max(sum(v for k, v in rank_breakdown(ph, layout, w, r).items() if k not in ("fragmentation", "context"))
                for r in _ranks(layout)) / GB
+
+
+def peak_reserved_gb(ph, layout: Layout, w: Workload) -> float:
+    """The highest bytes the caching allocator holds over the pipeline ranks (GB): the tensors and its
+    fragmentation, without the context and the communicator buffers -- what a GPU run's max_memory_reserved
+    reports (issue 24 round 7)."""
+    return max(sum(v for k, v in rank_breakdown(ph, layout, w, r).items() if k != "context")
+               for r in _ranks(layout)) / GB

@@ -104,8 +104,9 @@ class ExtRunner:
             return TrialResult(Status.OOM, peak_memory_gb=mem,
                                message=f"world OOM: needs {mem:.1f} GB per GPU of {cap:.1f} usable")
         allocated = memory_acct.peak_allocated_gb(self.world.physics, trial.layout, w)   # as a GPU run reports
+        reserved = memory_acct.peak_reserved_gb(self.world.physics, trial.layout, w)     # its own fragmentation
         return TrialResult(Status.OK, samples_per_second=sps * self.factor(trial.layout, w.nodes),
-                           peak_memory_gb=allocated, message="world")
+                           peak_memory_gb=allocated, peak_reserved_gb=reserved, message="world")
 
     def cancel(self) -> None:
         pass

@@ -75,6 +75,14 @@ def measured_need_gb(peak_gb: float, reserve_gb: float) -> float:
     return peak_gb + reserve_gb
 
 
+def run_need_gb(peak_gb: float, reserve_gb: float, reserved_gb: float | None = None) -> float:
+    """What a measured run needed (issue 24 round 7): the larger of its caching allocator's reserved peak
+    (max_memory_reserved, which holds that run's own fragmentation) plus the reserve outside PyTorch, and
+    measured_need_gb of its allocated peak; the latter alone when no runner read the reserved peak."""
+    need = measured_need_gb(peak_gb, reserve_gb)
+    return need if reserved_gb is None else max(need, reserved_gb + reserve_gb)
+
+
 def gpu_fit_probability(memory_gb: float, capacity_gb: float, sd: float) -> float:
     """P(a GPU run fits) for a predicted peak whose error on allocated bytes has sd `sd` (memory_prior_sd's
     account part, or the memory correction's): the allocator's share added to both mean and spread."""

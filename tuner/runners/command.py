@@ -10,7 +10,10 @@ without the store's secrets (tuner.environment). The command reads TUNER_* envir
 variables or trial.json and writes its result JSON to $TUNER_RESULT_JSON:
 
     {"status": "ok" | "oom" | "failed", "samples_per_second": .. (or "step_time_s": ..),
-     "peak_memory_gb": .. (optional), "message": ".." (optional)}
+     "peak_memory_gb": .. (optional), "peak_reserved_gb": .. (optional), "message": ".." (optional)}
+
+peak_memory_gb is max_memory_allocated, peak_reserved_gb the caching allocator's max_memory_reserved (GB of
+1e9 bytes); tuner keeps the latter in the trial's extra and, when it is larger, counts it as the run's need.
 
 Status ok needs samples_per_second > 0 (or step_time_s > 0: samples/s = global batch / step time);
 tuner derives MFU, Megatron's TFLOPS and the fraction of peak from it (tuner.metrics), so a
@@ -47,7 +50,7 @@ from tuner.runners.process import ProcessTree, kill_leftovers, signal_name
 from tuner.trial import Status, TrialResult, TrialSpec, failed, looks_oom, study_dir, trial_dir
 
 RESULT_STATUSES = {"ok": Status.OK, "oom": Status.OOM, "failed": Status.FAILED}
-NUMBER_FIELDS = ("samples_per_second", "step_time_s", "peak_memory_gb")
+NUMBER_FIELDS = ("samples_per_second", "step_time_s", "peak_memory_gb", "peak_reserved_gb")
 # A result's own `tflops_per_gpu` / `peak_fraction` are ignored: tuner derives MFU and Megatron's count
 # from samples/s and the model spec (tuner.metrics), so every runner is ranked on the same footing.
 # Failures of the launcher, not of the layout: worth one more try (issue 8).

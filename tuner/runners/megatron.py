@@ -20,6 +20,7 @@ MISMATCH_TOLERANCE = 0.10
 
 _ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)$")
 _MAX_ALLOC = re.compile(r"max allocated:\s*([0-9.]+)")
+_MAX_RESERVED = re.compile(r"max reserved:\s*([0-9.]+)")
 MIB = 1024 ** 2         # report_memory's "memory (MB)": torch.cuda.max_memory_allocated() / (1024 * 1024)
 
 
@@ -34,6 +35,7 @@ class IterationLog:
     tflops: float                        # recomputed from the samples processed and the measured time
     samples_per_iteration: float
     peak_memory_gb: float | None = None  # largest "max allocated" of any rank (GB of 1e9 bytes), if the log has it
+    peak_reserved_gb: float | None = None  # largest "max reserved" of any rank (GB of 1e9 bytes), if the log has it
     mismatch: str | None = None          # why the logged TFLOPs (or batch) cannot be trusted, if so
 
 
@@ -96,9 +98,11 @@ def parse_log(text: str, model: ModelSpec, gpus: int, *, recompute: bool, global
         problems.append(f"logged {tflops_logged:.1f} TFLOPs but {samples:g} samples per {time_ms:.1f} ms on "
                         f"{gpus} GPUs is {tflops:.1f} TFLOPs ({tflops_logged / tflops:.2f}x)")
     peaks = [float(x) for x in _MAX_ALLOC.findall(text)]
+    reserved = [float(x) for x in _MAX_RESERVED.findall(text)]
     return IterationLog(
         iterations=len(post), time_ms=time_ms,
         samples_per_second=statistics.median(sps) if sps else samples / (time_ms / 1e3),
         tflops_logged=tflops_logged, tflops=tflops, samples_per_iteration=samples,
         peak_memory_gb=max(peaks) * MIB / 1e9 if peaks else None,   # Megatron reports MiB (bytes / 1024**2)
+        peak_reserved_gb=max(reserved) * MIB / 1e9 if reserved else None,
         mismatch="; ".join(problems) or None)

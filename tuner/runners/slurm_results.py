@@ -66,6 +66,7 @@ def _megatron_result(trial: TrialSpec, job: Job, log_path: str, warmup: int, pea
     return TrialResult(Status.OK, tflops_per_gpu=parsed.tflops,
                        peak_fraction=parsed.tflops / peak_tflops,
                        samples_per_second=parsed.samples_per_second, peak_memory_gb=parsed.peak_memory_gb,
+                       peak_reserved_gb=parsed.peak_reserved_gb,
                        message=msg, log_path=log_path)
 
 

@@ -134,7 +134,8 @@ class GuidedSearcher(BaseSearcher):
         if i is not None:
             self.ran[i] = True
         n_time = len(self.own.y)
-        self.own.add_result(ft, result.status, result.mfu, result.peak_memory_gb, self.capacity)
+        reserved = getattr(result, "peak_reserved_gb", None)
+        self.own.add_result(ft, result.status, result.mfu, result.peak_memory_gb, self.capacity, reserved_gb=reserved)
         if len(self.own.y) > n_time:
             self.own_X.append(self.encode(layout.as_dict()))
         if i is not None and result.status not in (Status.OK, Status.STOPPED):
@@ -143,7 +144,7 @@ class GuidedSearcher(BaseSearcher):
             memory_gb, stage = self._predicted_memory(layout, i)
             self.deferred |= self.oom.after_oom(memory_gb, stage, ft.z, ft.fm, ft.log_mem, self.used)
         if result.status == Status.OK and result.peak_memory_gb and self.workload is not None:
-            self.mem_scale = max(self.mem_scale, math.exp(ft.measured_log_ratio(result.peak_memory_gb)))
+            self.mem_scale = max(self.mem_scale, math.exp(ft.measured_log_ratio(result.peak_memory_gb, reserved)))
         if result.status == Status.OK and result.mfu:
             self.n_ok += 1
             memory = result.peak_memory_gb if result.peak_memory_gb is not None else self.mem_gb[i] if i is not None else None

@@ -80,6 +80,7 @@ class Claims(Database):
         row.message = scrub(result.message or "")
         row.log_path = result.log_path
         row.ended_at = utcnow()
+        extra = {**result.extra, **(extra or {})}     # the reserved peak, when the runner read one
         if extra:
             row.extra = {**(row.extra or {}), **scrub(dict(extra))}
 

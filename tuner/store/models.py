@@ -196,6 +196,12 @@ class TrialRecord:
     cluster: str = ""
     nodes: int = 0
 
+    @property
+    def peak_reserved_gb(self) -> float | None:
+        """The caching allocator's reserved peak the runner read (kept in `extra`), or None."""
+        v = (self.extra or {}).get("peak_reserved_gb")
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
     @classmethod
     def from_row(cls, t: TrialRow, s: StudyRow) -> "TrialRecord":
         layout = Layout(**{d.name: d.type(getattr(t, d.name)) for d in DIMENSIONS})

@@ -115,6 +115,11 @@ def peak_memory_gb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9   # ru_maxrss is KiB
 
 
+def peak_reserved_gb(device: torch.device) -> float:
+    """The caching allocator's reserved peak (its own fragmentation included); 0 off a GPU (none read)."""
+    return torch.cuda.max_memory_reserved(device) / 1e9 if device.type == "cuda" else 0.0
+
+
 def cap_memory(limit_gb: float) -> None:
     """Let the address space grow by at most limit_gb from here (CPU OOM classification)."""
     with open("/proc/self/statm") as f:
@@ -283,7 +288,8 @@ def summary(run: Run, samples: int, timed: float, device: torch.device, precisio
 
     from tuner.runners.harness import model as gpt
 
-    stats = torch.tensor([float(samples), peak_memory_gb(device)], dtype=torch.float64, device=device)
+    stats = torch.tensor([float(samples), peak_memory_gb(device), peak_reserved_gb(device)], dtype=torch.float64,
+                         device=device)
     summed = stats.clone()
     dist.all_reduce(summed)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
@@ -293,7 +299,9 @@ def summary(run: Run, samples: int, timed: float, device: torch.device, precisio
             "model_tflops_per_gpu": megatron_flops(spec, real_samples, False) / (timed * world * 1e12),
             "samples_per_second": real_samples / timed,
             "tokens_per_second": real_samples * spec.seq_length / timed,
-            "peak_memory_gb": float(stats[1]), "message": "", "samples": real_samples,
+            "peak_memory_gb": float(stats[1]),
+            **({"peak_reserved_gb": float(stats[2])} if device.type == "cuda" else {}),
+            "message": "", "samples": real_samples,
             "device": str(device), "precision": precision, "world_size": world,
             "layout": run.layout.as_dict(), "ds_config": run.config, "recompute": run.recompute,
             "sequence_parallel": run.par.sequence_parallel and run.par.tp > 1, "rank0": gpt.activity(run.module)}
