@@ -51,8 +51,12 @@ What is patched, and why (all in ``_patch()``; nothing in megatron-core's files 
   * ``torch.nn.functional.dropout`` (training, out of place) calls ``torch.native_dropout`` as it does on CUDA
     (a 1-byte bool mask saved for backward); on a CPU build it would save a bf16 noise tensor (2 bytes).
   * Megatron-Core's ``jit_fuser`` is ``torch.compile``, which cannot trace under FakeTensorMode: its modules are
-    imported with ``torch.compile`` replaced by an identity decorator, so the fused bias+SwiGLU / bias+GeLU
-    autograd Functions (Megatron-LM's default ``bias_activation_fusion``; they save only their input) run eagerly.
+    imported with ``torch.compile`` replaced by an identity decorator. The fused bias+SwiGLU / bias+GeLU autograd
+    Functions (Megatron-LM's default ``bias_activation_fusion``; they save only their input and bias) are
+    Megatron's own, but the element-wise functions they call (``bias_gelu``, ``bias_gelu_back``, ``swiglu``,
+    ``bias_swiglu``, ``swiglu_back``, ``bias_swiglu_back``), one fused kernel each on a GPU, are replaced by one
+    allocation of the kernel's output (``_fused_activation_kernels``; eagerly they would allocate every
+    intermediate: about seven FFN-wide tensors in a GeLU backward).
   * Megatron falls back to ``torch.optim.AdamW`` without TE/Apex; it is made ``fused=True`` (the in-place fused
     kernel, like TE/Apex FusedAdam on GPUs; the default for-loop Adam allocates per-tensor temporaries).
   * MemTracker's per-module hooks are reduced to its activation-checkpoint detection (its per-module snapshot
@@ -69,12 +73,11 @@ the stand-in with ring attention's footprint (each CP rank keeps its s/cp of q, 
 K/V receive buffers are allocated while it runs). Numbers are allocated bytes (no caching-allocator
 fragmentation, no CUDA context, no NCCL buffers).
 
-Two differences from a GPU run, found in issue 24 round 5 and left in the measurement (benchmarks/memory_accuracy.py
-reads the first): on a pipeline stage after the first, MemTracker keeps every finished micro-batch's received input
-and sent input gradient alive (Megatron-Core drops them; memory_accuracy.tracker_retained_gb adds them to a 1F1B
-row's prediction); and with ``jit_fuser`` an identity the fused bias-GeLU / bias-SwiGLU backward runs eagerly, so a
-layer's backward holds element-wise temporaries a fused kernel does not (about seven FFN-wide tensors at a GeLU
-row's peak).
+One difference from a GPU run, found in issue 24 round 5 and left in the measurement (benchmarks/memory_accuracy.py
+reads it): on a pipeline stage after the first, MemTracker keeps every finished micro-batch's received input and
+sent input gradient alive (Megatron-Core drops them; memory_accuracy.tracker_retained_gb adds them to a 1F1B row's
+prediction). The other found then -- the fused bias-GeLU / bias-SwiGLU running eagerly, its backward holding
+element-wise temporaries a fused kernel does not -- is corrected (_fused_activation_kernels, issue 24).
 """
 
 from __future__ import annotations
@@ -437,6 +440,7 @@ def _patch():
 
     import megatron.core.transformer.torch_norm as mnorm
     mnorm.WrappedTorchNorm.__new__ = staticmethod(_norm_new())
+    _fused_activation_kernels()
 
     mclip.l2_norm_impl = _l2norm
     mclip.multi_tensor_scale_impl = _scale
@@ -499,6 +503,42 @@ def _patch():
             return res
 
     return CudaToCpu
+
+
+def _fused_activation_kernels():
+    """Give Megatron-Core's fused bias-GeLU / bias-SwiGLU kernels the footprint they have on a GPU.
+
+    megatron-core 0.16.1 megatron/core/fusions/fused_bias_gelu.py and fused_bias_swiglu.py: GeLUFunction /
+    BiasSwiGLUFunction / SwiGLUFunction save only their input (and the bias) and call ``jit_fuser`` functions
+    (``torch.compile``: one fused element-wise kernel each) -- ``bias_gelu`` / ``swiglu`` / ``bias_swiglu``
+    return one tensor of the output's shape, ``bias_gelu_back`` / ``swiglu_back`` / ``bias_swiglu_back`` one
+    tensor of the input's shape, and nothing else is allocated. Run eagerly (torch.compile cannot trace under
+    FakeTensorMode) they allocate every element-wise intermediate (about seven FFN-wide tensors in a GeLU
+    backward). Under fake tensors only shapes and dtypes matter, so each is replaced by the one allocation the
+    fused kernel makes; the autograd Functions around them (what is saved for backward) are Megatron's own.
+    """
+    import torch
+    import megatron.core.fusions.fused_bias_gelu as mgelu
+    import megatron.core.fusions.fused_bias_swiglu as mswiglu
+
+    def _dtype(y, others):
+        dtype = y.dtype
+        for t in others:
+            dtype = torch.promote_types(dtype, t.dtype)
+        return dtype
+
+    def _like(y, *others):
+        return y.new_empty(y.shape, dtype=_dtype(y, others))
+
+    def _half(y, *others):
+        return y.new_empty((*y.shape[:-1], y.shape[-1] // 2), dtype=_dtype(y, others))
+
+    mgelu.bias_gelu = lambda bias, y: _like(y, bias)
+    mgelu.bias_gelu_back = lambda g, bias, y: _like(y, g, bias)
+    mswiglu.swiglu = lambda y: _half(y)
+    mswiglu.bias_swiglu = lambda y, bias: _half(y, bias)
+    mswiglu.swiglu_back = lambda g, y: _like(y, g)
+    mswiglu.bias_swiglu_back = lambda g, y, bias: _like(y, g, bias)
 
 
 def _tracker_class():
