@@ -61,7 +61,7 @@ another measurement, not against another layout. Chosen after seeing rows:
 - (issue 25 round 3) from Megatron-Core's and DeepEP's source, no constant fitted, each written after every row had
   been printed (published.SEEN names the rows each moves; none of the three clean held-out rows, which ran no EP
   overlap and no MTP): the EP overlap's unpaired warm-up / cool-down passes (moe_exchange.unpaired_share), DeepSeek-V3's MTP
-  module on the last stage where the row's recipe ran it (`mtp_num_layers`, perfmodel._add_mtp), and the SMs DeepEP's
+  module on the last stage where the row's recipe ran it (`mtp_num_layers`, perfmodel.stages._add_mtp), and the SMs DeepEP's
   kernels take from the compute that hides their exchange (moe_exchange.sm_contention, 20 of an H100's 132).
 - (issue 25 round 4) Megatron-MoE-ModelZoo's Mixtral 8x22B rows (b09773a8, tuning by hash) added before the model ran
   on them; then, from source, no constant: the shared experts beside the exchange where NeMo's configs set

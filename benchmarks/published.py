@@ -21,6 +21,7 @@ Run: python benchmarks/published.py [--write]   (prints the distinct configurati
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import statistics
 import sys
@@ -235,10 +236,10 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # that ran the overlap (a2a_overlap true), so it names those
     "EP overlap's unpaired warm-up and cool-down passes (tuner/perfmodel/moe_exchange.unpaired_share)": (
         "speed", lambda r: r.get("a2a_overlap") is True),
-    # issue 25 round 3: DeepSeek-V3's multi-token prediction module (ModelSpec.mtp_num_layers, tuner/perfmodel._add_mtp
+    # issue 25 round 3: DeepSeek-V3's multi-token prediction module (ModelSpec.mtp_num_layers, tuner/perfmodel/stages._add_mtp
     # and memory.mtp_params, from Megatron-Core's source, no constant), read onto the rows whose recipes ran it after
     # every one of them had been printed without it
-    "multi-token prediction on the rows that ran it (mtp_num_layers, tuner/perfmodel/__init__._add_mtp)": (
+    "multi-token prediction on the rows that ran it (mtp_num_layers, tuner/perfmodel/stages._add_mtp)": (
         "speed", lambda r: bool(r.get("mtp_num_layers"))),
     # issue 25 round 3: DeepEP's SMs taken from the compute that hides its exchange (tuner/perfmodel/moe_exchange.sm_contention:
     # 20 of an H100's 132, from DeepEP's source and the GPU's spec, no constant fitted), written after every row here
@@ -330,9 +331,17 @@ def seen_by(row: dict, kind: str | None = None) -> list[str]:
     return [name for name, (k, pred) in SEEN.items() if (kind is None or k == kind) and pred(row)]
 
 
+@functools.cache
+def _seen_configurations(kind: str | None) -> frozenset:
+    """The configurations (split keys) some row of which a choice (of `kind`) saw: one configuration is one row
+    across all data files, so a row measured again (another stage, another loss, another source) is seen too."""
+    return frozenset(split_key(r) for r in published() + measured() if seen_by(r, kind))
+
+
 def clean(row: dict, kind: str | None = None) -> bool:
-    """Held out and seen by no choice (of `kind`): the only rows a benchmark may call held out."""
-    return held_out(row) and not seen_by(row, kind)
+    """Held out and seen by no choice (of `kind`), nor any row of its configuration: the only rows a benchmark
+    may call held out."""
+    return held_out(row) and not seen_by(row, kind) and split_key(row) not in _seen_configurations(kind)
 
 
 #: Choices made after seeing rows of HARDWARE (the SEEN choices above predate that file, so they saw none of its
@@ -383,9 +392,20 @@ HARDWARE_SEEN: dict = {
 }
 
 
+def _hardware_seen(row: dict, kind: str | None) -> bool:
+    return any(pred(row) for k, pred in HARDWARE_SEEN.values() if kind in (None, k))
+
+
+@functools.cache
+def _hardware_seen_configurations(kind: str | None) -> frozenset:
+    return frozenset(split_key(r) for r in hardware() if _hardware_seen(r, kind))
+
+
 def hardware_clean(row: dict, kind: str | None = None) -> bool:
-    """A HARDWARE row hashed out and seen by no choice of HARDWARE_SEEN (of `kind`; None: any)."""
-    return held_out(row) and not any(pred(row) for k, pred in HARDWARE_SEEN.values() if kind in (None, k))
+    """A HARDWARE row hashed out and seen by no choice of HARDWARE_SEEN (of `kind`; None: any), nor any row of
+    its configuration."""
+    return (held_out(row) and not _hardware_seen(row, kind)
+            and split_key(row) not in _hardware_seen_configurations(kind))
 
 
 def held_out_lines() -> list[str]:

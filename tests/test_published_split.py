@@ -42,3 +42,15 @@ def test_every_choice_names_what_it_changes():
     assert all(kind in ("speed", "memory") for kind, _ in P.SEEN.values())
     rows = P.published()
     assert all(not P.clean(r) for r in rows if not P.held_out(r))
+
+
+def test_a_row_whose_configuration_a_choice_saw_is_not_clean():
+    """Two measurements of one configuration (another stage, another loss) are one row for the split: when a
+    choice saw one of them, the other is not held out either (the fresh memory batches had 8 such rows)."""
+    for kind in ("memory", "speed"):
+        seen = P._seen_configurations(kind)
+        rows = P.published() + P.measured()
+        twins = [r for r in rows if P.held_out(r) and not P.seen_by(r, kind) and P.split_key(r) in seen]
+        assert all(not P.clean(r, kind) for r in twins)
+    mem = [r for r in P.measured() if P.held_out(r) and not P.seen_by(r, "memory")]
+    assert any(P.split_key(r) in P._seen_configurations("memory") for r in mem), "no such twin left: test is idle"

@@ -1,8 +1,9 @@
 """The analytic performance and memory model: predict(layout, workload) -> Prediction.
 
 Pure and fast (no I/O, no numpy): `tuner plan` ranks every valid layout with it. Memory comes from
-memory.py, per-micro-batch compute from compute.py, communication from comm.py; every hardware
-constant comes from the workload's ClusterSpec, so the same code predicts any cluster file.
+memory.py, per-micro-batch compute from compute.py, communication from comm.py, each pipeline stage's
+seconds per micro-batch from stages.py; every hardware constant comes from the workload's ClusterSpec, so
+the same code predicts any cluster file.
 
 Step time of one iteration, the 1F1B pipeline (interleaved over v virtual stages per rank):
 
@@ -28,181 +29,23 @@ t_step_overhead is the cluster's fixed cost per iteration (step_overhead_ms; 0 u
 from __future__ import annotations
 
 from tuner.layout import (RECOMPUTE, Layout, expert_data_parallel, micro_batches_per_pipeline, stage_candidates,
-                          stage_layers, stage_moe_layers)
+                          stage_layers)
 from tuner.pipeline_split import bubble_share
 from tuner.frameworks import megatron_fsdp, of as framework_of
-from tuner.perfmodel import buckets, comm, compute, memory, moe, moe_exchange, recompute
+from tuner.perfmodel import buckets, comm, compute, memory, moe, moe_exchange
 from tuner.perfmodel.compute import shape_of
 from tuner.perfmodel.fit import (MEMORY_KEYS, MEMORY_NOISE_SD, MEMORY_PRIOR_SPLIT, PRUNE_BELOW, RECOMMEND_AT,
                                  account_sd, expected_speed, fit_probability, gpu_fit_probability, keeps_headroom,
                                  memory_gp_scales, memory_prior_sd, memory_shares, risk, with_measured_bias)
 from tuner.perfmodel.flops import megatron_flops, model_flops
 from tuner.perfmodel.prediction import Prediction
+from tuner.perfmodel.stages import HIDDEN, SM_SHARE, free_compute, overlaps_of, slowest_stage, stage_times, stage_total
 from tuner.specs import Workload
 
 __all__ = ["SM_SHARE", "predict", "rank", "expected_speed", "risk", "keeps_headroom", "fit_probability", "memory_prior_sd",
            "account_sd", "gpu_fit_probability", "breakdown_fit",
            "memory_gp_scales", "memory_shares", "Prediction", "stage_times", "shape_of", "PRUNE_BELOW", "RECOMMEND_AT",
            "MEMORY_KEYS", "MEMORY_NOISE_SD", "MEMORY_PRIOR_SPLIT", "with_measured_bias"]
-
-def layer_comm(layout: Layout, workload: Workload, sh: compute.Shape, attention_s: float) -> dict:
-    """Per layer and micro-batch: TP collectives and the exposed context-parallel ring (K and V go
-    round forward and in each recompute; K, V and their gradients backward; the ring overlaps the
-    attention core it feeds, and only what exceeds it shows)."""
-    model, cluster = workload.model, workload.cluster
-    act = 2.0 * model.seq_length * sh.tokens * model.hidden_size      # one bf16 activation of this rank
-    tp = comm.tp_allreduces_per_layer(sh.recompute) * comm.tp_allreduce_time(cluster, sh.t, act)
-    kv = 2.0 * 2.0 * model.seq_length * sh.tokens * model.kv_size / sh.t
-    passes = 1.0 + (sh.recompute != "none") + 2.0
-    ring = passes * comm.cp_ring_time(cluster, sh.t, sh.c, kv)
-    return {"tp_comm": tp, "cp_comm": max(0.0, ring - attention_s), "activation_bytes": act}
-
-
-def layer_terms(workload: Workload, sh: compute.Shape,
-                exchange: moe_exchange.TokenExchange) -> tuple[dict, dict, float, str]:
-    """What one layer costs at a shape, whatever the pipeline: a dense layer's and an MoE layer's times (with what
-    their recomputed modules run again), the MoE token exchange's seconds and its dispatcher."""
-    model, cluster = workload.model, workload.cluster
-    lay = _with_modules(compute.layer_times(model, cluster, sh), model, cluster, sh, False)
-    lay_moe = _with_modules(moe.moe_layer_times(model, cluster, sh), model, cluster, sh, True) if model.is_moe else lay
-    if not model.is_moe:
-        how, a2a = "alltoall", 0.0
-    elif exchange.dispatcher:                          # the dispatcher a published run states
-        how, a2a = exchange.dispatcher, moe_exchange.alltoall_seconds(model, cluster, sh, exchange.dispatcher)
-    else:
-        how, a2a = moe_exchange.dispatch(model, cluster, sh, workload.framework)
-    return lay, lay_moe, a2a, how
-
-
-def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = None,
-                exchange: moe_exchange.TokenExchange | None = None, memo: dict | None = None) -> list[dict]:
-    """Seconds per micro-batch of each distinct pipeline stage, each a breakdown by component: [first,
-    ..., last], one stage with pp = 1; between them the first rank of each other layer count
-    (tuner.layout.stage_candidates: the middle stages of an uneven split). `memo` (with no `exchange`): layer_terms
-    kept by shape for one workload's layouts."""
-    model, cluster = workload.model, workload.cluster
-    t, p, sh = layout.tp, layout.pp, sh or shape_of(layout, workload)
-    key = ("terms", sh) if memo is not None and exchange is None else None
-    terms = memo.get(key) if key else None
-    exchange = exchange or moe_exchange.TokenExchange()
-    if terms is None:
-        terms = layer_terms(workload, sh, exchange)
-        if key:
-            memo[key] = terms
-    lay, lay_moe, a2a, how = terms
-    lc = layer_comm(layout, workload, sh, lay["attention"])
-    act = lc["activation_bytes"]
-    ar = comm.tp_allreduce_time(cluster, t, act)
-    boundary = act / t if sh.sp else act              # sequence parallelism sends the scattered tensor
-    hide = overlaps_of(workload, exchange)
-    ep_hidden = framework_of(workload).ep_overlap(layout, model) and exchange.overlap is not False and "ep" in hide
-    # --tp-comm-overlap (Transformer Engine's userbuffers) runs inside the NVLink domain only: a TP group
-    # that spans nodes shows its collectives whole; on ROCm it is off (AMD's Primus: tp_comm_overlap false,
-    # primus/configs/models/megatron/language_model.yaml line 180 @ fd1eeabbad15), and `launch` leaves it out
-    tp_hidden = "tp" in hide and sh.sp and not comm.leaves_domain(cluster, t, 1) and cluster.software == "cuda"
-    tp_comm = max(0.0, lc["tp_comm"] - lay["gemm"]) if tp_hidden else lc["tp_comm"]
-    p2p = layout.virtual_pipeline * comm.pipeline_p2p_time(cluster, t * sh.c, layout.dp, p, boundary)
-    shared_hidden = not ep_hidden and exchange.shared_overlap and how == "alltoall" and model.num_shared_experts > 0
-    exposed = (overlapped_exchange(workload, sh, lay_moe, a2a) if ep_hidden else a2a if not shared_hidden
-               else moe_exchange.shared_overlap_exposed(a2a, *moe.shared_gemm_seconds(model, cluster, sh), sh))
-    m = micro_batches_per_pipeline(layout, workload.global_batch)
-
-    def exchange_shown(stage: int) -> tuple[float, float, float]:   # one MoE layer's exchange: seconds shown,
-        u = (moe_exchange.unpaired_share(p, layout.virtual_pipeline, stage, m) if ep_hidden   # hidden (unpaired passes
-             else float(not shared_hidden))
-        shown = u * a2a + (1.0 - u) * exposed            # whole) and what the flex kernels' SMs slow the compute
-        return shown, a2a - shown, moe_exchange.sm_contention(cluster, how, a2a - shown)         # they hide under
-
-    def body(stage: int) -> dict:
-        layers = stage_layers(layout, model.num_layers, stage)
-        n_moe = stage_moe_layers(layout, model, stage)
-        out = {k: (layers - n_moe) * lay[k] + n_moe * lay_moe[k] for k in ("gemm", "attention", "elementwise")}
-        shown = (max(0.0, p2p - out["gemm"] - out["attention"])
-                 if "p2p" in hide and layout.virtual_pipeline > 1 else p2p)
-        out.update({"tp_comm": layers * tp_comm, "p2p": shown,
-                    "microbatch_overhead": cluster.microbatch_overhead_ms * 1e-3})
-        if sh.c > 1:
-            out["cp_comm"] = layers * lc["cp_comm"]
-        if model.is_moe:      # the MoE token dispatch and combine; each under its phase's compute where overlapped
-            shown, hidden, slowed = exchange_shown(stage)
-            out["all_to_all"] = n_moe * shown
-            out["moe_overhead"] = n_moe * moe.MOE_LAYER_OVERHEAD_MS * 1e-3
-            out[HIDDEN] = n_moe * hidden     # compute already spent hiding the exchange
-            if slowed:                        # compute time, so other collectives may hide under it too
-                out[SM_SHARE] = n_moe * slowed
-        return out
-
-    first, last = body(0), body(p - 1)
-    emb = compute.embedding_times(model, cluster, sh.tokens)
-    head = compute.lm_head_times(model, cluster, sh.tokens, t)
-    first["elementwise"] += emb["elementwise"]
-    first["tp_comm"] += ar                    # the vocabulary-parallel embedding's forward all-reduce
-    last["gemm"] += head["gemm"]
-    last["elementwise"] += head["elementwise"]
-    last["tp_comm"] += ar                     # the LM head's input-gradient all-reduce
-    if model.mtp_num_layers:
-        _add_mtp(last, workload, sh, lay_moe if model.is_moe else lay, {"head": head, "emb": emb, "tp": tp_comm + ar,
-                                                                        "exchange": exchange_shown(p - 1)})
-    if p == 1:
-        last["elementwise"] += emb["elementwise"]
-        last["tp_comm"] += ar
-        return [last]
-    return [first, *(body(s) for s in stage_candidates(layout, model)[1:-1]), last]
-
-
-def _add_mtp(last: dict, workload: Workload, sh: compute.Shape, layer: dict, per: dict) -> None:
-    """The last stage's multi-token prediction (ModelSpec.mtp_num_layers; Megatron-Core's MultiTokenPredictionLayer,
-    transformer/multi_token_prediction.py at d98e8a64ddf3, built on the last stage, which then holds an embedding
-    too: gpt_model.py line 173): per module and micro-batch the embedding lookup of the shifted tokens, two norms,
-    eh_proj (a column-parallel h x 2h linear), one more layer of the last layer's kind (its MoE exchange as the
-    stage's layers show theirs) and the LM head and loss again; `per`: the stage's head, embedding, one layer's TP
-    collectives and MoE exchange (seconds shown, hidden)."""
-    model, n = workload.model, workload.model.mtp_num_layers
-    eh = compute.gemm_time(workload.cluster, 4.0 * model.seq_length * sh.tokens * model.hidden_size ** 2 / sh.t, sh.fp8)
-    last["gemm"] += n * (layer["gemm"] + per["head"]["gemm"] + eh * (1.0 + 2.0 * sh.backward_gemm))
-    last["attention"] += n * layer["attention"]
-    last["elementwise"] += n * (layer["elementwise"] + per["head"]["elementwise"] + per["emb"]["elementwise"])
-    last["tp_comm"] += n * per["tp"]
-    if model.is_moe:
-        shown, hidden, slowed = per["exchange"]
-        last["all_to_all"] += n * shown
-        last["moe_overhead"] += n * moe.MOE_LAYER_OVERHEAD_MS * 1e-3
-        last[HIDDEN] += n * hidden
-        if slowed:
-            last[SM_SHARE] = last.get(SM_SHARE, 0.0) + n * slowed
-
-
-def overlapped_exchange(workload: Workload, sh: compute.Shape, lay_moe: dict, a2a: float) -> float:
-    """One MoE layer's exchange left exposed by the EP overlap (moe_exchange.exposed_alltoall): its compute split into
-    the pre-dispatch part (attention core, and of the GEMMs and element-wise kernels the share of the attention's and
-    router's GEMMs) and the MLP part, forward : backward as the GEMMs' 1 : 2 x backward_gemm."""
-    model, cluster = workload.model, workload.cluster
-    share = moe.pre_dispatch_gemm_seconds(model, cluster, sh) / moe.moe_gemm_seconds(model, cluster, sh)
-    rest = lay_moe["gemm"] + lay_moe["elementwise"]
-    return moe_exchange.exposed_alltoall(a2a, lay_moe["attention"] + share * rest, (1.0 - share) * rest,
-                                1.0 / (1.0 + 2.0 * sh.backward_gemm))
-
-
-def overlaps_of(workload: Workload, exchange: moe_exchange.TokenExchange | None) -> frozenset:
-    """The overlaps a prediction credits: the run's where `exchange` states them, else the framework's."""
-    return framework_of(workload).overlaps if exchange is None or exchange.overlaps is None else exchange.overlaps
-
-
-HIDDEN = "hidden_under_compute"     # a stage entry that is not a time: compute an overlap already used
-SM_SHARE = "ep_sm_share"            # compute slowed by the flex dispatcher's SMs while it hides the exchange
-
-
-def _with_modules(times: dict, model, cluster, sh: compute.Shape, moe_layer: bool) -> dict:
-    """A layer's times plus what its recomputed modules run again (tuner.perfmodel.recompute)."""
-    extra = recompute.extra_seconds(model, cluster, sh, moe_layer)
-    if not extra["gemm"] and not extra["elementwise"]:
-        return times
-    return {**times, "gemm": times["gemm"] + extra["gemm"], "elementwise": times["elementwise"] + extra["elementwise"]}
-
-
-def stage_total(st: dict) -> float:
-    """A stage's seconds per micro-batch (its entries but HIDDEN)."""
-    return sum(v for k, v in st.items() if k != HIDDEN)
 
 
 def fsdp_time(layout: Layout, workload: Workload, compute_mb: float, m: int, grad_bytes: float = 4.0,
@@ -307,32 +150,6 @@ def _memo_shape(layout: Layout, workload: Workload, memo: dict) -> compute.Shape
     if sh is None:
         sh = memo[key] = shape_of(layout, workload)
     return sh
-
-
-def free_compute(st: dict) -> float:
-    """A stage's compute per micro-batch that no overlap has used yet (the gradient sync may hide under it)."""
-    return max(0.0, st["gemm"] + st["attention"] + st["elementwise"] + st.get(SM_SHARE, 0.0) - st.get(HIDDEN, 0.0))
-
-
-def slowest_stage(layout: Layout, workload: Workload, sh: compute.Shape,
-                  exchange: moe_exchange.TokenExchange | None = None, memo: dict | None = None) -> tuple[dict, float, list]:
-    """The slowest stage's breakdown per micro-batch, its seconds, and every distinct stage's breakdown; one
-    computation for the layouts of a workload that differ only in ZeRO stage (stage_times does not read it)
-    when `memo` is given."""
-    key = None
-    if memo is not None and exchange is None:
-        key = ("slow", layout.tp, layout.sequence_parallel, layout.context_parallel, layout.pp, layout.virtual_pipeline,
-               layout.pipeline_split, layout.dp, layout.expert_parallel, layout.expert_tensor_parallel,
-               layout.micro_batch, layout.recompute)
-        got = memo.get(key)
-        if got is not None:
-            return got
-    stages = stage_times(layout, workload, sh, exchange, memo)
-    slow = max(stages, key=stage_total)
-    got = (slow, stage_total(slow), stages)
-    if key is not None:
-        memo[key] = got
-    return got
 
 
 def last_to_finish(layout: Layout, workload: Workload, fw, stages: list, m: int, params_gpu: float,

@@ -80,7 +80,7 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> float:
 
 
 def mtp_params(model: ModelSpec, layout: Layout, pp: int) -> float:
-    """The last stage's multi-token prediction modules on one GPU (tuner.perfmodel._add_mtp): each a layer of the
+    """The last stage's multi-token prediction modules on one GPU (tuner.perfmodel.stages._add_mtp): each a layer of the
     last layer's kind, eh_proj (2h x h, split by tp) and two norms; and the word embedding the stage then builds
     (gpt_model.py line 173 at d98e8a64ddf3) where pp > 1 (with one stage it is the first stage's)."""
     n = model.mtp_num_layers

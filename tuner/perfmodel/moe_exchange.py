@@ -63,7 +63,7 @@ def exposed_alltoall(a2a: float, pre: float, mlp: float, forward: float) -> floa
     four exchanges (`alltoall_seconds`, no full recompute: the overlap refuses it), taken equal; `pre` / `mlp`:
     the layer's pre-dispatch (attention, router) and MLP (experts) seconds, forward + backward; `forward`: the
     forward's share of them. The passes a schedule runs unpaired (the warm-up and cool-down chunks) show their
-    exchanges whole: `unpaired_share`, weighed in by tuner.perfmodel.stage_times."""
+    exchanges whole: `unpaired_share`, weighed in by tuner.perfmodel.stages.stage_times."""
     one = a2a / 4.0
     return max(0.0, one - forward * pre) + max(0.0, 2.0 * one - mlp) + max(0.0, one - (1.0 - forward) * pre)
 
