@@ -38,6 +38,15 @@ def test_search_then_best_json_golden(tuner):
     assert got["layout"] == golden["layout"] and got["trial"] == golden["trial"] and got["study"] == "g1"
     assert got["mfu"] == pytest.approx(golden["mfu"], rel=1e-9)
     assert got["peak_fraction"] == pytest.approx(golden["peak_fraction"], rel=1e-9)
+    # one layout, one memory figure (issue 24): best and trials state plan's / predict's quantity, not the
+    # runner's allocated bytes (the simulator's trial is the model's own prediction, so they agree exactly)
+    from tuner.layout import Layout
+    from tuner.perfmodel import predict
+    from tuner.specs import make_workload
+    pred = predict(Layout(**got["layout"]), make_workload("175b", 16))
+    assert got["memory_gb"] == pytest.approx(pred.memory_gb, rel=1e-9)
+    rows = [r for r in tuner("trials", "g1", "--format", "csv")[1].splitlines()[1:] if r.startswith(f"{got['trial']},")]
+    assert rows and f"{pred.memory_gb:.4g}"[:4] in rows[0]
 
 
 def test_the_recommendation_is_the_fastest_measured_layout_everywhere(tuner, tmp_path):
@@ -55,7 +64,7 @@ def test_the_recommendation_is_the_fastest_measured_layout_everywhere(tuner, tmp
     assert "recommended: " in out and str(fastest["trial"]) in out.split("recommended: ")[1]
     from tuner.report import top_rows
     with open_store(tuner.db) as store:
-        assert top_rows(store.trials("first"), 1)[0]["trial"] == fastest["trial"]
+        assert top_rows(store.trials("first"), 1, 3.0)[0]["trial"] == fastest["trial"]
     assert tuner("launch", "first", "--out", str(tmp_path / "l"), "--train-iters", "100", "--mock-data", "--framework", "megatron-core")[0] != 0
     assert tuner("launch", "first", "--out", str(tmp_path / "l"), "--train-iters", "100", "--data-path", "/d",
                  "--tokenizer", "gpt2")[0] == 0

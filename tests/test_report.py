@@ -104,8 +104,10 @@ def test_a_measured_peak_is_set_against_the_prediction_with_the_clusters_reserve
 
 
 def test_top_rows_best_first_and_export_rows_complete():
-    rows = top_rows(MIXED, 2)
+    rows = top_rows(MIXED, 2, 3.0)
     assert [r["trial"] for r in rows] == [4, 5] and rows[0]["mfu_%"] == pytest.approx(50.0)
+    best = next(t for t in MIXED if t.number == 4)
+    assert rows[0]["mem_gb"] == pytest.approx(best.peak_memory_gb + 3.0)   # allocated + reserve, as plan states it
     assert rows[0]["mgt_peak_%"] == pytest.approx(50.0 * 4 / 3) and rows[0]["samples_s"] == pytest.approx(50.0)
     ex = export_rows(MIXED)
     assert [r["trial"] for r in ex] == list(range(1, 8))

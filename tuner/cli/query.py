@@ -7,7 +7,7 @@ import click
 from tuner.cli import DB_OPTION, FORMAT_OPTION, cli, read_store
 from tuner.cli.options import CLUSTERS, FRAMEWORK_OPTION, GRAD_REDUCE_OPTION, MODELS, MOMENTS_OPTION, SEQ_LENGTH_OPTION
 from tuner.cli.render import flat_layout, render
-from tuner.planning import best_json, predicted_json
+from tuner.planning import best_json, predicted_json, stored_reserve_gb, trial_memory_gb
 from tuner.report import ok_trials
 from tuner.errors import TunerError
 from tuner.frameworks import of as framework_of
@@ -32,13 +32,14 @@ def speed_cells(t) -> dict:
             "mgt_peak_%": pct(get("peak_fraction"))}
 
 
-def trial_row(t, width: int | None = None) -> dict:
-    """A trial as a table/CSV row; the message cut to `width` characters (None: whole)."""
+def trial_row(t, reserve_gb: float, width: int | None = None) -> dict:
+    """A trial as a table/CSV row; the message cut to `width` characters (None: whole); `mem_gb` is plan's
+    quantity for its layout (tuner.planning.trial_memory_gb with the study's cluster reserve `reserve_gb`)."""
     msg = t.message or ""
     if width is not None and len(msg) > width:
         msg = msg[:width - 3] + "..."
     return {"trial": t.number, "status": str(t.status), **flat_layout(t.layout.as_dict()), **speed_cells(t),
-            "pred_mfu_%": pct(t.predicted_mfu), "mem_gb": t.peak_memory_gb, "message": msg}
+            "pred_mfu_%": pct(t.predicted_mfu), "mem_gb": trial_memory_gb(t, reserve_gb), "message": msg}
 
 
 def trial_json(t) -> dict:
@@ -57,7 +58,8 @@ def best_rows(trials, k: int) -> list[dict]:
 
 
 def top_rows(store, study: str, k: int) -> list[dict]:
-    return [{k_: v for k_, v in trial_row(t).items() if k_ != "message"}
+    reserve = stored_reserve_gb(store.get_study(study).workload)
+    return [{k_: v for k_, v in trial_row(t, reserve).items() if k_ != "message"}
             for t in ok_trials(store.trials(study, [Status.OK]))[:k]]
 
 
@@ -94,11 +96,11 @@ def trials(name, statuses, wide, db, fmt):
     Example: tuner trials my-study --status ok --format json
     """
     store = read_store(db)
-    store.get_study(name)
+    reserve = stored_reserve_gb(store.get_study(name).workload)
     ts = store.trials(name, [Status(s) for s in statuses] or None)
     ts = ok_trials(ts) + [t for t in ts if t.status != Status.OK or t.mfu is None]   # fastest first
     width = None if wide or fmt != "table" else 60
-    click.echo(render([trial_row(t, width) for t in ts], fmt, TRIAL_COLUMNS, json_obj=[trial_json(t) for t in ts]))
+    click.echo(render([trial_row(t, reserve, width) for t in ts], fmt, TRIAL_COLUMNS, json_obj=[trial_json(t) for t in ts]))
 
 
 @cli.command()
@@ -142,12 +144,12 @@ def best(model, nodes, cluster, global_batch, seq_length, precision, framework, 
                          f"node(s) at global batch {w.global_batch}")
     if not found:
         return predicted_best(store, w, answer.predicted, model, cluster, k, fmt)
-    objs = [{**best_json(t), "framework": w.framework} for t in found]
+    objs = [{**best_json(t, w.cluster.memory_reserved_gb), "framework": w.framework} for t in found]
     if fmt == "json":
         click.echo(render([], "json", json_obj=objs[0] if k == 1 else objs))
         return
     rows = [{"study": t.study, "trial": t.number, **flat_layout(t.layout.as_dict()), **speed_cells(t),
-             "mem_gb": t.peak_memory_gb, "mem_%_of_hbm": pct(t.peak_memory_gb and t.peak_memory_gb / w.cluster.memory_gb),
+             "mem_gb": o["memory_gb"], "mem_%_of_hbm": pct(o["memory_gb"] and o["memory_gb"] / w.cluster.memory_gb),
              "runner": t.runner, "kind": "measured" if o["measured"] else "predicted (simulator)"}
             for t, o in zip(found, objs)]
     click.echo(render(rows, fmt))

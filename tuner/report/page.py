@@ -111,6 +111,7 @@ def build_report(study, trials, *, generated: datetime | None = None) -> Report:
     e = html.escape
     w = study.workload
     cluster = w.get("cluster", {})
+    reserve = float(cluster.get("memory_reserved_gb", CLUSTER_KEYS["memory_reserved_gb"][1]))
     gpus = int(w["nodes"]) * int(cluster.get("gpus_per_node", 0) or 0)
     finished = [t for t in trials if t.status.finished]
     ok = ok_trials(trials)
@@ -126,8 +127,7 @@ def build_report(study, trials, *, generated: datetime | None = None) -> Report:
         parts.append("<p class='note'>This study has no finished trials yet, so there is nothing to plot. "
                      f"Run some with <code>tuner resume {e(study.name)}</code> and report again.</p>")
     else:
-        drawn = figures(trials, cluster.get("memory_gb"), float(cluster.get("memory_reserved_gb",
-                                                                          CLUSTER_KEYS["memory_reserved_gb"][1])))
+        drawn = figures(trials, cluster.get("memory_gb"), reserve)
         figs = {k: v for k, v in drawn.items() if v is not None}
         if ok:
             b = ok[0]
@@ -149,7 +149,7 @@ def build_report(study, trials, *, generated: datetime | None = None) -> Report:
                   _img(FIGURES[0], drawn[FIGURES[0]], "best so far by trial number", none),
                   "</div><div><h2>Trials by status</h2>",
                   _img(FIGURES[3], drawn[FIGURES[3]], "trial status counts", none), "</div></div>",
-                  f"<h2>Top ten layouts{sim}</h2>", html_table(top_rows(trials, 10)),
+                  f"<h2>Top ten layouts{sim}</h2>", html_table(top_rows(trials, 10, reserve)),
                   *heatmap_section(trials, drawn[FIGURES[1]]),
                   *model_error_section(trials, drawn[FIGURES[2]])]
     page = (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>tuner report: {e(study.name)}"
