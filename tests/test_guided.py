@@ -248,7 +248,7 @@ def test_best_for_unmeasured_with_no_valid_layout_says_why():
 def test_uncertainty_widens_when_the_residual_model_does_not_explain_the_data():
     import numpy as np
 
-    from tuner.correction import GP
+    from tuner.gp import GP
     rng = np.random.default_rng(0)
     Z, F = rng.uniform(0, 1, (12, 11)), np.zeros((12, 8))
     calm = GP(s_c=0.3, s_w=0.15, s_g=0.12, ell=0.35).fit(Z, F, rng.normal(0, 0.02, 12)).calibrate()

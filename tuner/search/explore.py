@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tuner.correction import GP, Z_DIM
+from tuner.correction import Z_DIM
+from tuner.gp import GP
 
 ELL = 0.25           # length-scale of each dimension's effect over its [0, 1] coordinate
 ELL_U = 0.35         # reach of a trial's error on its neighbours' uncertainty
@@ -59,7 +60,7 @@ DIVERSE_WITHIN = 0.7       # a first pick's predicted throughput is at least thi
 
 @dataclass
 class FamilyGP(GP):
-    """correction.GP plus the family term. Its Z rows are [z (Z_DIM) | x (the searcher's coordinates) | sigma]."""
+    """tuner.gp.GP plus the family term. Its Z rows are [z (Z_DIM) | x (the searcher's coordinates) | sigma]."""
 
     ell_x: float = ELL
     _noise_extra: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)

@@ -29,7 +29,7 @@ of its neighbours).
   (tuner/search/stop_rule.py) is sure enough that no layout beats the recommended one (the fastest
   measured) by more than `stop_threshold`; `confidence` and `stop_reason` say how sure it is after every
   ask, whether or not stopping is on. The GP's sd is widened when its leave-one-out errors say it does
-  not explain the data (correction.GP.calibrate).
+  not explain the data (tuner.gp.GP.calibrate).
 Deterministic: ties break by a seeded permutation.
 """
 
@@ -51,7 +51,8 @@ from tuner.search.confidence import beat_probability, margin_of
 from tuner.search.explore import N_INITIAL, believe, family_key, first_pick, fit_beliefs
 from tuner.search.oom_deferral import OomDeferral
 from tuner.search.stop_rule import StopRule
-from tuner.correction import F_DIM, FM_DIM, GP, Z_DIM, Features, Observations, features, warm_start_records
+from tuner.gp import GP
+from tuner.correction import F_DIM, FM_DIM, Z_DIM, Features, Observations, features, warm_start_records
 from tuner.trial import Status, TrialResult
 
 XI = 0.0                   # EI margin (log space)

@@ -1,0 +1,106 @@
+"""The Gaussian process the memory and speed correction fits on the model's residuals (tuner.correction): a
+kernel of a constant, a linear term in the model's features and a squared-exponential term in the layout's
+coordinates; its shape chosen by marginal likelihood over a small grid. Pure numpy."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# ------------------------------------------------------------------------------------------------ GP
+@dataclass
+class GP:
+    """A GP with kernel s_c^2 + s_w^2 f.f' + s_g^2 exp(-|z - z'|^2 / 2 l^2); zero prior mean."""
+
+    s_c: float = 0.3
+    s_w: float = 0.3
+    s_g: float = 0.15
+    ell: float = 0.5
+    noise: float = 0.025
+    sd_scale: float = 1.0          # calibration of the predictive sd (see calibrate)
+    w_scale: np.ndarray | None = None   # per-feature multipliers of s_w (None: all 1)
+    _data: tuple | None = field(default=None, repr=False)
+
+    def kernel(self, Z1, F1, Z2, F2) -> np.ndarray:
+        d2 = ((Z1[:, None, :] - Z2[None, :, :]) ** 2).sum(-1)
+        W = F1 if self.w_scale is None else F1 * self.w_scale ** 2
+        return self.s_c ** 2 + self.s_w ** 2 * W @ F2.T + self.s_g ** 2 * np.exp(-0.5 * d2 / self.ell ** 2)
+
+    def prior_var(self, Z, F) -> np.ndarray:
+        W = F if self.w_scale is None else F * self.w_scale ** 2
+        return self.s_c ** 2 + self.s_w ** 2 * (W * F).sum(1) + self.s_g ** 2
+
+    def fit(self, Z, F, y, extra_noise=None) -> "GP":
+        Z, F, y = np.asarray(Z, float), np.asarray(F, float), np.asarray(y, float)
+        if len(y) == 0:
+            self._data = None
+            return self
+        nv = self.noise ** 2 + (np.zeros(len(y)) if extra_noise is None else np.asarray(extra_noise) ** 2)
+        K = self.kernel(Z, F, Z, F) + np.diag(nv + 1e-9)
+        L = np.linalg.cholesky(K)
+        alpha = np.linalg.solve(L.T, np.linalg.solve(L, y))
+        self._data = (Z, F, y, L, alpha)
+        return self
+
+    def log_marginal(self) -> float:
+        if self._data is None:
+            return 0.0
+        _, _, y, L, alpha = self._data
+        return float(-0.5 * y @ alpha - np.log(np.diag(L)).sum() - 0.5 * len(y) * math.log(2 * math.pi))
+
+    def predict(self, Z, F) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean and standard deviation (of the latent residual, without noise)."""
+        Z, F = np.asarray(Z, float), np.asarray(F, float)
+        var = self.prior_var(Z, F)
+        if self._data is None:
+            return np.zeros(len(Z)), np.sqrt(var)
+        Zd, Fd, _, L, alpha = self._data
+        Ks = self.kernel(Z, F, Zd, Fd)
+        v = np.linalg.solve(L, Ks.T)
+        return Ks @ alpha, self.sd_scale * np.sqrt(np.maximum(var - (v * v).sum(0), 1e-8))
+
+    def predict_cov(self, Z, F) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean and covariance (latent, calibrated like `predict`) of a set of layouts."""
+        Z, F = np.asarray(Z, float), np.asarray(F, float)
+        K = self.kernel(Z, F, Z, F)
+        if self._data is None:
+            return np.zeros(len(Z)), K
+        Zd, Fd, _, L, alpha = self._data
+        Ks = self.kernel(Z, F, Zd, Fd)
+        v = np.linalg.solve(L, Ks.T)
+        return Ks @ alpha, self.sd_scale ** 2 * (K - v.T @ v)
+
+    def loo_z2(self) -> float:
+        """Mean squared leave-one-out z-score of the data (about 1 when the GP's uncertainty is
+        calibrated, larger when the data surprise it)."""
+        if self._data is None:
+            return 1.0
+        _, _, _, L, alpha = self._data
+        Linv = np.linalg.solve(L, np.eye(len(alpha)))
+        kinv_diag = (Linv * Linv).sum(0)
+        return float(np.mean(alpha ** 2 / kinv_diag))
+
+    def calibrate(self, max_scale: float = 3.0) -> "GP":
+        """Widen the predictive sd when the leave-one-out errors are larger than it says (never
+        narrow it): a residual model that does not explain the data must not be trusted."""
+        self.sd_scale = float(min(max(math.sqrt(self.loo_z2()), 1.0), max_scale))
+        return self
+
+
+GRID = [(s_w, s_g, ell) for s_w in (0.15, 0.4) for s_g in (0.12, 0.3) for ell in (0.35, 0.7)]
+
+
+def fit_gp(Z, F, y, extra_noise=None, *, s_c=0.3, noise=0.025, min_points=6, **_) -> GP:
+    """A GP on the residuals, its shape chosen by marginal likelihood over a small grid once there
+    are `min_points` observations (defaults before: wide enough to keep exploring)."""
+    if len(y) < min_points:
+        return GP(s_c=s_c, noise=noise).fit(Z, F, y, extra_noise)
+    best, best_lm = None, -math.inf
+    for s_w, s_g, ell in GRID:
+        gp = GP(s_c=s_c, s_w=s_w, s_g=s_g, ell=ell, noise=noise).fit(Z, F, y, extra_noise)
+        lm = gp.log_marginal()
+        if lm > best_lm + 1e-9:
+            best, best_lm = gp, lm
+    return best.calibrate()
