@@ -332,10 +332,12 @@ def seen_by(row: dict, kind: str | None = None) -> list[str]:
 
 
 @functools.cache
-def _seen_configurations(kind: str | None) -> frozenset:
-    """The configurations (split keys) some row of which a choice (of `kind`) saw: one configuration is one row
-    across all data files, so a row measured again (another stage, another loss, another source) is seen too."""
-    return frozenset(split_key(r) for r in published() + measured() if seen_by(r, kind))
+def _seen_configurations(kind: str | None, new_machines: bool = False) -> frozenset:
+    """The configurations (split keys) some row of which a choice (of `kind`) saw -- SEEN's choices on the published
+    and measured rows, or HARDWARE_SEEN's on the new machines' rows: one configuration is one row across all data
+    files, so a row measured again (another stage, another loss, another source) is seen too."""
+    rows, seen = (hardware(), _hardware_seen) if new_machines else (published() + measured(), seen_by)
+    return frozenset(split_key(r) for r in rows if seen(r, kind))
 
 
 def clean(row: dict, kind: str | None = None) -> bool:
@@ -396,16 +398,11 @@ def _hardware_seen(row: dict, kind: str | None) -> bool:
     return any(pred(row) for k, pred in HARDWARE_SEEN.values() if kind in (None, k))
 
 
-@functools.cache
-def _hardware_seen_configurations(kind: str | None) -> frozenset:
-    return frozenset(split_key(r) for r in hardware() if _hardware_seen(r, kind))
-
-
 def hardware_clean(row: dict, kind: str | None = None) -> bool:
     """A HARDWARE row hashed out and seen by no choice of HARDWARE_SEEN (of `kind`; None: any), nor any row of
     its configuration."""
     return (held_out(row) and not _hardware_seen(row, kind)
-            and split_key(row) not in _hardware_seen_configurations(kind))
+            and split_key(row) not in _seen_configurations(kind, new_machines=True))
 
 
 def held_out_lines() -> list[str]:

@@ -30,7 +30,7 @@ from tuner.metrics import trial_rank_key
 from tuner.layout import Layout
 from tuner.frameworks import ALLOCATOR_BIAS, ALLOCATOR_SD, of as framework_of, runnable
 from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT, gpu_fit_probability, memory_fit, predict
-from tuner.perfmodel.fit import fit_probability, run_need_gb
+from tuner.perfmodel.fit import fit_probability, trial_need_gb
 from tuner.fit_nodes import more_nodes_hint
 from tuner.specs import STORED_SETTINGS, Workload, stored_setting
 from tuner.correction import (Z_DIM, Observations, features, left_out, memory_features, record_workload, simulated,
@@ -116,21 +116,21 @@ def supported_fit(layout: Layout, support: dict, cap: float, reserve_gb: float) 
     GPU run's measured peak is the bytes its tensors allocated (every runner's max_memory_allocated), to which the
     cluster's fixed reserve `reserve_gb` is added as every prediction has it (measured_need_gb) -- and which twin
     says so; (0, None) without one. A twin whose runner read its caching allocator's reserved peak (the trial's
-    extra) needs the larger of that plus the reserve and its allocated need (run_need_gb), and only its
+    extra) needs the larger of that plus the reserve and its allocated need (trial_need_gb), and only its
     run-to-run noise is left: that peak already holds the twin's own fragmentation, so the allocator's share is
     not counted twice (issue 24 round 7)."""
     twins = [r for r in support.get(replace(layout, dp=1), ()) if layout.dp % r.layout.dp == 0]
     if not twins:
         return 0.0, None
-    reserved = lambda r: getattr(r, "peak_reserved_gb", None)      # noqa: E731
-    rec = min(twins, key=lambda r: run_need_gb(r.peak_memory_gb, reserve_gb, reserved(r)))
-    need = run_need_gb(rec.peak_memory_gb, reserve_gb, reserved(rec))
+    rec = min(twins, key=lambda r: trial_need_gb(r, reserve_gb))
+    need = trial_need_gb(rec, reserve_gb)
     said = (f"its twin {rec.layout.key()} ran at {rec.nodes} node(s) with a measured peak of "
             f"{rec.peak_memory_gb:.1f} GB allocated")
-    if reserved(rec) is None:
+    reserved = getattr(rec, "peak_reserved_gb", None)
+    if reserved is None:
         return gpu_fit_probability(need, cap, MEMORY_NOISE_SD), said
     # its reserved peak holds the twin's own fragmentation: only its run-to-run noise is left (issue 24 round 7)
-    return fit_probability(need, cap, MEMORY_NOISE_SD), said + f", {reserved(rec):.1f} GB reserved"
+    return fit_probability(need, cap, MEMORY_NOISE_SD), said + f", {reserved:.1f} GB reserved"
 
 
 def likely_to_fit(layouts: list[Layout], workload: Workload, gp) -> list:

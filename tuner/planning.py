@@ -146,18 +146,8 @@ def plan(model, nodes: int, cluster="frontier", *, global_batch: int | None = No
 
 # ---------------------------------------------------------------------------------------------- best
 
-def trial_memory_gb(t, reserve_gb: float) -> float | None:
-    """A stored trial's memory as plan and predict state a layout's (issue 24: one layout, one memory figure): its
-    runner's allocated peak plus the cluster's fixed reserve, or its reserved peak plus that reserve when larger
-    (tuner.perfmodel.fit.run_need_gb); None when no peak was read."""
-    from tuner.perfmodel.fit import run_need_gb
-    if t.peak_memory_gb is None:
-        return None
-    return run_need_gb(t.peak_memory_gb, reserve_gb, getattr(t, "peak_reserved_gb", None))
-
-
 def stored_reserve_gb(workload: dict | None) -> float:
-    """The fixed reserve of a stored study's cluster (its workload as stored), for trial_memory_gb."""
+    """The fixed reserve of a stored study's cluster (its workload as stored), for fit.trial_need_gb."""
     from tuner.cluster_spec import CLUSTER_KEYS
     cluster = (workload or {}).get("cluster") or {}
     return float(cluster.get("memory_reserved_gb", CLUSTER_KEYS["memory_reserved_gb"][1]))
@@ -165,13 +155,14 @@ def stored_reserve_gb(workload: dict | None) -> float:
 
 def best_json(t, reserve_gb: float) -> dict:
     """A stored trial as `best` answers it; `simulated`: its numbers are the simulator's (the model's own
-    prediction), not a measurement. `memory_gb` is plan's quantity (trial_memory_gb); `peak_memory_gb` the
-    runner's allocated peak as read."""
+    prediction), not a measurement. `memory_gb` is plan's quantity (tuner.perfmodel.fit.trial_need_gb); `peak_memory_gb`
+    the runner's allocated peak as read."""
     from tuner.correction import simulated
+    from tuner.perfmodel.fit import trial_need_gb
     sim = simulated(t)
     return {"layout": t.layout.as_dict(), "samples_per_second": t.samples_per_second, "mfu": t.mfu,
             "tflops_per_gpu": t.tflops_per_gpu, "peak_fraction": t.peak_fraction,
-            "memory_gb": trial_memory_gb(t, reserve_gb), "peak_memory_gb": t.peak_memory_gb, "status": str(t.status),
+            "memory_gb": trial_need_gb(t, reserve_gb), "peak_memory_gb": t.peak_memory_gb, "status": str(t.status),
             "runner": t.runner, "measured": not sim, "simulated": sim, "study": t.study, "trial": t.number}
 
 

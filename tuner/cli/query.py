@@ -7,7 +7,8 @@ import click
 from tuner.cli import DB_OPTION, FORMAT_OPTION, cli, read_store
 from tuner.cli.options import CLUSTERS, FRAMEWORK_OPTION, GRAD_REDUCE_OPTION, MODELS, MOMENTS_OPTION, SEQ_LENGTH_OPTION
 from tuner.cli.render import flat_layout, render
-from tuner.planning import best_json, predicted_json, stored_reserve_gb, trial_memory_gb
+from tuner.perfmodel.fit import trial_need_gb
+from tuner.planning import best_json, predicted_json, stored_reserve_gb
 from tuner.report import ok_trials
 from tuner.errors import TunerError
 from tuner.frameworks import of as framework_of
@@ -34,12 +35,12 @@ def speed_cells(t) -> dict:
 
 def trial_row(t, reserve_gb: float, width: int | None = None) -> dict:
     """A trial as a table/CSV row; the message cut to `width` characters (None: whole); `mem_gb` is plan's
-    quantity for its layout (tuner.planning.trial_memory_gb with the study's cluster reserve `reserve_gb`)."""
+    quantity for its layout (tuner.perfmodel.fit.trial_need_gb with the study's cluster reserve `reserve_gb`)."""
     msg = t.message or ""
     if width is not None and len(msg) > width:
         msg = msg[:width - 3] + "..."
     return {"trial": t.number, "status": str(t.status), **flat_layout(t.layout.as_dict()), **speed_cells(t),
-            "pred_mfu_%": pct(t.predicted_mfu), "mem_gb": trial_memory_gb(t, reserve_gb), "message": msg}
+            "pred_mfu_%": pct(t.predicted_mfu), "mem_gb": trial_need_gb(t, reserve_gb), "message": msg}
 
 
 def trial_json(t) -> dict:

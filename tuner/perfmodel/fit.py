@@ -83,6 +83,14 @@ def run_need_gb(peak_gb: float, reserve_gb: float, reserved_gb: float | None = N
     return need if reserved_gb is None else max(need, reserved_gb + reserve_gb)
 
 
+def trial_need_gb(t, reserve_gb: float) -> float | None:
+    """run_need_gb of a stored trial or a result (anything with peak_memory_gb and, where a runner read it,
+    peak_reserved_gb): the figure plan and predict state for its layout; None when no peak was read."""
+    if t.peak_memory_gb is None:
+        return None
+    return run_need_gb(t.peak_memory_gb, reserve_gb, getattr(t, "peak_reserved_gb", None))
+
+
 def gpu_fit_probability(memory_gb: float, capacity_gb: float, sd: float) -> float:
     """P(a GPU run fits) for a predicted peak whose error on allocated bytes has sd `sd` (memory_prior_sd's
     account part, or the memory correction's): the allocator's share added to both mean and spread."""

@@ -51,16 +51,14 @@ def ok_trials(trials) -> list:
 def top_rows(trials, k: int, reserve_gb: float) -> list[dict]:
     """The `k` fastest layouts as table rows (percentages, not fractions). mfu_% ranks; mgt_* is
     Megatron's count with recompute (the Frontier study's figure). mem_gb is the prediction's quantity (the
-    runner's peak plus the cluster's fixed reserve `reserve_gb`, tuner.perfmodel.fit.run_need_gb), so it stands
+    runner's peak plus the cluster's fixed reserve `reserve_gb`, tuner.perfmodel.fit.trial_need_gb), so it stands
     beside pred_mem_gb like with like."""
-    from tuner.perfmodel.fit import run_need_gb
+    from tuner.perfmodel.fit import trial_need_gb
     pct = lambda v: None if v is None else 100 * v                  # noqa: E731
-    need = lambda t: (None if t.peak_memory_gb is None                # noqa: E731
-                      else run_need_gb(t.peak_memory_gb, reserve_gb, getattr(t, "peak_reserved_gb", None)))
     return [{"rank": i + 1, "trial": t.number, **flat_layout(t.layout.as_dict()),
              "samples_s": t.samples_per_second, "mfu_%": pct(t.mfu), "pred_mfu_%": pct(t.predicted_mfu),
              "mgt_tflops": t.tflops_per_gpu, "mgt_peak_%": pct(t.peak_fraction),
-             "mem_gb": need(t), "pred_mem_gb": t.predicted_memory_gb}
+             "mem_gb": trial_need_gb(t, reserve_gb), "pred_mem_gb": t.predicted_memory_gb}
             for i, t in enumerate(ok_trials(trials)[:k])]
 
 
