@@ -254,8 +254,10 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # issue 25 round 4: Megatron-MoE-ModelZoo's Qwen3-235B-A22B rows ran without --tp-comm-overlap (8017e112's yaml and
     # scripts pass none; its README: 'not yet compatible with MoE layers'), read after every one had been printed with it
     # (the pp 32 row was the last held out and seen by no speed choice)
+    # (it names the rows it read: those added in round 3, not the ModelZoo's long-context rows added in round 5)
     "TP overlap off on Megatron-MoE-ModelZoo's Qwen3-235B-A22B rows (tp_comm_overlap false, moe_published.toml)": (
-        "speed", lambda r: r.get("tp_comm_overlap") is False and "Megatron-MoE-ModelZoo" in r.get("release", "")),
+        "speed", lambda r: r.get("tp_comm_overlap") is False and "Megatron-MoE-ModelZoo" in r.get("release", "")
+        and "round 5" not in r.get("added", "")),
     # issue 24: torchtitan's op-SAC account (tuner/perfmodel/memory.op_sac_bytes) was derived from its 0.3.0
     # policy and checked on selective-less-full activations after every measured torchtitan row's error had
     # been printed, held-out ones included
