@@ -10,7 +10,8 @@ seed): the grid model {Llama 3 8B with all 32 layers, the Llama 3 70B shape buil
 loss {torchtitan's default chunked CE, the un-chunked CE}, less every configuration measured before the batch
 (`EARLIER`: FRESH3 was drawn outside CONFIGS, FRESH and FRESH2; FRESH4 outside FRESH3 too), keeping those benchmarks/published.held_out puts in the held-out third; per recompute mode `--chunked`
 chunked and `--ce` un-chunked ones, drawn with random.Random(seed).sample from the grid in its fixed order.
-Prints the `_c(...)` lines to paste into measure_memory_torchtitan.py, which is committed before any is measured.
+Prints the `_c(...)` lines to paste into benchmarks/torchtitan_memory/configs.py (the configurations
+benchmarks/measure_memory_torchtitan.py measures), which is committed before any is measured.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measure_memory_torchtitan import CONFIGS, FRESH, FRESH2, FRESH3, PRESETS, _c  # noqa: E402
+from torchtitan_memory.configs import CONFIGS, FRESH, FRESH2, FRESH3, PRESETS, _c  # noqa: E402
 from published import held_out  # noqa: E402
 
 MODELS = (("llama3-8b", None), ("llama3-70b", 8), ("llama3-70b", 16))
@@ -32,7 +33,7 @@ MODES = ("none", "selective", "full")
 
 
 def split_row(c: dict) -> dict:
-    """The keys published.split_key reads, as measure_memory_torchtitan.to_row writes them for `c`."""
+    """The keys published.split_key reads, as torchtitan_memory/rows.py's to_row writes them for `c`."""
     p = PRESETS[c["model"]]
     layers = c["layers"] or p["num_layers"]
     return {"framework": "torchtitan", "model": c["model"] if layers == p["num_layers"] else "custom",

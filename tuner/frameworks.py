@@ -319,8 +319,9 @@ def _torchtitan(layout, workload) -> str | None:
 #   +0.0205 and 0.0140 on the 50 CONFIGS rows (and +0.020 / 0.02 before that). MoE layouts use the dense constants
 #   (their 5 measured configurations: +0.0053, 0.0046; too few to state apart).
 # - torchtitan: 113 dense configurations of torchtitan 0.3.0's own Llama 3 under FSDP2 (and TP) measured the same
-#   way (benchmarks/measure_memory_torchtitan.py: CONFIGS, FRESH, FRESH2, FRESH3): bias +0.0008, sd 0.00115 (it was
-#   0.0 and 0.02: on FRESH2's 24 rows the account's median error was 0.002).
+#   way (benchmarks/measure_memory_torchtitan.py; its lists in benchmarks/torchtitan_memory/configs.py: CONFIGS, FRESH,
+#   FRESH2, FRESH3): bias +0.0008, sd 0.00115 (it was 0.0 and 0.02: on FRESH2's 24 rows the account's median error
+#   was 0.002).
 # - megatron-deepspeed: nothing measured; scale 0.11 keeps the spread tuner stated before the fit
 #   (about 0.12 in log at a typical layout).
 _COMMON = ("launch.sbatch", "layout.json")
