@@ -141,32 +141,31 @@ def slurm_orphans(work: Path) -> str:
     return f"{len(mine)} (job(s) {', '.join(ids)} submitted, driver SIGINT -> exit {p.returncode})"
 
 
-def bad_inputs(n: int) -> tuple[int, int, int, list[str]]:
-    """(tried, invalid, invalid with a clean error, examples of unclean ones)."""
-    os.environ["TUNER_FUZZ_EXAMPLES"] = str(n)
-    import test_fuzz as fuzz
-    from hypothesis import given, settings, HealthCheck, strategies as st
+class _Tally:
+    """What bad_inputs counts: runs tried, invalid ones, invalid ones with a clean error, unclean examples."""
 
-    tried = invalid = clean = 0
-    bad: list[str] = []
-    cfg = settings(max_examples=n, deadline=None, derandomize=True, database=None,
-                   suppress_health_check=list(HealthCheck))
-    work = Path(tempfile.mkdtemp(prefix="tuner-chaos-fuzz-"))
-    db = f"sqlite:///{work / 'fuzz.db'}"
-    counter = iter(range(10**9))
+    def __init__(self) -> None:
+        self.tried = self.invalid = self.clean = 0
+        self.bad: list[str] = []
 
-    def judge(args, code, out, err, before=None, after=None):
-        nonlocal tried, invalid, clean
-        tried += 1
+    def judge(self, args, code, out, err, before=None, after=None):
+        self.tried += 1
         lines = err.strip().splitlines()
         ok_error = (code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and before == after)
         if code != 0:
-            invalid += 1
-            clean += ok_error
+            self.invalid += 1
+            self.clean += ok_error
         if code != 0 and not ok_error or "Traceback" in err or "internal error" in err:
-            if len(bad) < 5:
-                bad.append(f"{args[0]} -> {code}: {err.strip()[-160:]!r}" + ("" if before == after else
-                                                                            f" (store {before} -> {after})"))
+            if len(self.bad) < 5:
+                self.bad.append(f"{args[0]} -> {code}: {err.strip()[-160:]!r}" + ("" if before == after else
+                                                                                 f" (store {before} -> {after})"))
+
+
+def _fuzzed_commands(fuzz, cfg, work: Path, db: str, judge) -> tuple:
+    """predict, plan and search run on tests/test_fuzz.py's generated inputs, each run judged."""
+    from hypothesis import given, strategies as st
+
+    counter = iter(range(10**9))
 
     @cfg
     @given(files=fuzz.spec_files(), nodes=fuzz.node_counts, tp=fuzz.cli_ints, pp=fuzz.cli_ints, mb=fuzz.cli_ints)
@@ -196,16 +195,30 @@ def bad_inputs(n: int) -> tuple[int, int, int, list[str]]:
         after = fuzz.counts(db)
         judge(args, code, out, err, before if code else None, after if code else None)
 
+    return predict, plan, search
+
+
+def bad_inputs(n: int) -> tuple[int, int, int, list[str]]:
+    """(tried, invalid, invalid with a clean error, examples of unclean ones)."""
+    os.environ["TUNER_FUZZ_EXAMPLES"] = str(n)
+    import test_fuzz as fuzz
+    from hypothesis import settings, HealthCheck
+
+    tally = _Tally()
+    cfg = settings(max_examples=n, deadline=None, derandomize=True, database=None,
+                   suppress_health_check=list(HealthCheck))
+    work = Path(tempfile.mkdtemp(prefix="tuner-chaos-fuzz-"))
+    db = f"sqlite:///{work / 'fuzz.db'}"
+    commands = _fuzzed_commands(fuzz, cfg, work, db, tally.judge)
     old = os.getcwd()
     os.chdir(work)
     try:
-        predict()
-        plan()
-        search()
+        for run in commands:
+            run()
     finally:
         os.chdir(old)
         shutil.rmtree(work, ignore_errors=True)
-    return tried, invalid, clean, bad
+    return tally.tried, tally.invalid, tally.clean, tally.bad
 
 
 def main() -> None:
