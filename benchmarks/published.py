@@ -192,6 +192,11 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
                                                    and _any_source(r, lambda x: not _legacy_third(x, _LEGACY))),
     "UNFUSED_TRAFFIC (tuner/perfmodel/compute.py)": ("speed", lambda r: r["framework"] == "torchtitan"
                                                      and r["gpus"] == 8 and r["model"] == "llama3-8b"),
+    # issue 24 round 8: torchtitan @ 613bfd0cf's fused RMSNorm and fp32 logits (benchmarks/reading.torchtitan_613bfd0,
+    # ran_norm / ran_fp32_logits) read from its source after the LLaMa 2 13B no-AC row's p_fit (0.00, 100.1 of 80 GB)
+    # had been printed; it moves the four 613bfd0cf rows' memory (all tuning rows); memory only
+    "torchtitan @ 613bfd0cf's fused RMSNorm and fp32 logits (benchmarks/reading.py)": (
+        "memory", lambda r: "ran_norm" in r or "ran_fp32_logits" in r),
     # chosen on the Megatron-Bridge MoE rows, before the Grok-1 rows of dgxc-benchmarking were added (issue 25);
     # Megatron-Bridge 25.09's DeepSeek-V3 row was refused (no pipeline split for 61 layers on pp 8 x vp 4) until
     # its stated split and recompute were written in (issue 25, speed C): no error of it was printed before

@@ -15,7 +15,8 @@ moe_accuracy's model_of). A row is predicted as it ran:
 - its memory as it ran (`peak_as_ran`, `memory_as_ran`): the predicted peak with what the recipe changes that tuner
   does not choose -- llm-foundry's MPT under Composer's FSDP1, apex's bf16 optimizer state (`optimizer_state =
   "bf16"`), Megatron-Core's activation CPU offloading (`ran_offload_layers`) and FP8 weights held otherwise than tuner's
-  launch holds them (`ran_fp8_params`) -- and the p_fit tuner states for
+  launch holds them (`ran_fp8_params`), torchtitan @ 613bfd0cf's fused RMSNorm and fp32 logits (`ran_norm`,
+  `ran_fp32_logits`) -- and the p_fit tuner states for
   it (the framework's bias and spread, as tuner.perfmodel.memory_fit states them).
 The split key (benchmarks/published.split_key) reads the table's keys only: a `ran_*` key never moves a row.
 """
@@ -171,6 +172,39 @@ def llm_foundry_breakdown(lay: Layout, w, mem: dict) -> dict:
     return out
 
 
+#: torchtitan's first public version (pytorch/torchtitan @ 613bfd0cf, the commit of docs/performance.md's first table) ran
+#: what tuner's torchtitan account (torchtitan 0.3.0 on torch 2.13, measured over fake tensors) does not:
+#: - `ran_norm = "fused_rmsnorm"` (train_configs/llama_13b.toml: norm_type): torchtitan/models/norms.py's
+#:   TritonFusedRMSNorm saves the bf16 input, the weight and an fp32 rstd per row (ctx.save_for_backward(x, weight,
+#:   rstd)): 2 bytes per s*b*h element, where torch 2.13's nn.RMSNorm decomposition, which the account's eager bytes
+#:   hold, saves the fp32 upcast input and the fp32 normalised input, 4 + 4 (memory_loss.FINAL_NORM_SAVED; checked with
+#:   saved_tensors_hooks). The norm's bf16 output is kept by the next linear either way. 6 bytes less per norm: two
+#:   per layer, whose activations a layer keeps only without recompute, and the final norm before the loss;
+#: - `ran_fp32_logits = true` (models/llama/model.py line 436: `output = self.output(h).float()`; train.py: `pred =
+#:   model(input_ids); loss = loss_fn(pred, labels); loss.backward()`, no `del pred`): the fp32 logits stay alive
+#:   through the loss's backward, 4 bytes per s*b*V/t element beside the loss's own (memory_loss.loss_phase's
+#:   un-chunked account has the bf16 logits freed).
+FUSED_NORM_SAVED_LESS = 8.0 - 2.0
+
+
+def torchtitan_613bfd0(row: dict, lay: Layout, w, out: dict) -> dict:
+    """The breakdown (memory.peak_memory's, the loss phase or a layer's backward) with what torchtitan @ 613bfd0cf ran
+    (see FUSED_NORM_SAVED_LESS): the layers' norms (recompute none) in both phases, the final norm and the fp32 logits
+    in the loss phase (`logits` > 0), which only grows, so the phase stays the peak."""
+    m, out = w.model, dict(out)
+    if lay.pp != 1:
+        raise ValueError(f"{row['source']}: torchtitan @ 613bfd0cf had no pipeline parallelism")
+    sh = m.seq_length * lay.micro_batch * m.hidden_size / (lay.tp if lay.sequence_parallel else 1)
+    if row.get("ran_norm") == "fused_rmsnorm":
+        if lay.recompute == "none":
+            out["activations"] -= 2 * FUSED_NORM_SAVED_LESS * sh * m.num_layers / 1e9
+        if out["logits"] > 0:
+            out["logits"] -= FUSED_NORM_SAVED_LESS * sh / 1e9
+    if row.get("ran_fp32_logits") and out["logits"] > 0:
+        out["logits"] += 4.0 * m.seq_length * lay.micro_batch * m.vocab_size / lay.tp / 1e9
+    return out
+
+
 def ran_breakdown(row: dict, lay: Layout, w, mem: dict) -> dict:
     """The worst stage's breakdown (tuner.perfmodel.memory.peak_memory) with what the row's recipe ran that tuner
     does not choose:
@@ -181,8 +215,11 @@ def ran_breakdown(row: dict, lay: Layout, w, mem: dict) -> dict:
       parameter over dp*cp where tuner predicts Megatron-Core's 12 (fp32 main parameters and moments);
     - `ran_offload_layers = N`: Megatron-Core's activation CPU offloading (cpu_offloading_num_layers, weights not
       offloaded; refused with pp > 1 or any recompute: megatron/core/transformer/transformer_config.py 808-822 at
-      core_v0.14.0): of the stage's layers only offload_resident_layers() keep their activations on the GPU."""
+      core_v0.14.0): of the stage's layers only offload_resident_layers() keep their activations on the GPU;
+    - `ran_norm` / `ran_fp32_logits`: torchtitan @ 613bfd0cf's fused RMSNorm and fp32 logits (torchtitan_613bfd0)."""
     out = llm_foundry_breakdown(lay, w, mem) if row["framework"] == "fsdp" else dict(mem)
+    if row.get("ran_norm") or row.get("ran_fp32_logits"):
+        out = torchtitan_613bfd0(row, lay, w, out)
     if row.get("optimizer_state") == "bf16":
         out["optimizer"] = mem["optimizer"] - (12.0 - 6.0) * mem["params_billion"] / (lay.dp * lay.context_parallel)
     if row.get("ran_offload_layers"):

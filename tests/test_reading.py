@@ -167,3 +167,19 @@ def test_a_recipes_layout_read_onto_a_row_is_the_layout_it_is_predicted_with():
         table = {k: v for k, v in r.items() if not k.startswith("ran_")}
         assert published.split_key(r) == published.split_key(table)
         assert reading.layout_of(table).pp == r["pp"]
+
+
+def test_torchtitan_613bfd0_rows_are_read_with_its_fused_norm_and_fp32_logits():
+    """torchtitan @ 613bfd0cf: the LLaMa 2 13B no-AC row ran TritonFusedRMSNorm (2 bytes saved per element where the
+    account's eager norm saves 8) and kept the fp32 logits through the loss's backward (4 bytes per logit): its
+    layers' activations drop by 2 x 6 bytes per s*b*h element, the loss phase moves by -6 s*b*h + 4 s*b*V."""
+    row = next(r for r in published.published() if r.get("ran_norm") == "fused_rmsnorm" and r["recompute"] == "none")
+    lay, w = reading.layout_of(row), reading.workload_of(row)
+    plain = reading.peak_as_ran({k: v for k, v in row.items() if not k.startswith("ran_")}, lay, w)
+    ran = reading.peak_as_ran(row, lay, w)
+    m = w.model
+    sbh, logits = m.seq_length * lay.micro_batch * m.hidden_size, m.seq_length * lay.micro_batch * m.vocab_size
+    assert plain["activations"] - ran["activations"] == pytest.approx(12 * sbh * m.num_layers / 1e9)
+    assert ran["logits"] - plain["logits"] == pytest.approx((4 * logits - 6 * sbh) / 1e9)
+    assert ran["total"] < plain["total"] - 15 and published.seen_by(row, "memory")
+    assert memory_accuracy.evaluate(row, "published")["pred"] == pytest.approx(ran["total"])
