@@ -136,9 +136,9 @@ def run_one(i: int, configs: list[dict], batch_flag: str | None,
     return i, None, last
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(default_out: Path = DEFAULT_OUT) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=None, help=f"output TOML (default {DEFAULT_OUT} for a full run)")
+    ap.add_argument("--out", type=Path, default=None, help=f"output TOML (default {default_out} for a full run)")
     ap.add_argument("--only", type=int, default=None, help="run only configuration N (1-based; see --list)")
     ap.add_argument("--jobs", type=int, default=2, help="configurations measured at once (default 2)")
     ap.add_argument("--list", action="store_true", help="list the configurations and exit")
@@ -157,10 +157,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    a = _parser().parse_args()
-    # the first batch flag given, in this order (as sys.argv was read before); None: CONFIGS
-    batch_flag = next((f for f in BATCH_FLAGS if getattr(a, f[2:])), None)
+    # the first batch flag given, in --fresh .. --fresh4 order; None: CONFIGS. Read before parsing so that
+    # --help names the batch's file
+    batch_flag = next((f for f in BATCH_FLAGS if f in sys.argv[1:]), None)
     configs, default_out = BATCHES[batch_flag]
+    a = _parser(default_out).parse_args()
     if a.worker is not None:
         from torchtitan_memory.step import measure     # torch and torchtitan: in the measuring subprocess only
         res = measure(configs[a.worker - 1], two_steps=a.two_steps)
