@@ -136,3 +136,30 @@ def test_the_allocators_bias_enters_an_ooms_belief_as_it_enters_every_p_fit(monk
     biased = oom_bounds(recs, W4, gp)
     assert biased[0].mean == plain[0].mean + 0.05 and biased[0].sd == plain[0].sd
     assert oom_fit_cap(predict(TWIN, W4), biased, cap)[0] < oom_fit_cap(predict(TWIN, W4), plain, cap)[0]
+
+
+def test_a_measured_run_of_the_account_that_leaves_the_oom_room_limits_it_to_its_twins():
+    """Issue 30 (22B at 2N): an OOM at pp4 capped a pp8 layout of its activation account to p_fit 0 while a
+    measured pp8 run of that account put its factor near 1, by which the OOM'd layout needed ~45 of 64 GB: one
+    factor on the account explains neither, so the OOM no longer bounds the account's other layouts -- only its
+    twins (the same layout at another dp or ZeRO stage). A measured run that leaves the OOM no room refutes nothing."""
+    cap = W4.cluster.memory_gb
+    ran = replace(OOMED, pp=8, dp=1)
+    deeper, twin = predict(replace(OOMED, pp=8), W4), predict(TWIN, W4)
+
+    def bounds_with(peak_gb):
+        recs = [record(OOMED, Status.OOM), record(ran, Status.OK, peak=peak_gb, mfu=0.3)]
+        return oom_bounds(recs, W4, warm_start_records(recs, W4).observations.memory_gp(of(W4).memory_sd))
+
+    alone = oom_bounds([record(OOMED, Status.OOM)], W4,
+                       warm_start_records([record(OOMED, Status.OOM)], W4).observations.memory_gp(of(W4).memory_sd))
+    p_alone, why_alone = oom_fit_cap(deeper, alone, cap)
+    assert p_alone < deeper.p_fit and OOMED.key() in why_alone                # capped by the OOM alone
+    at_prediction = predict(ran, W2).memory_gb - W2.cluster.memory_reserved_gb     # allocated bytes as predicted
+    refuted = bounds_with(at_prediction)
+    assert refuted[0].refuted_by == ran
+    assert oom_fit_cap(deeper, refuted, cap) == (1.0, None)
+    p_twin, why = oom_fit_cap(twin, refuted, cap)
+    assert p_twin < twin.p_fit and why.startswith("its twin")                 # its twins stay capped
+    near_cap = bounds_with(cap - W2.cluster.memory_reserved_gb - 1.0)            # the account 2.6x over: the OOM stands
+    assert near_cap[0].refuted_by is None and oom_fit_cap(deeper, near_cap, cap)[1] is not None

@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from tuner.correction import features, left_out, record_workload
 from tuner.frameworks import ALLOCATOR_BIAS, ALLOCATOR_SD
 from tuner.layout import Layout
-from tuner.perfmodel import predict
+from tuner.perfmodel import MEMORY_NOISE_SD, predict
+from tuner.perfmodel.fit import trial_need_gb
 from tuner.specs import Workload
 from tuner.trial import Status
 
@@ -36,6 +37,7 @@ class OomBound:
     bound: float
     mean: float
     sd: float
+    refuted_by: Layout | None = None   # a measured ok run of its activation account by whose factor it had room
 
 
 def activation_account(layout: Layout) -> tuple:
@@ -54,6 +56,7 @@ def oom_bounds(records, workload: Workload, gp, studies: dict | None = None) -> 
     from tuner.frameworks import of
 
     cap, out, floor = workload.cluster.memory_gb, [], of(workload).memory_sd
+    factors = measured_factors(records, workload, studies)
     for rec in records or ():
         if rec.status != Status.OOM or left_out(rec, workload, studies):
             continue
@@ -63,10 +66,43 @@ def oom_bounds(records, workload: Workload, gp, studies: dict | None = None) -> 
         p = predict(rec.layout, w)
         ft = features(rec.layout, w, p)
         mu, sd = gp.predict(ft.z[None, :], ft.fm[None, :])
-        out.append(OomBound(rec.layout, int(rec.nodes), p.memory_gb, p.memory_breakdown.get("activations", 0.0),
-                            math.log(cap / p.memory_gb), float(mu[0]) + ALLOCATOR_BIAS,
-                            max(math.hypot(float(sd[0]), ALLOCATOR_SD), floor)))
+        act = p.memory_breakdown.get("activations", 0.0)
+        out.append(OomBound(rec.layout, int(rec.nodes), p.memory_gb, act, math.log(cap / p.memory_gb),
+                            float(mu[0]) + ALLOCATOR_BIAS, max(math.hypot(float(sd[0]), ALLOCATOR_SD), floor),
+                            _refuted_by(rec.layout, p.memory_gb - act, act, factors, cap)))
     return out
+
+
+def measured_factors(records, workload: Workload, studies: dict | None = None) -> list[tuple[Layout, float]]:
+    """(layout, k) of each measured ok run of the evidence `oom_bounds` reads: k the factor its measured need
+    (tuner.perfmodel.fit.trial_need_gb) puts on its predicted activations over the predicted (exact) rest."""
+    out = []
+    for rec in records or ():
+        if rec.status != Status.OK or not rec.peak_memory_gb or left_out(rec, workload, studies):
+            continue
+        w = record_workload(rec, workload, studies)
+        if rec.layout.gpus != w.gpus:
+            continue
+        p = predict(rec.layout, w)
+        act = p.memory_breakdown.get("activations", 0.0)
+        if act > 0.0:
+            out.append((rec.layout, (trial_need_gb(rec, w.cluster.memory_reserved_gb) - (p.memory_gb - act)) / act))
+    return out
+
+
+def _refuted_by(layout: Layout, rest_gb: float, act_gb: float, factors: list, capacity_gb: float) -> Layout | None:
+    """A measured ok layout of `layout`'s activation account whose factor k says the OOM'd layout needed
+    rest + k act, short of the capacity by more than a GPU run's spread (the allocator's share and run-to-run
+    noise, one-sided 95 %): then one factor on the account does not explain both, so the OOM says nothing of the
+    account's other layouts (issue 30) -- only of its twins."""
+    room = math.exp(-Z95 * math.hypot(ALLOCATOR_SD, MEMORY_NOISE_SD)) * capacity_gb
+    for lay, k in factors:
+        if activation_account(lay) == activation_account(layout) and rest_gb + k * act_gb < room:
+            return lay
+    return None
+
+
+Z95 = 1.645          # one-sided 95 % bound of a normal
 
 
 def _ndtr(z: float) -> float:
@@ -80,6 +116,8 @@ def room_gb(pred, b: OomBound, capacity_gb: float) -> float | None:
     at most S_oom + A_oom (capacity - S) / A; a twin (A = A_oom): capacity + its total less the layout's."""
     if activation_account(b.layout) != activation_account(pred.layout):
         return None
+    if b.refuted_by is not None and replace(b.layout, dp=1, zero_stage=0) != replace(pred.layout, dp=1, zero_stage=0):
+        return None          # a measured run of the account refutes one factor on it: the OOM bounds its twins only
     act = pred.memory_breakdown.get("activations", 0.0)
     if b.act_gb <= 0.0 or act <= 0.0:
         return None
