@@ -73,6 +73,11 @@ another measurement, not against another layout. Chosen after seeing rows:
   --moe-shared-expert-overlap (`shared_expert_overlap`: DeepSeek-V3 v25.05 / v25.05.04, both Llama 4 rows) and the
   ModelZoo Qwen3-235B-A22B rows' TP collectives whole (`tp_comm_overlap = false`: 8017e112 passes no
   --tp-comm-overlap), each after every row had been printed: the Llama 4 and pp 32 rows, the last clean ones, are seen.
+- (issue 25 round 5) fresh rows first (e81b188, their split committed before any was predicted), then the held-out
+  line made clean-only (c58e396) and printed: 4 clean rows. Then, from Megatron-Core's source and no constant, tuner's
+  norm_moe recompute mode (layernorm + moe), which the five rows that ran it (the ModelZoo's long-context runs, one
+  of them held out, and one Pai-Megatron-Patch row) needed to be predicted at all: written while they were refused,
+  before any of their errors was printed, so they stay clean.
 MOE_LOAD = 1 (balanced routing) was not chosen: it is what the rows' footnote says they ran.
 Unstated rows: predicting them without the overlap and with the alltoall dispatcher is the rule, not
 evidence; the "stated" line is the check of the exchange model.

@@ -56,7 +56,7 @@ def test_each_set_frees_what_it_names_on_every_layer():
     w = deepseek()
     base = predict(ds_layout("none"), w)
     s = base.memory_stage
-    for rc in ("moe_act", "norm_act", "mla_up", "mla_up_mlp", "mla_up_mlp_moe"):
+    for rc in ("moe_act", "norm_act", "mla_up", "mla_up_mlp", "mla_up_mlp_moe", "norm_moe"):
         lay = ds_layout(rc)
         sh = compute.shape_of(lay, w)
         n_moe = stage_moe_layers(lay, w.model, s)
@@ -93,6 +93,9 @@ def test_launch_writes_the_modules():
     moe = mcore.pretrain_args(ds_layout("mla_up_mlp_moe"), deepseek())      # NeMo 25.07's DeepSeek-V3 H100 recipe
     assert moe[moe.index("--recompute-modules") + 1:moe.index("--recompute-modules") + 4] == ["mla_up_proj", "mlp", "moe"]
     assert "--overlap-moe-expert-parallel-comm" not in moe         # transformer_config.py line 3032 refuses it with moe
+    nm = mcore.pretrain_args(ds_layout("norm_moe"), deepseek())      # the ModelZoo's Qwen3-235B long-context H100 runs
+    assert nm[nm.index("--recompute-modules") + 1:nm.index("--recompute-modules") + 3] == ["layernorm", "moe"]
+    assert "--overlap-moe-expert-parallel-comm" not in nm
 
 
 def test_the_moe_module_runs_the_whole_moe_block_and_its_exchange_again():
@@ -110,6 +113,26 @@ def test_the_moe_module_runs_the_whole_moe_block_and_its_exchange_again():
     assert recompute.freed_bytes(m, shm, True) - recompute.freed_bytes(m, sh, True) == pytest.approx(
         moe_block_activation_bytes(m, shm))
     assert recompute.freed_bytes(m, shm, False) == recompute.freed_bytes(m, sh, False)      # dense layers: as mlp
+
+
+def test_norm_moe_frees_both_norms_and_the_whole_moe_block():
+    """norm_moe (layernorm + moe: the ModelZoo's Qwen3-235B-A22B long-context H100 runs): the two norms' outputs are
+    discarded (the MoE checkpoint's saved input is the pre-MLP norm's output, freed with it and recomputed before the
+    block's backward, transformer_layer.py at d98e8a64dd), the MoE block keeps nothing else, and the backward re-runs
+    both norms, the router, the experts and the two exchanges."""
+    from tuner.perfmodel.moe import experts_gemm_seconds, moe_block_activation_bytes, router_gemm_seconds
+    from tuner.perfmodel.moe_exchange import alltoall_seconds
+    w = deepseek()
+    m, c = w.model, w.cluster
+    sh = {rc: compute.shape_of(ds_layout(rc), w) for rc in ("none", "moe_act", "norm_act", "norm_moe")}
+    norms = recompute.freed_bytes(m, sh["norm_act"], True) - recompute.freed_bytes(m, sh["moe_act"], True)
+    assert norms > 0
+    assert recompute.freed_bytes(m, sh["norm_moe"], True) == pytest.approx(norms + moe_block_activation_bytes(m, sh["norm_moe"]))
+    assert recompute.freed_bytes(m, sh["norm_moe"], False) == pytest.approx(norms)        # a dense layer: the norms only
+    extra = recompute.extra_seconds(m, c, sh["norm_moe"], True)
+    assert extra["gemm"] == pytest.approx(experts_gemm_seconds(m, c, sh["norm_moe"]) + router_gemm_seconds(m, c, sh["norm_moe"]))
+    assert alltoall_seconds(m, c, sh["norm_moe"]) == pytest.approx(alltoall_seconds(m, c, sh["none"]) * 6 / 4)
+    assert not recomputes_at_least("norm_moe", "norm_act") and recomputes_at_least("full", "norm_moe")
 
 
 def test_the_cli_takes_a_set_and_refuses_one_the_model_cannot_run(tuner):

@@ -9,12 +9,14 @@ from __future__ import annotations
 #: set them: moe_act (Qwen3 / DeepSeek-V3 on GB300), norm_act (layernorm, moe_act: Qwen3-235B on H100),
 #: mla_up (DeepSeek-V3 / Kimi-K2 on Blackwell), mla_up_mlp (mla_up_proj, mlp: DeepSeek-V3 / Kimi-K2 on H100;
 #: Megatron-Bridge perf_recipes/deepseek/h100/deepseek_v3.py line 43 at 067f987df03b), mla_up_mlp_moe (and moe, the
-#: whole MoE layer: DeepSeek-V3 on H100 in NeMo 25.07, dgxc-benchmarking v25.08's launch.sh). Not a chain: one mode
+#: whole MoE layer: DeepSeek-V3 on H100 in NeMo 25.07, dgxc-benchmarking v25.08's launch.sh), norm_moe (layernorm, moe:
+#: Qwen3-235B-A22B's long-context H100 runs, yanring/Megatron-MoE-ModelZoo best_practice/Qwen3/run_235b.sh at b0b92ff,
+#: and Pai-Megatron-Patch's 'recompute=moe'). Not a chain: one mode
 #: recomputes more than another when its modules include the other's (recomputes_at_least); full, everything.
-RECOMPUTE = ("none", "moe_act", "norm_act", "selective", "mla_up", "mla_up_mlp", "mla_up_mlp_moe", "full")
+RECOMPUTE = ("none", "moe_act", "norm_act", "selective", "mla_up", "mla_up_mlp", "mla_up_mlp_moe", "norm_moe", "full")
 RECOMPUTE_MODULES = {"none": (), "moe_act": ("moe_act",), "norm_act": ("layernorm", "moe_act"),
                      "selective": ("core_attn",), "mla_up": ("mla_up_proj",), "mla_up_mlp": ("mla_up_proj", "mlp"),
-                     "mla_up_mlp_moe": ("mla_up_proj", "mlp", "moe"),
+                     "mla_up_mlp_moe": ("mla_up_proj", "mlp", "moe"), "norm_moe": ("layernorm", "moe"),
                      "full": ("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp", "moe")}
 
 
