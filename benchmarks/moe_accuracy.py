@@ -178,6 +178,9 @@ def main(all_rows: bool = False) -> dict:
                        ("hashed out, seen: no test", [x for x in ok if held_out(x[0]) and not published.clean(x[0], "speed")]),
                        ("HELD OUT (no choice saw)", clean)):
         print(f"  {label:26s} {error_stats([e['error'] for _, e in sel])}")
+    print(f"  (rows are measurements: {len({published.split_key(r) for r, _ in ok})} configurations, "
+          f"{len({published.split_key(r) for r, _ in clean})} of them HELD OUT; the split key holds no dispatcher, so "
+          "one layout run with two dispatchers is one configuration)")
     pruned = sum(e["p_fit"] < PRUNE_BELOW for _, e in ok)
     print(f"  memory: of {len(ok)} runs that ran, {pruned} would be pruned (p_fit < {PRUNE_BELOW}), "
           f"{sum(e['p_fit'] < 0.5 for _, e in ok)} have p_fit < 0.5 (no row states its peak memory)")
