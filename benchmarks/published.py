@@ -326,6 +326,13 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # retained receives, growing with m at a fixed count in flight: docs/benchmarks.md), so they are seen by that choice
     "Megatron-Core's pipeline outputs freed under the interleaved schedule too (tuner/perfmodel/memory.py)": (
         "memory", lambda r: "memory_measured_megatron-core_pipeline.toml" in r.get("files", [r.get("file")])),
+    # issue 24 round 8: Megatron-Core's layer backward on every stage (tuner/perfmodel/layer_backward.py: the received
+    # gradient, the MLP's weight-gradient / activation moments, pp 1's tied output-layer weight gradient), read from
+    # megatron-core 0.16.1 and checked against the live tensors at the peak of FRESH2 rows after every FRESH2 row's error
+    # had been printed (1092531, 187bd15, 97689b4: its first stages and full recompute under-predicted); Megatron-Core's
+    # memory_bias / memory_sd were then chosen again (memory_accuracy.py --fit) on every seen row, FRESH2's included
+    "Megatron-Core's layer backward (tuner/perfmodel/layer_backward.py); its bias / sd again": (
+        "memory", lambda r: "memory_measured_megatron-core_fresh2.toml" in r.get("files", [r.get("file")])),
     # review of issue 26 (round 2's last gradient bucket, buckets.py): the default bucket is sized by the dp x cp group
     # (Megatron-LM training.py resolve_ddp_bucket_size), not dp; read from source after every row had been printed
     # with dp: it moves the context-parallel rows whose dp x cp exceeds 40

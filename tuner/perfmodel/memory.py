@@ -32,6 +32,7 @@ from tuner.perfmodel.activations import (  # noqa: F401 -- one layer's account, 
     EAGER_REPLICATED, LAUNCHED_FUSED_QKV, activation_bytes_per_layer, checkpoint_bytes_per_layer, eager_split_bytes,
     fp8_saved_bytes, op_sac_bytes, split_activation_bytes)
 from tuner.perfmodel.compute import Shape, shape_of
+from tuner.perfmodel.layer_backward import megatron_backward_bytes
 from tuner.perfmodel.memory_loss import LAUNCHED_LOSS_CHUNKS, loss_phase, megatron_loss_bytes
 from tuner.perfmodel.moe import moe_activation_bytes, moe_layer_params
 from tuner.perfmodel.quantized import (  # noqa: F401 -- re-exported: the weights as TransformerEngine quantizes them
@@ -285,13 +286,16 @@ def _working_bytes(model: ModelSpec, sh: Shape, flash: bool, memo: dict | None) 
     return max(per[0] if model.num_moe_layers < model.num_layers else 0.0, per[1]) - per[2]
 
 
-def megatron_phases(model: ModelSpec, sh: Shape, act: float, tp: int, flash: bool,
-                    memo: dict | None = None) -> tuple[float, float]:
-    """Megatron-Core's last stage: (activations, bytes outside the layers) in the larger of its loss's peak (the kept
-    activations without full recompute's working layer, and memory_loss.megatron_loss_bytes per loss: the model's and
-    each multi-token prediction module's) and a layer's backward (all of `act`; the loss's tensors are freed)."""
-    loss = (1 + model.mtp_num_layers) * megatron_loss_bytes(model, tp, sh.sp, sh.tokens)
-    return max(((act - _working_bytes(model, sh, flash, memo), loss), (act, 0.0)), key=sum)
+def megatron_phases(model: ModelSpec, sh: Shape, act: float, layout: Layout, flash: bool, memo: dict | None = None,
+                    last: bool = True) -> tuple[float, float]:
+    """Megatron-Core's stage: (activations, bytes outside the layers) at its peak, a layer's backward (`act` and
+    layer_backward.megatron_backward_bytes) or, on the last stage, its loss's if larger (act less full recompute's working
+    layer, and memory_loss.megatron_loss_bytes per loss: the model's and each multi-token prediction module's)."""
+    backward = act + megatron_backward_bytes(model, layout.tp, sh.sp, sh.tokens, layout.pp)
+    if not last:
+        return backward, 0.0
+    loss = (1 + model.mtp_num_layers) * megatron_loss_bytes(model, layout.tp, sh.sp, sh.tokens)
+    return max(((act - _working_bytes(model, sh, flash, memo), loss), (backward, 0.0)), key=sum)
 
 
 def stage_memory(layout: Layout, workload: Workload, stage: int, m: int, sh: Shape | None = None,
@@ -328,8 +332,8 @@ def _stage_sums(layout: Layout, workload: Workload, fw, sh: Shape, parts: tuple,
     if fw.fsdp and layout.pp == 1 and shards > 1:
         act, logits, buffers = fsdp_phases(workload.model, layout, sh, act, shards, workload.cluster.flash_attention,
                                            loss_chunks, memo)
-    elif fw.megatron_loss and logits:
-        act, logits = megatron_phases(workload.model, sh, act, layout.tp, workload.cluster.flash_attention, memo)
+    elif fw.megatron_loss:
+        act, logits = megatron_phases(workload.model, sh, act, layout, workload.cluster.flash_attention, memo, bool(logits))
     values = (act / GB, logits / GB, buffers / GB, workload.cluster.memory_reserved_gb)
     return sum((*state_values, *values)), out, values, params
 
