@@ -1,7 +1,7 @@
 """Draw a batch of torchtitan memory configurations no choice has seen (issue 24: held-out p_fit reliability).
 
 Run: python benchmarks/draw_memory_batch.py [--seed N] [--chunked 8] [--ce 4] [--batch fresh4]
-     python benchmarks/draw_memory_batch.py --mcore [--seed N] [--per-mode 8]   (Megatron-Core: see MCORE_GRID)
+     python benchmarks/draw_memory_batch.py --mcore [--seed N] [--per-mode 8] [--batch fresh3]   (Megatron-Core: MCORE_GRID)
 
 Without --seed a seed is drawn from os.urandom and printed. The rule (the one FRESH2 of
 benchmarks/measure_memory_torchtitan.py was drawn by, written down here so that a batch can be re-drawn from its
@@ -69,7 +69,9 @@ def draw(seed: int, chunked: int, ce: int, batch: str = "fresh4") -> list[dict]:
 # pp {1, 2 (its first and its last stage)} x dp {4, 16} x micro-batch {1, 2} x micro-batches {2, 4}, the
 # distributed optimizer, sequence parallelism with tp > 1 and the FlashAttention stand-in, less every configuration
 # measured before the batch (FRESH was drawn outside CONFIGS; FRESH2, issue 24 round 5, outside CONFIGS, FRESH and
-# PIPELINE too), keeping the held-out third; `--per-mode` per recompute mode.
+# PIPELINE too; FRESH3, issue 24 round 8, outside FRESH2 too and outside every configuration of those and every one a
+# memory choice has seen: `mcore_draw`), keeping the held-out third; `--per-mode` per recompute mode, `--batch fresh2`
+# for FRESH2's rule.
 MCORE_SHAPES = (("llama3-8b", None), ("llama3-70b", 8), ("gpt-22b", 8))
 MCORE_GRID = dict(seq=(2048, 4096, 8192), tp=(1, 2, 4, 8), pp=((1, 0), (2, 0), (2, -1)), dp=(4, 16), mb=(1, 2),
                   m=(2, 4))
@@ -87,18 +89,32 @@ def mcore_split_row(c: dict) -> dict:
             "zero_stage": 1 if c["distributed_optimizer"] else 0}
 
 
-MCORE_FULL_LAYERS = {"llama3-8b": 32, "llama3-70b": 80, "gpt-22b": 48, "gpt-175b": 96}
+MCORE_FULL_LAYERS = {"llama3-8b": 32, "llama3-70b": 80, "gpt-22b": 48, "gpt-175b": 96, "mixtral-8x7b": 32}
 
 
-def mcore_draw(seed: int, per_mode: int) -> list[dict]:
-    from measure_memory_mcore import C, CONFIGS as MCORE_CONFIGS, FRESH as MCORE_FRESH, PIPELINE
-    earlier = MCORE_CONFIGS + MCORE_FRESH + PIPELINE
+def mcore_earlier(batch: str) -> list[dict]:
+    """What each Megatron-Core batch was drawn from outside: every configuration measured before it."""
+    from measure_memory_mcore import CONFIGS as MCORE_CONFIGS, FRESH as MCORE_FRESH, FRESH2 as MCORE_FRESH2, PIPELINE
+    return {"fresh2": MCORE_CONFIGS + MCORE_FRESH + PIPELINE,
+            "fresh3": MCORE_CONFIGS + MCORE_FRESH + MCORE_FRESH2 + PIPELINE}[batch]
+
+
+def mcore_draw(seed: int, per_mode: int, batch: str = "fresh3") -> list[dict]:
+    """FRESH2's rule left out earlier measurements; FRESH3's (issue 24 round 8) leaves out earlier configurations
+    (published.split_key: another stage of a measured configuration is that configuration) and every configuration a
+    memory choice has seen (published._seen_configurations)."""
+    from measure_memory_mcore import C
+    from published import _seen_configurations, split_key
+    earlier = mcore_earlier(batch)
+    taken = set() if batch == "fresh2" else ({split_key(mcore_split_row(c)) for c in earlier}
+                                             | _seen_configurations("memory"))
     rng, out = random.Random(seed), []
     for mode in MODES:
         grid = [C(shape, layers=layers, tp=tp, pp=pp, dp=dp, mb=mb, m=m, seq=seq, recompute=mode, stage=stage)
                 for (shape, layers), seq, tp, (pp, stage), dp, mb, m in itertools.product(MCORE_SHAPES,
                                                                                            *MCORE_GRID.values())]
-        grid = [c for c in grid if c not in earlier and held_out(mcore_split_row(c))]
+        grid = [c for c in grid if c not in earlier and held_out(mcore_split_row(c))
+                and split_key(mcore_split_row(c)) not in taken]
         out += rng.sample(grid, per_mode)
     return out
 
@@ -108,7 +124,7 @@ def main() -> None:
     args = {a: v for a, v in zip(argv, argv[1:]) if a.startswith("--") and not v.startswith("--")}
     seed = int(args["--seed"]) if "--seed" in args else int.from_bytes(os.urandom(4), "little")
     if "--mcore" in sys.argv:
-        batch = mcore_draw(seed, int(args.get("--per-mode", 8)))
+        batch = mcore_draw(seed, int(args.get("--per-mode", 8)), args.get("--batch", "fresh3"))
         print(f"# seed {seed}: {len(batch)} Megatron-Core configurations")
         for c in batch:
             layers = "" if c["num_layers"] == MCORE_FULL_LAYERS[c["shape"]] else f"layers={c['num_layers']}, "
