@@ -75,7 +75,60 @@ def test_no_step_is_shorter_than_its_micro_batches_of_the_slowest_stage(planned)
         fitted = memory_fit(p.layout, w, memo)
         floor = fitted[0] * slowest_stage(p.layout, w, fitted[1], None, memo)[1]
         assert p.step_time_s >= floor, p.layout.key()
-        assert speed_bound(p.layout, w, fitted, memo) >= expected_speed(p), p.layout.key()
+        assert speed_bound(p.layout, w, fitted[4], memo) >= expected_speed(p), p.layout.key()
+
+
+BATCHED = [   # what memory_batch answers over columns: Megatron-Core (dense, MoE, MLA + MTP, uneven splits, fp8 on
+    # Hopper and Blackwell), Megatron-DeepSpeed; (model, nodes, cluster, framework, precision)
+    ("llama3-8b", 1, "h100", None, "bf16"), ("llama3-8b", 1, "h100", None, "fp8"), ("qwen3-30b-a3b", 1, "h200", None, "bf16"),
+    ("175b", 8, "frontier", None, "bf16"), ("175b", 16, "frontier", "megatron-core", "bf16"),
+    ("llama3-70b", 2, "b200", None, "fp8"), ("deepseek-v3", 64, "h100", None, "bf16"),
+    ("bloom-176b", 8, "a100", "megatron-deepspeed", "bf16"), ("mixtral-8x7b", 2, "h100", None, "fp8")]
+
+
+@pytest.mark.parametrize("model,nodes,cluster,framework,precision", BATCHED)
+def test_memory_over_columns_is_memory_fit_bit_for_bit(model, nodes, cluster, framework, precision):
+    """memory_batch.screen_memory (numpy over columns of layouts, plan's memory from BATCH_FROM layouts) gives every
+    layout memory_fit's memory_gb and p_fit, the same floats: a change to the memory formulas that it mirrors fails
+    here until memory_batch makes it too (plan itself would fall back to memory_fit, found out by its sample)."""
+    from tuner.perfmodel import memory_fit
+    from tuner.perfmodel.memory_batch import screen_memory
+    w = make_workload(model, nodes, cluster, None, precision, framework)
+    pins = {"expert_parallel": 64, "tp": 4} if model == "deepseek-v3" else {}       # 2,392 of its layouts
+    layouts = valid_layouts(load_space("default").pinned(pins), w)
+    mems, p_fits = screen_memory(layouts, w)
+    memo: dict = {}
+    want = [memory_fit(lay, w, memo) for lay in layouts]
+    assert [(lay.key(), m, p) for lay, m, p in zip(layouts, mems, p_fits)] == \
+        [(lay.key(), f[3]["total"], f[4]) for lay, f in zip(layouts, want)]
+    assert 0 < sum(p >= 0.02 for p in p_fits) < len(layouts)     # both kinds of answer
+
+
+def test_plan_uses_the_columns_from_batch_from_layouts_and_memory_fit_where_they_differ(monkeypatch):
+    """rank_shown answers as rank whether the memory is asked per layout or over columns (BATCH_FROM lowered so a small
+    plan takes the columns' path); a torchtitan plan (FSDP) keeps memory_fit; and columns that answer otherwise than
+    memory_fit on the sample screen_memory checks are not used (here: every p_fit a little off)."""
+    from tuner.perfmodel import memory_batch, screening
+    calls: list = []
+    real = memory_batch.screen_memory
+    monkeypatch.setattr(screening, "BATCH_FROM", 100)
+    for framework, off, batched in ((None, 0.0, True), ("torchtitan", 0.0, False), (None, 1e-12, False)):
+        def spy(layouts, w):
+            got = real(layouts, w)
+            calls.append(got)
+            return got and (got[0], [p + off for p in got[1]])
+        monkeypatch.setattr(memory_batch, "screen_memory", spy)
+        w = make_workload("llama3-8b", 1, "h100", None, "bf16", framework)
+        layouts = valid_layouts(load_space("default"), w)
+        ranked, calls[:] = rank(layouts, w), []
+        got = rank_shown(layouts, w, 10)
+        assert got.shown == [p for p in ranked if p.fits][:10]
+        by_layout = {p.layout: p for p in ranked}
+        assert [(s.memory_gb, s.p_fit) for s in got.screened] == \
+            [(by_layout[lay].memory_gb, by_layout[lay].p_fit) for lay in layouts]
+        assert len(calls) == 1 and (calls[0] is not None) == (framework is None)
+        if framework is None:               # the columns' answer was used, or memory_fit's
+            assert (got.screened[0].p_fit == calls[0][1][0] + off) == batched
 
 
 def test_rank_shown_lists_ruled_out_layouts_only_with_all():

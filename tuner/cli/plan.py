@@ -12,7 +12,7 @@ from tuner.cli.render import render
 from tuner.frameworks import of as framework_of
 from tuner.perfmodel import RECOMMEND_AT, keeps_headroom, predict as model_predict, risk
 from tuner.perfmodel.moe_exchange import moe_summary
-from tuner.perfmodel.screening import assemble, rank_shown, screen_run
+from tuner.perfmodel.screening import BATCH_FROM, assemble, rank_shown, screen_run
 from tuner.planning import complete_layout, prediction_row, workload_line
 from tuner.space import load_space, valid_layouts
 from tuner.specs import make_workload
@@ -35,6 +35,8 @@ def plan_ranking(layouts: list, w, top: int | None, show_all: bool, jobs: int | 
         return rank_shown(layouts, w, top, show_all)
     n = len(layouts)
     runs = min(4 * jobs, n)        # more runs than workers: the layouts that fit are not spread evenly
+    if n // runs >= BATCH_FROM:    # numpy imported once, here, not in each worker
+        import tuner.perfmodel.memory_batch  # noqa: F401
     _PLAN.update(layouts=layouts, workload=w, top=top)
     try:
         pool = context.Pool(min(jobs, runs), initializer=quiet_worker)

@@ -1,6 +1,7 @@
 """The analytic performance and memory model: predict(layout, workload) -> Prediction.
 
-Pure and fast (no I/O, no numpy): `tuner plan` ranks every valid layout with it. Memory comes from
+Pure and fast (no I/O; numpy only in memory_batch, plan's memory of many layouts at once, which answers as
+memory_fit does): `tuner plan` ranks every valid layout with it. Memory comes from
 memory.py, per-micro-batch compute from compute.py, communication from comm.py, each pipeline stage's
 seconds per micro-batch from stages.py; every hardware constant comes from the workload's ClusterSpec, so
 the same code predicts any cluster file.

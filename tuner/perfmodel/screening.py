@@ -22,8 +22,9 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from tuner.layout import Layout
-from tuner.perfmodel import PRUNE_BELOW, Prediction, expected_speed, memory_fit, predict, rank_key, slowest_stage
+from tuner.layout import Layout, micro_batches_per_pipeline
+from tuner.perfmodel import (PRUNE_BELOW, Prediction, _memo_shape, expected_speed, memory_fit, predict, rank_key,
+                             slowest_stage)
 from tuner.specs import Workload
 
 
@@ -60,47 +61,71 @@ def rank_shown(layouts: list[Layout], workload: Workload, top: int | None = None
     return assemble(layouts, workload, [screen_run(layouts, workload, top, 0, len(layouts))], top, show_all)
 
 
+#: From this many layouts a run's memory is answered over columns (tuner.perfmodel.memory_batch, with numpy, which
+#: costs ~0.1 s to import: what ~4,000 layouts cost one by one); below, memory_fit per layout.
+BATCH_FROM = 5000
+#: How many layouts of a run check memory_batch's answer against memory_fit's (any difference: memory_fit for all).
+SAMPLE = 200
+
+
 def screen_run(layouts: list[Layout], workload: Workload, top: int | None, lo: int, hi: int) -> tuple:
     """For layouts[lo:hi]: each one's peak memory and p_fit, and the first `top` (None: all) (position,
     Prediction) of those the model cannot rule out, in rank's order (ties in position order). Runs of one
     list may be screened apart (in processes: tuner.planning) and put together by `assemble`."""
     memo: dict = {}
-    mems, p_fits, fits = [], [], []
-    for i in range(lo, hi):
-        fitted = memory_fit(layouts[i], workload, memo)
-        mems.append(fitted[3]["total"])
-        p_fits.append(fitted[4])
-        if fitted[4] >= PRUNE_BELOW:
-            fits.append((i, fitted))
+    mems, p_fits, fitted = screen_memory(layouts, workload, lo, hi, memo)
+    fits = [(i, p_fit) for i, p_fit in zip(range(lo, hi), p_fits) if p_fit >= PRUNE_BELOW]
     if top is None:
-        fitting = [(i, predict(layouts[i], workload, memo=memo, fitted=f)) for i, f in fits]
+        fitting = [(i, predict(layouts[i], workload, memo=memo, fitted=fitted.get(i))) for i, _ in fits]
     else:
-        fitting = reachable(layouts, workload, fits, top, memo)
+        fitting = reachable(layouts, workload, fits, top, memo, fitted)
     fitting.sort(key=lambda ip: rank_key(ip[1]))      # stable: ties in position order
     return mems, p_fits, fitting if top is None else fitting[:top]
+
+
+def screen_memory(layouts: list[Layout], workload: Workload, lo: int, hi: int, memo: dict) -> tuple[list, list, dict]:
+    """memory_fit's memory_gb and p_fit of layouts[lo:hi], and memory_fit's whole answer by position where it was
+    asked: over columns from BATCH_FROM layouts (where memory_batch answers for the workload and its answers for an
+    even sample of SAMPLE layouts are memory_fit's), else one by one."""
+    if hi - lo >= BATCH_FROM:
+        from tuner.perfmodel import memory_batch
+        got = memory_batch.screen_memory(layouts[lo:hi], workload)
+        if got is not None and all((got[0][i - lo], got[1][i - lo]) == _memory(layouts[i], workload, memo)
+                                   for i in range(lo, hi, max(1, (hi - lo) // SAMPLE))):
+            return (*got, {})
+    fitted = {i: memory_fit(layouts[i], workload, memo) for i in range(lo, hi)}
+    return [f[3]["total"] for f in fitted.values()], [f[4] for f in fitted.values()], fitted
+
+
+def _memory(layout: Layout, workload: Workload, memo: dict) -> tuple[float, float]:
+    fitted = memory_fit(layout, workload, memo)
+    return fitted[3]["total"], fitted[4]
 
 
 #: The upper bound's margin: the step's entries are summed one by one, the bound's m x stage at once.
 BOUND_MARGIN = 1e-9
 
 
-def speed_bound(layout: Layout, workload: Workload, fitted: tuple, memo: dict) -> float:
-    """An upper bound of the layout's expected speed (samples/s x p_fit) from its slowest stage alone."""
-    m, sh, p_fit = fitted[0], fitted[1], fitted[4]
-    floor = m * slowest_stage(layout, workload, sh, None, memo)[1]
+def speed_bound(layout: Layout, workload: Workload, p_fit: float, memo: dict) -> float:
+    """An upper bound of the layout's expected speed (samples/s x p_fit, with memory_fit's p_fit) from its slowest
+    stage alone."""
+    m = micro_batches_per_pipeline(layout, workload.global_batch)
+    floor = m * slowest_stage(layout, workload, _memo_shape(layout, workload, memo), None, memo)[1]
     return workload.global_batch / floor * p_fit * (1.0 + BOUND_MARGIN) if floor > 0 else math.inf
 
 
-def reachable(layouts: list[Layout], workload: Workload, fits: list[tuple], top: int, memo: dict) -> list[tuple]:
-    """(position, Prediction) of every layout of `fits` ((position, memory_fit's answer), in position order) that
-    may be among the first `top` of rank's order, in position order: predicted in order of speed_bound until the
-    bound is below the `top`-th expected speed predicted (the module's docstring says why that is exact)."""
-    bounded = sorted(((speed_bound(layouts[i], workload, f, memo), i, f) for i, f in fits), key=lambda b: -b[0])
+def reachable(layouts: list[Layout], workload: Workload, fits: list[tuple], top: int, memo: dict,
+              fitted: dict | None = None) -> list[tuple]:
+    """(position, Prediction) of every layout of `fits` ((position, p_fit), in position order) that may be among the
+    first `top` of rank's order, in position order: predicted in order of speed_bound until the bound is below the
+    `top`-th expected speed predicted (the module's docstring says why that is exact). `fitted`: memory_fit's answers
+    by position, where known."""
+    bounded = sorted(((speed_bound(layouts[i], workload, p_fit, memo), i) for i, p_fit in fits), key=lambda b: -b[0])
     kept, best = [], []                  # best: a min-heap of the `top` highest expected speeds so far
-    for bound, i, f in bounded:
+    for bound, i in bounded:
         if len(best) == top and bound < best[0]:
             break
-        p = predict(layouts[i], workload, memo=memo, fitted=f)
+        p = predict(layouts[i], workload, memo=memo, fitted=(fitted or {}).get(i))
         kept.append((i, p))
         (heapq.heappush if len(best) < top else heapq.heappushpop)(best, expected_speed(p))
     kept.sort(key=lambda ip: ip[0])
