@@ -17,7 +17,8 @@ model's rules refuse is counted and named as refused). Held out: the configurati
 held-out third (data/held_out.txt, written before this benchmark first ran) that no choice saw
 (published.HARDWARE_SEEN: the MI325X rows, seen by their global batch's correction and by the choice of
 mi325x.toml's GEMM fractions; every other constant is quoted or marked ESTIMATE in its file, none chosen on these
-rows; published.HARDWARE_SEEN also names the MI355X rows, seen by the choice of mi355x.toml's CDNA 4 GEMM fractions).
+rows; published.HARDWARE_SEEN also names the MI355X rows, seen by the choice of mi355x.toml's CDNA 4 GEMM fractions,
+and every B200 / GB200 / B300 / GB300 row, seen by the Blackwell GEMM curve of issue 26's sixth session).
 AMD Instinct MI325X and MI355X rows: AMD's measured Primus-Megatron runs and MLPerf (the data file names the source and
 each unstated value it takes); MI300X: torchao's torchtitan benchmarks (Llama 3 8B on 8 GPUs, bf16 / fp8); MI300A has
 none: unvalidated.
