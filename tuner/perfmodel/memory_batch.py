@@ -4,14 +4,15 @@
 same floats, bit for bit: the total every command states (the worst stage's peak with the framework's measured bias)
 and p_fit. What the layouts have in common is computed once by the scalar functions themselves -- each model cut's
 stages and parameters (memory.stage_params, stage_expert_params), each (cut, ZeRO stage)'s model states
-(memory._states_gb), each Shape's per-layer activations, loss and logits (memory.layer_activation_bytes,
-megatron_loss_bytes, logits_bytes, sp_gather_bytes) -- and what differs per layout and stage is done over columns
-(numpy): memory.stage_activation_bytes' in-flight passes, megatron_phases' choice, _stage_sums' total in the same
-order of additions, peak_memory's worst stage (the first of the largest), with_measured_bias, memory_shares and
-account_sd; gpu_fit_probability's log / erfc run per layout with `math`, as the scalar path runs them. IEEE
-arithmetic (+ - * / sqrt) gives the same double in numpy as in Python, so the order of operations is all that has
-to match; tests/test_plan_speed.py holds the two paths equal on every layout of several workloads, and a change to
-those memory formulas must be made here too (the test fails until it is).
+(memory._states_gb), each Shape's per-layer activations, loss, logits and layer backward (memory.layer_activation_bytes,
+megatron_loss_bytes, logits_bytes, sp_gather_bytes, layer_backward.megatron_backward_bytes) -- and what differs per
+layout and stage is done over columns (numpy): memory.stage_activation_bytes' in-flight passes, megatron_phases'
+choice, _stage_sums' total in the same order of additions, peak_memory's worst stage (the first of the largest),
+with_measured_bias, memory_shares and account_sd; gpu_fit_probability's log / hypot / erfc run per layout with `math`,
+as the scalar path runs them. IEEE arithmetic (+ - * / sqrt) gives the same double in numpy as in Python, so the order
+of operations is all that has to match; tests/test_plan_speed.py holds the two paths equal on every layout of several
+workloads, and a change to those memory formulas must be made here too (the test fails until it is; plan checks a
+sample of each run against memory_fit and answers with memory_fit where they differ).
 
 Not for FSDP frameworks (torchtitan: fsdp_phases) nor Python >= 3.12, whose sum() of floats compensates its
 rounding: `screen_memory` answers None there and the caller asks memory_fit per layout.
@@ -29,6 +30,7 @@ from tuner.frameworks import ALLOCATOR_BIAS, ALLOCATOR_SD, of as framework_of
 from tuner.layout import LAYOUT_FIELDS, Layout, stage_candidates, stage_layers, stage_moe_layers
 from tuner.perfmodel import memory
 from tuner.perfmodel.compute import shape_of
+from tuner.perfmodel.layer_backward import megatron_backward_bytes
 from tuner.perfmodel.fit import memory_gp_scales
 from tuner.perfmodel.memory_loss import megatron_loss_bytes
 from tuner.specs import Workload
@@ -140,22 +142,30 @@ def _shape_terms(lay: Layout, workload: Workload, sh, fw) -> tuple:
 def _parts(layouts: list[Layout], workload: Workload, cols: dict, firsts, shape_ids, cuts: _Cuts) -> dict:
     """Each group's candidate stages as (group, stage) columns, padded to the most stages (`valid` False): the
     activation and logits bytes in GB as _stage_sums adds them (after megatron_phases)."""
-    fw = framework_of(workload)
-    shapes = {}
-    for sid, i in zip(shape_ids.tolist(), firsts.tolist()):
+    fw, model = framework_of(workload), workload.model
+    shapes, backward = {}, {}
+    pps = cols["pp"][firsts].tolist()
+    for sid, i, pp in zip(shape_ids.tolist(), firsts.tolist(), pps):
         if sid not in shapes:
-            shapes[sid] = _shape_terms(layouts[i], workload, shape_of(layouts[i], workload), fw)
-    terms = np.array([shapes[s] for s in range(len(shapes))], dtype=np.float64)
+            sh = shape_of(layouts[i], workload)
+            shapes[sid] = (sh, _shape_terms(layouts[i], workload, sh, fw))
+        if fw.megatron_loss and (sid, pp) not in backward:      # a layer's backward (memory.megatron_phases)
+            sh = shapes[sid][0]
+            backward[(sid, pp)] = megatron_backward_bytes(model, sh.t, sh.sp, sh.tokens, pp)
+    terms = np.array([shapes[s][1] for s in range(len(shapes))], dtype=np.float64)[shape_ids]
+    layer_backward = np.array([backward.get(sp, 0.0) for sp in zip(shape_ids.tolist(), pps)], dtype=np.float64)
     m = workload.global_batch // (cols["micro_batch"][firsts] * cols["dp"][firsts])     # micro_batches_per_pipeline
     full = np.array([layouts[i].recompute == "full" for i in firsts.tolist()])
-    return _activations(fw, terms[shape_ids], m, full, [a[cuts.of[firsts]] for a in cuts.columns()])
+    return _activations(fw, np.column_stack([terms, layer_backward]), m, full,
+                        [a[cuts.of[firsts]] for a in cuts.columns()])
 
 
 def _activations(fw, terms, m, full, per_cut: list) -> dict:
     """memory.stage_activation_bytes (+ the sp gather buffer) and _stage_sums' megatron_phases over (group, stage)."""
     stage, dense, moe, valid, pp, vp = per_cut
     pp, vp, m, full = pp[:, None], vp[:, None], m[:, None], full[:, None]
-    full_dense, full_moe, ckpt, working, gather, logits_b, loss = (terms[:, k][:, None] for k in range(7))
+    full_dense, full_moe, ckpt, working, gather, logits_b, loss, layer_backward = (terms[:, k][:, None]
+                                                                                  for k in range(8))
     full_moe = np.where(moe > 0, full_moe, 0.0)
     boundary = np.where(pp > 1, ckpt, 0.0) if not fw.frees_pipeline_outputs else np.zeros_like(ckpt)
     per_pass = np.where(full, (dense + moe) / vp * ckpt + boundary, (dense * full_dense + moe * full_moe) / vp + boundary)
@@ -164,12 +174,12 @@ def _activations(fw, terms, m, full, per_cut: list) -> dict:
                       np.maximum(1, np.minimum(2 * (pp - stage - 1) + (vp - 1) * pp + 1, m * vp)))
     act = flight * per_pass + work + gather          # gather: 0.0 where there is no sp gather buffer
     logits = np.where(stage == pp - 1, logits_b, 0.0)
-    if fw.megatron_loss:            # the last stage: its loss's peak or a layer's backward, the first of the larger
-        cut_act = act - working
-        second = act > cut_act + loss
-        loss_stage = logits != 0.0
-        act = np.where(loss_stage & ~second, cut_act, act)
-        logits = np.where(loss_stage, np.where(second, 0.0, loss), logits)
+    if fw.megatron_loss:       # a layer's backward; on the last stage its loss's peak where larger (the first of equals)
+        backward, cut_act = act + layer_backward, act - working
+        last = logits != 0.0
+        loss_peak = last & ~(backward > cut_act + loss)
+        act = np.where(loss_peak, cut_act, backward)
+        logits = np.where(loss_peak, loss, 0.0)
     return {"act": act / GB, "logits": logits / GB, "valid": valid}
 
 
