@@ -406,7 +406,9 @@ HARDWARE_SEEN: dict = {
         and r.get("precision") in ("fp8", "mxfp8", "nvfp4")),
     # review of issue 26: the default gradient bucket sized by the dp x cp group (SEEN's entry of the same name): it
     # moves the held-out GB300 Llama 3 8B 512-GPU row (tp2 cp4, +129.6 -> +124.4 %) and the B200 8B 64- and 256-GPU rows
-    "Megatron-Core's default bucket size by the dp x cp group (tuner/perfmodel/buckets.py)": ("speed", _bucket_moved),
+    # (it saw the rows of its time: rows added after the Blackwell GEMM curve below, which came later, were not printed by it)
+    "Megatron-Core's default bucket size by the dp x cp group (tuner/perfmodel/buckets.py)": (
+        "speed", lambda r: _bucket_moved(r) and "after the Blackwell GEMM curve" not in r.get("added", "")),
     # issue 26 sixth session: the Blackwell GEMM curve (b200.toml [9]: eta_max 0.675 -> 0.666, knee 3.1 -> 9.6 GFLOP, from
     # XLA's sm_100 GEMM sweep and vLLM's two points; gb200 / b300 / gb300 carry it) was looked for after every Blackwell
     # row had been printed (the brief named their dense excess); it moves every row on those machines, so all are seen
