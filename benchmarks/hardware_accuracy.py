@@ -7,8 +7,8 @@ e.g. "training_results_v5.1" for the MLPerf rows, "performance_long_sequence" fo
 Rows: benchmarks/data/hardware_published.toml (NVIDIA Megatron-Bridge's DGX-GB200 / B200 / GB300 / B300
 pre-training tables, 25.09 to 26.08, NVIDIA dgxc-benchmarking v25.05.05's GB200 tables (Grok-1 with its own shape),
 DeepSeek-V3's H800 run, MLPerf Training v5.1's Llama 3.1 405B / 8B result logs and configs (NVIDIA GB200 / GB300,
-B200 / B300 submitters, AMD MI355X), NeMo's long-sequence B200 table, torchao's torchtitan benchmarks on MI300X and
-on B200 at 750 W), every source named in the file; each row is predicted with the
+B200 / B300 submitters, AMD MI355X) and v5.0's GB200 Llama 3.1 405B ones, NeMo's long-sequence B200 table,
+torchao's torchtitan benchmarks on MI300X and on B200 at 750 W), every source named in the file; each row is predicted with the
 layout it ran, its pipeline split included (the DeepSeek-V3 recipes' "light-last" layers per stage, the
 data file's `pipeline_split`). One configuration is one row
 (benchmarks/published.py: a configuration stated in several releases is the median of its measurements).
@@ -18,7 +18,8 @@ held-out third (data/held_out.txt, written before this benchmark first ran) that
 (published.HARDWARE_SEEN: the MI325X rows, seen by their global batch's correction and by the choice of
 mi325x.toml's GEMM fractions; every other constant is quoted or marked ESTIMATE in its file, none chosen on these
 rows; published.HARDWARE_SEEN also names the MI355X rows, seen by the choice of mi355x.toml's CDNA 4 GEMM fractions,
-and every B200 / GB200 / B300 / GB300 row, seen by the Blackwell GEMM curve of issue 26's sixth session).
+and every B200 / GB200 / B300 / GB300 row, seen by the Blackwell GEMM curve of issue 26's sixth session, but those
+added after it, whose `added` says so: issue 26's seventh session's MLPerf rows).
 AMD Instinct MI325X and MI355X rows: AMD's measured Primus-Megatron runs and MLPerf (the data file names the source and
 each unstated value it takes); MI300X: torchao's torchtitan benchmarks (Llama 3 8B on 8 GPUs, bf16 / fp8); MI300A has
 none: unvalidated.
