@@ -188,7 +188,8 @@ def _bucket_moved(r: dict) -> bool:
 
 SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     "megatron-core overlaps (tuner/frameworks.py)": ("speed", lambda r: r["framework"] == "megatron-core"
-                                                     and "llama_published.toml" in r.get("files", [r.get("file")])),
+                                                     and "llama_published.toml" in r.get("files", [r.get("file")])
+                                                     and "added" not in r),
     "FA2_ON_HOPPER (tuner/perfmodel/compute.py)": ("speed", lambda r: r["framework"] in ("fsdp", "torchtitan")
                                                    and _any_source(r, lambda x: not _legacy_third(x, _LEGACY))),
     "UNFUSED_TRAFFIC (tuner/perfmodel/compute.py)": ("speed", lambda r: r["framework"] == "torchtitan"
@@ -264,6 +265,14 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     "TP overlap off on Megatron-MoE-ModelZoo's Qwen3-235B-A22B rows (tp_comm_overlap false, moe_published.toml)": (
         "speed", lambda r: r.get("tp_comm_overlap") is False and "Megatron-MoE-ModelZoo" in r.get("release", "")
         and "round 5" not in r.get("added", "")),
+    # issue 25 (attention by sequence): fused attention's rate by sequence on Hopper (benchmarks/attention_curve.py,
+    # the FlashAttention-3 paper's cuDNN curves anchored on h100.toml's constant at 2048) was built because of the
+    # Megatron-MoE-ModelZoo's long-context Qwen3-235B-A22B rows' printed errors (round 5, 16k-128k; the 32k row was
+    # held out and seen by no speed choice before). It is NOT applied: the model is unchanged, so no other row is
+    # registered; but every row of moe / framework / llama / hardware_accuracy was printed under it, so a later
+    # session that applies it applies a choice that saw them all (docs/benchmarks.md).
+    "attention by sequence, not applied (benchmarks/attention_curve.py)": (
+        "speed", lambda r: "Megatron-MoE-ModelZoo" in r.get("release", "") and int(r.get("seq_length", 0)) >= 16384),
     # issue 24: torchtitan's op-SAC account (tuner/perfmodel/memory.op_sac_bytes) was derived from its 0.3.0
     # policy and checked on selective-less-full activations after every measured torchtitan row's error had
     # been printed, held-out ones included
@@ -334,10 +343,18 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # memory_bias / memory_sd were then chosen again (memory_accuracy.py --fit) on every seen row, FRESH2's included
     "Megatron-Core's layer backward (tuner/perfmodel/layer_backward.py); its bias / sd again": (
         "memory", lambda r: "memory_measured_megatron-core_fresh2.toml" in r.get("files", [r.get("file")])),
+    # issue 24 round 8, second pass: Megatron-Core's RoPE copies (tuner/perfmodel/activations.rope_copy_bytes), full
+    # recompute's recomputed layer output (layer_backward.py) and the harness's unfused RoPE / dropout-free Llama read as
+    # the rows ran (benchmarks/memory_accuracy.harness_rope_dropout_gb), derived after FRESH3's clean print (78a03c3:
+    # its Llama rows and one GPT full-recompute row above +0.0095) and checked on seen rows; Megatron-Core's
+    # memory_bias / memory_sd were then chosen again on every seen row, FRESH3's included
+    "Megatron-Core's RoPE copies, recomputed output, harness RoPE / dropout as ran; its bias / sd again": (
+        "memory", lambda r: "memory_measured_megatron-core_fresh3.toml" in r.get("files", [r.get("file")])),
     # review of issue 26 (round 2's last gradient bucket, buckets.py): the default bucket is sized by the dp x cp group
     # (Megatron-LM training.py resolve_ddp_bucket_size), not dp; read from source after every row had been printed
     # with dp: it moves the context-parallel rows whose dp x cp exceeds 40
-    "Megatron-Core's default bucket size by the dp x cp group (tuner/perfmodel/buckets.py)": ("speed", _bucket_moved),
+    "Megatron-Core's default bucket size by the dp x cp group (tuner/perfmodel/buckets.py)": (
+        "speed", lambda r: _bucket_moved(r) and "attention by sequence" not in r.get("added", "")),
 }
 
 
