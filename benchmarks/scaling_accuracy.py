@@ -58,7 +58,8 @@ def given_series(s: dict) -> list[dict]:
         points.append({"gpus": p["gpus"], "global_batch": p["global_batch"], "value": p["value"],
                        "model": model_of(p.get("model", s.get("model"))), "pins": {**s.get("pins", {}),
                                                                                   **p.get("pins", {})},
-                       "layout": None, "clean": None, "source": s["source"]})
+                       "layout": None, "clean": None, "source": s["source"], "grad_reduce": s.get("grad_reduce"),
+                       "optimizer_moments": s.get("optimizer_moments")})
     return [{"name": s["name"], "kind": s["kind"], "framework": s["framework"], "cluster": s["cluster"],
              "precision": s["precision"], "metric": s["metric"], "points": points, "overlaps": s.get("overlaps"),
              "seen": list(s.get("seen", []))}]
@@ -120,7 +121,8 @@ def workload(series: dict, p: dict):
     if p["gpus"] % cluster.gpus_per_node:
         raise ValueError(f"{series['name']}: {p['gpus']} GPUs is not a whole number of {cluster.name} nodes")
     return make_workload(p["model"], p["gpus"] // cluster.gpus_per_node, cluster, p["global_batch"],
-                         series["precision"], series["framework"], p.get("grad_reduce"))
+                         series["precision"], series["framework"], p.get("grad_reduce"),
+                         optimizer_moments=p.get("optimizer_moments"))
 
 
 def as_run(series: dict) -> TokenExchange | None:

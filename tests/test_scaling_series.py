@@ -1,0 +1,39 @@
+"""benchmarks/scaling_accuracy.py's given series (issue 25 item 4): a series states the gradient and Adam-moment
+dtypes its run's configuration sets, and both columns (tuner's answer and the published layout) predict that
+workload; a series whose reading was set after its points had been printed names the choice in `seen`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import scaling_accuracy as mod  # noqa: E402
+
+
+def _given(name: str) -> dict:
+    got = [s for s in mod.load_series() if s["name"] == name]
+    assert len(got) == 1, name
+    return got[0]
+
+
+def test_a_series_states_its_runs_gradient_and_moment_dtypes():
+    s = _given("dgxc NeMo 24.11 Nemotron-4 340B weak, 128-2048 H100, bf16")
+    w = mod.workload(s, s["points"][0])
+    # NeMo 24.11's nemotron4-340b-synth.yaml: optim.grad_sync_dtype bf16, distributed_fused_adam dtype bf16,
+    # activations_checkpoint_granularity selective
+    assert w.gradient_dtype == "bf16"               # Megatron-Core's own default is fp32
+    assert w.optimizer_moments == "bf16"
+    assert s["points"][0]["pins"]["recompute"] == "selective"
+    assert s["seen"], "its reading was set after its points had been printed"
+
+
+def test_a_series_that_states_nothing_keeps_the_frameworks_defaults():
+    s = _given("Llama 3 405B strong (Meta, 2024), 8192-16384 H100 (16M tokens per batch)")
+    w = mod.workload(s, s["points"][0])
+    assert (w.gradient_dtype, w.optimizer_moments) == ("fp32", "")
+    assert not s["seen"]
+    assert [p["gpus"] for p in s["points"]] == [8192, 16384]
+    assert {p["global_batch"] for p in s["points"]} == {2048}      # strong: one batch
