@@ -65,17 +65,21 @@ def test_rank_shown_is_ranks_rows_and_counts(planned, top, show_all):
 def test_no_step_is_shorter_than_its_micro_batches_of_the_slowest_stage(planned):
     """What plan's shortcut with --top rests on (screening.speed_bound): every entry of a step beyond m micro-batches
     of the stage it waits for is >= 0, and that stage's own are at least the slowest stage's; so the bound of the
-    expected speed is never below the prediction's."""
+    expected speed is never below the prediction's; and stage_floor is never above the slowest stage, so floor_bound
+    never below speed_bound."""
     from tuner.perfmodel import memory_fit, slowest_stage
     from tuner.perfmodel.fit import expected_speed
-    from tuner.perfmodel.screening import speed_bound
+    from tuner.perfmodel.screening import floor_bound, speed_bound
+    from tuner.perfmodel.stages import stage_floor
     w, layouts, ranked = planned
     memo: dict = {}
     for p in ranked:
         fitted = memory_fit(p.layout, w, memo)
         floor = fitted[0] * slowest_stage(p.layout, w, fitted[1], None, memo)[1]
         assert p.step_time_s >= floor, p.layout.key()
-        assert speed_bound(p.layout, w, fitted[4], memo) >= expected_speed(p), p.layout.key()
+        assert fitted[0] * stage_floor(p.layout, w, fitted[1], memo) <= floor, p.layout.key()
+        assert floor_bound(p.layout, w, fitted[4], memo) >= speed_bound(p.layout, w, fitted[4], memo) >= \
+            expected_speed(p), p.layout.key()
 
 
 BATCHED = [   # what memory_batch answers over columns: Megatron-Core (dense, MoE, MLA + MTP, uneven splits, fp8 on

@@ -68,36 +68,55 @@ class LayerParts(NamedTuple):
 
 def layer_parts(layout: Layout, workload: Workload, sh: compute.Shape, exchange: moe_exchange.TokenExchange | None,
                 memo: dict | None) -> LayerParts:
-    """`stage_times`' per-layer pieces: layer_terms (kept by shape in `memo` when no `exchange` is stated), the TP,
-    CP and p2p communication beyond what the framework's overlaps hide, and the MoE exchange's exposure."""
-    model, cluster = workload.model, workload.cluster
-    t, p = layout.tp, layout.pp
-    key = ("terms", sh) if memo is not None and exchange is None else None
-    terms = memo.get(key) if key else None
+    """`stage_times`' per-layer pieces: layer_terms and the TP communication (kept by shape in `memo` when no `exchange`
+    is stated), the CP and p2p communication beyond what the framework's overlaps hide, and the MoE exchange's
+    exposure (kept by shape and overlap in `memo`)."""
+    model = workload.model
+    keep = memo is not None and exchange is None
     exchange = exchange or moe_exchange.TokenExchange()
+    terms = memo.get(("terms", sh)) if keep else None
     if terms is None:
         terms = layer_terms(workload, sh, exchange)
-        if key:
-            memo[key] = terms
+        if keep:
+            memo[("terms", sh)] = terms
     lay, lay_moe, a2a, how = terms
+    comms = memo.get(("comms", sh)) if keep else None
+    if comms is None:
+        comms = _layer_comms(layout, workload, sh, exchange, lay)
+        if keep:
+            memo[("comms", sh)] = comms
+    cp_comm, tp_comm, ar, boundary, hide = comms
+    ep_hidden = framework_of(workload).ep_overlap(layout, model) and exchange.overlap is not False and "ep" in hide
+    p2p = layout.virtual_pipeline * comm.pipeline_p2p_time(workload.cluster, layout.tp * sh.c, layout.dp, layout.pp,
+                                                           boundary)
+    shared_hidden = not ep_hidden and exchange.shared_overlap and how == "alltoall" and model.num_shared_experts > 0
+    exposed = memo.get(("exposed", sh, ep_hidden, shared_hidden)) if keep else None
+    if exposed is None:
+        exposed = (overlapped_exchange(workload, sh, lay_moe, a2a) if ep_hidden else a2a if not shared_hidden
+                   else moe_exchange.shared_overlap_exposed(a2a, *moe.shared_gemm_seconds(model, workload.cluster, sh),
+                                                            sh))
+        if keep:
+            memo[("exposed", sh, ep_hidden, shared_hidden)] = exposed
+    m = micro_batches_per_pipeline(layout, workload.global_batch)
+    return LayerParts(lay, lay_moe, a2a, how, cp_comm, tp_comm, ar, p2p, hide, ep_hidden, shared_hidden, exposed, m)
+
+
+def _layer_comms(layout: Layout, workload: Workload, sh: compute.Shape, exchange: moe_exchange.TokenExchange,
+                 lay: dict) -> tuple:
+    """What of layer_parts reads the shape alone: (the exposed CP ring, the TP collectives beyond what
+    --tp-comm-overlap hides, one TP all-reduce of an activation, the p2p boundary tensor's bytes, the overlaps)."""
+    cluster, t = workload.cluster, layout.tp
     lc = layer_comm(layout, workload, sh, lay["attention"])
     act = lc["activation_bytes"]
     ar = comm.tp_allreduce_time(cluster, t, act)
     boundary = act / t if sh.sp else act              # sequence parallelism sends the scattered tensor
     hide = overlaps_of(workload, exchange)
-    ep_hidden = framework_of(workload).ep_overlap(layout, model) and exchange.overlap is not False and "ep" in hide
     # --tp-comm-overlap (Transformer Engine's userbuffers) runs inside the NVLink domain only: a TP group
     # that spans nodes shows its collectives whole; on ROCm it is off (AMD's Primus: tp_comm_overlap false,
     # primus/configs/models/megatron/language_model.yaml line 180 @ fd1eeabbad15), and `launch` leaves it out
     tp_hidden = "tp" in hide and sh.sp and not comm.leaves_domain(cluster, t, 1) and cluster.software == "cuda"
     tp_comm = max(0.0, lc["tp_comm"] - lay["gemm"]) if tp_hidden else lc["tp_comm"]
-    p2p = layout.virtual_pipeline * comm.pipeline_p2p_time(cluster, t * sh.c, layout.dp, p, boundary)
-    shared_hidden = not ep_hidden and exchange.shared_overlap and how == "alltoall" and model.num_shared_experts > 0
-    exposed = (overlapped_exchange(workload, sh, lay_moe, a2a) if ep_hidden else a2a if not shared_hidden
-               else moe_exchange.shared_overlap_exposed(a2a, *moe.shared_gemm_seconds(model, cluster, sh), sh))
-    m = micro_batches_per_pipeline(layout, workload.global_batch)
-    return LayerParts(lay, lay_moe, a2a, how, lc["cp_comm"], tp_comm, ar, p2p, hide, ep_hidden, shared_hidden, exposed,
-                      m)
+    return lc["cp_comm"], tp_comm, ar, boundary, hide
 
 
 def exchange_shown(layout: Layout, workload: Workload, parts: LayerParts, stage: int) -> tuple[float, float, float]:
@@ -135,15 +154,20 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
                 exchange: moe_exchange.TokenExchange | None = None, memo: dict | None = None) -> list[dict]:
     """Seconds per micro-batch of each distinct pipeline stage, each a breakdown by component: [first,
     ..., last], one stage with pp = 1; between them the first rank of each other layer count
-    (tuner.layout.stage_candidates: the middle stages of an uneven split). `memo` (with no `exchange`): layer_terms
-    kept by shape for one workload's layouts."""
+    (tuner.layout.stage_candidates: the middle stages of an uneven split). `memo` (with no `exchange`): what reads
+    the shape alone (layer_terms, the TP collectives, the embedding and LM head) kept by shape for one workload's
+    layouts."""
     model, cluster = workload.model, workload.cluster
     t, p, sh = layout.tp, layout.pp, sh or shape_of(layout, workload)
     parts = layer_parts(layout, workload, sh, exchange, memo)
     ar, lay, lay_moe = parts.ar, parts.lay, parts.lay_moe
     first, last = stage_body(layout, workload, sh, parts, 0), stage_body(layout, workload, sh, parts, p - 1)
-    emb = compute.embedding_times(model, cluster, sh.tokens)
-    head = compute.lm_head_times(model, cluster, sh.tokens, t)
+    ends = memo.get(("ends", sh)) if memo is not None and exchange is None else None
+    if ends is None:                          # the embedding's and the LM head's times, read only here
+        ends = compute.embedding_times(model, cluster, sh.tokens), compute.lm_head_times(model, cluster, sh.tokens, t)
+        if memo is not None and exchange is None:
+            memo[("ends", sh)] = ends
+    emb, head = ends
     first["elementwise"] += emb["elementwise"]
     first["tp_comm"] += ar                    # the vocabulary-parallel embedding's forward all-reduce
     last["gemm"] += head["gemm"]
@@ -215,6 +239,31 @@ def free_compute(st: dict) -> float:
     return max(0.0, st["gemm"] + st["attention"] + st["elementwise"] + st.get(SM_SHARE, 0.0) - st.get(HIDDEN, 0.0))
 
 
+def stage_floor(layout: Layout, workload: Workload, sh: compute.Shape, memo: dict) -> float:
+    """A lower bound of slowest_stage's seconds (with no `exchange`) from the per-layer pieces alone: on each candidate
+    stage, its layers' compute and TP collectives and its MoE layers' fixed overhead and token exchange at the less of
+    whole and exposed (exchange_shown shows u x whole + (1 - u) x exposed, 0 <= u <= 1); every other entry of
+    stage_body and stage_times' additions (p2p, CP ring, SM share, the embedding, LM head and MTP) is >= 0. For plan's
+    --top bound (tuner.perfmodel.screening.reachable), where it is checked as a bound on every layout
+    (tests/test_plan_speed.py). `memo`: the per-layer pieces by shape and EP overlap, the layers by pipeline cut."""
+    model = workload.model
+    key = ("floor_pieces", sh, framework_of(workload).ep_overlap(layout, model))   # all layer_parts' pieces read
+    pieces = memo.get(key)
+    if pieces is None:
+        parts = layer_parts(layout, workload, sh, None, memo)
+        pieces = memo[key] = (
+            parts.lay["gemm"] + parts.lay["attention"] + parts.lay["elementwise"] + parts.tp_comm,
+            parts.lay_moe["gemm"] + parts.lay_moe["attention"] + parts.lay_moe["elementwise"] + parts.tp_comm
+            + min(parts.a2a, parts.exposed) + moe.MOE_LAYER_OVERHEAD_MS * 1e-3)
+    key = ("floor_layers", layout.pp, layout.virtual_pipeline, layout.pipeline_split)
+    layers = memo.get(key)
+    if layers is None:
+        layers = memo[key] = [(stage_layers(layout, model.num_layers, s) - stage_moe_layers(layout, model, s),
+                               stage_moe_layers(layout, model, s)) for s in stage_candidates(layout, model)]
+    dense, routed = pieces
+    return max(n_dense * dense + n_moe * routed for n_dense, n_moe in layers)
+
+
 def slowest_stage(layout: Layout, workload: Workload, sh: compute.Shape,
                   exchange: moe_exchange.TokenExchange | None = None, memo: dict | None = None) -> tuple[dict, float, list]:
     """The slowest stage's breakdown per micro-batch, its seconds, and every distinct stage's breakdown; one
@@ -229,8 +278,9 @@ def slowest_stage(layout: Layout, workload: Workload, sh: compute.Shape,
         if got is not None:
             return got
     stages = stage_times(layout, workload, sh, exchange, memo)
-    slow = max(stages, key=stage_total)
-    got = (slow, stage_total(slow), stages)
+    totals = [stage_total(st) for st in stages]
+    slowest = max(totals)
+    got = (stages[totals.index(slowest)], slowest, stages)          # max()'s choice: the first of the largest
     if key is not None:
         memo[key] = got
     return got
