@@ -144,7 +144,7 @@ class SearchSpace:
         return None
 
     def enumerate_layouts(self, workload: Workload) -> list[Layout]:
-        """Every valid layout of the space for the workload, in a stable order (Layout's own). The GPU count
+        """Every valid layout of the space for the workload, in Layout's own order. The GPU count
         fixes dp, so only (tp, cp, pp) that divide it are expanded, and only (pp, vp, pipeline_split) that cut
         the layers; the model's cut (tp, sp, cp, pp, vp, split, ep, etp) is checked once -- its rules and the
         constraints that read nothing else -- then each micro-batch (with the constraints that read nothing
@@ -160,27 +160,29 @@ class SearchSpace:
         choices["recompute"] = [r for r in choices["recompute"] if recompute_refusal(
             workload.framework, dataclasses.replace(one, recompute=r), workload) is None] or choices["recompute"]
         refusal = framework_of(workload).refusal
-        rests = [dict(zip(rest, more)) for more in itertools.product(*(choices[d] for d in rest))]
+        rests = [dict(zip(rest, more)) for more in sorted(itertools.product(*(choices[d] for d in rest)))]
         out = []
-        for shape in self._cuts(choices, workload, outer):
+        for shape in sorted(self._cuts(choices, workload, outer), key=lambda cut: tuple(cut.values())):
             probe = Layout(**shape, micro_batch=1)
             if why_invalid_values(probe, workload) or why_invalid_cut(probe, workload.model) or \
                     not all(c(probe) for c in early):
                 continue
             runs = None                        # the ZeRO / recompute choices the framework runs on this cut
-            for mb in choices["micro_batch"]:
+            for mb in sorted(choices["micro_batch"]):
                 probe = Layout(**shape, micro_batch=mb, zero_stage=0)
                 if why_invalid_schedule(probe, workload) or (
                         per_mb and not all(c(probe) for c in per_mb)):
                     continue                   # the schedule's rules read nothing but the cut and micro-batch
-                batch = {"micro_batch": mb}
+                batch = {**shape, "micro_batch": mb}
                 if runs is None:               # a refusal never reads the micro-batch (Framework.refusal)
-                    runs = [more for more in rests if not refusal(layout_from(shape, batch, more), workload)]
+                    runs = [more for more in rests if not refusal(layout_from(batch, more), workload)]
                 for more in runs:
-                    lay = layout_from(shape, batch, more)        # field order: the cut, mb, the rest
+                    lay = layout_from(batch, more)               # field order: the cut, mb, the rest
                     if not late or all(c(lay) for c in late):
                         out.append(lay)
-        return sorted(out, key=_order)
+        # made in Layout's order (cuts, micro-batches and the rest each sorted, in field order), unless a dimension
+        # lists a choice twice
+        return out if all(len(set(v)) == len(v) for v in choices.values()) else sorted(out, key=_order)
 
     @staticmethod
     def _cuts(choices: dict, workload: Workload, outer: list | tuple = ()):
