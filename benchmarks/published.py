@@ -221,10 +221,11 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # marked `added` (issue 25 round 2) came later: it saw none of them
     "SPLIT_ACCUMULATOR, FP8 backward GEMMs without fast accumulation (tuner/perfmodel/compute.py)": (
         "speed", lambda r: r.get("precision") == "fp8" and "added" not in r),
-    # issue 25: BigScience's rows predicted on Jean Zay (a100-jean-zay.toml: its Omni-Path links, no FlashAttention),
+    # issue 25: BigScience's rows predicted on Jean Zay (the fresh dense rows, `added` "issue 25 fresh dense", came later
+    # and take the same machine: the choice saw none of them) (a100-jean-zay.toml: its Omni-Path links, no FlashAttention),
     # the machine its README states, looked up after their errors on a100.toml (26.7 %) had been printed
     "machine = a100-jean-zay for BigScience's rows (benchmarks/data/framework_published.toml)": (
-        "speed", lambda r: r.get("machine") == "a100-jean-zay"),
+        "speed", lambda r: r.get("machine") == "a100-jean-zay" and "issue 25 fresh dense" not in r.get("added", "")),
     "grad_reduce modelled (issue 24: every published megatron-core run's p_fit was printed first)": (
         "memory", lambda r: r["framework"] == "megatron-core" and r.get("file", "").endswith("published.toml")),
     "memory_bias / memory_sd (tuner/frameworks.py, benchmarks/memory_accuracy.py)": ("memory",
@@ -352,9 +353,10 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
         "memory", lambda r: "memory_measured_megatron-core_fresh3.toml" in r.get("files", [r.get("file")])),
     # review of issue 26 (round 2's last gradient bucket, buckets.py): the default bucket is sized by the dp x cp group
     # (Megatron-LM training.py resolve_ddp_bucket_size), not dp; read from source after every row had been printed
-    # with dp: it moves the context-parallel rows whose dp x cp exceeds 40
+    # with dp: it moves the context-parallel rows whose dp x cp exceeds 40 (not the fresh dense rows added after it)
     "Megatron-Core's default bucket size by the dp x cp group (tuner/perfmodel/buckets.py)": (
-        "speed", lambda r: _bucket_moved(r) and "attention by sequence" not in r.get("added", "")),
+        "speed", lambda r: _bucket_moved(r) and "attention by sequence" not in r.get("added", "")
+        and "issue 25 fresh dense" not in r.get("added", "")),
 }
 
 
