@@ -35,7 +35,7 @@ def plan_ranking(layouts: list, w, top: int | None, show_all: bool, jobs: int | 
         return rank_shown(layouts, w, top, show_all)
     n = len(layouts)
     runs = min(4 * jobs, n)        # more runs than workers: the layouts that fit are not spread evenly
-    if n // runs >= BATCH_FROM:    # numpy imported once, here, not in each worker
+    if n >= BATCH_FROM:            # numpy imported once, here, not in each worker
         import tuner.perfmodel.memory_batch  # noqa: F401
     _PLAN.update(layouts=layouts, workload=w, top=top)
     try:

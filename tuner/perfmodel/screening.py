@@ -68,8 +68,8 @@ def rank_shown(layouts: list[Layout], workload: Workload, top: int | None = None
     return assemble(layouts, workload, [screen_run(layouts, workload, top, 0, len(layouts))], top, show_all)
 
 
-#: From this many layouts a run's memory is answered over columns (tuner.perfmodel.memory_batch, with numpy, which
-#: costs ~0.1 s to import: what ~4,000 layouts cost one by one); below, memory_fit per layout.
+#: From this many layouts in a plan the memory of each of its runs is answered over columns (tuner.perfmodel.memory_batch,
+#: with numpy, which costs ~0.1 s to import: what ~4,000 layouts cost one by one); below, memory_fit per layout.
 BATCH_FROM = 5000
 #: How many layouts of a run check memory_batch's answer against memory_fit's (any difference: memory_fit for all).
 SAMPLE = 200
@@ -92,9 +92,9 @@ def screen_run(layouts: list[Layout], workload: Workload, top: int | None, lo: i
 
 def screen_memory(layouts: list[Layout], workload: Workload, lo: int, hi: int, memo: dict) -> tuple[list, list, dict]:
     """memory_fit's memory_gb and p_fit of layouts[lo:hi], and memory_fit's whole answer by position where it was
-    asked: over columns from BATCH_FROM layouts (where memory_batch answers for the workload and its answers for an
-    even sample of SAMPLE layouts are memory_fit's), else one by one."""
-    if hi - lo >= BATCH_FROM:
+    asked: over columns in a plan of BATCH_FROM layouts or more (where memory_batch answers for the workload and its
+    answers for an even sample of SAMPLE layouts of the run are memory_fit's), else one by one."""
+    if len(layouts) >= BATCH_FROM:
         from tuner.perfmodel import memory_batch
         got = memory_batch.screen_memory(layouts[lo:hi], workload)
         if got is not None and all((got[0][i - lo], got[1][i - lo]) == _memory(layouts[i], workload, memo)
