@@ -190,8 +190,10 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     "megatron-core overlaps (tuner/frameworks.py)": ("speed", lambda r: r["framework"] == "megatron-core"
                                                      and "llama_published.toml" in r.get("files", [r.get("file")])
                                                      and "added" not in r),
+    # (the rows added "issue 25 fresh dense" came after it: it saw none of them)
     "FA2_ON_HOPPER (tuner/perfmodel/compute.py)": ("speed", lambda r: r["framework"] in ("fsdp", "torchtitan")
-                                                   and _any_source(r, lambda x: not _legacy_third(x, _LEGACY))),
+                                                   and _any_source(r, lambda x: not _legacy_third(x, _LEGACY))
+                                                   and "issue 25 fresh dense" not in r.get("added", "")),
     "UNFUSED_TRAFFIC (tuner/perfmodel/compute.py)": ("speed", lambda r: r["framework"] == "torchtitan"
                                                      and r["gpus"] == 8 and r["model"] == "llama3-8b"),
     # issue 24 round 8: torchtitan @ 613bfd0cf's fused RMSNorm and fp32 logits (benchmarks/reading.torchtitan_613bfd0,
