@@ -161,19 +161,21 @@ class SearchSpace:
             workload.framework, dataclasses.replace(one, recompute=r), workload) is None] or choices["recompute"]
         refusal = framework_of(workload).refusal
         rests = [dict(zip(rest, more)) for more in sorted(itertools.product(*(choices[d] for d in rest)))]
+        plain = {d: getattr(one, d) for d in rest}         # Layout's defaults of the rest (ZeRO stage, recompute)
+        unsharded = {**plain, "zero_stage": 0}
         out = []
         for shape in sorted(self._cuts(choices, workload, outer), key=lambda cut: tuple(cut.values())):
-            probe = Layout(**shape, micro_batch=1)
+            probe = layout_from(shape, {"micro_batch": 1}, plain)      # Layout(**shape, micro_batch=1)
             if why_invalid_values(probe, workload) or why_invalid_cut(probe, workload.model) or \
                     not all(c(probe) for c in early):
                 continue
             runs = None                        # the ZeRO / recompute choices the framework runs on this cut
             for mb in sorted(choices["micro_batch"]):
-                probe = Layout(**shape, micro_batch=mb, zero_stage=0)
+                batch = {**shape, "micro_batch": mb}
+                probe = layout_from(batch, unsharded)                   # Layout(**shape, micro_batch=mb, zero_stage=0)
                 if why_invalid_schedule(probe, workload) or (
                         per_mb and not all(c(probe) for c in per_mb)):
                     continue                   # the schedule's rules read nothing but the cut and micro-batch
-                batch = {**shape, "micro_batch": mb}
                 if runs is None:               # a refusal never reads the micro-batch (Framework.refusal)
                     runs = [more for more in rests if not refusal(layout_from(batch, more), workload)]
                 for more in runs:
