@@ -111,7 +111,7 @@ def fit_report(results: list) -> None:
           f"{len(ran)} have p_fit >= 0.5")
     for r, e in low:
         print(f"  {r['cluster']:6s} {r['model']:16s} {r['precision']:5s} {r['gpus']:5d} {e['layout'].key():42s} "
-              f"{e['memory_gb']:6.1f} of {reading.cluster_of(r).memory_gb:.0f} GB  p_fit {e['p_fit']:.2f}")
+              f"{e['memory_gb']:6.1f} of {reading.cluster_of(r).memory_gb:.1f} GB  p_fit {e['p_fit']:.2f}")
 
 
 if __name__ == "__main__":

@@ -78,7 +78,8 @@ def test_presets_and_aliases():
     assert 170e9 < m.num_parameters < 180e9
     assert 0.9e12 < load_model("1t").num_parameters < 1.1e12
     c = load_cluster("frontier")
-    assert (c.gpus_per_node, c.peak_tflops, c.memory_gb) == (8, 191.5, 64.0)
+    assert (c.gpus_per_node, c.peak_tflops) == (8, 191.5)
+    assert c.memory_gb == pytest.approx(63.98 * 2 ** 30 / 1e9)      # a GCD's 64 GiB as HIP allocates it, in GB
     assert c.intra_group_bandwidth(2) > c.intra_group_bandwidth(8)
     assert {"gpt-1.4b", "gpt-22b", "gpt-175b", "gpt-1t", "tiny", "small"} <= set(presets("models"))
 

@@ -49,7 +49,7 @@ def require_fit(preds, workload: Workload, space=None) -> None:
         least = min(preds, key=lambda p: p.memory_gb)
         fix = ("use a model sized for this machine (tiny, small, llama3-tiny: llama3-8b's architecture at CPU "
                "size)" if workload.cluster.name.startswith("local") else more_nodes_hint(workload, space))
-        raise UsageError(f"none of {len(preds)} valid layouts fits in {workload.cluster.memory_gb:g} GB per GPU "
+        raise UsageError(f"none of {len(preds)} valid layouts fits in {workload.cluster.memory_gb:.1f} GB per GPU "
                          f"(smallest needs {least.memory_gb:.1f} GB: {least.layout.key()}); {fix}")
 
 
@@ -205,7 +205,7 @@ def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies:
         least = min(rows, key=lambda r: r["memory_gb"])
         raise UsageError(f"no valid layout of {workload.model.name} fits on {workload.nodes} node(s) "
                          f"({workload.gpus} GPUs): the smallest needs {least['memory_gb']:.1f} GB per GPU of "
-                         f"{workload.cluster.memory_gb:g} ({least['layout'].key()}); "
+                         f"{workload.cluster.memory_gb:.1f} ({least['layout'].key()}); "
                          f"{more_nodes_hint(workload, space)}")
     likely.sort(key=lambda r: (not r["headroom_ok"], -r["mfu"], r["memory_gb"]))
     evidence = _evidence(ws, workload, studies)

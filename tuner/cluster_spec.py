@@ -26,7 +26,10 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
     "software": (str, "cuda"),                   # the GPU stack `launch` writes for: "cuda" | "rocm" (AMD)
     "matmul_efficiency_fp8": (float, None),      # eta_max of FP8 GEMMs where measured apart (default matmul_efficiency)
     "matmul_efficiency_fp4": (float, None),      # eta_max of FP4 GEMMs where measured apart (default the FP8 one)
-    "memory_gb": (float, ...),                   # per GPU
+    "memory_gb": (float, ...),                   # per GPU: the bytes one process can allocate, GB of 1e9 (not
+                                                 # the vendor's binary nameplate: an H100 "80 GB" allocates 84.9)
+    "memory_gib": (float, None),                 # the same in GiB (2^30 bytes), as cudaMemGetInfo / PyTorch's
+                                                 # "total capacity" / rocm-smi state it; read into memory_gb once
     "hbm_bandwidth_gbps": (float, ...),          # per GPU
     "intra_node_bandwidth_gbps": (float, ...),   # per GPU, per direction, whole-node groups
     "inter_node_bandwidth_gbps": (float, None),  # per node injection, per direction (required unless
@@ -61,6 +64,20 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
 #: (now the framework's overlaps: true meant Megatron-Core) and memory_headroom (the margin is now a fit
 #: probability from the framework's measured memory error).
 RETIRED_CLUSTER_KEYS = ("comm_overlap", "memory_headroom")
+#: GB of 1e9 bytes in one GiB: the model's unit (tuner.perfmodel.memory.GB) per 2^30 bytes.
+GB_PER_GIB = 2 ** 30 / 1e9
+
+
+def _capacity_in_gb(data: dict, where: str) -> dict:
+    """`data` with a memory_gib capacity read into memory_gb (GB of 1e9 bytes, the unit every prediction is in);
+    a file gives one of the two."""
+    if data.get("memory_gib") is None:
+        return {k: v for k, v in data.items() if k != "memory_gib"}
+    if data.get("memory_gb") is not None:
+        raise SpecError(f"{where}: give the GPU's capacity once: memory_gib (GiB, as cudaMemGetInfo / rocm-smi "
+                        f"state it) or memory_gb (GB of 1e9 bytes), not both")
+    gib = check_keys("cluster", where, {"memory_gib": data["memory_gib"]}, {"memory_gib": (float, None)})["memory_gib"]
+    return {**{k: v for k, v in data.items() if k != "memory_gib"}, "memory_gb": gib * GB_PER_GIB}
 
 
 def cluster_framework(cluster: dict) -> str:
@@ -147,7 +164,8 @@ class ClusterSpec:
     def from_dict(cls, data: dict, where: str = "cluster") -> "ClusterSpec":
         framework = cluster_framework(data)          # before the retired keys are dropped
         data = {**{k: v for k, v in data.items() if k not in RETIRED_CLUSTER_KEYS}, "framework": framework}
-        d = check_keys("cluster", where, data, CLUSTER_KEYS)
+        d = check_keys("cluster", where, _capacity_in_gb(data, where), CLUSTER_KEYS)
+        d.pop("memory_gib")
         check_domain(d, where)
         check_operations(d["operations"], where)
         if d["framework"] not in FRAMEWORK_NAMES:

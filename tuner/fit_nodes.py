@@ -42,5 +42,5 @@ def more_nodes_hint(workload: Workload, space=None) -> str:
                 "a smaller --global-batch or GPUs with more memory)")
     nodes, p = found
     return (f"use more nodes: {nodes} is the fewest (doubling from {workload.nodes}) at which a layout fits "
-            f"({p.layout.key()}: {p.memory_gb:.1f} of {workload.cluster.memory_gb:g} GB per GPU, p_fit "
+            f"({p.layout.key()}: {p.memory_gb:.1f} of {workload.cluster.memory_gb:.1f} GB per GPU, p_fit "
             f"{p.p_fit:.2f}): --nodes {nodes}")

@@ -85,7 +85,7 @@ def predict(model, nodes, cluster, global_batch, seq_length, precision, framewor
                f"{100 * p.peak_fraction:.2f} % of peak")
     fit = ("fits" if keeps_headroom(p, w) else f"may not fit: below the {100 * RECOMMEND_AT:g} % an unmeasured "
            "recommendation needs" if p.fits else f"DOES NOT FIT: {p.reason}")
-    click.echo(f"  memory {p.memory_gb:.1f} GB of {w.cluster.memory_gb:.0f} GB per GPU "
+    click.echo(f"  memory {p.memory_gb:.1f} GB of {w.cluster.memory_gb:.1f} GB per GPU "
                f"({100 * p.memory_gb / w.cluster.memory_gb:.1f} %; p_fit {p.p_fit:.3f}; {fit})")
     click.echo(f"  p_fit from {fw.memory_note(w)}")
     for title, table in (("memory (GB)", p.memory_breakdown), ("time (s per step)", p.time_breakdown)):

@@ -131,5 +131,5 @@ def risk(pred: Prediction, workload: Workload) -> str:
     if pred.p_fit >= RECOMMEND_AT:
         return ""
     cap = workload.cluster.memory_gb
-    return (f"stage {pred.memory_stage}: {pred.memory_gb:.1f} of {cap:g} GB ({100 * pred.memory_gb / cap:.0f} %), "
+    return (f"stage {pred.memory_stage}: {pred.memory_gb:.1f} of {cap:.1f} GB ({100 * pred.memory_gb / cap:.0f} %), "
             f"p_fit {pred.p_fit:.2f}")

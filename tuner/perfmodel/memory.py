@@ -397,5 +397,5 @@ def fit_reason(breakdown: dict, capacity_gb: float, stage: int) -> str:
     """Why a stage does not fit, naming its largest consumers."""
     parts = sorted(((v, k) for k, v in breakdown.items() if k not in ("total", "params_billion")), reverse=True)
     top = ", ".join(f"{k} {v:.1f}" for v, k in parts[:3])
-    return (f"needs {breakdown['total']:.1f} GB per GPU on stage {stage} but the GPU has {capacity_gb:.0f} GB "
+    return (f"needs {breakdown['total']:.1f} GB per GPU on stage {stage} but the GPU has {capacity_gb:.1f} GB "
             f"(largest: {top} GB)")
