@@ -186,21 +186,39 @@ def _bucket_moved(r: dict) -> bool:
             and int(r.get("gpus", 0)) // (int(r.get("tp", 1) or 1) * pp) > 40)
 
 
+#: The batches of rows added to the data files since the split began, in the order they were committed (a row's
+#: `added` starts with its batch's name). A choice saw the rows of the batches committed before it and of none after:
+#: `_saw(r, last)` says so, and a row of a later batch (or of one not listed) is seen by no choice that names its last.
+BATCHES = ("issue 25 round 2 (", "issue 25 round 3 (", "issue 24 round 4 (", "issue 26 round 3 (", "issue 25 round 4 (",
+           "issue 26 sixth session", "issue 25 round 5 (", "issue 25 (attention by sequence", "issue 26 seventh session",
+           "issue 25 fresh dense")
+
+
+def _saw(r: dict, last: str | None) -> bool:
+    """Whether the row existed when a choice made after batch `last` (None: before any batch) was made."""
+    added = r.get("added")
+    if added is None:
+        return True
+    batch = next((i for i, name in enumerate(BATCHES) if added.startswith(name)), len(BATCHES))
+    return last is not None and batch <= BATCHES.index(last)
+
+
 SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     "megatron-core overlaps (tuner/frameworks.py)": ("speed", lambda r: r["framework"] == "megatron-core"
                                                      and "llama_published.toml" in r.get("files", [r.get("file")])
                                                      and "added" not in r),
-    # (the rows added "issue 25 fresh dense" came after it: it saw none of them)
+    # (both chosen before any batch was added: issue 24 round 4's torchtitan / torchao rows and the fresh dense ones came
+    # after them)
     "FA2_ON_HOPPER (tuner/perfmodel/compute.py)": ("speed", lambda r: r["framework"] in ("fsdp", "torchtitan")
                                                    and _any_source(r, lambda x: not _legacy_third(x, _LEGACY))
-                                                   and "issue 25 fresh dense" not in r.get("added", "")),
+                                                   and _saw(r, None)),
     "UNFUSED_TRAFFIC (tuner/perfmodel/compute.py)": ("speed", lambda r: r["framework"] == "torchtitan"
-                                                     and r["gpus"] == 8 and r["model"] == "llama3-8b"),
+                                                     and r["gpus"] == 8 and r["model"] == "llama3-8b" and _saw(r, None)),
     # issue 24 round 8: torchtitan @ 613bfd0cf's fused RMSNorm and fp32 logits (benchmarks/reading.torchtitan_613bfd0,
     # ran_norm / ran_fp32_logits) read from its source after the LLaMa 2 13B no-AC row's p_fit (0.00, 100.1 of 80 GB)
     # had been printed; it moves the four 613bfd0cf rows' memory (all tuning rows); memory only
     "torchtitan @ 613bfd0cf's fused RMSNorm and fp32 logits (benchmarks/reading.py)": (
-        "memory", lambda r: "ran_norm" in r or "ran_fp32_logits" in r),
+        "memory", lambda r: ("ran_norm" in r or "ran_fp32_logits" in r) and _saw(r, "issue 25 round 5 (")),
     # chosen on the Megatron-Bridge MoE rows, before the Grok-1 rows of dgxc-benchmarking were added (issue 25);
     # Megatron-Bridge 25.09's DeepSeek-V3 row was refused (no pipeline split for 61 layers on pp 8 x vp 4) until
     # its stated split and recompute were written in (issue 25, speed C): no error of it was printed before
@@ -212,7 +230,7 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # dispatcher, overlap_grad_reduce in moe_published.toml) and the EP overlap's phase-level exposure
     # (tuner/perfmodel/moe_exchange.exposed_alltoall), both written after every one of these rows had been printed
     "EP overlap as the rows' configs state it, and its phase-level exposure (tuner/perfmodel/moe_exchange.py)": (
-        "speed", lambda r: "ep" in r and r.get("release", "").startswith("Megatron-Bridge")),
+        "speed", lambda r: "ep" in r and r.get("release", "").startswith("Megatron-Bridge") and _saw(r, "issue 25 round 2 (")),
     # issue 25: predicting a row's TP collectives whole where its config turns --tp-comm-overlap off was
     # decided after every Grok-1 row's error had been printed with the overlap assumed (rows marked `added`, issue 25
     # rounds 2-3, came later; so did the MoE rows marked `added` for MOE_LAYER_OVERHEAD_MS above)
@@ -227,7 +245,7 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # and take the same machine: the choice saw none of them) (a100-jean-zay.toml: its Omni-Path links, no FlashAttention),
     # the machine its README states, looked up after their errors on a100.toml (26.7 %) had been printed
     "machine = a100-jean-zay for BigScience's rows (benchmarks/data/framework_published.toml)": (
-        "speed", lambda r: r.get("machine") == "a100-jean-zay" and "issue 25 fresh dense" not in r.get("added", "")),
+        "speed", lambda r: r.get("machine") == "a100-jean-zay" and _saw(r, None)),
     "grad_reduce modelled (issue 24: every published megatron-core run's p_fit was printed first)": (
         "memory", lambda r: r["framework"] == "megatron-core" and r.get("file", "").endswith("published.toml")),
     "memory_bias / memory_sd (tuner/frameworks.py, benchmarks/memory_accuracy.py)": ("memory",
@@ -245,29 +263,30 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # combined 1F1B schedule, no constant) written after every row here had been printed; it moves only the rows
     # that ran the overlap (a2a_overlap true), so it names those
     "EP overlap's unpaired warm-up and cool-down passes (tuner/perfmodel/moe_exchange.unpaired_share)": (
-        "speed", lambda r: r.get("a2a_overlap") is True),
+        "speed", lambda r: r.get("a2a_overlap") is True and _saw(r, "issue 25 round 3 (")),
     # issue 25 round 3: DeepSeek-V3's multi-token prediction module (ModelSpec.mtp_num_layers, tuner/perfmodel/stages._add_mtp
     # and memory.mtp_params, from Megatron-Core's source, no constant), read onto the rows whose recipes ran it after
     # every one of them had been printed without it
     "multi-token prediction on the rows that ran it (mtp_num_layers, tuner/perfmodel/stages._add_mtp)": (
-        "speed", lambda r: bool(r.get("mtp_num_layers"))),
+        "speed", lambda r: bool(r.get("mtp_num_layers")) and _saw(r, "issue 24 round 4 (")),
     # issue 25 round 3: DeepEP's SMs taken from the compute that hides its exchange (tuner/perfmodel/moe_exchange.sm_contention:
     # 20 of an H100's 132, from DeepEP's source and the GPU's spec, no constant fitted), written after every row here
     # had been printed; it moves only the rows that ran the flex dispatcher with the EP overlap
     "flex dispatcher's SMs under the EP overlap (tuner/perfmodel/moe_exchange.sm_contention)": (
-        "speed", lambda r: r.get("a2a_overlap") is True and str(r.get("dispatcher", "")).startswith("flex")),
+        "speed", lambda r: r.get("a2a_overlap") is True and str(r.get("dispatcher", "")).startswith("flex")
+        and _saw(r, "issue 24 round 4 (")),
     # issue 25 round 4: the shared experts beside the exchange (tuner/perfmodel/moe_exchange.shared_overlap_exposed, from
     # Megatron-Core's --moe-shared-expert-overlap, no constant), read onto the rows whose NeMo configs set it after every
     # one of them had been printed without it (Llama 4 Maverick's two were held out and seen by no speed choice before)
     "shared-expert overlap on the rows that ran it (shared_expert_overlap, tuner/perfmodel/moe_exchange.shared_overlap_exposed)": (
-        "speed", lambda r: r.get("shared_expert_overlap") is True),
+        "speed", lambda r: r.get("shared_expert_overlap") is True and _saw(r, "issue 25 round 4 (")),
     # issue 25 round 4: Megatron-MoE-ModelZoo's Qwen3-235B-A22B rows ran without --tp-comm-overlap (8017e112's yaml and
     # scripts pass none; its README: 'not yet compatible with MoE layers'), read after every one had been printed with it
     # (the pp 32 row was the last held out and seen by no speed choice)
     # (it names the rows it read: those added in round 3, not the ModelZoo's long-context rows added in round 5)
     "TP overlap off on Megatron-MoE-ModelZoo's Qwen3-235B-A22B rows (tp_comm_overlap false, moe_published.toml)": (
         "speed", lambda r: r.get("tp_comm_overlap") is False and "Megatron-MoE-ModelZoo" in r.get("release", "")
-        and "round 5" not in r.get("added", "")),
+        and _saw(r, "issue 25 round 4 (")),
     # issue 25 (attention by sequence): fused attention's rate by sequence on Hopper (benchmarks/attention_curve.py,
     # the FlashAttention-3 paper's cuDNN curves anchored on h100.toml's constant at 2048) was built because of the
     # Megatron-MoE-ModelZoo's long-context Qwen3-235B-A22B rows' printed errors (round 5, 16k-128k; the 32k row was
@@ -275,7 +294,8 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # registered; but every row of moe / framework / llama / hardware_accuracy was printed under it, so a later
     # session that applies it applies a choice that saw them all (docs/benchmarks.md).
     "attention by sequence, not applied (benchmarks/attention_curve.py)": (
-        "speed", lambda r: "Megatron-MoE-ModelZoo" in r.get("release", "") and int(r.get("seq_length", 0)) >= 16384),
+        "speed", lambda r: "Megatron-MoE-ModelZoo" in r.get("release", "") and int(r.get("seq_length", 0)) >= 16384
+        and _saw(r, "issue 26 seventh session")),
     # issue 24: torchtitan's op-SAC account (tuner/perfmodel/memory.op_sac_bytes) was derived from its 0.3.0
     # policy and checked on selective-less-full activations after every measured torchtitan row's error had
     # been printed, held-out ones included
@@ -317,9 +337,10 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # account's error without the allocator's share). First a normal fitted by maximum likelihood on every measured
     # row, FRESH2's 24 included; FRESH3 (drawn before it) was then printed with it as held out and failed three bins
     # (under-confident: a tight bulk and a few far rows); the robust scale chosen next (benchmarks/memory_accuracy.py
-    # --fit: median bias, 1.4826 x the median absolute deviation) saw FRESH3 too. measure_memory_torchtitan.py FRESH4
-    # and measure_memory_mcore.py FRESH were drawn and committed before it and are seen by neither. (It names the files
-    # it saw: it named every measured file but those two until issue 24 round 5, so later batches counted as seen.)
+    # --fit: median bias, 1.4826 x the median absolute deviation) saw FRESH3 too. torchtitan's FRESH4 (its list in
+    # benchmarks/torchtitan_memory/configs.py) and measure_memory_mcore.py FRESH were drawn and committed before it and
+    # are seen by neither. (It names the files it saw: it named every measured file but those two until issue 24
+    # round 5, so later batches counted as seen.)
     "allocated-bytes spread memory_sd (tuner/frameworks.py, benchmarks/memory_accuracy.py --fit)": (
         "memory", lambda r: bool({"memory_measured_megatron-core.toml", "memory_measured_torchtitan.toml",
                                   "memory_measured_torchtitan_fresh.toml", "memory_measured_torchtitan_fresh2.toml",
@@ -357,8 +378,7 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # (Megatron-LM training.py resolve_ddp_bucket_size), not dp; read from source after every row had been printed
     # with dp: it moves the context-parallel rows whose dp x cp exceeds 40 (not the fresh dense rows added after it)
     "Megatron-Core's default bucket size by the dp x cp group (tuner/perfmodel/buckets.py)": (
-        "speed", lambda r: _bucket_moved(r) and "attention by sequence" not in r.get("added", "")
-        and "issue 25 fresh dense" not in r.get("added", "")),
+        "speed", lambda r: _bucket_moved(r) and _saw(r, "issue 25 round 4 (")),
 }
 
 
@@ -396,7 +416,7 @@ HARDWARE_SEEN: dict = {
     # rccl-tests) were looked for after both MI355X rows had been printed -26 / -32 % with MI300X's 2024 fractions: seen.
     # (mi300x.toml's new GEMM and RCCL constants were chosen from AMD's MAF / rccl-tests before any MI300X row had been
     # printed: they saw no row; MI325X's rows, which the RCCL figures move too, are seen above.)
-    "mi355x-gemm-cdna4": ("speed", lambda r: r.get("cluster") == "mi355x"),
+    "mi355x-gemm-cdna4": ("speed", lambda r: r.get("cluster") == "mi355x" and _saw(r, "issue 25 round 4 (")),
     # issue 24: Megatron-Core's activation CPU offloading (benchmarks/reading.ran_breakdown) read from the recipes
     # onto the Megatron-FSDP rows (ran_offload_layers) after their p_fit 0.00 had been printed; memory only
     "activation offloading read onto the Megatron-FSDP rows (benchmarks/reading.py)": (
@@ -409,11 +429,13 @@ HARDWARE_SEEN: dict = {
     # issue 24 round 5: a recipe's recompute_modules read at the row's tag onto the row (ran_recompute) after its
     # p_fit had been printed; it moves the row's step time too
     "recompute read onto hardware rows at their tag (ran_recompute, memory)": ("memory", lambda r: "ran_recompute" in r),
-    "recompute read onto hardware rows at their tag (ran_recompute, speed)": ("speed", lambda r: "ran_recompute" in r),
+    "recompute read onto hardware rows at their tag (ran_recompute, speed)": (
+        "speed", lambda r: "ran_recompute" in r and _saw(r, "issue 24 round 4 (")),
     # issue 24 round 5: a layout read from the recipe at the row's tag where the table's cells disagree (ran_pp,
     # ran_vp, ran_micro_batch), after the row's p_fit had been printed; it moves the step time too
     **{f"the recipe's layout read onto hardware rows whose cells disagree (ran_pp / ran_vp / ran_micro_batch, {k})": (
-        k, lambda r: bool({"ran_pp", "ran_vp", "ran_micro_batch"} & set(r))) for k in ("memory", "speed")},
+        k, lambda r: bool({"ran_pp", "ran_vp", "ran_micro_batch"} & set(r)) and _saw(r, "issue 24 round 4 (")
+    ) for k in ("memory", "speed")},
     # issue 24 round 5: Megatron-Bridge's fp8_param_gather (benchmarks/reading.ran_fp8_params since round 6) read from source
     # after every Blackwell row's p_fit had been printed; memory only
     "Megatron-Bridge's FP8 weights held quantized only (benchmarks/reading.py)": (
@@ -429,14 +451,13 @@ HARDWARE_SEEN: dict = {
     # moves the held-out GB300 Llama 3 8B 512-GPU row (tp2 cp4, +129.6 -> +124.4 %) and the B200 8B 64- and 256-GPU rows
     # (it saw the rows of its time: rows added after the Blackwell GEMM curve below, which came later, were not printed by it)
     "Megatron-Core's default bucket size by the dp x cp group (tuner/perfmodel/buckets.py)": (
-        "speed", lambda r: _bucket_moved(r) and "after the Blackwell GEMM curve" not in r.get("added", "")),
+        "speed", lambda r: _bucket_moved(r) and _saw(r, "issue 25 round 4 (")),
     # issue 26 sixth session: the Blackwell GEMM curve (b200.toml [9]: eta_max 0.675 -> 0.666, knee 3.1 -> 9.6 GFLOP, from
     # XLA's sm_100 GEMM sweep and vLLM's two points; gb200 / b300 / gb300 carry it) was looked for after every Blackwell
     # row had been printed (the brief named their dense excess); it moves every row on those machines, so all are seen
     # (round 3's 750 W B200 rows included); rows added after it (their `added` says so) are not.
     "Blackwell GEMM curve from XLA's sm_100 sweep (workloads/clusters/b200.toml [9])": (
-        "speed", lambda r: r.get("cluster") in ("b200", "gb200", "b300", "gb300")
-        and "after the Blackwell GEMM curve" not in r.get("added", "")),
+        "speed", lambda r: r.get("cluster") in ("b200", "gb200", "b300", "gb300") and _saw(r, "issue 25 round 5 (")),
 }
 
 

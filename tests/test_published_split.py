@@ -54,3 +54,25 @@ def test_a_row_whose_configuration_a_choice_saw_is_not_clean():
         assert all(not P.clean(r, kind) for r in twins)
     mem = [r for r in P.measured() if P.held_out(r) and not P.seen_by(r, "memory")]
     assert any(P.split_key(r) in P._seen_configurations("memory") for r in mem), "no such twin left: test is idle"
+
+
+def test_a_row_added_after_every_speed_choice_is_seen_by_none():
+    """A speed choice saw the rows of its time (published._saw): a copy of every row, tagged with a batch added after
+    every choice, is seen by no speed choice of SEEN or HARDWARE_SEEN -- where 'not added by round 5' or 'not after
+    the Blackwell GEMM curve' read the tag, the next batch was counted as seen by choices made before it."""
+    later = "issue 99 round 1 (a batch added after every choice)"
+    for table, rows in ((P.SEEN, P.published() + P.measured()), (P.HARDWARE_SEEN, P.hardware())):
+        speed = {name: pred for name, (kind, pred) in table.items() if kind == "speed"}
+        caught = {name for name, pred in speed.items() for r in rows if pred(r)}
+        assert caught == set(speed)                       # each choice's copies below stand for rows it does catch
+        assert not [name for name, pred in speed.items() for r in rows if pred({**r, "added": later})]
+
+
+def test_every_added_row_names_a_batch_in_the_order_of_the_choices():
+    """A row's `added` starts with one of published.BATCHES (append a new batch there): a batch the list lacks is
+    taken as later than every choice, so an older row whose tag is misspelt would be counted as unseen."""
+    rows = P._load(P.PUBLISHED + P.MEASURED + P.HARDWARE)
+    assert [r["added"][:40] for r in rows if "added" in r and not r["added"].startswith(P.BATCHES)] == []
+    first, last = P.BATCHES[0], P.BATCHES[-1]
+    assert P._saw({}, None) and not P._saw({"added": first + "x"}, None)
+    assert P._saw({"added": first + "x"}, last) and not P._saw({"added": last + "x"}, first)
