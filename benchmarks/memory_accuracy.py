@@ -99,6 +99,37 @@ def tracker_retained_gb(row: dict, lay: Layout, w, m: int) -> float:
     return (m - 1) * 4.0 * sbh / 1e9
 
 
+def harness_rope_dropout_gb(row: dict, lay: Layout, w, m: int, mem: dict) -> float:
+    """What benchmarks/measure_memory_mcore.py's run of a row keeps that the account (a GPU run as tuner launches it)
+    does not, and the reverse (issue 24 round 8, second pass; read by creation site on FRESH2's rows), per kept pass of
+    each layer (in flight x layers), or the working layer alone under full recompute in its layer-backward phase (not
+    where the stage's loss phase is the peak, mem['logits'] > 0):
+    (a) RoPE, megatron-core 0.16.1's unfused path (apply_rope_fusion=False, a CUDA kernel; rope_utils.py
+        _apply_rotary_pos_emb_bshd): its two multiplies save the bf16 cos and sin, s/cp x head_dim each, for q and for
+        k (4 x 2 s d bytes, not split by t; the fused kernel saves one shared table); and the rotated q and k are new
+        tensors while the flash stand-in saves v as given, a view that keeps the whole QKV output alive (attention.py
+        get_query_key_value_tensors splits it into views): 2 + 2kv/h bytes per s*b*h element / t more than the account's
+        Q, K, V. Whether TransformerEngine's fused attention saves v as that view or a contiguous copy (which would free
+        the QKV output) is not read, so the account keeps Q, K, V once;
+    (b) its Llama runs without dropout (the row's note: dropout 0.0), where the account charges the two 1-byte masks
+        per element of Megatron-LM's default hidden dropout, which tuner's launch keeps."""
+    if row["framework"] != "megatron-core":
+        return 0.0
+    sh, model = shape_of(lay, w), w.model
+    layers = stage_layers(lay, model.num_layers, row.get("stage", 0))
+    if lay.recompute == "full":
+        passes = 0 if mem["logits"] > 0 else 1
+    else:
+        passes = memory.in_flight(row.get("stage", 0), lay.pp, m, lay.virtual_pipeline) * layers / lay.virtual_pipeline
+    sbh = model.seq_length * sh.tokens * model.hidden_size
+    rope = 0.0
+    if model.position_embedding == "rope" and not model.multi_latent_attention:
+        rope = 8.0 * model.seq_length / lay.context_parallel * model.head_dim
+        rope += sbh * (2.0 + 2.0 * model.kv_size / model.hidden_size) / lay.tp
+    masks = 2.0 * sbh / (lay.tp if sh.sp else 1) if "dropout 0.0" in row.get("note", "") else 0.0
+    return passes * (rope - masks) / 1e9
+
+
 def evaluate(row: dict, kind: str) -> dict | None:
     """One row: its log ratio (exact) or upper bound (censored), the raw prediction, the prior sd terms."""
     w, fw_name = workload_of(row), reading.framework_of(row)
@@ -112,6 +143,7 @@ def evaluate(row: dict, kind: str) -> dict | None:
         mem = memory.stage_memory(lay, raw, row.get("stage", 0), m, shape_of(lay, raw), loss_chunks=chunks)
         pred = mem["total"] - mem["reserved"]
         pred += fused_qkv_gb(row, lay, raw) + rope_cache_gb(row, lay, raw) + tracker_retained_gb(row, lay, raw, m)
+        pred += harness_rope_dropout_gb(row, lay, raw, m, mem)
         true = row["peak_allocated_gib"] * GIB
     else:                               # a stated peak is the allocator's reserved peak: at least what it needed
         mem = reading.peak_as_ran(row, lay, raw)          # what its recipe ran (ran_* keys) included

@@ -367,9 +367,9 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # memory_bias / memory_sd were then chosen again (memory_accuracy.py --fit) on every seen row, FRESH2's included
     "Megatron-Core's layer backward (tuner/perfmodel/layer_backward.py); its bias / sd again": (
         "memory", lambda r: "memory_measured_megatron-core_fresh2.toml" in r.get("files", [r.get("file")])),
-    # issue 24 round 8, second pass: Megatron-Core's RoPE copies (tuner/perfmodel/activations.rope_copy_bytes), full
-    # recompute's recomputed layer output (layer_backward.py) and the harness's unfused RoPE / dropout-free Llama read as
-    # the rows ran (benchmarks/memory_accuracy.harness_rope_dropout_gb), derived after FRESH3's clean print (78a03c3:
+    # issue 24 round 8, second pass: full recompute's recomputed layer output (tuner/perfmodel/layer_backward.py) and
+    # the harness's RoPE (unfused; rotated q, k beside its v view's QKV output) and dropout-free Llama read as the rows
+    # ran (benchmarks/memory_accuracy.harness_rope_dropout_gb), derived after FRESH3's clean print (78a03c3:
     # its Llama rows and one GPT full-recompute row above +0.0095) and checked on seen rows; Megatron-Core's
     # memory_bias / memory_sd were then chosen again on every seen row, FRESH3's included
     "Megatron-Core's RoPE copies, recomputed output, harness RoPE / dropout as ran; its bias / sd again": (

@@ -26,16 +26,20 @@ tensors at the peak of fake-tensor rows (benchmarks/measure_memory_mcore.py, FRE
   input gradient on the last): T*h/t with SP, T*h without, alive through the layer's MLP.
 - pp = 1 with tied embeddings: the output layer's bf16 weight gradient (V*h/t) waits in the shared weight's
   accumulator until the embedding's backward adds its own, so it is alive through every layer's backward.
+- Full recompute (tensor_parallel/random.py CheckpointFunction.backward): the recomputed layer's output, T*h/t with SP,
+  is alive through that layer's backward beside its recomputed activations (the next layer's checkpoint is the first
+  forward's output, another tensor) -- checked on FRESH2's GPT tp 4 pp 2 stage 0 (issue 24 round 8, second pass).
 The MoE layers' backward (routed experts) is not derived: 0 for an MoE model.
 """
 
 from __future__ import annotations
 
 
-def megatron_backward_bytes(model, t: int, sp: bool, tokens: float, pp: int) -> float:
+def megatron_backward_bytes(model, t: int, sp: bool, tokens: float, pp: int, recompute: str = "none") -> float:
     """Bytes one rank holds in a dense Megatron-Core layer's backward beyond the stage's kept activations: the received
     gradient and the largest of the MLP's three moments (module docstring), plus the tied output layer's weight
-    gradient where pp = 1. `tokens`: a rank's share of a micro-batch in sequences (Shape.tokens)."""
+    gradient where pp = 1 and the recomputed layer's output under full recompute. `tokens`: a rank's share of a
+    micro-batch in sequences (Shape.tokens)."""
     if model.is_moe:
         return 0.0
     h, f = model.hidden_size, model.ffn_hidden_size
@@ -46,4 +50,5 @@ def megatron_backward_bytes(model, t: int, sp: bool, tokens: float, pp: int) -> 
     act = n * f1 / t
     fc1 = n * h - n * f / t + (n * h / t if sp else 0.0) + f1 * h / t
     tied = model.vocab_size * h / t if pp == 1 and model.tie_embeddings else 0.0
-    return 2.0 * (received + max(fc2, act, fc1) + tied)
+    output = received if recompute == "full" else 0.0
+    return 2.0 * (received + max(fc2, act, fc1) + tied + output)

@@ -291,7 +291,7 @@ def megatron_phases(model: ModelSpec, sh: Shape, act: float, layout: Layout, fla
     """Megatron-Core's stage: (activations, bytes outside the layers) at its peak, a layer's backward (`act` and
     layer_backward.megatron_backward_bytes) or, on the last stage, its loss's if larger (act less full recompute's working
     layer, and memory_loss.megatron_loss_bytes per loss: the model's and each multi-token prediction module's)."""
-    backward = act + megatron_backward_bytes(model, layout.tp, sh.sp, sh.tokens, layout.pp)
+    backward = act + megatron_backward_bytes(model, layout.tp, sh.sp, sh.tokens, layout.pp, sh.recompute)
     if not last:
         return backward, 0.0
     loss = (1 + model.mtp_num_layers) * megatron_loss_bytes(model, layout.tp, sh.sp, sh.tokens)

@@ -151,7 +151,7 @@ def _parts(layouts: list[Layout], workload: Workload, cols: dict, firsts, shape_
             shapes[sid] = (sh, _shape_terms(layouts[i], workload, sh, fw))
         if fw.megatron_loss and (sid, pp) not in backward:      # a layer's backward (memory.megatron_phases)
             sh = shapes[sid][0]
-            backward[(sid, pp)] = megatron_backward_bytes(model, sh.t, sh.sp, sh.tokens, pp)
+            backward[(sid, pp)] = megatron_backward_bytes(model, sh.t, sh.sp, sh.tokens, pp, sh.recompute)
     terms = np.array([shapes[s][1] for s in range(len(shapes))], dtype=np.float64)[shape_ids]
     layer_backward = np.array([backward.get(sp, 0.0) for sp in zip(shape_ids.tolist(), pps)], dtype=np.float64)
     m = workload.global_batch // (cols["micro_batch"][firsts] * cols["dp"][firsts])     # micro_batches_per_pipeline
