@@ -1,5 +1,5 @@
 """Megatron-Core's fresh memory batches (issue 24, benchmarks/draw_memory_batch.py --mcore): FRESH2 is re-drawn from its
-seed by its own rule, and FRESH3 (round 8) holds no configuration measured or seen before it -- one configuration is one
+seed by its own rule, and FRESH3 and FRESH4 (round 8) hold no configuration measured or seen before them -- one configuration is one
 row, another stage of a measured configuration included (published.split_key)."""
 
 from __future__ import annotations
@@ -24,3 +24,12 @@ def test_fresh3_shares_no_configuration_with_any_earlier_batch():
     assert len(set(fresh3)) == len(fresh3) == 24
     assert not earlier & set(fresh3)
     assert all(held_out(draw.mcore_split_row(c)) for c in mcore.FRESH3)
+
+
+def test_fresh4_shares_no_configuration_with_any_earlier_batch():
+    key = lambda c: split_key(draw.mcore_split_row(c))      # noqa: E731
+    earlier = {key(c) for c in draw.mcore_earlier("fresh4")}
+    fresh4 = [key(c) for c in mcore.FRESH4]
+    assert len(set(fresh4)) == len(fresh4) == 24
+    assert not earlier & set(fresh4)
+    assert all(held_out(draw.mcore_split_row(c)) for c in mcore.FRESH4)
