@@ -34,7 +34,7 @@ def plan_ranking(layouts: list, w, top: int | None, show_all: bool, jobs: int | 
     if jobs < 2 or len(layouts) < 2 or context is None:
         return rank_shown(layouts, w, top, show_all)
     n = len(layouts)
-    runs = min(4 * jobs, n)        # more runs than workers: the layouts that fit are not spread evenly
+    runs = min(jobs, n)            # one run a worker: each run builds its own memo (shapes, cuts, floors) again
     if n >= BATCH_FROM:            # numpy imported once, here, not in each worker
         import tuner.perfmodel.memory_batch  # noqa: F401
     _PLAN.update(layouts=layouts, workload=w, top=top)
