@@ -1,6 +1,6 @@
 """Megatron-Core's fresh memory batches (issue 24, benchmarks/draw_memory_batch.py --mcore): FRESH2 is re-drawn from its
-seed by its own rule, and FRESH3 and FRESH4 (round 8) hold no configuration measured or seen before them -- one configuration is one
-row, another stage of a measured configuration included (published.split_key)."""
+seed by its own rule, and FRESH3 and FRESH4 (round 8) hold no configuration measured or seen before them -- one
+configuration is one row, another stage of a measured configuration included (published.split_key)."""
 
 from __future__ import annotations
 
