@@ -156,7 +156,7 @@ def test_stops_early_with_a_stated_confidence():
     cands = SPACE.enumerate_layouts(w)
     s = GuidedSearcher(cands, workload=w, stop_threshold=0.03)     # the study's stop_probability
     ran = drive(s, w, {"noise": 0.0}, 200)          # the world is the model
-    assert s.stopped and len(ran) < 40
+    assert s.stopped and len(ran) < 80              # 53: more layouts fit a GCD's allocatable 68.7 GB than 64
     assert s.confidence is not None and s.confidence >= 1 - STUDY_DEFAULTS["stop_probability"]
     assert "confident" in s.stop_reason and "%" in s.stop_reason
     assert s.ask(1) == [] and s.remaining > 0
