@@ -1,7 +1,7 @@
 """Draw a batch of torchtitan memory configurations no choice has seen (issue 24: held-out p_fit reliability).
 
 Run: python benchmarks/draw_memory_batch.py [--seed N] [--chunked 8] [--ce 4] [--batch fresh4]
-     python benchmarks/draw_memory_batch.py --mcore [--seed N] [--per-mode 8] [--batch fresh4]   (Megatron-Core: MCORE_GRID)
+     python benchmarks/draw_memory_batch.py --mcore [--seed N] [--per-mode 8] [--batch fresh5]   (Megatron-Core: MCORE_GRID)
 
 Without --seed a seed is drawn from os.urandom and printed. The rule (the one FRESH2 of
 benchmarks/measure_memory_torchtitan.py was drawn by, written down here so that a batch can be re-drawn from its
@@ -70,7 +70,7 @@ def draw(seed: int, chunked: int, ce: int, batch: str = "fresh4") -> list[dict]:
 # distributed optimizer, sequence parallelism with tp > 1 and the FlashAttention stand-in, less every configuration
 # measured before the batch (FRESH was drawn outside CONFIGS; FRESH2, issue 24 round 5, outside CONFIGS, FRESH and
 # PIPELINE too; FRESH3, issue 24 round 8, outside FRESH2 too and outside every configuration of those and every one a
-# memory choice has seen: `mcore_draw`; FRESH4 outside FRESH3 too), keeping the held-out third; `--per-mode` per
+# memory choice has seen: `mcore_draw`; FRESH4 outside FRESH3 too, FRESH5 outside FRESH4 too), keeping the held-out third; `--per-mode` per
 # recompute mode, `--batch fresh2` for FRESH2's rule.
 MCORE_SHAPES = (("llama3-8b", None), ("llama3-70b", 8), ("gpt-22b", 8))
 MCORE_GRID = dict(seq=(2048, 4096, 8192), tp=(1, 2, 4, 8), pp=((1, 0), (2, 0), (2, -1)), dp=(4, 16), mb=(1, 2),
@@ -95,14 +95,15 @@ MCORE_FULL_LAYERS = {"llama3-8b": 32, "llama3-70b": 80, "gpt-22b": 48, "gpt-175b
 def mcore_earlier(batch: str) -> list[dict]:
     """What each Megatron-Core batch was drawn from outside: every configuration measured before it."""
     from measure_memory_mcore import CONFIGS as MCORE_CONFIGS, FRESH as MCORE_FRESH, FRESH2 as MCORE_FRESH2, PIPELINE
-    from measure_memory_mcore import FRESH3 as MCORE_FRESH3
+    from measure_memory_mcore import FRESH3 as MCORE_FRESH3, FRESH4 as MCORE_FRESH4
     return {"fresh2": MCORE_CONFIGS + MCORE_FRESH + PIPELINE,
             "fresh3": MCORE_CONFIGS + MCORE_FRESH + MCORE_FRESH2 + PIPELINE,
-            "fresh4": MCORE_CONFIGS + MCORE_FRESH + MCORE_FRESH2 + MCORE_FRESH3 + PIPELINE}[batch]
+            "fresh4": MCORE_CONFIGS + MCORE_FRESH + MCORE_FRESH2 + MCORE_FRESH3 + PIPELINE,
+            "fresh5": MCORE_CONFIGS + MCORE_FRESH + MCORE_FRESH2 + MCORE_FRESH3 + MCORE_FRESH4 + PIPELINE}[batch]
 
 
-def mcore_draw(seed: int, per_mode: int, batch: str = "fresh4") -> list[dict]:
-    """FRESH2's rule left out earlier measurements; FRESH3's and FRESH4's (issue 24 round 8) leave out earlier
+def mcore_draw(seed: int, per_mode: int, batch: str = "fresh5") -> list[dict]:
+    """FRESH2's rule left out earlier measurements; FRESH3's, FRESH4's and FRESH5's (issue 24 rounds 8-9) leave out earlier
     configurations (published.split_key: another stage of a measured configuration is that configuration) and every
     configuration a memory choice has seen (published._seen_configurations)."""
     from measure_memory_mcore import C
@@ -126,7 +127,7 @@ def main() -> None:
     args = {a: v for a, v in zip(argv, argv[1:]) if a.startswith("--") and not v.startswith("--")}
     seed = int(args["--seed"]) if "--seed" in args else int.from_bytes(os.urandom(4), "little")
     if "--mcore" in sys.argv:
-        batch = mcore_draw(seed, int(args.get("--per-mode", 8)), args.get("--batch", "fresh4"))
+        batch = mcore_draw(seed, int(args.get("--per-mode", 8)), args.get("--batch", "fresh5"))
         print(f"# seed {seed}: {len(batch)} Megatron-Core configurations")
         for c in batch:
             layers = "" if c["num_layers"] == MCORE_FULL_LAYERS[c["shape"]] else f"layers={c['num_layers']}, "

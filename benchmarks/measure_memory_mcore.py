@@ -18,7 +18,7 @@ Set-up (outside the repository; torch pinned so that pip takes the CPU build):
 
     python3 -m venv /work/mcorevenv && . /work/mcorevenv/bin/activate
     pip install torch==2.13.0 megatron-core==0.16.1
-    python benchmarks/measure_memory_mcore.py [--out FILE] [--only N[,M...]] [--list] [--fresh | --fresh2 | --fresh3 | --fresh4 | --pipeline]
+    python benchmarks/measure_memory_mcore.py [--out FILE] [--only N[,M...]] [--list] [--fresh | --fresh2 | --fresh3 | --fresh4 | --fresh5 | --pipeline]
 
 Output: benchmarks/data/memory_measured_megatron-core.toml (one [[row]] per configuration that ran; failures are
 printed at the end and written nowhere). Each configuration runs in a forked child process (fresh process
@@ -337,6 +337,37 @@ FRESH4 = [
     C("llama3-8b", tp=1, pp=2, dp=16, mb=1, m=4, seq=4096, recompute="full", stage=-1),
 ]
 FRESH4_OUT = REPO / "benchmarks" / "data" / "memory_measured_megatron-core_fresh4.toml"
+
+#: --fresh5 (issue 24 round 9): 24 dense configurations drawn by benchmarks/draw_memory_batch.py --mcore (FRESH3's rule,
+#: outside FRESH4 too and every configuration the empirical spread rule's choice saw: published.SEEN), seed 3982451815
+#: (os.urandom); committed before any is measured. Written to data/memory_measured_megatron-core_fresh5.toml.
+FRESH5 = [
+    C("llama3-8b", tp=8, pp=2, dp=4, mb=2, m=2, seq=2048, recompute="none"),
+    C("llama3-70b", layers=8, tp=2, pp=2, dp=16, mb=2, m=2, seq=4096, recompute="none", stage=-1),
+    C("llama3-8b", tp=1, pp=2, dp=4, mb=2, m=4, seq=4096, recompute="none"),
+    C("llama3-70b", layers=8, tp=4, pp=2, dp=16, mb=1, m=4, seq=4096, recompute="none", stage=-1),
+    C("llama3-8b", tp=2, pp=2, dp=16, mb=1, m=2, seq=8192, recompute="none"),
+    C("gpt-22b", layers=8, tp=1, pp=2, dp=16, mb=2, m=2, seq=4096, recompute="none"),
+    C("llama3-8b", tp=4, pp=2, dp=4, mb=1, m=2, seq=8192, recompute="none", stage=-1),
+    C("llama3-70b", layers=8, tp=1, pp=2, dp=4, mb=1, m=4, seq=4096, recompute="none", stage=-1),
+    C("llama3-8b", tp=8, pp=2, dp=4, mb=2, m=4, seq=4096, recompute="selective"),
+    C("gpt-22b", layers=8, tp=2, pp=2, dp=4, mb=2, m=2, seq=2048, recompute="selective"),
+    C("llama3-70b", layers=8, tp=2, pp=1, dp=4, mb=1, m=4, seq=4096, recompute="selective"),
+    C("gpt-22b", layers=8, tp=2, pp=1, dp=4, mb=1, m=2, seq=4096, recompute="selective"),
+    C("llama3-70b", layers=8, tp=4, pp=2, dp=16, mb=2, m=2, seq=8192, recompute="selective", stage=-1),
+    C("gpt-22b", layers=8, tp=4, pp=1, dp=16, mb=2, m=2, seq=2048, recompute="selective"),
+    C("llama3-8b", tp=4, pp=2, dp=16, mb=1, m=4, seq=8192, recompute="selective"),
+    C("gpt-22b", layers=8, tp=8, pp=1, dp=4, mb=2, m=4, seq=4096, recompute="selective"),
+    C("llama3-70b", layers=8, tp=8, pp=1, dp=16, mb=1, m=2, seq=8192, recompute="full"),
+    C("llama3-8b", tp=2, pp=2, dp=16, mb=1, m=2, seq=8192, recompute="full", stage=-1),
+    C("gpt-22b", layers=8, tp=4, pp=2, dp=16, mb=2, m=4, seq=8192, recompute="full", stage=-1),
+    C("llama3-8b", tp=1, pp=2, dp=4, mb=2, m=4, seq=8192, recompute="full", stage=-1),
+    C("llama3-8b", tp=8, pp=2, dp=4, mb=2, m=4, seq=4096, recompute="full"),
+    C("llama3-70b", layers=8, tp=4, pp=1, dp=16, mb=2, m=4, seq=8192, recompute="full"),
+    C("llama3-70b", layers=8, tp=1, pp=2, dp=4, mb=1, m=2, seq=8192, recompute="full"),
+    C("llama3-70b", layers=8, tp=2, pp=1, dp=4, mb=2, m=2, seq=4096, recompute="full"),
+]
+FRESH5_OUT = REPO / "benchmarks" / "data" / "memory_measured_megatron-core_fresh5.toml"
 
 #: --pipeline (issue 24 round 5): what a pipelined stage keeps per pass in flight, with deallocate_pipeline_outputs on
 #: as Megatron-LM sets it -- interleaved stages of one or two layers per virtual stage (vp 2 and 4, where a per-pass
@@ -1092,15 +1123,17 @@ def main(argv=None):
     ap.add_argument("--fresh2", action="store_true", help="the FRESH2 configurations instead of CONFIGS")
     ap.add_argument("--fresh3", action="store_true", help="the FRESH3 configurations instead of CONFIGS")
     ap.add_argument("--fresh4", action="store_true", help="the FRESH4 configurations instead of CONFIGS")
+    ap.add_argument("--fresh5", action="store_true", help="the FRESH5 configurations instead of CONFIGS")
     ap.add_argument("--only", default=None, help="comma-separated indices into CONFIGS")
     ap.add_argument("--list", action="store_true", help="print the configurations and exit")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
     ap.add_argument("--verbose", action="store_true", help="print full tracebacks of failures")
     args = ap.parse_args(argv)
     configs = (FRESH if args.fresh else FRESH2 if args.fresh2 else FRESH3 if args.fresh3 else FRESH4 if args.fresh4
-               else PIPELINE if args.pipeline else CONFIGS)
+               else FRESH5 if args.fresh5 else PIPELINE if args.pipeline else CONFIGS)
     args.out = args.out or str(FRESH_OUT if args.fresh else FRESH2_OUT if args.fresh2 else FRESH3_OUT if args.fresh3
-                               else FRESH4_OUT if args.fresh4 else PIPELINE_OUT if args.pipeline else DEFAULT_OUT)
+                               else FRESH4_OUT if args.fresh4 else FRESH5_OUT if args.fresh5
+                               else PIPELINE_OUT if args.pipeline else DEFAULT_OUT)
     idx = list(range(len(configs))) if args.only is None else [int(i) for i in args.only.split(",")]
     if args.list:
         for i in idx:

@@ -1,5 +1,5 @@
 """Megatron-Core's fresh memory batches (issue 24, benchmarks/draw_memory_batch.py --mcore): FRESH2 is re-drawn from its
-seed by its own rule, and FRESH3 and FRESH4 (round 8) hold no configuration measured or seen before them -- one
+seed by its own rule, and FRESH3, FRESH4 (round 8) and FRESH5 (round 9) hold no configuration measured or seen before them -- one
 configuration is one row, another stage of a measured configuration included (published.split_key)."""
 
 from __future__ import annotations
@@ -33,3 +33,12 @@ def test_fresh4_shares_no_configuration_with_any_earlier_batch():
     assert len(set(fresh4)) == len(fresh4) == 24
     assert not earlier & set(fresh4)
     assert all(held_out(draw.mcore_split_row(c)) for c in mcore.FRESH4)
+
+
+def test_fresh5_shares_no_configuration_with_any_earlier_batch():
+    key = lambda c: split_key(draw.mcore_split_row(c))      # noqa: E731
+    earlier = {key(c) for c in draw.mcore_earlier("fresh5")}
+    fresh5 = [key(c) for c in mcore.FRESH5]
+    assert len(set(fresh5)) == len(fresh5) == 24
+    assert not earlier & set(fresh5)
+    assert all(held_out(draw.mcore_split_row(c)) for c in mcore.FRESH5)
