@@ -308,8 +308,9 @@ def test_tuner_plan_ranks_with_the_collector_off(tuner, monkeypatch):
 
 
 def test_the_cli_and_plan_start_without_numpy():
-    """numpy is a quarter of the CLI's start-up (every command's); `tuner plan` needs none of it (the searchers and
-    the correction import it where they run), so neither `tuner --help` nor a plan imports it."""
+    """numpy is a quarter of the CLI's start-up (every command's); a plan below screening.BATCH_FROM layouts needs none
+    of it (the searchers and the correction import it where they run, a larger plan its memory over columns), so neither
+    `tuner --help` nor such a plan imports it."""
     import subprocess
     import sys
     code = ("import sys; from tuner.cli import main\n"
