@@ -158,7 +158,9 @@ def evaluate(row: dict) -> dict:
 
 def main(all_rows: bool = False) -> dict:
     results = [(r, evaluate(r)) for r in load_rows()]
-    print("== Published MoE runs, megatron-core on DGX-H100 and H800 (tokens/s/GPU: predicted / measured - 1)")
+    clusters = ", ".join(sorted({r.get("machine", r.get("cluster", "h100")) for r, _ in results}))
+    print(f"== Published MoE runs, megatron-core on {clusters} (each row's cluster file; tokens/s/GPU: predicted / "
+          "measured - 1)")
     if all_rows:
         for r, e in results:
             tag = (("HELD OUT" if published.clean(r, "speed") else "hashed, seen") if held_out(r) else "tuning") \
