@@ -11,9 +11,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import moe_accuracy  # noqa: E402
 
 
+def _clean_row(rows: list[dict]) -> dict:
+    """A hashed-out row no speed choice saw, for when the data holds none (since 9c8d949 every MoE row is seen): the
+    first row on A100 (no Hopper-class cluster: the attention study's entry does not name it), of a batch
+    published.BATCHES does not list (so no choice saw it), its global batch moved until the hash holds it out."""
+    P = moe_accuracy.published
+    base = {**rows[0], "cluster": "a100", "added": "synthetic row of tests/test_moe_held_out.py"}
+    return next(r for gb in range(base["global_batch"] + 1, base["global_batch"] + 200)
+                if P.clean(r := {**base, "global_batch": gb}, "speed"))
+
+
 def test_the_held_out_line_holds_the_clean_rows_only(monkeypatch):
     P = moe_accuracy.published
     rows = moe_accuracy.load_rows()
+    if not any(P.clean(r, "speed") for r in rows):
+        rows.append(_clean_row(rows))
     position = {id(r): i for i, r in enumerate(rows)}       # each row's stub error: its position (no prediction)
     monkeypatch.setattr(moe_accuracy, "load_rows", lambda: rows)
     monkeypatch.setattr(moe_accuracy, "evaluate", lambda r: {
