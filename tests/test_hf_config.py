@@ -183,9 +183,11 @@ def test_the_readme_examples_of_config_json_and_seq_length_run(tuner, monkeypatc
     assert len(lines) >= 2
     monkeypatch.chdir(root)
     for line in lines:
-        code, out, err = tuner(*shlex.split(line)[1:])
+        args = shlex.split(line)[1:]
+        code, out, err = tuner(*args)
         assert code == 0, (line, err)
-        assert "-s4096" in out or "meta-llama-3-8b-s8192" in out, line
+        seq = args[args.index("--seq-length") + 1]
+        assert f"-s{seq} on " in out.splitlines()[0], line          # the workload is run at the stated sequence
 
 
 def test_a_folder_named_like_a_preset_without_a_config_stays_the_preset(tmp_path, monkeypatch):
