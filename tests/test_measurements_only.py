@@ -4,7 +4,6 @@ layout predicted to need at least as much memory on the same pipeline stage."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -206,12 +205,7 @@ def test_an_oom_defers_its_equal_memory_twin_that_the_structural_rule_misses():
 def test_each_oom_is_predicted_smaller_than_every_earlier_oom_on_its_stage():
     """A runner that runs out of memory above a fixed predicted peak: once a layout ran out, no layout
     predicted to need as much on that stage runs while others remain, so the OOMs' predicted peaks fall."""
-    # The H100 at its nameplate's 80 GB, as this scenario was written: at the allocatable 84.9 GB (issue 24 round 9)
-    # the twin of an OOM'd layout with the same predicted peak (tp1-cp2-pp1-dp4-mb1-z2, selective after none) reaches
-    # p_fit >= 0.95 and issue 30's rule releases it on a learned peak 0.5 % below the OOM'd one's: an open question
-    # of that rule, not of this scenario (docs/benchmarks.md, round 9).
-    w = make_workload("llama3-8b", 1, "h100")
-    w = dataclasses.replace(w, cluster=dataclasses.replace(w.cluster, memory_gb=80.0))
+    w = make_workload("llama3-8b", 1, "h100")                   # the H100's allocatable 84.9 GB
     cands = valid_layouts(load_space(), w)
     fitting = sorted(predict(c, w).memory_gb for c in cands if predict(c, w).fits)
     limit = fitting[len(fitting) // 2]                  # half of what the model says fits runs out

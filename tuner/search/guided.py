@@ -145,6 +145,7 @@ class GuidedSearcher(BaseSearcher):
             memory_gb, stage = self._predicted_memory(layout, i)
             self.deferred |= self.oom.after_oom(memory_gb, stage, ft.z, ft.fm, ft.log_mem, self.used)
         if result.status == Status.OK and result.peak_memory_gb and self.workload is not None:
+            self.oom.note_measured(result.peak_memory_gb)
             self.mem_scale = max(self.mem_scale, math.exp(ft.measured_log_ratio(result.peak_memory_gb, reserved)))
         if result.status == Status.OK and result.mfu:
             self.n_ok += 1

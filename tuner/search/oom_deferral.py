@@ -5,7 +5,12 @@ that the model predicts to need at least as much memory on the same worst pipeli
 (Prediction.memory_stage) -- equal counts: the model cannot tell such a layout from the one that ran out --
 until the memory learned from measured peaks puts it below every OOM'd layout of that stage and is sure it
 fits (p_fit >= RECOMMEND_AT): a model that overstates some layouts' memory cannot hide them for good
-(issue 30). Pure (numpy).
+(issue 30). Below means by more than a GPU run's spread (RESOLUTION: the caching allocator's share and
+run-to-run noise, one-sided 95 %, as tuner/oom_evidence reads a refutation), unless a measured ok peak at least
+as large as the layout's predicted and learned peak shows that much fits; a layout predicted within that
+spread of an OOM'd one's is its twin, which the learned peak can set apart only by features, not evidence: it
+waits for such a measured peak (issue 24 round 9: at 84.9 GB a selective-recompute twin of an OOM'd layout, the
+same predicted 57.82 GB, was let go on a learned peak 0.5 % lower and ran out too). Pure (numpy).
 """
 
 from __future__ import annotations
@@ -16,9 +21,12 @@ from typing import Callable
 import numpy as np
 
 from tuner.correction import Observations
-from tuner.perfmodel import RECOMMEND_AT
+from tuner.frameworks import ALLOCATOR_SD
+from tuner.oom_evidence import Z95
+from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT
 
 SAME_MEMORY = 1e-9         # relative: predicted peaks this close are equal (an OOM defers both)
+RESOLUTION = Z95 * math.hypot(ALLOCATOR_SD, MEMORY_NOISE_SD)   # log: a GPU run's one-sided 95 % spread
 
 
 class OomDeferral:
@@ -29,6 +37,7 @@ class OomDeferral:
                  FM: np.ndarray):
         self.memory_gb, self.stage, self.log_mem, self.Z, self.FM = memory_gb, stage, log_mem, Z, FM
         n = len(memory_gb)
+        self.max_peak = -math.inf                    # log GB: the largest measured ok peak
         self.heavier = np.zeros(n, dtype=bool)       # predicted to need as much as an OOM'd layout
         self.structural = np.zeros(n, dtype=bool)    # deferred by base.py's rule
         self.ooms: list[tuple] = []                  # (worst stage, z, fm, log predicted memory) of each OOM
@@ -36,6 +45,10 @@ class OomDeferral:
     def note_base(self, deferred: np.ndarray) -> None:
         """Remember what base.py's rule (needs_more_memory) has deferred so far."""
         self.structural |= deferred & ~self.heavier
+
+    def note_measured(self, peak_gb: float) -> None:
+        """A measured ok peak (GB): that much memory fit."""
+        self.max_peak = max(self.max_peak, math.log(peak_gb))
 
     def after_oom(self, memory_gb: float, stage: int, z, fm, log_mem: float, used: np.ndarray) -> np.ndarray:
         """After an OOM at a layout predicted to need `memory_gb` on pipeline stage `stage`: every layout
@@ -57,8 +70,11 @@ class OomDeferral:
             peaks = Observations(mZ=mem.mZ, mF=mem.mF, my=mem.my, mnoise=mem.mnoise).memory_gp(memory_sd)
             learned = self.log_mem + peaks.predict(self.Z, self.FM)[0]
             below = p_fit >= RECOMMEND_AT
+            backed = self.max_peak >= np.maximum(self.log_mem, learned)   # a measured peak as large fit
             for stage, z, fm, log_mem in self.ooms:
                 bound = log_mem + peaks.predict(z[None, :], fm[None, :])[0][0]
-                below &= (self.stage != stage) | (learned < bound + math.log1p(-SAME_MEMORY))
+                twin = self.log_mem <= log_mem + RESOLUTION          # as heavy as the OOM'd, within a run's spread
+                clear = learned < bound - RESOLUTION                 # lighter by more than a run's spread
+                below &= (self.stage != stage) | ((learned < bound + math.log1p(-SAME_MEMORY)) & (backed | ~twin & clear))
             held &= ~below
         return self.structural | held
