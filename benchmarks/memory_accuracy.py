@@ -11,7 +11,9 @@ Evidence, every row one distinct configuration (benchmarks/published.py):
   needs when the GPU has room) bounds the need from above too.
 Each row is predicted as it ran (its framework, precision, sequence, gradient dtype, layout).
 
---fit: the bias and log-sd of log(true / predicted) per framework, robust (`robust`: the median and 1.4826 x the
+--fit: the spread rule's errors per framework (issue 24 round 9: the seen fake-tensor rows' log errors less tuner's
+memory_bias, as tuner.perfmodel.fit.error_quantiles' equally likely atoms: what tuner/frameworks.py memory_errors states
+and p_fit is computed from); the bias and log-sd of log(true / predicted) per framework, robust (`robust`: the median and 1.4826 x the
 median absolute deviation of the fake-tensor rows' errors; what tuner states), and for comparison by maximum
 likelihood (a Tobit model: exact rows -- fake-tensor allocated bytes -- by their density under the account's spread
 alone, censored ones -- runs that ran on a GPU -- by their probability under the account's spread and the caching
@@ -24,7 +26,8 @@ rows hashed out that a choice saw, and the tuning rows, are printed after them u
 - the error of the memory model on exact rows (median and worst |log ratio|);
 - the allocated-bytes p_fit's reliability: for every exact row and capacities spread around its prediction
   (0.70-1.30 x, 0.05 % apart), P(allocated peak <= capacity) as tuner's account states it (the framework's bias
-  and sd plus the per-layout terms, without the allocator's share, which a fake tensor does not have) against
+  and its empirical errors' share below the capacity -- or, without measured errors, its sd plus the per-layout
+  terms -- without the allocator's share, which a fake tensor does not have) against
   the realised fit (measured <= capacity), binned by stated p_fit. This tests the account's part of p_fit only;
   the allocator's part is tested against published logs (benchmarks/allocator_share.py);
 - the runs that ran: how many have the GPU p_fit (both parts) >= 0.5, and how far `plan` lists each below its
@@ -47,6 +50,7 @@ from published import clean, held_out, loss_of, measured, published  # noqa: E40
 from tuner.frameworks import ALLOCATOR_SD, FRAMEWORKS  # noqa: E402
 from tuner.layout import Layout, micro_batches_per_pipeline, stage_layers, why_invalid  # noqa: E402
 from tuner.perfmodel import account_sd, fit_probability, gpu_fit_probability, memory, memory_prior_sd, memory_shares, rank  # noqa: E402
+from tuner.perfmodel.fit import account_fit_probability, error_quantiles, errors_fit_probability  # noqa: E402
 from tuner.perfmodel.compute import shape_of  # noqa: E402
 from tuner.perfmodel.memory_loss import MEASURED_LOSS_CHUNKS  # noqa: E402
 from tuner.space import load_space, valid_layouts  # noqa: E402
@@ -209,17 +213,22 @@ def fit(evs: list[dict]) -> tuple[float, float]:
 
 
 # ------------------------------------------------------------------------------------------ report
-def stated_p_fit(e: dict, capacity: float, bias: float, sd: float) -> float:
-    """p_fit as tuner states it for a GPU run (the account's error and the allocator's share)."""
+def stated_p_fit(e: dict, capacity: float, bias: float, sd: float, errors: tuple = ()) -> float:
+    """p_fit as tuner states it for a GPU run (the account's error and the allocator's share): the empirical errors
+    where the framework has them (tuner.perfmodel.fit.prior_fit_probability), else the normal of its sd."""
+    if errors:
+        return errors_fit_probability(e["pred"] * math.exp(bias), capacity, errors)
     return gpu_fit_probability(e["pred"] * math.exp(bias), capacity, account_sd(sd, e["shares"]))
 
 
-def allocated_p_fit(e: dict, capacity: float, bias: float, sd: float) -> float:
+def allocated_p_fit(e: dict, capacity: float, bias: float, sd: float, errors: tuple = ()) -> float:
     """The account's part of p_fit alone: P(allocated bytes <= capacity), what a fake-tensor peak can test."""
+    if errors:
+        return account_fit_probability(e["pred"] * math.exp(bias), capacity, errors)
     return fit_probability(e["pred"] * math.exp(bias), capacity, account_sd(sd, e["shares"]))
 
 
-def reliability(evs: list[dict], bias: float, sd: float) -> list[tuple]:
+def reliability(evs: list[dict], bias: float, sd: float, errors: tuple = ()) -> list[tuple]:
     """(bin, n, mean stated, realised) over every exact row at capacities 0.70-1.30 x its prediction: the
     allocated-bytes p_fit (`allocated_p_fit`) against whether the measured allocated peak fits."""
     pairs = []
@@ -229,7 +238,7 @@ def reliability(evs: list[dict], bias: float, sd: float) -> list[tuple]:
         true = e["pred"] * math.exp(e["exact"])
         for k in CAPACITY_STEPS:
             cap = k * e["pred"]
-            pairs.append((allocated_p_fit(e, cap, bias, sd), float(true <= cap)))
+            pairs.append((allocated_p_fit(e, cap, bias, sd, errors), float(true <= cap)))
     out = []
     for lo, hi in BINS:
         sel = [(p, y) for p, y in pairs if lo <= p < hi]
@@ -237,6 +246,26 @@ def reliability(evs: list[dict], bias: float, sd: float) -> list[tuple]:
             out.append(((lo, min(hi, 1.0)), len(sel), statistics.fmean(p for p, _ in sel),
                         statistics.fmean(y for _, y in sel)))
     return out
+
+
+def spread_cv(mine: list[dict]) -> None:
+    """How the spread rule was chosen (issue 24 round 9), on seen rows only: leave one measured batch (data file) out,
+    choose each rule on the others -- the normal of the median and 1.4826 x MAD (`robust`) and the empirical errors'
+    quantiles (error_quantiles about the median) -- and bin the left-out batch's (row, capacity) pairs as `reliability`
+    does; printed per bin as stated / realised over every batch left out."""
+    files = sorted({e["row"].get("file") for e in mine if "exact" in e})
+    for name in ("normal (median, 1.4826 MAD)", "empirical errors"):
+        acc: dict = {}
+        for f in files:
+            train = [e for e in mine if "exact" in e and e["row"].get("file") != f]
+            test = [e for e in mine if "exact" in e and e["row"].get("file") == f]
+            bias, sd = robust(train)
+            errors = () if name.startswith("normal") else error_quantiles([e["exact"] - bias for e in train])
+            for lo_hi, n, p, y in reliability(test, bias, sd, errors):
+                a = acc.setdefault(lo_hi, [0, 0.0, 0.0])
+                a[0], a[1], a[2] = a[0] + n, a[1] + n * p, a[2] + n * y
+        print(f"  leave-one-batch-out ({len(files)} batches), {name}: " + "; ".join(
+            f"[{lo:.2f}, {hi:.2f}) {n} {sp / n:.3f} / {sy / n:.3f}" for (lo, hi), (n, sp, sy) in sorted(acc.items())))
 
 
 def displacement(e: dict) -> tuple[int, int] | None:
@@ -267,8 +296,10 @@ def report(evs: list[dict], label: str, all_rows: bool) -> None:
         as_fw = "" if stack == fw else f" (predicted as {fw})"
         print(f"\n[{label}] {stack}{as_fw}: {len(exact)} exact rows ({measured_n} measured over its code, "
               f"{len(exact) - measured_n} published peaks), "
-              f"{len(ran)} published runs that ran; tuner states bias {f.memory_bias:+.3f}, sd {f.memory_sd:.3f} on "
-              f"allocated bytes, and the allocator's share sd {ALLOCATOR_SD:.4f} on a GPU")
+              f"{len(ran)} published runs that ran; tuner states bias {f.memory_bias:+.3f}, "
+              + (f"the empirical errors {f.memory_errors[0]:+.4f} to {f.memory_errors[-1]:+.4f}" if f.memory_errors
+                 else f"sd {f.memory_sd:.3f}")
+              + f" on allocated bytes, and the allocator's share sd {ALLOCATOR_SD:.4f} on a GPU")
         if exact:
             a = sorted(abs(x) for x in exact)
             print(f"  memory model: median |log(true/pred)| {statistics.median(a):.3f}, worst "
@@ -277,12 +308,13 @@ def report(evs: list[dict], label: str, all_rows: bool) -> None:
                 print("  allocated-bytes p_fit (the account's part: P(allocated peak <= capacity), what a fake-tensor "
                       "peak tests; the allocator's share is tested only against published logs, "
                       "benchmarks/allocator_share.py):")
-            for (lo, hi), n, p, y in reliability(mine, f.memory_bias, f.memory_sd):
+            for (lo, hi), n, p, y in reliability(mine, f.memory_bias, f.memory_sd, f.memory_errors):
                 flag = "" if n < 10 or abs(p - y) <= 0.1 else "  <-- off by more than 0.1"
                 print(f"  p_fit in [{lo:.2f}, {hi:.2f}): {n:4d} (row, capacity) pairs, stated {p:.3f}, "
                       f"realised {y:.3f}{flag}")
         if ran:
-            ps = [stated_p_fit(e, e["workload"].cluster.memory_gb, f.memory_bias, f.memory_sd) for e in ran]
+            ps = [stated_p_fit(e, e["workload"].cluster.memory_gb, f.memory_bias, f.memory_sd, f.memory_errors)
+                  for e in ran]
             print(f"  runs that ran: {sum(p >= 0.5 for p in ps)} of {len(ps)} with GPU p_fit >= 0.5 (min {min(ps):.2f}, "
                   f"mean {statistics.fmean(ps):.2f})")
         if all_rows:
@@ -326,6 +358,10 @@ def main(do_fit: bool = False, all_rows: bool = False) -> None:
             rb, rs = robust(mine)
             print(f"robust on the rows a memory choice saw, {fw}: bias {rb:+.4f}, sd {rs:.4f} "
                   f"({sum('exact' in e for e in mine)} exact rows) -- what tuner/frameworks.py states")
+            q = error_quantiles([e["exact"] - FRAMEWORKS[mine[0]["framework"]].memory_bias for e in mine if "exact" in e])
+            print(f"  the spread rule's errors (log error less tuner's memory_bias, {len(q)} quantiles of "
+                  f"{sum('exact' in e for e in mine)} exact rows): ({', '.join(f'{a:+.5f}' for a in q)})")
+            spread_cv(mine)
             b, s = fit(mine)
             print(f"  (maximum likelihood, Tobit, for comparison: bias {b:+.4f}, sd {s:.4f}; {len(mine)} rows: "
                   f"{sum('exact' in e for e in mine)} exact, {sum('bound' in e for e in mine)} censored)")

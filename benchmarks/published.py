@@ -379,9 +379,10 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # issue 24 round 9: the spread rule -- p_fit from the empirical distribution of the seen fake-tensor rows' log errors
     # (tuner/frameworks.py memory_errors, tuner/perfmodel/fit.py), chosen for every framework on the rows some memory
     # choice had already seen: Megatron-Core's CONFIGS, FRESH, FRESH2, FRESH3 and FRESH4 (printed clean with the
-    # normal rule, 2600686 / 25af6c8: over-confident), torchtitan's CONFIGS, FRESH, FRESH2, FRESH3 (its FRESH4 is not
-    # read). Megatron-Core's FRESH5 (measure_memory_mcore.py) was drawn with this entry, outside every row it names,
-    # and is measured and printed only after the rule's constants are committed.
+    # normal rule, 2600686 / 25af6c8: over-confident), torchtitan's CONFIGS, FRESH, FRESH2, FRESH3 and the 7 FRESH4
+    # rows whose configuration a choice had seen (its 29 clean FRESH4 rows are not read). Megatron-Core's FRESH5
+    # (measure_memory_mcore.py) was drawn with this entry, outside every row it names, and is measured and printed
+    # only after the rule's constants are committed.
     "empirical spread rule memory_errors (tuner/frameworks.py, tuner/perfmodel/fit.py)": (
         "memory", lambda r: "memory_measured_megatron-core_fresh4.toml" in r.get("files", [r.get("file")])),
     # review of issue 26 (round 2's last gradient bucket, buckets.py): the default bucket is sized by the dp x cp group

@@ -70,7 +70,7 @@ def corrected(layouts: list[Layout], workload: Workload, obs: Observations, pred
     for i, (lay, p, ft) in enumerate(zip(layouts, preds, fts)):
         mem = math.exp(ft.log_mem + mmu[i])
         p_oom, limited_by = oom_fit_cap(p, bounds, cap)
-        p_fit = min(_p_fit(ft.log_mem, mmu[i], msd[i], cap), p_oom)
+        p_fit = min(_p_fit(ft.log_mem, mmu[i], msd[i], cap) if obs.my or obs.oy else p.p_fit, p_oom)  # no peak: prior
         p_twin, supported_by = supported_fit(lay, support or {}, cap, workload.cluster.memory_reserved_gb)
         if p_twin > p_fit:
             p_fit, limited_by = p_twin, None

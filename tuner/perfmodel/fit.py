@@ -97,6 +97,44 @@ def gpu_fit_probability(memory_gb: float, capacity_gb: float, sd: float) -> floa
     return fit_probability(memory_gb, capacity_gb, math.hypot(sd, ALLOCATOR_SD), ALLOCATOR_BIAS)
 
 
+#: The spread rule (issue 24 round 9): where a framework's account was measured (tuner.frameworks memory_errors),
+#: p_fit is the empirical distribution of the seen rows' log errors (allocated peak / predicted, about memory_bias),
+#: kept as ERROR_QUANTILES equally likely atoms (`error_quantiles`), not a normal: the errors are a bulk within 0.001
+#: and a tail (Megatron-Core's full recompute, torchtitan's recompute-free rows) that a median-and-MAD normal called
+#: impossible (its sd 0.00027 stated [0.1, 0.3) 0.150 on FRESH4, realised 0.042). Chosen on seen rows only, by
+#: leave-one-batch-out over the measured batches (docs/benchmarks.md): 16 atoms as near the full empirical CDF as 32.
+ERROR_QUANTILES = 16
+
+
+def error_quantiles(errors, k: int = ERROR_QUANTILES) -> tuple[float, ...]:
+    """k equally likely atoms of the errors' empirical distribution: the sorted errors at ranks (j + 1/2) n / k."""
+    xs = sorted(errors)
+    return tuple(xs[min(len(xs) - 1, int((j + 0.5) * len(xs) / k))] for j in range(k))
+
+
+def account_fit_probability(memory_gb: float, capacity_gb: float, errors: tuple[float, ...]) -> float:
+    """P(allocated peak <= capacity) under the empirical errors: the share of atoms a with memory e^a <= capacity
+    (what a fake-tensor peak tests; no allocator share)."""
+    top = math.log(capacity_gb) - math.log(max(memory_gb, 1e-9))
+    return sum(a <= top for a in errors) / len(errors)
+
+
+def errors_fit_probability(memory_gb: float, capacity_gb: float, errors: tuple[float, ...]) -> float:
+    """P(a GPU run fits): the empirical errors' atoms convolved with the allocator's share, N(ALLOCATOR_BIAS,
+    ALLOCATOR_SD^2) -- the mean over atoms a of P(N <= log(capacity / memory) - a)."""
+    top = math.log(capacity_gb) - math.log(max(memory_gb, 1e-9)) - ALLOCATOR_BIAS
+    k, erfc = -1.0 / (ALLOCATOR_SD * math.sqrt(2.0)), math.erfc
+    return 0.5 * sum([erfc((top - a) * k) for a in errors]) / len(errors)
+
+
+def prior_fit_probability(breakdown: dict, capacity_gb: float, fw) -> float:
+    """The prior p_fit of a stage's breakdown (with the framework's bias) on a GPU: the empirical errors where the
+    framework's account was measured, else the normal of its assumed sd spread over the breakdown's shares."""
+    if fw.memory_errors:
+        return errors_fit_probability(breakdown["total"], capacity_gb, fw.memory_errors)
+    return gpu_fit_probability(breakdown["total"], capacity_gb, account_sd(fw.memory_sd, memory_shares(breakdown)))
+
+
 def fit_probability(memory_gb: float, capacity_gb: float, sd: float, mean: float = 0.0) -> float:
     """P(true peak <= capacity) when log(true / predicted) ~ N(mean, sd)."""
     z = (math.log(capacity_gb) - math.log(max(memory_gb, 1e-9)) - mean) / max(sd, 1e-6)

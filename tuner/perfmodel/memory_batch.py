@@ -8,8 +8,8 @@ stages and parameters (memory.stage_params, stage_expert_params), each (cut, ZeR
 megatron_loss_bytes, logits_bytes, sp_gather_bytes, layer_backward.megatron_backward_bytes) -- and what differs per
 layout and stage is done over columns (numpy): memory.stage_activation_bytes' in-flight passes, megatron_phases'
 choice, _stage_sums' total in the same order of additions, peak_memory's worst stage (the first of the largest),
-with_measured_bias, memory_shares and account_sd; gpu_fit_probability's log / hypot / erfc run per layout with `math`,
-as the scalar path runs them. IEEE arithmetic (+ - * / sqrt) gives the same double in numpy as in Python, so the order
+with_measured_bias, memory_shares and account_sd; gpu_fit_probability's log / hypot / erfc (or, where the framework's
+account was measured, fit.errors_fit_probability itself) run per layout with `math`, as the scalar path runs them. IEEE arithmetic (+ - * / sqrt) gives the same double in numpy as in Python, so the order
 of operations is all that has to match; tests/test_plan_speed.py holds the two paths equal on every layout of several
 workloads, and a change to those memory formulas must be made here too (the test fails until it is; plan checks a
 sample of each run against memory_fit and answers with memory_fit where they differ).
@@ -31,7 +31,7 @@ from tuner.layout import LAYOUT_FIELDS, Layout, stage_candidates, stage_layers, 
 from tuner.perfmodel import memory
 from tuner.perfmodel.compute import shape_of
 from tuner.perfmodel.layer_backward import megatron_backward_bytes
-from tuner.perfmodel.fit import memory_gp_scales
+from tuner.perfmodel.fit import errors_fit_probability, memory_gp_scales
 from tuner.perfmodel.memory_loss import megatron_loss_bytes
 from tuner.specs import Workload
 
@@ -201,7 +201,7 @@ def _states(layouts: list[Layout], workload: Workload, firsts, cuts: _Cuts) -> t
 
 def _fit(workload: Workload, parts: dict, part_of, states: tuple, state_of) -> tuple[list[float], list[float]]:
     """peak_memory's worst stage (the first of the largest total), then breakdown_fit: the measured bias, the shares,
-    account_sd and gpu_fit_probability (per layout, with math)."""
+    account_sd and gpu_fit_probability (per layout, with math), or errors_fit_probability (fit.prior_fit_probability)."""
     fw, sv, sums, bufs = framework_of(workload), *states
     reserved = workload.cluster.memory_reserved_gb
     act, logits = parts["act"][part_of], parts["logits"][part_of]
@@ -213,6 +213,9 @@ def _fit(workload: Workload, parts: dict, part_of, states: tuple, state_of) -> t
     bias = total * math.expm1(fw.memory_bias) if fw.memory_bias else np.zeros_like(total)
     if fw.memory_bias:
         total = total + bias
+    if fw.memory_errors:                # fit.prior_fit_probability: the empirical errors, no shares
+        mem, cap = total.tolist(), workload.cluster.memory_gb
+        return mem, [errors_fit_probability(m, cap, fw.memory_errors) for m in mem]
     values = [*states_gb.T, act, logits, buf, np.full_like(total, reserved), bias]      # fit.MEMORY_KEYS' order
     whole = values[0] + values[1]
     for v in values[2:]:

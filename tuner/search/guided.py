@@ -84,6 +84,7 @@ class GuidedSearcher(BaseSearcher):
         self.log_pred = np.array([f.log_pred for f in self.fts])
         self.log_mem = np.array([f.log_mem for f in self.fts])
         self.mem_gb = [p.memory_gb if p is not None else None for p in preds]   # stored as predicted_memory_gb
+        self.prior_fit = np.array([p.p_fit if p is not None else 1.0 for p in preds])  # predict's, before any peak
         self.mem_stage = np.array([p.memory_stage if p is not None else -1 for p in preds], dtype=int)
         self.oom = OomDeferral(np.array([p.memory_gb if p is not None else -math.inf for p in preds], dtype=float),
                                self.mem_stage, self.log_mem, self.Z, self.FM)
@@ -194,7 +195,10 @@ class GuidedSearcher(BaseSearcher):
         """Probability that each candidate fits in memory, from the learned memory correction."""
         if self.capacity is None:
             return np.ones(len(self.candidates))
-        mu, sd = self._memory_obs().memory_gp(self.memory_sd).predict(self.Z, self.FM)
+        obs = self._memory_obs()
+        if not (obs.my or obs.oy):      # no peak nor OOM: the prior p_fit predict states (fit.prior_fit_probability)
+            return self.prior_fit
+        mu, sd = obs.memory_gp(self.memory_sd).predict(self.Z, self.FM)
         z = (math.log(self.capacity) - self.log_mem - mu - ALLOCATOR_BIAS) / np.hypot(sd, P_FIT_SD)
         return ndtr(z)
 
