@@ -37,7 +37,8 @@ from tuner.perfmodel import buckets, comm, compute, memory, moe, moe_exchange
 from tuner.perfmodel.compute import shape_of
 from tuner.perfmodel.fit import (MEMORY_KEYS, MEMORY_NOISE_SD, MEMORY_PRIOR_SPLIT, PRUNE_BELOW, RECOMMEND_AT,
                                  account_sd, expected_speed, fit_probability, gpu_fit_probability, keeps_headroom,
-                                 memory_gp_scales, memory_prior_sd, memory_shares, risk, with_measured_bias)
+                                 memory_gp_scales, memory_prior_sd, memory_shares, prior_fit_probability, risk,
+                                 with_measured_bias)
 from tuner.perfmodel.flops import megatron_flops, model_flops
 from tuner.perfmodel.prediction import Prediction
 from tuner.perfmodel.stages import HIDDEN, SM_SHARE, free_compute, overlaps_of, slowest_stage, stage_times, stage_total
@@ -140,8 +141,7 @@ def breakdown_fit(mem: dict, workload: Workload) -> tuple[dict, float]:
     what its recipe changed, through this one function)."""
     fw = framework_of(workload)
     mem = with_measured_bias(mem, fw.memory_bias)
-    return mem, gpu_fit_probability(mem["total"], workload.cluster.memory_gb,
-                                    account_sd(fw.memory_sd, memory_shares(mem)))
+    return mem, prior_fit_probability(mem, workload.cluster.memory_gb, fw)
 
 
 def _memo_shape(layout: Layout, workload: Workload, memo: dict) -> compute.Shape:
