@@ -207,6 +207,33 @@ def test_a_refusal_never_reads_the_micro_batch(model, framework, precision):
     assert answers == {True, False}          # both kinds of answer were asked
 
 
+@pytest.mark.parametrize("model,framework,precision", [("deepseek-v3", "megatron-core", "bf16"),
+                                                       ("mixtral-8x7b", "torchtitan", "fp8"),
+                                                       ("llama3-8b", "torchtitan", "mxfp8"),
+                                                       ("175b", "megatron-deepspeed", "fp8"),
+                                                       ("qwen3-30b-a3b", "megatron-core", "fp8")])
+def test_a_refusal_reads_only_the_cut_fields_it_declares(model, framework, precision):
+    """The enumeration asks a framework's refusal once per the values of frameworks.REFUSAL_READS of a cut (tuner.space):
+    layouts that differ in any other field of the cut (or dp, micro-batch) get the same answer, and both answers occur."""
+    import itertools
+
+    from tuner.frameworks import REFUSAL_READS, of
+    from tuner.layout import Layout
+    w = make_workload(model, 8, "b200" if precision == "mxfp8" else "h100", None, precision, framework)
+    refusal, reads = of(w).refusal, REFUSAL_READS[framework]
+    answers: dict = {}
+    for tp, sp, cp, pp, vp, split, ep, etp, zero, rc in itertools.product(
+            (1, 2, 8), (False, True), (1, 2), (1, 4), (1, 2), ("auto", "light-last"), (1, 8), (1, 2), (0, 1, 2, 3),
+            ("none", "selective", "mla_up", "moe_act", "full")):
+        lay = Layout(tp=tp, sequence_parallel=sp, context_parallel=cp, pp=pp, virtual_pipeline=vp, pipeline_split=split,
+                     dp=64 // (tp * cp * pp), expert_parallel=ep, expert_tensor_parallel=etp, micro_batch=1 + ep % 3,
+                     zero_stage=zero, recompute=rc)
+        key = (*(getattr(lay, f) for f in reads), zero, rc)
+        answers.setdefault(key, set()).add(refusal(lay, w))
+    assert all(len(got) == 1 for got in answers.values()), [k for k, got in answers.items() if len(got) > 1][:3]
+    assert {got.pop() is None for got in answers.values()} == {True, False}     # both kinds of answer were asked
+
+
 @pytest.mark.parametrize("top,show_all", [(10, False), (None, False), (40, True)])
 def test_plan_in_worker_processes_is_plan_in_one(planned, top, show_all):
     from tuner.cli.plan import plan_ranking

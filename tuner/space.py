@@ -18,7 +18,7 @@ from tuner.errors import SpecError, UsageError
 from tuner.layout import (BY_NAME, LAYOUT_FIELDS, SEARCHED, Layout, layout_from,
                           why_invalid as layout_why_invalid, why_invalid_cut, why_invalid_schedule,
                           why_invalid_values, expert_data_parallel, batch_hint)
-from tuner.frameworks import of as framework_of, recompute_refusal
+from tuner.frameworks import REFUSAL_READS, of as framework_of, recompute_refusal
 from tuner.pipeline_split import why_invalid_split
 from tuner.presets import preset_dir, read_toml
 from tuner.space_constraints import Constraint, constraint_env, evaluator, parse_constraint
@@ -160,6 +160,8 @@ class SearchSpace:
         choices["recompute"] = [r for r in choices["recompute"] if recompute_refusal(
             workload.framework, dataclasses.replace(one, recompute=r), workload) is None] or choices["recompute"]
         refusal = framework_of(workload).refusal
+        reads = operator.itemgetter(*REFUSAL_READS.get(workload.framework, CUT))    # what a refusal reads of a cut
+        refused: dict = {}                 # the ZeRO / recompute choices the framework runs, by what its refusal reads
         rests = [dict(zip(rest, more)) for more in sorted(itertools.product(*(choices[d] for d in rest)))]
         plain = {d: getattr(one, d) for d in rest}         # Layout's defaults of the rest (ZeRO stage, recompute)
         unsharded = {**plain, "zero_stage": 0}
@@ -177,7 +179,10 @@ class SearchSpace:
                         per_mb and not all(c(probe) for c in per_mb)):
                     continue                   # the schedule's rules read nothing but the cut and micro-batch
                 if runs is None:               # a refusal never reads the micro-batch (Framework.refusal)
-                    runs = [more for more in rests if not refusal(layout_from(batch, more), workload)]
+                    key = reads(shape)
+                    runs = refused.get(key)
+                    if runs is None:
+                        runs = refused[key] = [r for r in rests if not refusal(layout_from(batch, r), workload)]
                 for more in runs:
                     lay = layout_from(batch, more)               # field order: the cut, mb, the rest
                     if not late or all(c(lay) for c in late):
