@@ -228,8 +228,8 @@ def _megatron_deepspeed(layout, workload) -> str | None:
 
 #: The fields of a layout's cut (tp, sp, cp, pp, vp, split, ep, etp) each framework's refusal reads, beside the ZeRO
 #: stage and recompute mode (and never the micro-batch or dp): tuner.space asks a refusal once per these values of a
-#: cut, not once per cut (DeepSeek-V3 on 128 H100 nodes: ~9,400 cuts, 40 distinct tp / sp / pp). A framework not
-#: named here is asked per cut; tests/test_plan_speed.py checks each refusal answers the same whatever else changes.
+#: cut, not once per cut (DeepSeek-V3 on 128 H100 nodes: 9,414 cuts, 45 tp / sp / pp: 720 probes, not 150,624). One not
+#: named here: asked per cut. tests/test_plan_speed.py checks each refusal answers the same whatever else changes.
 REFUSAL_READS: dict[str, tuple[str, ...]] = {
     "megatron-core": ("tp", "sequence_parallel", "pp"),
     "torchtitan": ("tp", "sequence_parallel", "expert_parallel", "expert_tensor_parallel"),
