@@ -290,3 +290,20 @@ def test_warm_start_predicts_each_trial_in_its_study_precision():
     studies = {"f8": SimpleNamespace(global_batch=w8.global_batch, workload=w8.as_dict())}
     assert warm_start_records([rec], w16, studies).evidence["mean_ratio"] == pytest.approx(1.0)
     assert warm_start_records([rec], w16).evidence["mean_ratio"] > 1.2      # as bf16 it would look fast
+
+
+def test_the_correction_sees_the_experts_gradient_sync_apart_from_the_dense_one():
+    """Two linear features where there was one DP share (issue 30): the dense parameters' collectives over the
+    data-parallel group and the experts' over the expert-dp group, each its share of the predicted step, so a
+    residual learned on one moves the layouts heavy in it and not those heavy in the other."""
+    from tuner.correction import STAGE_KEYS
+    moe = make_workload("mixtral-8x7b", 8, "h100", framework="megatron-core")
+    lay = Layout(tp=1, pp=1, dp=64, expert_parallel=2, expert_tensor_parallel=4, micro_batch=1, zero_stage=3)
+    pr = predict(lay, moe)
+    t, step, n = pr.time_breakdown, pr.step_time_s, len(STAGE_KEYS)
+    f = features(lay, moe, pr).f
+    assert f[n] == pytest.approx((t["dp_grad_reduce"] + t["dp_param_gather"]) / step)
+    assert f[n + 1] == pytest.approx((t["dp_expert_grad_reduce"] + t["dp_expert_param_gather"]) / step)
+    assert f[n + 1] > 5 * f[n] > 0
+    dense = features(Layout(tp=1, pp=1, dp=32, micro_batch=1, zero_stage=3), make_workload("llama3-8b", 4, "h100"))
+    assert dense.f[n] > 0 and dense.f[n + 1] == 0.0

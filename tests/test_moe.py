@@ -207,6 +207,26 @@ def test_expert_memory_shrinks_with_ep_and_is_sharded_over_expert_dp():
     assert mems[8]["optimizer"] * 1e9 == pytest.approx(12 * dense / 16 + 12 * e8 / 2)
 
 
+def test_the_expert_gradients_sync_is_its_own_term_beside_the_dense_one():
+    """The DP time is two collectives: the dense parameters' over the data-parallel group, the experts' over
+    the expert-dp group (issue 30). Split in the breakdown, the step unchanged: the expert part grows with the
+    experts a GPU holds and vanishes when every expert has one replica (expert-dp 1); a dense model has none."""
+    w = h100("mixtral-8x7b", 8)
+    for zero, ep, etp in ((3, 1, 1), (3, 2, 4), (0, 2, 1), (0, 8, 8)):
+        lay = Layout(tp=1, pp=1, dp=64, expert_parallel=ep, expert_tensor_parallel=etp, micro_batch=1, zero_stage=zero)
+        pr = predict(lay, w)
+        t = pr.time_breakdown
+        assert sum(t.values()) == pytest.approx(pr.step_time_s, rel=1e-12)
+        expert = t["dp_expert_grad_reduce"] + t["dp_expert_param_gather"]
+        if expert_data_parallel(lay) == 1:
+            assert expert == 0.0
+        else:
+            assert expert > 5 * (t["dp_grad_reduce"] + t["dp_param_gather"]) > 0     # Mixtral: 96 % of it is experts
+    mcore = lambda name: predict(Layout(tp=1, pp=1, dp=16, micro_batch=1, zero_stage=3), h100(name, 2))   # noqa: E731
+    assert "dp_expert_grad_reduce" not in mcore("llama3-8b").time_breakdown
+    assert mcore("qwen3-30b-a3b").time_breakdown["dp_expert_grad_reduce"] > 0     # FSDP's layer-by-layer path
+
+
 # ------------------------------------------------------------------------------------- all-to-all
 def test_alltoall_inside_a_node_is_faster_than_across_nodes():
     c = load_cluster("h100")

@@ -10,7 +10,8 @@ the layout *and* of the model's own account of it:
 
 - c: a global scale (every constant of the cluster file a bit off the same way);
 - f_k: the share of the predicted step spent in component k (GEMMs, attention, element-wise, TP
-  all-reduces, pipeline p2p, per-micro-batch overhead, DP/ZeRO collectives, the rest), the pipeline
+  all-reduces, pipeline p2p, per-micro-batch overhead, the dense parameters' DP/ZeRO collectives over the
+  data-parallel group, the expert parameters' over the expert-data-parallel group, the rest), the pipeline
   bubble spread over the stage components that make it. A cluster constant that is off by a factor
   shows up as a residual linear in these shares, whatever the node count: that is what transfers;
 - g: a squared-exponential GP over z = (log2 tp, log2 pp, log2 dp, log2 micro-batch, ZeRO stage,
@@ -56,7 +57,7 @@ OOM_MARGIN = 0.03             # an OOM says the memory ratio is at least capacit
 #: first, 1 and 1, wins ties).
 MEMORY_WIDENING = (1.0, 2.0, 4.0, 8.0, 16.0)
 MEMORY_WIDEN_MIN = 3          # observations before a widening is chosen (a scale is not learned from one point)
-Z_DIM, F_DIM, FM_DIM = 14, len(STAGE_KEYS) + 2, len(MEMORY_KEYS) + 2
+Z_DIM, F_DIM, FM_DIM = 14, len(STAGE_KEYS) + 3, len(MEMORY_KEYS) + 2
 _ACT = MEMORY_KEYS.index("activations")
 _WORKING = np.array([k in ("activations", "logits", "zero3_buffers") for k in MEMORY_KEYS] + [True, True])
 
@@ -106,12 +107,14 @@ def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
     stage = sum(t.get(k, 0.0) for k in STAGE_KEYS) or 1e-12
     bubble = t.get("bubble", 0.0)
     shares = [(t.get(k, 0.0) * (1 + bubble / stage)) / step for k in STAGE_KEYS]
-    dp = (t.get("dp_grad_reduce", 0.0) + t.get("dp_param_gather", 0.0)) / step
+    dense_dp = (t.get("dp_grad_reduce", 0.0) + t.get("dp_param_gather", 0.0)) / step
+    expert_dp = (t.get("dp_expert_grad_reduce", 0.0) + t.get("dp_expert_param_gather", 0.0)) / step
+    dp = dense_dp + expert_dp
     other = max(0.0, 1.0 - sum(shares) - dp)
     cross = float(comm.crosses_nodes(workload.cluster, layout.tp, 1))
     z = np.array(base + [cross, bubble / step, shares[3] + shares[4], dp, math.log2(workload.nodes) / 8])
     fm = memory_features(pred.memory_breakdown, layout.recompute)
-    return Features(z, np.array(shares + [dp, other]), fm, math.log(max(pred.mfu, FLOOR)),
+    return Features(z, np.array(shares + [dense_dp, expert_dp, other]), fm, math.log(max(pred.mfu, FLOOR)),
                     math.log(max(pred.memory_gb, 1e-6)), bool(pred.fits), workload.cluster.memory_reserved_gb)
 
 

@@ -74,20 +74,35 @@ def fsdp_time(layout: Layout, workload: Workload, compute_mb: float, m: int, gra
     dense = unit - experts
     edp, stride = expert_data_parallel(layout), layout.expert_parallel * layout.expert_tensor_parallel
     ebw = comm.group_bandwidth(cluster, edp, stride)
-    ag = comm.allgather_time(2.0 * dense, shards, bw, cluster) + comm.allgather_time(2.0 * experts, edp, ebw, cluster)
-    g = grad_bytes
-    rs = (comm.reduce_scatter_time(g * dense, shards, bw, cluster)
-          + comm.reduce_scatter_time(g * experts, edp, ebw, cluster))
+    ag_e, rs_e = comm.allgather_time(2.0 * experts, edp, ebw, cluster), comm.reduce_scatter_time(grad_bytes * experts, edp, ebw, cluster)
+    ag = comm.allgather_time(2.0 * dense, shards, bw, cluster) + ag_e
+    rs = comm.reduce_scatter_time(grad_bytes * dense, shards, bw, cluster) + rs_e
     edge = max(dense, memory.embedding_params(model, layout.tp))
     first, last = (comm.allgather_time(2.0 * edge, shards, bw, cluster),
-                   comm.reduce_scatter_time(g * edge, shards, bw, cluster))
+                   comm.reduce_scatter_time(grad_bytes * edge, shards, bw, cluster))
     if not gathers:
-        ag = first = 0.0
+        ag = ag_e = first = 0.0
     fwd, bwd = compute_mb / layers / 3.0, 2.0 * compute_mb / layers / 3.0
     if layout.pp == 1:
-        return {"grad_reduce": m * (last + layers * max(0.0, ag + rs - bwd)),
-                "param_gather": m * (first + layers * max(0.0, ag - fwd))}
-    return {"grad_reduce": last + layers * max(0.0, rs - bwd), "param_gather": first + layers * max(0.0, ag - fwd)}
+        reduce, gather = max(0.0, ag + rs - bwd), max(0.0, ag - fwd)
+        return {"grad_reduce": m * (last + layers * reduce), "param_gather": m * (first + layers * gather),
+                "expert_grad_reduce": m * layers * reduce * _part(ag_e + rs_e, ag + rs),
+                "expert_param_gather": m * layers * gather * _part(ag_e, ag)}
+    reduce, gather = max(0.0, rs - bwd), max(0.0, ag - fwd)
+    return {"grad_reduce": last + layers * reduce, "param_gather": first + layers * gather,
+            "expert_grad_reduce": layers * reduce * _part(rs_e, rs), "expert_param_gather": layers * gather * _part(ag_e, ag)}
+
+
+def _part(expert: float, whole: float) -> float:
+    """The expert parameters' part of a collective's exposed time: its part of the collective's whole time
+    (what hides under compute hides the dense and the expert parts alike)."""
+    return expert / whole if whole > 0 else 0.0
+
+
+def _with_expert_part(exposed: dict, whole: dict, expert: dict) -> dict:
+    """`exposed` (grad_reduce, param_gather) with the expert parameters' part of each (expert_grad_reduce,
+    expert_param_gather) as `expert`'s share of `whole` -- the breakdown's split; the sum is `exposed`'s."""
+    return {**exposed, **{f"expert_{k}": exposed[k] * _part(expert[k], whole[k]) for k in ("grad_reduce", "param_gather")}}
 
 
 def gradient_sync_time(layout: Layout, workload: Workload, fw, slow: dict, m: int, params_gpu: float,
@@ -112,10 +127,12 @@ def gradient_sync_time(layout: Layout, workload: Workload, fw, slow: dict, m: in
     gb = fw.grad_bytes(workload) if fw.name == "megatron-core" else None     # its buffers' dtype (comm.dp_time)
     dp = comm.dp_time(cluster, t, layout.dp * layout.context_parallel, layout.zero_stage, params_gpu - experts_gpu,
                       m, layout.checkpointing, gb)
+    de = {"grad_reduce": 0.0, "param_gather": 0.0}
     if experts_gpu:
         de = comm.dp_time(cluster, layout.expert_parallel * layout.expert_tensor_parallel,
                           expert_data_parallel(layout), layout.zero_stage, experts_gpu, m, layout.checkpointing, gb)
         dp = {k: dp[k] + de[k] for k in dp}
+    whole = dp
     if "dp" in (fw.overlaps if hide is None else hide) and layout.zero_stage <= 1:
         # the embedding's bucket reduces after the last backward and gathers before the first forward (buckets.py)
         last = min(buckets.last_bucket_params(workload.model, layout), params_gpu - experts_gpu)
@@ -123,7 +140,7 @@ def gradient_sync_time(layout: Layout, workload: Workload, fw, slow: dict, m: in
                             layout.checkpointing, gb)
         dp = {"grad_reduce": max(tail["grad_reduce"], dp["grad_reduce"] - compute_mb * 2 / 3),
               "param_gather": max(tail["param_gather"], dp["param_gather"] - compute_mb / 3)}
-    return dp
+    return _with_expert_part(dp, whole, de)
 
 
 def memory_fit(layout: Layout, workload: Workload, memo: dict | None = None) -> tuple:
@@ -202,6 +219,10 @@ def predict(layout: Layout, workload: Workload, exchange: moe_exchange.TokenExch
     if cluster.step_overhead_ms:
         time["step_overhead"] = cluster.step_overhead_ms * 1e-3
     step = sum(time.values())
+    if model.is_moe:    # the dense parameters' collectives over the data-parallel group, the experts' over expert-dp
+        for k in ("grad_reduce", "param_gather"):
+            time[f"dp_{k}"] -= dp.get(f"expert_{k}", 0.0)
+            time[f"dp_expert_{k}"] = dp.get(f"expert_{k}", 0.0)
 
     gpus = workload.gpus
     tflops = megatron_flops(model, workload.global_batch, layout.recompute) / (step * gpus * 1e12)
