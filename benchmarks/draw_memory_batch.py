@@ -64,7 +64,7 @@ def draw(seed: int, chunked: int, ce: int, batch: str = "fresh4") -> list[dict]:
             for c in rng.sample(candidates(mode, loss, batch), k)]
 
 
-# Megatron-Core (--mcore): benchmarks/measure_memory_mcore.py's C(...) over the grid shape {Llama 3 8B with all 32
+# Megatron-Core (--mcore): benchmarks/mcore_memory/configs.py's C(...) over the grid shape {Llama 3 8B with all 32
 # layers, the Llama 3 70B and GPT 22B shapes built with 8 layers} x sequence {2048, 4096, 8192} x tp {1, 2, 4, 8} x
 # pp {1, 2 (its first and its last stage)} x dp {4, 16} x micro-batch {1, 2} x micro-batches {2, 4}, the
 # distributed optimizer, sequence parallelism with tp > 1 and the FlashAttention stand-in, less every configuration
@@ -78,7 +78,7 @@ MCORE_GRID = dict(seq=(2048, 4096, 8192), tp=(1, 2, 4, 8), pp=((1, 0), (2, 0), (
 
 
 def mcore_split_row(c: dict) -> dict:
-    """The keys published.split_key reads, as measure_memory_mcore._row writes them for `c` (a dense C(...))."""
+    """The keys published.split_key reads, as mcore_memory.rows._row writes them for `c` (a dense C(...))."""
     full = c["num_layers"] == MCORE_FULL_LAYERS[c["shape"]]
     return {"framework": "megatron-core", "model": c["shape"] if full else "custom",
             **{k: c[k] for k in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
@@ -94,8 +94,8 @@ MCORE_FULL_LAYERS = {"llama3-8b": 32, "llama3-70b": 80, "gpt-22b": 48, "gpt-175b
 
 def mcore_earlier(batch: str) -> list[dict]:
     """What each Megatron-Core batch was drawn from outside: every configuration measured before it."""
-    from measure_memory_mcore import CONFIGS as MCORE_CONFIGS, FRESH as MCORE_FRESH, FRESH2 as MCORE_FRESH2, PIPELINE
-    from measure_memory_mcore import FRESH3 as MCORE_FRESH3, FRESH4 as MCORE_FRESH4
+    from mcore_memory.configs import CONFIGS as MCORE_CONFIGS, FRESH as MCORE_FRESH, FRESH2 as MCORE_FRESH2, PIPELINE
+    from mcore_memory.configs import FRESH3 as MCORE_FRESH3, FRESH4 as MCORE_FRESH4
     return {"fresh2": MCORE_CONFIGS + MCORE_FRESH + PIPELINE,
             "fresh3": MCORE_CONFIGS + MCORE_FRESH + MCORE_FRESH2 + PIPELINE,
             "fresh4": MCORE_CONFIGS + MCORE_FRESH + MCORE_FRESH2 + MCORE_FRESH3 + PIPELINE,
@@ -106,7 +106,7 @@ def mcore_draw(seed: int, per_mode: int, batch: str = "fresh5") -> list[dict]:
     """FRESH2's rule left out earlier measurements; FRESH3's, FRESH4's and FRESH5's (issue 24 rounds 8-9) leave out earlier
     configurations (published.split_key: another stage of a measured configuration is that configuration) and every
     configuration a memory choice has seen (published._seen_configurations)."""
-    from measure_memory_mcore import C
+    from mcore_memory.configs import C
     from published import _seen_configurations, split_key
     earlier = mcore_earlier(batch)
     taken = set() if batch == "fresh2" else ({split_key(mcore_split_row(c)) for c in earlier}

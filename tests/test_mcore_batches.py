@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import draw_memory_batch as draw  # noqa: E402
-import measure_memory_mcore as mcore  # noqa: E402
+import mcore_memory.configs as mcore  # noqa: E402
 from published import held_out, split_key  # noqa: E402
 
 
