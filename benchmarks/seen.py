@@ -2,7 +2,8 @@
 rows; `HARDWARE_SEEN`: the new machines' rows), each with the rows it saw, and the rules built on them (`clean`,
 `hardware_clean`): a benchmark counts as "held out" only held-out configurations that no choice saw.
 
-Reading, dedup and the held-out split itself are benchmarks/published.py's (which re-exports every name here).
+Reading, dedup and the held-out split are benchmarks/published_rows.py's; benchmarks/published.py re-exports
+every name here.
 """
 
 from __future__ import annotations
@@ -10,23 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 
-
-def _p():
-    """benchmarks/published.py, imported on first use (it imports this module at its end)."""
-    import published
-    return published
-
-
-def zero_stage(row: dict) -> int:
-    return _p().zero_stage(row)
-
-
-def split_key(row: dict) -> str:
-    return _p().split_key(row)
-
-
-def held_out(row: dict) -> bool:
-    return _p().held_out(row)
+from published_rows import hardware, held_out, measured, published, split_key, zero_stage
 
 
 # Choices made after seeing rows, each with the rows it saw (a predicate on a raw or distinct row). The
@@ -272,7 +257,7 @@ def _seen_configurations(kind: str | None, new_machines: bool = False) -> frozen
     """The configurations (split keys) some row of which a choice (of `kind`) saw -- SEEN's choices on the published
     and measured rows, or HARDWARE_SEEN's on the new machines' rows: one configuration is one row across all data
     files, so a row measured again (another stage, another loss, another source) is seen too."""
-    rows, seen = (_p().hardware(), _hardware_seen) if new_machines else (_p().published() + _p().measured(), seen_by)
+    rows, seen = (hardware(), _hardware_seen) if new_machines else (published() + measured(), seen_by)
     return frozenset(split_key(r) for r in rows if seen(r, kind))
 
 
