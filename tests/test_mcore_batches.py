@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import draw_memory_batch as draw  # noqa: E402
 import mcore_memory.configs as mcore  # noqa: E402
@@ -17,28 +19,12 @@ def test_fresh2_is_its_seeds_draw():
     assert draw.mcore_draw(1350905612, 8, "fresh2") == mcore.FRESH2
 
 
-def test_fresh3_shares_no_configuration_with_any_earlier_batch():
+@pytest.mark.parametrize("batch", ["fresh3", "fresh4", "fresh5"])
+def test_a_fresh_batch_shares_no_configuration_with_any_earlier_batch(batch):
     key = lambda c: split_key(draw.mcore_split_row(c))      # noqa: E731
-    earlier = {key(c) for c in draw.mcore_earlier("fresh3")}
-    fresh3 = [key(c) for c in mcore.FRESH3]
-    assert len(set(fresh3)) == len(fresh3) == 24
-    assert not earlier & set(fresh3)
-    assert all(held_out(draw.mcore_split_row(c)) for c in mcore.FRESH3)
-
-
-def test_fresh4_shares_no_configuration_with_any_earlier_batch():
-    key = lambda c: split_key(draw.mcore_split_row(c))      # noqa: E731
-    earlier = {key(c) for c in draw.mcore_earlier("fresh4")}
-    fresh4 = [key(c) for c in mcore.FRESH4]
-    assert len(set(fresh4)) == len(fresh4) == 24
-    assert not earlier & set(fresh4)
-    assert all(held_out(draw.mcore_split_row(c)) for c in mcore.FRESH4)
-
-
-def test_fresh5_shares_no_configuration_with_any_earlier_batch():
-    key = lambda c: split_key(draw.mcore_split_row(c))      # noqa: E731
-    earlier = {key(c) for c in draw.mcore_earlier("fresh5")}
-    fresh5 = [key(c) for c in mcore.FRESH5]
-    assert len(set(fresh5)) == len(fresh5) == 24
-    assert not earlier & set(fresh5)
-    assert all(held_out(draw.mcore_split_row(c)) for c in mcore.FRESH5)
+    earlier = {key(c) for c in draw.mcore_earlier(batch)}
+    configs = getattr(mcore, batch.upper())
+    fresh = [key(c) for c in configs]
+    assert len(set(fresh)) == len(fresh) == 24
+    assert not earlier & set(fresh)
+    assert all(held_out(draw.mcore_split_row(c)) for c in configs)
