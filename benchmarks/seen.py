@@ -239,6 +239,13 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # only after the rule's constants are committed.
     "empirical spread rule memory_errors (tuner/frameworks.py, tuner/perfmodel/fit.py)": (
         "memory", lambda r: "memory_measured_megatron-core_fresh4.toml" in r.get("files", [r.get("file")])),
+    # issue 24 (2935eb4): a GPU's capacity as the bytes a process can allocate (the presets' memory_gib, from CUDA / HIP
+    # totals and OOM messages, not from any row) was found while reading the published runs that ran with p_fit < 0.5
+    # (534afc2) and printed on every published and hardware run under both readings (benchmarks/usable_capacity.py, then
+    # 2935eb4's before / after): every published or hardware row of its time saw it (not the fake-tensor measurements,
+    # whose reliability sweeps capacities and which it does not move)
+    "GPU capacity as the allocatable bytes (workloads/clusters/*.toml memory_gib)": (
+        "memory", lambda r: "peak_allocated_gib" not in r and _saw(r, "issue 25 fresh dense")),
     # review of issue 26 (round 2's last gradient bucket, buckets.py): the default bucket is sized by the dp x cp group
     # (Megatron-LM training.py resolve_ddp_bucket_size), not dp; read from source after every row had been printed
     # with dp: it moves the context-parallel rows whose dp x cp exceeds 40 (not the fresh dense rows added after it)
@@ -317,6 +324,13 @@ HARDWARE_SEEN: dict = {
     # (it saw the rows of its time: rows added after the Blackwell GEMM curve below, which came later, were not printed by it)
     "Megatron-Core's default bucket size by the dp x cp group (tuner/perfmodel/buckets.py)": (
         "speed", lambda r: _bucket_moved(r) and _saw(r, "issue 25 round 4 (")),
+    # issue 24 (2935eb4): a GPU's capacity as the bytes a process can allocate (the presets' memory_gib, from CUDA / HIP
+    # totals and OOM messages, not from any row) was found while reading the published runs that ran with p_fit < 0.5
+    # (534afc2) and printed on every published and hardware run under both readings (benchmarks/usable_capacity.py, then
+    # 2935eb4's before / after): every published or hardware row of its time saw it (not the fake-tensor measurements,
+    # whose reliability sweeps capacities and which it does not move)
+    "GPU capacity as the allocatable bytes (workloads/clusters/*.toml memory_gib)": (
+        "memory", lambda r: "peak_allocated_gib" not in r and _saw(r, "issue 25 fresh dense")),
     # issue 26 sixth session: the Blackwell GEMM curve (b200.toml [9]: eta_max 0.675 -> 0.666, knee 3.1 -> 9.6 GFLOP, from
     # XLA's sm_100 GEMM sweep and vLLM's two points; gb200 / b300 / gb300 carry it) was looked for after every Blackwell
     # row had been printed (the brief named their dense excess); it moves every row on those machines, so all are seen
