@@ -23,6 +23,9 @@ out and seen by no speed choice (published.clean: 3 after issue 25 round 3, none
 rows, 4 since the attention-by-sequence study saw the ModelZoo's 32k row), and how many rows the memory model would
 prune.
 
+Then (issue 25 / 26, eighth session) the MoE rows of the new machines' file, hardware_published.toml (`new_machines`:
+Blackwell, H800 and AMD Instinct rows, each also printed in its GPU family by hardware_accuracy.py), all and held out.
+
 Held out: a third of the configurations, chosen by a hash of the configuration alone (benchmarks/published.held_out,
 committed in data/held_out.txt, not by looking at them); only those that no speed choice saw (published.clean) are
 printed as held out. The rows repeat few layouts (NVIDIA re-ran the same configuration in each release), so a
@@ -191,5 +194,20 @@ def main(all_rows: bool = False) -> dict:
             "held_out": [e["error"] for _, e in clean], "refused": len(refused)}
 
 
+def new_machines() -> dict:
+    """The MoE rows of the new machines' file (benchmarks/data/hardware_published.toml: Blackwell, H800, AMD Instinct),
+    predicted as this benchmark predicts its own rows (hardware_accuracy.py prints each one in its GPU family): every
+    row, and the held-out ones (published.hardware_clean: hashed out and seen by no choice of HARDWARE_SEEN)."""
+    rows = [(r, evaluate(r)) for r in published.hardware() if r.get("ep", 1) > 1]
+    ok = [(r, e) for r, e in rows if not e["refused"]]
+    held = [e["error"] for r, e in ok if published.hardware_clean(r, "speed")]
+    print(f"== MoE runs of the new machines (hardware_published.toml: {len(rows)} configurations, "
+          f"{len(rows) - len(ok)} refused)")
+    print(f"  {'all':26s} {error_stats([e['error'] for _, e in ok])}")
+    print(f"  {'HELD OUT (no choice saw)':26s} {error_stats(held)}")
+    return {"errors": [e["error"] for _, e in ok], "held_out": held}
+
+
 if __name__ == "__main__":
     main(all_rows="--all-rows" in sys.argv)
+    new_machines()
