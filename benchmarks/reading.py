@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 
 import published
-from tuner.layout import Layout, micro_batches_per_pipeline, stage_candidates
+from tuner.layout import Layout, micro_batches_per_pipeline, recompute_modules, stage_candidates
 from tuner.perfmodel import breakdown_fit, memory
 from tuner.specs import load_cluster, load_model, make_workload
 
@@ -81,11 +81,15 @@ def cluster_of(row: dict):
 
 
 def workload_of(row: dict):
-    """The workload as it ran (make_workload's UsageError where the machine refuses its precision)."""
+    """The workload as it ran (make_workload's UsageError where the machine refuses its precision): `ran_global_batch`
+    where the table leaves the batch unstated and the recipe that ran states it; `optimizer_moments` where a run kept
+    Adam's moments otherwise than in fp32."""
     fw, cluster = framework_of(row), cluster_of(row)
-    return make_workload(model_of(row), row["gpus"] // cluster.gpus_per_node, cluster, row["global_batch"],
+    return make_workload(model_of(row), row["gpus"] // cluster.gpus_per_node, cluster,
+                         row.get("ran_global_batch", row["global_batch"]),
                          precision=row.get("precision", "bf16"), framework=fw,
-                         grad_reduce=published.grad_reduce(row) if fw == "megatron-core" else None)
+                         grad_reduce=published.grad_reduce(row) if fw == "megatron-core" else None,
+                         optimizer_moments=row.get("optimizer_moments"))
 
 
 def layout_of(row: dict, framework: str | None = None) -> Layout:
@@ -262,16 +266,62 @@ def ran_fp8_params(row: dict, lay: Layout, w) -> bool | None:
     return None if ran is None or bool(ran) == of(w).quantized_params(lay, w) else bool(ran)
 
 
+def stage_as_ran(row: dict, lay: Layout, w, stage: int, m: int, alone: bool | None) -> dict:
+    """One stage's breakdown (memory.stage_memory) with the row's recompute as it ran: `ran_recompute_also` names a
+    second tuner mode whose modules, disjoint from the layout's, the run recomputed as well (DeepSeek-V3's RMSNorm with
+    its MLA up-projection: mla_up and norm_act). Each module's freed bytes are its own (tuner.perfmodel.recompute
+    .freed_bytes sums them) and a mode other than full leaves the backward's buffers as they are, so the stage keeps
+    the layout's activations less what that mode frees on its own."""
+    mem = memory.stage_memory(lay, w, stage, m, fp8_params=alone)
+    also = row.get("ran_recompute_also")
+    if not also:
+        return mem
+    if "full" in (also, lay.recompute) or recompute_modules(also) & recompute_modules(lay.recompute):
+        raise ValueError(f"{row['source']}: ran_recompute_also {also!r} must name modules apart from "
+                         f"{lay.recompute!r}'s, neither of them full")
+    none, extra = (memory.stage_memory(dataclasses.replace(lay, recompute=rc), w, stage, m, fp8_params=alone)
+                   for rc in ("none", also))
+    freed = none["activations"] - extra["activations"]
+    return {**mem, "activations": mem["activations"] - freed, "total": mem["total"] - freed}
+
+
+def dualpipe_devices(lay: Layout, stages: list[dict]) -> list[dict]:
+    """DeepSeek's DualPipe (`ran_schedule = "dualpipe"`) from 1F1B's stage breakdowns, one per device. Its rank r runs
+    stage r of the forward direction and stage pp-1-r of the reverse one (deepseek-ai/DualPipe @ 3da1bbe
+    dualpipe/dualpipe.py DualPipe.step: its warm-up, steps 1-2, runs 2(pp/2 - r - 1) + r + 1 = pp - r - 1 forward
+    chunks of phase 0 and r + 1 of phase 1, and the main step one more of phase 0 before its first phase-0
+    backward): pp - r and r + 1 micro-batches of the two stages in flight, 1F1B's counts of stages r and pp-1-r,
+    pp + 1 in all (the README's table: DualPipe holds 2x the parameters and pp + 1 micro-batches' activations per
+    device). So device r holds both stages' model states and activations: the sum of the two stages' breakdowns,
+    with one reserve. Both stages' backward buffers are kept (DualPipe overlaps one chunk's forward with another's
+    backward)."""
+    if lay.pp % 2 or lay.virtual_pipeline != 1:
+        raise ValueError(f"DualPipe runs an even number of stages without virtual ones (pp {lay.pp}, "
+                         f"vp {lay.virtual_pipeline})")
+    devices = []
+    for r in range(lay.pp // 2):
+        a, b = stages[r], stages[lay.pp - 1 - r]
+        devices.append({k: a[k] + b[k] - (a[k] if k == "reserved" else 0.0) for k in a})
+        devices[-1]["total"] -= a["reserved"]
+    return devices
+
+
 def peak_as_ran(row: dict, lay: Layout, w) -> dict:
     """The worst stage's predicted breakdown as the row ran (before the framework's measured bias); where its weights
-    were held otherwise than tuner's launch holds them (ran_fp8_params), the worst stage after that."""
+    were held otherwise than tuner's launch holds them (ran_fp8_params), the worst stage after that; with its
+    recompute as it ran (stage_as_ran) and, under DeepSeek's DualPipe, the worst device (dualpipe_devices)."""
     m = micro_batches_per_pipeline(lay, w.global_batch)
     alone = ran_fp8_params(row, lay, w)
-    if alone is None:
+    if alone is None and not row.get("ran_recompute_also") and "ran_schedule" not in row:
         _, mem = memory.peak_memory(lay, w, m)
         return ran_breakdown(row, lay, w, mem)
-    stages = [memory.stage_memory(lay, w, s, m, fp8_params=alone) for s in stage_candidates(lay, w.model)]
-    return ran_breakdown(row, lay, w, max(stages, key=lambda b: b["total"]))
+    dual = row.get("ran_schedule") == "dualpipe"
+    if row.get("ran_schedule", "dualpipe") != "dualpipe":
+        raise ValueError(f"{row['source']}: ran_schedule {row['ran_schedule']!r}: only 'dualpipe' is read")
+    stages = [stage_as_ran(row, lay, w, s, m, alone)
+              for s in (range(lay.pp) if dual else stage_candidates(lay, w.model))]
+    return ran_breakdown(row, lay, w, max(dualpipe_devices(lay, stages) if dual else stages,
+                                          key=lambda b: b["total"]))
 
 
 def memory_as_ran(row: dict, lay: Layout, w) -> tuple[float, float]:

@@ -335,6 +335,13 @@ HARDWARE_SEEN: dict = {
     # XLA's sm_100 GEMM sweep and vLLM's two points; gb200 / b300 / gb300 carry it) was looked for after every Blackwell
     # row had been printed (the brief named their dense excess); it moves every row on those machines, so all are seen
     # (round 3's 750 W B200 rows included); rows added after it (their `added` says so) are not.
+    # issue 24 (the two runs that ran at p_fit < 0.5): what DeepSeek-V3's report says its run did to memory (DualPipe,
+    # BF16 moments, FP32 gradients, RMSNorm / MLA up-projection / SwiGLU recompute, one MTP module) and Primus's 8-node
+    # script's micro batch and global batch read onto the H800 and MI355X rows after their p_fit (0.00, 0.04) had been
+    # printed; the recompute, gradients, MTP and batch move their step time too
+    **{f"issue 24's reading of the H800 DeepSeek-V3 and MI355X Mixtral 8x22B runs (benchmarks/reading.py, {k})": (
+        k, lambda r: ("ran_schedule" in r or "ran_global_batch" in r) and _saw(r, "issue 26 eighth session")
+    ) for k in ("memory", "speed")},
     "Blackwell GEMM curve from XLA's sm_100 sweep (workloads/clusters/b200.toml [9])": (
         "speed", lambda r: r.get("cluster") in ("b200", "gb200", "b300", "gb300") and _saw(r, "issue 25 round 5 (")),
 }

@@ -104,7 +104,8 @@ def test_a_row_without_recipe_keys_is_stated_as_predict_states_it():
     """reading.memory_as_ran states what tuner.perfmodel.predict states when the recipe changes nothing (one p_fit)."""
     from tuner.perfmodel import predict
     rows = [r for r in published.published() + published.hardware()
-            if r["framework"] != "fsdp" and not ({"optimizer_state", "ran_offload_layers"} & set(r))][::7]
+            if r["framework"] != "fsdp" and not ({"optimizer_state", "ran_offload_layers", "ran_schedule",
+                                                 "ran_recompute_also"} & set(r))][::7]
     assert len(rows) > 20
     for r in rows:
         lay, w = reading.layout_of(r), reading.workload_of(r)
@@ -183,3 +184,59 @@ def test_torchtitan_613bfd0_rows_are_read_with_its_fused_norm_and_fp32_logits():
     assert ran["logits"] - plain["logits"] == pytest.approx((4 * logits - 6 * sbh) / 1e9)
     assert ran["total"] < plain["total"] - 15 and published.seen_by(row, "memory")
     assert memory_accuracy.evaluate(row, "published")["pred"] == pytest.approx(ran["total"])
+
+
+def _h800_deepseek():
+    return next(r for r in published.hardware() if r.get("cluster") == "h800" and r["model"] == "deepseek-v3")
+
+
+def test_a_second_recompute_mode_frees_what_it_frees_alone():
+    """ran_recompute_also (DeepSeek-V3's RMSNorm, MLA up-projection and SwiGLU recompute: mla_up with norm_act): each
+    stage keeps the layout's activations less what the second mode frees on its own, and the model states as they are."""
+    import dataclasses
+    row = _h800_deepseek()
+    lay, w = reading.layout_of(row), reading.workload_of(row)
+    assert (lay.recompute, row["ran_recompute_also"]) == ("mla_up", "norm_act")
+    m = reading.micro_batches_per_pipeline(lay, w.global_batch)
+    alone = {rc: reading.memory.stage_memory(dataclasses.replace(lay, recompute=rc), w, 1, m)
+             for rc in ("none", "mla_up", "norm_act")}
+    both = reading.stage_as_ran(row, lay, w, 1, m, None)
+    freed = 2 * alone["none"]["activations"] - alone["mla_up"]["activations"] - alone["norm_act"]["activations"]
+    assert both["activations"] == pytest.approx(alone["none"]["activations"] - freed)
+    assert freed > 0 and both["optimizer"] == alone["mla_up"]["optimizer"]
+    with pytest.raises(ValueError, match="apart from"):
+        reading.stage_as_ran({**row, "ran_recompute_also": "mla_up_mlp"}, lay, w, 1, m, None)
+
+
+def test_dualpipe_holds_stage_r_and_its_mirror_on_one_device():
+    """DeepSeek's DualPipe: rank r holds stage r and stage pp-1-r (1F1B's in-flight counts of both, pp + 1 in all):
+    the two stages' breakdowns summed, one reserve; the H800 row's memory is its worst device's and fits."""
+    stages = [{"weights": 1.0 * s, "activations": 10.0 * (4 - s), "reserved": 3.0, "total": 11.0 * s + 10.0 * (4 - s)
+               + 3.0 - 1.0 * s} for s in range(4)]
+    lay = reading.layout_of(_h800_deepseek())
+    import dataclasses
+    devices = reading.dualpipe_devices(dataclasses.replace(lay, pp=4), stages)
+    assert [d["activations"] for d in devices] == [50.0, 50.0]       # (4 + 1) units of 10 on each device
+    assert [d["weights"] for d in devices] == [3.0, 3.0] and devices[0]["reserved"] == 3.0
+    assert devices[0]["total"] == pytest.approx(stages[0]["total"] + stages[3]["total"] - 3.0)
+    with pytest.raises(ValueError, match="even number"):
+        reading.dualpipe_devices(dataclasses.replace(lay, pp=3), stages[:3])
+    row = _h800_deepseek()
+    w = reading.workload_of(row)
+    m = reading.micro_batches_per_pipeline(lay, w.global_batch)
+    per_stage = [reading.stage_as_ran(row, lay, w, s, m, reading.ran_fp8_params(row, lay, w)) for s in range(lay.pp)]
+    worst = max(per_stage[r]["total"] + per_stage[lay.pp - 1 - r]["total"] - 3.0 for r in range(lay.pp // 2))
+    assert reading.peak_as_ran(row, lay, w)["total"] == pytest.approx(worst)
+    assert w.optimizer_moments == "bf16" and w.model.mtp_num_layers == 1
+    assert hardware_accuracy.evaluate(row)["p_fit"] >= 0.5
+
+
+def test_the_mixtral_mi355x_row_is_read_as_primus_8_node_script():
+    """The MI355X Mixtral 8x22B row ran Primus's 8-node script's micro batch 1 and global batch 512 (the table's Batch 2
+    without recompute cannot have run); the split key stays the table's."""
+    row = next(r for r in published.hardware() if r.get("cluster") == "mi355x" and r["model"] == "mixtral-8x22b")
+    lay, w = reading.layout_of(row), reading.workload_of(row)
+    assert (lay.micro_batch, w.global_batch, row["micro_batch"], row["global_batch"]) == (1, 512, 2, 128)
+    table = {k: v for k, v in row.items() if not k.startswith("ran_")}
+    assert published.split_key(row) == published.split_key(table)
+    assert hardware_accuracy.evaluate(row)["p_fit"] >= 0.5 > hardware_accuracy.evaluate(table)["p_fit"]
