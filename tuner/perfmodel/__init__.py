@@ -23,8 +23,8 @@ The workload's framework (tuner.frameworks) says what is overlapped. Megatron-Co
 -- a layer's GEMMs, a stage's compute, the last micro-batch's backward and the first one's forward.
 Megatron-DeepSpeed overlaps nothing: DP/ZeRO collectives run after gradient accumulation. torchtitan's
 FSDP2 gathers and reduce-scatters layer by layer under the neighbouring layer's compute (`fsdp_time`).
-t_step_overhead is the cluster's fixed cost per iteration (step_overhead_ms; 0 unless measured, as
-`tuner calibrate` does from real runs of the harness).
+t_step_overhead is the cluster's fixed cost per iteration (tuner.perfmodel.step_floor: step_overhead_ms; 0 unless
+measured, as `tuner calibrate` does from real runs of the harness).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from tuner.layout import (RECOMPUTE, Layout, expert_data_parallel, micro_batches
                           stage_layers)
 from tuner.pipeline_split import bubble_share
 from tuner.frameworks import megatron_fsdp, of as framework_of
-from tuner.perfmodel import buckets, comm, compute, memory, moe, moe_exchange
+from tuner.perfmodel import buckets, comm, compute, memory, moe, moe_exchange, step_floor
 from tuner.perfmodel.compute import shape_of
 from tuner.perfmodel.fit import (MEMORY_KEYS, MEMORY_NOISE_SD, MEMORY_PRIOR_SPLIT, PRUNE_BELOW, RECOMMEND_AT,
                                  account_sd, expected_speed, fit_probability, gpu_fit_probability, keeps_headroom,
@@ -216,8 +216,8 @@ def predict(layout: Layout, workload: Workload, exchange: moe_exchange.TokenExch
     time["dp_param_gather"] = dp["param_gather"]
     time["embedding_sync"] = sync
     time["optimizer"] = t_opt
-    if cluster.step_overhead_ms:
-        time["step_overhead"] = cluster.step_overhead_ms * 1e-3
+    if floor := step_floor.step_floor_s(fw.name, cluster):
+        time["step_overhead"] = floor
     step = sum(time.values())
     if model.is_moe:    # the dense parameters' collectives over the data-parallel group, the experts' over expert-dp
         for k in ("grad_reduce", "param_gather"):
