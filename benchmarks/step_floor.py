@@ -31,6 +31,8 @@ GB200 21.3 -> 16.6 %, strong scaling answer 0.032 -> 0.024 -- but other families
 Megatron-LM r0.8's weak series (first point a 1.7B GPT on 48 H100, a 0.5 s step) worst 0.208 -> 0.289, Llama bf16
 rows 5.9 -> 6.1 %. The CI floor is too large for Megatron-LM's own 2024 H100 runs and too small for the B200 8B rows'
 growth with DP (0.047 s at 32-128 GPUs, 0.074 s at 256): the missing cost is not one constant per host.
+On rows added after it was committed (b044da0's MLPerf Training v6.0 GB300 rows, held out): Llama 3 8B NVFP4 on
+72 GPUs +9.3 -> -20.7 %, DeepSeek-V3 on 8,192 GPUs -17.0 -> -19.6 %.
 """
 
 from __future__ import annotations
