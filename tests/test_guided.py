@@ -95,21 +95,18 @@ def recommended_ratio(wd, s, ran) -> float:
     return (wd.truth(max(measured, key=measured.get))[0] or 0.0) / wd.optimum()[1]
 
 
-def test_no_false_stop_on_20_independent_worlds():
-    """Every stop on 20 seeds of the independent worlds (three physics, four workloads) is within the
-    threshold of the world's fastest layout, and the rule does stop: a rule that never stops passes
-    the first half trivially. Budget 30, as benchmarks/stop_calibration.py (which checks the stated
-    confidence over 200 seeds drawn at run time): the 99 % rule stops in 4 of these 20 within 30 trials (5 before
-    issue 24 round 6, when the worlds reported everything a GPU holds as the measured peak and the correction read
-    it against a prediction with the reserve; now they report allocated bytes, the reserve is added to them, and
-    seed 5 ends at confidence 0.982 after 30 trials instead of stopping at 17)."""
+def test_the_stop_rule_stops_on_independent_worlds_and_never_falsely():
+    """Seeds 1, 10, 16 and 18 of the independent worlds are the four of the first 20 (three physics, four
+    workloads) on which the 99 % rule stops within 30 trials (budget 30, as benchmarks/stop_calibration.py, which
+    checks the stated confidence over 200 seeds drawn at run time and prints the false stops): each stops, at
+    the stated confidence, on a layout within the threshold of the world's fastest. The other 16 run all 30
+    trials without stopping (at 2935eb4's capacities: seed 5 ends at confidence 0.979, 14 at 0.981), which
+    cannot stop falsely; they are left to the benchmark, where they cost 30 trials each."""
     stops, thr, sure = [], STUDY_DEFAULTS["stop_threshold"], 1 - STUDY_DEFAULTS["stop_probability"]
-    for seed in range(20):
+    for seed in (1, 10, 16, 18):
         wd, s, ran = indep_search(seed, budget=30)
-        if s.stopped:
-            stops.append((seed, len(ran), recommended_ratio(wd, s, ran), s.confidence))
-    assert len(stops) >= 4, stops
-    assert all(r * (1 + thr) >= 1.0 and c >= sure for _, _, r, c in stops), stops
+        stops.append((seed, s.stopped, len(ran), recommended_ratio(wd, s, ran), s.confidence))
+    assert all(stopped and r * (1 + thr) >= 1.0 and c >= sure for _, stopped, _, r, c in stops), stops
 
 
 def test_guided_finds_the_fastest_layout_of_independent_worlds_in_12_trials():
