@@ -258,6 +258,12 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # Megatron-Core row of its time saw it (choosing either way selects on them), not the rows added after
     "Megatron-Core's CI step floor, not applied (benchmarks/step_floor.py)": (
         "speed", lambda r: r["framework"] == "megatron-core" and _saw(r, "issue 25 fresh dense")),
+    # issues 25 / 26: each of Megatron-Core's gradient buckets pays NCCL's ring latency (tuner/perfmodel/__init__.py
+    # bucket_latency; NCCL's constants and Megatron-Core's bucket rule from source, none fitted), built after the B200
+    # Llama 3 8B rows' gap and a probe of it had been printed, kept after every row of framework / moe / llama / hardware
+    # / scaling_accuracy had been printed with and without it: every Megatron-Core row of ba30800's batches saw it
+    "Megatron-Core's buckets each pay NCCL's ring latency (tuner/perfmodel bucket_latency)": (
+        "speed", lambda r: r["framework"] == "megatron-core" and _saw(r, "issue 25 fresh dense")),
 }
 
 
@@ -354,6 +360,10 @@ HARDWARE_SEEN: dict = {
     # issues 25 / 26 (step floor): SEEN's entry of the same name -- every Megatron-Core row of this file printed with and
     # without the CI floor (the ROCm ones too: the first print applied it there) before it was left out
     "Megatron-Core's CI step floor, not applied (benchmarks/step_floor.py)": (
+        "speed", lambda r: r.get("framework", "megatron-core") == "megatron-core" and _saw(r, "issue 25 fresh dense")),
+    # issues 25 / 26: SEEN's entry of the same name (every Megatron-Core row of this file of ba30800's batches printed
+    # with and without it)
+    "Megatron-Core's buckets each pay NCCL's ring latency (tuner/perfmodel bucket_latency)": (
         "speed", lambda r: r.get("framework", "megatron-core") == "megatron-core" and _saw(r, "issue 25 fresh dense")),
 }
 

@@ -105,6 +105,18 @@ def _with_expert_part(exposed: dict, whole: dict, expert: dict) -> dict:
     return {**exposed, **{f"expert_{k}": exposed[k] * _part(expert[k], whole[k]) for k in ("grad_reduce", "param_gather")}}
 
 
+def bucket_latency(layout: Layout, workload: Workload) -> float:
+    """NCCL's latency of each of Megatron-Core's gradient buckets but the first (dp_time charges the buffer as one
+    collective): every bucket is its own reduce-scatter (all-reduce without the distributed optimizer) and its own
+    parameter all-gather over the d*c ranks, each paying NCCL's ring latency (comm.nccl_ring_latency); the dense
+    buffer's buckets (buckets.bucket_count), not the experts'. NVIDIA's stacks only (RCCL's constants not read)."""
+    g = layout.dp * layout.context_parallel
+    if g <= 1:
+        return 0.0
+    domains = g // comm.ranks_in_domain(workload.cluster, g, layout.tp)
+    return (buckets.bucket_count(workload.model, layout) - 1) * comm.nccl_ring_latency(g, domains)
+
+
 def gradient_sync_time(layout: Layout, workload: Workload, fw, slow: dict, m: int, params_gpu: float,
                        experts_gpu: float, hide: frozenset | None = None) -> dict:
     """The data-parallel gradient reduce and parameter gather of one step beyond what hides under compute:
@@ -127,6 +139,9 @@ def gradient_sync_time(layout: Layout, workload: Workload, fw, slow: dict, m: in
     gb = fw.grad_bytes(workload) if fw.name == "megatron-core" else None     # its buffers' dtype (comm.dp_time)
     dp = comm.dp_time(cluster, t, layout.dp * layout.context_parallel, layout.zero_stage, params_gpu - experts_gpu,
                       m, layout.checkpointing, gb)
+    if gb is not None and layout.zero_stage <= 1 and cluster.software == "cuda":
+        lat = bucket_latency(layout, workload)
+        dp = {"grad_reduce": dp["grad_reduce"] + lat, "param_gather": dp["param_gather"] + lat * (layout.zero_stage == 1)}
     de = {"grad_reduce": 0.0, "param_gather": 0.0}
     if experts_gpu:
         de = comm.dp_time(cluster, layout.expert_parallel * layout.expert_tensor_parallel,

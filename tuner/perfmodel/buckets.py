@@ -68,3 +68,20 @@ def last_bucket_params(model: ModelSpec, layout: Layout, bucket_size: float | No
         if acc >= size:
             closed, acc = acc, 0.0
     return acc or closed
+
+
+def bucket_count(model: ModelSpec, layout: Layout, bucket_size: float | None = None) -> int:
+    """How many gradient buckets (each one reduce-scatter, or all-reduce, and one parameter all-gather) pipeline rank
+    0 runs a step: the reverse walk over its first chunk (a shared embedding a bucket of its own) and one bucket for
+    each of its other v - 1 chunks, which are not bucketed (module docstring)."""
+    params = _first_chunk_params(model, layout)
+    extra = max(1, layout.virtual_pipeline) - 1
+    if model.tie_embeddings and layout.pp > 1:
+        params, extra = params[1:], extra + 1
+    size = default_bucket_size(layout.dp * layout.context_parallel) if bucket_size is None else bucket_size
+    count, acc = 0, 0.0
+    for n in reversed(params):
+        acc += n
+        if acc >= size:
+            count, acc = count + 1, 0.0
+    return count + (acc > 0) + extra

@@ -95,6 +95,23 @@ def allreduce_time(nbytes: float, size: int, bw_gbps: float, cluster: ClusterSpe
     return 2.0 * (g - 1) / g * nbytes / _bw_bytes(cluster, bw_gbps) + 2.0 * (g - 1) * cluster.latency_us * 1e-6
 
 
+#: NCCL's latency model for a ring reduce-scatter / all-gather in its Simple protocol (the one it picks for
+#: gradient buckets of tens of MB and up), NVIDIA/nccl src/graph/tuning.cc @ 5067397c (ncclTunerConstantsDefaults,
+#: ncclTopoTuneModel): a base latency, an NVLink step latency for each step inside a node (max(3.4, 3 x the network
+#: overhead of 1.0 us on an Intel or Arm host) = 3.4 once the ring leaves the node) and a network step latency for
+#: each of the nNodes - 1 steps between nodes (the InfiniBand plugin states no latency of its own: 14.0).
+NCCL_RING_BASE_US, NCCL_RING_NVLINK_STEP_US, NCCL_RING_NET_STEP_US = 8.4, 3.4, 14.0
+
+
+def nccl_ring_latency(size: int, domains: int) -> float:
+    """Seconds of NCCL's latency for one ring reduce-scatter or all-gather over `size` ranks spanning `domains`
+    scale-up domains (NCCL's nodes): size - 1 steps, domains - 1 of them over the network (tuning.cc above)."""
+    if size <= 1:
+        return 0.0
+    net = max(0, min(domains, size) - 1)
+    return (NCCL_RING_BASE_US + (size - 1 - net) * NCCL_RING_NVLINK_STEP_US + net * NCCL_RING_NET_STEP_US) * 1e-6
+
+
 def reduce_scatter_time(nbytes: float, size: int, bw_gbps: float, cluster: ClusterSpec) -> float:
     """Ring reduce-scatter (or all-gather) of `nbytes`: half of an all-reduce."""
     return 0.5 * allreduce_time(nbytes, size, bw_gbps, cluster)
