@@ -66,7 +66,7 @@ def test_layout_key_and_roundtrip():
         Layout.from_dict({"tp": 1})
     for bad, words in (({"tp": 2.7}, "tp = 2.7 must be a whole number"),
                        ({"sequence_parallel": 2}, "must be true/false"),
-                       ({"recompute": "some"}, "must be one of none, moe_act, norm_act, selective, mla_up, mla_up_mlp, mla_up_mlp_moe, norm_moe, full"),
+                       ({"recompute": "some"}, "must be one of none, moe_act, norm_act, selective, mlp, mla_up, mla_up_mlp, mla_up_mlp_moe, norm_moe, full"),
                        ({"checkpointing": True}, "unknown layout key")):
         with pytest.raises(InvalidLayout, match=words):          # never silently truncated or coerced
             Layout.from_dict({**lay.as_dict(), **bad})

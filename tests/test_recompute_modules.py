@@ -141,6 +141,8 @@ def test_the_cli_takes_a_set_and_refuses_one_the_model_cannot_run(tuner):
             "--global-batch", "8192", "--grad-reduce", "bf16"]
     code, out, err = tuner(*base, "--recompute", "mla_up_mlp")
     assert code == 0 and "rcmla_up_mlp" in out, err
+    code, out, err = tuner(*base, "--recompute", "mlp")
+    assert code == 0 and "rcmlp" in out, err
     code, out, err = tuner("predict", "--model", "llama3-8b", "--cluster", "h100", "--nodes", "1", "--tp", "1", "--pp", "1",
                            "--micro-batch", "1", "--recompute", "moe_act")
     assert code == 2 and "has no experts" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
@@ -158,3 +160,30 @@ def test_a_set_round_trips_through_the_store(tmp_path):
     with open_store(url) as again:
         (t,) = again.trials("s")
     assert t.layout == lay and dataclasses.replace(t.layout, recompute="none") != lay
+
+
+def test_mlp_checkpoints_the_dense_layers_mlp_only(tuner):
+    """mlp (MLPerf Training v6.0's DeepSeek-V3 GB200 configs, RECOMPUTE_MODULES="mlp"): Megatron-Core checkpoints the
+    MLP only where the layer is not an MoE layer (transformer_layer.py line 537 at d98e8a64dd), so a dense layer frees
+    and re-runs what mla_up_mlp's mlp does and an MoE layer nothing; launch writes --recompute-modules mlp and keeps
+    the EP overlap (only moe turns it off); predict and plan take it."""
+    w = deepseek()
+    m, c = w.model, w.cluster
+    sh = {rc: compute.shape_of(ds_layout(rc), w) for rc in ("mlp", "mla_up", "mla_up_mlp")}
+    dense = recompute.freed_bytes(m, sh["mla_up_mlp"], False) - recompute.freed_bytes(m, sh["mla_up"], False)
+    assert dense > 0 and recompute.freed_bytes(m, sh["mlp"], False) == pytest.approx(dense)
+    assert recompute.freed_bytes(m, sh["mlp"], True) == 0.0
+    assert recompute.extra_seconds(m, c, sh["mlp"], True) == {"gemm": 0.0, "elementwise": 0.0}
+    assert recompute.extra_seconds(m, c, sh["mlp"], False)["gemm"] > 0
+    assert recomputes_at_least("mla_up_mlp", "mlp") and not recomputes_at_least("mlp", "mla_up")
+    args, mla = mcore.pretrain_args(ds_layout("mlp"), w), mcore.pretrain_args(ds_layout("mla_up"), w)
+    i = args.index("--recompute-modules")
+    assert args[i + 1] == "mlp" and (i + 2 == len(args) or args[i + 2].startswith("--"))     # that one module
+    assert ("--overlap-moe-expert-parallel-comm" in args) == ("--overlap-moe-expert-parallel-comm" in mla)
+    dense_w = make_workload("llama3-8b", 1, load_cluster("h100"), framework="megatron-core")
+    lay = Layout(tp=1, pp=1, dp=8, micro_batch=1, recompute="none")
+    none, mlp = predict(lay, dense_w), predict(dataclasses.replace(lay, recompute="mlp"), dense_w)
+    assert mlp.memory_gb < none.memory_gb and mlp.step_time_s > none.step_time_s
+    code, out, err = tuner("plan", "--model", "llama3-8b", "--cluster", "h100", "--nodes", "1", "--framework",
+                           "megatron-core", "--recompute", "mlp", "--top", "2")
+    assert code == 0 and " mlp " in out, err

@@ -92,8 +92,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
               "docs/frameworks.md)."),
     Dimension("recompute", str, "rc", "recompute", "TUNER_RECOMPUTE", default="full", choices=RECOMPUTE,
               flag="--recompute", help="Activation recompute: none, selective (the attention core), full, or "
-              "Megatron-Core's module sets moe_act, norm_act (layernorm + moe_act), mla_up (mla_up_proj), "
-              "mla_up_mlp (mla_up_proj + mlp), mla_up_mlp_moe (and moe: the whole MoE layer), norm_moe (layernorm + moe)."),
+              "Megatron-Core's module sets moe_act, norm_act (layernorm + moe_act), mlp (the dense layers' MLP), "
+              "mla_up (mla_up_proj), mla_up_mlp (mla_up_proj + mlp), mla_up_mlp_moe (and moe: the whole MoE layer), "
+              "norm_moe (layernorm + moe)."),
 )
 BY_NAME = {d.name: d for d in DIMENSIONS}
 LAYOUT_FIELDS = tuple(d.name for d in DIMENSIONS)

@@ -11,11 +11,15 @@ from __future__ import annotations
 #: Megatron-Bridge perf_recipes/deepseek/h100/deepseek_v3.py line 43 at 067f987df03b), mla_up_mlp_moe (and moe, the
 #: whole MoE layer: DeepSeek-V3 on H100 in NeMo 25.07, dgxc-benchmarking v25.08's launch.sh), norm_moe (layernorm, moe:
 #: Qwen3-235B-A22B's long-context H100 runs, yanring/Megatron-MoE-ModelZoo best_practice/Qwen3/run_235b.sh at b0b92ff,
-#: and Pai-Megatron-Patch's 'recompute=moe'). Not a chain: one mode
+#: and Pai-Megatron-Patch's 'recompute=moe'), mlp (the dense layers' MLP alone: Megatron-Core checkpoints `mlp` only
+#: where the layer is not an MoE layer, transformer_layer.py line 537 at d98e8a64ddf3, so an MoE model's MoE layers keep
+#: everything; DeepSeek-V3 on GB200 in MLPerf Training v6.0's NVIDIA / Google configs). Not a chain: one mode
 #: recomputes more than another when its modules include the other's (recomputes_at_least); full, everything.
-RECOMPUTE = ("none", "moe_act", "norm_act", "selective", "mla_up", "mla_up_mlp", "mla_up_mlp_moe", "norm_moe", "full")
+RECOMPUTE = ("none", "moe_act", "norm_act", "selective", "mlp", "mla_up", "mla_up_mlp", "mla_up_mlp_moe", "norm_moe",
+             "full")
 RECOMPUTE_MODULES = {"none": (), "moe_act": ("moe_act",), "norm_act": ("layernorm", "moe_act"),
-                     "selective": ("core_attn",), "mla_up": ("mla_up_proj",), "mla_up_mlp": ("mla_up_proj", "mlp"),
+                     "selective": ("core_attn",), "mlp": ("mlp",), "mla_up": ("mla_up_proj",),
+                     "mla_up_mlp": ("mla_up_proj", "mlp"),
                      "mla_up_mlp_moe": ("mla_up_proj", "mlp", "moe"), "norm_moe": ("layernorm", "moe"),
                      "full": ("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp", "moe")}
 
