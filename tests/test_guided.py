@@ -137,7 +137,9 @@ def test_learns_from_an_oom_at_a_layout_predicted_to_fit():
     smaller = [s.index[c] for c in cands if mem[c] < 0.8 * mem[oom] and predict(c, w).fits]
     assert bigger and smaller
     assert all(after[i] < 0.5 < before[i] for i in bigger if before[i] > 0.5)
-    assert all(after[i] < before[i] for i in bigger)
+    # lower where it was plausible; one OOM widens the correction (issue 24 / 30: a 7-sd surprise), so a layout
+    # predicted at 2-10x the GPU may rise from 1e-7 to 1e-4 -- still hopeless
+    assert all(after[i] < before[i] or after[i] < 0.01 for i in bigger)
     assert sum(after[i] > 0.5 for i in smaller) >= 0.8 * len(smaller)   # far-off small layouts still fit
     # a measured peak above the prediction raises the expected memory of similar layouts
     s2 = GuidedSearcher(cands, workload=w)
