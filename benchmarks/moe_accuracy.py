@@ -136,12 +136,14 @@ def exchange_of(row: dict) -> TokenExchange:
     (an unstated dispatcher predicts the alltoall one, what `tuner launch` writes); TP overlap off only
     where the row states it ran without (`tp_comm_overlap = false`: the Grok-1 rows' yaml), DP overlap off where
     it states `overlap_grad_reduce = false` (Megatron-Bridge 25.09's DeepSeek-V3 H100 run_script.py); the shared experts
-    beside the exchange where it states `shared_expert_overlap = true` (--moe-shared-expert-overlap)."""
+    beside the exchange where it states `shared_expert_overlap = true` (--moe-shared-expert-overlap); no fixed MoE
+    layer overhead where it states `cuda_graphs = "full_iteration"` (tuner.perfmodel.moe.layer_overhead)."""
     off = {k for k, key in (("tp", "tp_comm_overlap"), ("dp", "overlap_grad_reduce")) if row.get(key) is False}
     return TokenExchange(overlap=row.get("a2a_overlap") is True,
                          dispatcher="flex" if str(row.get("dispatcher", "")).startswith("flex") else "alltoall",
                          overlaps=FRAMEWORKS[row["framework"]].overlaps - off if off else None,
-                         shared_overlap=row.get("shared_expert_overlap") is True)
+                         shared_overlap=row.get("shared_expert_overlap") is True,
+                         graphed=row.get("cuda_graphs") == "full_iteration")
 
 
 def evaluate(row: dict) -> dict:

@@ -365,6 +365,13 @@ HARDWARE_SEEN: dict = {
     # with and without it)
     "Megatron-Core's buckets each pay NCCL's ring latency (tuner/perfmodel bucket_latency)": (
         "speed", lambda r: r.get("framework", "megatron-core") == "megatron-core" and _saw(r, "issue 25 fresh dense")),
+    # issues 25 / 26 (DeepSeek-V3 on GB300): no fixed MoE layer overhead where the whole iteration replays as one CUDA
+    # graph (tuner/perfmodel/moe.layer_overhead, from the configs and Megatron-LM / DeepEP source, no constant chosen),
+    # looked for after the step breakdown of the four DeepSeek-V3 GB300 rows of the eighth session on 256-4,096 GPUs had
+    # been printed (-27.2 / -25.9 / -17.3 / -20.9 %); the 8,192-GPU row and the ninth session's GB200 rows were not
+    "no MoE layer overhead under full-iteration CUDA graphs (tuner/perfmodel/moe.layer_overhead)": (
+        "speed", lambda r: r.get("cluster") == "gb300" and r.get("model") == "deepseek-v3"
+        and str(r.get("added", "")).startswith("issue 26 eighth session") and int(r.get("gpus", 0)) <= 4096),
 }
 
 

@@ -44,6 +44,7 @@ PERMUTE_BYTES = 8.0     # per routed token copy and h: permute before dispatch a
 # pads to capacity (token_dispatcher.py preprocess, core_v0.9.0 to d98e8a64ddf3), yet without this cost moe_accuracy's
 # 25 drop-and-pad rows (Grok-1, DeepSeek-V3 v25.05, Llama 4, Megatron-Bridge 25.09 token-drop) predict 6-21 points
 # faster, the 18 Grok-1 rows +14 to +28 % (issue 25 round 4, at 9d58919: printed, not applied).
+# Both parts are host-side: neither is there when the whole iteration replays as one CUDA graph (layer_overhead).
 MOE_LAYER_OVERHEAD_MS = 2.5
 ROUTER_BYTES = 12.0     # per token and expert: fp32 router logits written, read by the softmax/top-k, probs written
 
@@ -52,6 +53,21 @@ def load(model: ModelSpec) -> float:
     """Tokens per expert relative to a fair share: MOE_LOAD, or the capacity factor when it is lower."""
     cf = model.moe_capacity_factor
     return min(MOE_LOAD, cf) if cf else MOE_LOAD
+
+
+def layer_overhead(graphed: bool = False) -> float:
+    """Seconds of MOE_LAYER_OVERHEAD_MS per MoE layer and micro-batch; none for a run that replays its whole iteration as
+    one CUDA graph with a sync-free token dispatch (TokenExchange.graphed). A captured stream cannot synchronize with the
+    host, so a dropless run captured whole (Megatron-Core's full-iteration graph, megatron/core/full_cuda_graph.py,
+    NVIDIA/Megatron-LM @ ed870628) sizes its exchange buffers beforehand and keeps the token counts on the GPU: HybridEP's
+    non-blocking dispatch (deepseek-ai/DeepEP docs/Hybrid-EP_Implementation.md, 'Non-blocking Mode': "stream
+    synchronizations are skipped", the buffer sized by num_permuted_tokens) with a rank capacity and paged stashing (the
+    dropless spill-over); and a replay launches
+    the captured kernels from the device, so routing's small kernels no longer wait on the host. What those kernels move
+    stays charged (moe_block_elementwise_bytes). MLPerf Training v6.0's DeepSeek-V3 configs run so (config_GB300_*
+    _full_cg.sh: CUDA_GRAPH_SCOPE=full_iteration, MOE_FLEX_DISPATCHER_BACKEND=hybridep, MOE_PAGED_STASH=True,
+    MOE_EXPERT_RANK_CAPACITY_FACTOR=4; Richardyu114/training_results_v6.0 @ eabf23a)."""
+    return 0.0 if graphed else MOE_LAYER_OVERHEAD_MS * 1e-3
 
 
 def rank_tokens(model: ModelSpec, shape: Shape) -> float:

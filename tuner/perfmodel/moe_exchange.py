@@ -46,6 +46,8 @@ class TokenExchange:
     dispatcher: str | None = None
     overlaps: frozenset | None = None
     shared_overlap: bool = False      # --moe-shared-expert-overlap (`shared_overlap_exposed`); launch leaves it off
+    graphed: bool = False             # the whole iteration replays as one CUDA graph with a sync-free dispatch
+                                      # (tuner.perfmodel.moe.MOE_LAYER_OVERHEAD_MS: not charged); launch writes none
 
 
 DISPATCHERS = ("alltoall", "flex")

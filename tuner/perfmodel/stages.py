@@ -64,6 +64,7 @@ class LayerParts(NamedTuple):
     shared_hidden: bool       # the shared experts hide it (--moe-shared-expert-overlap)
     exposed: float            # what of a paired exchange shows
     m: int                    # micro-batches per pipeline
+    overhead: float           # an MoE layer's fixed cost per micro-batch (moe.layer_overhead)
 
 
 def layer_parts(layout: Layout, workload: Workload, sh: compute.Shape, exchange: moe_exchange.TokenExchange | None,
@@ -98,7 +99,8 @@ def layer_parts(layout: Layout, workload: Workload, sh: compute.Shape, exchange:
         if keep:
             memo[("exposed", sh, ep_hidden, shared_hidden)] = exposed
     m = micro_batches_per_pipeline(layout, workload.global_batch)
-    return LayerParts(lay, lay_moe, a2a, how, cp_comm, tp_comm, ar, p2p, hide, ep_hidden, shared_hidden, exposed, m)
+    return LayerParts(lay, lay_moe, a2a, how, cp_comm, tp_comm, ar, p2p, hide, ep_hidden, shared_hidden, exposed, m,
+                      moe.layer_overhead(exchange.graphed))
 
 
 def _layer_comms(layout: Layout, workload: Workload, sh: compute.Shape, exchange: moe_exchange.TokenExchange,
@@ -143,7 +145,7 @@ def stage_body(layout: Layout, workload: Workload, sh: compute.Shape, parts: Lay
     if model.is_moe:      # the MoE token dispatch and combine; each under its phase's compute where overlapped
         shown, hidden, slowed = exchange_shown(layout, workload, parts, stage)
         out["all_to_all"] = n_moe * shown
-        out["moe_overhead"] = n_moe * moe.MOE_LAYER_OVERHEAD_MS * 1e-3
+        out["moe_overhead"] = n_moe * parts.overhead
         out[HIDDEN] = n_moe * hidden     # compute already spent hiding the exchange
         if slowed:                        # compute time, so other collectives may hide under it too
             out[SM_SHARE] = n_moe * slowed
@@ -175,7 +177,8 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     last["tp_comm"] += ar                     # the LM head's input-gradient all-reduce
     if model.mtp_num_layers:
         _add_mtp(last, workload, sh, lay_moe if model.is_moe else lay, {
-            "head": head, "emb": emb, "tp": parts.tp_comm + ar, "exchange": exchange_shown(layout, workload, parts, p - 1)})
+            "head": head, "emb": emb, "tp": parts.tp_comm + ar, "exchange": exchange_shown(layout, workload, parts, p - 1),
+            "overhead": parts.overhead})
     if p == 1:
         last["elementwise"] += emb["elementwise"]
         last["tp_comm"] += ar
@@ -199,7 +202,7 @@ def _add_mtp(last: dict, workload: Workload, sh: compute.Shape, layer: dict, per
     if model.is_moe:
         shown, hidden, slowed = per["exchange"]
         last["all_to_all"] += n * shown
-        last["moe_overhead"] += n * moe.MOE_LAYER_OVERHEAD_MS * 1e-3
+        last["moe_overhead"] += n * per["overhead"]
         last[HIDDEN] += n * hidden
         if slowed:
             last[SM_SHARE] = last.get(SM_SHARE, 0.0) + n * slowed
@@ -254,7 +257,7 @@ def stage_floor(layout: Layout, workload: Workload, sh: compute.Shape, memo: dic
         pieces = memo[key] = (
             parts.lay["gemm"] + parts.lay["attention"] + parts.lay["elementwise"] + parts.tp_comm,
             parts.lay_moe["gemm"] + parts.lay_moe["attention"] + parts.lay_moe["elementwise"] + parts.tp_comm
-            + min(parts.a2a, parts.exposed) + moe.MOE_LAYER_OVERHEAD_MS * 1e-3)
+            + min(parts.a2a, parts.exposed) + parts.overhead)
     key = ("floor_layers", layout.pp, layout.virtual_pipeline, layout.pipeline_split)
     layers = memo.get(key)
     if layers is None:
