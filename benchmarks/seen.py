@@ -368,10 +368,13 @@ HARDWARE_SEEN: dict = {
     # issues 25 / 26 (DeepSeek-V3 on GB300): no fixed MoE layer overhead where the whole iteration replays as one CUDA
     # graph (tuner/perfmodel/moe.layer_overhead, from the configs and Megatron-LM / DeepEP source, no constant chosen),
     # looked for after the step breakdown of the four DeepSeek-V3 GB300 rows of the eighth session on 256-4,096 GPUs had
-    # been printed (-27.2 / -25.9 / -17.3 / -20.9 %); the 8,192-GPU row and the ninth session's GB200 rows were not
+    # been printed (-27.2 / -25.9 / -17.3 / -20.9 %). The held-out 8,192-GPU row is seen by it too (review): its error
+    # (-17.0 %) had been printed with the other four's in ad1dcb6 as "the five DeepSeek-V3 v6.0 runs ... too slow", the
+    # pattern the term was looked for to explain (as SPLIT_ACCUMULATOR's held-out fp8 rows above). The ninth session's
+    # GB200 rows (printed at 880512a, predicted too fast, moved the other way by it) did not prompt it
     "no MoE layer overhead under full-iteration CUDA graphs (tuner/perfmodel/moe.layer_overhead)": (
         "speed", lambda r: r.get("cluster") == "gb300" and r.get("model") == "deepseek-v3"
-        and str(r.get("added", "")).startswith("issue 26 eighth session") and int(r.get("gpus", 0)) <= 4096),
+        and str(r.get("added", "")).startswith("issue 26 eighth session")),
 }
 
 
