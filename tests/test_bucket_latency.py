@@ -21,6 +21,17 @@ def test_nccl_ring_latency_is_tuning_cc_s_simple_ring():
     assert comm.nccl_ring_latency(32, 4) == pytest.approx((8.4 + 28 * 3.4 + 3 * 14.0) * 1e-6)
     assert comm.nccl_ring_latency(1, 1) == 0.0
     assert comm.nccl_ring_latency(256, 32) > comm.nccl_ring_latency(256, 1)      # network steps cost more
+    # a ring all-reduce (Megatron-Core without the distributed optimizer) runs 2 (n - 1) steps after one base
+    assert comm.nccl_ring_latency(32, 4, allreduce=True) == pytest.approx((8.4 + 2 * (28 * 3.4 + 3 * 14.0)) * 1e-6)
+
+
+def test_without_the_distributed_optimizer_each_bucket_pays_an_all_reduce():
+    w = make_workload("llama3-8b", 8, "b200", 32, "fp8", "megatron-core")
+    z1 = Layout(tp=1, pp=1, dp=32, context_parallel=2, micro_batch=1, recompute="none", zero_stage=1)
+    z0 = dataclasses.replace(z1, zero_stage=0)
+    n = buckets.bucket_count(w.model, z1) - 1
+    assert pm.bucket_latency(z1, w) == pytest.approx(n * comm.nccl_ring_latency(64, 8))
+    assert pm.bucket_latency(z0, w) == pytest.approx(n * comm.nccl_ring_latency(64, 8, allreduce=True))
 
 
 def test_bucket_count_follows_the_default_bucket_and_the_chunks():

@@ -114,7 +114,8 @@ def bucket_latency(layout: Layout, workload: Workload) -> float:
     if g <= 1:
         return 0.0
     domains = g // comm.ranks_in_domain(workload.cluster, g, layout.tp)
-    return (buckets.bucket_count(workload.model, layout) - 1) * comm.nccl_ring_latency(g, domains)
+    return (buckets.bucket_count(workload.model, layout) - 1) * comm.nccl_ring_latency(g, domains,
+                                                                                  allreduce=layout.zero_stage == 0)
 
 
 def gradient_sync_time(layout: Layout, workload: Workload, fw, slow: dict, m: int, params_gpu: float,

@@ -103,13 +103,16 @@ def allreduce_time(nbytes: float, size: int, bw_gbps: float, cluster: ClusterSpe
 NCCL_RING_BASE_US, NCCL_RING_NVLINK_STEP_US, NCCL_RING_NET_STEP_US = 8.4, 3.4, 14.0
 
 
-def nccl_ring_latency(size: int, domains: int) -> float:
+def nccl_ring_latency(size: int, domains: int, allreduce: bool = False) -> float:
     """Seconds of NCCL's latency for one ring reduce-scatter or all-gather over `size` ranks spanning `domains`
-    scale-up domains (NCCL's nodes): size - 1 steps, domains - 1 of them over the network (tuning.cc above)."""
+    scale-up domains (NCCL's nodes): size - 1 steps, domains - 1 of them over the network (tuning.cc above); a ring
+    all-reduce is a reduce-scatter and an all-gather in one kernel, 2 (size - 1) steps after one base latency
+    (tuning.cc's nsteps = 2 (nRanks - 1) for ncclFuncAllReduce)."""
     if size <= 1:
         return 0.0
     net = max(0, min(domains, size) - 1)
-    return (NCCL_RING_BASE_US + (size - 1 - net) * NCCL_RING_NVLINK_STEP_US + net * NCCL_RING_NET_STEP_US) * 1e-6
+    steps = (size - 1 - net) * NCCL_RING_NVLINK_STEP_US + net * NCCL_RING_NET_STEP_US
+    return (NCCL_RING_BASE_US + (2 if allreduce else 1) * steps) * 1e-6
 
 
 def reduce_scatter_time(nbytes: float, size: int, bw_gbps: float, cluster: ClusterSpec) -> float:
