@@ -123,6 +123,27 @@ def test_runner_measures_the_truth_with_seeded_noise_and_reports_ooms():
     assert bad.status == Status.OOM and bad.peak_memory_gb > w.workload.cluster.memory_gb * w.physics["usable"]
 
 
+def test_moe_world_reduces_expert_gradients_over_the_expert_data_parallel_group(monkeypatch):
+    """Megatron-Core reduces the experts' gradients over intra_expt_dp_group, ranks ep x etp apart
+    (distributed_data_parallel.py @ 00119989): an expert-heavy ZeRO-1 layout pays it, more on a wider group."""
+    from worlds_ext import step
+    paid = []
+    for nodes in (8, 16):
+        lay_n = Layout(tp=1, pp=1, dp=8 * nodes, expert_parallel=8, micro_batch=1, zero_stage=1)   # ep 8, etp 1
+        w = draw_world("moe", 0, 3).at_nodes(nodes)
+        ph = dict(w.physics, dp_overlap=0.0)
+        fwd, bwd = step.chunk_times(ph, lay_n, w.workload)
+        dense, experts = memory_acct.rank_params(lay_n, w.workload, 0)
+        full = step.tail_s(ph, lay_n, w.workload, fwd, bwd)
+        monkeypatch.setattr(step, "rank_params", lambda *a: (dense, 0.0))
+        paid.append(full - step.tail_s(ph, lay_n, w.workload, fwd, bwd))
+        monkeypatch.undo()
+        assert step.expert_dp(lay_n) == (nodes, 8)
+        reduce = (network.collective(ph, "reduce-scatter", 4.0 * experts, nodes, 8, 8)
+                  + network.collective(ph, "all-gather", 2.0 * experts, nodes, 8, 8))
+        assert paid[-1] >= reduce > 0.5 * full                     # the experts' reduce dominates the tail
+    assert paid[1] > paid[0]
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_worlds_optimum_is_not_the_models_top_pick_in_most_seeds(family):
     """The point of these worlds: a searcher that trusts the model must still search."""

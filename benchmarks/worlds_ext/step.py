@@ -16,8 +16,9 @@ parallel and optimizer tail.
   per op, the straggler GPU's stage slowed and log-normal jitter.
 - Tail: gradient reduce-scatter / all-reduce and parameter all-gather over dp x cp at their byte widths
   (fp32 main grads in Megatron-Core, bf16 in DeepSpeed), hidden by a drawn share of the last backward where
-  the stack overlaps them; ZeRO-2 reduce-scatters every micro-batch and ZeRO-3 / FSDP2 gathers every layer
-  pass (partly prefetched); tied-embedding all-reduce between the first and last stage; the optimizer's
+  the stack overlaps them; an MoE's expert weights over their own expert-data-parallel group (ep x etp ranks
+  apart), as Megatron-Core's expert buffers; ZeRO-2 reduce-scatters every micro-batch and ZeRO-3 / FSDP2
+  gathers every layer pass (partly prefetched); tied-embedding all-reduce between the first and last stage; the optimizer's
   drawn bytes per local parameter over HBM; a fixed host cost per step.
 """
 
@@ -124,16 +125,25 @@ def _experts(ph, layout: Layout, w: Workload, c) -> tuple[float, float]:
     return gf + host + a2a * (1 - overlap), gb + 2 * host + 2 * a2a * (1 - overlap)
 
 
+def expert_dp(layout: Layout) -> tuple[int, int]:
+    """(size, stride) of the expert-data-parallel group: Megatron-Core's expert ranks are etp x ep x edp in the
+    order tp-ep-dp (megatron/core/parallel_state.py @ 00119989, expert_decoder_rank_generator), so an expert's
+    replicas are ep * etp ranks apart and there are tp * cp * dp / (ep * etp) of them."""
+    span = layout.expert_parallel * layout.expert_tensor_parallel
+    return max(1, layout.tp * layout.context_parallel * layout.dp // span), span
+
+
 def _fsdp_layer(ph, layout: Layout, w: Workload, fwd: float, bwd: float) -> tuple[float, float]:
-    """FSDP2's exposed per-layer all-gathers (forward, again in the backward) and gradient reduce-scatter."""
-    shard = layout.dp * layout.context_parallel
-    if shard <= 1:
-        return 0.0, 0.0
+    """FSDP2's / Megatron-FSDP's exposed per-layer all-gathers (forward, again in the backward) and gradient
+    reduce-scatter: the dense weights over dp x cp, the experts' over the expert-data-parallel group."""
     split, _ = geometry.layer_params(w)
-    params = split / layout.tp + geometry.expert_params(w) / (layout.expert_parallel * layout.expert_tensor_parallel)
-    gpn, stride = w.cluster.gpus_per_node, layout.tp
-    ag = network.collective(ph, "all-gather", 2.0 * params, shard, stride, gpn)
-    rs = network.collective(ph, "reduce-scatter", 4.0 * params, shard, stride, gpn)
+    (esize, estride), gpn = expert_dp(layout), w.cluster.gpus_per_node
+    groups = ((split / layout.tp, layout.dp * layout.context_parallel, layout.tp),
+              (geometry.expert_params(w) / estride, esize, estride))
+    ag = sum(network.collective(ph, "all-gather", 2.0 * n, size, stride, gpn) for n, size, stride in groups)
+    rs = sum(network.collective(ph, "reduce-scatter", 4.0 * n, size, stride, gpn) for n, size, stride in groups)
+    if ag + rs <= 0:
+        return 0.0, 0.0
     hide = ph["fsdp_overlap"]
     return max(0.0, ag - hide * fwd), max(0.0, ag + rs - hide * bwd)
 
@@ -181,33 +191,47 @@ def pipeline_s(ph, layout: Layout, w: Workload, seed: int) -> tuple[float, list,
     return t, fwd, bwd
 
 
+def _grad_sync(ph, z: int, m: int, grad_bytes: float, params: float, size: int, stride: int, gpn: int) -> float:
+    """Seconds of one data-parallel group's gradient reduction and parameter gather (ZeRO stage z, m micro-
+    batches) for `params` parameters per rank, on `size` ranks `stride` apart."""
+    if size <= 1 or params <= 0:
+        return 0.0
+    if z == 0:
+        return network.collective(ph, "all-reduce", grad_bytes * params, size, stride, gpn)
+    t = (network.collective(ph, "reduce-scatter", grad_bytes * params, size, stride, gpn)
+         + network.collective(ph, "all-gather", 2.0 * params, size, stride, gpn))
+    if z == 2:
+        t += (m - 1) * network.collective(ph, "reduce-scatter", 2.0 * params, size, stride, gpn)
+    if z == 3:
+        per_pass = network.collective(ph, "all-gather", 2.0 * params, size, stride, gpn)
+        t += m * 2 * per_pass * (1 - ph["z3_prefetch"])
+    return t
+
+
 def tail_s(ph, layout: Layout, w: Workload, fwd: list, bwd: list) -> float:
-    """Seconds after (or exposed beside) the pipeline: DP / ZeRO, embedding sync, optimizer, step cost."""
+    """Seconds after (or exposed beside) the pipeline: DP / ZeRO, embedding sync, optimizer, step cost.
+    The experts' gradients go over the expert-data-parallel group, in buffers of their own (Megatron-Core:
+    megatron/core/distributed/distributed_data_parallel.py @ 00119989, expert_parallel_buffers on
+    intra_expt_dp_group), and the distributed optimizer shards their states over that group."""
     gpn, fw, z = w.cluster.gpus_per_node, w.framework, layout.zero_stage
     dense, experts = rank_params(layout, w, 0)
     shard = layout.dp * layout.context_parallel
+    esize, estride = expert_dp(layout)
     grad_bytes = 4.0 if fw == "megatron-core" else 2.0
     m = geometry.micro_batches(layout, w)
     t = 0.0
     if fw == "megatron-core" and z == 3:
         fw = "torchtitan"                        # Megatron-FSDP: per-layer gathers, counted in the layer pass
-    if fw != "torchtitan" and shard > 1:
-        if z == 0:
-            dp = network.collective(ph, "all-reduce", grad_bytes * dense, shard, layout.tp, gpn)
-        else:
-            dp = (network.collective(ph, "reduce-scatter", grad_bytes * dense, shard, layout.tp, gpn)
-                  + network.collective(ph, "all-gather", 2.0 * dense, shard, layout.tp, gpn))
-        if z == 2:
-            dp += (m - 1) * network.collective(ph, "reduce-scatter", 2.0 * dense, shard, layout.tp, gpn)
-        if z == 3:
-            per_pass = network.collective(ph, "all-gather", 2.0 * dense, shard, layout.tp, gpn)
-            dp += m * 2 * per_pass * (1 - ph["z3_prefetch"])
+    if fw != "torchtitan":
+        dp = (_grad_sync(ph, z, m, grad_bytes, dense, shard, layout.tp, gpn)
+              + _grad_sync(ph, z, m, grad_bytes, experts, esize, estride, gpn))
         hide = ph["dp_overlap"] * sum(bwd[0]) * (m if z == 2 else 1) if fw == "megatron-core" else 0.0
         t += max(0.0, dp - hide)
     if w.model.tie_embeddings and layout.pp > 1:
         emb = w.model.vocab_size * w.model.hidden_size / layout.tp
         t += network.collective(ph, "all-reduce", grad_bytes * emb, 2, w.gpus // layout.pp, gpn)
-    local = dense / (shard if (z >= 1 or fw == "torchtitan") else 1) + experts
+    sharded = z >= 1 or fw == "torchtitan"
+    local = dense / (shard if sharded else 1) + experts / (esize if sharded else 1)
     t += local * ph["opt_bytes"] / (ph["hbm_gbps"] * 1e9 * ph["hbm_eff"]) + ph["step_ms"] * 1e-3
     return t
 
