@@ -55,19 +55,28 @@ def _first_chunk_params(model: ModelSpec, layout: Layout) -> list[float]:
     return out
 
 
+def _reverse_walk(params: list[float], size: float) -> tuple[int, float]:
+    """Megatron-Core's walk in backprop order: (the buckets it makes, the elements of the one that closes it -- the
+    remainder after the full buckets, or the last full bucket where the walk ends on a boundary)."""
+    count, acc, closed = 0, 0.0, 0.0
+    for n in reversed(params):
+        acc += n
+        if acc >= size:
+            count, closed, acc = count + 1, acc, 0.0
+    return count + (acc > 0), acc or closed
+
+
+def _size(layout: Layout, bucket_size: float | None) -> float:
+    return default_bucket_size(layout.dp * layout.context_parallel) if bucket_size is None else bucket_size
+
+
 def last_bucket_params(model: ModelSpec, layout: Layout, bucket_size: float | None = None) -> float:
     """Elements of the bucket that closes the reverse walk over rank 0's first chunk (the embedding's bucket):
     the remainder after the full buckets, or the last full bucket where the walk ends on a boundary."""
     params = _first_chunk_params(model, layout)
     if model.tie_embeddings and layout.pp > 1:      # a shared embedding is a bucket of its own (distrib_optimizer.py
         return params[0]                            # `_does_param_require_new_bucket`, line 530)
-    size = default_bucket_size(layout.dp * layout.context_parallel) if bucket_size is None else bucket_size
-    acc = closed = 0.0
-    for n in reversed(params):
-        acc += n
-        if acc >= size:
-            closed, acc = acc, 0.0
-    return acc or closed
+    return _reverse_walk(params, _size(layout, bucket_size))[1]
 
 
 def bucket_count(model: ModelSpec, layout: Layout, bucket_size: float | None = None) -> int:
@@ -78,10 +87,4 @@ def bucket_count(model: ModelSpec, layout: Layout, bucket_size: float | None = N
     extra = max(1, layout.virtual_pipeline) - 1
     if model.tie_embeddings and layout.pp > 1:
         params, extra = params[1:], extra + 1
-    size = default_bucket_size(layout.dp * layout.context_parallel) if bucket_size is None else bucket_size
-    count, acc = 0, 0.0
-    for n in reversed(params):
-        acc += n
-        if acc >= size:
-            count, acc = count + 1, 0.0
-    return count + (acc > 0) + extra
+    return _reverse_walk(params, _size(layout, bucket_size))[0] + extra
