@@ -39,3 +39,18 @@ def test_a_series_that_states_nothing_keeps_the_frameworks_defaults():
     assert all("CI step floor" in n or "NCCL" in n for n in s["seen"])
     assert [p["gpus"] for p in s["points"]] == [8192, 16384]
     assert {p["global_batch"] for p in s["points"]} == {2048}      # strong: one batch
+
+
+def test_sc21_table_2_strong_series_read_as_megatron_lm_of_2021():
+    # Narayanan et al. SC21 Table 2: one batch per model at 1x, 2x, 4x the GPUs; Megatron-LM @ aed2f75e20 (2021-04)
+    # has no overlaps, no distributed optimizer and no sequence parallelism; committed before the model ran on them
+    ptdp = _given("Megatron-LM 2021 strong (Narayanan et al., SC21 Table 2), GPT 175B, 384-1536 A100 (batch 1536)")
+    assert [p["gpus"] for p in ptdp["points"]] == [384, 768, 1536]
+    assert {p["global_batch"] for p in ptdp["points"]} == {1536}
+    assert ptdp["overlaps"] == [] and mod.as_run(ptdp).overlaps == frozenset()
+    assert ptdp["points"][0]["pins"] == {"tp": 8, "pp": 12, "micro_batch": 1, "sequence_parallel": False,
+                                         "zero_stage": 0, "recompute": "full"}
+    assert not ptdp["seen"]                          # no choice saw it: its points count as held out
+    zero3 = _given("ZeRO-3 strong (Narayanan et al., SC21 Table 2), GPT 175B, 384-1536 A100 (batch 1536)")
+    assert [p["pins"]["micro_batch"] for p in zero3["points"]] == [4, 2, 1]     # each point's own micro-batch
+    assert mod.workload(zero3, zero3["points"][0]).framework == "megatron-deepspeed"
