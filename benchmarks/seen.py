@@ -46,7 +46,8 @@ def _bucket_moved(r: dict) -> bool:
 #: `_saw(r, last)` says so, and a row of a later batch (or of one not listed) is seen by no choice that names its last.
 BATCHES = ("issue 25 round 2 (", "issue 25 round 3 (", "issue 24 round 4 (", "issue 26 round 3 (", "issue 25 round 4 (",
            "issue 26 sixth session", "issue 25 round 5 (", "issue 25 (attention by sequence", "issue 26 seventh session",
-           "issue 25 fresh dense", "issue 26 eighth session", "issue 26 ninth session")
+           "issue 25 fresh dense", "issue 26 eighth session", "issue 26 ninth session",
+           "issue 25 / 26 tenth session")
 
 
 def _saw(r: dict, last: str | None) -> bool:
