@@ -54,3 +54,12 @@ def test_sc21_table_2_strong_series_read_as_megatron_lm_of_2021():
     zero3 = _given("ZeRO-3 strong (Narayanan et al., SC21 Table 2), GPT 175B, 384-1536 A100 (batch 1536)")
     assert [p["pins"]["micro_batch"] for p in zero3["points"]] == [4, 2, 1]     # each point's own micro-batch
     assert mod.workload(zero3, zero3["points"][0]).framework == "megatron-deepspeed"
+
+
+def test_megascale_530b_weak_series_reads_megatron_lm_285068c8_as_the_strong_ones():
+    # arXiv 2402.15627 Figure 9: batch = GPUs, TP 8 x PP 35 x 3 interleaved stages, the same no-overlap Megatron-LM
+    s = _given("MegaScale's Megatron-LM baseline weak, GPT 530B, 2240-11200 A100 (batch = GPUs)")
+    assert [(p["gpus"], p["global_batch"]) for p in s["points"]] == [(2240, 2240), (4480, 4480), (11200, 11200)]
+    assert s["overlaps"] == [] and s["points"][0]["pins"] == {"tp": 8, "pp": 35, "virtual_pipeline": 3}
+    assert s["points"][0]["model"].num_attention_heads == 160      # Table 1
+    assert not s["seen"]
