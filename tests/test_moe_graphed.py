@@ -36,5 +36,8 @@ def test_a_graphed_iteration_pays_no_moe_layer_overhead():
 def test_moe_accuracy_reads_the_rows_cuda_graphs():
     assert moe_accuracy.exchange_of({**ROW, "cuda_graphs": "full_iteration"}).graphed
     assert not moe_accuracy.exchange_of(ROW).graphed
+    # every row that states graphs replays the whole iteration with a flex (sync-free) dispatch: MLPerf v6.0's
+    # DeepSeek-V3 runs and Megatron-Bridge's Qwen3-30B-A3B GB300 weak-scaling runs (issue 25 / 26, tenth session)
     rows = [r for r in moe_accuracy.published.hardware() if r.get("cuda_graphs")]
-    assert rows and all(r["model"] == "deepseek-v3" and r["dispatcher"].startswith("flex") for r in rows)
+    assert any(r["model"] == "deepseek-v3" for r in rows)
+    assert all(r["cuda_graphs"] == "full_iteration" and r["dispatcher"].startswith("flex") for r in rows)
