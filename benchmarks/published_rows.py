@@ -69,9 +69,12 @@ def loss_of(row: dict) -> str | None:
     return "chunked" if "ChunkedLossWrapper" in note else "un-chunked" if "un-chunked" in note else None
 
 
-#: A row of a model no preset holds (model = "custom") states its shape in these keys (ModelSpec's), named by shape_name.
+#: A row of a model no preset holds (model = "custom") states its shape in these keys (ModelSpec's), named by shape_name;
+#: head_dim only where a head is not hidden / heads wide (Qwen3-32B: 64 heads of 128 over hidden 5,120). It is not in
+#: SHAPE_KEYS: the split key of every row written before it stays as it was.
 ROW_MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-                  "vocab_size", "ffn_type", "position_embedding", "normalization", "add_bias_linear", "tie_embeddings")
+                  "vocab_size", "ffn_type", "position_embedding", "normalization", "add_bias_linear", "tie_embeddings",
+                  "head_dim")
 
 
 def custom_model(row: dict):

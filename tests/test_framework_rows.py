@@ -18,6 +18,7 @@ REQUIRED = ("framework", "source", "release", "model", "cluster", "gpus", "preci
 OPTIONAL = ("zero_stage", "model_tflops_per_gpu", "peak_memory_gib", "oom", "grad_reduce", "optimizer",
             "pipeline_split", "num_layers", "hidden_size", "num_attention_heads", "machine", "added", "shape_name",
             "num_query_groups", "ffn_hidden_size", "vocab_size", "ffn_type", "position_embedding", "normalization",
+            "head_dim",
             "add_bias_linear", "tie_embeddings",
             # what a run's recipe ran where the table leaves it unstated, read onto the row after its prediction
             # (its split key keeps the table's reading): benchmarks/reading.layout_of, ran_breakdown
@@ -25,7 +26,8 @@ OPTIONAL = ("zero_stage", "model_tflops_per_gpu", "peak_memory_gib", "oom", "gra
 FRAMEWORKS = ("torchtitan", "fsdp", "megatron-core", "megatron-deepspeed")
 UNSTATED = "unstated"
 MODEL_ROW_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-                  "vocab_size", "ffn_type", "position_embedding", "normalization", "add_bias_linear", "tie_embeddings")
+                  "vocab_size", "ffn_type", "position_embedding", "normalization", "add_bias_linear", "tie_embeddings",
+                  "head_dim")
 
 
 @functools.cache
@@ -120,3 +122,14 @@ def test_no_duplicate_rows():
         key = tuple(r[k] for k in REQUIRED if k != "note")
         assert key not in seen, f"duplicate row: {key[:8]}"
         seen.add(key)
+
+
+def test_a_custom_rows_head_width_reaches_its_model():
+    """Qwen3-32B's 64 heads are 128 wide over hidden 5,120 (torchtitan's '32B' flavor): the row's head_dim is read onto
+    the ModelSpec the benchmarks predict it with, not hidden / heads (80)."""
+    import sys
+    sys.path.insert(0, str(DATA.parents[1]))
+    import published_rows
+    r = next(r for r in _rows() if r.get("shape_name") == "qwen3-32b")
+    m = published_rows.custom_model(r)
+    assert m.head_dim == 128 and m.num_attention_heads * m.head_dim == 8192 != m.hidden_size
