@@ -21,6 +21,9 @@ line has the rest. The choices, each with what it saw:
   too fast, worst on long sequences); Megatron-Core's overlaps after the NVIDIA rows
   of llama_published.toml (issue 14); the frameworks' `memory_sd` (tuner/frameworks.py) from the
   spread of log(measured / predicted peak) of the tuning rows with a stated peak, printed below;
+- read from source after the in-split torchtitan / fsdp rows had been printed, no constant chosen: torchtitan's
+  Qwen3 TP plan before pytorch/torchtitan #1870 (q and k gathered at q_norm / k_norm), charged to the rows that
+  state `ran_qk_norm` (benchmarks/reading.py qk_norm_gather_s; seen.SEEN names the rows it saw);
 - nothing else was fitted: the cluster files' constants are quoted hardware numbers.
 The held-out rows check the speed error and the fit probability: a row that ran must not be pruned
 (p_fit < PRUNE_BELOW). Published runs are all runs that fit (nobody publishes an OOM), so their mean
@@ -72,15 +75,17 @@ layout_of = reading.layout_of
 
 
 def evaluate(row: dict) -> dict:
-    """A row predicted as it ran (benchmarks/reading.py: its model, machine, layout and `ran_*` keys); its memory and
-    p_fit as tuner states them for that run (reading.memory_as_ran)."""
+    """A row predicted as it ran (benchmarks/reading.py: its model, machine, layout and `ran_*` keys; a step's seconds
+    beyond tuner's where its plan ran more, reading.qk_norm_gather_s); its memory and p_fit as tuner states them for
+    that run (reading.memory_as_ran)."""
     w, lay = reading.workload_of(row), reading.layout_of(row)
     bad = why_invalid(lay, w)
     if bad:
         return {"refused": bad, "layout": lay}
     pr = predict(lay, w)
     memory_gb, p_fit = reading.memory_as_ran(row, lay, w)
-    tps = pr.samples_per_second * row["seq_length"] / row["gpus"]
+    ran = pr.step_time_s / (pr.step_time_s + reading.qk_norm_gather_s(row, lay, w))   # what its plan ran beyond tuner's
+    tps = pr.samples_per_second * ran * row["seq_length"] / row["gpus"]
     out = {"refused": None, "layout": lay, "error": tps / row["tokens_per_s_per_gpu"] - 1.0, "pred": tps,
            "p_fit": p_fit, "memory_gb": memory_gb, "capacity": w.cluster.memory_gb}
     if row.get("peak_memory_gib"):

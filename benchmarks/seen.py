@@ -266,6 +266,14 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # / scaling_accuracy had been printed with and without it: every Megatron-Core row of ba30800's batches saw it
     "Megatron-Core's buckets each pay NCCL's ring latency (tuner/perfmodel bucket_latency)": (
         "speed", lambda r: r["framework"] == "megatron-core" and _saw(r, "issue 25 fresh dense")),
+    # issue 25 (eager TP): torchtitan's Qwen3 TP plan before pytorch/torchtitan #1870 gathered q and k at q_norm / k_norm
+    # (benchmarks/reading.py qk_norm_gather_s, read onto the rows of d66b72a6 that ran TP as `ran_qk_norm`; every term
+    # from source and tuner's own accounting, no constant chosen), built after the in-split torchtitan and fsdp rows had
+    # been printed (their errors and breakdowns; the gap of d66b72a6's in-split TP rows) and kept on them: those rows saw
+    # it, not the held-out ones (none printed before it was committed)
+    "torchtitan's Qwen3 TP plan before #1870 gathers q and k (benchmarks/reading.py qk_norm_gather_s)": (
+        "speed", lambda r: r["framework"] in ("torchtitan", "fsdp") and not held_out(r)
+        and _saw(r, "issue 25 / 26 third read of the eleventh session")),
 }
 
 
