@@ -10,7 +10,7 @@ Set-up (outside the repository; torch MUST be pinned, an unpinned torch pulls a 
 
     python3 -m venv /work/ttvenv && . /work/ttvenv/bin/activate
     pip install torch==2.13.0 torchtitan==0.3.0 triton==3.8.0
-    python benchmarks/measure_memory_torchtitan.py [--out FILE] [--only N] [--jobs 2] [--list] [--two-steps] [--fresh | --fresh2 | --fresh3 | --fresh4]
+    python benchmarks/measure_memory_torchtitan.py [--out FILE] [--only N] [--jobs 2] [--list] [--two-steps] [--fresh | --fresh2 | --fresh3 | --fresh4 | --rows]
 
 (torchtitan 0.3.0 imports triton at module level, in distributed/minimal_async_ep/kernels.py, so
 triton must be installed even though no Triton kernel runs here.) `--only N` runs configuration N
@@ -98,10 +98,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from torchtitan_memory.configs import (BATCHES, DEFAULT_OUT, FRESH2_OUT, FRESH3_OUT, FRESH4_OUT,  # noqa: E402
-                                      FRESH_OUT, PRESETS)
+                                      FRESH_OUT, PRESETS, ROWS_OUT)
 from torchtitan_memory.rows import to_row, toml_value, write_toml  # noqa: E402
 
-BATCH_FLAGS = ("--fresh", "--fresh2", "--fresh3", "--fresh4")
+BATCH_FLAGS = ("--fresh", "--fresh2", "--fresh3", "--fresh4", "--rows")
 
 
 def describe(i: int, c: dict) -> str:
@@ -152,6 +152,8 @@ def _parser(default_out: Path = DEFAULT_OUT) -> argparse.ArgumentParser:
                     help=f"the FRESH3 configurations instead, written to {FRESH3_OUT.name}")
     ap.add_argument("--fresh4", action="store_true",
                     help=f"the FRESH4 configurations instead, written to {FRESH4_OUT.name}")
+    ap.add_argument("--rows", action="store_true",
+                    help=f"the ROWS configurations (published runs' layouts, seen) instead, written to {ROWS_OUT.name}")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     return ap
 

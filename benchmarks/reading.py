@@ -274,7 +274,7 @@ def stage_as_ran(row: dict, lay: Layout, w, stage: int, m: int, alone: bool | No
     its MLA up-projection: mla_up and norm_act). Each module's freed bytes are its own (tuner.perfmodel.recompute
     .freed_bytes sums them) and a mode other than full leaves the backward's buffers as they are, so the stage keeps
     the layout's activations less what that mode frees on its own."""
-    mem = memory.stage_memory(lay, w, stage, m, fp8_params=alone)
+    mem = memory.stage_memory(lay, w, stage, m, fp8_params=alone, loss_chunks=ran_loss_chunks(row))
     also = row.get("ran_recompute_also")
     if not also:
         return mem
@@ -308,6 +308,20 @@ def dualpipe_devices(lay: Layout, stages: list[dict]) -> list[dict]:
     return devices
 
 
+#: torchtitan's loss as a row ran it: `ran_loss_chunks = N` where its source states a chunked loss. tuner's launch
+#: (tuner/render/torchtitan.py, pytorch/torchtitan @ 238fa9953e4a) computes CrossEntropyLoss on the whole logits;
+#: torchtitan added ChunkedCELoss on 2026-04-27 (pytorch/torchtitan 786e26f8e, #2937) and its qwen3 configs run
+#: ChunkedLossWrapper(CrossEntropyLoss) with num_chunks 8 from then (torchtitan/models/qwen3/config_registry.py
+#: qwen3_30b_a3b @ 363709fdab19, 2026-07-21; components/loss.py ChunkedLossWrapper.Config num_chunks = 8), the
+#: account tuner.perfmodel.memory_loss.loss_phase derived for 0.3.0's (chunks > 1).
+def ran_loss_chunks(row: dict) -> int:
+    """The row's loss chunks (1: un-chunked, as tuner launches it)."""
+    n = row.get("ran_loss_chunks", memory.LAUNCHED_LOSS_CHUNKS)
+    if row.get("ran_loss_chunks") is not None and (row["framework"] != "torchtitan" or int(n) < 2):
+        raise ValueError(f"{row['source']}: ran_loss_chunks is torchtitan's chunked loss, 2 chunks or more")
+    return int(n)
+
+
 def peak_as_ran(row: dict, lay: Layout, w) -> dict:
     """The worst stage's predicted breakdown as the row ran (before the framework's measured bias); where its weights
     were held otherwise than tuner's launch holds them (ran_fp8_params), the worst stage after that; with its
@@ -315,7 +329,7 @@ def peak_as_ran(row: dict, lay: Layout, w) -> dict:
     m = micro_batches_per_pipeline(lay, w.global_batch)
     alone = ran_fp8_params(row, lay, w)
     if alone is None and not row.get("ran_recompute_also") and "ran_schedule" not in row:
-        _, mem = memory.peak_memory(lay, w, m)
+        _, mem = memory.peak_memory(lay, w, m, loss_chunks=ran_loss_chunks(row))
         return ran_breakdown(row, lay, w, mem)
     dual = row.get("ran_schedule") == "dualpipe"
     if row.get("ran_schedule", "dualpipe") != "dualpipe":

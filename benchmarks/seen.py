@@ -181,11 +181,11 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # 0.00 and every Megatron-Core MoE row's memory error had been printed
     "Megatron-Core MoE combine keeps no input (Shape.probs_in_experts, tuner/perfmodel/moe.py)": (
         "memory", lambda r: r["framework"] == "megatron-core" and bool(r.get("ep") or r.get("num_experts"))),
-    # issue 24 round 3: torchtitan's per-op SAC of an MoE layer keeps nothing of the routed experts (no grouped_mm
-    # among 0.3.0's save ops: tuner/perfmodel/moe.op_sac_moe_bytes), read from its source after the one measured
-    # torchtitan MoE op-SAC row (hashed out) had been printed 0.33 in log too high
-    "torchtitan op-SAC MoE account (tuner/perfmodel/moe.op_sac_moe_bytes)": (
-        "memory", lambda r: r["framework"] == "torchtitan" and bool(r.get("num_experts"))),
+    # issue 24 round 3: torchtitan's per-op SAC of an MoE layer keeps nothing of its routed experts (moe.op_sac_moe_bytes),
+    # from source after the hashed-out op-SAC row printed +0.33 in log; twelfth session: its block's backward (moe.py
+    # OP_SAC_MOE_BLOCK_REST, the op-SAC rows' tracker Temp) and reading.ran_loss_chunks, after pith-train #79's p_fit 0.00
+    "torchtitan op-SAC MoE account and block backward (tuner/perfmodel/moe.py), ran_loss_chunks (reading.py)": (
+        "memory", lambda r: r["framework"] == "torchtitan" and bool(r.get("num_experts") or "qwen3-30b" in r["model"])),
     # issue 24 round 4: llm-foundry's MPT under Composer's FSDP1 (benchmarks/reading.llm_foundry_breakdown: its block's
     # saved tensors, flash-attn's fused loss, FSDP1's buffers) read from llm-foundry 5e85bd6 / composer / flash-attn
     # after every MPT run's p_fit had been printed (74 of 86 >= 0.5)

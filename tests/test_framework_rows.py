@@ -22,7 +22,8 @@ OPTIONAL = ("zero_stage", "model_tflops_per_gpu", "peak_memory_gib", "oom", "gra
             "add_bias_linear", "tie_embeddings",
             # what a run's recipe ran where the table leaves it unstated, read onto the row after its prediction
             # (its split key keeps the table's reading): benchmarks/reading.layout_of, ran_breakdown
-            "ran_recompute", "ran_sequence_parallel", "optimizer_state", "read", "ran_norm", "ran_fp32_logits")
+            "ran_recompute", "ran_sequence_parallel", "optimizer_state", "read", "ran_norm", "ran_fp32_logits",
+            "ran_loss_chunks")
 FRAMEWORKS = ("torchtitan", "fsdp", "megatron-core", "megatron-deepspeed")
 UNSTATED = "unstated"
 MODEL_ROW_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",

@@ -225,7 +225,15 @@ FRESH4 = [
     _c("llama3-70b", 8, 4096, 8, 2, 1, "full", loss="ce"),
 ]
 FRESH4_OUT = DATA / "memory_measured_torchtitan_fresh4.toml"
+#: --rows (issue 24, twelfth session): the configurations of published torchtitan runs tuner mispredicts, measured to find
+#: the wrong term -- not drawn, not held out (each published run it copies is in the split and seen): mlc-ai/pith-train
+#: issue #79's Qwen3-30B-A3B on 8 B200 (FSDP 8, EP 1, local batch 8, seq 8192, per-op SAC, 8 loss chunks; the
+#: hardware_published.toml row). Written to data/memory_measured_torchtitan_rows.toml.
+ROWS = [
+    _c("qwen3-30b-a3b", None, 8192, 8, 1, 8, "selective"),
+]
+ROWS_OUT = DATA / "memory_measured_torchtitan_rows.toml"
 
 #: the batch flags of measure_memory_torchtitan.py: (configurations, default output file); None is CONFIGS
 BATCHES = {None: (CONFIGS, DEFAULT_OUT), "--fresh": (FRESH, FRESH_OUT), "--fresh2": (FRESH2, FRESH2_OUT),
-           "--fresh3": (FRESH3, FRESH3_OUT), "--fresh4": (FRESH4, FRESH4_OUT)}
+           "--fresh3": (FRESH3, FRESH3_OUT), "--fresh4": (FRESH4, FRESH4_OUT), "--rows": (ROWS, ROWS_OUT)}

@@ -34,7 +34,7 @@ from tuner.perfmodel.activations import (  # noqa: F401 -- one layer's account, 
 from tuner.perfmodel.compute import Shape, shape_of
 from tuner.perfmodel.layer_backward import megatron_backward_bytes
 from tuner.perfmodel.memory_loss import LAUNCHED_LOSS_CHUNKS, loss_phase, megatron_loss_bytes
-from tuner.perfmodel.moe import moe_activation_bytes
+from tuner.perfmodel.moe import moe_activation_bytes, op_sac_moe_backward_bytes
 from tuner.perfmodel.params import (  # noqa: F401 -- re-exported: the parameters one GPU holds
     embedding_params, layer_params, max_layer_params, mtp_params, stage_expert_params, stage_params,
     tied_embedding_params)
@@ -199,11 +199,13 @@ def fsdp_phases(model: ModelSpec, layout: Layout, sh: Shape, act: float, shards:
     """torchtitan with one stage: (activations, activations outside the layers, FSDP buffers) in the phase whose
     sum is largest (tuner.perfmodel.memory_loss): the loss (the layers' kept activations, without full recompute's
     working layer, and loss_phase), a layer's backward (all of `act` and one layer's buffers, as fsdp_buffers) or
-    the embedding's backward (its unit's buffers alone)."""
+    the embedding's backward (its unit's buffers alone). Under per-op SAC an MoE block's backward also holds its
+    recomputed block and gradients (moe.op_sac_moe_backward_bytes)."""
     working = _working_bytes(model, sh, flash, memo)
     loss_act, loss_buf = loss_phase(model, layout.tp, sh.sp, sh.tokens, layout.micro_batch, shards, chunks,
                                     compiled=sh.fused)
-    phases = ((act - working, loss_act, loss_buf), (act, 0.0, 10.0 * max_layer_params(model, layout)),
+    layer = act + op_sac_moe_backward_bytes(model, sh)
+    phases = ((act - working, loss_act, loss_buf), (layer, 0.0, 10.0 * max_layer_params(model, layout)),
               (0.0, 0.0, 10.0 * embedding_params(model, layout.tp)))
     return max(phases, key=sum)
 
@@ -306,18 +308,18 @@ def _memo_stages(layout: Layout, workload: Workload, fw, stages: tuple, m: int, 
 
 
 def peak_memory(layout: Layout, workload: Workload, m: int, sh: Shape | None = None,
-                memo: dict | None = None) -> tuple[int, dict]:
+                memo: dict | None = None, loss_chunks: int = LAUNCHED_LOSS_CHUNKS) -> tuple[int, dict]:
     """The worst stage and its breakdown. Stage 0 holds the most micro-batches in flight and the
     embedding; the last stage holds the LM head and the logits; a middle rank is never worse than the
     first one between them with its layers (tuner.layout.stage_candidates: an uneven split's). Of equal
-    totals the first candidate; only the worst stage's dict is built."""
+    totals the first candidate; only the worst stage's dict is built. `loss_chunks`: as stage_memory's."""
     from tuner.frameworks import of
     sh, fw = sh or shape_of(layout, workload), of(workload)
     stages = stage_candidates(layout, workload.model)
     parts, states = _memo_stages(layout, workload, fw, stages, m, sh, {} if memo is None else memo)
     worst = None
     for s, pt, st in zip(stages, parts, states):
-        got = _stage_sums(layout, workload, fw, sh, pt, st, memo)
+        got = _stage_sums(layout, workload, fw, sh, pt, st, memo, loss_chunks)
         if worst is None or got[0] > worst[1][0]:        # max()'s choice: the first of the largest
             worst = (s, got)
     return worst[0], _breakdown(*worst[1])

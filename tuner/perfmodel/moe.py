@@ -234,6 +234,35 @@ def op_sac_moe_bytes(model: ModelSpec, shape: Shape) -> float:
     return s * shape.tokens * h * per + tokens * (4.0 * model.num_experts + 12.0 * model.moe_top_k)
 
 
+#: torchtitan's per-op SAC recomputes an MoE block in its backward (op_sac_moe_bytes keeps nothing of the routed
+#: experts), so that block's backward holds, beside every layer's kept activations, (1) per routed pair the recomputed
+#: routed experts and their gradients: 16 bytes per hidden element and 6 per expert-FFN element, and 20 bytes of
+#: argsort indices and sorted scores -- peak live bytes in the backward of torchtitan 0.3.0's own RoutedExperts
+#: (models/common/moe.py: LocalTokenDispatcher._local_reorder / combine's fp32 score multiply, GroupedExperts' three
+#: _grouped_mm and silu * w3) under a recompute-everything checkpoint, counted by storage on the CPU at four shapes
+#: (h 256 / 512, f 128 / 256, top-k 4 / 8, 16 / 32 experts: exactly 16h + 6f + 20 per pair, nothing per expert);
+#: (2) per token the rest of the block recomputed and its gradients (norms' fp32 statistics, QK-norm, RoPE, the
+#: router's scores): OP_SAC_MOE_BLOCK_REST x h, MEASURED -- the fake-tensor tracker's Temp at the peak (the routed
+#: experts' backward of layer 46) of torchtitan 0.3.0's Qwen3-30B-A3B under FSDP2 and per-op SAC, 437,820 bytes per
+#: token at both 8,192 and 65,536 tokens (benchmarks/data/memory_measured_torchtitan.toml, _rows.toml), less (1);
+#: checked on a second shape no choice saw, Qwen3-235B-A22B (h 4096, f 1536, 64 heads; 2 layers built, same method):
+#: 868,018 bytes per token measured at 16,384 tokens, 875,475 stated (+0.9 %); at 8,192 tokens its peak is inside the
+#: grouped GEMMs' backward (Temp 7.56 GiB, 6.68 stated: the experts' bf16 weight gradients, which fsdp_buffers' 10 bytes
+#: per layer parameter already hold).
+OP_SAC_MOE_PAIR_H, OP_SAC_MOE_PAIR_F, OP_SAC_MOE_PAIR_FIXED = 16.0, 6.0, 20.0
+OP_SAC_MOE_BLOCK_REST = 67.7
+
+
+def op_sac_moe_backward_bytes(model: ModelSpec, shape: Shape) -> float:
+    """The working bytes of one MoE block's backward under torchtitan's per-op SAC (see OP_SAC_MOE_BLOCK_REST), per
+    micro-batch on one rank; 0 for any other recompute or a dense model."""
+    if not (shape.op_sac and model.num_moe_layers):
+        return 0.0
+    h, f = model.hidden_size, model.moe_ffn_hidden_size / shape.etp
+    pair = OP_SAC_MOE_PAIR_H * h + OP_SAC_MOE_PAIR_F * f + OP_SAC_MOE_PAIR_FIXED
+    return routed_pairs(model, shape) * pair + rank_tokens(model, shape) * OP_SAC_MOE_BLOCK_REST * h
+
+
 def moe_flops_per_token(model: ModelSpec) -> float:
     """Forward GEMM FLOPs per token of the layers (2 x ModelSpec.gemm_weights_per_token): the MoE layers
     count the router, top_k routed experts and the shared experts, as Megatron-Core's
