@@ -64,6 +64,7 @@ def corrected(layouts: list[Layout], workload: Workload, obs: Observations, pred
     fts = [features(lay, workload, p) for lay, p in zip(layouts, preds)]
     Z, F, FM = (np.array([getattr(f, a) for f in fts]) for a in ("z", "f", "fm"))
     mu, sd = obs.time_gp().predict(Z, F)
+    sd = np.hypot(sd, obs.far_sd(Z))            # wider away from every measured layout (issue 30)
     mmu, msd = obs.memory_gp(framework_of(workload).memory_sd).predict(Z, FM)
     cap = workload.cluster.memory_gb
     out = []

@@ -65,6 +65,11 @@ MEMORY_WIDENING = (1.0, 2.0, 4.0, 8.0, 16.0)
 #: a single measurement far off the prior widens the whole prior, so one run moves the correction and leaves it wide)
 MEMORY_WIDEN_MIN = 3
 Z_DIM, F_DIM, FM_DIM = 14, len(STAGE_KEYS) + 3, len(MEMORY_KEYS) + 2
+LAYOUT_DIMS = 9               # z's first coordinates: the layout's own (tp, pp, dp, micro-batch, ZeRO, recompute, sp, cp, vp)
+#: How far (in those coordinates) a measured layout's support reaches: the guided searcher's ELL_U, the reach of a
+#: trial's error on its neighbours' uncertainty (tuner/search/explore.py). An unmeasured layout this far or further
+#: from every measured one is as uncertain as the spread of the model's errors among the measured (far_sd).
+FAR_REACH = 0.35
 _ACT = MEMORY_KEYS.index("activations")
 _WORKING = np.array([k in ("activations", "logits", "zero3_buffers") for k in MEMORY_KEYS] + [True, True])
 
@@ -192,6 +197,20 @@ class Observations:
         if not y:
             return GP(**kw)
         return fit_gp(Z, F, y, noise, **kw)
+
+    def far_sd(self, Z) -> np.ndarray:
+        """The part of a corrected speed's uncertainty that grows with distance from measured layouts (issue 30):
+        the spread (sd) of the model's errors among the measured layouts, log(measured / predicted), times
+        1 - exp(-d^2 / 2 FAR_REACH^2), d the distance in layout coordinates to the nearest measured one. The
+        time GP, fitted on a few trials, may learn a smooth correction that it then carries with a narrow sd to
+        a family nobody measured; a model wrong by that spread where it was measured is no better trusted
+        where it was not. 0 with fewer than two measurements."""
+        Z = np.asarray(Z, float).reshape(-1, Z_DIM)
+        if len(self.y) < 2:
+            return np.zeros(len(Z))
+        M = np.array(self.Z, float).reshape(len(self.y), Z_DIM)[:, :LAYOUT_DIMS]
+        d2 = ((Z[:, None, :LAYOUT_DIMS] - M[None, :, :]) ** 2).sum(-1).min(1)
+        return float(np.std(self.y)) * (1.0 - np.exp(-0.5 * d2 / FAR_REACH ** 2))
 
     def memory_gp(self, sd: float = 0.06) -> GP:
         """The memory correction; `sd`, the framework's scale of the memory model's error (tuner.frameworks),
