@@ -84,8 +84,7 @@ def evaluate(row: dict) -> dict:
         return {"refused": bad, "layout": lay}
     pr = predict(lay, w)
     memory_gb, p_fit = reading.memory_as_ran(row, lay, w)
-    ran = pr.step_time_s / (pr.step_time_s + reading.qk_norm_gather_s(row, lay, w))   # what its plan ran beyond tuner's
-    tps = pr.samples_per_second * ran * row["seq_length"] / row["gpus"]
+    tps = reading.tps_as_ran(row, lay, w, pr)
     out = {"refused": None, "layout": lay, "error": tps / row["tokens_per_s_per_gpu"] - 1.0, "pred": tps,
            "p_fit": p_fit, "memory_gb": memory_gb, "capacity": w.cluster.memory_gb}
     if row.get("peak_memory_gib"):

@@ -58,8 +58,7 @@ def evaluate(row: dict) -> dict:
     if bad:
         return {"refused": bad, "layout": lay}
     pr = predict(lay, w, exchange_of(row)) if row.get("ep", 1) > 1 else predict(lay, w)
-    ran = pr.step_time_s / (pr.step_time_s + reading.qk_norm_gather_s(row, lay, w))   # what its plan ran beyond tuner's
-    tps = pr.samples_per_second * ran * row["seq_length"] / row["gpus"]
+    tps = reading.tps_as_ran(row, lay, w, pr)
     memory_gb, p_fit = reading.memory_as_ran(row, lay, w)
     return {"refused": None, "layout": lay, "error": tps / row["tokens_per_s_per_gpu"] - 1.0, "pred": tps,
             "p_fit": p_fit, "memory_gb": memory_gb}

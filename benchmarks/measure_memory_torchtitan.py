@@ -97,11 +97,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from torchtitan_memory.configs import (BATCHES, DEFAULT_OUT, FRESH2_OUT, FRESH3_OUT, FRESH4_OUT,  # noqa: E402
-                                      FRESH_OUT, PRESETS, ROWS_OUT)
+from torchtitan_memory.configs import BATCHES, DEFAULT_OUT, PRESETS  # noqa: E402
 from torchtitan_memory.rows import to_row, toml_value, write_toml  # noqa: E402
 
-BATCH_FLAGS = ("--fresh", "--fresh2", "--fresh3", "--fresh4", "--rows")
+BATCH_FLAGS = tuple(f for f in BATCHES if f)
 
 
 def describe(i: int, c: dict) -> str:
@@ -145,15 +144,9 @@ def _parser(default_out: Path = DEFAULT_OUT) -> argparse.ArgumentParser:
     ap.add_argument("--two-steps", action="store_true",
                     help="track a first step from scratch and then the measured second step (estimation.py's "
                          "loop) instead of one step after init_optim_state; same peak, twice the time")
-    ap.add_argument("--fresh", action="store_true", help=f"the FRESH configurations instead, written to {FRESH_OUT.name}")
-    ap.add_argument("--fresh2", action="store_true",
-                    help=f"the FRESH2 configurations instead, written to {FRESH2_OUT.name}")
-    ap.add_argument("--fresh3", action="store_true",
-                    help=f"the FRESH3 configurations instead, written to {FRESH3_OUT.name}")
-    ap.add_argument("--fresh4", action="store_true",
-                    help=f"the FRESH4 configurations instead, written to {FRESH4_OUT.name}")
-    ap.add_argument("--rows", action="store_true",
-                    help=f"the ROWS configurations (published runs' layouts, seen) instead, written to {ROWS_OUT.name}")
+    for flag in BATCH_FLAGS:        # one flag per batch of torchtitan_memory.configs.BATCHES
+        name, (_, out) = flag[2:].upper(), BATCHES[flag]
+        ap.add_argument(flag, action="store_true", help=f"the {name} configurations instead, written to {out.name}")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     return ap
 

@@ -369,8 +369,7 @@ QK_NORM_READINGS = ("gathered",)
 
 
 def qk_norm_gather_s(row: dict, lay: Layout, w) -> float:
-    """Seconds a step spends beyond tuner's prediction where the row ran torchtitan's Qwen3 TP plan before #1870
-    (`ran_qk_norm = "gathered"`, see QK_NORM_READINGS' comment); 0 otherwise or without TP."""
+    """A step's seconds beyond tuner's where the row ran torchtitan's Qwen3 TP plan before #1870 (QK_NORM_READINGS)."""
     ran = row.get("ran_qk_norm")
     if ran is None or lay.tp == 1:
         return 0.0
@@ -393,3 +392,9 @@ def qk_norm_gather_s(row: dict, lay: Layout, w) -> float:
     repeat = unsplit * 2.0 * tokens * (q + k) * (fwd_passes + 1.0) / hbm
     steps = micro_batches_per_pipeline(lay, w.global_batch)
     return steps * m.num_layers * (gathers + rope + repeat)
+
+
+def tps_as_ran(row: dict, lay: Layout, w, pr) -> float:
+    """Tokens/s per GPU of prediction `pr` with the seconds the row's plan ran beyond tuner's (qk_norm_gather_s)."""
+    ran = pr.step_time_s / (pr.step_time_s + qk_norm_gather_s(row, lay, w))
+    return pr.samples_per_second * ran * row["seq_length"] / row["gpus"]
