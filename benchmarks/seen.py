@@ -47,7 +47,7 @@ def _bucket_moved(r: dict) -> bool:
 BATCHES = ("issue 25 round 2 (", "issue 25 round 3 (", "issue 24 round 4 (", "issue 26 round 3 (", "issue 25 round 4 (",
            "issue 26 sixth session", "issue 25 round 5 (", "issue 25 (attention by sequence", "issue 26 seventh session",
            "issue 25 fresh dense", "issue 26 eighth session", "issue 26 ninth session",
-           "issue 25 / 26 tenth session", "issue 25 / 26 eleventh session",
+           "issue 25 / 26 tenth session", "issue 25 / 26 eleventh session", "issue 25 / 26 twelfth session",
            "issue 25 / 26 second read of the eleventh session", "issue 25 / 26 third read of the eleventh session")
 
 
