@@ -2,8 +2,7 @@
 rows; `HARDWARE_SEEN`: the new machines' rows), each with the rows it saw, and the rules built on them (`clean`,
 `hardware_clean`): a benchmark counts as "held out" only held-out configurations that no choice saw.
 
-Reading, dedup and the held-out split are benchmarks/published_rows.py's; benchmarks/published.py re-exports
-every name here.
+Reading, dedup and the held-out split are benchmarks/published_rows.py's; published.py re-exports every name here.
 """
 
 from __future__ import annotations
@@ -45,10 +44,11 @@ def _bucket_moved(r: dict) -> bool:
 #: `added` starts with its batch's name). A choice saw the rows of the batches committed before it and of none after:
 #: `_saw(r, last)` says so, and a row of a later batch (or of one not listed) is seen by no choice that names its last.
 BATCHES = ("issue 25 round 2 (", "issue 25 round 3 (", "issue 24 round 4 (", "issue 26 round 3 (", "issue 25 round 4 (",
-           "issue 26 sixth session", "issue 25 round 5 (", "issue 25 (attention by sequence", "issue 26 seventh session",
-           "issue 25 fresh dense", "issue 26 eighth session", "issue 26 ninth session",
-           "issue 25 / 26 tenth session", "issue 25 / 26 eleventh session", "issue 25 / 26 twelfth session",
-           "issue 25 / 26 second read of the eleventh session", "issue 25 / 26 third read of the eleventh session")
+           "issue 26 sixth session", "issue 25 round 5 (", "issue 25 (attention by sequence",
+           "issue 26 seventh session", "issue 25 fresh dense", "issue 26 eighth session", "issue 26 ninth session",
+           "issue 25 / 26 tenth session", "issue 25 / 26 eleventh session",
+           "issue 25 / 26 second read of the eleventh session", "issue 25 / 26 third read of the eleventh session",
+           "issue 25 / 26 twelfth session", "issue 25 / 26 second read of the twelfth session")
 
 
 def _saw(r: dict, last: str | None) -> bool:
