@@ -21,7 +21,8 @@ The workload's framework (tuner.frameworks) says what is overlapped. Megatron-Co
 (--tp-comm-overlap with sequence parallelism, --overlap-p2p-comm with interleaving, --overlap-grad-reduce,
 --overlap-param-gather): each of those collectives shows only where it outlasts the compute it runs under
 -- a layer's GEMMs, a stage's compute, the last micro-batch's backward and the first one's forward.
-Megatron-DeepSpeed overlaps nothing: DP/ZeRO collectives run after gradient accumulation. torchtitan's
+Megatron-DeepSpeed overlaps nothing: DP/ZeRO collectives run after gradient accumulation (at ZeRO-3 each of
+DeepSpeed's gathers and reduce-scatters pays NCCL's ring latency, `zero3_latency`). torchtitan's
 FSDP2 gathers and reduce-scatters layer by layer under the neighbouring layer's compute (`fsdp_time`).
 t_step_overhead is the cluster's fixed cost per iteration (tuner.perfmodel.step_floor: step_overhead_ms; 0 unless
 measured, as `tuner calibrate` does from real runs of the harness).
@@ -118,6 +119,19 @@ def bucket_latency(layout: Layout, workload: Workload) -> float:
                                                                                   allreduce=layout.zero_stage == 0)
 
 
+def zero3_latency(layout: Layout, workload: Workload) -> tuple[float, float]:
+    """NCCL's latency of each of DeepSpeed ZeRO-3's collectives but the first of each pass, per micro-batch: (the
+    parameter all-gathers of the forward, recompute and backward, the gradient reduce-scatters). dp_time charges each
+    pass as one collective; DeepSpeed runs one per prefetch group and per reduce bucket (buckets.zero3_collectives),
+    each a ring over the d*c ranks paying comm.nccl_ring_latency. NVIDIA's stacks only (RCCL's constants not read)."""
+    g = layout.dp * layout.context_parallel
+    if g <= 1 or workload.cluster.software != "cuda":
+        return 0.0, 0.0
+    lat = comm.nccl_ring_latency(g, g // comm.ranks_in_domain(workload.cluster, g, layout.tp))
+    gathers, reduces = buckets.zero3_collectives(workload.model, layout)
+    return (3 if layout.checkpointing else 2) * (gathers - 1) * lat, (reduces - 1) * lat
+
+
 def gradient_sync_time(layout: Layout, workload: Workload, fw, slow: dict, m: int, params_gpu: float,
                        experts_gpu: float, hide: frozenset | None = None) -> dict:
     """The data-parallel gradient reduce and parameter gather of one step beyond what hides under compute:
@@ -143,6 +157,9 @@ def gradient_sync_time(layout: Layout, workload: Workload, fw, slow: dict, m: in
     if gb is not None and layout.zero_stage <= 1 and cluster.software == "cuda":
         lat = bucket_latency(layout, workload)
         dp = {"grad_reduce": dp["grad_reduce"] + lat, "param_gather": dp["param_gather"] + lat * (layout.zero_stage == 1)}
+    if fw.name == "megatron-deepspeed" and layout.zero_stage >= 3:
+        gather, reduce = zero3_latency(layout, workload)
+        dp = {"grad_reduce": dp["grad_reduce"] + m * reduce, "param_gather": dp["param_gather"] + m * gather}
     de = {"grad_reduce": 0.0, "param_gather": 0.0}
     if experts_gpu:
         de = comm.dp_time(cluster, layout.expert_parallel * layout.expert_tensor_parallel,

@@ -18,6 +18,8 @@ that group being the one the gradients reduce over, data and context parallel to
 `resolve_ddp_bucket_size`: get_pg_size(dp_cp_group), line 2189 at d98e8a64dd), and `tuner launch` writes no
 --ddp-bucket-size. The routed experts' gradients are a buffer of their own
 (reduced over the expert-data-parallel group); they are not walked here.
+
+DeepSpeed ZeRO-3's gathers and reduce-scatters are counted over the same list of weights (zero3_collectives).
 """
 
 from __future__ import annotations
@@ -88,3 +90,33 @@ def bucket_count(model: ModelSpec, layout: Layout, bucket_size: float | None = N
     if model.tie_embeddings and layout.pp > 1:
         params, extra = params[1:], extra + 1
     return _reverse_walk(params, _size(layout, bucket_size))[0] + extra
+
+
+#: DeepSpeed ZeRO-3's defaults, which `tuner launch` keeps (its ds_config.json sets only the stage): parameters are
+#: prefetched in groups of >= 5e7 elements and gradients reduced in buckets of <= 5e8 (deepspeed/runtime/zero/config.py
+#: @ 38327e07f, prefetch_bucket_size and reduce_bucket_size; the same defaults in v0.3.14's zero/constants.py).
+DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET = 5e7, 5e8
+
+
+def zero3_collectives(model: ModelSpec, layout: Layout) -> tuple[int, int]:
+    """DeepSpeed ZeRO-3's collectives over the data-parallel group for one GPU's weights (its first stage's, tp-split):
+    (all-gathers a pass -- forward, recompute, backward --, reduce-scatters a micro-batch). Today's DeepSpeed gathers the
+    module it needs and prefetches the next parameters until they hold >= the prefetch bucket, each set as one coalesced
+    all-gather (runtime/zero/partitioned_param_coordinator.py @ 38327e07f, fetch_sub_module / __all_gather_params_), and
+    reduce-scatters a bucket before a gradient would overflow it (stage3.py, reduce_independent_p_g_buckets_and_remove_grads);
+    v0.3.14 (2021) ran one all-gather and one reduce-scatter per parameter (partition_parameters.py _allgather_param,
+    _reduce_scatter_gradient): the same counts wherever every weight holds >= 5e7 elements. Norms and biases are
+    persistent (stage3_param_persistence_threshold 1e5) and left out, as _first_chunk_params does."""
+    params = _first_chunk_params(model, layout)
+    gathers, acc = 0, 0.0
+    for n in params:
+        acc += n
+        if acc >= DS_PREFETCH_BUCKET:
+            gathers, acc = gathers + 1, 0.0
+    gathers += acc > 0
+    reduces, acc = 0, 0.0
+    for n in reversed(params):
+        if acc and acc + n > DS_REDUCE_BUCKET:
+            reduces, acc = reduces + 1, 0.0
+        acc += n
+    return gathers, reduces + (acc > 0)
