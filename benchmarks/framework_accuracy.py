@@ -75,16 +75,18 @@ layout_of = reading.layout_of
 
 
 def evaluate(row: dict) -> dict:
-    """A row predicted as it ran (benchmarks/reading.py: its model, machine, layout and `ran_*` keys; a step's seconds
-    beyond tuner's where its plan ran more, reading.qk_norm_gather_s); its memory and p_fit as tuner states them for
+    """A row predicted as it ran (benchmarks/reading.py: its model, machine, layout and `ran_*` keys; the overlaps its
+    config turned off, reading.exchange_as_ran; a step's seconds beyond tuner's where its launch ran more,
+    reading.qk_norm_gather_s / attention_kernel_s); its memory and p_fit as tuner states them for
     that run (reading.memory_as_ran)."""
     w, lay = reading.workload_of(row), reading.layout_of(row)
     bad = why_invalid(lay, w)
     if bad:
         return {"refused": bad, "layout": lay}
-    pr = predict(lay, w)
+    exchange = reading.exchange_as_ran(row)
+    pr = predict(lay, w, exchange)
     memory_gb, p_fit = reading.memory_as_ran(row, lay, w)
-    tps = reading.tps_as_ran(row, lay, w, pr)
+    tps = reading.tps_as_ran(row, lay, w, pr, exchange)
     out = {"refused": None, "layout": lay, "error": tps / row["tokens_per_s_per_gpu"] - 1.0, "pred": tps,
            "p_fit": p_fit, "memory_gb": memory_gb, "capacity": w.cluster.memory_gb}
     if row.get("peak_memory_gib"):

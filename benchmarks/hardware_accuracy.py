@@ -47,7 +47,8 @@ UNVALIDATED = ("mi300a",)
 
 
 def evaluate(row: dict) -> dict:
-    """A row predicted as it ran (benchmarks/reading.py: its model, layout, `ran_*` keys), with its token exchange;
+    """A row predicted as it ran (benchmarks/reading.py: its model, layout, `ran_*` keys, the overlaps its config turned
+    off), with its token exchange;
     its p_fit as tuner states it for that run (reading.memory_as_ran: a recipe's activation offloading included)."""
     lay = reading.layout_of(row)
     try:
@@ -57,8 +58,9 @@ def evaluate(row: dict) -> dict:
     bad = why_invalid(lay, w)
     if bad:
         return {"refused": bad, "layout": lay}
-    pr = predict(lay, w, exchange_of(row)) if row.get("ep", 1) > 1 else predict(lay, w)
-    tps = reading.tps_as_ran(row, lay, w, pr)
+    exchange = exchange_of(row) if row.get("ep", 1) > 1 else reading.exchange_as_ran(row)
+    pr = predict(lay, w, exchange)
+    tps = reading.tps_as_ran(row, lay, w, pr, exchange)
     memory_gb, p_fit = reading.memory_as_ran(row, lay, w)
     return {"refused": None, "layout": lay, "error": tps / row["tokens_per_s_per_gpu"] - 1.0, "pred": tps,
             "p_fit": p_fit, "memory_gb": memory_gb}

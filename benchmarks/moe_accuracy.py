@@ -138,7 +138,7 @@ def exchange_of(row: dict) -> TokenExchange:
     it states `overlap_grad_reduce = false` (Megatron-Bridge 25.09's DeepSeek-V3 H100 run_script.py); the shared experts
     beside the exchange where it states `shared_expert_overlap = true` (--moe-shared-expert-overlap); no fixed MoE
     layer overhead where it states `cuda_graphs = "full_iteration"` (tuner.perfmodel.moe.layer_overhead)."""
-    off = {k for k, key in (("tp", "tp_comm_overlap"), ("dp", "overlap_grad_reduce")) if row.get(key) is False}
+    off = reading.overlaps_off(row)
     return TokenExchange(overlap=row.get("a2a_overlap") is True,
                          dispatcher="flex" if str(row.get("dispatcher", "")).startswith("flex") else "alltoall",
                          overlaps=FRAMEWORKS[row["framework"]].overlaps - off if off else None,

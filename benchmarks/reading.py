@@ -18,8 +18,11 @@ moe_accuracy's model_of). A row is predicted as it ran:
   launch holds them (`ran_fp8_params`), torchtitan @ 613bfd0cf's fused RMSNorm and fp32 logits (`ran_norm`,
   `ran_fp32_logits`) -- and the p_fit tuner states for
   it (the framework's bias and spread, as tuner.perfmodel.memory_fit states them);
-- a step's seconds beyond tuner's where the run's plan did more than tuner's launch would (`qk_norm_gather_s`:
-  torchtitan's Qwen3 TP plan before its fix gathered q and k per layer, `ran_qk_norm`).
+- its speed as it ran (benchmarks/speed_as_ran.py, whose names this module hands on): the framework overlaps its config
+  turned off (`tp_comm_overlap`, `overlap_grad_reduce` false: `exchange_as_ran`) and a step's seconds beyond tuner's
+  where the run's launch did more than tuner's would (`qk_norm_gather_s`: torchtitan's Qwen3 TP plan before its fix
+  gathered q and k per layer, `ran_qk_norm`; `attention_kernel_s`: FlashAttention-2 where tuner runs the fused
+  attention, `ran_attention`).
 The split key (benchmarks/published.split_key) reads the table's keys only: a `ran_*` key never moves a row.
 """
 
@@ -31,6 +34,8 @@ import published
 from tuner.layout import Layout, micro_batches_per_pipeline, recompute_modules, stage_candidates
 from tuner.perfmodel import breakdown_fit, memory
 from tuner.specs import load_cluster, load_model, make_workload
+from speed_as_ran import (ATTENTION_READINGS, QK_NORM_READINGS, attention_kernel_s, exchange_as_ran,  # noqa: F401
+                          overlaps_off, qk_norm_gather_s, tps_as_ran)
 
 PREDICTED_AS = {"fsdp": "torchtitan"}
 #: a model = "custom" row's shape keys (ModelSpec's names but moe_router_topk)
@@ -345,56 +350,3 @@ def memory_as_ran(row: dict, lay: Layout, w) -> tuple[float, float]:
     and so predict, plan and best, state) on peak_as_ran's breakdown."""
     mem, p_fit = breakdown_fit(peak_as_ran(row, lay, w), w)
     return mem["total"], p_fit
-
-
-# ------------------------------------------------------------------------------------------- speed as it ran
-#: torchtitan's Qwen3 tensor-parallel plan from its first version (f9e8897a6, 2025-08-18) until pytorch/torchtitan #1870
-#: (8c1d1c5fc, 2025-10-14; issue #1867 'Qwen3 model parallel including unnecessary all_gather') wrapped q_norm and k_norm
-#: in NoParallel(use_local_output=False) (torchtitan/experiments/qwen3/infra/parallelize.py @ d66b72a6 apply_non_moe_tp;
-#: torchtitan/distributed/__init__.py NoParallel._prepare_output_fn): each norm's head-sharded output (Shard(2)) is
-#: redistributed to Replicate, an all-gather of q (all heads) and k per layer. What follows runs on whole tensors
-#: (experiments/qwen3/model/model.py: apply_rotary_emb, repeat_kv) until SDPA's DTensor strategy takes its head shard
-#: again (Replicate -> Shard(1): a local chunk), whose backward all-gathers the gradients of q and of the repeated keys
-#: (all heads each). A row that ran it states `ran_qk_norm = "gathered"`. Its extra seconds per layer and micro-batch,
-#: each from tuner's own accounting (nothing chosen on a row):
-#: - the gathers: forward (again under full recompute) q and k, backward the two all-head gradients, each a ring
-#:   all-gather over the TP group (tuner.perfmodel.comm), exposed as torchtitan's eager TP collectives are, and each
-#:   gathered on a dimension other than 0, so funcol's all_gather_tensor copies it once more (torch.cat of the chunks:
-#:   read + write of the gathered tensor, torch/distributed/_functional_collectives.py, gather_dim != 0);
-#: - RoPE on every head instead of the rank's: tuner.perfmodel.compute's RoPE traffic (4 bytes per element of q and k,
-#:   read + write) unsplit, less the split share the model already charges, eager (UNFUSED_TRAFFIC) over the model's
-#:   element-wise passes (forward, recompute, BACKWARD_TRAFFIC);
-#: - repeat_kv's copy of the keys on every head (write q's width, read k's; its backward the sum back), less the rank's.
-QK_NORM_READINGS = ("gathered",)
-
-
-def qk_norm_gather_s(row: dict, lay: Layout, w) -> float:
-    """A step's seconds beyond tuner's where the row ran torchtitan's Qwen3 TP plan before #1870 (QK_NORM_READINGS)."""
-    ran = row.get("ran_qk_norm")
-    if ran is None or lay.tp == 1:
-        return 0.0
-    if ran not in QK_NORM_READINGS or w.framework != "torchtitan" or lay.pp != 1:
-        raise ValueError(f"{row['source']}: ran_qk_norm {ran!r} is read for torchtitan without pipeline parallelism "
-                         f"only, as one of {QK_NORM_READINGS}")
-    from tuner.perfmodel import comm, compute
-    m, c, t = w.model, w.cluster, lay.tp
-    tokens = lay.micro_batch * m.seq_length / lay.context_parallel
-    q, k = m.q_width, m.kv_size
-    full = lay.recompute == "full"
-    fwd_passes = 2.0 if full else 1.0
-    gathered = [2.0 * tokens * (q + k)] * int(fwd_passes) + [2.0 * tokens * (q + q)]
-    bw = comm.group_bandwidth(c, t, 1)
-    hbm = c.hbm_bandwidth_gbps * 1e9 * c.memory_bandwidth_efficiency
-    gathers = sum(comm.allgather_time(n, t, bw, c) + 2.0 * n / hbm for n in gathered)
-    unsplit = 1.0 - 1.0 / t
-    rope = (unsplit * 4.0 * tokens * (q + k) * compute.UNFUSED_TRAFFIC
-            * (fwd_passes + compute.BACKWARD_TRAFFIC) / hbm)
-    repeat = unsplit * 2.0 * tokens * (q + k) * (fwd_passes + 1.0) / hbm
-    steps = micro_batches_per_pipeline(lay, w.global_batch)
-    return steps * m.num_layers * (gathers + rope + repeat)
-
-
-def tps_as_ran(row: dict, lay: Layout, w, pr) -> float:
-    """Tokens/s per GPU of prediction `pr` with the seconds the row's plan ran beyond tuner's (qk_norm_gather_s)."""
-    ran = pr.step_time_s / (pr.step_time_s + qk_norm_gather_s(row, lay, w))
-    return pr.samples_per_second * ran * row["seq_length"] / row["gpus"]

@@ -2,8 +2,7 @@
 rows; `HARDWARE_SEEN`: the new machines' rows), each with the rows it saw, and the rules built on them (`clean`,
 `hardware_clean`): a benchmark counts as "held out" only held-out configurations that no choice saw.
 
-Reading, dedup and the held-out split are benchmarks/published_rows.py's; published.py re-exports every name here.
-"""
+Reading, dedup and the held-out split are benchmarks/published_rows.py's; published.py re-exports every name here."""
 
 from __future__ import annotations
 
@@ -53,8 +52,7 @@ BATCHES = ("issue 25 round 2 (", "issue 25 round 3 (", "issue 24 round 4 (", "is
 
 def _saw(r: dict, last: str | None) -> bool:
     """Whether the row existed when a choice made after batch `last` (None: before any batch) was made."""
-    added = r.get("added")
-    if added is None:
+    if (added := r.get("added")) is None:
         return True
     batch = next((i for i, name in enumerate(BATCHES) if added.startswith(name)), len(BATCHES))
     return last is not None and batch <= BATCHES.index(last)
@@ -64,8 +62,7 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     "megatron-core overlaps (tuner/frameworks.py)": ("speed", lambda r: r["framework"] == "megatron-core"
                                                      and "llama_published.toml" in r.get("files", [r.get("file")])
                                                      and "added" not in r),
-    # (both chosen before any batch was added: issue 24 round 4's torchtitan / torchao rows and the fresh dense ones came
-    # after them)
+    # (both chosen before any batch was added: issue 24 round 4's torchtitan / torchao rows and the fresh dense came later)
     "FA2_ON_HOPPER (tuner/perfmodel/compute.py)": ("speed", lambda r: r["framework"] in ("fsdp", "torchtitan")
                                                    and _any_source(r, lambda x: not _legacy_third(x, _LEGACY))
                                                    and _saw(r, None)),
@@ -274,6 +271,9 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     "torchtitan's Qwen3 TP plan before #1870 gathers q and k (benchmarks/reading.py qk_norm_gather_s)": (
         "speed", lambda r: r["framework"] in ("torchtitan", "fsdp") and (not held_out(r) or bool(r.get("ran_qk_norm")))
         and _saw(r, "issue 25 / 26 third read of the eleventh session")),
+    "FlagPerf's launches as ran: overlaps off, FlashAttention-2 (benchmarks/speed_as_ran.py; read after its in-split rows)": (
+        "speed", lambda r: any("FlagOpen/FlagPerf" in s for s in r.get("sources", [r.get("source", "")])) and not held_out(r)
+        and _saw(r, "issue 25 / 26 twelfth session")),
 }
 
 
@@ -385,6 +385,7 @@ HARDWARE_SEEN: dict = {
     "no MoE layer overhead under full-iteration CUDA graphs (tuner/perfmodel/moe.layer_overhead)": (
         "speed", lambda r: r.get("cluster") == "gb300" and r.get("model") == "deepseek-v3"
         and str(r.get("added", "")).startswith("issue 26 eighth session")),
+    **{k: v for k, v in SEEN.items() if k.startswith("FlagPerf's launches")},
 }
 
 
@@ -393,8 +394,7 @@ def _hardware_seen(row: dict, kind: str | None) -> bool:
 
 
 def hardware_clean(row: dict, kind: str | None = None) -> bool:
-    """A HARDWARE row hashed out and seen by no choice of HARDWARE_SEEN (of `kind`; None: any), nor any row of
-    its configuration."""
+    """A HARDWARE row hashed out and seen by no choice of HARDWARE_SEEN (of `kind`; None: any) nor any row of its configuration."""
     return (held_out(row) and not _hardware_seen(row, kind)
             and split_key(row) not in _seen_configurations(kind, new_machines=True))
 

@@ -54,8 +54,9 @@ def test_file_has_rows_of_every_stack():
     assert any("peak_memory_gib" in r for r in rows)
 
 
-#: a step's seconds beyond tuner's that a run's plan ran, read onto the row (benchmarks/reading.qk_norm_gather_s)
-SPEED_AS_RAN = ("ran_qk_norm",)
+#: a run's speed as it ran where its launch ran otherwise than tuner's (benchmarks/speed_as_ran.py): a step's seconds
+#: beyond tuner's (qk_norm_gather_s, attention_kernel_s) and the framework overlaps its config turned off (OVERLAP_KEYS)
+SPEED_AS_RAN = ("ran_qk_norm", "ran_attention", "tp_comm_overlap", "overlap_grad_reduce")
 
 
 @pytest.mark.parametrize("i", range(len(_rows())))

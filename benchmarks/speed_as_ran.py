@@ -1,0 +1,120 @@
+"""A published row's speed as it ran, where its launch ran otherwise than tuner's would (benchmarks/reading.py hands these
+names on: one reading for every accuracy benchmark):
+- the framework overlaps its config turned off (`tp_comm_overlap = false`, `overlap_grad_reduce = false`):
+  `exchange_as_ran`, the overlaps tuner.perfmodel.predict credits (its TokenExchange, as moe_accuracy reads them);
+- a step's seconds beyond tuner's: torchtitan's Qwen3 TP plan before its fix (`ran_qk_norm`, qk_norm_gather_s) and
+  FlashAttention-2 where tuner's framework runs the fused (cuDNN) attention (`ran_attention`, attention_kernel_s).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tuner.frameworks import FRAMEWORKS
+from tuner.layout import Layout, micro_batches_per_pipeline
+from tuner.perfmodel.moe_exchange import TokenExchange
+
+#: A row's key saying its config turned a framework overlap off (False), by tuner.frameworks Framework.overlaps' name:
+#: `tp_comm_overlap = false`, no --tp-comm-overlap (the TP all-gathers and reduce-scatters of sequence parallelism run
+#: whole); `overlap_grad_reduce = false`, no --overlap-grad-reduce, and so no --overlap-param-gather, which Megatron-LM
+#: refuses without it (the distributed optimizer's gradient reduce-scatter and parameter all-gather run whole after the
+#: last backward and before the next forward). Both are store_true flags, off unless passed, in Megatron-LM
+#: core_v0.6.0 (megatron/training/arguments.py lines 960, 1278 and 1283; lines 259-264 refuse the gather's overlap
+#: without the reduce's) and in FlagScale @ 26cd664 (megatron/arguments.py lines 990, 1300, 1305).
+OVERLAP_KEYS = (("tp", "tp_comm_overlap"), ("dp", "overlap_grad_reduce"))
+
+
+def overlaps_off(row: dict) -> set:
+    """The framework overlaps the row states its run turned off."""
+    return {name for name, key in OVERLAP_KEYS if row.get(key) is False}
+
+
+def exchange_as_ran(row: dict) -> TokenExchange | None:
+    """A dense row's overlaps as they ran, for tuner.perfmodel.predict: None (the framework's own, what `tuner launch`
+    writes) unless the row states one off (overlaps_off). An MoE row's whole exchange is moe_accuracy.exchange_of's."""
+    off = overlaps_off(row)
+    return TokenExchange(overlaps=FRAMEWORKS[row["framework"]].overlaps - off) if off else None
+
+
+#: torchtitan's Qwen3 tensor-parallel plan from its first version (f9e8897a6, 2025-08-18) until pytorch/torchtitan #1870
+#: (8c1d1c5fc, 2025-10-14; issue #1867 'Qwen3 model parallel including unnecessary all_gather') wrapped q_norm and k_norm
+#: in NoParallel(use_local_output=False) (torchtitan/experiments/qwen3/infra/parallelize.py @ d66b72a6 apply_non_moe_tp;
+#: torchtitan/distributed/__init__.py NoParallel._prepare_output_fn): each norm's head-sharded output (Shard(2)) is
+#: redistributed to Replicate, an all-gather of q (all heads) and k per layer. What follows runs on whole tensors
+#: (experiments/qwen3/model/model.py: apply_rotary_emb, repeat_kv) until SDPA's DTensor strategy takes its head shard
+#: again (Replicate -> Shard(1): a local chunk), whose backward all-gathers the gradients of q and of the repeated keys
+#: (all heads each). A row that ran it states `ran_qk_norm = "gathered"`. Its extra seconds per layer and micro-batch,
+#: each from tuner's own accounting (nothing chosen on a row):
+#: - the gathers: forward (again under full recompute) q and k, backward the two all-head gradients, each a ring
+#:   all-gather over the TP group (tuner.perfmodel.comm), exposed as torchtitan's eager TP collectives are, and each
+#:   gathered on a dimension other than 0, so funcol's all_gather_tensor copies it once more (torch.cat of the chunks:
+#:   read + write of the gathered tensor, torch/distributed/_functional_collectives.py, gather_dim != 0);
+#: - RoPE on every head instead of the rank's: tuner.perfmodel.compute's RoPE traffic (4 bytes per element of q and k,
+#:   read + write) unsplit, less the split share the model already charges, eager (UNFUSED_TRAFFIC) over the model's
+#:   element-wise passes (forward, recompute, BACKWARD_TRAFFIC);
+#: - repeat_kv's copy of the keys on every head (write q's width, read k's; its backward the sum back), less the rank's.
+QK_NORM_READINGS = ("gathered",)
+
+
+def qk_norm_gather_s(row: dict, lay: Layout, w) -> float:
+    """A step's seconds beyond tuner's where the row ran torchtitan's Qwen3 TP plan before #1870 (QK_NORM_READINGS)."""
+    ran = row.get("ran_qk_norm")
+    if ran is None or lay.tp == 1:
+        return 0.0
+    if ran not in QK_NORM_READINGS or w.framework != "torchtitan" or lay.pp != 1:
+        raise ValueError(f"{row['source']}: ran_qk_norm {ran!r} is read for torchtitan without pipeline parallelism "
+                         f"only, as one of {QK_NORM_READINGS}")
+    from tuner.perfmodel import comm, compute
+    m, c, t = w.model, w.cluster, lay.tp
+    tokens = lay.micro_batch * m.seq_length / lay.context_parallel
+    q, k = m.q_width, m.kv_size
+    full = lay.recompute == "full"
+    fwd_passes = 2.0 if full else 1.0
+    gathered = [2.0 * tokens * (q + k)] * int(fwd_passes) + [2.0 * tokens * (q + q)]
+    bw = comm.group_bandwidth(c, t, 1)
+    hbm = c.hbm_bandwidth_gbps * 1e9 * c.memory_bandwidth_efficiency
+    gathers = sum(comm.allgather_time(n, t, bw, c) + 2.0 * n / hbm for n in gathered)
+    unsplit = 1.0 - 1.0 / t
+    rope = (unsplit * 4.0 * tokens * (q + k) * compute.UNFUSED_TRAFFIC
+            * (fwd_passes + compute.BACKWARD_TRAFFIC) / hbm)
+    repeat = unsplit * 2.0 * tokens * (q + k) * (fwd_passes + 1.0) / hbm
+    steps = micro_batches_per_pipeline(lay, w.global_batch)
+    return steps * m.num_layers * (gathers + rope + repeat)
+
+
+#: The attention kernel a row ran where it is not its framework's: `ran_attention = "flash-attn-2"`, FlashAttention-2
+#: from the flash-attn package, which has no Hopper-specific kernel. FlagScale @ 26cd664 (BAAI's Megatron-LM fork,
+#: 2024-01-11) builds its LLaMA with Megatron's local transformer (megatron/arguments.py line 614: --transformer-impl
+#: default 'local'), whose --use-flash-attn runs flash_attn_varlen_func (megatron/model/transformer.py lines 46 and 539),
+#: not Transformer Engine's fused attention; FlashAttention-3, the first with Hopper kernels, came in 2024-07 (arXiv
+#: 2407.08608). tuner's Megatron-Core runs the fused (cuDNN) attention the clusters' attention_efficiency describes; on a
+#: GPU with FP8 (Hopper) FlashAttention-2 takes tuner.perfmodel.compute.FA2_ON_HOPPER times as long (what tuner charges
+#: torchtitan's SDPA), on others the two are alike.
+ATTENTION_READINGS = ("flash-attn-2",)
+
+
+def attention_kernel_s(row: dict, lay: Layout, w, exchange: TokenExchange | None = None) -> float:
+    """A step's seconds beyond tuner's where the row ran FlashAttention-2 (ATTENTION_READINGS) and tuner's framework
+    the fused attention: the slowest stage's seconds per micro-batch with the attention at FA2_ON_HOPPER, less tuner's,
+    over the micro-batches and the pipeline bubble (tuner.perfmodel.predict's m + (p - 1) x bubble_share stage times)."""
+    ran = row.get("ran_attention")
+    if ran is None:
+        return 0.0
+    if ran not in ATTENTION_READINGS:
+        raise ValueError(f"{row['source']}: ran_attention {ran!r} is none of {ATTENTION_READINGS}")
+    from tuner.perfmodel import compute, stages
+    from tuner.pipeline_split import bubble_share
+    sh = compute.shape_of(lay, w)
+    if sh.attention_slowdown != 1.0 or not w.cluster.peak_tflops_fp8:     # charged already, or not Hopper-class
+        return 0.0
+    fa2 = dataclasses.replace(sh, attention_slowdown=compute.FA2_ON_HOPPER)
+    extra = stages.slowest_stage(lay, w, fa2, exchange)[1] - stages.slowest_stage(lay, w, sh, exchange)[1]
+    m = micro_batches_per_pipeline(lay, w.global_batch)
+    return extra * (m + (lay.pp - 1) * bubble_share(lay, w.model.num_layers))
+
+
+def tps_as_ran(row: dict, lay: Layout, w, pr, exchange: TokenExchange | None = None) -> float:
+    """Tokens/s per GPU of prediction `pr` (made with `exchange`) with the seconds the row's launch ran beyond tuner's
+    (qk_norm_gather_s, attention_kernel_s)."""
+    extra = qk_norm_gather_s(row, lay, w) + attention_kernel_s(row, lay, w, exchange)
+    return pr.samples_per_second * pr.step_time_s / (pr.step_time_s + extra) * row["seq_length"] / row["gpus"]

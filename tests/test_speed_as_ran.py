@@ -1,0 +1,69 @@
+"""benchmarks/speed_as_ran.py (issue 25 / 26): a published row's speed as its launch ran it -- the framework overlaps its
+config turned off (`tp_comm_overlap`, `overlap_grad_reduce` false) and FlashAttention-2 where tuner's framework runs the
+fused attention (`ran_attention`) -- read onto FlagPerf's Megatron-Core and FlagScale rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import published  # noqa: E402
+import reading  # noqa: E402
+from tuner.perfmodel import predict  # noqa: E402
+from tuner.specs import load_cluster  # noqa: E402
+
+
+def _flagperf() -> list[dict]:
+    rows = [r for r in published.published() + published.hardware()
+            if any("FlagOpen/FlagPerf" in s for s in r.get("sources", [r.get("source", "")]))]
+    assert len({published.split_key(r) for r in rows}) == 9
+    return rows
+
+
+def _h800_row() -> dict:
+    return next(r for r in _flagperf() if r["cluster"] == "h800" and r["tp"] == 8)
+
+
+def test_every_flagperf_row_ran_without_overlaps():
+    """pretrain_llama3.sh and megatron_main.sh pass no --tp-comm-overlap and no --overlap-grad-reduce: every row of the
+    source reads so, held-out ones included; FlagScale's rows ran flash-attn's FlashAttention-2."""
+    for r in _flagperf():
+        assert reading.overlaps_off(r) == {"tp", "dp"}, r["source"]
+        assert (r.get("ran_attention") == "flash-attn-2") == ("FlagScale" in r["release"]), r["source"]
+
+
+def test_exchange_as_ran():
+    r = _h800_row()
+    assert reading.exchange_as_ran({k: v for k, v in r.items() if k not in ("tp_comm_overlap", "overlap_grad_reduce")}) is None
+    ex = reading.exchange_as_ran(r)
+    assert ex.overlaps == frozenset({"p2p", "ep"})
+    assert reading.exchange_as_ran({**r, "tp_comm_overlap": True}).overlaps == frozenset({"p2p", "ep", "tp"})
+
+
+def test_overlaps_off_slow_the_prediction():
+    """TP 8 on H800's 400 GB/s NVLink: the TP collectives whole cost seconds a step that --tp-comm-overlap would hide."""
+    r = _h800_row()
+    w, lay = reading.workload_of(r), reading.layout_of(r)
+    hidden, whole = predict(lay, w), predict(lay, w, reading.exchange_as_ran(r))
+    assert whole.time_breakdown["tp_comm"] > hidden.time_breakdown["tp_comm"] + 1.0
+    assert whole.step_time_s > 1.2 * hidden.step_time_s
+
+
+def test_attention_kernel_s():
+    r = _h800_row()
+    w, lay = reading.workload_of(r), reading.layout_of(r)
+    extra = reading.attention_kernel_s(r, lay, w)
+    pr = predict(lay, w)
+    # FA2_ON_HOPPER - 1 = 1 more attention time, over the micro-batches and the bubble's share of it
+    assert pr.time_breakdown["attention"] < extra < 1.3 * pr.time_breakdown["attention"]
+    assert reading.tps_as_ran(r, lay, w, pr) < reading.tps_as_ran({**r, "ran_attention": None}, lay, w, pr)
+    bare = {k: v for k, v in r.items() if k != "ran_attention"}
+    assert reading.attention_kernel_s(bare, lay, w) == 0.0
+    a100 = dataclasses.replace(w, cluster=load_cluster("a100"))
+    assert reading.attention_kernel_s(r, lay, a100) == 0.0          # no Hopper: FlashAttention-2 is the fused kernel's match
+    with pytest.raises(ValueError):
+        reading.attention_kernel_s({**r, "ran_attention": "sdpa"}, lay, w)
