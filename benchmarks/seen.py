@@ -239,10 +239,9 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     "empirical spread rule memory_errors (tuner/frameworks.py, tuner/perfmodel/fit.py)": (
         "memory", lambda r: "memory_measured_megatron-core_fresh4.toml" in r.get("files", [r.get("file")])),
     # issue 24 (2935eb4): a GPU's capacity as the bytes a process can allocate (the presets' memory_gib, from CUDA / HIP
-    # totals and OOM messages, not from any row) was found while reading the published runs that ran with p_fit < 0.5
-    # (534afc2) and printed on every published and hardware run under both readings (benchmarks/usable_capacity.py, then
-    # 2935eb4's before / after): every published or hardware row of its time saw it (not the fake-tensor measurements,
-    # whose reliability sweeps capacities and which it does not move)
+    # totals and OOM messages, not from any row), found while reading the runs that ran with p_fit < 0.5 (534afc2) and
+    # printed on every published and hardware run under both readings (benchmarks/usable_capacity.py, 2935eb4): every
+    # published or hardware row of its time saw it (not the fake-tensor measurements, which it does not move)
     "GPU capacity as the allocatable bytes (workloads/clusters/*.toml memory_gib)": (
         "memory", lambda r: "peak_allocated_gib" not in r and _saw(r, "issue 25 fresh dense")),
     # review of issue 26 (round 2's last gradient bucket, buckets.py): the default bucket is sized by the dp x cp group
@@ -367,12 +366,10 @@ HARDWARE_SEEN: dict = {
     ) for k in ("memory", "speed")},
     "Blackwell GEMM curve from XLA's sm_100 sweep (workloads/clusters/b200.toml [9])": (
         "speed", lambda r: r.get("cluster") in ("b200", "gb200", "b300", "gb300") and _saw(r, "issue 25 round 5 (")),
-    # issues 25 / 26 (step floor): SEEN's entry of the same name -- every Megatron-Core row of this file printed with and
-    # without the CI floor (the ROCm ones too: the first print applied it there) before it was left out
+    # issues 25 / 26: SEEN's entry of that name (every Megatron-Core row here printed with and without it, ROCm's too)
     "Megatron-Core's CI step floor, not applied (benchmarks/step_floor.py)": (
         "speed", lambda r: r.get("framework", "megatron-core") == "megatron-core" and _saw(r, "issue 25 fresh dense")),
-    # issues 25 / 26: SEEN's entry of the same name (every Megatron-Core row of this file of ba30800's batches printed
-    # with and without it)
+    # issues 25 / 26: SEEN's entry of that name (every Megatron-Core row here of ba30800's batches printed with and without)
     "Megatron-Core's buckets each pay NCCL's ring latency (tuner/perfmodel bucket_latency)": (
         "speed", lambda r: r.get("framework", "megatron-core") == "megatron-core" and _saw(r, "issue 25 fresh dense")),
     # issues 25 / 26 (DeepSeek-V3 on GB300): no fixed MoE layer overhead where the whole iteration replays as one CUDA
@@ -386,6 +383,9 @@ HARDWARE_SEEN: dict = {
         "speed", lambda r: r.get("cluster") == "gb300" and r.get("model") == "deepseek-v3"
         and str(r.get("added", "")).startswith("issue 26 eighth session")),
     **{k: v for k, v in SEEN.items() if k.startswith("FlagPerf's launches")},
+    # issue 26 (2026-12-03): read from torchtitan's source after the in-split rows here were printed (no held-out row's error)
+    "torchtitan's cuDNN-first SDPA on Blackwell, ran_attention 'cudnn' (benchmarks/speed_as_ran.py)": ("speed", lambda r: r.get(
+        "ran_attention") == "cudnn" and not held_out(r) and _saw(r, "issue 25 / 26 second read of the twelfth session")),
 }
 
 

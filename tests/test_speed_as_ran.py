@@ -67,3 +67,29 @@ def test_attention_kernel_s():
     assert reading.attention_kernel_s(r, lay, a100) == 0.0          # no Hopper: FlashAttention-2 is the fused kernel's match
     with pytest.raises(ValueError):
         reading.attention_kernel_s({**r, "ran_attention": "sdpa"}, lay, w)
+
+
+def _blackwell_torchtitan() -> list[dict]:
+    return [r for r in published.hardware() if r["framework"] == "torchtitan" and r["cluster"] in ("b200", "gb200")]
+
+
+def test_torchtitan_on_blackwell_ran_cudnn_attention():
+    """torchtitan's SDPA puts cuDNN first on compute capability >= 10.0 from 3b85aa31f (2025-05-14): every Llama 3 row of
+    Baisya's GB200 post and of torchao's B200 table reads so (held-out ones included); pith-train's Qwen3 row ran flex."""
+    for r in _blackwell_torchtitan():
+        sdpa = "daddyofadoggy/blog" in r["source"] or "mx_formats" in r["source"]
+        assert (r.get("ran_attention") == "cudnn") == sdpa, r["source"]
+    assert all("ran_attention" not in r for r in published.hardware() if r["cluster"] == "mi300x")
+
+
+def test_cudnn_attention_takes_back_tuner_s_sdpa_charge():
+    r = next(r for r in _blackwell_torchtitan() if "daddyofadoggy/blog" in r["source"] and r["pp"] == 1 and r["tp"] == 1)
+    w, lay = reading.workload_of(r), reading.layout_of(r)
+    pr = predict(lay, w)
+    fewer = reading.attention_kernel_s(r, lay, w)
+    # FA2_ON_HOPPER = 2: the cuDNN kernel takes back half of the attention time tuner charges torchtitan's SDPA
+    assert -0.6 * pr.time_breakdown["attention"] < fewer < -0.4 * pr.time_breakdown["attention"]
+    assert reading.tps_as_ran(r, lay, w, pr) > reading.tps_as_ran({**r, "ran_attention": None}, lay, w, pr)
+    mi300x = dataclasses.replace(w, cluster=load_cluster("mi300x"))
+    with pytest.raises(ValueError, match="CUDA machines only"):
+        reading.attention_kernel_s(r, lay, mi300x)
