@@ -15,8 +15,9 @@ the layout *and* of the model's own account of it:
   bubble spread over the stage components that make it. A cluster constant that is off by a factor
   shows up as a residual linear in these shares, whatever the node count: that is what transfers;
 - g: a squared-exponential GP over z = (log2 tp, log2 pp, log2 dp, log2 micro-batch, ZeRO stage,
-  checkpointing, TP group leaves the node, predicted bubble, TP and DP communication shares, log2
-  nodes) for errors the shares do not explain (physics the model lacks).
+  checkpointing, sp, log2 cp, log2 vp, log2 ep, log2 etp (the expert degrees on tp's scale), TP group leaves
+  the node, predicted bubble, TP and DP communication shares, log2 nodes) for errors the shares do not
+  explain (physics the model lacks).
 Memory is learned the same way on log(measured peak / predicted peak) with the memory breakdown's
 shares as f, the measured peak (allocated bytes) with the cluster's fixed reserve added as the prediction has it
 (Features.measured_log_ratio); an OOM is a censored observation (the ratio is at least capacity / predicted).
@@ -64,8 +65,11 @@ MEMORY_WIDENING = (1.0, 2.0, 4.0, 8.0, 16.0)
 #: observations before the working memory is widened apart from the rest (a split is not learned from one point;
 #: a single measurement far off the prior widens the whole prior, so one run moves the correction and leaves it wide)
 MEMORY_WIDEN_MIN = 3
-Z_DIM, F_DIM, FM_DIM = 14, len(STAGE_KEYS) + 3, len(MEMORY_KEYS) + 2
-LAYOUT_DIMS = 9               # z's first coordinates: the layout's own (tp, pp, dp, micro-batch, ZeRO, recompute, sp, cp, vp)
+Z_DIM, F_DIM, FM_DIM = 16, len(STAGE_KEYS) + 3, len(MEMORY_KEYS) + 2
+#: z's first coordinates: the layout's own (tp, pp, dp, micro-batch, ZeRO, recompute, sp, cp, vp, ep, etp). The expert
+#: degrees (issue 30 round 11) let an error measured on one expert split carry to that split at another node count and
+#: not to a sibling that splits its experts otherwise (constant 0 for a dense model: its correction is unchanged).
+LAYOUT_DIMS = 11
 #: How far (in those coordinates) a measured layout's support reaches: the guided searcher's ELL_U, the reach of a
 #: trial's error on its neighbours' uncertainty (tuner/search/explore.py). An unmeasured layout this far or further
 #: from every measured one is as uncertain as the spread of the model's errors among the measured (far_sd).
@@ -110,7 +114,8 @@ def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
     base = [math.log2(layout.tp) / 4, math.log2(layout.pp) / 6, math.log2(max(layout.dp, 1)) / 8,
             math.log2(layout.micro_batch) / 4, layout.zero_stage / 3, RECOMPUTE.index(layout.recompute) / (len(RECOMPUTE) - 1),
             0.3 * layout.sequence_parallel, math.log2(layout.context_parallel) / 4,
-            math.log2(layout.virtual_pipeline) / 8]
+            math.log2(layout.virtual_pipeline) / 8, math.log2(layout.expert_parallel) / 4,
+            math.log2(layout.expert_tensor_parallel) / 4]
     if workload is None:
         return Features(np.array(base + [0.0] * 5), np.zeros(F_DIM), np.zeros(FM_DIM), math.log(0.3), 0.0, True)
     pred = pred or predict(layout, workload)
