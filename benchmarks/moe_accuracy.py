@@ -153,9 +153,10 @@ def evaluate(row: dict) -> dict:
     bad = why_invalid(lay, w)
     if bad:
         return {"refused": bad, "layout": lay}
-    pr = predict(lay, w, exchange_of(row))
+    exchange = exchange_of(row)
+    pr = predict(lay, w, exchange)
     memory_gb, p_fit = reading.memory_as_ran(row, lay, w)
-    tps = pr.samples_per_second * row["seq_length"] / row["gpus"]
+    tps = reading.tps_as_ran(row, lay, w, pr, exchange)          # the attention kernel it ran (ran_attention)
     return {"refused": None, "layout": lay, "error": tps / row["tokens_per_s_per_gpu"] - 1.0, "pred": tps,
             "p_fit": p_fit, "memory_gb": memory_gb, "a2a_s": pr.time_breakdown.get("all_to_all", 0.0),
             "step_s": pr.step_time_s}

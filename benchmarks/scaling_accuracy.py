@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import published  # noqa: E402  (benchmarks/published.py: the split and what saw which row)
 from framework_accuracy import layout_of  # noqa: E402  (a published row's layout, as its accuracy benchmark reads it)
+import reading  # noqa: E402  (one reading of a run for every accuracy benchmark: its attention kernel)
 from tuner.best import best_for_unmeasured  # noqa: E402
 from tuner.errors import TunerError  # noqa: E402
 from tuner.perfmodel import expected_speed, predict, rank  # noqa: E402
@@ -59,7 +60,7 @@ def given_series(s: dict) -> list[dict]:
                        "model": model_of(p.get("model", s.get("model"))), "pins": {**s.get("pins", {}),
                                                                                   **p.get("pins", {})},
                        "layout": None, "clean": None, "source": s["source"], "grad_reduce": s.get("grad_reduce"),
-                       "optimizer_moments": s.get("optimizer_moments")})
+                       "optimizer_moments": s.get("optimizer_moments"), "ran_attention": s.get("ran_attention")})
     return [{"name": s["name"], "kind": s["kind"], "framework": s["framework"], "cluster": s["cluster"],
              "precision": s["precision"], "metric": s["metric"], "points": points, "overlaps": s.get("overlaps"),
              "seen": list(s.get("seen", []))}]
@@ -101,7 +102,8 @@ def row_series(s: dict) -> list[dict]:
                            "value": statistics.median(x["tokens_per_s_per_gpu"] for x in rs),
                            "model": model_of(r["model"], r["seq_length"]), "pins": None, "layout": _row_layout(r),
                            "clean": all(published.clean(x, "speed") for x in rs), "source": r["source"],
-                           "grad_reduce": published.grad_reduce(r) if r.get("framework") == "megatron-core" else None})
+                           "grad_reduce": published.grad_reduce(r) if r.get("framework") == "megatron-core" else None,
+                           "ran_attention": r.get("ran_attention")})
         lay = points[0]["layout"]
         out.append({"name": f"{s['name']} [{lay.key()}]" if len(groups) > 1 else s["name"], "kind": s["kind"],
                     "framework": PREDICTED_AS.get(rows[0]["framework"], rows[0]["framework"]),
@@ -141,6 +143,13 @@ def _best_pinned(layouts, w, exchange: TokenExchange | None):
     return ranked[0] if ranked else None
 
 
+def _mfu_as_ran(pr, p: dict, w, exchange: TokenExchange | None) -> float:
+    """MFU of pinned prediction `pr` with the attention kernel the point's launch ran (`ran_attention`,
+    benchmarks/speed_as_ran.attention_kernel_s): the published layout's as it ran; tuner's answer is tuner's own."""
+    extra = reading.attention_kernel_s(p, pr.layout, w, exchange)
+    return pr.mfu * pr.step_time_s / (pr.step_time_s + extra) if extra else pr.mfu
+
+
 def predicted_mfu(series: dict, p: dict) -> tuple[float | None, float | None, str]:
     """(MFU of tuner's answer, MFU at the published layout, a note): None where the model refuses."""
     w = workload(series, p)
@@ -152,11 +161,11 @@ def predicted_mfu(series: dict, p: dict) -> tuple[float | None, float | None, st
     try:
         if p["layout"] is not None:
             from tuner.layout import validate
-            pinned = predict(validate(p["layout"], w), w, as_run(series)).mfu
+            pinned = _mfu_as_ran(predict(validate(p["layout"], w), w, as_run(series)), p, w, as_run(series))
         else:
             from tuner.space import valid_layouts
             top = _best_pinned(valid_layouts(SPACE.pinned(p["pins"]), w), w, as_run(series))
-            pinned = top.mfu if top else None
+            pinned = _mfu_as_ran(top, p, w, as_run(series)) if top else None
             note = note or ("" if top else "published layout: none of the pinned layouts fits")
     except TunerError as exc:
         pinned, note = None, note or f"published layout: {str(exc)[:90]}"

@@ -1,8 +1,7 @@
 """What saw which row: the choices made after seeing rows of the data files (`SEEN`: the published and measured
 rows; `HARDWARE_SEEN`: the new machines' rows), each with the rows it saw, and the rules built on them (`clean`,
-`hardware_clean`): a benchmark counts as "held out" only held-out configurations that no choice saw.
-
-Reading, dedup and the held-out split are benchmarks/published_rows.py's; published.py re-exports every name here."""
+`hardware_clean`): a benchmark counts as "held out" only held-out configurations that no choice saw. Reading, dedup
+and the held-out split are benchmarks/published_rows.py's; published.py re-exports every name here."""
 
 from __future__ import annotations
 
@@ -12,18 +11,15 @@ import hashlib
 from published_rows import hardware, held_out, measured, published, split_key, zero_stage
 
 
-# Choices made after seeing rows, each with the rows it saw (a predicate on a raw or distinct row). The
-# older splits hashed source lines; the rows they called "tuning" are named by those rules, so a row seen
-# under them is never counted as held out here.
+# Choices made after seeing rows, each with the rows it saw (a predicate on a raw or distinct row). The older splits
+# hashed source lines; the rows they called "tuning" are named by those rules: a row seen under them is never held out.
 def _legacy_third(row: dict, keys: tuple) -> bool:
     key = "|".join(str(row.get(k)) for k in keys)
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 3 == 0
 
 
-_LEGACY = ("source", "model", "gpus", "precision", "seq_length", "global_batch", "micro_batch", "tp", "pp", "cp",
-           "vp", "recompute", "zero_stage")
-_LEGACY_MOE = ("source", "model", "gpus", "precision", "seq_length", "global_batch", "micro_batch", "tp", "pp",
-               "cp", "vp", "ep", "recompute")
+_LEGACY = ("source", "model", "gpus", "precision", "seq_length", "global_batch", "micro_batch", "tp", "pp", "cp", "vp", "recompute", "zero_stage")
+_LEGACY_MOE = ("source", "model", "gpus", "precision", "seq_length", "global_batch", "micro_batch", "tp", "pp", "cp", "vp", "ep", "recompute")
 
 
 def _any_source(row: dict, pred) -> bool:
@@ -273,6 +269,10 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     "FlagPerf's launches as ran: overlaps off, FlashAttention-2 (benchmarks/speed_as_ran.py; read after its in-split rows)": (
         "speed", lambda r: any("FlagOpen/FlagPerf" in s for s in r.get("sources", [r.get("source", "")])) and not held_out(r)
         and _saw(r, "issue 25 / 26 twelfth session")),
+    # twelfth session: read from dgxc-benchmarking v24.11.1's scripts for issue 25's NeMo rows, before any row it moves was printed
+    "dgxc-benchmarking's NVTE_FUSED_ATTN=0 as FlashAttention-2 (benchmarks/speed_as_ran.py; named: its in-split rows)": ("speed", lambda r:
+        not held_out(r) and r.get("ran_attention") == "flash-attn-2" and "dgxc-benchmarking" in r.get("source", "")
+        and _saw(r, "issue 25 / 26 second read of the twelfth session")),
 }
 
 
