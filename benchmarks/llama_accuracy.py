@@ -82,7 +82,7 @@ def evaluate(row: dict) -> dict:
         return {"layout": layout, "refused": bad, "kind": "layout refused by the model's rules"}
     pr = predict(layout, w)
     memory_gb, p_fit = reading.memory_as_ran(row, layout, w)       # its memory as it ran (reading.py)
-    tps = pr.samples_per_second * row["seq_length"] / row["gpus"]
+    tps = reading.tps_as_ran(row, layout, w, pr)                  # the attention kernel it ran (ran_attention)
     return {"layout": layout, "refused": None, "tokens_per_s_per_gpu": tps,
             "error": tps / row["tokens_per_s_per_gpu"] - 1.0, "memory_gb": memory_gb, "fits": p_fit >= PRUNE_BELOW,
             "mfu": pr.mfu, "tflops": getattr(pr, "tflops_per_gpu", math.nan)}

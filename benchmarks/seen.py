@@ -59,9 +59,10 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
                                                      and "llama_published.toml" in r.get("files", [r.get("file")])
                                                      and "added" not in r),
     # (both chosen before any batch was added: issue 24 round 4's torchtitan / torchao rows and the fresh dense came later)
-    "FA2_ON_HOPPER (tuner/perfmodel/compute.py)": ("speed", lambda r: r["framework"] in ("fsdp", "torchtitan")
-                                                   and _any_source(r, lambda x: not _legacy_third(x, _LEGACY))
-                                                   and _saw(r, None)),
+    "FA2_ON_HOPPER (tuner/perfmodel/compute.py)": ("speed", lambda r: r["framework"] in ("fsdp", "torchtitan") and _any_source(
+        r, lambda x: not _legacy_third(x, _LEGACY)) and _saw(r, None)),
+    "torchtitan / llm-foundry attention as ran (issue 26, from commits)": ("speed", lambda r: r["framework"] != "megatron-core"
+        and r.get("ran_attention") in ("flash-attn-2", "flex") and not held_out(r) and _saw(r, "issue 25 / 26 second read of the twelfth session")),
     "UNFUSED_TRAFFIC (tuner/perfmodel/compute.py)": ("speed", lambda r: r["framework"] == "torchtitan"
                                                      and r["gpus"] == 8 and r["model"] == "llama3-8b" and _saw(r, None)),
     # issue 24 round 8: torchtitan @ 613bfd0cf's fused RMSNorm and fp32 logits (benchmarks/reading.torchtitan_613bfd0,
@@ -382,10 +383,9 @@ HARDWARE_SEEN: dict = {
     "no MoE layer overhead under full-iteration CUDA graphs (tuner/perfmodel/moe.layer_overhead)": (
         "speed", lambda r: r.get("cluster") == "gb300" and r.get("model") == "deepseek-v3"
         and str(r.get("added", "")).startswith("issue 26 eighth session")),
-    **{k: v for k, v in SEEN.items() if k.startswith("FlagPerf's launches")},
-    # issue 26 (2026-12-03): read from torchtitan's source after the in-split rows here were printed (no held-out row's error)
-    "torchtitan's cuDNN-first SDPA on Blackwell, ran_attention 'cudnn' (benchmarks/speed_as_ran.py)": ("speed", lambda r: r.get(
-        "ran_attention") == "cudnn" and not held_out(r) and _saw(r, "issue 25 / 26 second read of the twelfth session")),
+    **{k: v for k, v in SEEN.items() if k.startswith(("FlagPerf's launches", "torchtitan / llm-foundry attention as ran"))},
+    "torchtitan's cuDNN-first SDPA on Blackwell, ran_attention 'cudnn', issue 26 (read after its in-split rows were printed)": ("speed",
+        lambda r: r.get("ran_attention") == "cudnn" and not held_out(r) and _saw(r, "issue 25 / 26 second read of the twelfth session")),
 }
 
 

@@ -4,8 +4,7 @@ names on: one reading for every accuracy benchmark):
   `exchange_as_ran`, the overlaps tuner.perfmodel.predict credits (its TokenExchange, as moe_accuracy reads them);
 - a step's seconds beyond tuner's: torchtitan's Qwen3 TP plan before its fix (`ran_qk_norm`, qk_norm_gather_s) and
   the attention kernel a row ran where it is not the one tuner charges its framework (`ran_attention`, attention_kernel_s:
-  FlashAttention-2 where tuner runs the fused (cuDNN) attention, more seconds; cuDNN's where tuner charges torchtitan's
-  SDPA FlashAttention-2, fewer).
+  FlashAttention-2 or FlexAttention where tuner charges the fused (cuDNN) attention, more seconds).
 """
 
 from __future__ import annotations
@@ -84,55 +83,51 @@ def qk_norm_gather_s(row: dict, lay: Layout, w) -> float:
     return steps * m.num_layers * (gathers + rope + repeat)
 
 
-#: The attention kernel a row ran where it is not the one tuner charges its framework (`ran_attention`):
-#: - "flash-attn-2": FlashAttention-2 from the flash-attn package, which has no Hopper-specific kernel. FlagScale @ 26cd664
-#:   (BAAI's Megatron-LM fork, 2024-01-11) builds its LLaMA with Megatron's local transformer (megatron/arguments.py line
-#:   614: --transformer-impl default 'local'), whose --use-flash-attn runs flash_attn_varlen_func (megatron/model/
-#:   transformer.py lines 46 and 539), not Transformer Engine's fused attention; FlashAttention-3, the first with Hopper
-#:   kernels, came in 2024-07 (arXiv 2407.08608). tuner's Megatron-Core runs the fused (cuDNN) attention the clusters'
-#:   attention_efficiency describes; on a GPU with FP8 (Hopper and later) FlashAttention-2 takes
-#:   tuner.perfmodel.compute.FA2_ON_HOPPER times as long (what tuner charges torchtitan's SDPA), on others the two are alike.
-#: - "cudnn": cuDNN's fused attention through PyTorch SDPA, where tuner charges torchtitan's SDPA FlashAttention-2
-#:   (FA2_ON_HOPPER). torchtitan's SDPA module asks for the cuDNN backend first (sdpa_kernel(..., set_priority=True)) on
-#:   compute capability >= 10.0 (B200 / GB200) from pytorch/torchtitan 3b85aa31f ('Use cudnn backend on B200 (#1196)',
-#:   2025-05-14; torchtitan/models/attention.py ScaledDotProductAttention: CUDNN_ATTENTION, FLASH_ATTENTION,
-#:   EFFICIENT_ATTENTION, MATH) and on every CUDA GPU from 6a3a9da95 (2025-10-09; ScaledDotProductAttentionWrapper
-#:   @ 7e4ab8599); its context parallelism keeps that choice (0354f22fb, 2025-05-22). A CUDA machine only (ROCm has no
-#:   cuDNN).
-ATTENTION_READINGS = ("flash-attn-2", "cudnn")
+#: The attention kernel a row ran where it is not the one tuner charges its framework (`ran_attention`), one of
+#: tuner.perfmodel.compute.ATTENTION_KERNELS' (compute.attention_kernel: what `tuner launch` runs; kernel_slowdown):
+#: - "flash-attn-2": FlashAttention-2, which has no Hopper-specific kernel (FlashAttention-3, the first with Hopper
+#:   kernels, came in 2024-07, arXiv 2407.08608). FlagScale @ 26cd664 (BAAI's Megatron-LM fork, 2024-01-11) builds its
+#:   LLaMA with Megatron's local transformer (megatron/arguments.py line 614: --transformer-impl default 'local'), whose
+#:   --use-flash-attn runs flash_attn_varlen_func (megatron/model/transformer.py lines 46 and 539). torchtitan's SDPA
+#:   on a Hopper-class GPU (compute capability 9.0) before pytorch/torchtitan 6a3a9da95 (2025-10-09): its attention
+#:   module asked for cuDNN first on compute capability >= 10.0 only (3b85aa31f, 2025-05-14), else PyTorch's default
+#:   order (FLASH_ATTENTION before EFFICIENT_ATTENTION; CUDNN_ATTENTION last from pytorch/pytorch #138522, 2024-10-22,
+#:   in 2.5.1). llm-foundry's MPT rows (attn_impl 'flash': the flash-attn package's FlashAttention-2).
+#: - "cudnn": cuDNN's fused attention through PyTorch SDPA -- torchtitan's from 3b85aa31f on compute capability
+#:   >= 10.0 (B200 / GB200) and from 6a3a9da95 on every CUDA GPU (ScaledDotProductAttentionWrapper @ 7e4ab8599);
+#:   context parallelism keeps it (0354f22fb, 2025-05-22). A CUDA machine only (ROCm has no cuDNN).
+#: - "flex": FlexAttention (torchtitan's attn_type / attn_backend "flex"), at FlashAttention-2's factor
+#:   (compute.kernel_slowdown: no source measures it apart).
+ATTENTION_READINGS = ("flash-attn-2", "cudnn", "flex")
 
 
 def _ran_slowdown(row: dict, ran: str, cluster) -> float:
     """The attention time, relative to the cluster's attention_efficiency, of the kernel the row ran."""
     if ran not in ATTENTION_READINGS:
         raise ValueError(f"{row['source']}: ran_attention {ran!r} is none of {ATTENTION_READINGS}")
-    if ran == "cudnn":
-        if cluster.software != "cuda":
-            raise ValueError(f"{row['source']}: ran_attention 'cudnn' on {cluster.name} ({cluster.software}): "
-                             "cuDNN runs on CUDA machines only")
-        return 1.0
+    if ran == "cudnn" and cluster.software != "cuda":
+        raise ValueError(f"{row['source']}: ran_attention 'cudnn' on {cluster.name} ({cluster.software}): "
+                         "cuDNN runs on CUDA machines only")
     from tuner.perfmodel import compute
-    return compute.FA2_ON_HOPPER if cluster.peak_tflops_fp8 else 1.0
+    return compute.kernel_slowdown(ran, cluster)
 
 
 def attention_kernel_s(row: dict, lay: Layout, w, exchange: TokenExchange | None = None) -> float:
     """A step's seconds beyond tuner's (negative: fewer) where the row ran another attention kernel than tuner charges
-    its framework (ATTENTION_READINGS): the slowest stage's seconds per micro-batch with the attention at the kernel's
-    slowdown, less tuner's, over the micro-batches and the pipeline bubble (tuner.perfmodel.predict's
-    m + (p - 1) x bubble_share stage times); 0 where the two are one."""
+    its framework (ATTENTION_READINGS): tuner.perfmodel.predict's step with the attention at the kernel's slowdown (its
+    Shape, through predict's `fitted`: the stages, the bubble and what the compute hides of the FSDP / DP collectives),
+    less its step as tuner charges it; 0 where the two kernels are one."""
     ran = row.get("ran_attention")
     if ran is None:
         return 0.0
-    from tuner.perfmodel import compute, stages
-    from tuner.pipeline_split import bubble_share
+    from tuner.perfmodel import memory_fit, predict
     slowdown = _ran_slowdown(row, ran, w.cluster)
-    sh = compute.shape_of(lay, w)
+    m, sh, *rest = memory_fit(lay, w)
     if slowdown == sh.attention_slowdown:
         return 0.0
-    as_ran = dataclasses.replace(sh, attention_slowdown=slowdown)
-    extra = stages.slowest_stage(lay, w, as_ran, exchange)[1] - stages.slowest_stage(lay, w, sh, exchange)[1]
-    m = micro_batches_per_pipeline(lay, w.global_batch)
-    return extra * (m + (lay.pp - 1) * bubble_share(lay, w.model.num_layers))
+    as_ran = (m, dataclasses.replace(sh, attention_slowdown=slowdown), *rest)
+    return (predict(lay, w, exchange, fitted=as_ran).step_time_s
+            - predict(lay, w, exchange, fitted=(m, sh, *rest)).step_time_s)
 
 
 def tps_as_ran(row: dict, lay: Layout, w, pr, exchange: TokenExchange | None = None) -> float:

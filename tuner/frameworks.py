@@ -97,8 +97,8 @@ class Framework:
     memory_sd: float            # log-sd of (true peak / predicted peak) for this stack (see FRAMEWORKS)
     memory_bias: float          # mean of log(true peak / predicted peak) for this stack
     selective: str              # what recompute "selective" is: "core-attention" (Megatron) or "op" (per-op SAC)
-    attention: str              # the attention kernel: "fused" (Transformer Engine / cuDNN; FlashAttention on
-                                # ROCm) or "sdpa" (PyTorch SDPA's FlashAttention-2, tuner.perfmodel.compute)
+    attention: str              # the attention: "fused" (Transformer Engine / cuDNN; FlashAttention on ROCm) or
+                                # "sdpa" (torchtitan's; its kernel per model and GPU: compute.attention_kernel)
     compiled: str               # when element-wise kernels are fused: "always" (TE) or "fp8" (torch.compile,
                                 # which `tuner launch` switches on with float8; eager otherwise)
     files: tuple[str, ...]      # what `tuner launch` writes

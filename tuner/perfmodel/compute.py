@@ -52,12 +52,45 @@ UNFUSED_TRAFFIC = 2.5
 # torchtitan's per-op selective recompute saves every other GEMM's output: it re-runs the others
 # (K, output projection, up: ~0.37 of a Llama layer's GEMM FLOPs; 0.4 taken) and the element-wise work.
 OP_SAC_GEMM = 0.4
-# PyTorch's SDPA runs FlashAttention-2, which has no Hopper-specific kernel: on GPUs with FP8 (Hopper and
-# later) it takes about twice as long as the fused attention of Transformer Engine / cuDNN that the
-# clusters' attention_efficiency describes (FlashAttention-3 reports 1.5-2.0x over FlashAttention-2 on H100).
-# 2.0 was chosen on benchmarks/framework_accuracy.py's tuning rows (1.6, 2.0, 2.4 tried); its held-out rows
-# check it. On GPUs without FP8 (A100) the two kernels are alike: 1.
+# FlashAttention-2 (the flash-attn package, or PyTorch SDPA's FLASH_ATTENTION backend) has no Hopper-specific
+# kernel: on GPUs with FP8 (Hopper and later) it takes about twice as long as the fused attention of Transformer
+# Engine / cuDNN that the clusters' attention_efficiency describes (FlashAttention-3 reports 1.5-2.0x over
+# FlashAttention-2 on H100). 2.0 was chosen on benchmarks/framework_accuracy.py's tuning rows (torchtitan and
+# llm-foundry runs that ran FlashAttention-2; 1.6, 2.0, 2.4 tried). On GPUs without FP8 (A100) the two are alike: 1.
 FA2_ON_HOPPER = 2.0
+# The attention kernel each framework runs as `tuner launch` writes it (attention_kernel), and its time relative to
+# the cluster's attention_efficiency (kernel_slowdown):
+# - "fused": Megatron-Core / Megatron-DeepSpeed (Transformer Engine: cuDNN's fused attention; FlashAttention on ROCm).
+# - "cudnn": torchtitan's SDPA on a CUDA GPU. Its launch file targets pytorch/torchtitan 238fa9953e4a
+#   (tuner/render/torchtitan.py), whose ScaledDotProductAttentionWrapper (torchtitan/models/attention.py lines
+#   156-197) runs F.scaled_dot_product_attention under sdpa_kernel([CUDNN_ATTENTION, FLASH_ATTENTION, MATH],
+#   set_priority=True) on every GPU, so cuDNN's fused attention first (from 6a3a9da95, 2025-10-09; from 3b85aa31f,
+#   2025-05-14, on compute capability >= 10.0 only); context parallelism wraps that module and keeps its choice
+#   (0354f22fb). The Llama 3 flavors and Qwen3's 30B-A3B set no attn_type there (models/llama3/model/args.py line 45,
+#   models/qwen3/model/args.py line 39: "sdpa"), and the rendered TOML writes none. The fused rate: 1.
+# - "flash-attn-2": torchtitan's SDPA on ROCm (no cuDNN: PyTorch's FLASH_ATTENTION backend) -- FA2_ON_HOPPER where
+#   the GPU has FP8, as before (no source measures it against the fused kernel the ROCm presets describe).
+# - "flex": torchtitan's DeepSeek-V3 flavors (every MLA model tuner renders: models/deepseek_v3/__init__.py, "671B"
+#   attn_type "flex", block_causal mask), FlexAttention compiled by Inductor (FlexAttentionWrapper). No source
+#   stored here measures FlexAttention against FlashAttention-2 or cuDNN on Hopper or Blackwell, so it keeps
+#   FlashAttention-2's factor, FA2_ON_HOPPER (what tuner charged it before), NOT a measured rate.
+ATTENTION_KERNELS = ("fused", "cudnn", "flash-attn-2", "flex")
+
+
+def attention_kernel(framework, workload) -> str:
+    """The attention kernel (ATTENTION_KERNELS) `framework` (a tuner.frameworks.Framework) runs for `workload`."""
+    if framework.attention == "fused":
+        return "fused"
+    if workload.model.multi_latent_attention:
+        return "flex"
+    return "cudnn" if workload.cluster.software == "cuda" else "flash-attn-2"
+
+
+def kernel_slowdown(kernel: str, cluster: ClusterSpec) -> float:
+    """The attention time of `kernel` relative to the cluster's attention_efficiency (ATTENTION_KERNELS)."""
+    if kernel not in ATTENTION_KERNELS:
+        raise ValueError(f"attention kernel {kernel!r} is none of {ATTENTION_KERNELS}")
+    return FA2_ON_HOPPER if kernel in ("flash-attn-2", "flex") and cluster.peak_tflops_fp8 else 1.0
 # Hopper's FP8 tensor cores accumulate in reduced precision unless the kernel promotes partial sums to FP32
 # (cuBLASLt CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0, "split accumulator"). Transformer Engine runs the forward GEMM
 # with fast accumulation and both backward GEMMs without it (_2X_ACC_FPROP = False, _2X_ACC_DGRAD = _2X_ACC_WGRAD
@@ -106,7 +139,7 @@ def shape_of(layout, workload) -> Shape:
                  casts=precision.CAST_COPIES.get(workload.precision, 1.0) or 1.0,
                  op_sac=fw.selective == "op" and layout.recompute == "selective", fused=fw.fused(workload.precision),
                  gathered_inputs=fw.sp_with_tp,
-                 attention_slowdown=FA2_ON_HOPPER if fw.attention == "sdpa" and workload.cluster.peak_tflops_fp8 else 1.0,
+                 attention_slowdown=kernel_slowdown(attention_kernel(fw, workload), workload.cluster),
                  ep=layout.expert_parallel, etp=layout.expert_tensor_parallel,
                  backward_gemm=backward_gemm_factor(workload.cluster, precision.gemm_format(workload.precision)),
                  probs_in_experts=fw.moe_probs_in_experts)

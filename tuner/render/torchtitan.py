@@ -32,8 +32,10 @@ parallelism: models/llama3/infra/parallelize.py line 151).
 - fp8 also turns on torch.compile of the model and the loss ([compile] enable, components, job_config.py
   lines 722-725, as llama3_405b.toml does): float8 without compile is slower than bf16 (components/
   quantization/float8.py line 33 reads it);
-- attention: the llama3 flavors' attn_type "sdpa" (model/args.py line 45), PyTorch's scaled_dot_product_attention,
-  which runs its FlashAttention kernel for causal bf16 attention: nothing to write for flash_attention;
+- attention: the llama3 flavors' attn_type "sdpa" (model/args.py line 45; qwen3's too), PyTorch's
+  scaled_dot_product_attention under sdpa_kernel([CUDNN_ATTENTION, FLASH_ATTENTION, MATH], set_priority=True)
+  (models/attention.py ScaledDotProductAttentionWrapper): cuDNN's fused attention first; deepseek_v3's "671B" flex.
+  Nothing is written for it (tuner.perfmodel.compute.attention_kernel charges that kernel);
 - the launch's data: [training] dataset "c4" (torchtitan's streaming C4 loader, hf_datasets/text_datasets.py
   line 37: load_dataset(dataset_path, name="en", split="train")) with dataset_path, and [model] hf_assets_path
   the tokenizer directory (tokenizer_path is deprecated there); mock data is its test set "c4_test" (2K
