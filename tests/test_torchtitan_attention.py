@@ -4,6 +4,8 @@ FlexAttention for its DeepSeek-V3 (MLA) flavors; ROCm has no cuDNN (PyTorch's Fl
 
 from __future__ import annotations
 
+import dataclasses
+
 from tuner import frameworks
 from tuner.layout import Layout
 from tuner.perfmodel import compute
@@ -34,3 +36,16 @@ def test_torchtitan_s_other_kernels():
     kernel, slowdown, _ = _attention_s("torchtitan", model="deepseek-v3")        # MLA: torchtitan's "671B" is flex
     assert (kernel, slowdown) == ("flex", compute.FA2_ON_HOPPER)
     assert compute.kernel_slowdown("flex", make_workload("llama3-8b", 1, "a100").cluster) == 1.0
+
+
+def test_torchtitan_refuses_context_parallel_with_flex_attention():
+    """torchtitan @ 238fa9953e4a: DeepSeekV3ModelArgs.update_from_config raises NotImplementedError for
+    context_parallel_degree > 1 with attn_type != "sdpa" (models/deepseek_v3/model/args.py lines 101-109), and its 671B
+    flavor runs flex: a layout tuner would launch to fail is refused in one line; Llama 3 with CP is not."""
+    fw = frameworks.get("torchtitan")
+    dsv3 = make_workload("deepseek-v3", 64, "h100", framework="torchtitan")
+    cp = Layout(tp=1, pp=1, dp=256, context_parallel=2, micro_batch=1, zero_stage=3, expert_parallel=8)
+    assert "FlexAttention" in fw.refusal(cp, dsv3) and "cp 1" in fw.refusal(cp, dsv3)
+    assert fw.refusal(dataclasses.replace(cp, context_parallel=1, dp=512), dsv3) is None
+    llama = make_workload("llama3-8b", 2, "h100", global_batch=16, framework="torchtitan")
+    assert fw.refusal(Layout(tp=1, pp=1, dp=8, context_parallel=2, micro_batch=1, zero_stage=3), llama) is None

@@ -307,6 +307,8 @@ def _torchtitan(layout, workload) -> str | None:
     if workload.model.is_moe and ep == 1 and etp != tp:
         return (f"torchtitan without expert parallelism splits the experts over the TP group: with ep 1, "
                 f"expert_tensor_parallel must equal tp ({tp}), got {etp}")
+    if layout.context_parallel > 1 and workload.model.multi_latent_attention:    # its deepseek_v3 flavors run flex
+        return "torchtitan's DeepSeek-V3 runs FlexAttention, which its context parallelism refuses; use cp 1 or --framework megatron-core"
     if workload.precision == "mxfp8" and tp > 1:
         return ("torchtitan runs mxfp8 with tp 1 only: \"TP not yet supported with torch.compile for mxfp8\" "
                 "(components/quantization/mx.py line 50); use tp 1, --precision fp8, or --framework megatron-core")
