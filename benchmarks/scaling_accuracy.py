@@ -146,7 +146,7 @@ def _best_pinned(layouts, w, exchange: TokenExchange | None):
 def _mfu_as_ran(pr, p: dict, w, exchange: TokenExchange | None) -> float:
     """MFU of pinned prediction `pr` with the attention kernel the point's launch ran (`ran_attention`,
     benchmarks/speed_as_ran.attention_kernel_s): the published layout's as it ran; tuner's answer is tuner's own."""
-    extra = reading.attention_kernel_s(p, pr.layout, w, exchange)
+    extra = reading.attention_kernel_s(p, pr.layout, w, exchange, pr)
     return pr.mfu * pr.step_time_s / (pr.step_time_s + extra) if extra else pr.mfu
 
 

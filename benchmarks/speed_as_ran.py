@@ -112,11 +112,11 @@ def _ran_slowdown(row: dict, ran: str, cluster) -> float:
     return compute.kernel_slowdown(ran, cluster)
 
 
-def attention_kernel_s(row: dict, lay: Layout, w, exchange: TokenExchange | None = None) -> float:
+def attention_kernel_s(row: dict, lay: Layout, w, exchange: TokenExchange | None = None, pr=None) -> float:
     """A step's seconds beyond tuner's (negative: fewer) where the row ran another attention kernel than tuner charges
     its framework (ATTENTION_READINGS): tuner.perfmodel.predict's step with the attention at the kernel's slowdown (its
     Shape, through predict's `fitted`: the stages, the bubble and what the compute hides of the FSDP / DP collectives),
-    less its step as tuner charges it; 0 where the two kernels are one."""
+    less its step as tuner charges it (`pr`, that prediction where the caller has it); 0 where the two kernels are one."""
     ran = row.get("ran_attention")
     if ran is None:
         return 0.0
@@ -126,12 +126,12 @@ def attention_kernel_s(row: dict, lay: Layout, w, exchange: TokenExchange | None
     if slowdown == sh.attention_slowdown:
         return 0.0
     as_ran = (m, dataclasses.replace(sh, attention_slowdown=slowdown), *rest)
-    return (predict(lay, w, exchange, fitted=as_ran).step_time_s
-            - predict(lay, w, exchange, fitted=(m, sh, *rest)).step_time_s)
+    base = pr if pr is not None else predict(lay, w, exchange, fitted=(m, sh, *rest))
+    return predict(lay, w, exchange, fitted=as_ran).step_time_s - base.step_time_s
 
 
 def tps_as_ran(row: dict, lay: Layout, w, pr, exchange: TokenExchange | None = None) -> float:
     """Tokens/s per GPU of prediction `pr` (made with `exchange`) with the seconds the row's launch ran beyond tuner's
     (qk_norm_gather_s, attention_kernel_s)."""
-    extra = qk_norm_gather_s(row, lay, w) + attention_kernel_s(row, lay, w, exchange)
+    extra = qk_norm_gather_s(row, lay, w) + attention_kernel_s(row, lay, w, exchange, pr)
     return pr.samples_per_second * pr.step_time_s / (pr.step_time_s + extra) * row["seq_length"] / row["gpus"]

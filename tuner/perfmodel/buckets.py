@@ -108,12 +108,7 @@ def zero3_collectives(model: ModelSpec, layout: Layout) -> tuple[int, int]:
     _reduce_scatter_gradient): the same counts wherever every weight holds >= 5e7 elements. Norms and biases are
     persistent (stage3_param_persistence_threshold 1e5) and left out, as _first_chunk_params does."""
     params = _first_chunk_params(model, layout)
-    gathers, acc = 0, 0.0
-    for n in params:
-        acc += n
-        if acc >= DS_PREFETCH_BUCKET:
-            gathers, acc = gathers + 1, 0.0
-    gathers += acc > 0
+    gathers = _reverse_walk(params[::-1], DS_PREFETCH_BUCKET)[0]     # forward order: a group closes at >= the bucket
     reduces, acc = 0, 0.0
     for n in reversed(params):
         if acc and acc + n > DS_REDUCE_BUCKET:
