@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from tuner.frameworks import of as framework_of
 from tuner.layout import Layout, micro_batches_per_pipeline, stage_candidates, stage_layers, stage_moe_layers
-from tuner.perfmodel import comm, compute, moe, moe_exchange, recompute
+from tuner.perfmodel import comm, compute, moe, moe_exchange, recompute, tp_overlap
 from tuner.perfmodel.compute import shape_of
 from tuner.specs import Workload
 
@@ -116,8 +116,9 @@ def _layer_comms(layout: Layout, workload: Workload, sh: compute.Shape, exchange
     # --tp-comm-overlap (Transformer Engine's userbuffers) runs inside the NVLink domain only: a TP group
     # that spans nodes shows its collectives whole; on ROCm it is off (AMD's Primus: tp_comm_overlap false,
     # primus/configs/models/megatron/language_model.yaml line 180 @ fd1eeabbad15), and `launch` leaves it out
+    # and each collective hides under its own GEMM only (tuner.perfmodel.tp_overlap)
     tp_hidden = "tp" in hide and sh.sp and not comm.leaves_domain(cluster, t, 1) and cluster.software == "cuda"
-    tp_comm = max(0.0, lc["tp_comm"] - lay["gemm"]) if tp_hidden else lc["tp_comm"]
+    tp_comm = tp_overlap.exposed_seconds(workload.model, cluster, sh) if tp_hidden and t > 1 else lc["tp_comm"]
     return lc["cp_comm"], tp_comm, ar, boundary, hide
 
 
