@@ -20,7 +20,8 @@ LM head and loss; dense layers first, as DeepSeek-V3's, only make the first stag
 The workload's framework (tuner.frameworks) says what is overlapped. Megatron-Core's overlaps
 (--tp-comm-overlap with sequence parallelism, --overlap-p2p-comm with interleaving, --overlap-grad-reduce,
 --overlap-param-gather): each of those collectives shows only where it outlasts the compute it runs under
--- a layer's GEMMs, a stage's compute, the last micro-batch's backward and the first one's forward.
+-- its own GEMM (Transformer Engine binds each TP collective to one: `tp_overlap`), a stage's compute, the last
+micro-batch's backward and the first one's forward.
 Megatron-DeepSpeed overlaps nothing: DP/ZeRO collectives run after gradient accumulation (at ZeRO-3 each of
 DeepSpeed's gathers and reduce-scatters pays NCCL's ring latency, `zero3_latency`). torchtitan's
 FSDP2 gathers and reduce-scatters layer by layer under the neighbouring layer's compute (`fsdp_time`).
@@ -134,6 +135,22 @@ def zero3_latency(layout: Layout, workload: Workload) -> tuple[float, float]:
 
 def gradient_sync_time(layout: Layout, workload: Workload, fw, slow: dict, m: int, params_gpu: float,
                        experts_gpu: float, hide: frozenset | None = None) -> dict:
+    """`_gradient_sync`'s exposed seconds, and the compute lost to the SMs NCCL's kernels hold while the rest hides
+    (comm.sm_share; its seconds carried in grad_reduce): the collectives' whole time is _gradient_sync's with no
+    compute to hide under."""
+    out = _gradient_sync(layout, workload, fw, slow, m, params_gpu, experts_gpu, hide)
+    if not workload.cluster.sm_count:
+        return out
+    bare = _gradient_sync(layout, workload, fw, {**slow, **_NO_COMPUTE}, m, params_gpu, experts_gpu, hide)
+    hidden = bare["grad_reduce"] + bare["param_gather"] - out["grad_reduce"] - out["param_gather"]
+    return {**out, "grad_reduce": out["grad_reduce"] + comm.sm_share(workload.cluster, hidden, comm.NCCL_CTAS)}
+
+
+_NO_COMPUTE = {"gemm": 0.0, "attention": 0.0, "elementwise": 0.0, HIDDEN: 0.0, SM_SHARE: 0.0}
+
+
+def _gradient_sync(layout: Layout, workload: Workload, fw, slow: dict, m: int, params_gpu: float,
+                   experts_gpu: float, hide: frozenset | None = None) -> dict:
     """The data-parallel gradient reduce and parameter gather of one step beyond what hides under compute:
     FSDP2's layer by layer, else DP/ZeRO's over the dense replicas plus the expert gradients' over the
     expert-dp group (ep*etp ranks apart); Megatron-Core overlaps them with the last backward / first forward.

@@ -115,6 +115,21 @@ def nccl_ring_latency(size: int, domains: int, allreduce: bool = False) -> float
     return (NCCL_RING_BASE_US + (2 if allreduce else 1) * steps) * 1e-6
 
 
+#: SMs (CTAs) an NCCL kernel holds while it runs, on an 8-GPU Hopper node: one CTA per channel, and a CTA holds its
+#: SM alone ("NCCL CTAs won't share an SM with compute kernels", NVIDIA/nccl issue #689, maintainer); NCCL's init lines
+#: on such nodes print "16 coll channels" (NVIDIA/nccl #892 on H800, deepseek-ai/DeepEP #106 on multi-node Hopper;
+#: 16 SMs for a DGX with 8 NICs in #689), and "2 p2p channels per peer" (the same logs): a ring's send and receive
+#: with two peers, 4. Not fitted to any row (benchmarks/overlap_contention.py prints what they move).
+NCCL_CTAS, NCCL_P2P_CTAS = 16, 4
+
+
+def sm_share(cluster: ClusterSpec, hidden: float, ctas: int) -> float:
+    """Seconds the compute loses while an NCCL collective of `ctas` CTAs hides `hidden` seconds under it: it runs
+    on sm_count - ctas SMs for that long (first order; HBM and wave effects left out). 0 where the cluster states
+    no sm_count (only the Hopper files whose SM counts those logs are of state one)."""
+    return hidden * ctas / cluster.sm_count if cluster.sm_count and hidden > 0 else 0.0
+
+
 def reduce_scatter_time(nbytes: float, size: int, bw_gbps: float, cluster: ClusterSpec) -> float:
     """Ring reduce-scatter (or all-gather) of `nbytes`: half of an all-reduce."""
     return 0.5 * allreduce_time(nbytes, size, bw_gbps, cluster)

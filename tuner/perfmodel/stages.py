@@ -29,7 +29,9 @@ def layer_comm(layout: Layout, workload: Workload, sh: compute.Shape, attention_
     kv = 2.0 * 2.0 * model.seq_length * sh.tokens * model.kv_size / sh.t
     passes = 1.0 + (sh.recompute != "none") + 2.0
     ring = passes * comm.cp_ring_time(cluster, sh.t, sh.c, kv)
-    return {"tp_comm": tp, "cp_comm": max(0.0, ring - attention_s), "activation_bytes": act}
+    shown = max(0.0, ring - attention_s)     # and the attention beside the hidden rest runs on fewer SMs
+    return {"tp_comm": tp, "cp_comm": shown + comm.sm_share(cluster, ring - shown, comm.NCCL_P2P_CTAS),
+            "activation_bytes": act}
 
 
 def layer_terms(workload: Workload, sh: compute.Shape,
