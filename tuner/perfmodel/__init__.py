@@ -143,7 +143,14 @@ def gradient_sync_time(layout: Layout, workload: Workload, fw, slow: dict, m: in
         return out
     bare = _gradient_sync(layout, workload, fw, {**slow, **_NO_COMPUTE}, m, params_gpu, experts_gpu, hide)
     hidden = bare["grad_reduce"] + bare["param_gather"] - out["grad_reduce"] - out["param_gather"]
-    return {**out, "grad_reduce": out["grad_reduce"] + comm.sm_share(workload.cluster, hidden, comm.NCCL_CTAS)}
+    share = comm.sm_share(workload.cluster, hidden, comm.NCCL_CTAS)
+    if not share:
+        return out
+    out = {**out, "grad_reduce": out["grad_reduce"] + share}
+    if "expert_grad_reduce" in out:           # the experts' part of it: their part of what hides
+        expert = sum(bare[k] - out[k] for k in ("expert_grad_reduce", "expert_param_gather"))
+        out["expert_grad_reduce"] += share * expert / hidden
+    return out
 
 
 _NO_COMPUTE = {"gemm": 0.0, "attention": 0.0, "elementwise": 0.0, HIDDEN: 0.0, SM_SHARE: 0.0}
