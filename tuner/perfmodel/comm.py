@@ -172,6 +172,40 @@ def tp_allreduces_per_layer(recompute: str) -> int:
     return 6 if recompute == "full" else 4
 
 
+#: torchtitan's tensor parallelism is DTensor's (pytorch/torchtitan @ 238fa9953e4a, the launch file's target:
+#: models/llama3/infra/parallelize.py apply_tp): per layer two SequenceParallel norms (output Shard(1), the sequence),
+#: a PrepareModuleInput Shard(1) -> Replicate before the attention and before the FFN (an all-gather on dim 1) and
+#: RowwiseParallel wo / w2 with output_layouts Shard(1) (a reduce-scatter on dim 1); backward the reverse: the 4
+#: all-reduces' worth tp_allreduces_per_layer counts. What DTensor and torchtitan run beyond them (dtensor_tp_extra):
+#: - per-op selective recompute saves torch.ops._c10d_functional.reduce_scatter_tensor but not all_gather_into_tensor
+#:   (parallelize.py _op_sac_save_list) and recomputes every second mm (distributed/activation_checkpoint.py
+#:   _apply_op_sac): wk and w3 run again, each from its gathered input, so both all-gathers run again in the backward;
+#: - PyTorch's functional collectives hand NCCL dim 0 only (torch/distributed/_functional_collectives.py, which
+#:   DTensor's Shard._reduce_shard_tensor / _to_replicate_tensor call): reduce_scatter_tensor with scatter_dim != 0
+#:   first copies its whole input into rank order (chunk or narrow, then cat), every time; all_gather_tensor with
+#:   gather_dim != 0 copies its whole output back (chunk + cat) unless every dim before gather_dim is 1, where it is a
+#:   view (torch/_utils.py _maybe_view_chunk_cat, pytorch/pytorch #169404, 2025-12): at micro-batch 1 the gathers
+#:   copy nothing. Each copy reads and writes the whole activation once, at the HBM rate tuner charges element-wise
+#:   kernels (no constant chosen).
+DTENSOR_SAC_REGATHERS = 2
+
+
+def dtensor_tp_extra(cluster: ClusterSpec, tp: int, micro_batch: int, recompute: str, op_sac: bool,
+                     nbytes: float) -> float:
+    """Seconds per layer and micro-batch DTensor's sequence-parallel TP (torchtitan) runs beyond
+    tp_allreduces_per_layer's collectives of the `nbytes` activation: the all-gathers per-op selective recompute runs
+    again, and funcol's copies of the dim-1 collectives (see DTENSOR_SAC_REGATHERS)."""
+    if tp <= 1 or nbytes <= 0:
+        return 0.0
+    regathers = DTENSOR_SAC_REGATHERS if op_sac else 0
+    passes = 2 + (recompute == "full")                  # forward, backward, and the forward again under full
+    scatters, gathers = 2 * passes, 2 * passes + regathers
+    copies = scatters + (gathers if micro_batch > 1 else 0)
+    hbm = cluster.hbm_bandwidth_gbps * GB * cluster.memory_bandwidth_efficiency
+    return (regathers * allgather_time(nbytes, tp, group_bandwidth(cluster, tp, 1), cluster)
+            + copies * 2.0 * nbytes / hbm)
+
+
 def cp_ring_time(cluster: ClusterSpec, tp: int, cp: int, kv_bytes: float) -> float:
     """One layer's context-parallel ring for one micro-batch pass: cp - 1 steps, each sending this
     rank's K and V chunk (`kv_bytes`) to the next rank of the CP group (stride tp)."""

@@ -26,6 +26,8 @@ def layer_comm(layout: Layout, workload: Workload, sh: compute.Shape, attention_
     model, cluster = workload.model, workload.cluster
     act = 2.0 * model.seq_length * sh.tokens * model.hidden_size      # one bf16 activation of this rank
     tp = comm.tp_allreduces_per_layer(sh.recompute) * comm.tp_allreduce_time(cluster, sh.t, act)
+    if sh.sp and sh.gathered_inputs:        # DTensor's TP (torchtitan): what its collectives run beyond
+        tp += comm.dtensor_tp_extra(cluster, sh.t, sh.b, sh.recompute, sh.op_sac, act)
     kv = 2.0 * 2.0 * model.seq_length * sh.tokens * model.kv_size / sh.t
     passes = 1.0 + (sh.recompute != "none") + 2.0
     ring = passes * comm.cp_ring_time(cluster, sh.t, sh.c, kv)
