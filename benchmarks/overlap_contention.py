@@ -85,7 +85,7 @@ def placement(ctas: int) -> None:
             w = pt.workload()
             faster, recipe, place = pt.above_recipe(w)
             ahead = [pr for pr in faster if pr.p_fit >= recipe.p_fit * pr.step_time_s / recipe.step_time_s]
-            print(f"== {label}: recipe step {recipe.step_time_s:.3f} s ({name_terms(recipe)}), {place}th in plan's "
+            print(f"== {label}: recipe step {recipe.step_time_s:.3f} s ({name_terms(recipe)}), {_ordinal(place)} in plan's "
                   f"order; {len(faster)} layouts that may fit predicted faster, {len(ahead)} of them ahead in plan")
             for ranks, pr in pt.grouped(faster):
                 print(f"  {','.join(map(str, ranks)):<8} {pt.name(pr.layout):<52} step {pr.step_time_s:.3f} s, "
@@ -93,6 +93,10 @@ def placement(ctas: int) -> None:
                       f"cp {pr.time_breakdown.get('cp_comm', 0.0):.3f}")
         finally:
             variant.__exit__()
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def name_terms(pr) -> str:

@@ -119,10 +119,13 @@ def _layer_comms(layout: Layout, workload: Workload, sh: compute.Shape, exchange
     hide = overlaps_of(workload, exchange)
     # --tp-comm-overlap (Transformer Engine's userbuffers) runs inside the NVLink domain only: a TP group
     # that spans nodes shows its collectives whole; on ROCm it is off (AMD's Primus: tp_comm_overlap false,
-    # primus/configs/models/megatron/language_model.yaml line 180 @ fd1eeabbad15), and `launch` leaves it out
-    # and each collective hides under its own GEMM only (tuner.perfmodel.tp_overlap)
+    # primus/configs/models/megatron/language_model.yaml line 180 @ fd1eeabbad15), and `launch` leaves it out.
+    # Each collective hides under its own GEMM only (tuner.perfmodel.tp_overlap). That account charges the backward
+    # re-gather of the input, which tp_allreduces_per_layer counts as hidden under the data-gradient GEMM: where the
+    # GEMMs are short (small models on Blackwell) it could cost more than no overlap at all, so it is capped there.
     tp_hidden = "tp" in hide and sh.sp and not comm.leaves_domain(cluster, t, 1) and cluster.software == "cuda"
-    tp_comm = tp_overlap.exposed_seconds(workload.model, cluster, sh) if tp_hidden and t > 1 else lc["tp_comm"]
+    tp_comm = (min(tp_overlap.exposed_seconds(workload.model, cluster, sh), lc["tp_comm"]) if tp_hidden and t > 1
+               else lc["tp_comm"])
     return lc["cp_comm"], tp_comm, ar, boundary, hide
 
 

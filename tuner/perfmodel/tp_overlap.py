@@ -21,6 +21,11 @@ How long each shows (transformer_engine/common/comm_gemm_overlap/comm_gemm_overl
 - bulk (CommOverlapBase::bulk_overlap): the transfer is launched beside the whole GEMM: max(0, c - g).
 The GEMM's own slowdown by chunking and by the SMs the communication kernels hold is not charged: h100.toml's GEMM
 curve carries it (docs/benchmarks.md, benchmarks/h100_gap.py).
+
+Left as before: a mixture-of-experts layer is charged as the model's dense layer (its fc1 / fc2 pairs hide under the
+dense FFN's GEMMs, ffn_hidden_size wide), though Megatron-Core runs its experts' grouped GEMMs outside the userbuffers
+and moves their tokens in the dispatcher; the old rule (every collective under all of the dense layer's GEMMs) made
+the same approximation, more loosely. stages._layer_comms caps the result at the non-overlapped collectives' time.
 """
 
 from __future__ import annotations
