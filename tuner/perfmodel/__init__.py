@@ -134,14 +134,15 @@ def zero3_latency(layout: Layout, workload: Workload) -> tuple[float, float]:
 
 
 def gradient_sync_time(layout: Layout, workload: Workload, fw, slow: dict, m: int, params_gpu: float,
-                       experts_gpu: float, hide: frozenset | None = None) -> dict:
+                       experts_gpu: float, hide: frozenset | None = None, bare: dict | None = None) -> dict:
     """`_gradient_sync`'s exposed seconds, and the compute lost to the SMs NCCL's kernels hold while the rest hides
-    (comm.sm_share; its seconds carried in grad_reduce): the collectives' whole time is _gradient_sync's with no
-    compute to hide under."""
+    (comm.sm_share; its seconds carried in grad_reduce): the collectives' whole time (`bare`, the same for every
+    stage: a caller asking for several passes it) is _gradient_sync's with no compute to hide under."""
     out = _gradient_sync(layout, workload, fw, slow, m, params_gpu, experts_gpu, hide)
     if not workload.cluster.sm_count:
         return out
-    bare = _gradient_sync(layout, workload, fw, {**slow, **_NO_COMPUTE}, m, params_gpu, experts_gpu, hide)
+    if bare is None:
+        bare = _gradient_sync(layout, workload, fw, {**slow, **_NO_COMPUTE}, m, params_gpu, experts_gpu, hide)
     hidden = bare["grad_reduce"] + bare["param_gather"] - out["grad_reduce"] - out["param_gather"]
     share = comm.sm_share(workload.cluster, hidden, comm.NCCL_CTAS)
     if not share:
@@ -231,9 +232,11 @@ def last_to_finish(layout: Layout, workload: Workload, fw, stages: list, m: int,
                    experts_gpu: float, hide: frozenset) -> tuple[dict, dict]:
     """The stage the step waits for and its gradient sync: the latest of m * stage time + the sync exposed
     beyond that stage's own free compute (not the slowest stage's: recomputing more could then be faster)."""
-    best = None
+    best, bare = None, None
+    if workload.cluster.sm_count:            # the collectives' whole time, one for every stage
+        bare = _gradient_sync(layout, workload, fw, {**stages[0], **_NO_COMPUTE}, m, params_gpu, experts_gpu, hide)
     for st in stages:
-        dp = gradient_sync_time(layout, workload, fw, st, m, params_gpu, experts_gpu, hide)
+        dp = gradient_sync_time(layout, workload, fw, st, m, params_gpu, experts_gpu, hide, bare)
         end = m * stage_total(st) + dp["grad_reduce"] + dp["param_gather"]
         if best is None or end > best[0]:
             best = (end, st, dp)
