@@ -148,3 +148,27 @@ def hardware() -> list[dict]:
 
 def held_out_lines() -> list[str]:
     return sorted({split_key(r) for r in published() + measured() + hardware() if held_out(r)})
+
+
+# Row predicates that benchmarks/seen.py's choices share. The older splits hashed source lines; the rows they called
+# "tuning" are named by those rules (_legacy_third): a row seen under them is never held out.
+def _legacy_third(row: dict, keys: tuple) -> bool:
+    key = "|".join(str(row.get(k)) for k in keys)
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 3 == 0
+
+
+_LEGACY = ("source", "model", "gpus", "precision", "seq_length", "global_batch", "micro_batch", "tp", "pp", "cp", "vp", "recompute", "zero_stage")
+_LEGACY_MOE = ("source", "model", "gpus", "precision", "seq_length", "global_batch", "micro_batch", "tp", "pp", "cp", "vp", "ep", "recompute")
+
+
+def _any_source(row: dict, pred) -> bool:
+    return any(pred({**row, "source": s}) for s in row.get("sources", [row.get("source")]))
+
+
+def _bucket_moved(r: dict) -> bool:
+    """A row whose default gradient bucket the dp x cp rule (tuner/perfmodel/buckets.py, review of issue 26) sized
+    otherwise than the dp rule before it: context parallel, a distributed or no optimizer sharding (ZeRO <= 1) and a
+    dp x cp group (GPUs / (tp x pp as ran)) over 40, where 1M x dp x cp passes the 40M floor."""
+    pp = int(r.get("ran_pp", r.get("pp", 1)) or 1)
+    return (int(r.get("cp", 1) or 1) > 1 and zero_stage(r) <= 1
+            and int(r.get("gpus", 0)) // (int(r.get("tp", 1) or 1) * pp) > 40)

@@ -6,33 +6,9 @@ and the held-out split are benchmarks/published_rows.py's; published.py re-expor
 from __future__ import annotations
 
 import functools
-import hashlib
 
-from published_rows import hardware, held_out, measured, published, split_key, zero_stage
-
-
-# Choices made after seeing rows, each with the rows it saw (a predicate on a raw or distinct row). The older splits
-# hashed source lines; the rows they called "tuning" are named by those rules: a row seen under them is never held out.
-def _legacy_third(row: dict, keys: tuple) -> bool:
-    key = "|".join(str(row.get(k)) for k in keys)
-    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 3 == 0
-
-
-_LEGACY = ("source", "model", "gpus", "precision", "seq_length", "global_batch", "micro_batch", "tp", "pp", "cp", "vp", "recompute", "zero_stage")
-_LEGACY_MOE = ("source", "model", "gpus", "precision", "seq_length", "global_batch", "micro_batch", "tp", "pp", "cp", "vp", "ep", "recompute")
-
-
-def _any_source(row: dict, pred) -> bool:
-    return any(pred({**row, "source": s}) for s in row.get("sources", [row.get("source")]))
-
-
-def _bucket_moved(r: dict) -> bool:
-    """A row whose default gradient bucket the dp x cp rule (tuner/perfmodel/buckets.py, review of issue 26) sized
-    otherwise than the dp rule before it: context parallel, a distributed or no optimizer sharding (ZeRO <= 1) and a
-    dp x cp group (GPUs / (tp x pp as ran)) over 40, where 1M x dp x cp passes the 40M floor."""
-    pp = int(r.get("ran_pp", r.get("pp", 1)) or 1)
-    return (int(r.get("cp", 1) or 1) > 1 and zero_stage(r) <= 1
-            and int(r.get("gpus", 0)) // (int(r.get("tp", 1) or 1) * pp) > 40)
+from published_rows import (_LEGACY, _LEGACY_MOE, _any_source, _bucket_moved, _legacy_third,  # noqa: F401
+                            hardware, held_out, measured, published, split_key)
 
 
 #: The batches of rows added to the data files since the split began, in the order they were committed (a row's
@@ -54,6 +30,8 @@ def _saw(r: dict, last: str | None) -> bool:
     return last is not None and batch <= BATCHES.index(last)
 
 
+# Choices made after seeing rows, each with the rows it saw (a predicate on a raw or distinct row; the shared
+# row predicates, _legacy_third for the older splits' 'tuning' rows among them, are published_rows.py's).
 SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     "megatron-core overlaps (tuner/frameworks.py)": ("speed", lambda r: r["framework"] == "megatron-core"
                                                      and "llama_published.toml" in r.get("files", [r.get("file")])
