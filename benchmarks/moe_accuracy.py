@@ -82,6 +82,9 @@ another measurement, not against another layout. Chosen after seeing rows:
   norm_moe recompute mode (layernorm + moe), which the five rows that ran it (the ModelZoo's long-context runs, one
   of them held out, and one Pai-Megatron-Patch row) needed to be predicted at all: written while they were refused,
   before any of their errors was printed, so they stay clean.
+- (issue 25 item 3, s10) from Megatron-Core's source, no constant: DeepSeek-V3's group-limited routing (4 of 8 expert
+  groups) in the flex dispatcher's reach (tuner/perfmodel/moe_exchange.hit_probability), written after the in-split rows
+  had been printed; it moves the flex-dispatcher DeepSeek-V3 rows (published.SEEN names the two in-split ones).
 MOE_LOAD = 1 (balanced routing) was not chosen: it is what the rows' footnote says they ran.
 Unstated rows: predicting them without the overlap and with the alltoall dispatcher is the rule, not
 evidence; the "stated" line is the check of the exchange model.

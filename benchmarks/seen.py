@@ -252,7 +252,7 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     "dgxc-benchmarking's NVTE_FUSED_ATTN=0 as FlashAttention-2 (benchmarks/speed_as_ran.py; named: its in-split rows)": ("speed", lambda r:
         not held_out(r) and r.get("ran_attention") == "flash-attn-2" and "dgxc-benchmarking" in r.get("source", "")
         and _saw(r, "issue 25 / 26 second read of the twelfth session")),
-}
+    **__import__("seen_moe").SEEN_MOE}    # more choices (benchmarks/seen_moe.py: this file is at the house size)
 
 
 def seen_by(row: dict, kind: str | None = None) -> list[str]:

@@ -8,6 +8,7 @@ tokens are routed: its module docstring.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import comb
 
 from tuner.perfmodel import comm
 from tuner.perfmodel.compute import Shape, _passes
@@ -117,6 +118,31 @@ def _miss(experts: int, held: float, top_k: int) -> float:
     return p
 
 
+def hit_probability(model: ModelSpec, block: int) -> float:
+    """Probability that a token's top_k experts (balanced routing) include any of a block of `block` consecutive experts
+    (the E/ep of one EP rank, or the E*local/ep of one node): `_miss` over all E experts, or, where the model routes
+    group-limited (DeepSeek-V3: n_group 8, topk_group 4), over the groups a token may use. Megatron-Core's
+    group_limited_topk (megatron/core/transformer/moe/moe_utils.py at d98e8a64dd; router.py the same in core_v0.13.0 and
+    core_v0.14.0) splits the E experts into moe_router_num_groups consecutive groups, picks moe_router_group_topk of them
+    per token by the sum of each group's two best scores, then top_k experts among the picked groups' experts; and
+    --moe-router-force-load-balancing (router.py: apply_random_logits before routing) draws the scores at random and keeps
+    the group limit, so the picked groups are a uniform draw. A block of whole groups is taken as hit whenever one of its
+    groups is picked (a group is picked for its two best scores, which then rank among the token's top_k: in 20,000
+    random-score draws of that algorithm, DeepSeek-V3's shape, a picked group held one of the 8 in 98.7 %); a block
+    inside one group is hit when its group is picked and one of the token's experts, drawn uniformly from the picked
+    groups, falls in it (random-score draws: 0.114 for 4 of 32 experts, this 0.115). Other blocks: unconstrained."""
+    e, k = model.num_experts, model.moe_top_k
+    groups, picks = model.moe_router_num_groups or 0, model.moe_router_group_topk or 0
+    if not groups or not picks or picks >= groups or e % groups:
+        return 1.0 - _miss(e, block, k)
+    per = e // groups                                    # experts per group
+    if block % per == 0:                                 # whole groups: hit unless none of them is picked
+        return 1.0 - comb(groups - block // per, picks) / comb(groups, picks)
+    if per % block == 0:                                 # inside one group
+        return picks / groups * (1.0 - _miss(picks * per, block, k))
+    return 1.0 - _miss(e, block, k)
+
+
 def flex_alltoall_time(model: ModelSpec, cluster: ClusterSpec, shape: Shape, token_bytes: float) -> float:
     """One dispatch (or combine) of Megatron-Core's flex dispatcher (DeepEP / HybridEP: the permutation
     fused into the exchange): a token crosses the network ONCE per remote node that holds any of its
@@ -124,13 +150,14 @@ def flex_alltoall_time(model: ModelSpec, cluster: ClusterSpec, shape: Shape, tok
     per GPU holding any of them, where the alltoall dispatcher sends a copy per (token, expert) pair;
     the combine reduces a node's expert outputs before they cross back. "Node" here is the scale-up domain
     (DeepEP / HybridEP forward over NVLink inside it: the whole NVL72 rack). The network part leaves through
-    the GPU's own NIC (the scale-out bandwidth per GPU); the two parts run at once, the slower sets the time."""
+    the GPU's own NIC (the scale-out bandwidth per GPU); the two parts run at once, the slower sets the time. Which nodes
+    and GPUs a token reaches: `hit_probability` (group-limited routing keeps DeepSeek-V3's tokens on at most 4 nodes)."""
     ep = shape.ep
     if ep <= 1:
         return 0.0
     local = comm.ranks_in_domain(cluster, ep, shape.etp)
-    nodes, e, k = ep // local, model.num_experts, model.moe_top_k
-    hit_gpu, hit_node = 1.0 - _miss(e, e / ep, k), 1.0 - _miss(e, e * local / ep, k)
+    nodes, e = ep // local, model.num_experts
+    hit_gpu, hit_node = hit_probability(model, e // ep), hit_probability(model, e * local // ep)
     per_token = token_bytes * rank_tokens(model, shape)
     up = cluster.intra_node_bandwidth_gbps if not comm.crosses_nodes(cluster, local, shape.etp) else cluster.domain_bandwidth
     intra = per_token * nodes * (local - 1) * hit_gpu / (FLEX_EFFICIENCY["nvlink"] * comm.GB * up)
