@@ -69,6 +69,7 @@ class LayerParts(NamedTuple):
     exposed: float            # what of a paired exchange shows
     m: int                    # micro-batches per pipeline
     overhead: float           # an MoE layer's fixed cost per micro-batch (moe.layer_overhead)
+    tp_moe: float             # an MoE layer's TP collectives (attention_tp_only: the attention's alone)
 
 
 def layer_parts(layout: Layout, workload: Workload, sh: compute.Shape, exchange: moe_exchange.TokenExchange | None,
@@ -90,7 +91,7 @@ def layer_parts(layout: Layout, workload: Workload, sh: compute.Shape, exchange:
         comms = _layer_comms(layout, workload, sh, exchange, lay)
         if keep:
             memo[("comms", sh)] = comms
-    cp_comm, tp_comm, ar, boundary, hide = comms
+    cp_comm, tp_comm, ar, boundary, hide, tp_moe = comms
     ep_hidden = framework_of(workload).ep_overlap(layout, model) and exchange.overlap is not False and "ep" in hide
     p2p = layout.virtual_pipeline * comm.pipeline_p2p_time(workload.cluster, layout.tp * sh.c, layout.dp, layout.pp,
                                                            boundary)
@@ -104,7 +105,7 @@ def layer_parts(layout: Layout, workload: Workload, sh: compute.Shape, exchange:
             memo[("exposed", sh, ep_hidden, shared_hidden)] = exposed
     m = micro_batches_per_pipeline(layout, workload.global_batch)
     return LayerParts(lay, lay_moe, a2a, how, cp_comm, tp_comm, ar, p2p, hide, ep_hidden, shared_hidden, exposed, m,
-                      moe.layer_overhead(exchange.graphed))
+                      moe.layer_overhead(exchange.graphed), tp_moe)
 
 
 def _layer_comms(layout: Layout, workload: Workload, sh: compute.Shape, exchange: moe_exchange.TokenExchange,
@@ -126,7 +127,25 @@ def _layer_comms(layout: Layout, workload: Workload, sh: compute.Shape, exchange
     tp_hidden = "tp" in hide and sh.sp and not comm.leaves_domain(cluster, t, 1) and cluster.software == "cuda"
     tp_comm = (min(tp_overlap.exposed_seconds(workload.model, cluster, sh), lc["tp_comm"]) if tp_hidden and t > 1
                else lc["tp_comm"])
-    return lc["cp_comm"], tp_comm, ar, boundary, hide
+    tp_moe = tp_comm
+    if attention_tp_only(workload):           # an MoE layer's: the attention's collectives alone
+        tp_moe = lc["tp_comm"] / 2.0
+        if tp_hidden and t > 1:
+            tp_moe = min(tp_overlap.exposed_seconds(workload.model, cluster, sh, mlp=False), tp_moe)
+    return lc["cp_comm"], tp_comm, ar, boundary, hide, tp_moe
+
+
+def attention_tp_only(workload: Workload) -> bool:
+    """Whether an MoE layer runs only its attention's TP collectives (half of tp_allreduces_per_layer's: the
+    attention's and the MLP's count alike): Megatron-Core's MoE block routes the rank's own sequence-parallel tokens
+    (MoELayer refuses TP without sequence parallelism in training) and moves them in its dispatcher, whose only
+    tensor-parallel group is the expert-TP one (token_dispatcher.py: tp_group = expt_tp, the gathers at etp > 1 that
+    moe_exchange.alltoall_seconds charges), so at any etp the attention-TP group carries none of the block's
+    tokens; only shared experts gather and reduce-scatter the activation over it as a dense FFN does
+    (shared_experts.py pre_forward_comm / post_forward_comm). NVIDIA/Megatron-LM core_v0.13.0 moe_layer.py,
+    token_dispatcher.py, shared_experts.py; the same at d98e8a64dd. torchtitan's MoE TP: as a dense layer (not read)."""
+    model = workload.model
+    return model.is_moe and not model.shared_expert_width and workload.framework == "megatron-core"
 
 
 def exchange_shown(layout: Layout, workload: Workload, parts: LayerParts, stage: int) -> tuple[float, float, float]:
@@ -146,7 +165,7 @@ def stage_body(layout: Layout, workload: Workload, sh: compute.Shape, parts: Lay
     out = {k: (layers - n_moe) * lay[k] + n_moe * lay_moe[k] for k in ("gemm", "attention", "elementwise")}
     shown = (max(0.0, parts.p2p - out["gemm"] - out["attention"])
              if "p2p" in parts.hide and layout.virtual_pipeline > 1 else parts.p2p)
-    out.update({"tp_comm": layers * parts.tp_comm, "p2p": shown,
+    out.update({"tp_comm": (layers - n_moe) * parts.tp_comm + n_moe * parts.tp_moe, "p2p": shown,
                 "microbatch_overhead": cluster.microbatch_overhead_ms * 1e-3})
     if sh.c > 1:
         out["cp_comm"] = layers * parts.cp_comm
@@ -185,7 +204,7 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     last["tp_comm"] += ar                     # the LM head's input-gradient all-reduce
     if model.mtp_num_layers:
         _add_mtp(last, workload, sh, lay_moe if model.is_moe else lay, {
-            "head": head, "emb": emb, "tp": parts.tp_comm + ar, "exchange": exchange_shown(layout, workload, parts, p - 1),
+            "head": head, "emb": emb, "tp": (parts.tp_moe if model.is_moe else parts.tp_comm) + ar, "exchange": exchange_shown(layout, workload, parts, p - 1),
             "overhead": parts.overhead})
     if p == 1:
         last["elementwise"] += emb["elementwise"]
@@ -264,7 +283,7 @@ def stage_floor(layout: Layout, workload: Workload, sh: compute.Shape, memo: dic
         parts = layer_parts(layout, workload, sh, None, memo)
         pieces = memo[key] = (
             parts.lay["gemm"] + parts.lay["attention"] + parts.lay["elementwise"] + parts.tp_comm,
-            parts.lay_moe["gemm"] + parts.lay_moe["attention"] + parts.lay_moe["elementwise"] + parts.tp_comm
+            parts.lay_moe["gemm"] + parts.lay_moe["attention"] + parts.lay_moe["elementwise"] + parts.tp_moe
             + min(parts.a2a, parts.exposed) + parts.overhead)
     key = ("floor_layers", layout.pp, layout.virtual_pipeline, layout.pipeline_split)
     layers = memo.get(key)

@@ -22,10 +22,11 @@ How long each shows (transformer_engine/common/comm_gemm_overlap/comm_gemm_overl
 The GEMM's own slowdown by chunking and by the SMs the communication kernels hold is not charged: h100.toml's GEMM
 curve carries it (docs/benchmarks.md, benchmarks/h100_gap.py).
 
-Left as before: a mixture-of-experts layer is charged as the model's dense layer (its fc1 / fc2 pairs hide under the
-dense FFN's GEMMs, ffn_hidden_size wide), though Megatron-Core runs its experts' grouped GEMMs outside the userbuffers
-and moves their tokens in the dispatcher; the old rule (every collective under all of the dense layer's GEMMs) made
-the same approximation, more loosely. stages._layer_comms caps the result at the non-overlapped collectives' time.
+A mixture-of-experts layer without shared experts runs the attention's collectives only (`mlp` False): Megatron-Core's
+MoE block routes the rank's own sequence-parallel tokens and moves them in the dispatcher, with no TP collective at
+expert-TP 1 (stages.moe_tp_share). With shared experts it is charged as the model's dense layer (the shared experts'
+fc1 / fc2 gather and reduce-scatter the whole activation, as a dense FFN; their pairs hide under the dense FFN's
+GEMMs, ffn_hidden_size wide, an approximation). stages._layer_comms caps the result at the non-overlapped time.
 """
 
 from __future__ import annotations
@@ -51,17 +52,19 @@ def bulk(c: float, g: float) -> float:
     return max(0.0, c - g)
 
 
-def exposed_seconds(model: ModelSpec, cluster: ClusterSpec, sh: compute.Shape) -> float:
+def exposed_seconds(model: ModelSpec, cluster: ClusterSpec, sh: compute.Shape, mlp: bool = True) -> float:
     """A dense layer's TP collectives shown per micro-batch (forward, its full recompute, backward) when each hides
-    under its own GEMM as Transformer Engine pairs them (module docstring)."""
+    under its own GEMM as Transformer Engine pairs them (module docstring); `mlp` False: the attention's alone."""
     t = sh.t
     qkv, proj, fc1, fc2 = (compute.gemm_time(cluster, f, sh.fp8)
                            for f in compute.layer_gemm_flops(model, sh.tokens, t))
     act = 2.0 * model.seq_length * sh.tokens * model.hidden_size          # one bf16 activation, whole
     rs = 0.5 * comm.tp_allreduce_time(cluster, t, act)
     ag = 0.5 * comm.tp_allreduce_time(cluster, t, act / 2.0 if sh.fp8 == "fp8" else act)
-    forward = ring(ag, qkv, t) + pipeline(rs, proj) + ring(ag, fc1, t) + pipeline(rs, fc2)
     b = sh.backward_gemm
-    backward = (ring(ag, proj * b, t) + ring(ag, fc2 * b, t)
-                + bulk(ag, qkv * b) + bulk(rs, qkv * b) + bulk(ag, fc1 * b) + bulk(rs, fc1 * b))
+    forward = ring(ag, qkv, t) + pipeline(rs, proj)
+    backward = ring(ag, proj * b, t) + bulk(ag, qkv * b) + bulk(rs, qkv * b)
+    if mlp:
+        forward += ring(ag, fc1, t) + pipeline(rs, fc2)
+        backward += ring(ag, fc2 * b, t) + bulk(ag, fc1 * b) + bulk(rs, fc1 * b)
     return forward * (2.0 if sh.recompute == "full" else 1.0) + backward
