@@ -252,7 +252,15 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     "dgxc-benchmarking's NVTE_FUSED_ATTN=0 as FlashAttention-2 (benchmarks/speed_as_ran.py; named: its in-split rows)": ("speed", lambda r:
         not held_out(r) and r.get("ran_attention") == "flash-attn-2" and "dgxc-benchmarking" in r.get("source", "")
         and _saw(r, "issue 25 / 26 second read of the twelfth session")),
-    **__import__("seen_moe").SEEN_MOE}    # more choices (benchmarks/seen_moe.py: this file is at the house size)
+    # issue 25 item 3 (s10): group-limited routing in the flex dispatcher's reach (tuner/perfmodel/moe_exchange.hit_probability:
+    # DeepSeek-V3's 4 of 8 expert groups, from Megatron-Core's group_limited_topk and router, no constant fitted), looked for
+    # after the in-split MoE rows had been printed (the two flex DeepSeek-V3 runs on 1,024 H100, -17.0 / -14.8 %); it moves
+    # only the flex-dispatcher DeepSeek-V3 rows, so it names those that were printed (no hashed-out row's error was printed
+    # before it was committed; docs/benchmarks.md says what was printed after)
+    "group-limited routing in the flex dispatcher's reach (tuner/perfmodel/moe_exchange.hit_probability)": (
+        "speed", lambda r: r.get("model") == "deepseek-v3" and str(r.get("dispatcher", "")).startswith("flex")
+        and not held_out(r) and _saw(r, "issue 25 / 26 second read of the twelfth session")),
+}
 
 
 def seen_by(row: dict, kind: str | None = None) -> list[str]:
