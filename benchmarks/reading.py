@@ -19,7 +19,8 @@ moe_accuracy's model_of). A row is predicted as it ran:
   `ran_fp32_logits`) -- and the p_fit tuner states for
   it (the framework's bias and spread, as tuner.perfmodel.memory_fit states them);
 - its speed as it ran (benchmarks/speed_as_ran.py, whose names this module hands on): the framework overlaps its config
-  turned off (`tp_comm_overlap`, `overlap_grad_reduce` false: `exchange_as_ran`) and a step's seconds beyond tuner's
+  turned off (`tp_comm_overlap`, `overlap_grad_reduce` false) and the bytes its parameter all-gather moved
+  (`ran_fp8_params`), both `exchange_as_ran`, and a step's seconds beyond tuner's
   where the run's launch did more than tuner's would (`qk_norm_gather_s`: torchtitan's Qwen3 TP plan before its fix
   gathered q and k per layer, `ran_qk_norm`; `attention_kernel_s`: FlashAttention-2 where tuner runs the fused
   attention, `ran_attention`).

@@ -1,7 +1,8 @@
 """A published row's speed as it ran, where its launch ran otherwise than tuner's would (benchmarks/reading.py hands these
 names on: one reading for every accuracy benchmark):
-- the framework overlaps its config turned off (`tp_comm_overlap = false`, `overlap_grad_reduce = false`):
-  `exchange_as_ran`, the overlaps tuner.perfmodel.predict credits (its TokenExchange, as moe_accuracy reads them);
+- the framework overlaps its config turned off (`tp_comm_overlap = false`, `overlap_grad_reduce = false`) and the
+  weights' bytes in the parameter all-gather (`ran_fp8_params`): `exchange_as_ran`, what tuner.perfmodel.predict
+  credits (its TokenExchange, as moe_accuracy reads the overlaps);
 - a step's seconds beyond tuner's: torchtitan's Qwen3 TP plan before its fix (`ran_qk_norm`, qk_norm_gather_s) and
   the attention kernel a row ran where it is not the one tuner charges its framework (`ran_attention`, attention_kernel_s:
   FlashAttention-2 or FlexAttention where tuner charges the fused (cuDNN) attention, more seconds).
@@ -32,9 +33,15 @@ def overlaps_off(row: dict) -> set:
 
 def exchange_as_ran(row: dict) -> TokenExchange | None:
     """A dense row's overlaps as they ran, for tuner.perfmodel.predict: None (the framework's own, what `tuner launch`
-    writes) unless the row states one off (overlaps_off). An MoE row's whole exchange is moe_accuracy.exchange_of's."""
-    off = overlaps_off(row)
-    return TokenExchange(overlaps=FRAMEWORKS[row["framework"]].overlaps - off) if off else None
+    writes) unless the row states one off (overlaps_off) or states `ran_fp8_params` (its layers' weights held as
+    TransformerEngine's quantized tensors alone, or not, where tuner's launch would do otherwise: their parameter
+    all-gather moves those bytes, tuner.perfmodel.quantized.gather_bytes; reading.ran_fp8_params reads the same key for
+    memory). An MoE row's whole exchange is moe_accuracy.exchange_of's."""
+    off, quantized = overlaps_off(row), row.get("ran_fp8_params")
+    if not off and quantized is None:
+        return None
+    return TokenExchange(overlaps=FRAMEWORKS[row["framework"]].overlaps - off if off else None,
+                         quantized_params=None if quantized is None else bool(quantized))
 
 
 #: torchtitan's Qwen3 tensor-parallel plan from its first version (f9e8897a6, 2025-08-18) until pytorch/torchtitan #1870

@@ -31,11 +31,13 @@ measured, as `tuner calibrate` does from real runs of the harness).
 
 from __future__ import annotations
 
+import dataclasses
+
 from tuner.layout import (RECOMPUTE, Layout, expert_data_parallel, micro_batches_per_pipeline, stage_candidates,
                           stage_layers)
 from tuner.pipeline_split import bubble_share
 from tuner.frameworks import megatron_fsdp, of as framework_of
-from tuner.perfmodel import buckets, comm, compute, memory, moe, moe_exchange, step_floor
+from tuner.perfmodel import buckets, comm, compute, memory, moe, moe_exchange, quantized, step_floor
 from tuner.perfmodel.compute import shape_of
 from tuner.perfmodel.fit import (MEMORY_KEYS, MEMORY_NOISE_SD, MEMORY_PRIOR_SPLIT, PRUNE_BELOW, RECOMMEND_AT,
                                  account_sd, expected_speed, fit_probability, gpu_fit_probability, keeps_headroom,
@@ -177,8 +179,9 @@ def _gradient_sync(layout: Layout, workload: Workload, fw, slow: dict, m: int, p
             out["param_gather"] += max(0.0, gather - compute_mb / 3)
         return out
     gb = fw.grad_bytes(workload) if fw.name == "megatron-core" else None     # its buffers' dtype (comm.dp_time)
-    dp = comm.dp_time(cluster, t, layout.dp * layout.context_parallel, layout.zero_stage, params_gpu - experts_gpu,
-                      m, layout.checkpointing, gb)
+    dense = params_gpu - experts_gpu
+    dp = comm.dp_time(cluster, t, layout.dp * layout.context_parallel, layout.zero_stage, dense, m,
+                      layout.checkpointing, gb, quantized.gather_bytes(fw, layout, workload, dense))
     if gb is not None and layout.zero_stage <= 1 and cluster.software == "cuda":
         lat = bucket_latency(layout, workload)
         dp = {"grad_reduce": dp["grad_reduce"] + lat, "param_gather": dp["param_gather"] + lat * (layout.zero_stage == 1)}
@@ -187,8 +190,9 @@ def _gradient_sync(layout: Layout, workload: Workload, fw, slow: dict, m: int, p
         dp = {"grad_reduce": dp["grad_reduce"] + m * reduce, "param_gather": dp["param_gather"] + m * gather}
     de = {"grad_reduce": 0.0, "param_gather": 0.0}
     if experts_gpu:
-        de = comm.dp_time(cluster, layout.expert_parallel * layout.expert_tensor_parallel,
-                          expert_data_parallel(layout), layout.zero_stage, experts_gpu, m, layout.checkpointing, gb)
+        de = comm.dp_time(cluster, layout.expert_parallel * layout.expert_tensor_parallel, expert_data_parallel(layout),
+                          layout.zero_stage, experts_gpu, m, layout.checkpointing, gb,
+                          quantized.gather_bytes(fw, layout, workload, experts_gpu, experts=True))
         dp = {k: dp[k] + de[k] for k in dp}
     whole = dp
     if "dp" in (fw.overlaps if hide is None else hide) and layout.zero_stage <= 1:
@@ -243,6 +247,14 @@ def last_to_finish(layout: Layout, workload: Workload, fw, stages: list, m: int,
     return best[1], best[2]
 
 
+def framework_as_run(workload: Workload, exchange: moe_exchange.TokenExchange | None):
+    """The workload's framework, with its layers' weights held as `exchange.quantized_params` says where a run held
+    them otherwise than `tuner launch` writes (Framework.quantized_params: their parameter all-gather's bytes)."""
+    fw = framework_of(workload)
+    held = None if exchange is None else exchange.quantized_params
+    return fw if held is None else dataclasses.replace(fw, fp8_params=held)
+
+
 def predict(layout: Layout, workload: Workload, exchange: moe_exchange.TokenExchange | None = None,
             memo: dict | None = None, fitted: tuple | None = None) -> Prediction:
     """Predicted throughput, step time and per-GPU peak memory of a valid `layout` on `workload`; an MoE
@@ -255,7 +267,7 @@ def predict(layout: Layout, workload: Workload, exchange: moe_exchange.TokenExch
 
     # ---- memory
     m, sh, worst_stage, mem, p_fit = fitted or memory_fit(layout, workload, memo)
-    fw = framework_of(workload)
+    fw = framework_as_run(workload, exchange)
     fits = p_fit >= PRUNE_BELOW
     reason = memory.fit_reason(mem, cluster.memory_gb, worst_stage) if mem["total"] > cluster.memory_gb else ""
 

@@ -240,7 +240,7 @@ def pipeline_p2p_time(cluster: ClusterSpec, tp: int, dp: int, pp: int, nbytes: f
 
 
 def dp_time(cluster: ClusterSpec, tp: int, dp: int, zero_stage: int, params: float, m: int,
-            checkpointing: bool, grad_bytes: float | None = None) -> dict:
+            checkpointing: bool, grad_bytes: float | None = None, gather_bytes: float = 2.0) -> dict:
     """Data-parallel / ZeRO collectives per iteration for a GPU holding `params` parameters (fp16),
     over `dp` ranks `tp` apart (with context parallelism: the d*c ranks sharing weights, stride t).
 
@@ -248,7 +248,9 @@ def dp_time(cluster: ClusterSpec, tp: int, dp: int, zero_stage: int, params: flo
     DeepSpeed not overlapped with compute). ZeRO-1: the same reduction, then an all-gather of the
     updated parameters. ZeRO-2: reduce-scatter of the gradients every micro-step, all-gather once.
     ZeRO-3: also all-gathers the parameters in every forward, backward (and recompute).
-    `grad_bytes` (Megatron-Core, ZeRO 0 / 1): its gradient buffers' dtype, see the branch below."""
+    `grad_bytes` (Megatron-Core, ZeRO 0 / 1): its gradient buffers' dtype, see the branch below; `gather_bytes`: the
+    bytes per parameter its parameter all-gather moves there (2, bf16; less where the weights are quantized alone:
+    tuner.perfmodel.quantized.gather_bytes)."""
     if dp <= 1:
         return {"grad_reduce": 0.0, "param_gather": 0.0}
     bw = group_bandwidth(cluster, dp, tp)
@@ -261,7 +263,7 @@ def dp_time(cluster: ClusterSpec, tp: int, dp: int, zero_stage: int, params: flo
         if zero_stage == 0:
             return {"grad_reduce": allreduce_time(g, dp, bw, cluster), "param_gather": 0.0}
         return {"grad_reduce": reduce_scatter_time(g, dp, bw, cluster),
-                "param_gather": allgather_time(n, dp, bw, cluster)}
+                "param_gather": allgather_time(gather_bytes * params, dp, bw, cluster)}
     if zero_stage == 0:
         return {"grad_reduce": allreduce_time(n, dp, bw, cluster), "param_gather": 0.0}
     if zero_stage == 1:

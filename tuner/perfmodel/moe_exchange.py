@@ -49,6 +49,8 @@ class TokenExchange:
     shared_overlap: bool = False      # --moe-shared-expert-overlap (`shared_overlap_exposed`); launch leaves it off
     graphed: bool = False             # the whole iteration replays as one CUDA graph with a sync-free dispatch
                                       # (tuner.perfmodel.moe.MOE_LAYER_OVERHEAD_MS: not charged); launch writes none
+    quantized_params: bool | None = None   # the layers' weights held (and gathered) as TE's quantized tensors alone or
+                                      # not (Framework.quantized_params); None: as launch writes it
 
 
 DISPATCHERS = ("alltoall", "flex")

@@ -44,3 +44,25 @@ def quantized_weights(states: dict, workload: Workload, outside_gb: float, alone
     states["fp8_weights"] = layers / 2.0 * quantized_weight_bytes(workload.precision, workload.cluster)
     if alone:
         states["weights"] -= layers
+
+
+def gather_bytes(fw, layout: Layout, workload: Workload, params: float, experts: bool = False) -> float:
+    """Bytes per parameter of Megatron-Core's parameter all-gather (the distributed optimizer's) over `params` of a
+    stage's dense parameters (`experts`: its routed experts'). Under --fp8-param-gather (Framework.quantized_params)
+    a per-tensor FP8 weight is gathered as its FP8 data, one byte: Megatron-Core keeps those weights in a torch.uint8
+    parameter buffer (megatron/core/distributed/distributed_data_parallel.py lines 226-233 at core_v0.14.0; the same
+    in param_and_grad_buffer.py group_params_for_buffers at d98e8a64dd), and TransformerEngine makes the transpose
+    after the gather (tensor/utils.py post_all_gather_processing). NeMo's own distributed Adam does the same with
+    FP8 parameters (nemo/core/optim/distributed_adam.py at v2.0.0.rc0.beta: param_sync_dtype torch.uint8). The
+    word embedding, position table and LM head (outside_layer_params, the most of any stage) stay bf16. MXFP8 is
+    gathered in bf16 (Megatron-Bridge's reuse_grad_buf_for_mxfp8_param_ag quantizes after the gather) and NVFP4's
+    fp4_param_gather is not read: 2 bytes, as every other run."""
+    if workload.precision != "fp8" or params <= 0 or not fw.quantized_params(layout, workload):
+        return 2.0
+    q = QUANTIZED_WEIGHT_BYTES["fp8"]
+    if experts:
+        return q
+    from tuner.layout import stage_candidates
+    outside = min(params, max(outside_layer_params(workload.model, layout, s)
+                              for s in stage_candidates(layout, workload.model)))
+    return (2.0 * outside + q * (params - outside)) / params

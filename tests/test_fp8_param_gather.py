@@ -1,0 +1,64 @@
+"""Megatron-Core's parameter all-gather under --fp8-param-gather moves the FP8 weights' one byte, not bf16's two
+(tuner.perfmodel.quantized.gather_bytes; issue 25), and MLPerf Training v3.0 / v3.1's GPT-3 runs, on NeMo releases
+without fp8_params, are read as gathering bf16 (`ran_fp8_params = false`: benchmarks/speed_as_ran.exchange_as_ran)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import tomllib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import published  # noqa: E402
+import reading  # noqa: E402
+from tuner.frameworks import of  # noqa: E402
+from tuner.layout import Layout  # noqa: E402
+from tuner.perfmodel import predict, quantized  # noqa: E402
+from tuner.perfmodel.moe_exchange import TokenExchange  # noqa: E402
+from tuner.specs import load_cluster, load_model, make_workload  # noqa: E402
+
+LAY = Layout(tp=4, pp=8, dp=16, micro_batch=1, zero_stage=1, sequence_parallel=True, virtual_pipeline=12)
+
+
+def _workload(precision: str):
+    return make_workload(load_model("gpt-175b"), 64, load_cluster("h100"), 2048, precision=precision,
+                         framework="megatron-core")
+
+
+def test_fp8_weights_gather_in_one_byte():
+    w = _workload("fp8")
+    fw = of(w)
+    assert fw.quantized_params(LAY, w)
+    n = 5.6e9
+    b = quantized.gather_bytes(fw, LAY, w, n)
+    assert 1.0 < b < 1.05          # the layers' FP8 data; the word embedding of the first / last stage in bf16
+    assert quantized.gather_bytes(fw, LAY, w, n, experts=True) == 1.0
+    assert quantized.gather_bytes(fw, LAY, _workload("bf16"), n) == 2.0
+    assert quantized.gather_bytes(fw, dataclasses.replace(LAY, zero_stage=0), w, n) == 2.0   # no sharded optimizer
+
+
+def test_a_run_that_kept_bf16_weights_gathers_twice_the_bytes():
+    w = _workload("fp8")
+    launched = predict(LAY, w).time_breakdown
+    bf16 = predict(LAY, w, TokenExchange(quantized_params=False)).time_breakdown
+    assert bf16["dp_param_gather"] > 1.5 * launched["dp_param_gather"] > 0.0
+    assert bf16["dp_grad_reduce"] == launched["dp_grad_reduce"]
+
+
+def _v3(r: dict) -> bool:
+    return any(x.startswith(("mlcommons/training_results_v3.0 ", "mlcommons/training_results_v3.1 "))
+               for x in r.get("sources", [r.get("source", "")]))
+
+
+def test_mlperf_v3_gpt3_rows_ran_bf16_weights():
+    """NeMo v1.17.0 (v3.0) and bd0b818a (v3.1) have no fp8_params: every row of those rounds, held-out ones included."""
+    with open(Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "framework_published.toml", "rb") as f:
+        raw = [r for r in tomllib.load(f)["row"] if _v3(r)]
+    assert len(raw) == 12 and all(r["ran_fp8_params"] is False for r in raw)
+    rows = [r for r in published.published() if _v3(r)]
+    for r in rows:
+        ex = reading.exchange_as_ran(r)
+        assert ex.quantized_params is False and ex.overlaps is None, r.get("source")
+    later = [r for r in published.published() if r.get("source", "").startswith("mlcommons/training_results_v4.0")]
+    assert later and all(reading.exchange_as_ran(r) is None for r in later)     # FP8_PARAMS=True: as tuner launches
