@@ -237,10 +237,10 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # / scaling_accuracy had been printed with and without it: every Megatron-Core row of ba30800's batches saw it
     "Megatron-Core's buckets each pay NCCL's ring latency (tuner/perfmodel bucket_latency)": (
         "speed", lambda r: r["framework"] == "megatron-core" and _saw(r, "issue 25 fresh dense")),
-    # issue 25 (MLPerf GPT-3): FP8 weights gathered in one byte (tuner/perfmodel/quantized.gather_bytes, from source) and
-    # MLPerf v3.0 / v3.1's ran_fp8_params false (NeMo without fp8_params), kept after the in-split Megatron-Core fp8 rows
-    # of framework / llama_published had been printed with and without (by a script that skips hashed-out rows first)
-    "FP8 weights gathered in one byte; MLPerf v3.x ran bf16 weights (tuner/perfmodel/quantized.py)": ("speed", lambda r: (
+    # issue 25 (MLPerf GPT-3): FP8 weights gathered in one byte (tuner/perfmodel/quantized.gather_bytes, from source),
+    # MLPerf v3.0 / v3.1's ran_fp8_params false and v3.1's ran_attention flash-attn-2 (read from their Dockerfiles / NeMo /
+    # TE), kept after the in-split Megatron-Core fp8 rows of framework / llama_published had been printed with and without
+    "FP8 weights gathered in one byte; MLPerf v3.x's weights and attention as ran (quantized.py)": ("speed", lambda r: (
         r["framework"] == "megatron-core" and r.get("precision") == "fp8" and not held_out(r) and {"framework_published.toml",
         "llama_published.toml"} & set(r.get("files", [r.get("file")])) and _saw(r, BATCHES[-1]))),
     # issue 25 (eager TP): torchtitan's Qwen3 TP plan before pytorch/torchtitan #1870 gathered q and k at q_norm / k_norm

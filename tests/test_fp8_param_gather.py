@@ -1,6 +1,7 @@
 """Megatron-Core's parameter all-gather under --fp8-param-gather moves the FP8 weights' one byte, not bf16's two
 (tuner.perfmodel.quantized.gather_bytes; issue 25), and MLPerf Training v3.0 / v3.1's GPT-3 runs, on NeMo releases
-without fp8_params, are read as gathering bf16 (`ran_fp8_params = false`: benchmarks/speed_as_ran.exchange_as_ran)."""
+without fp8_params, are read as gathering bf16 (`ran_fp8_params = false`: benchmarks/speed_as_ran.exchange_as_ran); v3.1's,
+on a TransformerEngine that ran flash-attn before cuDNN's fused attention, with FlashAttention-2 (`ran_attention`)."""
 
 from __future__ import annotations
 
@@ -62,3 +63,16 @@ def test_mlperf_v3_gpt3_rows_ran_bf16_weights():
         assert ex.quantized_params is False and ex.overlaps is None, r.get("source")
     later = [r for r in published.published() if r.get("source", "").startswith("mlcommons/training_results_v4.0")]
     assert later and all(reading.exchange_as_ran(r) is None for r in later)     # FP8_PARAMS=True: as tuner launches
+
+
+def test_mlperf_v31_gpt3_rows_ran_flash_attention_2():
+    """TE 09ba842 / 4ee8e8e (v3.1's Dockerfiles, with flash-attn 2.0.8) dispatch FlashAttention before FusedAttention on
+    H100; TE v0.8 (v3.0) ran flash-attn 1.x, which tuner has no kernel for (unread); TE v1.6rc1 on (v4.0) prefers cuDNN."""
+    with open(Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "framework_published.toml", "rb") as f:
+        rows = [r for r in tomllib.load(f)["row"] if "/gpt3/" in r.get("source", "")]
+    for r in rows:
+        v31 = r["source"].startswith("mlcommons/training_results_v3.1 ")
+        assert (r.get("ran_attention") == "flash-attn-2") == v31, r["source"]
+    r = next(r for r in published.published() if _v3(r) and r["gpus"] == 4096)
+    lay, w = reading.layout_of(r), reading.workload_of(r)
+    assert reading.attention_kernel_s(r, lay, w, reading.exchange_as_ran(r)) > 0.0
