@@ -15,7 +15,7 @@ import published  # noqa: E402
 import reading  # noqa: E402
 from tuner.frameworks import of  # noqa: E402
 from tuner.layout import Layout  # noqa: E402
-from tuner.perfmodel import predict, quantized  # noqa: E402
+from tuner.perfmodel import fsdp_time, predict, quantized  # noqa: E402
 from tuner.perfmodel.moe_exchange import TokenExchange  # noqa: E402
 from tuner.specs import load_cluster, load_model, make_workload  # noqa: E402
 
@@ -76,3 +76,19 @@ def test_mlperf_v31_gpt3_rows_ran_flash_attention_2():
     r = next(r for r in published.published() if _v3(r) and r["gpus"] == 4096)
     lay, w = reading.layout_of(r), reading.workload_of(r)
     assert reading.attention_kernel_s(r, lay, w, reading.exchange_as_ran(r)) > 0.0
+
+
+def test_megatron_fsdp_gathers_fp8_layer_weights_in_one_byte():
+    """Megatron-FSDP (zero_stage 3 on Megatron-Core) keeps FP8 weights in a uint8 buffer and gathers that, layer by layer
+    (quantized.layer_gather_bytes); the gradients' reduce-scatter is not touched."""
+    w = make_workload(load_model("llama3-70b"), 8, load_cluster("h100"), 128, precision="fp8", framework="megatron-core")
+    lay = Layout(tp=1, pp=1, dp=64, micro_batch=1, zero_stage=3, recompute="full")
+    assert quantized.layer_gather_bytes(of(w), lay, w) == 1.0
+    launched = predict(lay, w).time_breakdown
+    bf16 = predict(lay, w, TokenExchange(quantized_params=False)).time_breakdown
+    exposed = [b["dp_grad_reduce"] + b["dp_param_gather"] for b in (launched, bf16)]
+    assert exposed[1] > 1.2 * exposed[0] > 0.0      # pp 1: a layer's gather and reduce-scatter outlast its backward
+    piped = dataclasses.replace(lay, pp=2, dp=32)     # pp > 1: the gathers counted apart from the reduce-scatters
+    bare = [fsdp_time(piped, w, 0.0, 1, weight_bytes=b) for b in (1.0, 2.0)]   # nothing hides
+    assert bare[1]["param_gather"] > 1.8 * bare[0]["param_gather"]
+    assert bare[1]["grad_reduce"] == bare[0]["grad_reduce"]

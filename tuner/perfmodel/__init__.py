@@ -55,7 +55,7 @@ __all__ = ["SM_SHARE", "predict", "rank", "expected_speed", "risk", "keeps_headr
 
 
 def fsdp_time(layout: Layout, workload: Workload, compute_mb: float, m: int, grad_bytes: float = 4.0,
-              gathers: bool = True) -> dict:
+              gathers: bool = True, weight_bytes: float = 2.0) -> dict:
     """FSDP's exposed collectives per iteration over the d*c ranks that shard the weights (FSDP2's, and
     Megatron-FSDP's with its gradient dtype `grad_bytes`; `gathers` False: its optim_grads, parameters kept
     whole, only the gradients reduce-scattered layer by layer): each layer's
@@ -64,7 +64,8 @@ def fsdp_time(layout: Layout, workload: Workload, compute_mb: float, m: int, gra
     neighbouring layer's compute (implicit prefetch); a layer's collectives show only where they outlast
     that compute, and the first gather and the last reduce-scatter of a pass show whole. Without
     pipelining that happens every micro-batch (gradients are synchronised at each accumulation step);
-    with pipelining once per step (parameters stay gathered, gradients accumulate unsharded)."""
+    with pipelining once per step (parameters stay gathered, gradients accumulate unsharded). `weight_bytes`: a layer
+    weight's bytes in the gather (Megatron-FSDP's FP8 weights: quantized.layer_gather_bytes); the embedding's stay bf16."""
     model, cluster = workload.model, workload.cluster
     shards = layout.dp * layout.context_parallel
     if shards <= 1:
@@ -78,12 +79,13 @@ def fsdp_time(layout: Layout, workload: Workload, compute_mb: float, m: int, gra
     dense = unit - experts
     edp, stride = expert_data_parallel(layout), layout.expert_parallel * layout.expert_tensor_parallel
     ebw = comm.group_bandwidth(cluster, edp, stride)
-    ag_e, rs_e = comm.allgather_time(2.0 * experts, edp, ebw, cluster), comm.reduce_scatter_time(grad_bytes * experts, edp, ebw, cluster)
-    ag = comm.allgather_time(2.0 * dense, shards, bw, cluster) + ag_e
+    ag_e = comm.allgather_time(weight_bytes * experts, edp, ebw, cluster)
+    rs_e = comm.reduce_scatter_time(grad_bytes * experts, edp, ebw, cluster)
+    ag = comm.allgather_time(weight_bytes * dense, shards, bw, cluster) + ag_e
     rs = comm.reduce_scatter_time(grad_bytes * dense, shards, bw, cluster) + rs_e
-    edge = max(dense, memory.embedding_params(model, layout.tp))
-    first, last = (comm.allgather_time(2.0 * edge, shards, bw, cluster),
-                   comm.reduce_scatter_time(grad_bytes * edge, shards, bw, cluster))
+    embedding = memory.embedding_params(model, layout.tp)
+    first = comm.allgather_time(max(weight_bytes * dense, 2.0 * embedding), shards, bw, cluster)
+    last = comm.reduce_scatter_time(grad_bytes * max(dense, embedding), shards, bw, cluster)
     if not gathers:
         ag = ag_e = first = 0.0
     fwd, bwd = compute_mb / layers / 3.0, 2.0 * compute_mb / layers / 3.0
@@ -172,7 +174,8 @@ def _gradient_sync(layout: Layout, workload: Workload, fw, slow: dict, m: int, p
     if fw.fsdp:
         return fsdp_time(layout, workload, compute_mb, m)
     if megatron_fsdp(layout, workload):     # Megatron-FSDP: layer by layer, in the gradients' own dtype
-        out = fsdp_time(layout, workload, compute_mb, m, fw.grad_bytes(workload), gathers=layout.zero_stage >= 3)
+        out = fsdp_time(layout, workload, compute_mb, m, fw.grad_bytes(workload), gathers=layout.zero_stage >= 3,
+                        weight_bytes=quantized.layer_gather_bytes(fw, layout, workload))
         if layout.zero_stage == 2:          # optim_grads: the updated parameters gathered once, under the first forward
             gather = comm.dp_time(cluster, t, layout.dp * layout.context_parallel, 1, params_gpu - experts_gpu, m,
                                   layout.checkpointing)["param_gather"]

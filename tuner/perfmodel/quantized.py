@@ -46,6 +46,15 @@ def quantized_weights(states: dict, workload: Workload, outside_gb: float, alone
         states["weights"] -= layers
 
 
+def layer_gather_bytes(fw, layout: Layout, workload: Workload) -> float:
+    """Bytes per parameter in which a layer's weights are all-gathered: one under --fp8-param-gather with per-tensor FP8
+    (Framework.quantized_params; the uint8 buffers of gather_bytes' sources, and Megatron-FSDP's: megatron_fsdp/
+    param_and_grad_buffer.py at d98e8a64dd keeps a "float8" parameter group in a torch.uint8 buffer, lines 995-997 and
+    2631-2632, and all-gathers that buffer), else bf16's two."""
+    fp8 = workload.precision == "fp8" and fw.quantized_params(layout, workload)
+    return QUANTIZED_WEIGHT_BYTES["fp8"] if fp8 else 2.0
+
+
 def gather_bytes(fw, layout: Layout, workload: Workload, params: float, experts: bool = False) -> float:
     """Bytes per parameter of Megatron-Core's parameter all-gather (the distributed optimizer's) over `params` of a
     stage's dense parameters (`experts`: its routed experts'). Under --fp8-param-gather (Framework.quantized_params)
@@ -57,10 +66,8 @@ def gather_bytes(fw, layout: Layout, workload: Workload, params: float, experts:
     word embedding, position table and LM head (outside_layer_params, the most of any stage) stay bf16. MXFP8 is
     gathered in bf16 (Megatron-Bridge's reuse_grad_buf_for_mxfp8_param_ag quantizes after the gather) and NVFP4's
     fp4_param_gather is not read: 2 bytes, as every other run."""
-    if workload.precision != "fp8" or params <= 0 or not fw.quantized_params(layout, workload):
-        return 2.0
-    q = QUANTIZED_WEIGHT_BYTES["fp8"]
-    if experts:
+    q = layer_gather_bytes(fw, layout, workload)
+    if q == 2.0 or params <= 0 or experts:
         return q
     from tuner.layout import stage_candidates
     outside = min(params, max(outside_layer_params(workload.model, layout, s)
