@@ -11,10 +11,11 @@ moe_accuracy's model_of). A row is predicted as it ran:
 - its machine (`machine` where the row states the one it ran on), with a measurement's attention kernel and a
   measured rank of fewer GPUs than a node;
 - its layout, with the `ran_*` keys where a recipe read from source says what ran and the table did not
-  (`ran_recompute`, `ran_sequence_parallel`), its pipeline split and experts;
+  (`ran_recompute`, `ran_sequence_parallel`), its pipeline split and experts, and Megatron-Core's CPU activation
+  offloading (`ran_offload_layers`: the layout's offload_layers, which the model charges in memory and time);
 - its memory as it ran (`peak_as_ran`, `memory_as_ran`): the predicted peak with what the recipe changes that tuner
   does not choose -- llm-foundry's MPT under Composer's FSDP1, apex's bf16 optimizer state (`optimizer_state =
-  "bf16"`), Megatron-Core's activation CPU offloading (`ran_offload_layers`) and FP8 weights held otherwise than tuner's
+  "bf16"`) and FP8 weights held otherwise than tuner's
   launch holds them (`ran_fp8_params`), torchtitan @ 613bfd0cf's fused RMSNorm and fp32 logits (`ran_norm`,
   `ran_fp32_logits`) -- and the p_fit tuner states for
   it (the framework's bias and spread, as tuner.perfmodel.memory_fit states them);
@@ -117,28 +118,10 @@ def layout_of(row: dict, framework: str | None = None) -> Layout:
                   zero_stage=3 if fw == "torchtitan" else published.zero_stage(row), recompute=rc,
                   sequence_parallel=sp, context_parallel=cp, virtual_pipeline=row.get("ran_vp", row.get("vp", 1)),
                   expert_parallel=ep, expert_tensor_parallel=etp or 1,
-                  pipeline_split=row.get("pipeline_split", "auto"))
+                  pipeline_split=row.get("pipeline_split", "auto"), offload_layers=row.get("ran_offload_layers", 0))
 
 
 # ------------------------------------------------------------------------------------------ memory as it ran
-def offload_resident_layers(layers: int, offloaded: int) -> int:
-    """Layers whose activations are on the GPU at once when Megatron-Core offloads the first `offloaded` of `layers`
-    (--cpu-offloading-num-layers; TransformerEngine's AsyncDoubleBufferGroupOffloadHandler, TE 2.7
-    transformer_engine/pytorch/cpu_offload.py lines 333-349 and 506-527): offloaded layer g stays until the forward
-    of layer layer_window_map[g] has run, then its copy to the host is awaited and it is freed; the other layers
-    stay until their backward. The largest count over the forward (the backward reloads one layer ahead of it)."""
-    window, constant = [], 0
-    for g in range(offloaded):
-        w = (layers // offloaded) * (g + 1) - 1
-        if g < layers % offloaded:
-            w, constant = w + g + 1, g + 1
-        else:
-            w += constant
-        window.append(w)
-    return max(max(0, c + 1 - offloaded) + sum(1 for g in range(min(c + 1, offloaded)) if window[g] >= c)
-               for c in range(layers))
-
-
 #: What llm-foundry's MPT block keeps for backward per s*b*h element (bf16 under Composer's FSDP "PURE" mixed precision
 #: and amp_bf16, eager; mosaicml/llm-foundry @ 5e85bd62d4, the commit of the benchmark tables, with
 #: scripts/train/benchmarking/submit_benchmarks.py's norm_type low_precision_layernorm and attn_impl flash): each
@@ -225,21 +208,12 @@ def ran_breakdown(row: dict, lay: Layout, w, mem: dict) -> dict:
     - `optimizer_state = "bf16"`: apex's DistributedFusedAdam in bf16 (NeMo's distributed_fused_adam): its parameter
       shard and both moments in `dtype` (apex/contrib/optimizers/distributed_fused_adam.py, StateBucket), 6 bytes per
       parameter over dp*cp where tuner predicts Megatron-Core's 12 (fp32 main parameters and moments);
-    - `ran_offload_layers = N`: Megatron-Core's activation CPU offloading (cpu_offloading_num_layers, weights not
-      offloaded; refused with pp > 1 or any recompute: megatron/core/transformer/transformer_config.py 808-822 at
-      core_v0.14.0): of the stage's layers only offload_resident_layers() keep their activations on the GPU;
     - `ran_norm` / `ran_fp32_logits`: torchtitan @ 613bfd0cf's fused RMSNorm and fp32 logits (torchtitan_613bfd0)."""
     out = llm_foundry_breakdown(lay, w, mem) if row["framework"] == "fsdp" else dict(mem)
     if row.get("ran_norm") or row.get("ran_fp32_logits"):
         out = torchtitan_613bfd0(row, lay, w, out)
     if row.get("optimizer_state") == "bf16":
         out["optimizer"] = mem["optimizer"] - (12.0 - 6.0) * mem["params_billion"] / (lay.dp * lay.context_parallel)
-    if row.get("ran_offload_layers"):
-        n, layers = row["ran_offload_layers"], w.model.num_layers
-        if lay.pp > 1 or lay.recompute != "none" or not 0 < n < layers:
-            raise ValueError(f"{row['source']}: Megatron-Core offloads activations only with pp 1, no recompute and "
-                             f"0 < ran_offload_layers < {layers}")
-        out["activations"] = mem["activations"] * offload_resident_layers(layers, n) / layers
     out["total"] = mem["total"] + sum(out[k] - mem[k] for k in ("optimizer", "activations", "logits", "zero3_buffers"))
     return out
 

@@ -70,6 +70,9 @@ MCORE_FLAGS = {
                                         "beside it, A:944 derives vp from it)",
     # issue 25: recompute module sets (transformer_config.py lines 1946-1958 list the allowed names)
     "--recompute-modules": "TC:560 (a list: core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts, ...)",
+    # issue 25: CPU activation offloading (offload_layers); --cpu-offloading, --cpu-offloading-activations and
+    # --cpu-offloading-weights do not exist (A:2320-2323 exclude those fields from the generated flags)
+    "--cpu-offloading-num-layers": "MPC:461 (A:1950 turns cpu_offloading on for N > 0)",
     # issue 25: Megatron-FSDP (zero_stage 2 / 3)
     "--use-megatron-fsdp": "DistributedInitConfig (megatron/training/config/common_config.py:92; A:3092 generates it)",
     "--data-parallel-sharding-strategy": "A:3190 ('optim_grads' | 'optim_grads_params')",

@@ -3,6 +3,7 @@ memory as it ran (`ran_*` keys included) -- and a recipe's activation offloading
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -43,8 +44,9 @@ def _te_resident(layers: int, offloaded: int) -> int:
 
 @pytest.mark.parametrize("layers,offloaded", [(80, 40), (80, 20), (80, 30), (126, 95), (126, 92), (10, 9), (7, 3)])
 def test_offloading_keeps_transformer_engines_count(layers, offloaded):
-    assert reading.offload_resident_layers(layers, offloaded) == _te_resident(layers, offloaded)
-    assert reading.offload_resident_layers(layers, offloaded) == layers - offloaded + 1
+    from tuner.perfmodel.offload import resident_layers      # the model's count, which the readings use
+    assert resident_layers(layers, offloaded) == _te_resident(layers, offloaded)
+    assert resident_layers(layers, offloaded) == layers - offloaded + 1
 
 
 def test_a_recipe_read_onto_a_row_enters_every_benchmarks_p_fit():
@@ -66,18 +68,17 @@ def test_offloaded_rows_are_predicted_with_the_offload_in_the_hardware_benchmark
     assert rows
     for r in rows:
         lay, w = reading.layout_of(r), reading.workload_of(r)
-        kept = reading.peak_as_ran(r, lay, w)
-        plain = reading.peak_as_ran({k: v for k, v in r.items() if k != "ran_offload_layers"}, lay, w)
-        layers, n = w.model.num_layers, r["ran_offload_layers"]
-        assert kept["activations"] == pytest.approx(plain["activations"] * (layers - n + 1) / layers)
+        assert lay.offload_layers == r["ran_offload_layers"]          # the layout's dimension: memory and time
+        plain = dataclasses.replace(lay, offload_layers=0)
+        assert reading.peak_as_ran(r, lay, w)["activations"] < reading.peak_as_ran(r, plain, w)["activations"]
         assert hardware_accuracy.evaluate(r)["memory_gb"] == pytest.approx(reading.memory_as_ran(r, lay, w)[0])
 
 
 def test_offloading_is_refused_where_megatron_core_refuses_it():
+    from tuner.layout import why_invalid
     row = next(r for r in published.hardware() if r.get("ran_offload_layers"))
     lay, w = reading.layout_of({**row, "ran_recompute": "full"}), reading.workload_of(row)
-    with pytest.raises(ValueError, match="pp 1, no recompute"):
-        reading.peak_as_ran(row, lay, w)
+    assert "refuses CPU offloading with recompute full" in why_invalid(lay, w)
 
 
 def test_llm_foundry_rows_are_predicted_as_composer_fsdp1_ran_mpt():

@@ -53,6 +53,8 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
     "flash_attention": (bool, True),             # whether attention keeps no s^2 scores (and runs fused)
     "sm_count": (int, None),                     # streaming multiprocessors per GPU (none: communication kernels'
                                                  # SMs not counted against the compute they overlap)
+    "host_link_gbps": (float, None),             # per GPU, per direction, to host memory (PCIe / NVLink-C2C): CPU
+                                                 # activation offloading's copies (none: HOST_LINK_GBPS)
     "framework": (str, "megatron-deepspeed"),    # the training stack run here by default (tuner.frameworks):
                                                  # --framework overrides it per study
     "group_bandwidth_gbps": (dict, None),        # {"2": 200.0, ...} per-GPU bandwidth of an aligned intra-node block
@@ -64,6 +66,11 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
 #: (now the framework's overlaps: true meant Megatron-Core) and memory_headroom (the margin is now a fit
 #: probability from the framework's measured memory error).
 RETIRED_CLUSTER_KEYS = ("comm_overlap", "memory_headroom")
+#: A GPU's link to host memory where a cluster file states none: PCIe Gen5 x16, 32 GT/s x 16 lanes with 128b/130b
+#: encoding = 63 GB/s per direction (PCI-SIG, PCI Express Base Specification 5.0: 32 GT/s a lane), the 64 GB/s a
+#: direction usually quoted; an ESTIMATE for any one machine (a PCIe switch shared by two GPUs halves it when both copy).
+#: An older GPU's PCIe Gen4 gives half.
+HOST_LINK_GBPS = 64.0
 #: GB of 1e9 bytes in one GiB: the model's unit (tuner.perfmodel.memory.GB) per 2^30 bytes.
 GB_PER_GIB = 2 ** 30 / 1e9
 
@@ -120,6 +127,7 @@ class ClusterSpec:
     matmul_efficiency_fp4: float | None = None
     operations: dict | None = None           # tuner.goodput.OPERATION_KEYS; stored only when given
     sm_count: int | None = None              # SMs per GPU; stored only when given
+    host_link_gbps: float | None = None      # GB/s per GPU per direction to the host; stored only when given
 
     @property
     def domain_gpus(self) -> int:
@@ -130,6 +138,11 @@ class ClusterSpec:
     def domain_bandwidth(self) -> float:
         """Per-GPU bandwidth (GB/s, per direction) of a group that spans nodes inside one domain."""
         return self.scale_up_bandwidth_gbps or self.intra_node_bandwidth_gbps
+
+    @property
+    def host_link(self) -> float:
+        """GB/s per GPU, per direction, between its memory and the host's (HOST_LINK_GBPS where the file gives none)."""
+        return self.host_link_gbps or HOST_LINK_GBPS
 
     @property
     def nic_bandwidth(self) -> float:
@@ -158,7 +171,7 @@ class ClusterSpec:
     def as_dict(self) -> dict:
         """Every key; the scale-up domain's only when set, so a one-node-domain cluster is stored as before."""
         return {k: v for k, v in asdict(self).items() if not (k in DOMAIN_KEYS and v in (None, False, "cuda"))
-                and not (k in ("operations", "sm_count") and v is None)}
+                and not (k in ("operations", "sm_count", "host_link_gbps") and v is None)}
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "cluster") -> "ClusterSpec":

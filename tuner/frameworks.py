@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from tuner.errors import UsageError
+from tuner.offload import offload_refusal
 from tuner.pipeline_split import accounting_split
 from tuner.recompute_modes import recompute_modules
 
@@ -144,14 +145,13 @@ class Framework:
         return self.sp_with_tp or (self.sp_with_moe_tp and model.is_moe)
 
     def refusal(self, layout: "Layout", workload: "Workload") -> str | None:
-        """Why this framework cannot run `layout` on `workload` as it is (a sentence), or None. It never reads
-        the layout's micro-batch: tuner.space asks it once per cut and ZeRO / recompute choice
-        (tests/test_plan_speed.py checks it)."""
+        """Why this framework cannot run `layout` on `workload` (a sentence), or None. It never reads the micro-batch:
+        tuner.space asks it once per cut and ZeRO / recompute / offload choice (tests/test_plan_speed.py checks it)."""
         if workload.model.mtp_num_layers and self.name != "megatron-core":
             return (f"{self.name} has no multi-token prediction (model '{workload.model.name}': mtp_num_layers "
                     f"{workload.model.mtp_num_layers}); use --framework megatron-core (--mtp-num-layers), or a model "
                     "without it (mtp_num_layers = 0)")
-        return self.refuse(layout, workload)
+        return offload_refusal(self.name, layout, workload) or self.refuse(layout, workload)
 
     def fused(self, precision: str) -> bool:
         """Whether element-wise kernels run fused: always (TE), or torch.compile with a low precision."""

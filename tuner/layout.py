@@ -9,7 +9,8 @@ for every layout through the workload's framework. Mixture-of-experts models add
 and expert tensor parallelism (etp, default 1: whole experts, not Megatron-Core's default etp = tp): the
 MoE layers regroup each stage's tp*cp*dp GPUs as etp x ep x expert-dp (why_invalid_experts). How the layers
 are cut into pipeline stages is the layout's pipeline_split (tuner.pipeline_split: auto, balanced,
-balanced-ends, light-last).
+balanced-ends, light-last). offload_layers (0: off) is Megatron-Core's CPU activation offloading of the first N
+layers (tuner.offload says where it runs; tuner.perfmodel.offload what it costs).
 """
 
 from __future__ import annotations
@@ -95,6 +96,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
               "Megatron-Core's module sets moe_act, norm_act (layernorm + moe_act), mlp (the dense layers' MLP), "
               "mla_up (mla_up_proj), mla_up_mlp (mla_up_proj + mlp), mla_up_mlp_moe (and moe: the whole MoE layer), "
               "norm_moe (layernorm + moe)."),
+    Dimension("offload_layers", int, "off", "offload", "TUNER_OFFLOAD_LAYERS", default=0, in_key="set",
+              flag="--offload-layers", help="Megatron-Core's CPU activation offloading: the first N layers' activations "
+              "copied to the host in the forward and back in the backward (--cpu-offloading-num-layers N; 0: off). "
+              "Megatron-Core only, with pp 1, recompute none and N below the layer count."),
 )
 BY_NAME = {d.name: d for d in DIMENSIONS}
 LAYOUT_FIELDS = tuple(d.name for d in DIMENSIONS)
@@ -160,7 +165,7 @@ def _value(dim: Dimension, v):
 
 
 #: A frozen, ordered layout (tp, sequence_parallel=False, context_parallel=1, pp, virtual_pipeline=1,
-#: dp, expert_parallel=1, expert_tensor_parallel=1, micro_batch, zero_stage=1, recompute="full"), its
+#: dp, expert_parallel=1, expert_tensor_parallel=1, micro_batch, zero_stage=1, recompute="full", offload_layers=0), its
 #: fields made from DIMENSIONS.
 Layout = make_dataclass(
     "Layout", [(d.name, d.type) if d.default is None else (d.name, d.type, field(default=d.default))
@@ -212,6 +217,8 @@ def why_invalid_values(layout: Layout, workload: "Workload") -> str | None:
                  "micro_batch"):
         if getattr(layout, name) < 1:
             return f"{name} must be >= 1 (got {getattr(layout, name)})"
+    if layout.offload_layers < 0:
+        return f"offload_layers must be >= 0 (got {layout.offload_layers})"
     if layout.zero_stage not in (0, 1, 2, 3):
         return f"zero_stage must be 0, 1, 2 or 3 (got {layout.zero_stage})"
     if layout.recompute not in RECOMPUTE:

@@ -31,7 +31,7 @@ EXPERT_DIMS = ("expert_parallel", "expert_tensor_parallel")
 def _check_choices(dim: str, values: list, where: str) -> None:
     """Each choice of a dimension has its type (a str dimension: one of its values)."""
     d = BY_NAME[dim]
-    low = 0 if dim == "zero_stage" else 1
+    low = 0 if dim in ("zero_stage", "offload_layers") else 1
     for v in values:
         ok = (v in d.choices) if d.type is str else (isinstance(v, bool) if d.type is bool else
                                                       isinstance(v, int) and not isinstance(v, bool) and v >= low
@@ -39,7 +39,7 @@ def _check_choices(dim: str, values: list, where: str) -> None:
         if not ok:
             want = (f"one of {', '.join(map(repr, d.choices))}" if d.type is str else
                     "true or false" if d.type is bool else "ZeRO stages 0-3" if dim == "zero_stage" else
-                    "whole numbers >= 1")
+                    f"whole numbers >= {low}")
             raise SpecError(f"{where}: dimension '{dim}' has choice {v!r}; its choices must be {want}")
 
 

@@ -169,7 +169,7 @@ def dimension_type(d) -> click.ParamType | None:
     if d.type is bool:
         return None
     return click.Choice(d.choices) if d.type is str else (
-        click.IntRange(0, 3) if d.name == "zero_stage" else click.IntRange(min=1))
+        click.IntRange(0, 3) if d.name == "zero_stage" else click.IntRange(min=0 if d.default == 0 else 1))
 
 
 def dimension(d, help: str, required: bool = False) -> Opt:

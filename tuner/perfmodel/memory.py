@@ -35,6 +35,7 @@ from tuner.perfmodel.compute import Shape, shape_of
 from tuner.perfmodel.layer_backward import megatron_backward_bytes
 from tuner.perfmodel.memory_loss import LAUNCHED_LOSS_CHUNKS, loss_phase, megatron_loss_bytes
 from tuner.perfmodel.moe import moe_activation_bytes, op_sac_moe_backward_bytes
+from tuner.perfmodel.offload import resident_layers
 from tuner.perfmodel.params import (  # noqa: F401 -- re-exported: the parameters one GPU holds
     embedding_params, layer_params, max_layer_params, mtp_params, stage_expert_params, stage_params,
     tied_embedding_params)
@@ -111,6 +112,9 @@ def stage_activation_bytes(model: ModelSpec, layout: Layout, stage: int, m: int,
         working = max(full_dense if dense else 0.0, full_moe) - ckpt
     else:
         per_pass, working = (dense * full_dense + moe * full_moe) / layout.virtual_pipeline + boundary, 0.0
+        kept = resident_layers(model.num_layers, layout.offload_layers)   # offloading (pp 1): tuner.perfmodel.offload
+        if kept < model.num_layers:
+            per_pass = per_pass * kept / model.num_layers
     return in_flight(stage, layout.pp, m, layout.virtual_pipeline) * per_pass + working
 
 
@@ -296,7 +300,7 @@ def _memo_stages(layout: Layout, workload: Workload, fw, stages: tuple, m: int, 
     ZeRO stage, the states for those that differ only in micro-batch, recompute or sp."""
     cut = (layout.tp, layout.context_parallel, layout.pp, layout.virtual_pipeline, layout.pipeline_split,
            layout.expert_parallel, layout.expert_tensor_parallel)
-    key = ("stage_parts", cut, layout.sequence_parallel, layout.micro_batch, layout.recompute, m)
+    key = ("stage_parts", cut, layout.sequence_parallel, layout.micro_batch, layout.recompute, layout.offload_layers, m)
     parts = memo.get(key)
     if parts is None:
         parts = memo[key] = [stage_parts(layout, workload, s, m, sh, memo) for s in stages]

@@ -33,13 +33,14 @@ from tuner.perfmodel.compute import shape_of
 from tuner.perfmodel.layer_backward import megatron_backward_bytes
 from tuner.perfmodel.fit import errors_fit_probability, memory_gp_scales
 from tuner.perfmodel.memory_loss import megatron_loss_bytes
+from tuner.perfmodel.offload import resident_layers
 from tuner.specs import Workload
 
 GB = memory.GB
 #: A layout's fields the memory reads: the model's cut (with dp), then sp, micro-batch, recompute and ZeRO stage.
 CUT = ("tp", "context_parallel", "pp", "virtual_pipeline", "pipeline_split", "expert_parallel", "expert_tensor_parallel",
        "dp")
-PARTS = (*CUT, "sequence_parallel", "micro_batch", "recompute")         # what stage_parts reads (m follows)
+PARTS = (*CUT, "sequence_parallel", "micro_batch", "recompute", "offload_layers")  # what stage_parts reads (m follows)
 STATES = (*CUT, "zero_stage")                                           # what _states_gb reads
 SHAPE = ("micro_batch", "tp", "context_parallel", "sequence_parallel", "recompute", "expert_parallel",
          "expert_tensor_parallel")                                      # what shape_of reads of a layout
@@ -156,12 +157,15 @@ def _parts(layouts: list[Layout], workload: Workload, cols: dict, firsts, shape_
     layer_backward = np.array([backward.get(sp, 0.0) for sp in zip(shape_ids.tolist(), pps)], dtype=np.float64)
     m = workload.global_batch // (cols["micro_batch"][firsts] * cols["dp"][firsts])     # micro_batches_per_pipeline
     full = np.array([layouts[i].recompute == "full" for i in firsts.tolist()])
+    layers = model.num_layers                  # offloading (pp 1): the layers kept on the GPU (memory.stage_activation_bytes)
+    kept = np.array([resident_layers(layers, layouts[i].offload_layers) for i in firsts.tolist()], np.int64)
     return _activations(fw, np.column_stack([terms, layer_backward]), m, full,
-                        [a[cuts.of[firsts]] for a in cuts.columns()])
+                        [a[cuts.of[firsts]] for a in cuts.columns()], (kept, layers))
 
 
-def _activations(fw, terms, m, full, per_cut: list) -> dict:
-    """memory.stage_activation_bytes (+ the sp gather buffer) and _stage_sums' megatron_phases over (group, stage)."""
+def _activations(fw, terms, m, full, per_cut: list, offload: tuple) -> dict:
+    """memory.stage_activation_bytes (+ the sp gather buffer) and _stage_sums' megatron_phases over (group, stage);
+    `offload`: each group's layers resident under CPU offloading, and the model's layers."""
     stage, dense, moe, valid, pp, vp = per_cut
     pp, vp, m, full = pp[:, None], vp[:, None], m[:, None], full[:, None]
     full_dense, full_moe, ckpt, working, gather, logits_b, loss, layer_backward = (terms[:, k][:, None]
@@ -169,6 +173,8 @@ def _activations(fw, terms, m, full, per_cut: list) -> dict:
     full_moe = np.where(moe > 0, full_moe, 0.0)
     boundary = np.where(pp > 1, ckpt, 0.0) if not fw.frees_pipeline_outputs else np.zeros_like(ckpt)
     per_pass = np.where(full, (dense + moe) / vp * ckpt + boundary, (dense * full_dense + moe * full_moe) / vp + boundary)
+    kept, layers = offload[0][:, None], offload[1]
+    per_pass = np.where(kept < layers, per_pass * kept / layers, per_pass)
     work = np.where(full, np.maximum(np.where(dense > 0, full_dense, 0.0), full_moe) - ckpt, 0.0)
     flight = np.where(vp == 1, np.maximum(1, np.minimum(pp - stage, m)),
                       np.maximum(1, np.minimum(2 * (pp - stage - 1) + (vp - 1) * pp + 1, m * vp)))

@@ -130,7 +130,7 @@ def floor_bound(layout: Layout, workload: Workload, p_fit: float, memo: dict) ->
     that needs no stage's breakdown: a few times cheaper to ask."""
     key = ("floor", layout.tp, layout.sequence_parallel, layout.context_parallel, layout.pp, layout.virtual_pipeline,
            layout.pipeline_split, layout.dp, layout.expert_parallel, layout.expert_tensor_parallel, layout.micro_batch,
-           layout.recompute)                              # what stage_times reads (not the ZeRO stage)
+           layout.recompute, layout.offload_layers)       # what stage_times reads (not the ZeRO stage)
     floor = memo.get(key)
     if floor is None:
         floor = memo[key] = (micro_batches_per_pipeline(layout, workload.global_batch)

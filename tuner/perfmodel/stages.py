@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from tuner.frameworks import of as framework_of
 from tuner.layout import Layout, micro_batches_per_pipeline, stage_candidates, stage_layers, stage_moe_layers
-from tuner.perfmodel import comm, compute, moe, moe_exchange, recompute, tp_overlap
+from tuner.perfmodel import comm, compute, memory, moe, moe_exchange, offload, recompute, tp_overlap
 from tuner.perfmodel.compute import shape_of
 from tuner.specs import Workload
 
@@ -209,8 +209,27 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     if p == 1:
         last["elementwise"] += emb["elementwise"]
         last["tp_comm"] += ar
+        if layout.offload_layers:
+            last["cpu_offload"] = offload_seconds(layout, workload, sh, parts)
         return [last]
     return [first, *(stage_body(layout, workload, sh, parts, s) for s in stage_candidates(layout, model)[1:-1]), last]
+
+
+def offload_seconds(layout: Layout, workload: Workload, sh: compute.Shape, parts: LayerParts) -> float:
+    """Megatron-Core's CPU activation offloading (pp 1) per micro-batch: what the copies of the first offload_layers
+    layers' activations to the host and back take beyond the layers' compute they run under (offload.exposed_seconds,
+    TransformerEngine's schedule), at the cluster's host link per direction (ClusterSpec.host_link). A layer's bytes
+    (memory.layer_activation_bytes, what memory frees) and its compute and TP collectives are the mean of the model's
+    layers; its forward's share 1 / (1 + 2 x backward_gemm), as overlapped_exchange splits one. No fitted constant."""
+    model, cluster = workload.model, workload.cluster
+    n, n_moe = model.num_layers, model.num_moe_layers
+    full_dense, full_moe, _ = memory.layer_activation_bytes(model, sh, cluster.flash_attention)
+    layer_bytes = ((n - n_moe) * full_dense + n_moe * full_moe) / n
+    busy = lambda lay, tp: lay["gemm"] + lay["attention"] + lay["elementwise"] + tp    # noqa: E731
+    layer_s = ((n - n_moe) * busy(parts.lay, parts.tp_comm) + n_moe * busy(parts.lay_moe, parts.tp_moe)) / n
+    fwd = 1.0 / (1.0 + 2.0 * sh.backward_gemm)
+    return offload.exposed_seconds(n, layout.offload_layers, layer_bytes / (cluster.host_link * 1e9),
+                                   fwd * layer_s, (1.0 - fwd) * layer_s)
 
 
 def _add_mtp(last: dict, workload: Workload, sh: compute.Shape, layer: dict, per: dict) -> None:
@@ -303,7 +322,7 @@ def slowest_stage(layout: Layout, workload: Workload, sh: compute.Shape,
     if memo is not None and exchange is None:
         key = ("slow", layout.tp, layout.sequence_parallel, layout.context_parallel, layout.pp, layout.virtual_pipeline,
                layout.pipeline_split, layout.dp, layout.expert_parallel, layout.expert_tensor_parallel,
-               layout.micro_batch, layout.recompute)
+               layout.micro_batch, layout.recompute, layout.offload_layers)
         got = memo.get(key)
         if got is not None:
             return got

@@ -47,6 +47,14 @@ together: Megatron-Bridge scripts/performance/utils/overrides.py lines 148-154 a
 h / heads, `--qk-layernorm` (TC:259), and multi-latent attention `--multi-latent-attention` (TC:288) with
 `--q-lora-rank` (A:3548), `--kv-lora-rank` (A:3550), `--qk-head-dim` (A:3552), `--qk-pos-emb-head-dim`
 (A:3554), `--v-head-dim` (A:3556).
+CPU activation offloading (offload_layers N > 0): `--cpu-offloading-num-layers N` alone (generated from
+ModelParallelConfig.cpu_offloading_num_layers, model_parallel_config.py line 461; arguments.py line 1950 turns
+cpu_offloading on for N > 0). `--cpu-offloading`, `--cpu-offloading-activations` and `--cpu-offloading-weights` do not
+exist there (arguments.py lines 2320-2323 exclude those fields from the generated flags); their defaults offload the
+activations and not the weights (model_parallel_config.py lines 471-474), what the model charges (tuner.offload).
+`launch_env` then sets NVTE_CPU_OFFLOAD_V1=1: TransformerEngine 2.10 and later run a new offload schedule by default
+and the one the model charges (AsyncDoubleBufferGroupOffloadHandler, tuner.perfmodel.offload) only with it
+(transformer_engine/pytorch/cpu_offload.py lines 27 and 745 at v2.10); earlier releases have that one alone.
 Tensor or context parallelism needs CUDA_DEVICE_MAX_CONNECTIONS=1 before Blackwell (arguments.py line
 1477 asserts it): `launch_env` gives it to the sbatch script.
 
@@ -296,11 +304,12 @@ def launch_env(layout: Layout, workload: Workload | None = None) -> dict[str, st
     is checked against, set 8 with the alltoall dispatcher tuner writes (Megatron-Bridge 067f987df,
     scripts/performance/utils/overrides.py lines 256-263: 1 only "(tp_size > 1 or cp_size > 1) and not
     moe_a2a_overlap")."""
+    offload = {"NVTE_CPU_OFFLOAD_V1": "1"} if layout.offload_layers else {}     # the schedule the model charges
     if layout.zero_stage in FSDP_SHARDING:
-        return {}
+        return offload
     if workload is not None and framework_of(workload).ep_overlap(layout, workload.model):
-        return {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}
-    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if layout.tp > 1 or layout.context_parallel > 1 else {}
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "8", **offload}
+    return {**({"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if layout.tp > 1 or layout.context_parallel > 1 else {}), **offload}
 
 
 def pretrain_args(layout: Layout, workload: Workload, *, precision: str = "bf16", iterations: int = 10,
@@ -327,4 +336,6 @@ def pretrain_args(layout: Layout, workload: Workload, *, precision: str = "bf16"
     if workload.optimizer_moments == "bf16":      # Adam's moments in bf16, as counted (NVIDIA's DeepSeek-V3 recipe)
         args += list(PRECISION_AWARE_BF16)
     args += recompute_args(layout)
+    if layout.offload_layers:       # activations only: cpu_offloading_activations defaults True, _weights False
+        args += ["--cpu-offloading-num-layers", str(layout.offload_layers)]
     return args + [str(a) for a in extra]

@@ -25,7 +25,7 @@ from tuner.layout import DIMENSIONS, Layout
 from tuner.trial import Status
 
 # The head revision of tuner/store/migrations/versions/ ("0005" is 5): bump it with each new revision.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 STUDY_STATES = ("running", "done", "interrupted")
 
 Json = JSON().with_variant(JSONB(), "postgresql")

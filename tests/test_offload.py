@@ -1,0 +1,94 @@
+"""Megatron-Core's CPU activation offloading as a layout dimension (offload_layers, issue 25 item 2): the key unchanged
+at 0, refused where Megatron-Core refuses it and on the other frameworks, memory down and time up with N as
+TransformerEngine's schedule says, plan's batched memory equal to memory_fit's, and the launch flag."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tuner.layout import Layout, why_invalid
+from tuner.perfmodel import memory_fit, predict
+from tuner.perfmodel.memory_batch import screen_memory, supported
+from tuner.perfmodel.offload import exposed_seconds, resident_layers, spans, windows
+from tuner.render import mcore
+from tuner.specs import make_workload
+
+LAY = Layout(tp=1, pp=1, dp=64, micro_batch=1, zero_stage=3, recompute="none")
+
+
+def _w(cluster="b200", nodes=8, framework="megatron-core", precision="fp8"):
+    return make_workload("llama3-70b", nodes, cluster, 128, precision=precision, framework=framework)
+
+
+def test_the_key_names_offloading_only_when_set():
+    assert "off" not in LAY.key() and LAY.offload_layers == 0
+    assert LAY.key() == "tp1-pp1-dp64-mb1-z3-rcnone"
+    assert dataclasses.replace(LAY, offload_layers=20).key() == "tp1-pp1-dp64-mb1-z3-rcnone-off20"
+    assert Layout.from_dict({k: v for k, v in LAY.as_dict().items() if k != "offload_layers"}) == LAY
+
+
+def test_refused_where_megatron_core_refuses_it_and_elsewhere():
+    w, off = _w(), dataclasses.replace(LAY, offload_layers=20)
+    assert why_invalid(off, w) is None
+    assert "use --offload-layers 79 or less" in why_invalid(dataclasses.replace(off, offload_layers=80), w)
+    assert "with pp 2" in why_invalid(dataclasses.replace(off, pp=2, dp=32, zero_stage=1), w)
+    assert "with recompute selective" in why_invalid(dataclasses.replace(off, recompute="selective"), w)
+    tt = why_invalid(off, _w(framework="torchtitan", precision="bf16"))
+    assert tt.startswith("torchtitan has no CPU activation offloading") and "--framework megatron-core" in tt
+
+
+def test_transformer_engines_windows_and_spans():
+    assert windows(80, 40) == [2 * g + 1 for g in range(40)] and spans(80, 40) == [1] + [2] * 39
+    assert windows(10, 3)[-1] == 9 and sum(spans(10, 3)) == 9          # the last group freed at the last layer
+    # a copy shorter than the compute it runs under is hidden; a longer one shows its excess, forward and backward
+    assert exposed_seconds(80, 20, 0.010, 0.005, 0.010) == 0.0
+    assert exposed_seconds(80, 40, 0.012, 0.005, 0.010) == pytest.approx((0.007 + 0.002) + 39 * 0.002)
+    assert exposed_seconds(80, 0, 1.0, 0.0, 0.0) == 0.0 and resident_layers(80, 0) == 80
+
+
+def test_memory_drops_and_time_rises_with_the_layers_offloaded():
+    w = _w()
+    preds = [predict(dataclasses.replace(LAY, offload_layers=n), w) for n in (0, 10, 20, 40, 79)]
+    acts = [p.memory_breakdown["activations"] for p in preds]
+    assert all(a > b for a, b in zip(acts, acts[1:]))
+    steps = [p.step_time_s for p in preds]
+    assert all(a <= b for a, b in zip(steps, steps[1:])) and steps[-1] > steps[0] * 1.5
+    assert "cpu_offload" not in preds[0].time_breakdown and preds[-1].time_breakdown["cpu_offload"] > 0
+    # NVLink-C2C (gb200's host link) hides what PCIe Gen5 shows
+    fast = predict(dataclasses.replace(LAY, offload_layers=40), _w("gb200", 16)).time_breakdown["cpu_offload"]
+    assert fast < preds[3].time_breakdown["cpu_offload"] / 3
+
+
+def test_plans_batched_memory_equals_memory_fit_with_offloading():
+    w = _w()
+    if not supported(w):
+        pytest.skip("screen_memory answers on Python < 3.12 only")
+    lays = [dataclasses.replace(LAY, offload_layers=n, micro_batch=mb) for n in (0, 1, 7, 40) for mb in (1, 2)]
+    mem, p_fit = screen_memory(lays, w)
+    for lay, gb, p in zip(lays, mem, p_fit):
+        _, _, _, bd, pf = memory_fit(lay, w)
+        assert (gb, p) == (bd["total"], pf)
+
+
+def test_launch_writes_megatron_cores_flag():
+    from tests.test_launch_frameworks import MCORE_FLAGS
+    w = _w()
+    args = mcore.pretrain_args(dataclasses.replace(LAY, offload_layers=20, zero_stage=1), w)
+    i = args.index("--cpu-offloading-num-layers")
+    assert args[i + 1] == "20" and "--cpu-offloading" not in args
+    assert {a for a in args if a.startswith("--")} <= set(MCORE_FLAGS)
+    assert "--cpu-offloading-num-layers" not in mcore.pretrain_args(dataclasses.replace(LAY, zero_stage=1), w)
+    # TransformerEngine >= 2.10 runs the schedule the model charges only with NVTE_CPU_OFFLOAD_V1=1
+    assert mcore.launch_env(dataclasses.replace(LAY, offload_layers=20), w) == {"NVTE_CPU_OFFLOAD_V1": "1"}
+    assert "NVTE_CPU_OFFLOAD_V1" not in mcore.launch_env(dataclasses.replace(LAY, tp=2, dp=32), w)
+
+
+def test_predict_takes_the_flag_and_refuses_it_on_torchtitan_in_one_line(tuner):
+    base = ["predict", "--model", "llama3-70b", "--cluster", "b200", "--nodes", "8", "--global-batch", "128",
+            "--tp", "1", "--pp", "1", "--micro-batch", "1", "--recompute", "none", "--offload-layers", "20"]
+    code, out, err = tuner(*base, "--framework", "megatron-core", "--zero-stage", "1")
+    assert code == 0, err
+    code, out, err = tuner(*base, "--framework", "torchtitan", "--zero-stage", "3")
+    assert code == 2 and "Traceback" not in err and "--offload-layers 0" in err and len(err.strip().splitlines()) == 1

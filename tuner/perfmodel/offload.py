@@ -1,0 +1,56 @@
+"""Megatron-Core's CPU activation offloading (the layout's offload_layers: --cpu-offloading-num-layers N, activations
+offloaded, weights not), as TransformerEngine runs it. Pure.
+
+Megatron-Core's TransformerBlock asks TransformerEngine for its offload context with the block's layer count
+(megatron/core/transformer/transformer_block.py lines 304-318 at NVIDIA/Megatron-LM d98e8a64ddf3);
+TransformerEngine's AsyncDoubleBufferGroupOffloadHandler (transformer_engine/pytorch/cpu_offload.py at v2.7, the one
+Megatron-Bridge's GB200 / GB300 recipes ran; `layer_window_map` lines 340-349, synchronize_on_group_commit_forward
+lines 481-538, on_group_commit_backward lines 610-633) offloads the first N layers' saved activations:
+- forward: layer g's copy to the host (on its own d2h stream) is awaited at the end of layer window[g]'s forward
+  ("stream synchronization both ways"), then the layer's activations are freed and the next group's copy starts.
+  So copy 0 runs under layers 1 .. window[0]'s forward, copy g under layers window[g-1] + 1 .. window[g]'s, one at a
+  time; what a copy takes beyond that compute is the compute stream's wait;
+- backward: the reload of group g (h2d stream) starts before layer window[g]'s backward, after the compute stream has
+  waited for the reload before it; group 0's is awaited before layer 0's backward: the same spans of layers, run
+  backward.
+The other layers keep their activations until their backward (resident_layers)."""
+
+from __future__ import annotations
+
+
+def windows(layers: int, offloaded: int) -> list[int]:
+    """TransformerEngine's layer_window_map: the layer at whose end of forward offloaded group g is freed."""
+    out, constant = [], 0
+    for g in range(offloaded):
+        w = (layers // offloaded) * (g + 1) - 1
+        if g < layers % offloaded:
+            w, constant = w + g + 1, g + 1
+        else:
+            w += constant
+        out.append(w)
+    return out
+
+
+def resident_layers(layers: int, offloaded: int) -> int:
+    """Layers whose activations are on the GPU at once when the first `offloaded` of `layers` are offloaded: offloaded
+    layer g stays until the forward of layer windows()[g] has run; the other layers stay until their backward. The
+    largest count over the forward (the backward reloads one group ahead of it). `layers` when nothing is offloaded."""
+    if offloaded <= 0:
+        return layers
+    window = windows(layers, offloaded)
+    return max(max(0, c + 1 - offloaded) + sum(1 for g in range(min(c + 1, offloaded)) if window[g] >= c)
+               for c in range(layers))
+
+
+def spans(layers: int, offloaded: int) -> list[int]:
+    """The layers whose compute each group's copy runs under (the module's docstring): window[0], then the gaps."""
+    window = windows(layers, offloaded)
+    return [window[0]] + [b - a for a, b in zip(window, window[1:])]
+
+
+def exposed_seconds(layers: int, offloaded: int, copy_s: float, forward_s: float, backward_s: float) -> float:
+    """Seconds per micro-batch the compute stream waits for the copies: each group's copy to the host (`copy_s`)
+    beyond the forward of the layers it runs under (`forward_s` a layer), and its reload beyond their backward."""
+    if offloaded <= 0:
+        return 0.0
+    return sum(max(0.0, copy_s - n * forward_s) + max(0.0, copy_s - n * backward_s) for n in spans(layers, offloaded))
