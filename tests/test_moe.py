@@ -429,7 +429,7 @@ def test_an_old_store_gains_the_expert_columns(tmp_path):
         s.create_study(study("old3", "22b", 8))
         s.record_trial("old3", lay, None, ok(0.3), "sim")
         with s.engine.begin() as conn:      # as schema 3 left it
-            for col in ("expert_parallel", "expert_tensor_parallel", "pipeline_split"):   # schema 5 added the last
+            for col in ("expert_parallel", "expert_tensor_parallel", "pipeline_split", "offload_layers"):  # 5, 6 the last
                 conn.execute(text(f"ALTER TABLE trials DROP COLUMN {col}"))
             conn.execute(text("UPDATE meta SET value = '3' WHERE key = 'schema_version'"))
             conn.execute(text(f"UPDATE {migrations.VERSION_TABLE} SET version_num = '0003'"))
