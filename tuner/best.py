@@ -30,6 +30,7 @@ from tuner.metrics import trial_rank_key
 from tuner.layout import Layout
 from tuner.frameworks import ALLOCATOR_BIAS, ALLOCATOR_SD, of as framework_of, runnable
 from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT, gpu_fit_probability, memory_fit, predict
+from tuner.perfmodel.communicators import new_dp_group_gb
 from tuner.perfmodel.fit import fit_probability, trial_need_gb
 from tuner.fit_nodes import more_nodes_hint
 from tuner.specs import STORED_SETTINGS, Workload, stored_setting
@@ -54,11 +55,12 @@ def require_fit(preds, workload: Workload, space=None) -> None:
 
 
 def corrected(layouts: list[Layout], workload: Workload, obs: Observations, preds=None, bounds=(),
-              support=None) -> list[dict]:
+              support=None, twin_gb=None) -> list[dict]:
     """For each layout: raw and corrected MFU and memory, the residual's uncertainty, the probability
     that it fits in memory (at most what the measured OOMs, `bounds`, leave it: oom_evidence.oom_fit_cap;
     at least what a measured twin at fewer GPUs, `support` (twin_support), says) and whether it keeps the
-    memory headroom."""
+    memory headroom. `twin_gb` (a stored trial -> the model's GB for it in its own workload; twin_predictions):
+    a twin at another dp then supports its layout with the model's difference between them (twin_delta)."""
     memo: dict = {}                 # sub-results the layouts of one workload share (tuner.perfmodel.predict)
     preds = preds or [predict(lay, workload, memo=memo) for lay in layouts]
     fts = [features(lay, workload, p) for lay, p in zip(layouts, preds)]
@@ -72,7 +74,8 @@ def corrected(layouts: list[Layout], workload: Workload, obs: Observations, pred
         mem = math.exp(ft.log_mem + mmu[i])
         p_oom, limited_by = oom_fit_cap(p, bounds, cap)
         p_fit = min(_p_fit(ft.log_mem, mmu[i], msd[i], cap) if obs.my or obs.oy else p.p_fit, p_oom)  # no peak: prior
-        p_twin, supported_by = supported_fit(lay, support or {}, cap, workload.cluster.memory_reserved_gb)
+        delta = twin_delta(lay, p.memory_gb, float(msd[i]), twin_gb) if twin_gb else None
+        p_twin, supported_by = supported_fit(lay, support or {}, cap, workload.cluster.memory_reserved_gb, delta)
         if p_twin > p_fit:
             p_fit, limited_by = p_twin, None
         out.append({"layout": lay, "raw": p, "log_mean": ft.log_pred + mu[i], "log_sd": float(sd[i]),
@@ -110,7 +113,21 @@ def twin_support(records, workload: Workload, studies: dict | None = None) -> di
     return out
 
 
-def supported_fit(layout: Layout, support: dict, cap: float, reserve_gb: float) -> tuple[float, str | None]:
+def twin_predictions(workload: Workload, studies: dict | None = None):
+    """A stored trial -> the model's predicted GB for its layout in the workload it ran (record_workload), kept."""
+    memo: dict = {}
+
+    def twin_gb(rec) -> float:
+        w = record_workload(rec, workload, studies)
+        key = (rec.layout, w.nodes, w.global_batch, w.precision, w.framework)
+        if key not in memo:
+            memo[key] = predict(rec.layout, w).memory_gb
+        return memo[key]
+    return twin_gb
+
+
+def supported_fit(layout: Layout, support: dict, cap: float, reserve_gb: float,
+                  delta=None) -> tuple[float, str | None]:
     """The probability that `layout` fits by its measured twins (`support`, twin_support): that the smallest
     measured peak among them, measured again on a GPU, stays within `cap` -- its run-to-run noise (MEMORY_NOISE_SD)
     and the caching allocator's share of that run (gpu_fit_probability: ALLOCATOR_SD, ALLOCATOR_BIAS), since a
@@ -119,19 +136,36 @@ def supported_fit(layout: Layout, support: dict, cap: float, reserve_gb: float) 
     says so; (0, None) without one. A twin whose runner read its caching allocator's reserved peak (the trial's
     extra) needs the larger of that plus the reserve and its allocated need (trial_need_gb), and only its
     run-to-run noise is left: that peak already holds the twin's own fragmentation, so the allocator's share is
-    not counted twice (issue 24 round 7)."""
+    not counted twice (issue 24 round 7). `delta` (twin_delta; None: nothing): a twin at another dp is moved by
+    what the layout needs beyond it, (GB, its sd in GB); a twin at the same dp keeps its peak (issue 30 item 3)."""
     twins = [r for r in support.get(replace(layout, dp=1), ()) if layout.dp % r.layout.dp == 0]
     if not twins:
         return 0.0, None
-    rec = min(twins, key=lambda r: trial_need_gb(r, reserve_gb))
-    need = trial_need_gb(rec, reserve_gb)
+    moved = {id(r): (0.0, 0.0) if delta is None or r.layout.dp == layout.dp else delta(r) for r in twins}
+    rec = min(twins, key=lambda r: trial_need_gb(r, reserve_gb) + moved[id(r)][0])
+    diff, diff_sd = moved[id(rec)]
+    need = max(trial_need_gb(rec, reserve_gb) + diff, 1e-6)
+    sd = math.hypot(MEMORY_NOISE_SD, diff_sd / need)   # log-sd: the twin's noise and the difference's error
     said = (f"its twin {rec.layout.key()} ran at {rec.nodes} node(s) with a measured peak of "
-            f"{rec.peak_memory_gb:.1f} GB allocated")
+            f"{rec.peak_memory_gb:.1f} GB allocated" + (f", {diff:+.2f} GB at dp {layout.dp}" if diff else ""))
     reserved = getattr(rec, "peak_reserved_gb", None)
     if reserved is None:
-        return gpu_fit_probability(need, cap, MEMORY_NOISE_SD), said
+        return gpu_fit_probability(need, cap, sd), said
     # its reserved peak holds the twin's own fragmentation: only its run-to-run noise is left (issue 24 round 7)
-    return fit_probability(need, cap, MEMORY_NOISE_SD), said + f", {reserved:.1f} GB reserved"
+    return fit_probability(need, cap, sd), said + f", {reserved:.1f} GB reserved"
+
+
+def twin_delta(layout: Layout, pred_gb: float, log_sd: float, twin_gb) -> callable:
+    """supported_fit's `delta` for `layout` predicted at `pred_gb`: what it needs beyond a measured twin at another
+    dp -- the model's predicted difference (pred(layout) - `twin_gb`(twin), the twin predicted in its own workload:
+    negative where ZeRO shards more) plus the NCCL buffers of its larger data-parallel communicator, outside every
+    measured peak (tuner.perfmodel.communicators) -- with an sd of that difference's size times `log_sd`, the memory
+    model's log error at the layout (the memory correction's: the framework's account prior, narrowed or widened by
+    measured peaks)."""
+    def delta(rec) -> tuple[float, float]:
+        diff = pred_gb - twin_gb(rec) + new_dp_group_gb(rec.layout.dp, layout.dp)
+        return diff, abs(diff) * log_sd
+    return delta
 
 
 def likely_to_fit(layouts: list[Layout], workload: Workload, gp) -> list:
@@ -200,7 +234,7 @@ def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies:
         preds = likely_to_fit(layouts, workload, gp) or None               # (none: all, for the refusal's words)
         layouts = [p.layout for p in preds] if preds else layouts
     rows = corrected(layouts, workload, ws.observations, preds, bounds=bounds,
-                     support=twin_support(records, workload, studies))
+                     support=twin_support(records, workload, studies), twin_gb=twin_predictions(workload, studies))
     likely = [r for r in rows if r["p_fit"] >= 0.5]
     if not likely:
         least = min(rows, key=lambda r: r["memory_gb"])
