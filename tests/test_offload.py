@@ -92,3 +92,27 @@ def test_predict_takes_the_flag_and_refuses_it_on_torchtitan_in_one_line(tuner):
     assert code == 0, err
     code, out, err = tuner(*base, "--framework", "torchtitan", "--zero-stage", "3")
     assert code == 2 and "Traceback" not in err and "--offload-layers 0" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_space_gives_an_offloaded_twin_only_where_it_rescues_a_layout():
+    from tuner.space import SearchSpace, valid_layouts
+    from tuner.space_offload import SURELY_FITS, offload_counts
+    w = _w("gb200", 16)
+    assert offload_counts(80) == [20, 40, 60]
+    dims = {"tp": [1, 8], "pp": [1], "micro_batch": [1, 2, 4], "zero_stage": [3], "recompute": ["none", "full"],
+            "sequence_parallel": [False, True]}
+    space = SearchSpace("t", dims, {})
+    plain = space.enumerate_layouts(w)
+    got = valid_layouts(space, w)
+    twins = [lay for lay in got if lay.offload_layers]
+    assert twins and len(got) == len(plain) + len(twins)
+    for t in twins:
+        base = got[got.index(t) - 1]                                # right after the layout it rescues
+        assert base == dataclasses.replace(t, offload_layers=0) and base.recompute == "none"
+        assert memory_fit(base, w)[4] < SURELY_FITS <= memory_fit(t, w)[4]
+        fewer = [n for n in offload_counts(80) if n < t.offload_layers]
+        assert all(memory_fit(dataclasses.replace(t, offload_layers=n), w)[4] < SURELY_FITS for n in fewer)
+    assert not [lay for lay in valid_layouts(space.pinned({"offload_layers": 0}), w) if lay.offload_layers]
+    tt = _w("gb200", 16, framework="torchtitan", precision="bf16")
+    assert not [lay for lay in valid_layouts(SearchSpace("t", {**dims, "sequence_parallel": [True]}, {}), tt)
+                if lay.offload_layers]

@@ -281,7 +281,11 @@ def valid_layouts(space: SearchSpace, workload: Workload) -> list[Layout]:
         hint = batch_hint(workload, lambda w: bool(space.enumerate_layouts(w))) if "global batch" in why else ""
         raise UsageError(f"no valid layout for {workload.model.name} on {workload.nodes} node(s) "
                          f"({workload.gpus} GPUs): {why}{hint}")
-    return one_zero_stage_where_unsharded(layouts, workload)
+    layouts = one_zero_stage_where_unsharded(layouts, workload)
+    if "offload_layers" in space.dimensions:       # named or pinned: the space's own choices
+        return layouts
+    from tuner.space_offload import with_offload   # else an offloaded twin where it rescues a layout (Megatron-Core)
+    return with_offload(layouts, workload)
 
 
 def one_zero_stage_where_unsharded(layouts: list[Layout], workload: Workload) -> list[Layout]:

@@ -17,6 +17,8 @@ The other layers keep their activations until their backward (resident_layers)."
 
 from __future__ import annotations
 
+import functools
+
 
 def windows(layers: int, offloaded: int) -> list[int]:
     """TransformerEngine's layer_window_map: the layer at whose end of forward offloaded group g is freed."""
@@ -31,6 +33,7 @@ def windows(layers: int, offloaded: int) -> list[int]:
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def resident_layers(layers: int, offloaded: int) -> int:
     """Layers whose activations are on the GPU at once when the first `offloaded` of `layers` are offloaded: offloaded
     layer g stays until the forward of layer windows()[g] has run; the other layers stay until their backward. The

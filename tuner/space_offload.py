@@ -1,0 +1,70 @@
+"""Where a space leaves CPU activation offloading unnamed: each Megatron-Core layout that may run it (pp 1, recompute
+none: tuner.offload) and does not surely fit (p_fit < SURELY_FITS) gets one offloaded twin, with the fewest layers of
+OFFLOAD_SHARES that make it surely fit; a layout that fits, or that no share rescues, gets none. So plan and search
+propose offloading on a memory-bound machine and the space grows by the layouts it rescues alone. Pure."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tuner.layout import Layout
+from tuner.offload import offload_refusal
+from tuner.specs import Workload
+
+#: The shares of the layers tried, fewest first: NVIDIA's Megatron-Bridge recipes offload 20 and 40 of Llama 3 70B's
+#: 80 layers (GB300 / GB200 FP8 Megatron-FSDP) and 92-95 of Llama 3.1 405B's 126 (perf_recipes/llama at 067f987df).
+OFFLOAD_SHARES = (0.25, 0.5, 0.75)
+#: The p_fit a layout must reach without offloading not to be given a twin, and its twin with it (plan's `fits`).
+SURELY_FITS = 0.95
+
+
+def offload_counts(num_layers: int) -> list[int]:
+    """The offload_layers tried for a model of `num_layers` layers: each share, rounded, 1 .. layers - 1, once."""
+    return sorted({min(num_layers - 1, max(1, round(s * num_layers))) for s in OFFLOAD_SHARES}) if num_layers > 1 else []
+
+
+def with_offload(layouts: list[Layout], workload: Workload) -> list[Layout]:
+    """`layouts` (in order) with each one's offloaded twin right after it, where it gets one (the module's rule)."""
+    if workload.framework != "megatron-core":
+        return layouts
+    counts = offload_counts(workload.model.num_layers)
+    base = [lay for lay in layouts if lay.pp == 1 and lay.recompute == "none" and not lay.offload_layers]
+    if not counts or not base:
+        return layouts
+    memo: dict = {}                        # memory_fit's, shared by the layouts of the workload
+    most = [_plain(t) for t in _twins(base, counts[-1], workload, memo)]   # what the most layers cannot rescue, none can
+    need = [lay for lay, p in zip(most, _p_fits(most, workload, memo)) if p < SURELY_FITS]
+    twins: dict[Layout, Layout] = {}
+    for n in counts:                       # then the fewest layers that rescue each
+        twins.update((_plain(t), t) for t in _twins(need, n, workload, memo))
+        need = [lay for lay in need if lay not in twins]
+    if not twins:
+        return layouts
+    out = []
+    for lay in layouts:
+        out.append(lay)
+        if lay.pp == 1 and lay in twins:
+            out.append(twins[lay])
+    return out
+
+
+def _twins(layouts: list[Layout], n: int, workload: Workload, memo: dict) -> list[Layout]:
+    """The layouts' twins offloading `n` layers that Megatron-Core runs and that surely fit."""
+    tried = [dataclasses.replace(lay, offload_layers=n) for lay in layouts]
+    tried = [t for t in tried if offload_refusal(workload.framework, t, workload) is None]
+    return [t for t, p in zip(tried, _p_fits(tried, workload, memo)) if p >= SURELY_FITS]
+
+
+def _plain(lay: Layout) -> Layout:
+    return dataclasses.replace(lay, offload_layers=0)
+
+
+def _p_fits(layouts: list[Layout], workload: Workload, memo: dict) -> list[float]:
+    """memory_fit's p_fit of each layout: over columns for many (memory_batch answers as memory_fit does)."""
+    from tuner.perfmodel import memory_fit
+    if len(layouts) >= 2000:
+        from tuner.perfmodel import memory_batch
+        got = memory_batch.screen_memory(layouts, workload)
+        if got is not None:
+            return got[1]
+    return [memory_fit(lay, workload, memo)[4] for lay in layouts]
