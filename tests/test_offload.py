@@ -116,3 +116,11 @@ def test_the_space_gives_an_offloaded_twin_only_where_it_rescues_a_layout():
     tt = _w("gb200", 16, framework="torchtitan", precision="bf16")
     assert not [lay for lay in valid_layouts(SearchSpace("t", {**dims, "sequence_parallel": [True]}, {}), tt)
                 if lay.offload_layers]
+
+
+def test_plan_pinned_to_offloading_names_the_refusal(tuner):
+    base = ["plan", "--model", "llama3-70b", "--cluster", "h100", "--nodes", "8", "--offload-layers", "20"]
+    code, _, err = tuner(*base, "--framework", "torchtitan")
+    assert code == 2 and "torchtitan has no CPU activation offloading" in err and "Traceback" not in err
+    code, _, err = tuner(*base, "--framework", "megatron-core", "--pp", "4")
+    assert code == 2 and "refuses CPU offloading with pp 4" in err

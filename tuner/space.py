@@ -250,6 +250,7 @@ def no_layout_reason(space: SearchSpace, workload: Workload) -> str:
     allowed = framework_of(workload).zero_stages
     zero = min([z for z in pick["zero_stage"] if z in allowed] or pick["zero_stage"])
     ep, etp = min(pick["expert_parallel"]), min(pick["expert_tensor_parallel"])   # the plainest, or the pin
+    off = min(pick["offload_layers"])
     cuts = ("tp", "context_parallel", "pp", "micro_batch")
     for tp, cp, pp, mb in itertools.product(*(pick[d] for d in cuts)):
         if workload.gpus % (tp * cp * pp):
@@ -257,7 +258,7 @@ def no_layout_reason(space: SearchSpace, workload: Workload) -> str:
         tries = [space.why_invalid(Layout(tp=tp, sequence_parallel=sp, context_parallel=cp, pp=pp, virtual_pipeline=vp,
                                           pipeline_split=split, dp=workload.gpus // (tp * cp * pp), expert_parallel=ep,
                                           expert_tensor_parallel=etp, micro_batch=mb, zero_stage=zero,
-                                          recompute=pick["recompute"][-1]), workload)
+                                          recompute=pick["recompute"][-1], offload_layers=off), workload)
                  for sp in sorted(pick["sequence_parallel"]) for split in pick["pipeline_split"]]
         r = None if None in tries else tries[0]
         if r:
