@@ -55,7 +55,9 @@ def _without_latency(monkeypatch):
 
 
 def test_megatron_core_shows_the_buckets_latency_where_its_forward_is_short(monkeypatch):
-    w = make_workload("llama3-8b", 8, "b200", 32, "fp8", "megatron-core")
+    # bf16: under FP8 the parameter all-gather moves one byte a weight (quantized.gather_bytes, 6cccf3e) and hides
+    # whole under this forward, so only bf16's gather still shows the buckets' latency
+    w = make_workload("llama3-8b", 8, "b200", 32, "bf16", "megatron-core")
     lay = Layout(tp=1, pp=1, dp=32, context_parallel=2, micro_batch=1, recompute="none")
     with_it = predict(lay, w)
     lat = pm.bucket_latency(lay, w)

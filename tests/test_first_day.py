@@ -189,7 +189,7 @@ def test_heatmap_says_what_each_cell_collapses_and_names_the_best_layout_in_full
     rep, drawn = report_of(trials, monkeypatch)
     best = trials[1].layout.key()
     assert best == "tp4-sp1-cp2-pp8-vp2-dp2-mb1-z0-rcselective"
-    assert set(COLLAPSED) == {"sp", "cp", "vp", "split", "dp", "ep", "etp", "mb", "zero", "recompute"}
+    assert set(COLLAPSED) == {"sp", "cp", "vp", "split", "dp", "ep", "etp", "mb", "zero", "recompute", "offload"}
     (heat,) = [d for d in drawn if "TP x PP" in d]
     assert "ckpt" not in heat and "ckpt" not in rep.html
     assert ", ".join(COLLAPSED) in heat and best in heat

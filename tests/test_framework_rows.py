@@ -56,7 +56,7 @@ def test_file_has_rows_of_every_stack():
 
 #: a run's speed as it ran where its launch ran otherwise than tuner's (benchmarks/speed_as_ran.py): a step's seconds
 #: beyond tuner's (qk_norm_gather_s, attention_kernel_s) and the framework overlaps its config turned off (OVERLAP_KEYS)
-SPEED_AS_RAN = ("ran_qk_norm", "ran_attention", "tp_comm_overlap", "overlap_grad_reduce")
+SPEED_AS_RAN = ("ran_qk_norm", "ran_attention", "tp_comm_overlap", "overlap_grad_reduce", "ran_fp8_params")
 
 
 @pytest.mark.parametrize("i", range(len(_rows())))
