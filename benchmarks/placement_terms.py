@@ -52,10 +52,11 @@ def name(lay) -> str:
     return " ".join(p for p in parts if p)
 
 
-def above_recipe(w) -> tuple[list, object, int]:
+def above_recipe(w, offload: bool = True) -> tuple[list, object, int]:
     """The layouts predicted faster than the recipe (shorter step, not ruled out by memory), fastest first; the
-    recipe's prediction; its place in plan's order (rank_key: speed x p_fit), which p_fit also moves."""
-    ranked = rank(valid_layouts(load_space("default"), w), w)
+    recipe's prediction; its place in plan's order (rank_key: speed x p_fit), which p_fit also moves. `offload` False:
+    among the layouts that offload no activations to the host (the default space's offloaded twins left out)."""
+    ranked = [pr for pr in rank(valid_layouts(load_space("default"), w), w) if offload or not pr.layout.offload_layers]
     place = next(i for i, pr in enumerate(ranked, 1) if is_recipe(pr.layout))
     recipe = ranked[place - 1]
     faster = sorted((pr for pr in ranked if pr.fits and pr.step_time_s < recipe.step_time_s),

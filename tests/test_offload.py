@@ -124,3 +124,22 @@ def test_plan_pinned_to_offloading_names_the_refusal(tuner):
     assert code == 2 and "torchtitan has no CPU activation offloading" in err and "Traceback" not in err
     code, _, err = tuner(*base, "--framework", "megatron-core", "--pp", "4")
     assert code == 2 and "refuses CPU offloading with pp 4" in err
+
+
+def test_offloading_beyond_the_hosts_memory_does_not_fit_and_says_why():
+    """The host copies (memory.offload_host_gb) must fit the host memory per GPU the cluster states (host_memory_gb:
+    a GB200 superchip's 480 GB Grace memory for two GPUs); where it states none, nothing is checked."""
+    from tuner.perfmodel import memory
+    from tuner.space import load_space, valid_layouts
+    w = make_workload("llama3-70b", 16, "gb200", 512, precision="bf16", framework="megatron-core")
+    big = Layout(tp=1, pp=1, dp=64, micro_batch=2, zero_stage=3, recompute="none", offload_layers=60)
+    m, sh, _, _, p_fit = memory_fit(big, w)
+    assert memory.offload_host_gb(big, w, sh) > w.cluster.host_memory_gb == 240.0 and p_fit == 0.0
+    pred = predict(big, w)
+    assert not pred.fits and "host memory" in pred.reason and "--offload-layers" in pred.reason
+    small = dataclasses.replace(big, offload_layers=20)
+    assert memory.offload_host_gb(small, w, memory_fit(small, w)[1]) < 240.0 < memory.offload_host_gb(big, w, sh)
+    unchecked = make_workload("llama3-70b", 8, "h800", 512, precision="bf16", framework="megatron-core")
+    assert unchecked.cluster.host_memory_gb is None and memory_fit(dataclasses.replace(big, dp=64), unchecked)[4] > 0
+    proposed = [lay for lay in valid_layouts(load_space("default"), w) if lay.offload_layers]
+    assert proposed and all(memory.offload_host_gb(lay, w, memory_fit(lay, w)[1]) <= 240.0 for lay in proposed)

@@ -61,6 +61,8 @@ def test_the_recipe_pays_for_its_dp_and_cp_overlaps_and_nothing_without_sms_or_o
 
 
 def test_plan_places_nvidia_s_llama3_70b_recipe_in_its_top_5():
-    # issue 24's example: tp4 sp cp2 pp4 vp5 mb1 on 8 DGX H100 nodes, global batch 128 (NVIDIA's recipe, which ran)
-    _, _, place = pt.above_recipe(pt.workload())
+    # issue 24's example: tp4 sp cp2 pp4 vp5 mb1 on 8 DGX H100 nodes, global batch 128 (NVIDIA's recipe, which ran),
+    # among the layouts that offload no activations: since 2a56f5f the default space adds offloaded Megatron-FSDP twins,
+    # which plan ranks above it (a prediction no published H100 run checks; docs/benchmarks.md says so)
+    _, _, place = pt.above_recipe(pt.workload(), offload=False)
     assert place <= 5

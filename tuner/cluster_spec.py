@@ -55,6 +55,8 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
                                                  # SMs not counted against the compute they overlap)
     "host_link_gbps": (float, None),             # per GPU, per direction, to host memory (PCIe / NVLink-C2C): CPU
                                                  # activation offloading's copies (none: HOST_LINK_GBPS)
+    "host_memory_gb": (float, None),             # the node's host memory per GPU: what CPU activation offloading may
+                                                 # hold at most (none: not checked)
     "framework": (str, "megatron-deepspeed"),    # the training stack run here by default (tuner.frameworks):
                                                  # --framework overrides it per study
     "group_bandwidth_gbps": (dict, None),        # {"2": 200.0, ...} per-GPU bandwidth of an aligned intra-node block
@@ -128,6 +130,7 @@ class ClusterSpec:
     operations: dict | None = None           # tuner.goodput.OPERATION_KEYS; stored only when given
     sm_count: int | None = None              # SMs per GPU; stored only when given
     host_link_gbps: float | None = None      # GB/s per GPU per direction to the host; stored only when given
+    host_memory_gb: float | None = None      # host memory per GPU (GB); stored only when given
 
     @property
     def domain_gpus(self) -> int:
@@ -171,7 +174,7 @@ class ClusterSpec:
     def as_dict(self) -> dict:
         """Every key; the scale-up domain's only when set, so a one-node-domain cluster is stored as before."""
         return {k: v for k, v in asdict(self).items() if not (k in DOMAIN_KEYS and v in (None, False, "cuda"))
-                and not (k in ("operations", "sm_count", "host_link_gbps") and v is None)}
+                and not (k in ("operations", "sm_count", "host_link_gbps", "host_memory_gb") and v is None)}
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "cluster") -> "ClusterSpec":

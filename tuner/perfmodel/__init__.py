@@ -214,7 +214,16 @@ def memory_fit(layout: Layout, workload: Workload, memo: dict | None = None) -> 
     m = micro_batches_per_pipeline(layout, workload.global_batch)
     sh = shape_of(layout, workload) if memo is None else _memo_shape(layout, workload, memo)
     worst_stage, mem = memory.peak_memory(layout, workload, m, sh, memo)
-    return (m, sh, worst_stage, *breakdown_fit(mem, workload))
+    mem, p_fit = breakdown_fit(mem, workload)
+    return m, sh, worst_stage, mem, p_fit * host_fits(layout, workload, sh)
+
+
+def host_fits(layout: Layout, workload: Workload, sh: compute.Shape) -> bool:
+    """Whether CPU activation offloading's host copies (memory.offload_host_gb) fit in the host memory per GPU the
+    cluster states (host_memory_gb; unchecked where it states none): the node's memory shared evenly by its GPUs,
+    nothing else on the host counted, so a bound a layout must keep, not a probability."""
+    cap = workload.cluster.host_memory_gb
+    return not (layout.offload_layers and cap and memory.offload_host_gb(layout, workload, sh) > cap)
 
 
 def breakdown_fit(mem: dict, workload: Workload) -> tuple[dict, float]:
@@ -273,6 +282,10 @@ def predict(layout: Layout, workload: Workload, exchange: moe_exchange.TokenExch
     fw = framework_as_run(workload, exchange)
     fits = p_fit >= PRUNE_BELOW
     reason = memory.fit_reason(mem, cluster.memory_gb, worst_stage) if mem["total"] > cluster.memory_gb else ""
+    if not host_fits(layout, workload, sh):
+        reason = (f"offloading {layout.offload_layers} layers holds {memory.offload_host_gb(layout, workload, sh):.0f} GB "
+                  f"of activations in host memory per GPU, more than the {cluster.host_memory_gb:.0f} GB the cluster "
+                  "has (host_memory_gb); use fewer --offload-layers")
 
     # ---- time
     _, t_stage, stages = slowest_stage(layout, workload, sh, exchange, memo)

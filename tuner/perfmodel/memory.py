@@ -88,6 +88,24 @@ def layer_activation_bytes(model: ModelSpec, shape: Shape, flash_attention: bool
     return full_dense, full_moe, checkpoint_bytes_per_layer(model, shape)
 
 
+def mean_layer_activation_bytes(model: ModelSpec, shape: Shape, flash_attention: bool) -> float:
+    """One layer's full activations on one rank (layer_activation_bytes), the mean over the model's dense and MoE
+    layers: what CPU activation offloading moves a layer (tuner.perfmodel.stages.offload_seconds, offload_host_gb)."""
+    n, n_moe = model.num_layers, model.num_moe_layers
+    full_dense, full_moe, _ = layer_activation_bytes(model, shape, flash_attention)
+    return ((n - n_moe) * full_dense + n_moe * full_moe) / n
+
+
+def offload_host_gb(layout: Layout, workload: Workload, shape: Shape) -> float:
+    """Host memory (GB per GPU) that CPU activation offloading holds at once: every offloaded layer's activations of
+    the micro-batch in flight (pp 1: one), from its forward until its backward reloads it (TransformerEngine's
+    AsyncDoubleBufferGroupOffloadHandler keeps each group's host copy until then, tuner.perfmodel.offload)."""
+    if not layout.offload_layers:
+        return 0.0
+    flash = workload.cluster.flash_attention
+    return layout.offload_layers * mean_layer_activation_bytes(workload.model, shape, flash) / 1e9
+
+
 def stage_activation_bytes(model: ModelSpec, layout: Layout, stage: int, m: int, shape: Shape,
                            flash_attention: bool, per_layer: tuple | None = None, outputs_freed: bool = False) -> float:
     """Activation memory of stage `stage` at its peak (`per_layer`: layer_activation_bytes, where known).

@@ -223,8 +223,7 @@ def offload_seconds(layout: Layout, workload: Workload, sh: compute.Shape, parts
     layers; its forward's share 1 / (1 + 2 x backward_gemm), as overlapped_exchange splits one. No fitted constant."""
     model, cluster = workload.model, workload.cluster
     n, n_moe = model.num_layers, model.num_moe_layers
-    full_dense, full_moe, _ = memory.layer_activation_bytes(model, sh, cluster.flash_attention)
-    layer_bytes = ((n - n_moe) * full_dense + n_moe * full_moe) / n
+    layer_bytes = memory.mean_layer_activation_bytes(model, sh, cluster.flash_attention)
     busy = lambda lay, tp: lay["gemm"] + lay["attention"] + lay["elementwise"] + tp    # noqa: E731
     layer_s = ((n - n_moe) * busy(parts.lay, parts.tp_comm) + n_moe * busy(parts.lay_moe, parts.tp_moe)) / n
     fwd = 1.0 / (1.0 + 2.0 * sh.backward_gemm)
