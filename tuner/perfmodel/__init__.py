@@ -218,6 +218,16 @@ def memory_fit(layout: Layout, workload: Workload, memo: dict | None = None) -> 
     return m, sh, worst_stage, mem, p_fit * host_fits(layout, workload, sh)
 
 
+def _misfit_reason(layout: Layout, workload: Workload, sh: compute.Shape, mem: dict, worst_stage: int) -> str:
+    """Why a layout does not fit ("" where it may): the GPU's memory (memory.fit_reason), or the host's (host_fits)."""
+    cluster = workload.cluster
+    if not host_fits(layout, workload, sh):
+        return (f"offloading {layout.offload_layers} layers holds {memory.offload_host_gb(layout, workload, sh):.0f} GB "
+                f"of activations in host memory per GPU, more than the {cluster.host_memory_gb:.0f} GB the cluster "
+                "has (host_memory_gb); use fewer --offload-layers")
+    return memory.fit_reason(mem, cluster.memory_gb, worst_stage) if mem["total"] > cluster.memory_gb else ""
+
+
 def host_fits(layout: Layout, workload: Workload, sh: compute.Shape) -> bool:
     """Whether CPU activation offloading's host copies (memory.offload_host_gb) fit in the host memory per GPU the
     cluster states (host_memory_gb; unchecked where it states none): the node's memory shared evenly by its GPUs,
@@ -281,11 +291,7 @@ def predict(layout: Layout, workload: Workload, exchange: moe_exchange.TokenExch
     m, sh, worst_stage, mem, p_fit = fitted or memory_fit(layout, workload, memo)
     fw = framework_as_run(workload, exchange)
     fits = p_fit >= PRUNE_BELOW
-    reason = memory.fit_reason(mem, cluster.memory_gb, worst_stage) if mem["total"] > cluster.memory_gb else ""
-    if not host_fits(layout, workload, sh):
-        reason = (f"offloading {layout.offload_layers} layers holds {memory.offload_host_gb(layout, workload, sh):.0f} GB "
-                  f"of activations in host memory per GPU, more than the {cluster.host_memory_gb:.0f} GB the cluster "
-                  "has (host_memory_gb); use fewer --offload-layers")
+    reason = _misfit_reason(layout, workload, sh, mem, worst_stage)
 
     # ---- time
     _, t_stage, stages = slowest_stage(layout, workload, sh, exchange, memo)
