@@ -135,6 +135,7 @@ def test_offloading_beyond_the_hosts_memory_does_not_fit_and_says_why():
     big = Layout(tp=1, pp=1, dp=64, micro_batch=2, zero_stage=3, recompute="none", offload_layers=60)
     m, sh, _, _, p_fit = memory_fit(big, w)
     assert memory.offload_host_gb(big, w, sh) > w.cluster.host_memory_gb == 240.0 and p_fit == 0.0
+    assert screen_memory([big, LAY], w)[1][0] == 0.0 < screen_memory([big, LAY], w)[1][1]   # plan's batch, the same
     pred = predict(big, w)
     assert not pred.fits and "host memory" in pred.reason and "--offload-layers" in pred.reason
     small = dataclasses.replace(big, offload_layers=20)

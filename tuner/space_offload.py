@@ -60,13 +60,11 @@ def _plain(lay: Layout) -> Layout:
 
 
 def _p_fits(layouts: list[Layout], workload: Workload, memo: dict) -> list[float]:
-    """memory_fit's p_fit of each layout: over columns for many (memory_batch answers as memory_fit does; the host
-    memory bound, host_fits, asked of each layout that offloads)."""
-    from tuner.perfmodel import host_fits, memory_fit, shape_of
+    """memory_fit's p_fit of each layout: over columns for many (memory_batch answers as memory_fit does)."""
+    from tuner.perfmodel import memory_fit
     if len(layouts) >= 2000:
         from tuner.perfmodel import memory_batch
         got = memory_batch.screen_memory(layouts, workload)
         if got is not None:
-            return [p * (not lay.offload_layers or host_fits(lay, workload, shape_of(lay, workload)))
-                    for lay, p in zip(layouts, got[1])]
+            return got[1]
     return [memory_fit(lay, workload, memo)[4] for lay in layouts]

@@ -215,25 +215,17 @@ def memory_fit(layout: Layout, workload: Workload, memo: dict | None = None) -> 
     sh = shape_of(layout, workload) if memo is None else _memo_shape(layout, workload, memo)
     worst_stage, mem = memory.peak_memory(layout, workload, m, sh, memo)
     mem, p_fit = breakdown_fit(mem, workload)
-    return m, sh, worst_stage, mem, p_fit * host_fits(layout, workload, sh)
+    return m, sh, worst_stage, mem, p_fit * memory.host_fits(layout, workload, sh)
 
 
 def _misfit_reason(layout: Layout, workload: Workload, sh: compute.Shape, mem: dict, worst_stage: int) -> str:
-    """Why a layout does not fit ("" where it may): the GPU's memory (memory.fit_reason), or the host's (host_fits)."""
+    """Why a layout does not fit ("" where it may): the host's memory (memory.host_fits), or the GPU's (fit_reason)."""
     cluster = workload.cluster
-    if not host_fits(layout, workload, sh):
+    if not memory.host_fits(layout, workload, sh):
         return (f"offloading {layout.offload_layers} layers holds {memory.offload_host_gb(layout, workload, sh):.0f} GB "
                 f"of activations in host memory per GPU, more than the {cluster.host_memory_gb:.0f} GB the cluster "
                 "has (host_memory_gb); use fewer --offload-layers")
     return memory.fit_reason(mem, cluster.memory_gb, worst_stage) if mem["total"] > cluster.memory_gb else ""
-
-
-def host_fits(layout: Layout, workload: Workload, sh: compute.Shape) -> bool:
-    """Whether CPU activation offloading's host copies (memory.offload_host_gb) fit in the host memory per GPU the
-    cluster states (host_memory_gb; unchecked where it states none): the node's memory shared evenly by its GPUs,
-    nothing else on the host counted, so a bound a layout must keep, not a probability."""
-    cap = workload.cluster.host_memory_gb
-    return not (layout.offload_layers and cap and memory.offload_host_gb(layout, workload, sh) > cap)
 
 
 def breakdown_fit(mem: dict, workload: Workload) -> tuple[dict, float]:

@@ -106,6 +106,16 @@ def offload_host_gb(layout: Layout, workload: Workload, shape: Shape) -> float:
     return layout.offload_layers * mean_layer_activation_bytes(workload.model, shape, flash) / 1e9
 
 
+def host_fits(layout: Layout, workload: Workload, shape: Shape | None = None) -> bool:
+    """Whether CPU activation offloading's host copies (offload_host_gb) fit in the host memory per GPU the cluster
+    states (host_memory_gb; unchecked where it states none): the node's memory shared evenly by its GPUs, nothing
+    else on the host counted, so a bound a layout must keep, not a probability."""
+    cap = workload.cluster.host_memory_gb
+    if not (layout.offload_layers and cap):
+        return True
+    return offload_host_gb(layout, workload, shape or shape_of(layout, workload)) <= cap
+
+
 def stage_activation_bytes(model: ModelSpec, layout: Layout, stage: int, m: int, shape: Shape,
                            flash_attention: bool, per_layer: tuple | None = None, outputs_freed: bool = False) -> float:
     """Activation memory of stage `stage` at its peak (`per_layer`: layer_activation_bytes, where known).

@@ -63,7 +63,11 @@ def screen_memory(layouts: list[Layout], workload: Workload) -> tuple[list[float
     shape_of_group = _group(cols, SHAPE)[0][part_first]
     parts = _parts(layouts, workload, cols, part_first, shape_of_group, cuts)       # (group, stage) columns
     states = _states(layouts, workload, state_first, cuts)
-    return _fit(workload, parts, part_of, states, state_of)
+    mems, p_fits = _fit(workload, parts, part_of, states, state_of)
+    if workload.cluster.host_memory_gb:      # as memory_fit: offloading beyond the host's memory does not fit
+        p_fits = [p if not lay.offload_layers or memory.host_fits(lay, workload) else 0.0
+                  for lay, p in zip(layouts, p_fits)]
+    return mems, p_fits
 
 
 def _columns(layouts: list[Layout]) -> dict:

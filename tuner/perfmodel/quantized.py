@@ -6,7 +6,7 @@ too (Megatron-FSDP's gathered layers: tuner.perfmodel.memory._states_gb). Pure; 
 
 from __future__ import annotations
 
-from tuner.layout import Layout
+from tuner.layout import Layout, stage_candidates
 from tuner.specs import ModelSpec, Workload
 
 #: Bytes per parameter of a layer weight as TransformerEngine quantizes it for training (module/linear.py @ d0067d0da
@@ -69,7 +69,6 @@ def gather_bytes(fw, layout: Layout, workload: Workload, params: float, experts:
     q = layer_gather_bytes(fw, layout, workload)
     if q == 2.0 or params <= 0 or experts:
         return q
-    from tuner.layout import stage_candidates
     outside = min(params, max(outside_layer_params(workload.model, layout, s)
                               for s in stage_candidates(layout, workload.model)))
     return (2.0 * outside + q * (params - outside)) / params

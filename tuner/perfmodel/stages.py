@@ -204,8 +204,8 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     last["tp_comm"] += ar                     # the LM head's input-gradient all-reduce
     if model.mtp_num_layers:
         _add_mtp(last, workload, sh, lay_moe if model.is_moe else lay, {
-            "head": head, "emb": emb, "tp": (parts.tp_moe if model.is_moe else parts.tp_comm) + ar, "exchange": exchange_shown(layout, workload, parts, p - 1),
-            "overhead": parts.overhead})
+            "head": head, "emb": emb, "tp": (parts.tp_moe if model.is_moe else parts.tp_comm) + ar,
+            "exchange": exchange_shown(layout, workload, parts, p - 1), "overhead": parts.overhead})
     if p == 1:
         last["elementwise"] += emb["elementwise"]
         last["tp_comm"] += ar

@@ -24,7 +24,7 @@ curve carries it (docs/benchmarks.md, benchmarks/h100_gap.py).
 
 A mixture-of-experts layer without shared experts runs the attention's collectives only (`mlp` False): Megatron-Core's
 MoE block routes the rank's own sequence-parallel tokens and moves them in the dispatcher, with no TP collective at
-expert-TP 1 (stages.moe_tp_share). With shared experts it is charged as the model's dense layer (the shared experts'
+expert-TP 1 (stages.attention_tp_only). With shared experts it is charged as the model's dense layer (the shared experts'
 fc1 / fc2 gather and reduce-scatter the whole activation, as a dense FFN; their pairs hide under the dense FFN's
 GEMMs, ffn_hidden_size wide, an approximation). stages._layer_comms caps the result at the non-overlapped time.
 """
