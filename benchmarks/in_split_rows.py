@@ -17,11 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import hardware_accuracy  # noqa: E402  (one reading of a row)
 import published  # noqa: E402
-import reading  # noqa: E402
-from moe_accuracy import exchange_of  # noqa: E402
-from tuner.layout import why_invalid  # noqa: E402
-from tuner.perfmodel import predict  # noqa: E402
 
 BLACKWELL = ("b200", "gb200", "b300", "gb300")
 
@@ -42,21 +39,10 @@ def source_of(row: dict) -> str:
 
 
 def evaluate(row: dict) -> dict | None:
-    """The row predicted as it ran (hardware_accuracy.evaluate's reading), with the share of its step in GEMMs;
+    """The row predicted as it ran (hardware_accuracy.evaluate, one reading), with the share of its step in GEMMs;
     None where the model refuses it."""
-    lay = reading.layout_of(row)
-    try:
-        w = reading.workload_of(row)
-    except Exception:
-        return None
-    if why_invalid(lay, w):
-        return None
-    exchange = exchange_of(row) if row.get("ep", 1) > 1 else reading.exchange_as_ran(row)
-    pr = predict(lay, w, exchange)
-    tps = reading.tps_as_ran(row, lay, w, pr, exchange)
-    step = sum(pr.time_breakdown.values())
-    return {"layout": lay.key(), "error": tps / row["tokens_per_s_per_gpu"] - 1.0,
-            "gemm": pr.time_breakdown.get("gemm", 0.0) / step}
+    e = hardware_accuracy.evaluate(row)
+    return None if e["refused"] else {"layout": e["layout"].key(), "error": e["error"], "gemm": e["gemm"]}
 
 
 def summary(label: str, groups: dict) -> None:
