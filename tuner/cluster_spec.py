@@ -55,6 +55,9 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
                                                  # SMs not counted against the compute they overlap)
     "host_link_gbps": (float, None),             # per GPU, per direction, to host memory (PCIe / NVLink-C2C): CPU
                                                  # activation offloading's copies (none: HOST_LINK_GBPS)
+    "host_d2h_gbps": (float, None),              # per GPU, GPU -> host, measured with every GPU of the node copying
+                                                 # at once (nvbandwidth all_to_host_memcpy_ce; none: host_link_gbps)
+    "host_h2d_gbps": (float, None),              # per GPU, host -> GPU, the same way (host_to_all_memcpy_ce)
     "host_memory_gb": (float, None),             # the node's host memory per GPU: what CPU activation offloading may
                                                  # hold at most (none: not checked)
     "framework": (str, "megatron-deepspeed"),    # the training stack run here by default (tuner.frameworks):
@@ -70,9 +73,12 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
 RETIRED_CLUSTER_KEYS = ("comm_overlap", "memory_headroom")
 #: A GPU's link to host memory where a cluster file states none: PCIe Gen5 x16, 32 GT/s x 16 lanes with 128b/130b
 #: encoding = 63 GB/s per direction (PCI-SIG, PCI Express Base Specification 5.0: 32 GT/s a lane), the 64 GB/s a
-#: direction usually quoted; an ESTIMATE for any one machine (a PCIe switch shared by two GPUs halves it when both copy).
-#: An older GPU's PCIe Gen4 gives half.
+#: direction usually quoted: a PEAK, what offloading's copies get only where a file states no measured host_d2h_gbps /
+#: host_h2d_gbps (every GPU of the node copying at once: 44.8 / 55.2 on an 8x H800 HGX node, h100.toml). An older
+#: GPU's PCIe Gen4 gives half.
 HOST_LINK_GBPS = 64.0
+#: Keys stored only when a file states them (so a study stored before they existed reads back the same).
+OPTIONAL_KEYS = ("operations", "sm_count", "host_link_gbps", "host_memory_gb", "host_d2h_gbps", "host_h2d_gbps")
 #: GB of 1e9 bytes in one GiB: the model's unit (tuner.perfmodel.memory.GB) per 2^30 bytes.
 GB_PER_GIB = 2 ** 30 / 1e9
 
@@ -131,6 +137,8 @@ class ClusterSpec:
     sm_count: int | None = None              # SMs per GPU; stored only when given
     host_link_gbps: float | None = None      # GB/s per GPU per direction to the host; stored only when given
     host_memory_gb: float | None = None      # host memory per GPU (GB); stored only when given
+    host_d2h_gbps: float | None = None       # measured GPU -> host GB/s per GPU, all GPUs at once; stored when given
+    host_h2d_gbps: float | None = None       # measured host -> GPU GB/s per GPU, all GPUs at once; stored when given
 
     @property
     def domain_gpus(self) -> int:
@@ -146,6 +154,18 @@ class ClusterSpec:
     def host_link(self) -> float:
         """GB/s per GPU, per direction, between its memory and the host's (HOST_LINK_GBPS where the file gives none)."""
         return self.host_link_gbps or HOST_LINK_GBPS
+
+    @property
+    def host_d2h(self) -> float:
+        """GB/s per GPU from its memory to the host's while every GPU of the node copies so (CPU activation offloading's
+        forward): the file's measured host_d2h_gbps, else the link's peak (host_link)."""
+        return self.host_d2h_gbps or self.host_link
+
+    @property
+    def host_h2d(self) -> float:
+        """GB/s per GPU from the host's memory to its own while every GPU of the node copies so (the reloads in the
+        backward): the file's measured host_h2d_gbps, else the link's peak (host_link)."""
+        return self.host_h2d_gbps or self.host_link
 
     @property
     def nic_bandwidth(self) -> float:
@@ -174,7 +194,7 @@ class ClusterSpec:
     def as_dict(self) -> dict:
         """Every key; the scale-up domain's only when set, so a one-node-domain cluster is stored as before."""
         return {k: v for k, v in asdict(self).items() if not (k in DOMAIN_KEYS and v in (None, False, "cuda"))
-                and not (k in ("operations", "sm_count", "host_link_gbps", "host_memory_gb") and v is None)}
+                and not (k in OPTIONAL_KEYS and v is None)}
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "cluster") -> "ClusterSpec":

@@ -13,7 +13,14 @@ lines 481-538, on_group_commit_backward lines 610-633) offloads the first N laye
 - backward: the reload of group g (h2d stream) starts before layer window[g]'s backward, after the compute stream has
   waited for the reload before it; group 0's is awaited before layer 0's backward: the same spans of layers, run
   backward.
-The other layers keep their activations until their backward (resident_layers)."""
+The other layers keep their activations until their backward (resident_layers).
+Bandwidth: data-parallel ranks run the same schedule, so every GPU of a node copies the same way at once; a copy moves
+at what one GPU gets then (the cluster's host_d2h_gbps / host_h2d_gbps: nvbandwidth's all_to_host / host_to_all
+memcpy_ce, copy engines), not the link's peak: on an 8x H800 HGX node 44.8 GB/s to the host and 55.2 from it of PCIe
+Gen5 x16's 63, on a GB200 tray 182.1 / 168.5 (the cluster files cite them). Forward copies only go to the host and
+backward reloads only come back, so neither direction is charged the other's traffic. Not charged (ESTIMATE: small):
+the copy engine's HBM traffic beside the compute (<= 55 of 3,350 GB/s on H100, 182 of 8,000 on GB200: under 2.3 %) and
+a NIC's GPUDirect traffic on the same x16 link (HGX H100 puts one NIC on each GPU's PCIe switch)."""
 
 from __future__ import annotations
 
@@ -51,9 +58,12 @@ def spans(layers: int, offloaded: int) -> list[int]:
     return [window[0]] + [b - a for a, b in zip(window, window[1:])]
 
 
-def exposed_seconds(layers: int, offloaded: int, copy_s: float, forward_s: float, backward_s: float) -> float:
-    """Seconds per micro-batch the compute stream waits for the copies: each group's copy to the host (`copy_s`)
-    beyond the forward of the layers it runs under (`forward_s` a layer), and its reload beyond their backward."""
+def exposed_seconds(layers: int, offloaded: int, d2h_s: float, h2d_s: float, forward_s: float,
+                    backward_s: float) -> float:
+    """Seconds per micro-batch the compute stream waits for the copies: each group's copy to the host (`d2h_s`)
+    beyond the forward of the layers it runs under (`forward_s` a layer), and its reload (`h2d_s`) beyond their
+    backward. The copies are `Tensor.copy_(non_blocking=True)` between device and pinned host memory (offload / reload,
+    cpu_offload.py lines 243-272 at v2.7): cudaMemcpyAsync on a copy engine, no SM taken from the compute."""
     if offloaded <= 0:
         return 0.0
-    return sum(max(0.0, copy_s - n * forward_s) + max(0.0, copy_s - n * backward_s) for n in spans(layers, offloaded))
+    return sum(max(0.0, d2h_s - n * forward_s) + max(0.0, h2d_s - n * backward_s) for n in spans(layers, offloaded))

@@ -218,7 +218,8 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
 def offload_seconds(layout: Layout, workload: Workload, sh: compute.Shape, parts: LayerParts) -> float:
     """Megatron-Core's CPU activation offloading (pp 1) per micro-batch: what the copies of the first offload_layers
     layers' activations to the host and back take beyond the layers' compute they run under (offload.exposed_seconds,
-    TransformerEngine's schedule), at the cluster's host link per direction (ClusterSpec.host_link). A layer's bytes
+    TransformerEngine's schedule), at what one GPU gets while every GPU of the node copies the same way (the forward's
+    copies ClusterSpec.host_d2h, the backward's reloads host_h2d: measured where the cluster file says). A layer's bytes
     (memory.layer_activation_bytes, what memory frees) and its compute and TP collectives are the mean of the model's
     layers; its forward's share 1 / (1 + 2 x backward_gemm), as overlapped_exchange splits one. No fitted constant."""
     model, cluster = workload.model, workload.cluster
@@ -227,8 +228,8 @@ def offload_seconds(layout: Layout, workload: Workload, sh: compute.Shape, parts
     busy = lambda lay, tp: lay["gemm"] + lay["attention"] + lay["elementwise"] + tp    # noqa: E731
     layer_s = ((n - n_moe) * busy(parts.lay, parts.tp_comm) + n_moe * busy(parts.lay_moe, parts.tp_moe)) / n
     fwd = 1.0 / (1.0 + 2.0 * sh.backward_gemm)
-    return offload.exposed_seconds(n, layout.offload_layers, layer_bytes / (cluster.host_link * 1e9),
-                                   fwd * layer_s, (1.0 - fwd) * layer_s)
+    return offload.exposed_seconds(n, layout.offload_layers, layer_bytes / (cluster.host_d2h * 1e9),
+                                   layer_bytes / (cluster.host_h2d * 1e9), fwd * layer_s, (1.0 - fwd) * layer_s)
 
 
 def _add_mtp(last: dict, workload: Workload, sh: compute.Shape, layer: dict, per: dict) -> None:
