@@ -367,6 +367,13 @@ HARDWARE_SEEN: dict = {
     "GB200 / B300 GEMM fractions from the MAMF finder (workloads/clusters/gb200.toml [7], b300.toml [5])": (
         "speed", lambda r: r.get("cluster") in ("b200", "gb200", "b300", "gb300") and not held_out(r)
         and _saw(r, "issue 25 / 26 second read of the twelfth session")),
+    # issue 26 (2026-12-03): context parallelism's merges of the ring's partial results (tuner/perfmodel/compute.py
+    # cp_merge_bytes, byte counts from Transformer Engine's context_parallel.py) were written after the in-split
+    # Blackwell rows had been printed with their step shares (benchmarks/in_split_rows.py --rows / --split); no held-out
+    # row's error was printed before the choice
+    "context parallelism's merges (tuner/perfmodel/compute.py cp_merge_bytes)": (
+        "speed", lambda r: r.get("cluster") in ("b200", "gb200", "b300", "gb300") and not held_out(r)
+        and _saw(r, "issue 25 / 26 second read of the twelfth session")),
     # issues 25 / 26: SEEN's entry of that name (every Megatron-Core row here printed with and without it, ROCm's too)
     "Megatron-Core's CI step floor, not applied (benchmarks/step_floor.py)": (
         "speed", lambda r: r.get("framework", "megatron-core") == "megatron-core" and _saw(r, "issue 25 fresh dense")),

@@ -20,6 +20,8 @@ run them.
 Architecture (ModelSpec): grouped-query attention narrows the QKV GEMM to h x (h + 2kv) and the K/V
 traffic; SwiGLU's gate and up matrices run as one fc1 GEMM of width 2f (as Megatron-Core fuses them)
 and its element-wise kernel reads two f-wide inputs; RoPE adds a fused rotation of Q and K.
+Context parallelism's ring runs the attention in cp steps and merges each step's partial result in
+element-wise kernels of its own (cp_merge_bytes).
 """
 
 from __future__ import annotations
@@ -235,6 +237,33 @@ def elementwise_bytes(model: ModelSpec, shape: Shape, flash_attention: bool) -> 
     return n
 
 
+# Context parallelism: Transformer Engine's p2p ring (AttnFuncWithCPAndKVP2P, the ring the model charges,
+# comm.cp_ring_time) runs a rank's attention in cp steps and merges their partial results in element-wise kernels
+# apart from the attention kernel (NVIDIA/TransformerEngine @ d0067d0d, transformer_engine/pytorch/attention/
+# dot_product_attention/context_parallel.py). Forward: the first step's output is rescaled into the result
+# (flash_attn_fwd_out_correction_init: read 2, write 2 bytes per output element), every later step's is added to it
+# (flash_attn_fwd_out_correction: read the step's output and the result, write the result, 6 bytes; in bf16 where the
+# attention runs in bf16, as tuner charges it). Backward: dq, dk and dv are gathered the same way over the steps
+# (dq.copy_ / dq.add_, dk.add_, dv.add_ in bf16). With the load-balanced causal chunks, a rank's steps after the first
+# cover all its tokens (i <= rank) or half of them (the second half, i > rank): (cp - 1) / 2 of each on average over
+# the ranks, 0.75 (cp - 1) whole-tensor merges. The per-token softmax statistics (fp32 per head) are left out (1/d of
+# the output's). torchtitan's ring (PyTorch's _templated_ring_attention) merges each step too: the same count is taken.
+CP_MERGE_FIRST = 4.0           # bytes per element: the first step's result rescaled (read 2, write 2)
+CP_MERGE_STEP = 6.0            # bytes per element of each later step: read the step's and the result, write it
+CP_HALF_STEPS = 0.75           # whole-tensor merges per later step, load-balanced causal chunks (see above)
+
+
+def cp_merge_bytes(model: ModelSpec, shape: Shape) -> tuple[float, float]:
+    """(forward, backward) HBM bytes of one layer's context-parallel merges on one GPU for one micro-batch: the
+    attention output's in the forward, dq's, dk's and dv's in the backward (none without context parallelism)."""
+    if shape.c <= 1:
+        return 0.0, 0.0
+    per = CP_MERGE_FIRST + CP_MERGE_STEP * CP_HALF_STEPS * (shape.c - 1)
+    tokens = model.seq_length * shape.tokens / shape.t     # this rank's tokens, each width split by t
+    return (tokens * per * model.o_width,
+            tokens * per * (model.q_width + model.k_width + model.v_width))
+
+
 def _passes(shape: Shape) -> tuple[float, float, float, float]:
     """(GEMM, attention-core, element-wise) forward passes repeated by recompute, and 1 when full."""
     full = 1.0 if shape.recompute == "full" else 0.0            # every layer's forward runs again
@@ -259,9 +288,11 @@ def _assemble(model: ModelSpec, cluster: ClusterSpec, shape: Shape, gemm_fwd: fl
     attn_bwd = attn_fwd * (FLASH_BACKWARD_FLOPS if cluster.flash_attention else 2.0)
     hbm = cluster.hbm_bandwidth_gbps * 1e9 * cluster.memory_bandwidth_efficiency
     elem_fwd = elem_bytes / hbm * (1.0 if shape.fused else UNFUSED_TRAFFIC)
+    merge_fwd, merge_bwd = cp_merge_bytes(model, shape)     # run again with the attention core they merge
     return {"gemm": gemm_fwd * (1.0 + gemm_again + 2.0 * shape.backward_gemm),
             "attention": attn_fwd * (1.0 + again) + attn_bwd,
-            "elementwise": elem_fwd * (1.0 + elem_again + BACKWARD_TRAFFIC)}
+            "elementwise": (elem_fwd * (1.0 + elem_again + BACKWARD_TRAFFIC)
+                            + (merge_fwd * (1.0 + again) + merge_bwd) / hbm)}
 
 
 def lm_head_times(model: ModelSpec, cluster: ClusterSpec, micro_batch: float, tp: int) -> dict:
