@@ -63,7 +63,8 @@ def evaluate(row: dict) -> dict:
     tps = reading.tps_as_ran(row, lay, w, pr, exchange)
     memory_gb, p_fit = reading.memory_as_ran(row, lay, w)
     return {"refused": None, "layout": lay, "error": tps / row["tokens_per_s_per_gpu"] - 1.0, "pred": tps,
-            "p_fit": p_fit, "memory_gb": memory_gb, "gemm": pr.time_breakdown.get("gemm", 0.0) / pr.step_time_s}
+            "p_fit": p_fit, "memory_gb": memory_gb, "gemm": pr.time_breakdown.get("gemm", 0.0) / pr.step_time_s,
+            "shares": {k: v / pr.step_time_s for k, v in pr.time_breakdown.items()}}
 
 
 def stats(errors: list[float]) -> str:

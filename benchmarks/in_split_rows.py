@@ -2,23 +2,30 @@
 (benchmarks/published.held_out, a hash of the configuration) are dropped BEFORE any row is predicted, so no held-out
 row's error is ever computed here; hardware_accuracy.py prints every row, so it is run only once a choice is made.
 
-Run: python benchmarks/in_split_rows.py [--clusters b200,gb200,b300,gb300] [--rows]
+Run: python benchmarks/in_split_rows.py [--clusters b200,gb200,b300,gb300] [--rows] [--split] [--hopper-ratio]
 Prints the median signed error (predicted / measured - 1) and how many rows are too fast, by machine and precision,
 by machine and source (Megatron-Bridge tables by release, MLPerf, NeMo, dgxc, torchtitan), and with --rows each row
-with its layout, the share of its predicted step in GEMMs and the releases whose median it is.
+with its layout, the share of its predicted step in GEMMs and the releases whose median it is. --split: the dense
+Megatron rows (NVIDIA's stacks: no torchtitan / torchao row) by parallel dimension, and whether their error grows
+with the predicted step's share outside the GEMMs (attention + element-wise), as it would if that work were
+under-charged. --hopper-ratio: the medians again with each Blackwell part's GEMM, attention and element-wise rates
+times HOPPER_RATIO (a diagnostic, not a model: nothing is chosen from it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import sys
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hardware_accuracy  # noqa: E402  (one reading of a row)
 import published  # noqa: E402
+import reading  # noqa: E402
 
 BLACKWELL = ("b200", "gb200", "b300", "gb300")
 
@@ -42,7 +49,10 @@ def evaluate(row: dict) -> dict | None:
     """The row predicted as it ran (hardware_accuracy.evaluate, one reading), with the share of its step in GEMMs;
     None where the model refuses it."""
     e = hardware_accuracy.evaluate(row)
-    return None if e["refused"] else {"layout": e["layout"].key(), "error": e["error"], "gemm": e["gemm"]}
+    if e["refused"]:
+        return None
+    return {"layout": e["layout"].key(), "error": e["error"], "gemm": e["gemm"],
+            "non_gemm": e["shares"].get("attention", 0.0) + e["shares"].get("elementwise", 0.0)}
 
 
 def summary(label: str, groups: dict) -> None:
@@ -50,6 +60,67 @@ def summary(label: str, groups: dict) -> None:
     for key, errors in sorted(groups.items()):
         print(f"  {' '.join(map(str, key)):34s} {len(errors):3d}  {100 * statistics.median(errors):+6.1f} %  "
               f"{sum(e > 0 for e in errors):3d}")
+
+
+#: h100.toml's ESTIMATEs over what kernel microbenchmarks measure on Hopper: GEMMs 0.7 against 0.818 (XLA's sm_90
+#: cuBLAS table, h100.toml's comment); attention 0.7 against 1.08 on tuner's count (cuDNN 9.19 SDPA on an H200, Llama
+#: 3.1 shape, causal, bf16: 1.02 / 1.15 at sequence 4,096 / 8,192, NVIDIA/cudnn-frontend @ 3929da2ef4c1
+#: benchmark/sdpa_benchmark_training/results/h200_919_only_cudnn/llama3.1_20260227_034703.csv, counted as gb200.toml
+#: [5] counts GB200's); element-wise 0.75 against 0.687 (cuDNN RMSNorm / LayerNorm on an H200, the median of the 30
+#: bandwidths, benchmark/norms/results/h200/all_models_20260227_035147.csv at the same commit, as gb200.toml [6]).
+HOPPER_RATIO = {"matmul": 0.7 / 0.818, "attention": 0.7 / 1.08, "hbm": 0.75 / 0.687}
+
+
+@contextmanager
+def hopper_ratio():
+    """While the block runs, rows read the Blackwell clusters with their GEMM, attention and element-wise rates times
+    HOPPER_RATIO: what their predictions would say if those constants stood for what H100's do."""
+    load = reading.load_cluster
+
+    def scaled(name):
+        c = load(name)
+        if c.name not in BLACKWELL:
+            return c
+        m = HOPPER_RATIO["matmul"]
+        return dataclasses.replace(
+            c, matmul_efficiency=c.matmul_efficiency * m,
+            matmul_efficiency_fp8=c.matmul_efficiency_fp8 and c.matmul_efficiency_fp8 * m,
+            matmul_efficiency_fp4=c.matmul_efficiency_fp4 and c.matmul_efficiency_fp4 * m,
+            attention_efficiency=c.attention_efficiency * HOPPER_RATIO["attention"],
+            memory_bandwidth_efficiency=c.memory_bandwidth_efficiency * HOPPER_RATIO["hbm"])
+    reading.load_cluster = scaled
+    try:
+        yield
+    finally:
+        reading.load_cluster = load
+
+
+def split(done: list) -> None:
+    """The dense Megatron rows by parallel dimension, and the correlation of their error with the non-GEMM share."""
+    dense = [(r, e) for r, e in done if r.get("ep", 1) == 1 and not any(
+        w in " ".join(r["releases"]) for w in ("torchtitan", "torchao"))]
+    for fam in (("b200", "gb200"), ("b300", "gb300")):
+        mine = [(r, e) for r, e in dense if r["cluster"] in fam]
+        if len(mine) < 3:
+            continue
+        share, err = [e["non_gemm"] for _, e in mine], [e["error"] for _, e in mine]
+        print(f"\n== {' + '.join(fam)} dense Megatron rows: {len(mine)}; correlation of the error with the step's share "
+              f"outside the GEMMs (attention + element-wise): {statistics.correlation(share, err):+.2f}")
+        groups = {"data-parallel only (tp = cp = pp = 1)": lambda t, c, p: t == c == p == 1,
+                  "tp > 1": lambda t, c, p: t > 1, "cp > 1": lambda t, c, p: c > 1, "pp > 1": lambda t, c, p: p > 1}
+        for name, pick in groups.items():
+            errors = [e["error"] for r, e in mine if pick(r["tp"], r["cp"], r.get("ran_pp", r["pp"]))]
+            if errors:
+                print(f"  {name:38s} {len(errors):3d}  {100 * statistics.median(errors):+6.1f} %")
+
+
+def compare(done: list, scaled: list) -> None:
+    """Median signed error by machine: as the cluster files stand, and with HOPPER_RATIO (hopper_ratio)."""
+    print("\n== by machine: rows, median signed error as the files stand | with HOPPER_RATIO")
+    for fam in sorted({r["cluster"] for r, _ in done}):
+        now = [e["error"] for r, e in done if r["cluster"] == fam]
+        then = [e["error"] for r, e in scaled if r["cluster"] == fam]
+        print(f"  {fam:6s} {len(now):3d}  {100 * statistics.median(now):+6.1f} %  | {100 * statistics.median(then):+6.1f} %")
 
 
 def main(clusters=BLACKWELL, rows: bool = False) -> list[tuple[dict, dict]]:
@@ -71,9 +142,17 @@ def main(clusters=BLACKWELL, rows: bool = False) -> list[tuple[dict, dict]]:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    show = "--rows" in args
-    args = [a for a in args if a != "--rows"]
+    flags = {a for a in args if a in ("--rows", "--split", "--hopper-ratio")}
+    args = [a for a in args if a not in flags]
     if args and (args[0] != "--clusters" or len(args) != 2):
-        print("usage: python benchmarks/in_split_rows.py [--clusters b200,gb200,b300,gb300] [--rows]", file=sys.stderr)
+        print("usage: python benchmarks/in_split_rows.py [--clusters b200,gb200,b300,gb300] [--rows] [--split] "
+              "[--hopper-ratio]", file=sys.stderr)
         sys.exit(2)
-    main(tuple(args[1].split(",")) if args else BLACKWELL, show)
+    chosen = tuple(args[1].split(",")) if args else BLACKWELL
+    done = main(chosen, "--rows" in flags)
+    if "--split" in flags:
+        split(done)
+    if "--hopper-ratio" in flags:
+        with hopper_ratio():
+            scaled = [(r, e) for r in in_split(chosen) if (e := evaluate(r)) is not None]
+        compare(done, scaled)

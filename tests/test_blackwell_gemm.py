@@ -49,3 +49,19 @@ def test_in_split_rows_never_hold_a_held_out_row():
     assert {r["cluster"] for r in rows} == set(in_split_rows.BLACKWELL)
     held = [r for r in published.hardware() if r["cluster"] == "gb200" and published.held_out(r)]
     assert held and not any(r in rows for r in held)
+
+
+def test_hopper_ratio_scales_the_blackwell_parts_only_and_only_inside_its_block():
+    import in_split_rows
+    import reading
+    before = reading.load_cluster
+    with in_split_rows.hopper_ratio():
+        b200, h100 = reading.load_cluster("b200"), reading.load_cluster("h100")
+    assert reading.load_cluster is before
+    plain = load_cluster("b200")
+    ratio = in_split_rows.HOPPER_RATIO
+    assert b200.matmul_efficiency == pytest.approx(plain.matmul_efficiency * ratio["matmul"])
+    assert b200.matmul_efficiency_fp4 == pytest.approx(plain.matmul_efficiency_fp4 * ratio["matmul"])
+    assert b200.attention_efficiency == pytest.approx(plain.attention_efficiency * ratio["attention"])
+    assert b200.memory_bandwidth_efficiency == pytest.approx(plain.memory_bandwidth_efficiency * ratio["hbm"])
+    assert h100 == load_cluster("h100")
