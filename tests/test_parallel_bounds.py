@@ -1,0 +1,45 @@
+"""benchmarks/parallel_bounds.py (issue 26): each candidate changes what it names and puts the model back."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.cluster_spec import load_cluster
+from tuner.perfmodel import comm, compute, stages, tp_overlap
+from tuner.specs import load_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import parallel_bounds as pb  # noqa: E402
+
+
+def test_the_overlaps_own_cost_slows_a_tp_layers_gemms_on_b200_by_a_few_percent():
+    b200, model = load_cluster("b200"), load_model("llama3-405b")
+    for fp8 in (None, "fp8"):
+        sh = compute.Shape(b=1, t=4, c=2, sp=True, fp8=fp8)
+        ratio = pb.tp_cost_seconds(model, b200, sh) / compute.layer_times(model, b200, sh)["gemm"]
+        assert 1.0 < ratio < 1.15, (fp8, ratio)
+
+
+def test_the_trays_measured_nvlink_rate_is_below_what_the_files_charge():
+    gb200 = load_cluster("gb200")
+    assert pb.NVLINK_TRAY_EFFICIENCY == pytest.approx(0.737, abs=1e-3)
+    assert pb.NVLINK_TRAY_EFFICIENCY < gb200.network_efficiency
+    with pb.candidate("nvlink"):
+        slow = comm.allreduce_time(1e9, 4, gb200.intra_node_bandwidth_gbps, gb200)
+    assert slow > comm.allreduce_time(1e9, 4, gb200.intra_node_bandwidth_gbps, gb200)
+
+
+def test_every_candidate_puts_the_model_back():
+    before = (compute.layer_times, comm._bw_bytes, tp_overlap.exposed_seconds, stages.layer_comm, stages.overlaps_of)
+    for name in pb.CANDIDATES:
+        with pb.candidate(name):
+            now = (compute.layer_times, comm._bw_bytes, tp_overlap.exposed_seconds, stages.layer_comm,
+                   stages.overlaps_of)
+            assert now != before, name
+        assert (compute.layer_times, comm._bw_bytes, tp_overlap.exposed_seconds, stages.layer_comm,
+                stages.overlaps_of) == before
+    with pytest.raises(ValueError):
+        pb.candidate("nothing")
