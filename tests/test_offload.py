@@ -11,7 +11,7 @@ import pytest
 from tuner.layout import Layout, why_invalid
 from tuner.perfmodel import memory_fit, predict
 from tuner.perfmodel.memory_batch import screen_memory, supported
-from tuner.perfmodel.offload import exposed_seconds, resident_layers, spans, windows
+from tuner.perfmodel.offload import exposed_seconds, resident_layers, shared_rates, spans, windows
 from tuner.render import mcore
 from tuner.specs import make_workload
 
@@ -73,6 +73,26 @@ def test_copies_move_at_what_a_gpu_gets_while_every_gpu_of_the_node_copies():
     lay = Layout(tp=4, pp=1, dp=16, micro_batch=1, zero_stage=3, recompute="none", offload_layers=40)
     shared, alone = (predict(lay, x).time_breakdown["cpu_offload"] for x in (w, peak))
     assert shared > alone * 1.2 > 0
+
+
+def test_the_nics_data_parallel_traffic_slows_the_copies_on_the_same_pcie_link():
+    """HGX H100: each GPU's one x16 link carries its NIC's GPUDirect traffic too (nic_shares_host_link): while the
+    NIC runs (40 GB/s: 400 Gb/s x network_efficiency) a copy gets the 24 of the link's 64 it leaves, otherwise its own
+    rate. A Megatron-FSDP layout gathering and reduce-scattering across nodes copies slower; one whose data-parallel
+    group stays on NVLink (one node), or a cluster without the key, is charged as before."""
+    assert shared_rates(44.8, 55.2, 64.0, 40.0, 0.0, 0.0) == (44.8, 55.2)
+    assert shared_rates(44.8, 55.2, 64.0, 40.0, 1.0, 1.0) == pytest.approx((24.0, 24.0))
+    assert shared_rates(44.8, 55.2, 64.0, 40.0, 0.5, 0.25) == pytest.approx((34.4, 47.4))
+    lay = Layout(tp=4, sequence_parallel=True, pp=1, dp=16, micro_batch=2, zero_stage=3, recompute="none",
+                 offload_layers=40)
+    for nodes, slower in ((8, True), (1, False)):
+        w = make_workload("llama3-70b", nodes, "h100", 16 * nodes, precision="bf16", framework="megatron-core")
+        if nodes == 1:
+            lay = dataclasses.replace(lay, tp=2, dp=4)
+        assert w.cluster.nic_shares_host_link
+        apart = dataclasses.replace(w, cluster=dataclasses.replace(w.cluster, nic_shares_host_link=None))
+        shared, alone = (predict(lay, x).time_breakdown["cpu_offload"] for x in (w, apart))
+        assert (shared > alone * 1.5) if slower else (shared == alone)
 
 
 def test_plans_batched_memory_equals_memory_fit_with_offloading():

@@ -58,6 +58,8 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
     "host_d2h_gbps": (float, None),              # per GPU, GPU -> host, measured with every GPU of the node copying
                                                  # at once (nvbandwidth all_to_host_memcpy_ce; none: host_link_gbps)
     "host_h2d_gbps": (float, None),              # per GPU, host -> GPU, the same way (host_to_all_memcpy_ce)
+    "nic_shares_host_link": (bool, None),        # the GPU's NIC sits behind the same PCIe link as its host copies
+                                                 # (HGX: GPU PIX NIC), so GPUDirect traffic shares it (none: false)
     "host_memory_gb": (float, None),             # the node's host memory per GPU: what CPU activation offloading may
                                                  # hold at most (none: not checked)
     "framework": (str, "megatron-deepspeed"),    # the training stack run here by default (tuner.frameworks):
@@ -78,7 +80,8 @@ RETIRED_CLUSTER_KEYS = ("comm_overlap", "memory_headroom")
 #: GPU's PCIe Gen4 gives half.
 HOST_LINK_GBPS = 64.0
 #: Keys stored only when a file states them (so a study stored before they existed reads back the same).
-OPTIONAL_KEYS = ("operations", "sm_count", "host_link_gbps", "host_memory_gb", "host_d2h_gbps", "host_h2d_gbps")
+OPTIONAL_KEYS = ("operations", "sm_count", "host_link_gbps", "host_memory_gb", "host_d2h_gbps", "host_h2d_gbps",
+                 "nic_shares_host_link")
 #: GB of 1e9 bytes in one GiB: the model's unit (tuner.perfmodel.memory.GB) per 2^30 bytes.
 GB_PER_GIB = 2 ** 30 / 1e9
 
@@ -139,6 +142,7 @@ class ClusterSpec:
     host_memory_gb: float | None = None      # host memory per GPU (GB); stored only when given
     host_d2h_gbps: float | None = None       # measured GPU -> host GB/s per GPU, all GPUs at once; stored when given
     host_h2d_gbps: float | None = None       # measured host -> GPU GB/s per GPU, all GPUs at once; stored when given
+    nic_shares_host_link: bool | None = None  # GPUDirect traffic on the host copies' PCIe link; stored when given
 
     @property
     def domain_gpus(self) -> int:

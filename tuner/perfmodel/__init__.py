@@ -45,7 +45,8 @@ from tuner.perfmodel.fit import (MEMORY_KEYS, MEMORY_NOISE_SD, MEMORY_PRIOR_SPLI
                                  with_measured_bias)
 from tuner.perfmodel.flops import megatron_flops, model_flops
 from tuner.perfmodel.prediction import Prediction
-from tuner.perfmodel.stages import HIDDEN, SM_SHARE, free_compute, overlaps_of, slowest_stage, stage_times, stage_total
+from tuner.perfmodel.stages import (HIDDEN, SM_SHARE, free_compute, layer_parts, offload_seconds, overlaps_of,
+                                   slowest_stage, stage_times, stage_total)
 from tuner.specs import Workload
 
 __all__ = ["SM_SHARE", "predict", "rank", "expected_speed", "risk", "keeps_headroom", "fit_probability", "memory_prior_sd",
@@ -261,6 +262,38 @@ def last_to_finish(layout: Layout, workload: Workload, fw, stages: list, m: int,
     return best[1], best[2]
 
 
+def offload_beside_nic(layout: Layout, workload: Workload, how: tuple, slow: dict, m: int, sh: compute.Shape,
+                       params: tuple[float, float]) -> dict:
+    """`slow` with its CPU offloading copies slowed by the NIC's data-parallel traffic on the same PCIe link, where
+    the cluster says they share it (nic_shares_host_link; tuner.perfmodel.offload's docstring): the shares of a
+    micro-batch's forward and backward (its stage's compute, split 1 : 2 x backward_gemm) that the layout's
+    inter-node gradient sync runs -- _gradient_sync's seconds with no compute to hide under, the parameter gathers
+    under the forward, the gradient reduce (and ZeRO-3's re-gathers) under the backward, spread evenly over the
+    step's micro-batches (Megatron-FSDP runs them every micro-batch at pp 1; the distributed optimizer once a step,
+    in the first forward and the last backward: an average there), only the groups that leave the scale-up domain
+    and only where they run under compute. `how`: (framework, overlaps, exchange, memo); `params`: the stage's
+    parameters and expert parameters per GPU."""
+    fw, hide, exchange, memo = how
+    cluster = workload.cluster
+    if not (layout.offload_layers and cluster.nic_shares_host_link and "cpu_offload" in slow):
+        return slow
+    if not (megatron_fsdp(layout, workload) or fw.fsdp or ("dp" in hide and layout.zero_stage <= 1)):
+        return slow                           # the collectives run after the compute, not beside the copies
+    whole = _gradient_sync(layout, workload, fw, {**slow, **_NO_COMPUTE}, m, *params, hide)
+    out = (comm.leaves_domain(cluster, layout.dp * layout.context_parallel, layout.tp),
+           comm.leaves_domain(cluster, expert_data_parallel(layout),
+                              layout.expert_parallel * layout.expert_tensor_parallel))
+    inter = [(whole[k] - whole.get(f"expert_{k}", 0.0)) * out[0] + whole.get(f"expert_{k}", 0.0) * out[1]
+             for k in ("param_gather", "grad_reduce")]
+    busy = m * (slow["gemm"] + slow["attention"] + slow["elementwise"] + slow["tp_comm"])
+    fwd = 1.0 / (1.0 + 2.0 * sh.backward_gemm)
+    if not any(inter) or busy <= 0:
+        return slow
+    share = (inter[0] / (fwd * busy), inter[1] / ((1.0 - fwd) * busy))
+    parts = layer_parts(layout, workload, sh, exchange, memo)
+    return {**slow, "cpu_offload": offload_seconds(layout, workload, sh, parts, share)}
+
+
 def framework_as_run(workload: Workload, exchange: moe_exchange.TokenExchange | None):
     """The workload's framework, with its layers' weights held as `exchange.quantized_params` says where a run held
     them otherwise than `tuner launch` writes (Framework.quantized_params: their parameter all-gather's bytes)."""
@@ -289,8 +322,9 @@ def predict(layout: Layout, workload: Workload, exchange: moe_exchange.TokenExch
     _, t_stage, stages = slowest_stage(layout, workload, sh, exchange, memo)
     params_gpu, experts_gpu = max((memory.stage_params(model, layout, s), memory.stage_expert_params(model, layout, s))
                                   for s in stage_candidates(layout, model))
-    edp = expert_data_parallel(layout)
-    slow, dp = last_to_finish(layout, workload, fw, stages, m, params_gpu, experts_gpu, overlaps_of(workload, exchange))
+    edp, hide = expert_data_parallel(layout), overlaps_of(workload, exchange)
+    slow, dp = last_to_finish(layout, workload, fw, stages, m, params_gpu, experts_gpu, hide)
+    slow = offload_beside_nic(layout, workload, (fw, hide, exchange, memo), slow, m, sh, (params_gpu, experts_gpu))
     tied = memory.tied_embedding_params(model, t, p)     # none when the LM head is untied
     sync = comm.embedding_sync_time(cluster, t * layout.context_parallel, d, p, tied) if tied else 0.0
     owned = (params_gpu - experts_gpu) / shards + experts_gpu / edp if layout.zero_stage >= 1 else params_gpu
@@ -298,9 +332,7 @@ def predict(layout: Layout, workload: Workload, exchange: moe_exchange.TokenExch
 
     time = {k: m * v for k, v in slow.items() if k != HIDDEN}
     time["bubble"] = (p - 1) * bubble_share(layout, model.num_layers) * t_stage
-    time["dp_grad_reduce"] = dp["grad_reduce"]
-    time["dp_param_gather"] = dp["param_gather"]
-    time["embedding_sync"] = sync
+    time.update(dp_grad_reduce=dp["grad_reduce"], dp_param_gather=dp["param_gather"], embedding_sync=sync)
     time["optimizer"] = t_opt
     if floor := step_floor.step_floor_s(fw.name, cluster):
         time["step_overhead"] = floor

@@ -18,9 +18,20 @@ Bandwidth: data-parallel ranks run the same schedule, so every GPU of a node cop
 at what one GPU gets then (the cluster's host_d2h_gbps / host_h2d_gbps: nvbandwidth's all_to_host / host_to_all
 memcpy_ce, copy engines), not the link's peak: on an 8x H800 HGX node 44.8 GB/s to the host and 55.2 from it of PCIe
 Gen5 x16's 63, on a GB200 tray 182.1 / 168.5 (the cluster files cite them). Forward copies only go to the host and
-backward reloads only come back, so neither direction is charged the other's traffic. Not charged (ESTIMATE: small):
-the copy engine's HBM traffic beside the compute (<= 55 of 3,350 GB/s on H100, 182 of 8,000 on GB200: under 2.3 %) and
-a NIC's GPUDirect traffic on the same x16 link (HGX H100 puts one NIC on each GPU's PCIe switch)."""
+backward reloads only come back, so neither direction is charged the other's traffic.
+The NIC beside them (shared_rates): an HGX GPU has one PCIe x16 link, to its PCIe switch, and its NIC sits behind that
+switch too (nvidia-smi topo: GPU PIX NIC, NVIDIA/nccl#1264 on HGX H100, vllm-project/vllm#31594 on HGX B200), so the
+NIC's GPUDirect RDMA traffic crosses the same link as the copies: what the NIC sends it reads from the GPU's memory
+(GPU -> switch, the lanes the forward's copies to the host use), what it receives it writes there (switch -> GPU, the
+backward's reloads). PCIe is full duplex: each direction has its own 16 lanes, so only flows the same way share.
+Where the cluster says so (nic_shares_host_link), the layout's inter-node data-parallel traffic that runs under the
+same phase (the parameter gathers under the forward, the gradient reduce / reduce-scatter and ZeRO-3's re-gathers
+under the backward) runs at the NIC's rate for the share of the phase it is busy; then the copy gets what it leaves of
+the link's peak (host_link_gbps), never more than it gets alone, and the rest of the phase its own rate. ASSUMPTION:
+the network flow is served first (its time is the model's own, unchanged) and the collective's seconds are spread
+evenly over the phase's compute. Not charged
+(ESTIMATE: small): the copy engine's HBM traffic beside the compute (<= 55 of 3,350 GB/s on H100, 182 of 8,000 on
+GB200: under 2.3 %)."""
 
 from __future__ import annotations
 
@@ -67,3 +78,15 @@ def exposed_seconds(layers: int, offloaded: int, d2h_s: float, h2d_s: float, for
     if offloaded <= 0:
         return 0.0
     return sum(max(0.0, d2h_s - n * forward_s) + max(0.0, h2d_s - n * backward_s) for n in spans(layers, offloaded))
+
+
+def shared_rates(d2h: float, h2d: float, link: float, nic: float, forward_busy: float,
+                 backward_busy: float) -> tuple[float, float]:
+    """GB/s the copies get to and from the host (`d2h`, `h2d`: what they get with every GPU of the node copying)
+    while the GPU's NIC moves `nic` GB/s each way over the same PCIe link (peak `link` a direction) for the shares
+    `forward_busy` / `backward_busy` (0 .. 1) of the forward and the backward: while the NIC runs the copy gets what
+    it leaves of the link (the module's docstring), otherwise its own rate; a copy spans the phase, so it moves at the
+    two rates' mean weighted by those shares. 0 shares: `d2h`, `h2d` unchanged."""
+    def rate(alone: float, busy: float) -> float:
+        return alone if busy <= 0 else alone - min(1.0, busy) * max(0.0, alone - (link - min(nic, link)))
+    return rate(d2h, forward_busy), rate(h2d, backward_busy)

@@ -215,21 +215,26 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
     return [first, *(stage_body(layout, workload, sh, parts, s) for s in stage_candidates(layout, model)[1:-1]), last]
 
 
-def offload_seconds(layout: Layout, workload: Workload, sh: compute.Shape, parts: LayerParts) -> float:
+def offload_seconds(layout: Layout, workload: Workload, sh: compute.Shape, parts: LayerParts,
+                    nic_busy: tuple[float, float] = (0.0, 0.0)) -> float:
     """Megatron-Core's CPU activation offloading (pp 1) per micro-batch: what the copies of the first offload_layers
     layers' activations to the host and back take beyond the layers' compute they run under (offload.exposed_seconds,
     TransformerEngine's schedule), at what one GPU gets while every GPU of the node copies the same way (the forward's
     copies ClusterSpec.host_d2h, the backward's reloads host_h2d: measured where the cluster file says). A layer's bytes
     (memory.layer_activation_bytes, what memory frees) and its compute and TP collectives are the mean of the model's
-    layers; its forward's share 1 / (1 + 2 x backward_gemm), as overlapped_exchange splits one. No fitted constant."""
+    layers; its forward's share 1 / (1 + 2 x backward_gemm), as overlapped_exchange splits one. `nic_busy`: the shares
+    of the forward and the backward the GPU's NIC moves data-parallel traffic over the same PCIe link (predict asks it
+    where the cluster's nic_shares_host_link holds): offload.shared_rates. No fitted constant."""
     model, cluster = workload.model, workload.cluster
     n, n_moe = model.num_layers, model.num_moe_layers
     layer_bytes = memory.mean_layer_activation_bytes(model, sh, cluster.flash_attention)
     busy = lambda lay, tp: lay["gemm"] + lay["attention"] + lay["elementwise"] + tp    # noqa: E731
     layer_s = ((n - n_moe) * busy(parts.lay, parts.tp_comm) + n_moe * busy(parts.lay_moe, parts.tp_moe)) / n
     fwd = 1.0 / (1.0 + 2.0 * sh.backward_gemm)
-    return offload.exposed_seconds(n, layout.offload_layers, layer_bytes / (cluster.host_d2h * 1e9),
-                                   layer_bytes / (cluster.host_h2d * 1e9), fwd * layer_s, (1.0 - fwd) * layer_s)
+    d2h, h2d = offload.shared_rates(cluster.host_d2h, cluster.host_h2d, cluster.host_link,
+                                    cluster.nic_bandwidth * cluster.network_efficiency, *nic_busy)
+    return offload.exposed_seconds(n, layout.offload_layers, layer_bytes / (d2h * 1e9), layer_bytes / (h2d * 1e9),
+                                   fwd * layer_s, (1.0 - fwd) * layer_s)
 
 
 def _add_mtp(last: dict, workload: Workload, sh: compute.Shape, layer: dict, per: dict) -> None:
