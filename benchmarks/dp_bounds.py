@@ -14,8 +14,9 @@ comm.NCCL_CTAS = 16, as on the Hopper files):
   no-sm     B200 and GB200 without sm_count: no SM share charged (the model before).
   sm8       the share at 8 CTAs: what NVIDIA's MLPerf v5.1 Llama 3.1 8B configs give the dp / dp_cp communicators
             (conf/nccl/custom_communicator_cta.yaml max_ctas 8; NCCL_MIN_CTAS=16 for the others).
-  bucket128 Megatron-Core's buckets at the MLPerf configs' bucket_size 134,217,728 elements (conf/custom.yaml) where
-            the model takes the default max(40M, 1M x dp x cp): more or fewer buckets, each paying NCCL's latency.
+  buckets   Megatron-Core's buckets at the bucket_size each MLPerf Training v5.1 Llama 3.1 8B row's config set
+            (MLPERF_BUCKETS: the rows whose config chain was read) where the model takes the default max(40M, 1M x dp x
+            cp): more or fewer buckets, each paying NCCL's ring latency (bucket_latency). Other rows as they stand.
   dp-off    a bound: the gradient reduce-scatter and the parameter all-gather hidden under no compute.
 """
 
@@ -35,9 +36,14 @@ import tuner.perfmodel as perfmodel  # noqa: E402
 from tuner.perfmodel import buckets, comm  # noqa: E402
 
 MACHINES = ("b200", "gb200", "b300", "gb300")
-#: bucket_size of NVIDIA's MLPerf Training v5.1 Llama 3.1 8B configs (conf/custom.yaml, BUCKET_SIZE default).
-MLPERF_BUCKET = 134_217_728.0
-CANDIDATES = ("no-sm", "sm8", "bucket128", "dp-off")
+#: bucket_size (elements) of the MLPerf Training v5.1 Llama 3.1 8B configs (mlcommons/training_results_v5.1 @ 441d65f4):
+#: NVIDIA's, Dell's and Nebius's config_common_8b.sh export BUCKET_SIZE=768000000; University-of-Florida's copy (under
+#: llama31_405b/implementations/b200_nemo) sets none, so conf/custom.yaml's default 134217728 holds. Keyed by the
+#: submitter's directory as a row's `source` names it.
+MLPERF_BUCKETS = {"training_results_v5.1 NVIDIA/": 768_000_000.0, "training_results_v5.1 Dell/": 768_000_000.0,
+                  "training_results_v5.1 Nebius/": 768_000_000.0,
+                  "training_results_v5.1 University-of-Florida/": 134_217_728.0}
+CANDIDATES = ("no-sm", "sm8", "buckets", "dp-off")
 #: coreweave/nccl-tests @ cb86553 README.md 'Expected Performance', GB200, NCCL 2.26.2: all_reduce_perf bus bandwidth,
 #: GB/s, at 0.5 / 1 / 2 / 4 / 8 / 16 GB on one NVL72 rack (72 GPUs; no 16 GB row), 2 racks (144) and 20 racks (1,440).
 COREWEAVE_GB200 = {1: (586, 681, 758, 839, 835, None), 2: (494, 596, 680, 743, 793, 810),
@@ -72,13 +78,20 @@ def _no_dp(workload, exchange):
 _OVERLAPS = perfmodel.overlaps_of
 
 
-def candidate(stack: ExitStack, name: str) -> None:
+def bucket_as_ran(row: dict) -> float | None:
+    """The bucket size a row's MLPerf config set (MLPERF_BUCKETS), None where it was not read."""
+    if row.get("model") != "llama3-8b":
+        return None
+    return next((v for k, v in MLPERF_BUCKETS.items() if f"{k}" in row.get("source", "")), None)
+
+
+def candidate(stack: ExitStack, name: str, row: dict | None = None) -> None:
     if name == "no-sm":
         stack.enter_context(patched(reading, "load_cluster", _no_sm))
     elif name == "sm8":
         stack.enter_context(patched(comm, "NCCL_CTAS", 8))
-    elif name == "bucket128":
-        stack.enter_context(patched(buckets, "default_bucket_size", lambda dp: MLPERF_BUCKET))
+    elif name == "buckets" and row is not None and (size := bucket_as_ran(row)):
+        stack.enter_context(patched(buckets, "default_bucket_size", lambda dp: size))
     elif name == "dp-off":
         stack.enter_context(patched(perfmodel, "overlaps_of", _no_dp))
 
@@ -139,9 +152,13 @@ def main(argv: list[str]) -> None:
     rows = in_split_rows.in_split(MACHINES)
     for name in (None, *CANDIDATES):
         print(f"\n######## {name or 'the model as it stands'}")
-        with ExitStack() as stack:
-            candidate(stack, name)
-            done = [(r, e) for r in rows if (e := in_split_rows.evaluate(r)) is not None]
+        done = []
+        for r in rows:
+            with ExitStack() as stack:
+                candidate(stack, name, r)
+                e = in_split_rows.evaluate(r)
+            if e is not None:
+                done.append((r, e))
         report(done)
     if "--busbw" in argv:
         busbw()

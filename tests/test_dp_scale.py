@@ -39,9 +39,11 @@ def test_every_dp_bound_candidate_puts_the_model_back():
     import tuner.perfmodel as perfmodel
     from tuner.perfmodel import buckets
     before = (reading.load_cluster, comm.NCCL_CTAS, buckets.default_bucket_size, perfmodel.overlaps_of)
+    row = {"model": "llama3-8b", "source": "mlcommons/training_results_v5.1 NVIDIA/results/x and y"}
+    assert dp_bounds.bucket_as_ran(row) == 768e6 and dp_bounds.bucket_as_ran({**row, "model": "llama3-70b"}) is None
     for name in dp_bounds.CANDIDATES:
         with dp_bounds.ExitStack() as stack:
-            dp_bounds.candidate(stack, name)
+            dp_bounds.candidate(stack, name, row)
             now = (reading.load_cluster, comm.NCCL_CTAS, buckets.default_bucket_size, perfmodel.overlaps_of)
             assert now != before, name
         assert (reading.load_cluster, comm.NCCL_CTAS, buckets.default_bucket_size, perfmodel.overlaps_of) == before
