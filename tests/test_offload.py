@@ -95,6 +95,17 @@ def test_the_nics_data_parallel_traffic_slows_the_copies_on_the_same_pcie_link()
         assert (shared > alone * 1.5) if slower else (shared == alone)
 
 
+def test_dgx_a100_pairs_share_one_gen4_uplink_so_their_copies_move_at_half_a_gpus_rate():
+    """DGX A100: two GPUs behind each PCIe Gen4 switch share one x16 uplink, so with every GPU copying each gets
+    half of the ~25 GB/s one A100 moves alone (a100.toml's ESTIMATE, 12.5 each way), not the 32 GB/s peak."""
+    w = make_workload("llama3-8b", 2, "a100", 32, precision="bf16", framework="megatron-core")
+    assert (w.cluster.host_d2h, w.cluster.host_h2d) == (12.5, 12.5) and w.cluster.host_link == 32.0
+    peak = dataclasses.replace(w, cluster=dataclasses.replace(w.cluster, host_d2h_gbps=None, host_h2d_gbps=None))
+    lay = Layout(tp=2, pp=1, dp=8, micro_batch=1, zero_stage=1, recompute="none", offload_layers=16)
+    halved, alone = (predict(lay, x).time_breakdown["cpu_offload"] for x in (w, peak))
+    assert halved > alone * 2 > 0
+
+
 def test_plans_batched_memory_equals_memory_fit_with_offloading():
     w = _w()
     if not supported(w):

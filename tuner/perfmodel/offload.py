@@ -27,11 +27,15 @@ backward's reloads). PCIe is full duplex: each direction has its own 16 lanes, s
 Where the cluster says so (nic_shares_host_link), the layout's inter-node data-parallel traffic that runs under the
 same phase (the parameter gathers under the forward, the gradient reduce / reduce-scatter and ZeRO-3's re-gathers
 under the backward) runs at the NIC's rate for the share of the phase it is busy; then the copy gets what it leaves of
-the link's peak (host_link_gbps), never more than it gets alone, and the rest of the phase its own rate. ASSUMPTION:
-the network flow is served first (its time is the model's own, unchanged) and the collective's seconds are spread
-evenly over the phase's compute. Not charged
-(ESTIMATE: small): the copy engine's HBM traffic beside the compute (<= 55 of 3,350 GB/s on H100, 182 of 8,000 on
-GB200: under 2.3 %)."""
+the link's peak (host_link_gbps), never more than it gets alone, and the rest of the phase its own rate. DGX A100
+shares differently: two GPUs and their NICs sit behind one PCIe Gen4 switch with one x16 uplink (GPU PXB GPU, GPU PXB
+NIC: NVIDIA/nccl#1505), so the pair's copies share the uplink -- in the cluster's halved per-GPU rates (a100.toml),
+not a rule here -- while a NIC's GPUDirect traffic turns at the switch and shares only its GPU's own x16 link, which
+the rule above describes. HGX B300 is not described: its NIC's traffic shares the GPU's Gen6 x16 link to the
+ConnectX-8's switch, while the copies are bounded by the Gen5 x16 link on to the CPU (b300.toml): not charged.
+ASSUMPTION: the network flow is served first (its time is the model's own, unchanged) and the collective's seconds are
+spread evenly over the phase's compute. Not charged (ESTIMATE: small): the copy engine's HBM traffic beside the
+compute (<= 55 of 3,350 GB/s on H100, 182 of 8,000 on GB200: under 2.3 %)."""
 
 from __future__ import annotations
 
