@@ -126,7 +126,7 @@ NCCL_CTAS, NCCL_P2P_CTAS = 16, 4
 def sm_share(cluster: ClusterSpec, hidden: float, ctas: int) -> float:
     """Seconds the compute loses while an NCCL collective of `ctas` CTAs hides `hidden` seconds under it: it runs
     on sm_count - ctas SMs for that long (first order; HBM and wave effects left out). 0 where the cluster states
-    no sm_count (only the Hopper files whose SM counts those logs are of state one)."""
+    no sm_count (the Hopper files, whose SM counts those logs are of, and B200 / GB200 since issue 26, state one)."""
     return hidden * ctas / cluster.sm_count if cluster.sm_count and hidden > 0 else 0.0
 
 
