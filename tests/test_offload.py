@@ -5,8 +5,11 @@ TransformerEngine's schedule says, plan's batched memory equal to memory_fit's, 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
+
+from pathlib import Path
 
 from tuner.layout import Layout, why_invalid
 from tuner.perfmodel import memory_fit, predict
@@ -20,6 +23,8 @@ LAY = Layout(tp=1, pp=1, dp=64, micro_batch=1, zero_stage=3, recompute="none")
 
 def _w(cluster="b200", nodes=8, framework="megatron-core", precision="fp8"):
     return make_workload("llama3-70b", nodes, cluster, 128, precision=precision, framework=framework)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_key_names_offloading_only_when_set():
@@ -93,6 +98,17 @@ def test_the_nics_data_parallel_traffic_slows_the_copies_on_the_same_pcie_link()
         apart = dataclasses.replace(w, cluster=dataclasses.replace(w.cluster, nic_shares_host_link=None))
         shared, alone = (predict(lay, x).time_breakdown["cpu_offload"] for x in (w, apart))
         assert (shared > alone * 1.5) if slower else (shared == alone)
+
+
+def test_a_nic_that_fills_the_shared_host_link_is_refused_in_one_line(tuner, tmp_path):
+    """With nic_shares_host_link the copies get what the NIC leaves of the link; a NIC at or above the link would leave
+    them nothing (a step that never ends): the cluster file is refused naming the fix, not predicted."""
+    text = (ROOT / "workloads" / "clusters" / "h100.toml").read_text()
+    assert re.search(r"^host_link_gbps = 64\.0", text, re.M) and re.search(r"^nic_shares_host_link = true", text, re.M)
+    path = tmp_path / "pcie-nic.toml"
+    path.write_text(re.sub(r"^host_link_gbps = 64\.0", "host_link_gbps = 30.0", text, flags=re.M))
+    code, _, err = tuner("plan", "--model", "llama3-8b", "--cluster", str(path), "--nodes", "2", "--top", "1")
+    assert code == 2 and err.count("\n") == 1 and "nic_shares_host_link" in err and "host_link_gbps" in err, err
 
 
 def test_dgx_a100_pairs_share_one_gen4_uplink_so_their_copies_move_at_half_a_gpus_rate():

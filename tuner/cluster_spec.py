@@ -218,7 +218,18 @@ class ClusterSpec:
                   "matmul_efficiency_fp8", "matmul_efficiency_fp4"):
             if d[k] is not None and d[k] > 1:
                 raise SpecError(f"{where}: {k} is a fraction of peak and must be <= 1, got {d[k]}")
-        return cls(**d)
+        return _check_nic_sharing(cls(**d), where)
+
+
+def _check_nic_sharing(spec: ClusterSpec, where: str) -> ClusterSpec:
+    """nic_shares_host_link needs a host link the NIC alone does not fill: the offload copies get what the NIC leaves
+    of it (tuner.perfmodel.offload.shared_rates), so a NIC at or above the link would leave them nothing."""
+    nic = spec.nic_bandwidth * spec.network_efficiency
+    if spec.nic_shares_host_link and nic >= spec.host_link:
+        raise SpecError(f"{where}: nic_shares_host_link is set but the NIC's {nic:.1f} GB/s per GPU fills the host link "
+                        f"({spec.host_link:.1f} GB/s): state host_link_gbps as the PCIe link the NIC and the copies "
+                        f"share, or drop nic_shares_host_link")
+    return spec
 
 
 def load_cluster(name: str) -> ClusterSpec:
