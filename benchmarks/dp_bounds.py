@@ -25,12 +25,13 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import sys
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import in_split_rows  # noqa: E402
+from parallel_bounds import patched  # noqa: E402  (a candidate's account in place of the model's)
 import reading  # noqa: E402
 import tuner.perfmodel as perfmodel  # noqa: E402
 from tuner.perfmodel import buckets, comm  # noqa: E402
@@ -51,16 +52,6 @@ COREWEAVE_GB200 = {1: (586, 681, 758, 839, 835, None), 2: (494, 596, 680, 743, 7
 #: NVIDIA/nccl#1229 (H100, 8 GPUs a node): reduce-scatter bus bandwidth, GB/s, at 4 / 8 / 16 / 32 / 64 / 128 nodes
 #: ("Linear decline, just like 360,345,320,300,280,260"; message size not stated).
 NCCL_1229 = {4: 360, 8: 345, 16: 320, 32: 300, 64: 280, 128: 260}
-
-
-@contextmanager
-def patched(obj, name: str, value):
-    old = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, old)
 
 
 def _no_sm(name):

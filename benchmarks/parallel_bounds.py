@@ -8,8 +8,9 @@ Candidates (each with what the model charges today, tuner/perfmodel):
   tp-cost   Transformer Engine's userbuffers TP overlap's own cost on a GEMM curve measured without it (b200.toml's
             kernel benchmarks; h100.toml's guessed curve carries it, tp_overlap.py's docstring): each GEMM chunked and
             beside communication kernels that hold SMs, as Megatron-Bridge's B200 settings give them (USERBUFFERS; the
-            405B recipes of B200, GB200, B300 and GB300 all take these, NVFP4 runs turn the overlap off), out of a
-            B200's 148 SMs. benchmarks/h100_gap.py's account (tp_overlap_seconds), with these settings.
+            405B recipes of B200, GB200, B300 and GB300 all take these, NVFP4 runs turn the overlap off), out of the
+            machine's SMs (its sm_count: B200 148, GB200 152; 148 where a file states none).
+            benchmarks/h100_gap.py's account (tp_overlap_seconds), with these settings.
   nvlink    every NVLink group of B200 / GB200 at the all_reduce bus bandwidth one GB200 tray measured (663 GB/s of
             900 at 8 GB, NVLINK_TRAY_EFFICIENCY) where the files charge network_efficiency 0.8 (720): a bound, since
             groups across trays measured more (856-896 GB/s on 2 trays with NVLink SHARP, the same README).
@@ -27,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import h100_gap  # noqa: E402  (Transformer Engine's TP-overlap account)
 import in_split_rows  # noqa: E402
 from tuner.perfmodel import comm, compute, stages, tp_overlap  # noqa: E402
 
@@ -41,7 +43,7 @@ USERBUFFERS = {"bf16": {"fprop": (("ring", 0, 0), ("pipeline", 4, 32), ("ring", 
                "fp8": {"fprop": (("ring", 0, 0),) * 4,
                        "dgrad": (("bulk", 1, 8), ("ring", 0, 0), ("bulk", 1, 2), ("ring", 0, 0)),
                        "wgrad": (("bulk", 1, 32), None, ("bulk", 1, 8), None)}}
-SMS = 148                   # ESTIMATE: a B200's SMs as CUDA reports them (148; B300 160), what those counts are out of
+SMS = 148                   # ESTIMATE where a file states no sm_count (B300 / GB300): a B200's SMs as CUDA reports them
 #: nccl-tests all_reduce_perf on one GB200 tray (4 GPUs, NCCL 2.27), oci-ai-incubations/oci-gpu-quickstarts @ da17d54d
 #: nvidia/GB200/README-GB200.md lines 180-202: busbw 657.3 GB/s at 4 GB, 663.3 at 8 GB = 0.737 of NVLink 5's 900.
 NVLINK_TRAY_EFFICIENCY = 663.3 / 900.0
@@ -49,31 +51,14 @@ MACHINES = ("b200", "gb200", "b300", "gb300")
 
 
 def tp_cost_seconds(model, cluster, shape: compute.Shape) -> float:
-    """A dense layer's GEMM seconds per micro-batch under USERBUFFERS (h100_gap.tp_overlap_seconds' account): chunks
-    run one after another on the GEMM curve; a pipeline's SMs are lost for the whole GEMM, a bulk transfer's while it
-    lasts."""
-    flops = compute.layer_gemm_flops(model, shape.tokens, shape.t)
-    act = 2.0 * model.seq_length * shape.tokens * model.hidden_size
-    transfer = comm.reduce_scatter_time(act, shape.t, comm.group_bandwidth(cluster, shape.t, 1), cluster)
-    cfg = USERBUFFERS["fp8" if shape.fp8 else "bf16"]
-
-    def run(f: float, how) -> float:
-        if how is None:
-            return compute.gemm_time(cluster, f, shape.fp8)
-        method, chunks, sms = how
-        n = chunks or shape.t
-        t, share = n * compute.gemm_time(cluster, f / n, shape.fp8), sms / SMS
-        if method == "pipeline":
-            return t / (1.0 - share)
-        return t + min(transfer * share, t * share / (1.0 - share)) if method == "bulk" else t
-
-    fwd = sum(run(f, how) for f, how in zip(flops, cfg["fprop"]))
-    bwd = sum(run(f, a) + run(f, b) for f, a, b in zip(flops, cfg["dgrad"], cfg["wgrad"]))
-    return fwd * (2.0 if shape.recompute == "full" else 1.0) + bwd * shape.backward_gemm
+    """A dense layer's GEMM seconds per micro-batch under USERBUFFERS: h100_gap.tp_overlap_seconds' account with these
+    settings, out of the machine's SMs (its file's sm_count; SMS where it states none)."""
+    return h100_gap.tp_overlap_seconds(model, cluster, shape, USERBUFFERS, cluster.sm_count or SMS)
 
 
 @contextmanager
 def patched(obj, name: str, value):
+    """`obj.name` is `value` inside the context (a candidate's account in place of the model's), restored after."""
     saved = getattr(obj, name)
     setattr(obj, name, value)
     try:
