@@ -271,8 +271,11 @@ def offload_beside_nic(layout: Layout, workload: Workload, how: tuple, slow: dic
     under the forward, the gradient reduce (and ZeRO-3's re-gathers) under the backward, spread evenly over the
     step's micro-batches (Megatron-FSDP runs them every micro-batch at pp 1; the distributed optimizer once a step,
     in the first forward and the last backward: an average there), only the groups that leave the scale-up domain
-    and only where they run under compute. `how`: (framework, overlaps, exchange, memo); `params`: the stage's
-    parameters and expert parameters per GPU."""
+    and only for stacks that run them under compute (Megatron-FSDP / FSDP, the overlapped distributed optimizer).
+    The seconds are the sync's whole time, its exposed first gather and last reduce-scatter and NCCL's per-bucket
+    latency included: an upper bound on the NIC's busy time (ASSUMPTION), the share capped at the whole phase
+    (offload.shared_rates). `how`: (framework, overlaps, exchange, memo); `params`: the stage's parameters and
+    expert parameters per GPU."""
     fw, hide, exchange, memo = how
     cluster = workload.cluster
     if not (layout.offload_layers and cluster.nic_shares_host_link and "cpu_offload" in slow):
