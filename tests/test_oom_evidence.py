@@ -163,3 +163,29 @@ def test_a_measured_run_of_the_account_that_leaves_the_oom_room_limits_it_to_its
     assert p_twin < twin.p_fit and why.startswith("its twin")                 # its twins stay capped
     near_cap = bounds_with(cap - W2.cluster.memory_reserved_gb - 1.0)            # the account 2.6x over: the OOM stands
     assert near_cap[0].refuted_by is None and oom_fit_cap(deeper, near_cap, cap)[1] is not None
+
+
+def test_the_allocators_share_a_run_measured_is_not_charged_to_the_oom_accounts_activations():
+    """Issue 30 item 3 (alloc-memory 175B at 2N): the account's ok runs read a reserved peak 1.36x their allocated
+    one, whose activations were as predicted; the OOM rule put that share on the activations alone, so layouts with
+    twice the micro-batch got p_fit 0. Two runs of one need (the same factor, the same memory correction): read as an
+    allocated peak, the share is the activations' (today's rule); read as a reserved peak over an allocated one as
+    predicted, it is the allocator's, on every byte, and the OOM leaves the account's layouts more room."""
+    cap, res = W4.cluster.memory_gb, W2.cluster.memory_reserved_gb
+    ran = replace(OOMED, pp=8, dp=1)
+    alloc = predict(ran, W2).memory_gb - res                   # allocated bytes as predicted
+    need = 1.6 * (alloc + res)                                 # what the run needed, its allocator's share included
+
+    def bounds_for(reserved: bool):
+        run = record(ran, Status.OK, peak=alloc if reserved else need - res, mfu=0.3)
+        run.peak_reserved_gb = need - res if reserved else None
+        recs = [record(OOMED, Status.OOM), run]
+        return oom_bounds(recs, W4, warm_start_records(recs, W4).observations.memory_gp(of(W4).memory_sd))
+
+    as_allocated, as_reserved = bounds_for(False), bounds_for(True)
+    assert as_allocated[0].refuted_by is None and as_reserved[0].refuted_by is None      # the OOM stands in both
+    assert as_allocated[0].mean == as_reserved[0].mean and set(as_allocated[0].shares) == {1.0}
+    assert abs(as_reserved[0].shares[0] - 1.6) < 1e-9
+    deeper, wider = predict(replace(OOMED, pp=8), W4), predict(replace(OOMED, pp=8, micro_batch=2), W4)
+    assert oom_fit_cap(deeper, as_reserved, cap)[0] > oom_fit_cap(deeper, as_allocated, cap)[0] + 0.05
+    assert oom_fit_cap(wider, as_allocated, cap)[0] == 0.0 < oom_fit_cap(wider, as_reserved, cap)[0]

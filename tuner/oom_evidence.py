@@ -19,7 +19,7 @@ from tuner.correction import features, left_out, record_workload
 from tuner.frameworks import ALLOCATOR_BIAS, ALLOCATOR_SD
 from tuner.layout import Layout
 from tuner.perfmodel import MEMORY_NOISE_SD, predict
-from tuner.perfmodel.fit import trial_need_gb
+from tuner.perfmodel.fit import measured_need_gb, trial_need_gb
 from tuner.specs import Workload
 from tuner.trial import Status
 
@@ -38,6 +38,7 @@ class OomBound:
     mean: float
     sd: float
     refuted_by: Layout | None = None   # a measured ok run of its activation account by whose factor it had room
+    shares: tuple[float, ...] = (1.0,)  # the allocator's shares its account's ok runs measured (room_gb; 1: none)
 
 
 def activation_account(layout: Layout) -> tuple:
@@ -67,15 +68,19 @@ def oom_bounds(records, workload: Workload, gp, studies: dict | None = None) -> 
         ft = features(rec.layout, w, p)
         mu, sd = gp.predict(ft.z[None, :], ft.fm[None, :])
         act = p.memory_breakdown.get("activations", 0.0)
+        shares = [s for lay, _, s in factors if activation_account(lay) == activation_account(rec.layout)]
         out.append(OomBound(rec.layout, int(rec.nodes), p.memory_gb, act, math.log(cap / p.memory_gb),
                             float(mu[0]) + ALLOCATOR_BIAS, max(math.hypot(float(sd[0]), ALLOCATOR_SD), floor),
-                            _refuted_by(rec.layout, p.memory_gb - act, act, factors, cap)))
+                            _refuted_by(rec.layout, p.memory_gb - act, act, factors, cap),
+                            (min(shares), max(shares)) if shares else (1.0,)))
     return out
 
 
-def measured_factors(records, workload: Workload, studies: dict | None = None) -> list[tuple[Layout, float]]:
-    """(layout, k) of each measured ok run of the evidence `oom_bounds` reads: k the factor its measured need
-    (tuner.perfmodel.fit.trial_need_gb) puts on its predicted activations over the predicted (exact) rest."""
+def measured_factors(records, workload: Workload, studies: dict | None = None) -> list[tuple[Layout, float, float]]:
+    """(layout, k, share) of each measured ok run of the evidence `oom_bounds` reads: k the factor its measured need
+    (tuner.perfmodel.fit.trial_need_gb) puts on its predicted activations over the predicted (exact) rest; share
+    that need over what its allocated peak alone needed (measured_need_gb): the caching allocator's share of the
+    run where its runner read the reserved peak, 1 where not."""
     out = []
     for rec in records or ():
         if rec.status != Status.OK or not rec.peak_memory_gb or left_out(rec, workload, studies):
@@ -86,7 +91,9 @@ def measured_factors(records, workload: Workload, studies: dict | None = None) -
         p = predict(rec.layout, w)
         act = p.memory_breakdown.get("activations", 0.0)
         if act > 0.0:
-            out.append((rec.layout, (trial_need_gb(rec, w.cluster.memory_reserved_gb) - (p.memory_gb - act)) / act))
+            need = trial_need_gb(rec, w.cluster.memory_reserved_gb)
+            share = need / max(measured_need_gb(rec.peak_memory_gb, w.cluster.memory_reserved_gb), 1e-9)
+            out.append((rec.layout, (need - (p.memory_gb - act)) / act, share))
     return out
 
 
@@ -96,7 +103,7 @@ def _refuted_by(layout: Layout, rest_gb: float, act_gb: float, factors: list, ca
     noise, one-sided 95 %): then one factor on the account does not explain both, so the OOM says nothing of the
     account's other layouts (issue 30) -- only of its twins."""
     room = math.exp(-Z95 * math.hypot(ALLOCATOR_SD, MEMORY_NOISE_SD)) * capacity_gb
-    for lay, k in factors:
+    for lay, k, _ in factors:
         if activation_account(lay) == activation_account(layout) and rest_gb + k * act_gb < room:
             return lay
     return None
@@ -113,7 +120,12 @@ def room_gb(pred, b: OomBound, capacity_gb: float) -> float | None:
     """The most the OOM'd layout `b` can have needed for `pred`'s layout to fit (None: not comparable). With
     their activations off by one factor k over an exact rest S (S = total - activations), the OOM says
     S_oom + k A_oom > capacity and the layout fits iff S + k A <= capacity, i.e. iff the OOM'd layout needed
-    at most S_oom + A_oom (capacity - S) / A; a twin (A = A_oom): capacity + its total less the layout's."""
+    at most S_oom + A_oom (capacity - S) / A; a twin (A = A_oom): capacity + its total less the layout's.
+    Where its account's ok runs read the caching allocator's reserved peak, the share s that peak adds to the
+    allocated one (measured_factors) is the allocator's, on every byte, not the activations' (issue 30 item 3: the
+    reserved peaks of Frontier's 175B runs were 1.36x their allocated ones, whose activations were as predicted):
+    both then need s times their allocated bytes, and the OOM'd layout at most s S_oom + A_oom (capacity - s S) / A;
+    the least room over the shares measured (today's rule at s = 1, where none was)."""
     if activation_account(b.layout) != activation_account(pred.layout):
         return None
     if b.refuted_by is not None and replace(b.layout, dp=1, zero_stage=0) != replace(pred.layout, dp=1, zero_stage=0):
@@ -121,7 +133,8 @@ def room_gb(pred, b: OomBound, capacity_gb: float) -> float | None:
     act = pred.memory_breakdown.get("activations", 0.0)
     if b.act_gb <= 0.0 or act <= 0.0:
         return None
-    return b.total_gb - b.act_gb + b.act_gb * (capacity_gb - (pred.memory_gb - act)) / act
+    rest = pred.memory_gb - act
+    return min(s * (b.total_gb - b.act_gb) + b.act_gb * (capacity_gb - s * rest) / act for s in b.shares)
 
 
 def oom_fit_cap(pred, bounds: list[OomBound], capacity_gb: float) -> tuple[float, str | None]:
