@@ -122,8 +122,9 @@ def room_gb(pred, b: OomBound, capacity_gb: float) -> float | None:
     S_oom + k A_oom > capacity and the layout fits iff S + k A <= capacity, i.e. iff the OOM'd layout needed
     at most S_oom + A_oom (capacity - S) / A; a twin (A = A_oom): capacity + its total less the layout's.
     Where its account's ok runs read the caching allocator's reserved peak, the share s that peak adds to the
-    allocated one (measured_factors) is the allocator's, on every byte, not the activations' (issue 30 item 3: the
-    reserved peaks of Frontier's 175B runs were 1.36x their allocated ones, whose activations were as predicted):
+    allocated one (measured_factors) is the allocator's, on every byte, not the activations' (issue 30 item 3: in
+    a benchmark world's 175B study, not a measurement, reserved peaks 1.36x allocated ones whose activations were as
+    predicted had read as activations 2.19x the model's):
     both then need s times their allocated bytes, and the OOM'd layout at most s S_oom + A_oom (capacity - s S) / A;
     the least room over the shares measured (today's rule at s = 1, where none was)."""
     if activation_account(b.layout) != activation_account(pred.layout):
