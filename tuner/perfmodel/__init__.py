@@ -288,7 +288,10 @@ def offload_beside_nic(layout: Layout, workload: Workload, how: tuple, slow: dic
                               layout.expert_parallel * layout.expert_tensor_parallel))
     inter = [(whole[k] - whole.get(f"expert_{k}", 0.0)) * out[0] + whole.get(f"expert_{k}", 0.0) * out[1]
              for k in ("param_gather", "grad_reduce")]
-    busy = m * (slow["gemm"] + slow["attention"] + slow["elementwise"] + slow["tp_comm"])
+    # the kernels' seconds, not the TP collectives': a TP group that leaves the node sends over the same NIC, which
+    # the share does not count, so its seconds are not NIC-idle time either (exposing TP or moving it out of the
+    # NVLink domain never makes the copies faster: benchmarks/invariants.py)
+    busy = m * (slow["gemm"] + slow["attention"] + slow["elementwise"])
     fwd = 1.0 / (1.0 + 2.0 * sh.backward_gemm)
     if not any(inter) or busy <= 0:
         return slow
