@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import in_split_rows  # noqa: E402
-from parallel_bounds import patched  # noqa: E402  (a candidate's account in place of the model's)
+from in_split_rows import patched  # noqa: E402  (a candidate's account in place of the model's)
 import reading  # noqa: E402
 import tuner.perfmodel as perfmodel  # noqa: E402
 from tuner.perfmodel import buckets, comm  # noqa: E402

@@ -72,8 +72,19 @@ HOPPER_RATIO = {"matmul": 0.7 / 0.818, "attention": 0.7 / 1.08, "hbm": 0.75 / 0.
 
 
 @contextmanager
+def patched(obj, name: str, value):
+    """`obj.name` is `value` inside the context (a candidate's account in place of the model's), restored after: the
+    diagnostics' one swap (hopper_ratio here, benchmarks/parallel_bounds.py and dp_bounds.py)."""
+    saved = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, saved)
+
+
 def hopper_ratio():
-    """While the block runs, rows read the Blackwell clusters with their GEMM, attention and element-wise rates times
+    """A context in which rows read the Blackwell clusters with their GEMM, attention and element-wise rates times
     HOPPER_RATIO: what their predictions would say if those constants stood for what H100's do."""
     load = reading.load_cluster
 
@@ -88,11 +99,7 @@ def hopper_ratio():
             matmul_efficiency_fp4=c.matmul_efficiency_fp4 and c.matmul_efficiency_fp4 * m,
             attention_efficiency=c.attention_efficiency * HOPPER_RATIO["attention"],
             memory_bandwidth_efficiency=c.memory_bandwidth_efficiency * HOPPER_RATIO["hbm"])
-    reading.load_cluster = scaled
-    try:
-        yield
-    finally:
-        reading.load_cluster = load
+    return patched(reading, "load_cluster", scaled)
 
 
 def split(done: list) -> None:

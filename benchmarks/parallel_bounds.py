@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import math
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import h100_gap  # noqa: E402  (Transformer Engine's TP-overlap account)
 import in_split_rows  # noqa: E402
+from in_split_rows import patched  # noqa: E402  (a candidate's account in place of the model's)
 from tuner.perfmodel import comm, compute, stages, tp_overlap  # noqa: E402
 
 #: Megatron-Bridge's TP-overlap settings for B200 (NVIDIA-NeMo/Megatron-Bridge @ 067f987d
@@ -54,17 +54,6 @@ def tp_cost_seconds(model, cluster, shape: compute.Shape) -> float:
     """A dense layer's GEMM seconds per micro-batch under USERBUFFERS: h100_gap.tp_overlap_seconds' account with these
     settings, out of the machine's SMs (its file's sm_count; SMS where it states none)."""
     return h100_gap.tp_overlap_seconds(model, cluster, shape, USERBUFFERS, cluster.sm_count or SMS)
-
-
-@contextmanager
-def patched(obj, name: str, value):
-    """`obj.name` is `value` inside the context (a candidate's account in place of the model's), restored after."""
-    saved = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, saved)
 
 
 def candidate(name: str):
