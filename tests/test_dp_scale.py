@@ -47,3 +47,26 @@ def test_every_dp_bound_candidate_puts_the_model_back():
             now = (reading.load_cluster, comm.NCCL_CTAS, buckets.default_bucket_size, perfmodel.overlaps_of)
             assert now != before, name
         assert (reading.load_cluster, comm.NCCL_CTAS, buckets.default_bucket_size, perfmodel.overlaps_of) == before
+
+
+def test_every_dp_bound_candidate_moves_the_256_gpu_mlperf_layout():
+    """Each candidate reaches predict: the 256-GPU B200 MLPerf 8B layout (tp1 cp2 dp128) runs faster without NCCL's
+    SMs charged, with 8 CTAs or the config's 768 M buckets, slower with its data-parallel collectives exposed, and as
+    before once the candidate ends."""
+    import reading
+    from tuner.layout import Layout
+    row = {"model": "llama3-8b", "source": "mlcommons/training_results_v5.1 NVIDIA/results/x and y"}
+    lay = Layout(tp=1, pp=1, dp=128, micro_batch=1, zero_stage=1, recompute="none", context_parallel=2)
+
+    def step() -> float:
+        w = make_workload("llama3-8b", 32, reading.load_cluster("b200"), 128, precision="fp8",
+                          framework="megatron-core")
+        return predict(lay, w).step_time_s
+    base = step()
+    for name, faster in (("no-sm", True), ("sm8", True), ("buckets", True), ("dp-off", False)):
+        with dp_bounds.ExitStack() as stack:
+            dp_bounds.candidate(stack, name, row)
+            moved = step()
+        assert (moved < base * 0.99) if faster else (moved > base * 1.01), (name, moved / base)
+        assert step() == base
+    assert set(dp_bounds.CANDIDATES) == {"no-sm", "sm8", "buckets", "dp-off"}

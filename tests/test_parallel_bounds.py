@@ -43,3 +43,19 @@ def test_every_candidate_puts_the_model_back():
                 stages.overlaps_of) == before
     with pytest.raises(ValueError):
         pb.candidate("nothing")
+
+
+def test_every_candidate_moves_a_layout_that_uses_tp_cp_and_pp_and_the_model_comes_back():
+    """Each candidate reaches predict (no cache keeps the model's account): a B200 layout with tp, cp and pp runs slower
+    under every one, and exactly as before once it ends."""
+    from tuner.layout import Layout
+    from tuner.perfmodel import predict
+    from tuner.specs import make_workload
+    w = make_workload("llama3-70b", 8, "b200", 128, precision="fp8", framework="megatron-core")
+    lay = Layout(tp=4, sequence_parallel=True, context_parallel=2, pp=4, virtual_pipeline=5, dp=2, micro_batch=1,
+                 zero_stage=1, recompute="none")
+    base = predict(lay, w).step_time_s
+    for name in pb.CANDIDATES:
+        with pb.candidate(name):
+            assert predict(lay, w).step_time_s > base * 1.001, name
+        assert predict(lay, w).step_time_s == base, name
