@@ -19,6 +19,13 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 # later harness run at start. One build folder per venv; an explicit setting wins.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
+# numpy's and scipy's OpenBLAS start one thread per core; on a 2-core machine that other jobs keep busy, its
+# threads wait on each other: a 151 x 151 Cholesky (the guided searcher's stop rule) took 48 ms instead of
+# 0.1 ms single-threaded, and test_cli's guided warm-start test 22 s instead of 8 s. The tests' matrices are
+# small: one thread, here and in every process a test starts (they inherit it). Read when numpy loads, so set
+# before any test module imports it (no plugin does); an explicit setting wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 
 # ---- the "tuner" logger -----------------------------------------------------------------------
 @pytest.fixture(autouse=True)
