@@ -26,8 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import framework_accuracy as fa  # noqa: E402
 import published  # noqa: E402
-from tuner.perfmodel import compute, rank  # noqa: E402
-from tuner.perfmodel.comm import group_bandwidth, reduce_scatter_time  # noqa: E402
+from tuner.perfmodel import compute, rank, tp_overlap  # noqa: E402
 from tuner.cluster_spec import ClusterSpec  # noqa: E402
 from tuner.space import load_space, valid_layouts  # noqa: E402
 from tuner.specs import load_cluster, load_model, make_workload  # noqa: E402
@@ -59,28 +58,10 @@ H100_SETTINGS = {"bf16": TP_OVERLAP, "fp8": {**TP_OVERLAP, "fprop": TP_OVERLAP_F
 
 def tp_overlap_seconds(model, cluster, shape: compute.Shape, settings: dict = H100_SETTINGS, sms: int = SMS) -> float:
     """A dense layer's GEMM seconds per micro-batch (forward, its recompute, both backward GEMMs) under `settings`
-    (per precision, per pass: H100_SETTINGS, or benchmarks/parallel_bounds.py's Blackwell ones) out of `sms` SMs:
-    chunks run one after another on the GEMM curve; a pipeline's SMs are lost for the whole GEMM, a bulk transfer's
-    while it lasts (the sequence's all-gather / reduce-scatter over the TP group, as comm.py times it)."""
-    flops = compute.layer_gemm_flops(model, shape.tokens, shape.t)
-    act = 2.0 * model.seq_length * shape.tokens * model.hidden_size
-    transfer = reduce_scatter_time(act, shape.t, group_bandwidth(cluster, shape.t, 1), cluster)
-    cfg = settings["fp8" if shape.fp8 else "bf16"]
-
-    def run(f: float, how) -> float:
-        if how is None:
-            return compute.gemm_time(cluster, f, shape.fp8)
-        method, chunks, held = how
-        n = chunks or shape.t
-        t, share = n * compute.gemm_time(cluster, f / n, shape.fp8), held / sms
-        if method == "pipeline":
-            return t / (1.0 - share)
-        return t + min(transfer * share, t * share / (1.0 - share)) if method == "bulk" else t
-
-    fwd = sum(run(f, how) for f, how in zip(flops, cfg["fprop"]))
-    bwd = sum(run(f, a) + run(f, b) for f, a, b in zip(flops, cfg["dgrad"], cfg["wgrad"]))
-    full = 1.0 if shape.recompute == "full" else 0.0
-    return fwd * (1.0 + full) + bwd * shape.backward_gemm
+    (per precision, per pass: H100_SETTINGS, or tp_overlap.BLACKWELL_USERBUFFERS) out of `sms` SMs: the model's
+    account, tuner.perfmodel.tp_overlap.overlapped_gemm_seconds (chunks one after another on the GEMM curve; a
+    pipeline's SMs lost for the whole GEMM, a bulk transfer's while it lasts)."""
+    return tp_overlap.overlapped_gemm_seconds(model, cluster, shape, settings, sms)
 
 
 class Variant:

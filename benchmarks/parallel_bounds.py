@@ -5,12 +5,12 @@ no constant is chosen from it, and held-out rows are dropped before any row is p
 Run: python benchmarks/parallel_bounds.py   (deterministic, a few CPU seconds; no seed)
 
 Candidates (each with what the model charges today, tuner/perfmodel):
-  tp-cost   Transformer Engine's userbuffers TP overlap's own cost on a GEMM curve measured without it (b200.toml's
-            kernel benchmarks; h100.toml's guessed curve carries it, tp_overlap.py's docstring): each GEMM chunked and
-            beside communication kernels that hold SMs, as Megatron-Bridge's B200 settings give them (USERBUFFERS; the
-            405B recipes of B200, GB200, B300 and GB300 all take these, NVFP4 runs turn the overlap off), out of the
-            machine's SMs (its sm_count: B200 148, GB200 152; 148 where a file states none).
-            benchmarks/h100_gap.py's account (tp_overlap_seconds), with these settings.
+  tp-cost   Transformer Engine's userbuffers TP overlap's own cost on a GEMM curve measured without it, on B300 /
+            GB300 too: each GEMM chunked and beside communication kernels that hold SMs, as Megatron-Bridge's B200
+            settings give them (USERBUFFERS; the 405B recipes of B200, GB200, B300 and GB300 all take these, NVFP4
+            runs turn the overlap off), out of the machine's SMs (148 where a file states none). The model charges it
+            on b200 / gb200 (tp_overlap_gemm_cost with sm_count, tuner.perfmodel.tp_overlap.gemm_cost_seconds) since
+            issue 26's twelfth session; this candidate adds it where the model does not (B300 / GB300, no sm_count).
   nvlink    every NVLink group of B200 / GB200 at the all_reduce bus bandwidth one GB200 tray measured (663 GB/s of
             900 at 8 GB, NVLINK_TRAY_EFFICIENCY) where the files charge network_efficiency 0.8 (720): a bound, since
             groups across trays measured more (856-896 GB/s on 2 trays with NVLink SHARP, the same README).
@@ -32,17 +32,9 @@ import in_split_rows  # noqa: E402
 from in_split_rows import patched  # noqa: E402  (a candidate's account in place of the model's)
 from tuner.perfmodel import comm, compute, stages, tp_overlap  # noqa: E402
 
-#: Megatron-Bridge's TP-overlap settings for B200 (NVIDIA-NeMo/Megatron-Bridge @ 067f987d
-#: src/megatron/bridge/training/comm_overlap.py, userbuffers_{bf16,fp8}_b200_h16384_tp4_cp2_mbs1_seqlen8192), per GEMM
-#: (qkv, proj, fc1, fc2) and pass: (method, chunks: 0 = tp, SMs the communication holds); its 405B performance configs
-#: give them to B200, GB200, B300 and GB300 alike and set tp_comm_overlap False for NVFP4 (@ c8327cfc2~1
-#: scripts/performance/configs/llama/llama31_llm_pretrain.py). H100's 70B settings are h100_gap.TP_OVERLAP.
-USERBUFFERS = {"bf16": {"fprop": (("ring", 0, 0), ("pipeline", 4, 32), ("ring", 0, 0), ("pipeline", 4, 8)),
-                        "dgrad": (("bulk", 1, 8), ("ring", 0, 0), ("bulk", 1, 2), ("ring", 0, 0)),
-                        "wgrad": (("bulk", 1, 24), None, ("bulk", 1, 2), None)},
-               "fp8": {"fprop": (("ring", 0, 0),) * 4,
-                       "dgrad": (("bulk", 1, 8), ("ring", 0, 0), ("bulk", 1, 2), ("ring", 0, 0)),
-                       "wgrad": (("bulk", 1, 32), None, ("bulk", 1, 8), None)}}
+#: Megatron-Bridge's TP-overlap settings for B200, which the model charges on b200 / gb200 (tuner.perfmodel.tp_overlap,
+#: the files' tp_overlap_gemm_cost); H100's 70B settings are h100_gap.TP_OVERLAP.
+USERBUFFERS = tp_overlap.BLACKWELL_USERBUFFERS
 SMS = 148                   # ESTIMATE where a file states no sm_count (B300 / GB300): a B200's SMs as CUDA reports them
 #: nccl-tests all_reduce_perf on one GB200 tray (4 GPUs, NCCL 2.27), oci-ai-incubations/oci-gpu-quickstarts @ da17d54d
 #: nvidia/GB200/README-GB200.md lines 180-202: busbw 657.3 GB/s at 4 GB, 663.3 at 8 GB = 0.737 of NVLink 5's 900.
@@ -63,7 +55,8 @@ def candidate(name: str):
 
         def times(model, cl, shape):
             out = layer_times(model, cl, shape)
-            if shape.sp and shape.t > 1 and cl.name in MACHINES and cl.software == "cuda":
+            if (shape.sp and shape.t > 1 and cl.name in MACHINES and cl.software == "cuda"
+                    and not (cl.tp_overlap_gemm_cost and cl.sm_count)):     # the model charges it there itself
                 out = {**out, "gemm": tp_cost_seconds(model, cl, shape)}
             return out
         return patched(compute, "layer_times", times)

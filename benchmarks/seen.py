@@ -360,13 +360,13 @@ HARDWARE_SEEN: dict = {
     ) for k in ("memory", "speed")},
     "Blackwell GEMM curve from XLA's sm_100 sweep (workloads/clusters/b200.toml [9])": (
         "speed", lambda r: r.get("cluster") in ("b200", "gb200", "b300", "gb300") and _saw(r, "issue 25 round 5 (")),
-    # issue 26 (2026-12-03), each chosen after benchmarks/in_split_rows.py (or dp_bounds.py; neither predicts a held-out row) had
+    # issue 26 (2026-12-03), each chosen after benchmarks/in_split_rows.py (or dp_bounds.py / parallel_bounds.py; none predicts a held-out row) had
     # printed the in-split Blackwell rows (GB200 / B200 too fast, GB300 too slow), no held-out row's error printed: GB200's and
-    # B300's GEMM fractions from the MAMF finder (gb200.toml [7], b300.toml [5]); context parallelism's merges (TE's ring); NCCL's SMs
+    # B300's GEMM fractions from the MAMF finder (gb200.toml [7], b300.toml [5]); context parallelism's merges (TE's ring); NCCL's SMs; the TP overlap's own GEMM cost (at 3610596)
     **{k: ("speed", lambda r: r.get("cluster") in ("b200", "gb200", "b300", "gb300") and not held_out(r) and _saw(r, "issue 25 / 26 second read of the twelfth session"))
        for k in ("GB200 / B300 GEMM fractions from the MAMF finder (workloads/clusters/gb200.toml [7], b300.toml [5])",
                  "context parallelism's merges (tuner/perfmodel/compute.py cp_merge_bytes)",
-                 "NCCL's SMs on B200 / GB200 (workloads/clusters/b200.toml [11], gb200.toml [8] sm_count; benchmarks/dp_bounds.py)")},
+                 "NCCL's SMs on B200 / GB200 (workloads/clusters/b200.toml [11], gb200.toml [8] sm_count; benchmarks/dp_bounds.py)", "the TP overlap's own GEMM cost on B200 / GB200 (tuner/perfmodel/tp_overlap.gemm_cost_seconds; b200.toml [12], gb200.toml [9])")},
     # issues 25 / 26: SEEN's entry of that name (every Megatron-Core row here printed with and without it, ROCm's too)
     "Megatron-Core's CI step floor, not applied (benchmarks/step_floor.py)": (
         "speed", lambda r: r.get("framework", "megatron-core") == "megatron-core" and _saw(r, "issue 25 fresh dense")),

@@ -53,6 +53,9 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
     "flash_attention": (bool, True),             # whether attention keeps no s^2 scores (and runs fused)
     "sm_count": (int, None),                     # streaming multiprocessors per GPU (none: communication kernels'
                                                  # SMs not counted against the compute they overlap)
+    "tp_overlap_gemm_cost": (bool, None),        # the GEMM curve is a kernel measurement that does not carry what
+                                                 # Transformer Engine's TP overlap costs the GEMMs it hides under, so
+                                                 # the model charges it (tuner.perfmodel.tp_overlap; needs sm_count)
     "host_link_gbps": (float, None),             # per GPU, per direction, to host memory (PCIe / NVLink-C2C): CPU
                                                  # activation offloading's copies (none: HOST_LINK_GBPS)
     "host_d2h_gbps": (float, None),              # per GPU, GPU -> host, measured with every GPU of the node copying
@@ -81,7 +84,7 @@ RETIRED_CLUSTER_KEYS = ("comm_overlap", "memory_headroom")
 HOST_LINK_GBPS = 64.0
 #: Keys stored only when a file states them (so a study stored before they existed reads back the same).
 OPTIONAL_KEYS = ("operations", "sm_count", "host_link_gbps", "host_memory_gb", "host_d2h_gbps", "host_h2d_gbps",
-                 "nic_shares_host_link")
+                 "nic_shares_host_link", "tp_overlap_gemm_cost")
 #: GB of 1e9 bytes in one GiB: the model's unit (tuner.perfmodel.memory.GB) per 2^30 bytes.
 GB_PER_GIB = 2 ** 30 / 1e9
 
@@ -143,6 +146,7 @@ class ClusterSpec:
     host_d2h_gbps: float | None = None       # measured GPU -> host GB/s per GPU, all GPUs at once; stored when given
     host_h2d_gbps: float | None = None       # measured host -> GPU GB/s per GPU, all GPUs at once; stored when given
     nic_shares_host_link: bool | None = None  # GPUDirect traffic on the host copies' PCIe link; stored when given
+    tp_overlap_gemm_cost: bool | None = None  # charge the TP overlap's own GEMM cost (tp_overlap); stored when given
 
     @property
     def domain_gpus(self) -> int:

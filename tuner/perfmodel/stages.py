@@ -125,13 +125,17 @@ def _layer_comms(layout: Layout, workload: Workload, sh: compute.Shape, exchange
     # re-gather of the input, which tp_allreduces_per_layer counts as hidden under the data-gradient GEMM: where the
     # GEMMs are short (small models on Blackwell) it could cost more than no overlap at all, so it is capped there.
     tp_hidden = "tp" in hide and sh.sp and not comm.leaves_domain(cluster, t, 1) and cluster.software == "cuda"
-    tp_comm = (min(tp_overlap.exposed_seconds(workload.model, cluster, sh), lc["tp_comm"]) if tp_hidden and t > 1
-               else lc["tp_comm"])
+    # Where the cluster's GEMM curve does not carry it, the overlap's own cost on those GEMMs (chunks, the SMs its
+    # kernels hold: tp_overlap.gemm_cost_seconds) is charged with what shows, under the same cap.
+    model = workload.model
+    tp_comm = (min(tp_overlap.exposed_seconds(model, cluster, sh) + tp_overlap.gemm_cost_seconds(model, cluster, sh),
+                   lc["tp_comm"]) if tp_hidden and t > 1 else lc["tp_comm"])
     tp_moe = tp_comm
     if attention_tp_only(workload):           # an MoE layer's: the attention's collectives alone
         tp_moe = lc["tp_comm"] / 2.0
         if tp_hidden and t > 1:
-            tp_moe = min(tp_overlap.exposed_seconds(workload.model, cluster, sh, mlp=False), tp_moe)
+            tp_moe = min(tp_overlap.exposed_seconds(model, cluster, sh, mlp=False)
+                         + tp_overlap.gemm_cost_seconds(model, cluster, sh, mlp=False), tp_moe)
     return lc["cp_comm"], tp_comm, ar, boundary, hide, tp_moe
 
 

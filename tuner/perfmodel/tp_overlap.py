@@ -19,8 +19,10 @@ How long each shows (transformer_engine/common/comm_gemm_overlap/comm_gemm_overl
   H100 settings), chunk i's reduce-scatter after GEMM chunk i, so the last chunk's always shows:
   max(c / 4, c - g 3 / 4);
 - bulk (CommOverlapBase::bulk_overlap): the transfer is launched beside the whole GEMM: max(0, c - g).
-The GEMM's own slowdown by chunking and by the SMs the communication kernels hold is not charged: h100.toml's GEMM
-curve carries it (docs/benchmarks.md, benchmarks/h100_gap.py).
+The GEMM's own slowdown by chunking and by the SMs the communication kernels hold (`gemm_cost_seconds`) is charged
+only where a cluster file says its GEMM curve is a kernel measurement that does not carry it (`tp_overlap_gemm_cost`,
+with `sm_count`: b200.toml, gb200.toml); h100.toml's guessed curve carries it (docs/benchmarks.md,
+benchmarks/h100_gap.py).
 
 A mixture-of-experts layer without shared experts runs the attention's collectives only (`mlp` False): Megatron-Core's
 MoE block routes the rank's own sequence-parallel tokens and moves them in the dispatcher, with no TP collective at
@@ -35,6 +37,22 @@ from tuner.perfmodel import comm, compute
 from tuner.specs import ClusterSpec, ModelSpec
 
 PIPELINE_SPLITS = 4          # num_splits of TE's "pipeline" reduce-scatter overlap (its default; NeMo's H100 configs)
+#: Megatron-Bridge's TP-overlap settings for B200 (NVIDIA-NeMo/Megatron-Bridge @ 067f987d
+#: src/megatron/bridge/training/comm_overlap.py, userbuffers_{bf16,fp8}_b200_h16384_tp4_cp2_mbs1_seqlen8192), per GEMM
+#: (qkv, proj, fc1, fc2) and pass: (method, chunks: 0 = tp, SMs the communication holds); its Llama 3.1 405B
+#: performance configs give them to B200, GB200, B300 and GB300 alike (and set tp_comm_overlap False for NVFP4, @
+#: c8327cfc2~1 scripts/performance/configs/llama/llama31_llm_pretrain.py). Taken for every model width: the one
+#: Blackwell table its recipes share (its 70B tp2 settings hold 32 / 16 SMs where these hold 32 / 8). A bulk overlap
+#: there sets set_sm_margin False (BulkOverlapCfg), so the GEMM keeps every SM and loses the comm kernel's while the
+#: transfer runs; a pipeline sets it True: the GEMM runs on sm_count - num_sm SMs throughout (comm_gemm_overlap.cpp
+#: line 143, `_math_sms`).
+BLACKWELL_USERBUFFERS = {
+    "bf16": {"fprop": (("ring", 0, 0), ("pipeline", 4, 32), ("ring", 0, 0), ("pipeline", 4, 8)),
+             "dgrad": (("bulk", 1, 8), ("ring", 0, 0), ("bulk", 1, 2), ("ring", 0, 0)),
+             "wgrad": (("bulk", 1, 24), None, ("bulk", 1, 2), None)},
+    "fp8": {"fprop": (("ring", 0, 0),) * 4,
+            "dgrad": (("bulk", 1, 8), ("ring", 0, 0), ("bulk", 1, 2), ("ring", 0, 0)),
+            "wgrad": (("bulk", 1, 32), None, ("bulk", 1, 8), None)}}
 
 
 def ring(c: float, g: float, tp: int) -> float:
@@ -68,3 +86,42 @@ def exposed_seconds(model: ModelSpec, cluster: ClusterSpec, sh: compute.Shape, m
         forward += ring(ag, fc1, t) + pipeline(rs, fc2)
         backward += ring(ag, fc2 * b, t) + bulk(ag, fc1 * b) + bulk(rs, fc1 * b)
     return forward * (2.0 if sh.recompute == "full" else 1.0) + backward
+
+
+def overlapped_gemm_seconds(model: ModelSpec, cluster: ClusterSpec, sh: compute.Shape, settings: dict, sms: int,
+                            mlp: bool = True) -> float:
+    """A dense layer's GEMM seconds per micro-batch (forward, its full recompute, both backward GEMMs) run as
+    `settings` (per precision, per pass, per GEMM: (method, chunks, SMs held), BLACKWELL_USERBUFFERS' form) runs them
+    out of `sms` SMs: a ring exchange's and a pipeline's chunks one after another on the GEMM curve (chunks 0: tp); a
+    pipeline's SMs lost for the whole GEMM, a bulk transfer's while it lasts (the sequence's all-gather /
+    reduce-scatter over the TP group, as comm.py times it). `mlp` False: the attention's QKV and projection alone."""
+    flops = compute.layer_gemm_flops(model, sh.tokens, sh.t)[:4 if mlp else 2]
+    act = 2.0 * model.seq_length * sh.tokens * model.hidden_size
+    transfer = comm.reduce_scatter_time(act, sh.t, comm.group_bandwidth(cluster, sh.t, 1), cluster)
+    cfg = settings["fp8" if sh.fp8 else "bf16"]
+
+    def run(f: float, how) -> float:
+        if how is None:
+            return compute.gemm_time(cluster, f, sh.fp8)
+        method, chunks, held = how
+        n = chunks or sh.t
+        t, share = n * compute.gemm_time(cluster, f / n, sh.fp8), held / sms
+        if method == "pipeline":
+            return t / (1.0 - share)
+        return t + min(transfer * share, t * share / (1.0 - share)) if method == "bulk" else t
+
+    fwd = sum(run(f, how) for f, how in zip(flops, cfg["fprop"]))
+    bwd = sum(run(f, a) + run(f, b) for f, a, b in zip(flops, cfg["dgrad"], cfg["wgrad"]))
+    return fwd * (2.0 if sh.recompute == "full" else 1.0) + bwd * sh.backward_gemm
+
+
+def gemm_cost_seconds(model: ModelSpec, cluster: ClusterSpec, sh: compute.Shape, mlp: bool = True) -> float:
+    """What Transformer Engine's TP overlap itself costs a dense layer's GEMMs per micro-batch (BLACKWELL_USERBUFFERS
+    run against the same GEMMs whole on every SM), where the cluster's file charges it (`tp_overlap_gemm_cost`, with
+    `sm_count`; module docstring), else 0."""
+    if not (cluster.tp_overlap_gemm_cost and cluster.sm_count) or sh.t <= 1:
+        return 0.0
+    flops = compute.layer_gemm_flops(model, sh.tokens, sh.t)[:4 if mlp else 2]
+    whole = sum(compute.gemm_time(cluster, f, sh.fp8) for f in flops)
+    plain = whole * (2.0 if sh.recompute == "full" else 1.0) + 2.0 * whole * sh.backward_gemm
+    return max(0.0, overlapped_gemm_seconds(model, cluster, sh, BLACKWELL_USERBUFFERS, cluster.sm_count, mlp) - plain)
