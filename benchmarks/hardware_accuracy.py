@@ -7,7 +7,7 @@ e.g. "training_results_v5.1" for the MLPerf rows, "performance_long_sequence" fo
 Rows: benchmarks/data/hardware_published.toml (NVIDIA Megatron-Bridge's DGX-GB200 / B200 / GB300 / B300
 pre-training tables, 25.09 to 26.08, NVIDIA dgxc-benchmarking v25.05.05's GB200 tables (Grok-1 with its own shape),
 DeepSeek-V3's H800 run, MLPerf Training v5.1's Llama 3.1 405B / 8B result logs and configs (NVIDIA GB200 / GB300,
-B200 / B300 submitters, AMD MI355X) and v5.0's GB200 Llama 3.1 405B ones, NeMo's long-sequence B200 table,
+B200 / B300 submitters, AMD MI355X, AMD and Cisco MI350X) and v5.0's GB200 Llama 3.1 405B ones, NeMo's long-sequence B200 table,
 torchao's torchtitan benchmarks on MI300X and on B200 at 750 W), every source named in the file; each row is predicted with the
 layout it ran, its pipeline split included (the DeepSeek-V3 recipes' "light-last" layers per stage, the
 data file's `pipeline_split`). One configuration is one row
@@ -41,7 +41,7 @@ from tuner.perfmodel import predict  # noqa: E402
 
 FAMILIES = {"b200": "Blackwell DGX B200", "gb200": "Blackwell GB200 NVL72", "b300": "Blackwell Ultra DGX B300",
             "gb300": "Blackwell Ultra GB300 NVL72", "h800": "Hopper H800", "mi325x": "AMD Instinct MI325X",
-            "mi355x": "AMD Instinct MI355X", "mi300x": "AMD Instinct MI300X"}
+            "mi355x": "AMD Instinct MI355X", "mi350x": "AMD Instinct MI350X", "mi300x": "AMD Instinct MI300X"}
 #: AMD presets no published run validates (benchmarks/data/hardware_published.toml says why)
 UNVALIDATED = ("mi300a",)
 

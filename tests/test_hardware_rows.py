@@ -38,7 +38,7 @@ def test_the_benchmark_reports_every_configuration_and_each_family(capsys):
     out = capsys.readouterr().out
     rows = bench.published.hardware()
     assert sum(line.startswith("  ") and "x  " in line for line in out.splitlines()) == len(rows)
-    for fam in ("b200", "gb200", "b300", "gb300", "mi325x", "mi355x", "mi300x"):
+    for fam in ("b200", "gb200", "b300", "gb300", "mi325x", "mi355x", "mi350x", "mi300x"):
         n = sum(r["cluster"] == fam for r in rows)
         assert len(summary[fam]["all"]) + summary[fam]["refused"] == n > 0
     assert "AMD Instinct" in out and "unvalidated" in out
