@@ -51,6 +51,7 @@ MCORE_FLAGS = {
     "--fp8-amax-history-len": "TC:621", "--fp8-amax-compute-algo": "TC:624",
     "--fp8-param-gather": "A:2016 (A:1095-1097: only with the distributed optimizer or an FSDP)",
     "--overlap-grad-reduce": "A:3121", "--overlap-param-gather": "A:3148", "--tp-comm-overlap": "MPC:265",
+    "--tp-comm-overlap-cfg": "A:2880 (a YAML file: initialize.py line 213 yaml.safe_load, passed as TE's ub_cfgs)",
     "--account-for-embedding-in-pipeline-split": "TC:137", "--account-for-loss-in-pipeline-split": "TC:141",
     # issue "launch files that run as written": the RoPE base, the attention the model assumed, data, checkpoints
     "--rotary-base": "A:2418 (int, default 10000)",

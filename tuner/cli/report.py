@@ -18,7 +18,7 @@ from tuner.cli.render import to_csv
 from tuner.errors import MissingExtra, TunerError, UsageError
 from tuner.launch import Source
 from tuner.frameworks import runnable
-from tuner.render.launch import FRAMEWORK_FILES, FRAMEWORKS, launch_files
+from tuner.render.launch import FRAMEWORK_FILES, FRAMEWORKS, OPTIONAL_FILES, launch_files
 from tuner.report import EXPORT_COLUMNS, FIGURES, build_report, export_rows, ok_trials
 from tuner.specs import Workload, load_cluster, make_workload
 
@@ -257,13 +257,13 @@ def launch(name, model, nodes, cluster, out, force, framework, megatron_dir, acc
                          train_iters=train_iters, data_path=data_path, mock_data=mock_data, tokenizer=tokenizer,
                          save_dir=save_dir, partition=partition)
     write_files(out, files, executable=("launch.sbatch",),      # and another framework's files of an earlier launch
-                remove=tuple(n for names in FRAMEWORK_FILES.values() for n in names))
+                remove=(*(n for names in FRAMEWORK_FILES.values() for n in names), *OPTIONAL_FILES))
     batch = json.loads(files["layout.json"])
     click.echo(f"layout {layout.key()} for {w.model.name} on {w.nodes} x {w.cluster.name} ({w.gpus} GPUs): "
                f"{src.describe()}")
     click.echo(f"micro-batch {batch['micro_batch']} x {batch['gradient_accumulation_steps']} accumulation steps x "
                f"dp {batch['dp']} = global batch {batch['global_batch']}")
-    click.echo(f"wrote {', '.join(str(out / f) for f in FRAMEWORK_FILES[framework])}")
+    click.echo(f"wrote {', '.join(str(out / f) for f in files)}")
     if framework == "megatron-core" and not megatron_dir:
         click.echo(f"note: pretrain_gpt.py is taken from {batch['megatron_dir']}/ beside the files: pass "
                    "--megatron-dir to point at your Megatron-LM checkout", err=True)

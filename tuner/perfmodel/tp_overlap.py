@@ -55,6 +55,21 @@ BLACKWELL_USERBUFFERS = {
             "wgrad": (("bulk", 1, 32), None, ("bulk", 1, 8), None)}}
 
 
+def table_key(fp8: bool | str) -> str:
+    """Which of a settings table's precisions runs GEMMs in `fp8` (compute.Shape.fp8): "fp8" for FP8, MXFP8 and NVFP4
+    (their GEMMs take the FP8 settings), else "bf16"."""
+    return "fp8" if fp8 else "bf16"
+
+
+def charged_table(cluster: ClusterSpec, fp8: bool | str) -> dict | None:
+    """The BLACKWELL_USERBUFFERS table (fprop / dgrad / wgrad) gemm_cost_seconds charges on `cluster` for GEMMs in
+    `fp8`, or None where the cluster's file charges none (no `tp_overlap_gemm_cost` with `sm_count`). `tuner launch`
+    writes the one returned as Megatron-LM's --tp-comm-overlap-cfg file (tuner.render.userbuffers)."""
+    if not (cluster.tp_overlap_gemm_cost and cluster.sm_count):
+        return None
+    return BLACKWELL_USERBUFFERS[table_key(fp8)]
+
+
 def ring(c: float, g: float, tp: int) -> float:
     """A ring-exchange all-gather's exposed seconds beside a GEMM of `g` seconds split into tp chunks."""
     return max(0.0, c - g * (tp - 1) / tp)
@@ -98,7 +113,7 @@ def overlapped_gemm_seconds(model: ModelSpec, cluster: ClusterSpec, sh: compute.
     flops = compute.layer_gemm_flops(model, sh.tokens, sh.t)[:4 if mlp else 2]
     act = 2.0 * model.seq_length * sh.tokens * model.hidden_size
     transfer = comm.reduce_scatter_time(act, sh.t, comm.group_bandwidth(cluster, sh.t, 1), cluster)
-    cfg = settings["fp8" if sh.fp8 else "bf16"]
+    cfg = settings[table_key(sh.fp8)]
 
     def run(f: float, how) -> float:
         if how is None:
@@ -119,7 +134,7 @@ def gemm_cost_seconds(model: ModelSpec, cluster: ClusterSpec, sh: compute.Shape,
     """What Transformer Engine's TP overlap itself costs a dense layer's GEMMs per micro-batch (BLACKWELL_USERBUFFERS
     run against the same GEMMs whole on every SM), where the cluster's file charges it (`tp_overlap_gemm_cost`, with
     `sm_count`; module docstring), else 0."""
-    if not (cluster.tp_overlap_gemm_cost and cluster.sm_count) or sh.t <= 1:
+    if charged_table(cluster, sh.fp8) is None or sh.t <= 1:
         return 0.0
     flops = compute.layer_gemm_flops(model, sh.tokens, sh.t)[:4 if mlp else 2]
     whole = sum(compute.gemm_time(cluster, f, sh.fp8) for f in flops)

@@ -11,9 +11,10 @@ Every one of them comes from the same layout and global batch, so the micro-batc
 steps and the global batch agree by construction: global batch = micro_batch * accumulation * dp.
 
 That is `framework="megatron-deepspeed"` (the default). `megatron-core` writes `megatron_args.txt` for
-Megatron-LM's `pretrain_gpt.py` (tuner.render.mcore; no DeepSpeed config), `torchtitan` writes
-`torchtitan.toml` (tuner.render.torchtitan); each with its `launch.sbatch` (template `command`) and
-`layout.json`.
+Megatron-LM's `pretrain_gpt.py` (tuner.render.mcore; no DeepSpeed config) and, where the model charges Transformer
+Engine's TP-overlap settings (b200, gb200), `tp_comm_overlap_cfg.yaml` with them (tuner.render.userbuffers);
+`torchtitan` writes `torchtitan.toml` (tuner.render.torchtitan); each with its `launch.sbatch` (template `command`)
+and `layout.json`.
 
 The files run as written wherever they are copied: no path of the machine that wrote them (launch.sbatch
 runs in the directory it is submitted from, `sbatch launch.sbatch` there), no TUNER_* trial variables, a
@@ -37,7 +38,7 @@ from pathlib import Path
 from tuner.errors import UsageError
 from tuner.launch import Source
 from tuner.layout import Layout, validate
-from tuner.render import mcore, megatron, rocm, torchtitan
+from tuner.render import mcore, megatron, rocm, torchtitan, userbuffers
 from tuner.render.dsconfig import check_batch
 from tuner.render.sbatch import generic_slurm, launch_job_name, render_sbatch, validate_slurm
 from tuner.specs import Workload
@@ -47,6 +48,7 @@ from tuner.trial import TrialSpec
 FRAMEWORKS = NAMES                     # declared once, with their files, in tuner.frameworks
 FRAMEWORK_FILES = {name: fw.files for name, fw in FRAMEWORK_SPECS.items()}
 LAUNCH_FILES = FRAMEWORK_FILES["megatron-deepspeed"]
+OPTIONAL_FILES = (userbuffers.FILE,)  # megatron-core: the TP-overlap settings, where the model charged a table
 DEFAULT_MEGATRON_DIR = "Megatron-DeepSpeed"
 DEFAULT_DIRS = {"megatron-deepspeed": DEFAULT_MEGATRON_DIR, "megatron-core": "Megatron-LM", "torchtitan": None}
 DEFAULT_SAVE_DIR = "checkpoints"
@@ -168,7 +170,7 @@ def _framework_files(framework: str, spec: TrialSpec, table: dict, data: dict, s
     else:
         args = mcore.pretrain_args(layout, workload, precision=precision, iterations=iters,
                                    extra=[*mcore.data_args(workload.model, **data), *run])
-        files, env = {}, mcore.launch_env(layout, workload)
+        files, env = mcore.userbuffers_files(layout, workload), mcore.launch_env(layout, workload)
     argv = ["python3", f"{table['megatron_dir'].rstrip('/')}/pretrain_gpt.py", *args]
     return {**files, "megatron_args.txt": "".join(f"{a}\n" for a in args),
             "launch.sbatch": render_sbatch(spec, table, template="command", command=argv, env={**env, **platform},

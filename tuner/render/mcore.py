@@ -71,6 +71,7 @@ from tuner.errors import UsageError
 from tuner.frameworks import of as framework_of
 from tuner.layout import RECOMPUTE_MODULES, Layout, uneven_split
 from tuner.pipeline_split import layout_chunks
+from tuner.render import userbuffers
 from tuner.render.megatron import PRECISIONS, SPLIT, rotary_base, run_args, shape_args
 from tuner.specs import ModelSpec, Workload
 
@@ -280,9 +281,24 @@ def overlap_args(layout: Layout, workload: Workload) -> list[str]:
     args = ["--overlap-grad-reduce"]
     if layout.zero_stage >= 1:
         args.append("--overlap-param-gather")
-    if layout.sequence_parallel and workload.cluster.software == "cuda":   # off on ROCm (tuner.perfmodel)
+    if tp_comm_overlap(layout, workload):
         args.append("--tp-comm-overlap")
+        if userbuffers.table_for(workload) is not None:     # the settings the model charged, not TE's defaults
+            args += [userbuffers.FLAG, userbuffers.FILE]
     return args
+
+
+def tp_comm_overlap(layout: Layout, workload: Workload) -> bool:
+    """Whether the launch runs --tp-comm-overlap: Megatron-Core's overlaps, with sequence parallelism, on CUDA (off on
+    ROCm, as tuner.perfmodel.stages charges it)."""
+    return ("dp" in framework_of(workload).overlaps and layout.sequence_parallel
+            and workload.cluster.software == "cuda")
+
+
+def userbuffers_files(layout: Layout, workload: Workload) -> dict[str, str]:
+    """{userbuffers.FILE: the TP-overlap settings the model charged} where the launch passes it (overlap_args), else
+    {}: tuner.render.userbuffers."""
+    return userbuffers.files(workload, userbuffers.table_for(workload) if tp_comm_overlap(layout, workload) else None)
 
 
 def recompute_args(layout: Layout) -> list[str]:
