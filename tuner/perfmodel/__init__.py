@@ -21,7 +21,8 @@ The workload's framework (tuner.frameworks) says what is overlapped. Megatron-Co
 (--tp-comm-overlap with sequence parallelism, --overlap-p2p-comm with interleaving, --overlap-grad-reduce,
 --overlap-param-gather): each of those collectives shows only where it outlasts the compute it runs under
 -- its own GEMM (Transformer Engine binds each TP collective to one: `tp_overlap`), a stage's compute, the last
-micro-batch's backward and the first one's forward.
+micro-batch's backward and the first one's forward. Compute one of them hides under is not there for another
+(stages.free_compute: what the interleaved p2p and the MoE exchange hide under is not the gradient sync's).
 Megatron-DeepSpeed overlaps nothing: DP/ZeRO collectives run after gradient accumulation (at ZeRO-3 each of
 DeepSpeed's gathers and reduce-scatters pays NCCL's ring latency, `zero3_latency`). torchtitan's
 FSDP2 gathers and reduce-scatters layer by layer under the neighbouring layer's compute (`fsdp_time`).
@@ -265,17 +266,18 @@ def last_to_finish(layout: Layout, workload: Workload, fw, stages: list, m: int,
 def offload_beside_nic(layout: Layout, workload: Workload, how: tuple, slow: dict, m: int, sh: compute.Shape,
                        params: tuple[float, float]) -> dict:
     """`slow` with its CPU offloading copies slowed by the NIC's data-parallel traffic on the same PCIe link, where
-    the cluster says they share it (nic_shares_host_link; tuner.perfmodel.offload's docstring): the shares of a
-    micro-batch's forward and backward (its stage's compute, split 1 : 2 x backward_gemm) that the layout's
-    inter-node gradient sync runs -- _gradient_sync's seconds with no compute to hide under, the parameter gathers
-    under the forward, the gradient reduce (and ZeRO-3's re-gathers) under the backward, spread evenly over the
-    step's micro-batches (Megatron-FSDP runs them every micro-batch at pp 1; the distributed optimizer once a step,
-    in the first forward and the last backward: an average there), only the groups that leave the scale-up domain
-    and only for stacks that run them under compute (Megatron-FSDP / FSDP, the overlapped distributed optimizer).
-    The seconds are the sync's whole time, its exposed first gather and last reduce-scatter and NCCL's per-bucket
-    latency included: an upper bound on the NIC's busy time (ASSUMPTION), the share capped at the whole phase
-    (offload.shared_rates). `how`: (framework, overlaps, exchange, memo); `params`: the stage's parameters and
-    expert parameters per GPU."""
+    the cluster says they share it (nic_shares_host_link; tuner.perfmodel.offload's docstring): the layout's
+    inter-node gradient sync that runs under the compute -- _gradient_sync's seconds with no compute to hide under less
+    those it shows, the parameter gathers under the forward, the gradient reduce (and ZeRO-3's re-gathers) under the
+    backward, spread evenly over the step's micro-batches (Megatron-FSDP runs them every micro-batch at pp 1; the
+    distributed optimizer once a step, in the first forward and the last backward: an average there), only the groups
+    that leave the scale-up domain and only for stacks that run them under compute (Megatron-FSDP / FSDP, the
+    overlapped distributed optimizer) -- busy that share of each phase: its kernels (split 1 : 2 x backward_gemm) and
+    the compute stream's waits for the copies (stages.offload_seconds, offload.busy_share). The seconds it shows run
+    while the compute stream waits for them, before the first forward or after the last backward, when no copy runs
+    (FSDP's per-layer waits fall inside a phase: left out of both the NIC's seconds and the phase's length). The
+    NCCL latency of each bucket is counted with the rest: an upper bound on the NIC's busy time (ASSUMPTION).
+    `how`: (framework, overlaps, exchange, memo); `params`: the stage's parameters and expert parameters per GPU."""
     fw, hide, exchange, memo = how
     cluster = workload.cluster
     if not (layout.offload_layers and cluster.nic_shares_host_link and "cpu_offload" in slow):
@@ -283,21 +285,24 @@ def offload_beside_nic(layout: Layout, workload: Workload, how: tuple, slow: dic
     if not (megatron_fsdp(layout, workload) or fw.fsdp or ("dp" in hide and layout.zero_stage <= 1)):
         return slow                           # the collectives run after the compute, not beside the copies
     whole = _gradient_sync(layout, workload, fw, {**slow, **_NO_COMPUTE}, m, *params, hide)
+    shown = _gradient_sync(layout, workload, fw, slow, m, *params, hide)
+    # what runs under the compute: the shown seconds run while the compute stream waits for them (before the first
+    # forward, after the last backward), when no copy runs
+    under = {k: whole.get(k, 0.0) - shown.get(k, 0.0) for k in
+             ("param_gather", "grad_reduce", "expert_param_gather", "expert_grad_reduce")}
     out = (comm.leaves_domain(cluster, layout.dp * layout.context_parallel, layout.tp),
            comm.leaves_domain(cluster, expert_data_parallel(layout),
                               layout.expert_parallel * layout.expert_tensor_parallel))
-    inter = [(whole[k] - whole.get(f"expert_{k}", 0.0)) * out[0] + whole.get(f"expert_{k}", 0.0) * out[1]
+    inter = [((under[k] - under[f"expert_{k}"]) * out[0] + under[f"expert_{k}"] * out[1]) / m
              for k in ("param_gather", "grad_reduce")]
     # the kernels' seconds, not the TP collectives': a TP group that leaves the node sends over the same NIC, which
     # the share does not count, so its seconds are not NIC-idle time either (exposing TP or moving it out of the
     # NVLink domain never makes the copies faster: benchmarks/invariants.py)
-    busy = m * (slow["gemm"] + slow["attention"] + slow["elementwise"])
-    fwd = 1.0 / (1.0 + 2.0 * sh.backward_gemm)
-    if not any(inter) or busy <= 0:
+    kernels = slow["gemm"] + slow["attention"] + slow["elementwise"]
+    if not any(inter) or kernels <= 0:
         return slow
-    share = (inter[0] / (fwd * busy), inter[1] / ((1.0 - fwd) * busy))
     parts = layer_parts(layout, workload, sh, exchange, memo)
-    return {**slow, "cpu_offload": offload_seconds(layout, workload, sh, parts, share)}
+    return {**slow, "cpu_offload": offload_seconds(layout, workload, sh, parts, tuple(inter), kernels)}
 
 
 def framework_as_run(workload: Workload, exchange: moe_exchange.TokenExchange | None):

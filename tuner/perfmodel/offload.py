@@ -79,9 +79,35 @@ def exposed_seconds(layers: int, offloaded: int, d2h_s: float, h2d_s: float, for
     beyond the forward of the layers it runs under (`forward_s` a layer), and its reload (`h2d_s`) beyond their
     backward. The copies are `Tensor.copy_(non_blocking=True)` between device and pinned host memory (offload / reload,
     cpu_offload.py lines 243-272 at v2.7): cudaMemcpyAsync on a copy engine, no SM taken from the compute."""
+    return sum(exposed_parts(layers, offloaded, d2h_s, h2d_s, forward_s, backward_s))
+
+
+def exposed_parts(layers: int, offloaded: int, d2h_s: float, h2d_s: float, forward_s: float,
+                  backward_s: float) -> tuple[float, float]:
+    """exposed_seconds' forward waits (the copies to the host) and backward waits (the reloads) apart."""
     if offloaded <= 0:
+        return 0.0, 0.0
+    n = spans(layers, offloaded)
+    return (sum(max(0.0, d2h_s - k * forward_s) for k in n), sum(max(0.0, h2d_s - k * backward_s) for k in n))
+
+
+def busy_share(nic_s: float, kernels_s: float, waits) -> float:
+    """The share of a phase the NIC is busy when its `nic_s` seconds spread evenly over the phase's whole length: its
+    kernels' `kernels_s` and the compute stream's waits for the copies, `waits(share)`, which the share lengthens (the
+    copies move slower while the NIC runs): the s with s (kernels_s + waits(s)) = nic_s. The left side grows with s,
+    so one s solves it (bisection on [0, nic_s / kernels_s], the kernels alone; 0 where the NIC sends nothing).
+    Taken over the kernels alone, a phase the copies outlast would have the NIC busy longer than it runs and the
+    copies slowed by more than its seconds can take from them (benchmarks/invariants.py)."""
+    if nic_s <= 0 or kernels_s <= 0:
         return 0.0
-    return sum(max(0.0, d2h_s - n * forward_s) + max(0.0, h2d_s - n * backward_s) for n in spans(layers, offloaded))
+    lo, hi = 0.0, nic_s / kernels_s
+    for _ in range(BISECTIONS):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if mid * (kernels_s + waits(mid)) < nic_s else (lo, mid)
+    return hi
+
+
+BISECTIONS = 40     # busy_share's steps: the share to 2^-40 of its bound
 
 
 def shared_rates(d2h: float, h2d: float, link: float, nic: float, forward_busy: float,

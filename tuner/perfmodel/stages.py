@@ -171,13 +171,21 @@ def stage_body(layout: Layout, workload: Workload, sh: compute.Shape, parts: Lay
              if "p2p" in parts.hide and layout.virtual_pipeline > 1 else parts.p2p)
     out.update({"tp_comm": (layers - n_moe) * parts.tp_comm + n_moe * parts.tp_moe, "p2p": shown,
                 "microbatch_overhead": cluster.microbatch_overhead_ms * 1e-3})
+    if parts.p2p > shown:
+        # compute already spent hiding the p2p: not there for the gradient sync too. With --overlap-p2p-comm the
+        # interleaved schedule posts its sends / receives as NCCL isend / irecv it waits on later (p2p_communication.py
+        # _communicate(wait_on_reqs=False)), and --overlap-grad-reduce launches each bucket's collective async in the
+        # last backward (param_and_grad_buffer.py start_grad_sync): both are network transfers under the same compute
+        # (across nodes, the same NIC); counted twice, selective recompute's attention hid more of the sync and ran
+        # faster than none (benchmarks/invariants.py, B200 FP8 tp8 pp4 vp8)
+        out[HIDDEN] = parts.p2p - shown
     if sh.c > 1:
         out["cp_comm"] = layers * parts.cp_comm
     if model.is_moe:      # the MoE token dispatch and combine; each under its phase's compute where overlapped
         shown, hidden, slowed = exchange_shown(layout, workload, parts, stage)
         out["all_to_all"] = n_moe * shown
         out["moe_overhead"] = n_moe * parts.overhead
-        out[HIDDEN] = n_moe * hidden     # compute already spent hiding the exchange
+        out[HIDDEN] = out.get(HIDDEN, 0.0) + n_moe * hidden     # compute already spent hiding the exchange
         if slowed:                        # compute time, so other collectives may hide under it too
             out[SM_SHARE] = n_moe * slowed
     return out
@@ -220,25 +228,33 @@ def stage_times(layout: Layout, workload: Workload, sh: compute.Shape | None = N
 
 
 def offload_seconds(layout: Layout, workload: Workload, sh: compute.Shape, parts: LayerParts,
-                    nic_busy: tuple[float, float] = (0.0, 0.0)) -> float:
+                    nic_s: tuple[float, float] = (0.0, 0.0), kernels_s: float = 0.0) -> float:
     """Megatron-Core's CPU activation offloading (pp 1) per micro-batch: what the copies of the first offload_layers
     layers' activations to the host and back take beyond the layers' compute they run under (offload.exposed_seconds,
     TransformerEngine's schedule), at what one GPU gets while every GPU of the node copies the same way (the forward's
     copies ClusterSpec.host_d2h, the backward's reloads host_h2d: measured where the cluster file says). A layer's bytes
     (memory.layer_activation_bytes, what memory frees) and its compute and TP collectives are the mean of the model's
-    layers; its forward's share 1 / (1 + 2 x backward_gemm), as overlapped_exchange splits one. `nic_busy`: the shares
-    of the forward and the backward the GPU's NIC moves data-parallel traffic over the same PCIe link (predict asks it
-    where the cluster's nic_shares_host_link holds): offload.shared_rates. No fitted constant."""
+    layers; its forward's share 1 / (1 + 2 x backward_gemm), as overlapped_exchange splits one. `nic_s`: the seconds
+    per micro-batch the GPU's NIC moves data-parallel traffic over the same PCIe link under the forward and under the
+    backward (predict asks it where the cluster's nic_shares_host_link holds), busy that share of each phase -- its
+    kernels' `kernels_s` (split as a layer's) and the waits for the copies (offload.busy_share) -- during which the
+    copies get what the NIC leaves of the link: offload.shared_rates. No fitted constant."""
     model, cluster = workload.model, workload.cluster
     n, n_moe = model.num_layers, model.num_moe_layers
     layer_bytes = memory.mean_layer_activation_bytes(model, sh, cluster.flash_attention)
     busy = lambda lay, tp: lay["gemm"] + lay["attention"] + lay["elementwise"] + tp    # noqa: E731
     layer_s = ((n - n_moe) * busy(parts.lay, parts.tp_comm) + n_moe * busy(parts.lay_moe, parts.tp_moe)) / n
     fwd = 1.0 / (1.0 + 2.0 * sh.backward_gemm)
-    d2h, h2d = offload.shared_rates(cluster.host_d2h, cluster.host_h2d, cluster.host_link,
-                                    cluster.nic_bandwidth * cluster.network_efficiency, *nic_busy)
-    return offload.exposed_seconds(n, layout.offload_layers, layer_bytes / (d2h * 1e9), layer_bytes / (h2d * 1e9),
-                                   fwd * layer_s, (1.0 - fwd) * layer_s)
+    nic = cluster.nic_bandwidth * cluster.network_efficiency
+
+    def waits(forward_busy: float, backward_busy: float) -> tuple[float, float]:
+        d2h, h2d = offload.shared_rates(cluster.host_d2h, cluster.host_h2d, cluster.host_link, nic, forward_busy,
+                                        backward_busy)
+        return offload.exposed_parts(n, layout.offload_layers, layer_bytes / (d2h * 1e9), layer_bytes / (h2d * 1e9),
+                                     fwd * layer_s, (1.0 - fwd) * layer_s)
+    shares = (offload.busy_share(nic_s[0], fwd * kernels_s, lambda s: waits(s, 0.0)[0]),
+              offload.busy_share(nic_s[1], (1.0 - fwd) * kernels_s, lambda s: waits(0.0, s)[1]))
+    return sum(waits(*shares))
 
 
 def _add_mtp(last: dict, workload: Workload, sh: compute.Shape, layer: dict, per: dict) -> None:
