@@ -40,10 +40,6 @@ from tuner.oom_evidence import oom_bounds, oom_fit_cap
 from tuner.trial import Status
 
 Z90 = 1.645           # two-sided 90 % interval / one-sided 95 % bound of a normal
-#: `best_for_unmeasured` ranks by the corrected log speed less this many times its thin-support sd (the part of its
-#: uncertainty that grows with distance from every measured layout, Observations.far_sd; 0 beside a measured one):
-#: one sd, a layout no measured neighbour supports must beat a supported one by its own extrapolation's spread
-THIN_SUPPORT_K = 1.0
 STALE_MARGIN = 64     # more stored trials asked for than answered: some may be refused by their framework
 
 
@@ -70,8 +66,7 @@ def corrected(layouts: list[Layout], workload: Workload, obs: Observations, pred
     fts = [features(lay, workload, p) for lay, p in zip(layouts, preds)]
     Z, F, FM = (np.array([getattr(f, a) for f in fts]) for a in ("z", "f", "fm"))
     mu, sd = obs.time_gp().predict(Z, F)
-    far = obs.far_sd(Z)
-    sd = np.hypot(sd, far)                      # wider away from every measured layout (issue 30)
+    sd = np.hypot(sd, obs.far_sd(Z))            # wider away from every measured layout (issue 30)
     mmu, msd = obs.memory_gp(framework_of(workload).memory_sd).predict(Z, FM)
     cap = workload.cluster.memory_gb
     out = []
@@ -84,7 +79,7 @@ def corrected(layouts: list[Layout], workload: Workload, obs: Observations, pred
         if p_twin > p_fit:
             p_fit, limited_by = p_twin, None
         out.append({"layout": lay, "raw": p, "log_mean": ft.log_pred + mu[i], "log_sd": float(sd[i]),
-                    "thin_sd": float(far[i]), "mfu": math.exp(ft.log_pred + mu[i]), "memory_gb": mem, "p_fit": p_fit,
+                    "mfu": math.exp(ft.log_pred + mu[i]), "memory_gb": mem, "p_fit": p_fit,
                     "headroom_ok": p_fit >= RECOMMEND_AT, "limited_by": limited_by, "supported_by": supported_by})
     return out
 
@@ -223,14 +218,6 @@ def answer(row: dict, workload: Workload, evidence: dict) -> dict:
             "p_fit_basis": framework_of(workload).memory_note(workload), "evidence": evidence}
 
 
-def supported_log_speed(row: dict) -> float:
-    """What `best_for_unmeasured` ranks a `corrected` row by (issue 30 item 3): its corrected log speed less
-    THIN_SUPPORT_K times its thin-support sd -- a lower bound where no measured layout is near, the corrected mean
-    beside one (a measured layout's twin at more nodes, which differs in dp alone, loses about 6 % of an sd). The
-    answer states the corrected mean and its interval; only the order among layouts changes."""
-    return row["log_mean"] - THIN_SUPPORT_K * row.get("thin_sd", 0.0)
-
-
 def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies: dict | None = None) -> list[dict]:
     """The k fastest predicted layouts of `space` for `workload` (a node count never measured), the model
     corrected by the stored trials of the same model and cluster at other node counts (`studies`:
@@ -255,7 +242,7 @@ def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies:
                          f"({workload.gpus} GPUs): the smallest needs {least['memory_gb']:.1f} GB per GPU of "
                          f"{workload.cluster.memory_gb:.1f} ({least['layout'].key()}); "
                          f"{more_nodes_hint(workload, space)}")
-    likely.sort(key=lambda r: (not r["headroom_ok"], -supported_log_speed(r), r["memory_gb"]))
+    likely.sort(key=lambda r: (not r["headroom_ok"], -r["mfu"], r["memory_gb"]))
     evidence = _evidence(ws, workload, studies)
     return [answer(r, workload, evidence) for r in likely[:max(int(k), 1)]]
 
