@@ -87,8 +87,17 @@ def exposed_parts(layers: int, offloaded: int, d2h_s: float, h2d_s: float, forwa
     """exposed_seconds' forward waits (the copies to the host) and backward waits (the reloads) apart."""
     if offloaded <= 0:
         return 0.0, 0.0
+    n = span_counts(layers, offloaded)
+    return (sum(c * max(0.0, d2h_s - k * forward_s) for k, c in n),
+            sum(c * max(0.0, h2d_s - k * backward_s) for k, c in n))
+
+
+@functools.lru_cache(maxsize=None)
+def span_counts(layers: int, offloaded: int) -> tuple[tuple[int, int], ...]:
+    """spans() as (span, how many groups have it): a few distinct spans however many groups (busy_share asks
+    exposed_parts dozens of times a layout)."""
     n = spans(layers, offloaded)
-    return (sum(max(0.0, d2h_s - k * forward_s) for k in n), sum(max(0.0, h2d_s - k * backward_s) for k in n))
+    return tuple((k, n.count(k)) for k in sorted(set(n)))
 
 
 def busy_share(nic_s: float, kernels_s: float, waits) -> float:
