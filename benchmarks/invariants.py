@@ -89,7 +89,7 @@ def nvlink_violations(w, preds) -> tuple[int, list]:
     if c.domain_gpus > c.gpus_per_node:
         w2 = dataclasses.replace(w, cluster=dataclasses.replace(c, scale_up_domain_gpus=max(c.gpus_per_node,
                                                                                           c.domain_gpus // 2)))
-        crossed = [lay for lay in preds if groups_leaving(lay, w2.cluster) > groups_leaving(lay, c)]
+        crossed = [lay for lay in preds if groups_leaving(lay, w2) > groups_leaving(lay, w)]
     else:
         half = dataclasses.replace(c, gpus_per_node=c.gpus_per_node // 2,
                                    inter_node_bandwidth_gbps=c.inter_node_bandwidth_gbps / 2)
@@ -99,14 +99,13 @@ def nvlink_violations(w, preds) -> tuple[int, list]:
                           if predict(lay, w2).step_time_s < preds[lay].step_time_s * TOL]
 
 
-def groups_leaving(lay, cluster) -> int:
-    """How many of a layout's groups (TP, CP, the d*c gradient ranks, PP, EP, expert-dp; tuner.perfmodel.comm's
-    strides) span more than one of the cluster's scale-up domains."""
-    t, c, d = lay.tp, lay.context_parallel, lay.dp
+def groups_leaving(lay, w) -> int:
+    """How many of a layout's groups span more than one of the workload's scale-up domains: those
+    tuner.perfmodel.comm.placement places outside one (TP, CP, EP, the d*c gradient ranks, PP, at the framework's
+    strides), and the expert-data-parallel group."""
     e = lay.expert_parallel * lay.expert_tensor_parallel
-    groups = ((t, 1), (c, t), (d * c, t), (lay.pp, t * c * d), (lay.expert_parallel, lay.expert_tensor_parallel),
-              (expert_data_parallel(lay), e))
-    return sum(comm.leaves_domain(cluster, size, stride) for size, stride in groups)
+    return (sum(not g["inside"] for g in comm.placement(lay, w).values())
+            + comm.leaves_domain(w.cluster, expert_data_parallel(lay), e))
 
 
 def main(argv=None) -> int:
