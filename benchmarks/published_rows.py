@@ -172,3 +172,11 @@ def _bucket_moved(r: dict) -> bool:
     pp = int(r.get("ran_pp", r.get("pp", 1)) or 1)
     return (int(r.get("cp", 1) or 1) > 1 and zero_stage(r) <= 1
             and int(r.get("gpus", 0)) // (int(r.get("tp", 1) or 1) * pp) > 40)
+
+
+def mb_tables_read(r: dict) -> bool:
+    """A row of the Megatron-Bridge performance-summary tables issue 26's fifteenth session read (benchmarks/seen.py
+    HARDWARE_SEEN): every row of the 25.11 release's, and the Llama 3 rows of 26.02 - 26.06's."""
+    rel, llama = r.get("releases") or [r.get("release", "")], str(r.get("model", "")).startswith("llama3")
+    later = tuple(f"Megatron-Bridge {v} " for v in ("26.02", "26.02.01", "26.04", "26.04.01", "26.06"))
+    return any(x.startswith("Megatron-Bridge 25.11 ") or (llama and x.startswith(later)) for x in rel)

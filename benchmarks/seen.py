@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 
 from published_rows import (_LEGACY, _LEGACY_MOE, _any_source, _bucket_moved, _legacy_third,  # noqa: F401
-                            hardware, held_out, measured, published, split_key)
+                            hardware, held_out, mb_tables_read, measured, published, split_key)
 
 
 #: The batches of rows added to the data files since the split began, in the order they were committed (a row's
@@ -20,7 +20,7 @@ BATCHES = ("issue 25 round 2 (", "issue 25 round 3 (", "issue 24 round 4 (", "is
            "issue 25 / 26 tenth session", "issue 25 / 26 eleventh session",
            "issue 25 / 26 second read of the eleventh session", "issue 25 / 26 third read of the eleventh session",
            "issue 25 / 26 twelfth session", "issue 25 / 26 second read of the twelfth session",
-           "issue 26 item 5 thirteenth session", "issue 26 fourteenth session (mi350x)")
+           "issue 26 item 5 thirteenth session", "issue 26 fourteenth session (mi350x)", "issue 26 fifteenth session (gemm)")
 
 
 def _saw(r: dict, last: str | None) -> bool:
@@ -54,8 +54,7 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # its stated split and recompute were written in (issue 25, speed C): no error of it was printed before
     "MOE_LAYER_OVERHEAD_MS, the flex dispatcher (tuner/perfmodel/moe.py, moe_exchange.py)": (
         "speed", lambda r: "ep" in r and not r.get("release", "").startswith("dgxc-benchmarking")
-        and not (r.get("model") == "deepseek-v3" and r.get("release", "").startswith("Megatron-Bridge 25.09"))
-        and "added" not in r),
+        and not (r.get("model") == "deepseek-v3" and r.get("release", "").startswith("Megatron-Bridge 25.09")) and "added" not in r),
     # issue 25 round 2: each Megatron-Bridge MoE row's token exchange read from its release's tag (a2a_overlap,
     # dispatcher, overlap_grad_reduce in moe_published.toml) and the EP overlap's phase-level exposure
     # (tuner/perfmodel/moe_exchange.exposed_alltoall), both written after every one of these rows had been printed
@@ -103,8 +102,7 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # 20 of an H100's 132, from DeepEP's source and the GPU's spec, no constant fitted), written after every row here
     # had been printed; it moves only the rows that ran the flex dispatcher with the EP overlap
     "flex dispatcher's SMs under the EP overlap (tuner/perfmodel/moe_exchange.sm_contention)": (
-        "speed", lambda r: r.get("a2a_overlap") is True and str(r.get("dispatcher", "")).startswith("flex")
-        and _saw(r, "issue 24 round 4 (")),
+        "speed", lambda r: r.get("a2a_overlap") is True and str(r.get("dispatcher", "")).startswith("flex") and _saw(r, "issue 24 round 4 (")),
     # issue 25 round 4: the shared experts beside the exchange (tuner/perfmodel/moe_exchange.shared_overlap_exposed, from
     # Megatron-Core's --moe-shared-expert-overlap, no constant), read onto the rows whose NeMo configs set it after every
     # one of them had been printed without it (Llama 4 Maverick's two were held out and seen by no speed choice before)
@@ -115,8 +113,7 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # (the pp 32 row was the last held out and seen by no speed choice)
     # (it names the rows it read: those added in round 3, not the ModelZoo's long-context rows added in round 5)
     "TP overlap off on Megatron-MoE-ModelZoo's Qwen3-235B-A22B rows (tp_comm_overlap false, moe_published.toml)": (
-        "speed", lambda r: r.get("tp_comm_overlap") is False and "Megatron-MoE-ModelZoo" in r.get("release", "")
-        and _saw(r, "issue 25 round 4 (")),
+        "speed", lambda r: r.get("tp_comm_overlap") is False and "Megatron-MoE-ModelZoo" in r.get("release", "") and _saw(r, "issue 25 round 4 (")),
     # issue 25 (attention by sequence): fused attention's rate by sequence on Hopper (benchmarks/attention_curve.py,
     # the FlashAttention-3 paper's cuDNN curves anchored on h100.toml's constant at 2048) was built because of the
     # Megatron-MoE-ModelZoo's long-context Qwen3-235B-A22B rows' printed errors (round 5, 16k-128k; the 32k row was
@@ -386,6 +383,10 @@ HARDWARE_SEEN: dict = {
     **{k: v for k, v in SEEN.items() if k.startswith(("FlagPerf's launches", "torchtitan / llm-foundry attention as ran"))},
     "torchtitan's cuDNN-first SDPA on Blackwell, ran_attention 'cudnn', issue 26 (read after its in-split rows were printed)": ("speed",
         lambda r: r.get("ran_attention") == "cudnn" and not held_out(r) and _saw(r, "issue 25 / 26 second read of the twelfth session")),
+    # issue 26 fifteenth session: TE's one-pass MXFP8 casts, chosen after in_split_rows.py printed the in-split Blackwell rows; the
+    # held-out MXFP8 rows of the Megatron-Bridge tables read then (mb_tables_read: throughputs, no error printed) too (docs/hardware.md)
+    "Transformer Engine's one-pass MXFP8 casts (tuner/perfmodel/compute.py MXFP8_ONE_PASS_BYTES)": ("speed", lambda r: r.get("cluster") in (
+        "b200", "gb200", "b300", "gb300") and _saw(r, "issue 26 fifteenth session (gemm)") and (not held_out(r) or (r.get("precision") == "mxfp8" and mb_tables_read(r)))),
 }
 
 
@@ -397,4 +398,3 @@ def hardware_clean(row: dict, kind: str | None = None) -> bool:
     """A HARDWARE row hashed out and seen by no choice of HARDWARE_SEEN (of `kind`; None: any) nor any row of its configuration."""
     return (held_out(row) and not _hardware_seen(row, kind)
             and split_key(row) not in _seen_configurations(kind, new_machines=True))
-

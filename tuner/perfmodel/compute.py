@@ -14,7 +14,8 @@ Layout (Shape): context parallelism gives each rank s/cp of the sequence (its GE
 work and its share of the causal attention, balanced over 2*cp chunks); sequence parallelism splits
 the element-wise work outside attention and the FFN (norms, dropout, residual adds) by tp too. FP8
 (Transformer Engine) runs the layers' GEMMs at the cluster's FP8 rate and casts every GEMM input
-(read 2 bytes, write 1); attention, the LM head and the element-wise kernels stay in bf16. On Hopper the
+(read 2 bytes, write 1; MXFP8 and NVFP4 write two copies, which Transformer Engine's MXFP8 kernel writes in one
+pass: cast_units); attention, the LM head and the element-wise kernels stay in bf16. On Hopper the
 two backward GEMMs run without fast accumulation (SPLIT_ACCUMULATOR), as Transformer Engine and torchao
 run them.
 Architecture (ModelSpec): grouped-query attention narrows the QKV GEMM to h x (h + 2kv) and the K/V
@@ -47,6 +48,13 @@ FLASH_BACKWARD_FLOPS = 2.5      # FlashAttention's backward recomputes the score
 
 
 FP8_CAST_BYTES = 3.0           # an FP8 cast reads bf16 (2 bytes) and writes FP8 (1) per element
+# Transformer Engine's MXFP8 quantize writes both copies a GEMM input needs (rowwise and columnwise, each with an E8M0
+# scale per 32 elements) in ONE pass over the bf16 input: NVIDIA/TransformerEngine @ d0067d0d,
+# transformer_engine/common/cast/mxfp8/quantize_mxfp8.cuh (one kernel, ROWWISE_SCALING and COLWISE_SCALING, each input
+# tile read once into shared memory), called once per tensor with both usages set (pytorch/module/linear.py lines
+# 386-388 for the input, 903-905 for the output gradient): 2 + 2 x (1 + 1/32) bytes per element, where two casts of
+# FP8_CAST_BYTES would move 6 (tuner.precision.CAST_COPIES' 2 copies). Issue 26, fifteenth session.
+MXFP8_ONE_PASS_BYTES = 2.0 + 2.0 * (1.0 + 1.0 / 32.0)
 # Eager PyTorch runs each element-wise op of a norm, SwiGLU, RoPE or residual as its own kernel: about
 # 2.5 times the HBM traffic of fused kernels (RMSNorm alone: square, mean, rsqrt, two multiplies).
 # Chosen after seeing torchtitan's 2024-12 eager rows (benchmarks/framework_accuracy.py says which).
@@ -115,7 +123,7 @@ class Shape:
     sp: bool = False
     recompute: str = "none"
     fp8: bool | str = False       # the layers' GEMM format: False (bf16), "fp8" (FP8, MXFP8) or "fp4" (NVFP4)
-    casts: float = 1.0            # quantised copies of each GEMM input (tuner.precision.CAST_COPIES)
+    casts: float = 1.0            # quantisation traffic of each GEMM input, in FP8 casts (cast_units)
     op_sac: bool = False          # selective = torchtitan's per-op SAC (saves every other GEMM's output)
     fused: bool = True            # element-wise kernels fused (Transformer Engine, torch.compile) or eager
     gathered_inputs: bool = False  # DTensor TP (torchtitan) saves the all-gathered inputs of its column-parallel
@@ -138,13 +146,22 @@ def shape_of(layout, workload) -> Shape:
     fw = of(workload)
     return Shape(b=layout.micro_batch, t=layout.tp, c=layout.context_parallel, sp=layout.sequence_parallel,
                  recompute=layout.recompute, fp8=precision.gemm_format(workload.precision),
-                 casts=precision.CAST_COPIES.get(workload.precision, 1.0) or 1.0,
+                 casts=cast_units(workload.precision, fw),
                  op_sac=fw.selective == "op" and layout.recompute == "selective", fused=fw.fused(workload.precision),
                  gathered_inputs=fw.sp_with_tp,
                  attention_slowdown=kernel_slowdown(attention_kernel(fw, workload), workload.cluster),
                  ep=layout.expert_parallel, etp=layout.expert_tensor_parallel,
                  backward_gemm=backward_gemm_factor(workload.cluster, precision.gemm_format(workload.precision)),
                  probs_in_experts=fw.moe_probs_in_experts)
+
+
+def cast_units(precision_name: str, fw) -> float:
+    """The quantisation traffic of one GEMM input in FP8 casts (FP8_CAST_BYTES each): tuner.precision.CAST_COPIES,
+    except where Transformer Engine quantizes MXFP8 (`fw`, a tuner.frameworks.Framework, fuses with it: compiled
+    "always"), whose one pass writes both copies (MXFP8_ONE_PASS_BYTES); elsewhere each copy is its own cast."""
+    if precision_name == "mxfp8" and fw.compiled == "always":
+        return MXFP8_ONE_PASS_BYTES / FP8_CAST_BYTES
+    return precision.CAST_COPIES.get(precision_name, 1.0) or 1.0
 
 
 def backward_gemm_factor(cluster: ClusterSpec, fmt: bool | str) -> float:
