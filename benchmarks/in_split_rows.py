@@ -3,13 +3,18 @@
 row's error is ever computed here; hardware_accuracy.py prints every row, so it is run only once a choice is made.
 
 Run: python benchmarks/in_split_rows.py [--clusters b200,gb200,b300,gb300] [--rows] [--split] [--hopper-ratio]
+     [--gemm-scale F]
 Prints the median signed error (predicted / measured - 1) and how many rows are too fast, by machine and precision,
 by machine and source (Megatron-Bridge tables by release, MLPerf, NeMo, dgxc, torchtitan), and with --rows each row
 with its layout, the share of its predicted step in GEMMs and the releases whose median it is. --split: the dense
 Megatron rows (NVIDIA's stacks: no torchtitan / torchao row) by parallel dimension, and whether their error grows
 with the predicted step's share outside the GEMMs (attention + element-wise), as it would if that work were
 under-charged. --hopper-ratio: the medians again with each Blackwell part's GEMM, attention and element-wise rates
-times HOPPER_RATIO (a diagnostic, not a model: nothing is chosen from it).
+times HOPPER_RATIO (a diagnostic, not a model: nothing is chosen from it). --gemm-scale F: the medians and the split
+again with every Blackwell part's GEMM fractions (bf16, FP8, FP4) times F, the rest as the files stand: what a GEMM
+curve F times the files' would leave (issue 26's fifteenth session: F 0.9 puts the one-node Llama 3 8B rows at -5.3 to
++1.2 % and the B200 / GB200 data-parallel-only dense rows at +1.2 % while tp > 1 stays +14.1 %; a what-if, nothing
+chosen from it).
 """
 
 from __future__ import annotations
@@ -83,23 +88,28 @@ def patched(obj, name: str, value):
         setattr(obj, name, saved)
 
 
-def hopper_ratio():
-    """A context in which rows read the Blackwell clusters with their GEMM, attention and element-wise rates times
-    HOPPER_RATIO: what their predictions would say if those constants stood for what H100's do."""
+def scaled_rates(matmul: float, attention: float = 1.0, hbm: float = 1.0):
+    """A context in which rows read the Blackwell clusters with their GEMM fractions (bf16, FP8, FP4) times `matmul`,
+    attention_efficiency times `attention` and memory_bandwidth_efficiency times `hbm`; other clusters as they stand."""
     load = reading.load_cluster
 
     def scaled(name):
         c = load(name)
         if c.name not in BLACKWELL:
             return c
-        m = HOPPER_RATIO["matmul"]
         return dataclasses.replace(
-            c, matmul_efficiency=c.matmul_efficiency * m,
-            matmul_efficiency_fp8=c.matmul_efficiency_fp8 and c.matmul_efficiency_fp8 * m,
-            matmul_efficiency_fp4=c.matmul_efficiency_fp4 and c.matmul_efficiency_fp4 * m,
-            attention_efficiency=c.attention_efficiency * HOPPER_RATIO["attention"],
-            memory_bandwidth_efficiency=c.memory_bandwidth_efficiency * HOPPER_RATIO["hbm"])
+            c, matmul_efficiency=c.matmul_efficiency * matmul,
+            matmul_efficiency_fp8=c.matmul_efficiency_fp8 and c.matmul_efficiency_fp8 * matmul,
+            matmul_efficiency_fp4=c.matmul_efficiency_fp4 and c.matmul_efficiency_fp4 * matmul,
+            attention_efficiency=c.attention_efficiency * attention,
+            memory_bandwidth_efficiency=c.memory_bandwidth_efficiency * hbm)
     return patched(reading, "load_cluster", scaled)
+
+
+def hopper_ratio():
+    """A context in which rows read the Blackwell clusters with their GEMM, attention and element-wise rates times
+    HOPPER_RATIO: what their predictions would say if those constants stood for what H100's do."""
+    return scaled_rates(HOPPER_RATIO["matmul"], HOPPER_RATIO["attention"], HOPPER_RATIO["hbm"])
 
 
 def split(done: list) -> None:
@@ -121,9 +131,9 @@ def split(done: list) -> None:
                 print(f"  {name:38s} {len(errors):3d}  {100 * statistics.median(errors):+6.1f} %")
 
 
-def compare(done: list, scaled: list) -> None:
-    """Median signed error by machine: as the cluster files stand, and with HOPPER_RATIO (hopper_ratio)."""
-    print("\n== by machine: rows, median signed error as the files stand | with HOPPER_RATIO")
+def compare(done: list, scaled: list, label: str = "HOPPER_RATIO") -> None:
+    """Median signed error by machine: as the cluster files stand, and with `label`'s rates (hopper_ratio, scaled_rates)."""
+    print(f"\n== by machine: rows, median signed error as the files stand | with {label}")
     for fam in sorted({r["cluster"] for r, _ in done}):
         now = [e["error"] for r, e in done if r["cluster"] == fam]
         then = [e["error"] for r, e in scaled if r["cluster"] == fam]
@@ -151,9 +161,17 @@ if __name__ == "__main__":
     args = sys.argv[1:]
     flags = {a for a in args if a in ("--rows", "--split", "--hopper-ratio")}
     args = [a for a in args if a not in flags]
-    if args and (args[0] != "--clusters" or len(args) != 2):
+    gemm = None
+    if "--gemm-scale" in args:
+        i = args.index("--gemm-scale")
+        gemm, args = (args[i + 1] if i + 1 < len(args) else ""), args[:i] + args[i + 2:]
+        try:
+            gemm = float(gemm)
+        except ValueError:
+            gemm = -1.0
+    if (args and (args[0] != "--clusters" or len(args) != 2)) or (gemm is not None and gemm <= 0):
         print("usage: python benchmarks/in_split_rows.py [--clusters b200,gb200,b300,gb300] [--rows] [--split] "
-              "[--hopper-ratio]", file=sys.stderr)
+              "[--hopper-ratio] [--gemm-scale F (a positive factor, e.g. 0.9)]", file=sys.stderr)
         sys.exit(2)
     chosen = tuple(args[1].split(",")) if args else BLACKWELL
     done = main(chosen, "--rows" in flags)
@@ -163,3 +181,9 @@ if __name__ == "__main__":
         with hopper_ratio():
             scaled = [(r, e) for r in in_split(chosen) if (e := evaluate(r)) is not None]
         compare(done, scaled)
+    if gemm is not None:
+        with scaled_rates(gemm):
+            scaled = [(r, e) for r in in_split(chosen) if (e := evaluate(r)) is not None]
+        compare(done, scaled, f"GEMM fractions x {gemm:g}")
+        print(f"\n(the split below: GEMM fractions x {gemm:g})")
+        split(scaled)

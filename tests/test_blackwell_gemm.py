@@ -65,3 +65,23 @@ def test_hopper_ratio_scales_the_blackwell_parts_only_and_only_inside_its_block(
     assert b200.attention_efficiency == pytest.approx(plain.attention_efficiency * ratio["attention"])
     assert b200.memory_bandwidth_efficiency == pytest.approx(plain.memory_bandwidth_efficiency * ratio["hbm"])
     assert h100 == load_cluster("h100")
+
+
+def test_gemm_scale_moves_only_the_blackwell_gemm_fractions_and_refuses_a_bad_factor():
+    import subprocess
+    import in_split_rows
+    import reading
+    before = reading.load_cluster
+    with in_split_rows.scaled_rates(0.9):
+        b200, h100 = reading.load_cluster("b200"), reading.load_cluster("h100")
+    assert reading.load_cluster is before
+    plain = load_cluster("b200")
+    for key in ("matmul_efficiency", "matmul_efficiency_fp8", "matmul_efficiency_fp4"):
+        assert getattr(b200, key) == pytest.approx(getattr(plain, key) * 0.9), key
+    assert (b200.attention_efficiency, b200.memory_bandwidth_efficiency) == (
+        plain.attention_efficiency, plain.memory_bandwidth_efficiency)
+    assert h100 == load_cluster("h100")
+    script = Path(in_split_rows.__file__)
+    bad = subprocess.run([sys.executable, str(script), "--gemm-scale", "fast"], capture_output=True, text=True,
+                         cwd=script.parents[1], timeout=60)
+    assert bad.returncode == 2 and "--gemm-scale F" in bad.stderr
