@@ -17,6 +17,8 @@ comm.NCCL_CTAS = 16, as on the Hopper files):
   buckets   Megatron-Core's buckets at the bucket_size each MLPerf Training v5.1 Llama 3.1 8B row's config set
             (MLPERF_BUCKETS: the rows whose config chain was read) where the model takes the default max(40M, 1M x dp x
             cp): more or fewer buckets, each paying NCCL's ring latency (bucket_latency). Other rows as they stand.
+            Since issue 26's fifteenth session the rows carry it (ran_bucket_size -> Workload.ddp_bucket_size, which
+            wins over the default): the candidate now moves only a workload that states none.
   dp-off    a bound: the gradient reduce-scatter and the parameter all-gather hidden under no compute.
 """
 

@@ -92,13 +92,14 @@ def cluster_of(row: dict):
 def workload_of(row: dict):
     """The workload as it ran (make_workload's UsageError where the machine refuses its precision): `ran_global_batch`
     where the table leaves the batch unstated and the recipe that ran states it; `optimizer_moments` where a run kept
-    Adam's moments otherwise than in fp32."""
+    Adam's moments otherwise than in fp32; `ran_bucket_size` where a Megatron-Core run's config set its gradient
+    buckets' size (BUCKET_SIZE -> --ddp-bucket-size, elements), not Megatron-Core's default that tuner launch leaves."""
     fw, cluster = framework_of(row), cluster_of(row)
     return make_workload(model_of(row), row["gpus"] // cluster.gpus_per_node, cluster,
                          row.get("ran_global_batch", row["global_batch"]),
                          precision=row.get("precision", "bf16"), framework=fw,
                          grad_reduce=published.grad_reduce(row) if fw == "megatron-core" else None,
-                         optimizer_moments=row.get("optimizer_moments"))
+                         optimizer_moments=row.get("optimizer_moments"), ddp_bucket_size=row.get("ran_bucket_size", 0))
 
 
 def layout_of(row: dict, framework: str | None = None) -> Layout:

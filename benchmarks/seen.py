@@ -20,7 +20,7 @@ BATCHES = ("issue 25 round 2 (", "issue 25 round 3 (", "issue 24 round 4 (", "is
            "issue 25 / 26 tenth session", "issue 25 / 26 eleventh session",
            "issue 25 / 26 second read of the eleventh session", "issue 25 / 26 third read of the eleventh session",
            "issue 25 / 26 twelfth session", "issue 25 / 26 second read of the twelfth session",
-           "issue 26 item 5 thirteenth session", "issue 26 fourteenth session (mi350x)", "issue 26 fifteenth session (gemm)")
+           "issue 26 item 5 thirteenth session", "issue 26 fourteenth session (mi350x)", "issue 26 fifteenth session (gemm)", "issue 26 fifteenth session (scale)")
 
 
 def _saw(r: dict, last: str | None) -> bool:
@@ -359,11 +359,11 @@ HARDWARE_SEEN: dict = {
         "speed", lambda r: r.get("cluster") in ("b200", "gb200", "b300", "gb300") and _saw(r, "issue 25 round 5 (")),
     # issue 26 (2026-12-03), each chosen after benchmarks/in_split_rows.py (or dp_bounds.py / parallel_bounds.py; none predicts a held-out row) had
     # printed the in-split Blackwell rows (GB200 / B200 too fast, GB300 too slow), no held-out row's error printed: GB200's and
-    # B300's GEMM fractions from the MAMF finder (gb200.toml [7], b300.toml [5]); context parallelism's merges (TE's ring); NCCL's SMs; the TP overlap's own GEMM cost (at 3610596)
+    # B300's GEMM fractions from the MAMF finder (gb200.toml [7], b300.toml [5]); context parallelism's merges (TE's ring); NCCL's SMs; the TP overlap's own GEMM cost (at 3610596); fifteenth session (scale): the MLPerf configs' bucket sizes (the B200 8B and GB200 DeepSeek-V3 series)
     **{k: ("speed", lambda r: r.get("cluster") in ("b200", "gb200", "b300", "gb300") and not held_out(r) and _saw(r, "issue 25 / 26 second read of the twelfth session"))
        for k in ("GB200 / B300 GEMM fractions from the MAMF finder (workloads/clusters/gb200.toml [7], b300.toml [5])",
                  "context parallelism's merges (tuner/perfmodel/compute.py cp_merge_bytes)",
-                 "NCCL's SMs on B200 / GB200 (workloads/clusters/b200.toml [11], gb200.toml [8] sm_count; benchmarks/dp_bounds.py)", "the TP overlap's own GEMM cost on B200 / GB200 (tuner/perfmodel/tp_overlap.gemm_cost_seconds; b200.toml [12], gb200.toml [9])")},
+                 "NCCL's SMs on B200 / GB200 (workloads/clusters/b200.toml [11], gb200.toml [8] sm_count; benchmarks/dp_bounds.py)", "the TP overlap's own GEMM cost on B200 / GB200 (tuner/perfmodel/tp_overlap.gemm_cost_seconds; b200.toml [12], gb200.toml [9])", "MLPerf configs' bucket sizes as ran (ran_bucket_size -> Workload.ddp_bucket_size, benchmarks/reading.workload_of)")},
     # issues 25 / 26: SEEN's entry of that name (every Megatron-Core row here printed with and without it, ROCm's too)
     "Megatron-Core's CI step floor, not applied (benchmarks/step_floor.py)": (
         "speed", lambda r: r.get("framework", "megatron-core") == "megatron-core" and _saw(r, "issue 25 fresh dense")),

@@ -194,6 +194,7 @@ class Workload:
     framework: str = ""
     grad_reduce: str = ""     # fp32 | bf16; "" = the framework's default (tuner.frameworks grad_reduces[0])
     optimizer_moments: str = ""   # fp32 | bf16; "" = fp32 (bf16: --use-precision-aware-optimizer, Megatron-Core only)
+    ddp_bucket_size: int = 0  # Megatron-Core's --ddp-bucket-size (elements) a run set; 0: its default (launch's)
 
     def __post_init__(self):
         if not self.framework:
@@ -213,14 +214,16 @@ class Workload:
         return {"model": self.model.as_dict(), "cluster": self.cluster.as_dict(),
                 "nodes": self.nodes, "global_batch": self.global_batch, "precision": self.precision,
                 "framework": self.framework, "grad_reduce": self.grad_reduce,
-                **({"optimizer_moments": self.optimizer_moments} if self.optimizer_moments else {})}
+                **({"optimizer_moments": self.optimizer_moments} if self.optimizer_moments else {}),
+                **({"ddp_bucket_size": self.ddp_bucket_size} if self.ddp_bucket_size else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Workload":
         """A stored workload; one stored before frameworks existed runs on its cluster's (comm_overlap: Megatron-Core)."""
         return cls(ModelSpec.from_dict(d["model"]), ClusterSpec.from_dict(d["cluster"]),
                    int(d["nodes"]), int(d["global_batch"]), d.get("precision") or "bf16", d.get("framework") or "",
-                   d.get("grad_reduce") or "", d.get("optimizer_moments") or "")
+                   d.get("grad_reduce") or "", d.get("optimizer_moments") or "",
+                   int(d.get("ddp_bucket_size") or 0))
 
 
 #: The settings a stored workload is matched on beside its model, cluster, nodes and global batch (`tuner
@@ -264,7 +267,7 @@ def with_seq_length(m: ModelSpec, seq_length: int | None) -> ModelSpec:
 def make_workload(model: str | ModelSpec, nodes: int, cluster: str | ClusterSpec = "frontier",
                   global_batch: int | None = None, precision: str = "bf16", framework: str | None = None,
                   grad_reduce: str | None = None, seq_length: int | None = None,
-                  optimizer_moments: str | None = None) -> Workload:
+                  optimizer_moments: str | None = None, ddp_bucket_size: int = 0) -> Workload:
     if isinstance(model, str):
         _needs_training_choices(model, seq_length, global_batch)
     m = load_model(model, seq_length) if isinstance(model, str) else with_seq_length(model, seq_length)
@@ -298,7 +301,7 @@ def make_workload(model: str | ModelSpec, nodes: int, cluster: str | ClusterSpec
         raise UsageError(f"--optimizer-moments bf16 is Megatron-Core's precision-aware optimizer; {fw} keeps Adam's "
                          "moments in fp32: leave --optimizer-moments out, or --framework megatron-core")
     return Workload(m, c, nodes, gb, precision, fw, grad_reduce or "",
-                    "" if optimizer_moments in (None, "fp32") else optimizer_moments)
+                    "" if optimizer_moments in (None, "fp32") else optimizer_moments, ddp_bucket_size)
 
 
 def _needs_training_choices(model: str, seq_length: int | None, global_batch: int | None) -> None:

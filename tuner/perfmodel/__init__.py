@@ -122,8 +122,8 @@ def bucket_latency(layout: Layout, workload: Workload) -> float:
     if g <= 1:
         return 0.0
     domains = g // comm.ranks_in_domain(workload.cluster, g, layout.tp)
-    return (buckets.bucket_count(workload.model, layout) - 1) * comm.nccl_ring_latency(g, domains,
-                                                                                  allreduce=layout.zero_stage == 0)
+    count = buckets.bucket_count(workload.model, layout, workload.ddp_bucket_size or None)   # the size a run set, else
+    return (count - 1) * comm.nccl_ring_latency(g, domains, allreduce=layout.zero_stage == 0)    # Megatron-Core's
 
 
 def zero3_latency(layout: Layout, workload: Workload) -> tuple[float, float]:
@@ -202,7 +202,7 @@ def _gradient_sync(layout: Layout, workload: Workload, fw, slow: dict, m: int, p
     whole = dp
     if "dp" in (fw.overlaps if hide is None else hide) and layout.zero_stage <= 1:
         # the embedding's bucket reduces after the last backward and gathers before the first forward (buckets.py)
-        last = min(buckets.last_bucket_params(workload.model, layout), params_gpu - experts_gpu)
+        last = min(buckets.last_bucket_params(workload.model, layout, workload.ddp_bucket_size or None), dense)
         tail = comm.dp_time(cluster, t, layout.dp * layout.context_parallel, layout.zero_stage, last, m,
                             layout.checkpointing, gb)
         dp = {"grad_reduce": max(tail["grad_reduce"], dp["grad_reduce"] - compute_mb * 2 / 3),
