@@ -41,6 +41,15 @@ def _tuner_logger_restored():
     logger.propagate = saved[2]
 
 
+@pytest.fixture(autouse=True)
+def _predictions_forgotten():
+    """tuner.predicted keeps a study's predictions for the process: every test starts without any, as a fresh
+    `tuner` does (a test that swaps a part of the model never meets an earlier test's answers)."""
+    from tuner import predicted
+    predicted.forget()
+    yield
+
+
 # ---- services (PostgreSQL, Slurm, chromium) ---------------------------------------------------
 def service_unavailable(service: str, reason: str):
     """A test needs `service` and it is not there: skip, saying how to start it; under CI (TUNER_CI=1,

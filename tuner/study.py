@@ -29,7 +29,7 @@ from tuner.best import history, require_fit
 from tuner.driver import Driver, Outcome
 from tuner.errors import UsageError
 from tuner.executors import make_executor
-from tuner.perfmodel import predict
+from tuner.predicted import predictions
 from tuner.report import ok_trials
 from tuner.runners import DEFAULT_TRIAL_TIMEOUT_S, RUNNERS, TrialRunner, make_runner
 from tuner.runners.registry import as_runner, lookup, unavailable
@@ -161,7 +161,7 @@ def check(rec: StudyRecord, runner: TrialRunner | None = None) -> None:
     if refusal:
         raise UsageError(refusal)
     if s.get("prune", True):                      # a study that could only prune would be a dead one
-        require_fit([predict(lay, workload) for lay in layouts], workload, space)
+        require_fit(predictions(layouts, workload), workload, space)
     if s.get("executor") == "ray" and (s.get("executor_options") or {}).get("address"):
         from tuner.executors.ray import check_address
         check_address(s["executor_options"]["address"])
@@ -212,6 +212,7 @@ def searcher_for(store, rec: StudyRecord, workload: Workload, candidates: list):
             records, linked = linked_history(store, rec, workload, skip=options.get("history_studies", {}))
             options["history"] = [*options.get("history", []), *records]
             options["history_studies"] = {**options.get("history_studies", {}), **linked}
+        options["predictions"] = dict(zip(candidates, predictions(candidates, workload)))   # `check`'s, kept
     return make_searcher(rec.searcher, candidates, seed=s.get("seed", 0), workload=workload,
                          parallel=s.get("parallel", 1), **options)
 

@@ -69,13 +69,15 @@ class GuidedSearcher(BaseSearcher):
     def __init__(self, candidates: list[Layout], *, seed: int = 0, workload=None, history=None,
                  history_studies: dict | None = None, stop_threshold: float | None = None,
                  stop_probability: float = STUDY_DEFAULTS["stop_probability"], min_trials: int = 4,
-                 n_initial: int = N_INITIAL, **kw):
+                 n_initial: int = N_INITIAL, predictions: dict | None = None, **kw):
         super().__init__(candidates, seed=seed, **kw)
         self.workload = workload
         self.stop = StopRule(stop_threshold, stop_probability, min_trials)
         self.n_initial = int(n_initial)
         self.capacity = workload.cluster.memory_gb if workload is not None else None
-        preds = [predict(c, workload) for c in self.candidates] if workload is not None else [None] * len(self.candidates)
+        known = predictions or {}                 # layout -> its prediction, where the study has it (tuner.predicted)
+        preds = [known.get(c) or predict(c, workload) for c in self.candidates] if workload is not None \
+            else [None] * len(self.candidates)
         self.fts: list[Features] = [features(c, workload, p) for c, p in zip(self.candidates, preds)]
         n = len(self.candidates)
         self.Z = np.array([f.z for f in self.fts]).reshape(n, Z_DIM)
