@@ -66,6 +66,16 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     return graph
 
 
+_TUNER: dict[str, set[str]] = {}
+
+
+def tuner_graph() -> dict[str, set[str]]:
+    """import_graph() of tuner/ itself, parsed once for the three tests that read it (each gets its own copy)."""
+    if not _TUNER:
+        _TUNER.update(import_graph())
+    return {m: set(deps) for m, deps in _TUNER.items()}
+
+
 def loops(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan's, iterative), each sorted."""
     index: dict[str, int] = {}
@@ -113,14 +123,14 @@ def describe(graph: dict[str, set[str]], comp: list[str]) -> str:
 
 
 def test_tuner_has_no_import_loop():
-    graph = import_graph()
+    graph = tuner_graph()
     assert len(graph) > 50 and "tuner.config" in graph
     found = loops(graph)
     assert not found, "import loops in tuner/: " + " | ".join(describe(graph, c) for c in found)
 
 
 def test_library_imports_nothing_from_the_cli():
-    graph = import_graph()
+    graph = tuner_graph()
     for m in ("tuner.api", "tuner.config", "tuner.study", "tuner.study_options"):
         assert not {d for d in graph[m] if d == "tuner.cli" or d.startswith("tuner.cli.")}, (m, graph[m])
 
@@ -201,7 +211,7 @@ def test_every_module_sits_in_a_layer_of_the_architecture_page_and_imports_only_
         owner = max((k for k in layers if m == k or (k != "tuner" and m.startswith(k + "."))), key=len, default=None)
         return layers.get(owner)
 
-    graph = import_graph()
+    graph = tuner_graph()
     assert [m for m in graph if layer(m) is None] == [], "modules the architecture page places in no layer"
     upward = [f"{m} ({layer(m)}) -> {d} ({layer(d)})" for m in sorted(graph) for d in sorted(graph[m])
               if layer(d) > layer(m)]
