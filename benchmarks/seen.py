@@ -384,9 +384,9 @@ HARDWARE_SEEN: dict = {
     "torchtitan's cuDNN-first SDPA on Blackwell, ran_attention 'cudnn', issue 26 (read after its in-split rows were printed)": ("speed",
         lambda r: r.get("ran_attention") == "cudnn" and not held_out(r) and _saw(r, "issue 25 / 26 second read of the twelfth session")),
     # issue 26 fifteenth session: TE's one-pass MXFP8 casts, chosen after in_split_rows.py printed the in-split Blackwell rows; the
-    # held-out MXFP8 rows of the Megatron-Bridge tables read then (mb_tables_read: throughputs, no error printed) too (docs/hardware.md)
+    # held-out rows of the Megatron-Bridge tables read then (mb_tables_read: throughputs, no error printed; every precision) too
     "Transformer Engine's one-pass MXFP8 casts (tuner/perfmodel/compute.py MXFP8_ONE_PASS_BYTES)": ("speed", lambda r: r.get("cluster") in (
-        "b200", "gb200", "b300", "gb300") and _saw(r, "issue 26 fifteenth session (gemm)") and (not held_out(r) or (r.get("precision") == "mxfp8" and mb_tables_read(r)))),
+        "b200", "gb200", "b300", "gb300") and _saw(r, "issue 26 fifteenth session (gemm)") and (not held_out(r) or mb_tables_read(r))),
 }
 
 
