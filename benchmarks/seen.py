@@ -15,12 +15,9 @@ from published_rows import (_LEGACY, _LEGACY_MOE, _any_source, _bucket_moved, _l
 #: `added` starts with its batch's name). A choice saw the rows of the batches committed before it and of none after:
 #: `_saw(r, last)` says so, and a row of a later batch (or of one not listed) is seen by no choice that names its last.
 BATCHES = ("issue 25 round 2 (", "issue 25 round 3 (", "issue 24 round 4 (", "issue 26 round 3 (", "issue 25 round 4 (",
-           "issue 26 sixth session", "issue 25 round 5 (", "issue 25 (attention by sequence",
-           "issue 26 seventh session", "issue 25 fresh dense", "issue 26 eighth session", "issue 26 ninth session",
-           "issue 25 / 26 tenth session", "issue 25 / 26 eleventh session",
-           "issue 25 / 26 second read of the eleventh session", "issue 25 / 26 third read of the eleventh session",
-           "issue 25 / 26 twelfth session", "issue 25 / 26 second read of the twelfth session",
-           "issue 26 item 5 thirteenth session", "issue 26 fourteenth session (mi350x)", "issue 26 fifteenth session (gemm)", "issue 26 fifteenth session (scale)")
+           "issue 26 sixth session", "issue 25 round 5 (", "issue 25 (attention by sequence", "issue 26 seventh session", "issue 25 fresh dense", "issue 26 eighth session", "issue 26 ninth session",
+           "issue 25 / 26 tenth session", "issue 25 / 26 eleventh session", "issue 25 / 26 second read of the eleventh session", "issue 25 / 26 third read of the eleventh session",
+           "issue 25 / 26 twelfth session", "issue 25 / 26 second read of the twelfth session", "issue 26 item 5 thirteenth session", "issue 26 fourteenth session (mi350x)", "issue 26 fifteenth session (gemm)", "issue 26 fifteenth session (scale)", "issue 25 fifteenth session (moe)")
 
 
 def _saw(r: dict, last: str | None) -> bool:
@@ -387,6 +384,9 @@ HARDWARE_SEEN: dict = {
     # held-out rows of the Megatron-Bridge tables read then (mb_tables_read: throughputs, no error printed; every precision) too
     "Transformer Engine's one-pass MXFP8 casts (tuner/perfmodel/compute.py MXFP8_ONE_PASS_BYTES)": ("speed", lambda r: r.get("cluster") in (
         "b200", "gb200", "b300", "gb300") and _saw(r, "issue 26 fifteenth session (gemm)") and (not held_out(r) or mb_tables_read(r))),
+    # issue 25 fifteenth session (moe): TP overlap off as the recipe ran it (hardware_published.toml, Megatron-Bridge 26.04-alpha.rc2), read after
+    # in_split_rows.py printed the in-split GB200 MLPerf v6.0 DeepSeek-V3 rows (256 / 2,048 / 4,096 / 8,192 GPUs); the held-out 512-GPU row's error was not printed
+    "GB200 MLPerf v6.0 DeepSeek-V3 without --tp-comm-overlap (tp_comm_overlap)": ("speed", lambda r: r.get("cluster") == "gb200" and r.get("model") == "deepseek-v3" and r.get("tp_comm_overlap") is False and str(r.get("added", "")).startswith("issue 26 ninth session") and not held_out(r)),
 }
 
 
