@@ -92,3 +92,20 @@ def test_a_study_created_run_and_run_again_predicts_each_layout_once(calls, tmp_
     fresh.optimize()
     fresh.optimize(n_trials=2)
     assert [t.layout.key() for t in fresh.trials] == kept
+
+
+
+def test_a_cluster_or_bucket_size_change_is_a_new_workload(calls):
+    """Same model, cluster name and nodes, another inter-node bandwidth or a stated bucket size: never the kept answers
+    (the key is every field's value, the cluster's too)."""
+    w = make_workload("22b", 4, framework="megatron-core")
+    some = [lay for lay in valid_layouts(load_space("default"), w) if lay.dp > 1 and lay.zero_stage <= 1][:4]
+    slow = dataclasses.replace(w, cluster=dataclasses.replace(
+        w.cluster, inter_node_bandwidth_gbps=w.cluster.inter_node_bandwidth_gbps / 8))
+    buckets = dataclasses.replace(w, ddp_bucket_size=1_000_000)        # Megatron-Core's default: 40 M elements
+    first = predicted.predictions(some, w)
+    for other in (slow, buckets):
+        got = predicted.predictions(some, other)
+        assert got == [predict(lay, other) for lay in some]
+        assert [p.step_time_s for p in got] != [p.step_time_s for p in first]
+    assert len(some) == 4 and len(calls["kept"]) == 3 * len(some)
