@@ -19,7 +19,8 @@ MFU is stated against the bf16 peak in every precision (tuner.perfmodel).
 
 The performance model reads a precision as the GEMMs' rate (`GEMM_RATE`) and the quantisation traffic of
 the GEMM inputs (`CAST_COPIES`: MX and NVFP4 quantise each input along both GEMM dimensions, a rowwise and a
-columnwise copy, where per-tensor FP8 transposes one: an ESTIMATE of twice the cast traffic). tuner runs
+columnwise copy, where per-tensor FP8 transposes one: an ESTIMATE of twice the cast traffic, except Transformer
+Engine's CUDA MXFP8 kernel, which writes both copies in one pass: tuner.perfmodel.compute.cast_units). tuner runs
 every layer's GEMMs at the FP4 rate (the cluster's matmul_efficiency_fp4 where measured): as NVIDIA's Llama
 and DeepSeek-V3 performance recipes run (bf16_with_nvfp4_mixed, no bf16 layers: Megatron-Bridge
 src/megatron/bridge/perf_recipes/_common.py _perf_precision @ 067f987df03b), an upper bound for recipes that

@@ -146,7 +146,7 @@ def shape_of(layout, workload) -> Shape:
     fw = of(workload)
     return Shape(b=layout.micro_batch, t=layout.tp, c=layout.context_parallel, sp=layout.sequence_parallel,
                  recompute=layout.recompute, fp8=precision.gemm_format(workload.precision),
-                 casts=cast_units(workload.precision, fw),
+                 casts=cast_units(workload.precision, fw, workload.cluster),
                  op_sac=fw.selective == "op" and layout.recompute == "selective", fused=fw.fused(workload.precision),
                  gathered_inputs=fw.sp_with_tp,
                  attention_slowdown=kernel_slowdown(attention_kernel(fw, workload), workload.cluster),
@@ -155,11 +155,12 @@ def shape_of(layout, workload) -> Shape:
                  probs_in_experts=fw.moe_probs_in_experts)
 
 
-def cast_units(precision_name: str, fw) -> float:
+def cast_units(precision_name: str, fw, cluster: ClusterSpec) -> float:
     """The quantisation traffic of one GEMM input in FP8 casts (FP8_CAST_BYTES each): tuner.precision.CAST_COPIES,
-    except where Transformer Engine quantizes MXFP8 (`fw`, a tuner.frameworks.Framework, fuses with it: compiled
-    "always"), whose one pass writes both copies (MXFP8_ONE_PASS_BYTES); elsewhere each copy is its own cast."""
-    if precision_name == "mxfp8" and fw.compiled == "always":
+    except where Transformer Engine's CUDA kernel quantizes MXFP8 (`fw`, a tuner.frameworks.Framework, fuses with
+    it: compiled "always"; `cluster` runs CUDA: the cited one-pass kernel is quantize_mxfp8.cuh, ROCm TE's is not
+    cited), whose one pass writes both copies (MXFP8_ONE_PASS_BYTES); elsewhere each copy is its own cast."""
+    if precision_name == "mxfp8" and fw.compiled == "always" and cluster.software == "cuda":
         return MXFP8_ONE_PASS_BYTES / FP8_CAST_BYTES
     return precision.CAST_COPIES.get(precision_name, 1.0) or 1.0
 
