@@ -45,7 +45,8 @@ def register(name: str, factory: str | Callable[..., Searcher]) -> None:
 def make_searcher(name: str, candidates: list["Layout"], *, seed: int = 0, workload: "Workload | None" = None,
                   parallel: int = 1, **options) -> Searcher:
     """The searcher `name` over `candidates` (every valid layout of the space). `options` are
-    searcher-specific (guided: history, history_studies, stop_threshold); others ignore them."""
+    searcher-specific (guided: history, history_studies, stop_threshold, predictions: a dict layout -> the model's
+    prediction where the caller has it, tuner.predicted); others ignore them."""
     factory = _REGISTRY.get(name)
     if factory is None:
         raise UsageError(f"unknown searcher '{name}'; searchers: {', '.join(_REGISTRY)}")
