@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from tuner.cli import cli
 from tuner.errors import UsageError
 from tuner.layout import Layout
+from tuner.perfmodel import predict
 from tuner.render import mcore, megatron, torchtitan
 from tuner.render.launch import FRAMEWORK_FILES, launch_files
 from tuner.specs import load_cluster, load_model, make_workload
@@ -50,7 +51,7 @@ MCORE_FLAGS = {
     "--num-layers-per-virtual-pipeline-stage": "A:3114", "--fp8-format": "TC:587",
     "--fp8-amax-history-len": "TC:621", "--fp8-amax-compute-algo": "TC:624",
     "--fp8-param-gather": "A:2016 (A:1095-1097: only with the distributed optimizer or an FSDP)",
-    "--overlap-grad-reduce": "A:3121", "--overlap-param-gather": "A:3148", "--tp-comm-overlap": "MPC:265",
+    "--overlap-grad-reduce": "A:3121", "--overlap-param-gather": "A:3148", "--ddp-bucket-size": "A:3125", "--tp-comm-overlap": "MPC:265",
     "--tp-comm-overlap-cfg": "A:2880 (a YAML file: initialize.py line 213 yaml.safe_load, passed as TE's ub_cfgs)",
     "--account-for-embedding-in-pipeline-split": "TC:137", "--account-for-loss-in-pipeline-split": "TC:141",
     # issue "launch files that run as written": the RoPE base, the attention the model assumed, data, checkpoints
@@ -288,6 +289,17 @@ def test_the_embedding_and_loss_aware_split_and_the_overlaps_the_model_assumed()
     assert "--account-for-embedding-in-pipeline-split" not in even
     frontier = mcore.pretrain_args(GPT_LAYOUT, make_workload("175b", 16))
     assert not {"--overlap-grad-reduce", "--tp-comm-overlap"} & set(frontier)     # no comm_overlap on frontier
+    assert "--ddp-bucket-size" not in args                                # Megatron-Core's default, as predicted
+
+
+def test_a_stated_gradient_bucket_size_is_launched_as_the_model_charged_it():
+    """Workload.ddp_bucket_size (a run's --ddp-bucket-size, elements) is predicted (tuner.perfmodel.buckets) and
+    written by launch, so the launched run has the buckets the model counted."""
+    lay = Layout(tp=8, sequence_parallel=True, pp=1, dp=16, micro_batch=1)
+    w = make_workload("llama3-70b", 16, "h100", ddp_bucket_size=134_217_728)
+    args = mcore.pretrain_args(lay, w)
+    assert value(args, "--ddp-bucket-size") == "134217728" and "--ddp-bucket-size" in MCORE_FLAGS
+    assert predict(lay, w).step_time_s != predict(lay, make_workload("llama3-70b", 16, "h100")).step_time_s
 
 
 @pytest.mark.parametrize("lay, want", [

@@ -16,7 +16,7 @@ lines 2504-2515: `per_chunk_bucket_sizes` is None for chunks after the first and
 backward ends last; bucket_size defaults to max(40,000,000, 1,000,000 x the data-parallel group's size) elements,
 that group being the one the gradients reduce over, data and context parallel together (training.py
 `resolve_ddp_bucket_size`: get_pg_size(dp_cp_group), line 2189 at d98e8a64dd), and `tuner launch` writes no
---ddp-bucket-size. The routed experts' gradients are a buffer of their own
+--ddp-bucket-size unless the workload states one (Workload.ddp_bucket_size: then both use it). The routed experts' gradients are a buffer of their own
 (reduced over the expert-data-parallel group); they are not walked here.
 
 DeepSpeed ZeRO-3's gathers and reduce-scatters are counted over the same list of weights (zero3_collectives).

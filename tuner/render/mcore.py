@@ -279,6 +279,8 @@ def overlap_args(layout: Layout, workload: Workload) -> list[str]:
     if "dp" not in framework_of(workload).overlaps:
         return []
     args = ["--overlap-grad-reduce"]
+    if workload.ddp_bucket_size:        # the bucket size the model charged (Megatron-LM @ d98e8a64dd arguments.py:3125)
+        args += ["--ddp-bucket-size", str(workload.ddp_bucket_size)]
     if layout.zero_stage >= 1:
         args.append("--overlap-param-gather")
     if tp_comm_overlap(layout, workload):
