@@ -27,13 +27,14 @@ from pathlib import Path
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Reading, dedup and the split are benchmarks/published_rows.py's; what saw which row (SEEN, HARDWARE_SEEN,
-# clean, ...) is benchmarks/seen.py's: every name stays importable from here.
+# clean, ...) is benchmarks/seen.py's and hardware_seen.py's: every name stays importable from here.
 from published_rows import (  # noqa: E402,F401
     CONFIG_KEYS, DATA, HARDWARE, HELD_OUT_FILE, MEASURED, PUBLISHED, ROW_MODEL_KEYS, SHAPE_KEYS, UNSTATED_GRAD_REDUCE,
     _load, _merge, config_key, custom_model, distinct, grad_reduce, hardware, held_out, held_out_lines, loss_of,
     measured, published, split_key, zero_stage)
-from seen import (BATCHES, HARDWARE_SEEN, SEEN, _any_source, _bucket_moved, _hardware_seen,  # noqa: E402,F401
-                  _legacy_third, _saw, _seen_configurations, clean, hardware_clean, seen_by)
+from seen import (BATCHES, SEEN, _any_source, _bucket_moved, _legacy_third, _saw,  # noqa: E402,F401
+                  _seen_configurations, clean, seen_by)
+from hardware_seen import HARDWARE_SEEN, _hardware_seen, hardware_clean  # noqa: E402,F401
 
 
 def main(write: bool = False) -> None:
