@@ -5,8 +5,10 @@ re-exports every name here."""
 
 from __future__ import annotations
 
-from published_rows import _bucket_moved, held_out, mb_tables_read, split_key  # noqa: F401
-from seen import SEEN, _saw, _seen_configurations
+import functools
+
+from published_rows import _bucket_moved, hardware, held_out, mb_tables_read, split_key  # noqa: F401
+from seen import SEEN, _saw, seen_configurations
 
 #: Choices made after seeing rows of HARDWARE (the SEEN choices above predate that file, so they saw none of its
 #: rows; its clusters' constants are quoted or marked ESTIMATE in their files, none chosen on these rows). The
@@ -118,7 +120,12 @@ def _hardware_seen(row: dict, kind: str | None) -> bool:
     return any(pred(row) for k, pred in HARDWARE_SEEN.values() if kind in (None, k))
 
 
+@functools.cache
+def _hardware_seen_configurations(kind: str | None) -> frozenset:
+    return seen_configurations(hardware(), _hardware_seen, kind)
+
+
 def hardware_clean(row: dict, kind: str | None = None) -> bool:
     """A HARDWARE row hashed out and seen by no choice of HARDWARE_SEEN (of `kind`; None: any) nor any row of its configuration."""
     return (held_out(row) and not _hardware_seen(row, kind)
-            and split_key(row) not in _seen_configurations(kind, new_machines=True))
+            and split_key(row) not in _hardware_seen_configurations(kind))

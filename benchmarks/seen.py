@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 
 from published_rows import (_LEGACY, _LEGACY_MOE, _any_source, _bucket_moved, _legacy_third,  # noqa: F401
-                            hardware, held_out, measured, published, split_key)
+                            held_out, measured, published, split_key)
 
 
 #: The batches of rows added to the data files since the split began, in the order they were committed (a row's
@@ -270,14 +270,18 @@ def seen_by(row: dict, kind: str | None = None) -> list[str]:
     return [name for name, (k, pred) in SEEN.items() if (kind is None or k == kind) and pred(row)]
 
 
-@functools.cache
-def _seen_configurations(kind: str | None, new_machines: bool = False) -> frozenset:
-    """The configurations (split keys) some row of which a choice (of `kind`) saw -- SEEN's choices on the published
-    and measured rows, or HARDWARE_SEEN's on the new machines' rows: one configuration is one row across all data
-    files, so a row measured again (another stage, another loss, another source) is seen too."""
-    from hardware_seen import _hardware_seen      # (hardware_seen reads SEEN and _saw from here)
-    rows, seen = (hardware(), _hardware_seen) if new_machines else (published() + measured(), seen_by)
+def seen_configurations(rows: list, seen, kind: str | None) -> frozenset:
+    """The configurations (split keys) some row of which a choice (of `kind`) saw (`seen(row, kind)`): one
+    configuration is one row across all data files, so a row measured again (another stage, another loss, another
+    source) is seen too."""
     return frozenset(split_key(r) for r in rows if seen(r, kind))
+
+
+@functools.cache
+def _seen_configurations(kind: str | None) -> frozenset:
+    """seen_configurations of SEEN's choices on the published and measured rows (hardware_seen.py: HARDWARE_SEEN's on
+    the new machines' rows)."""
+    return seen_configurations(published() + measured(), seen_by, kind)
 
 
 def clean(row: dict, kind: str | None = None) -> bool:
