@@ -54,7 +54,8 @@ def complete_layout(given: dict, w) -> Layout:
     if "dp" not in layout:
         n = layout["tp"] * layout.get("context_parallel", 1) * layout["pp"]
         if w.gpus % n:
-            raise UsageError(f"tp*cp*pp = {n} does not divide {w.gpus} GPUs; pick degrees that do, or pass --dp")
+            raise UsageError(f"tp*cp*pp = {n} does not divide {w.gpus} GPUs ({w.nodes} x {w.cluster.gpus_per_node}), so no "
+                             f"--dp fills them: pick --tp, --cp and --pp whose product divides {w.gpus}")
         layout["dp"] = w.gpus // n
     return validate(Layout(**layout), w)
 

@@ -237,6 +237,15 @@ def load_space(name: str | None = None) -> SearchSpace:
     raise SpecError(f"search space '{name}' not found; shipped spaces: {', '.join(known)}; or give a path to a TOML file")
 
 
+def no_divisor_reason(pick: dict, gpus: int) -> str:
+    """Why no tp*cp*pp divides the GPUs, with the fix: the degree none of whose choices divides them, first."""
+    for flag, dim in (("tp", "tp"), ("cp", "context_parallel"), ("pp", "pp")):
+        if all(gpus % v for v in pick[dim]):
+            return (f"no {flag} among the space's choices ({', '.join(map(str, pick[dim]))}) divides {gpus} GPUs: "
+                    f"pick a --{flag} that does")
+    return f"no tp*cp*pp among the space's choices divides {gpus} GPUs: pick --tp, --cp and --pp whose product does"
+
+
 def no_layout_reason(space: SearchSpace, workload: Workload) -> str:
     """Why a workload has no valid layout: every refusal among the candidates at once (one example of each:
     refusals that differ only in their numbers count as one), first the one that refuses the plainest
@@ -267,7 +276,7 @@ def no_layout_reason(space: SearchSpace, workload: Workload) -> str:
             example.setdefault(kind, r)
             plainest[kind] = min(plainest.get(kind, (cp, pp, tp, mb)), (cp, pp, tp, mb))
     if not counts:
-        return f"no tp*cp*pp among the space's choices divides {workload.gpus} GPUs"
+        return no_divisor_reason(pick, workload.gpus)
     first, *rest = sorted(counts, key=lambda k: (plainest[k], -counts[k]))
     rest.sort(key=lambda k: -counts[k])
     others = f" (other layouts are also refused: {'; '.join(example[k] for k in rest)})" if rest else ""
