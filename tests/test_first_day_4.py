@@ -21,3 +21,15 @@ def test_plan_names_the_degree_none_of_whose_choices_divides_the_gpus(tuner):
     assert "no tp among the space's choices (3) divides 16 GPUs: pick a --tp that does" in err, err
     err = one_line_error(tuner, "plan", "--model", "tiny", "--nodes", "1", "--pp", "3")
     assert "no pp among the space's choices (3) divides 8 GPUs: pick a --pp that does" in err, err
+
+
+def test_resume_says_which_store_and_never_creates_one(tuner, tmp_path):
+    err = one_line_error(tuner, "resume", "my-study")
+    assert f"no results store at sqlite:///{tmp_path / 'tuner.db'}" in err, err
+    assert not (tmp_path / "tuner.db").exists()            # a resume in the wrong directory leaves no empty store
+    assert tuner("search", "--model", "tiny", "--nodes", "1", "--budget", "2", "--study", "s")[0] == 0
+    code, out, err = tuner("resume", "s", "--budget", "3")
+    assert code == 0 and f"store: {tuner.db}" in err.splitlines()[0], err
+    assert "study s: 1 trial(s) ran" in out, out
+    code, out, err = tuner("resume", "ghost")
+    assert code == 2 and err.splitlines() == [f"store: {tuner.db}", "error: no study named 'ghost'; known studies: s"]

@@ -110,8 +110,8 @@ def test_a_study_stores_its_runner_and_resume_refuses_without_it(tuner):
     assert study.record.runner == "measured" and {t.runner for t in study.trials} == {"measured"}
     code, _, err = tuner("resume", "mine", "--budget", "5")
     err = err.strip().splitlines()
-    assert code == 2 and len(err) == 1
-    assert "run by runner 'measured', which this process does not have" in err[0]
+    assert code == 2 and err[:-1] == [f"store: {db}"]          # where it looked, then the one-line refusal
+    assert "run by runner 'measured', which this process does not have" in err[-1]
     assert len(lib.load_study("mine", storage=db).trials) == 3        # nothing ran with another runner
     with pytest.raises(UsageError, match="which this process does not have"):
         lib.load_study("mine", storage=db).optimize(n_trials=1)

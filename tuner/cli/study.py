@@ -233,7 +233,8 @@ def resume(name, budget, join, force, ray_address, keep_going, db, fmt):
     """
     from tuner import study as studies, study_group as group
     from tuner.store import open_store
-    store = open_store(db)
+    store = open_store(db, create=False)      # nothing to resume where no store is: never create one
+    click.echo(f"store: {store.url}", err=True)
     mode = "join" if join else "force" if force else "run"
     members = group.members(store, name) if name not in store.study_names() else []
     if members:                     # a multi-node search's group: every member, in turn
