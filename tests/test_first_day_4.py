@@ -33,3 +33,11 @@ def test_resume_says_which_store_and_never_creates_one(tuner, tmp_path):
     assert "study s: 1 trial(s) ran" in out, out
     code, out, err = tuner("resume", "ghost")
     assert code == 2 and err.splitlines() == [f"store: {tuner.db}", "error: no study named 'ghost'; known studies: s"]
+
+
+def test_csv_listings_end_with_their_last_row_not_a_blank_line(tuner):
+    assert tuner("search", "--model", "tiny", "--nodes", "1", "--budget", "2", "--study", "s")[0] == 0
+    for args in (("trials", "s"), ("studies",), ("plan", "--model", "tiny", "--nodes", "1", "--top", "2")):
+        code, out, err = tuner(*args, "--format", "csv")
+        assert code == 0 and out.endswith("\n") and not out.endswith("\n\n"), (args, out[-40:])
+        assert "" not in out.splitlines(), args                  # csv.reader would read a blank line as a row []

@@ -59,8 +59,8 @@ def render(rows: list[dict], fmt: str, columns: list[str] | None = None, json_ob
     """Render `rows` in `fmt`; JSON prints `json_obj` when given (e.g. a single object), else the rows."""
     if fmt == "json":
         return to_json(rows if json_obj is None else json_obj)
-    if fmt == "csv":
-        return to_csv(rows, columns)
+    if fmt == "csv":                 # click.echo ends the last line: no blank line after the last row
+        return to_csv(rows, columns).removesuffix("\n")
     return table(rows, columns)
 
 
