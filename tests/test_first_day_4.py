@@ -41,3 +41,10 @@ def test_csv_listings_end_with_their_last_row_not_a_blank_line(tuner):
         code, out, err = tuner(*args, "--format", "csv")
         assert code == 0 and out.endswith("\n") and not out.endswith("\n\n"), (args, out[-40:])
         assert "" not in out.splitlines(), args                  # csv.reader would read a blank line as a row []
+
+
+def test_a_config_file_that_is_not_utf8_says_so_and_how_to_fix_it(tuner, tmp_path):
+    (tmp_path / "study.toml").write_bytes(b'model = "tiny"\nnodes = 1\n# caf\xe9 (latin-1)\n')
+    err = one_line_error(tuner, "search", "--config", "study.toml")
+    assert "--config study.toml is not UTF-8 text (invalid continuation byte at byte 30)" in err, err
+    assert "save it as UTF-8, or write one with `tuner config NAME > study.toml`" in err, err

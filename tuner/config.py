@@ -43,10 +43,13 @@ def read(path: str | Path) -> dict:
     """The settings of a study.toml, unchecked (check() converts them). UsageError naming the fix."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))      # TOML is UTF-8 whatever the locale
     except FileNotFoundError:
         raise UsageError(f"--config {path}: no such file (write one with `tuner config NAME > {path}`)") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--config {path} is not UTF-8 text ({exc.reason} at byte {exc.start}), as TOML must be: "
+                         f"save it as UTF-8, or write one with `tuner config NAME > {path}`") from None
+    except OSError as exc:
         raise UsageError(f"--config {path} cannot be read: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"--config {path} is not valid TOML: {exc}") from None
