@@ -237,6 +237,7 @@ def test_out_writes_the_page_and_its_figures(tuner, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted(["index.html", *FIGURES])
     page = (out / "index.html").read_text()
     assert page.count("<img src='data:image/png;base64,") == 4 and "cheapest within 200 days" in page
+    assert "<code>tuner best</code>" in page and "`" not in page     # the notes' commands as code
     code, _, err = tuner("scale", "--model", "22b", "--nodes", "2", "--tokens", "1e11", "--out", str(out))
     assert code == 2 and "exists and is not empty" in err
 

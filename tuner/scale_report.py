@@ -9,6 +9,7 @@ points filled, predicted ones open.
 from __future__ import annotations
 
 import html
+import re
 from datetime import datetime, timezone
 
 from tuner.report.plots import _plt, _png
@@ -156,6 +157,11 @@ def _whole(v):
 PAGE_CSS = CSS + "td{white-space:nowrap}"
 
 
+def prose(text: str) -> str:
+    """A line of `tuner scale`'s text output as HTML: escaped, its `backticked` commands as <code>."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+
+
 def build_page(result, *, generated: datetime | None = None) -> dict[str, bytes]:
     """index.html (figures embedded) and the PNGs of a ScaleResult (tuner.planning.scale)."""
     e = html.escape
@@ -167,7 +173,7 @@ def build_page(result, *, generated: datetime | None = None) -> dict[str, bytes]
              f"<p class='meta'>{e(result.notes[0] if result.notes else '')}. {len(ok)} of {len(rows)} point(s) "
              f"answered. Generated {stamp}.</p>"]
     if result.sentence:
-        parts.append(f"<p class='{'best' if result.chosen else 'note'}'>{e(result.sentence)}</p>")
+        parts.append(f"<p class='{'best' if result.chosen else 'note'}'>{prose(result.sentence)}</p>")
     none = "no node count has a layout to draw"
     img = lambda i, alt: _img(FIGURES[i], drawn[FIGURES[i]], alt, none)       # noqa: E731
     parts += ["<h2>Every point</h2>", html_table(table_rows(rows)),
@@ -175,7 +181,7 @@ def build_page(result, *, generated: datetime | None = None) -> dict[str, bytes]
               "</div><div><h2>Cost</h2>", img(1, "cost against nodes"), "</div></div>",
               "<div class='row'><div><h2>Pareto front</h2>", img(2, "days against cost"),
               "</div><div><h2>MFU</h2>", img(3, "MFU against nodes"), "</div></div>",
-              "<h2>What the figures rest on</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in result.notes) + "</ul>"]
+              "<h2>What the figures rest on</h2><ul>" + "".join(f"<li>{prose(n)}</li>" for n in result.notes) + "</ul>"]
     page = (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>tuner scale: {e(result.model)}"
             f"</title><style>{PAGE_CSS}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")
     return {"index.html": page.encode(), **{k: v for k, v in drawn.items() if v is not None}}
