@@ -176,3 +176,30 @@ def test_calibrate_two_ranks_writes_a_loadable_cluster(tmp_path):
     assert len(r["measurements"]["overhead"]["runs"]) == 2
     # a bound on the work done, not on the time it took: --quick times 3 steps per harness run
     assert all(len(run["step_times"]) == 3 for run in r["measurements"]["overhead"]["runs"])
+
+
+def test_the_overhead_runs_take_the_trial_timeout_the_local_runners_hint_names(tmp_path, monkeypatch, tuner):
+    """A fresh machine's first harness run builds DeepSpeed's CPU op; where that outlasts 90 s the runner says
+    'raise --trial-timeout': calibrate takes it, hands it to every overhead run, and its warning names it."""
+    from types import SimpleNamespace
+    import tuner.runners.local as local
+    from tuner.trial import Status
+    seen = []
+
+    class SlowBuild:
+        def __init__(self, **kw):
+            seen.append(kw["trial_timeout"])
+
+        def run(self, spec):
+            return SimpleNamespace(status=Status.TIMEOUT, message="an op build did not finish")
+    monkeypatch.setattr(local, "LocalRunner", SlowBuild)
+    cluster = cluster_from_measurements(fake_measurements(), 2)
+    got = calibrate_module.measure_overhead(cluster, 2, "cpu", quick=True, trial_timeout=600.0)
+    assert seen == [600.0] and got["runs"] == [] and ": timeout an op build" in got["error"]
+    monkeypatch.setattr(calibrate_module, "measure", lambda gpus, device, quick: fake_measurements(gpus))
+    code, out, err = tuner("calibrate", "--gpus", "2", "--quick", "--out", str(tmp_path / "c.toml"))
+    assert code == 0 and seen[-1] == calibrate_module.OVERHEAD_TIMEOUT_S            # the default, 90 s
+    assert "rerun with --force" in err and "add --trial-timeout 600" in err, err
+    code, out, err = tuner("calibrate", "--gpus", "2", "--quick", "--force", "--out", str(tmp_path / "c.toml"),
+                           "--trial-timeout", "900")
+    assert code == 0 and seen[-1] == 900.0, err

@@ -218,11 +218,13 @@ def overhead_layouts(gpus: int, quick: bool = False) -> list:
     return lays
 
 
-def measure_overhead(cluster: dict, gpus: int, device: str, quick: bool = False) -> dict:
+def measure_overhead(cluster: dict, gpus: int, device: str, quick: bool = False,
+                     trial_timeout: float = OVERHEAD_TIMEOUT_S) -> dict:
     """Train the `tiny` GPT with the bundled harness through the local runner (G ranks) for each
     overhead layout at m = 1 and m = 4 micro-batches per step. Returns {"model", "runs": [{"layout",
     "m", "global_batch", "step_s" (median of the timed steps), "step_times"}], "seconds"}, or with
-    "error" (and no runs) when a run fails: the caller then keeps the defaults."""
+    "error" (and no runs) when a run fails: the caller then keeps the defaults. Each run may take
+    `trial_timeout` seconds, the first one DeepSpeed's CPU op build included (--trial-timeout)."""
     from tuner.runners.local import LocalRunner
     from tuner.specs import Workload, load_model
     from tuner.trial import Status, TrialSpec
@@ -232,7 +234,7 @@ def measure_overhead(cluster: dict, gpus: int, device: str, quick: bool = False)
     warmup, steps = (1, 3) if quick else (2, 6)
     runs = []
     with tempfile.TemporaryDirectory(prefix="tuner-calibrate-") as tmp:
-        runner = LocalRunner(gpus=gpus, trial_timeout=OVERHEAD_TIMEOUT_S, results_dir=tmp, device=device,
+        runner = LocalRunner(gpus=gpus, trial_timeout=trial_timeout, results_dir=tmp, device=device,
                              steps=steps, warmup=warmup)
         for i, lay in enumerate(overhead_layouts(gpus, quick)):
             for m in OVERHEAD_M:
@@ -301,7 +303,8 @@ def cluster_option(out: Path) -> str:
 
 
 def calibrate(out: Path | str | None = None, gpus: int = 1, force: bool = False,
-              device: str = "auto", name: str | None = None, quick: bool = False) -> dict:
+              device: str = "auto", name: str | None = None, quick: bool = False,
+              trial_timeout: float = OVERHEAD_TIMEOUT_S) -> dict:
     """Measure this machine with `gpus` ranks and write the cluster file `out` (default
     ./workloads/clusters/<name>.toml; `name` defaults to this host's name). Never a shipped preset.
     Returns {"path", "cluster" (the dict written), "cluster_option" (the --cluster value that finds
@@ -312,7 +315,7 @@ def calibrate(out: Path | str | None = None, gpus: int = 1, force: bool = False,
     check_target(out, force)
     m = measure(gpus, device, quick)
     cluster = cluster_from_measurements(m, gpus, name)
-    m["overhead"] = measure_overhead(cluster, gpus, m["device"], quick)
+    m["overhead"] = measure_overhead(cluster, gpus, m["device"], quick, trial_timeout)
     m["overhead"]["latency_tight_us"] = cluster["latency_us"]
     m["seconds"] += m["overhead"]["seconds"]
     cluster = with_overhead(cluster, m["overhead"])

@@ -22,12 +22,15 @@ from tuner.cli import cli
               help="The cluster's name in the file (default: this host's name, sanitised).")
 @click.option("--quick", is_flag=True, help="Fewer sizes and repetitions (a rougher, faster measurement).")
 @click.option("--force", is_flag=True, help="Overwrite an existing file (never a shipped preset).")
-def calibrate(out, gpus, device, name, quick, force):
+@click.option("--trial-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds each harness run that measures the overheads may take (default 90); the first one "
+                   "builds DeepSpeed's CPU op on a fresh machine.")
+def calibrate(out, gpus, device, name, quick, force, trial_timeout):
     """Measure matmul TFLOPS, memory and collective bandwidth; write a cluster TOML.
 
     Example: tuner calibrate --gpus 2     (writes workloads/clusters/<host>.toml; prints the --cluster to use)
     """
-    from tuner.calibrate import calibrate as run_calibration, check_target, resolve_target
+    from tuner.calibrate import OVERHEAD_TIMEOUT_S, calibrate as run_calibration, check_target, resolve_target
     from tuner.errors import MissingExtra
     target, name = resolve_target(out, name)
     check_target(target, force)          # refused before anything is measured (or torch is needed)
@@ -35,7 +38,8 @@ def calibrate(out, gpus, device, name, quick, force):
         import torch  # noqa: F401
     except ImportError:
         raise MissingExtra("torch", "deepspeed") from None
-    got = run_calibration(target, gpus=gpus, force=force, device=device, name=name, quick=quick)
+    got = run_calibration(target, gpus=gpus, force=force, device=device, name=name, quick=quick,
+                          trial_timeout=trial_timeout or OVERHEAD_TIMEOUT_S)
     c = got["cluster"]
     click.echo(f"wrote {got['path']} in {got['seconds']:.0f} s: peak {c['peak_tflops']:.4g} TFLOPS per rank, "
                f"matmul efficiency {c['matmul_efficiency']:.2f}, memory bandwidth {c['hbm_bandwidth_gbps']:.3g} GB/s, "
@@ -47,4 +51,6 @@ def calibrate(out, gpus, device, name, quick, force):
         why = textwrap.shorten(failed, 300, placeholder=" ...")
         click.echo(f"warning: the harness runs that measure the overheads failed, so microbatch_overhead_ms and "
                    f"step_overhead_ms in {got['path']} are tuner's defaults, not measured ({why}); fix that and "
-                   "rerun with --force", err=True)
+                   "rerun with --force" + (" (a run that timed out, such as a first one building DeepSpeed's CPU op "
+                                           "on a busy machine: add --trial-timeout 600)" if ": timeout" in failed
+                                          else ""), err=True)
