@@ -48,3 +48,14 @@ def test_a_config_file_that_is_not_utf8_says_so_and_how_to_fix_it(tuner, tmp_pat
     err = one_line_error(tuner, "search", "--config", "study.toml")
     assert "--config study.toml is not UTF-8 text (invalid continuation byte at byte 30)" in err, err
     assert "save it as UTF-8, or write one with `tuner config NAME > study.toml`" in err, err
+
+
+def test_export_into_a_missing_directory_or_under_a_file_names_which_and_the_fix(tuner, tmp_path):
+    assert tuner("search", "--model", "tiny", "--nodes", "1", "--budget", "1", "--study", "s")[0] == 0
+    (tmp_path / "afile").write_text("x")
+    code, out, err = tuner("export", "s", "--format", "csv", "--out", "afile/t.csv")
+    assert code == 2 and err.splitlines()[-1] == ("error: --out afile/t.csv: a part of the path is a file, not a "
+                                                  "directory (afile): choose another --out"), err
+    code, out, err = tuner("export", "s", "--format", "csv", "--out", "no/such/t.csv")
+    assert code == 2 and err.splitlines()[-1] == ("error: --out no/such/t.csv: directory no/such does not exist: "
+                                                  "create it, or choose another --out"), err

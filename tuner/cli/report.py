@@ -123,8 +123,11 @@ def export(name, fmt, out, storage, force, db):
     if out is None:
         click.echo(data, nl=False)
         return
-    if out.parent and not out.parent.is_dir():
-        raise UsageError(f"--out {out}: directory {out.parent} does not exist")
+    if not out.parent.is_dir():
+        nearest = next(p for p in out.parents if p.exists())         # "." at worst
+        raise UsageError(f"--out {out}: a part of the path is a file, not a directory ({nearest}): choose another --out"
+                         if not nearest.is_dir() else
+                         f"--out {out}: directory {out.parent} does not exist: create it, or choose another --out")
     out.write_bytes(data) if isinstance(data, bytes) else out.write_text(data)
     click.echo(f"wrote {len(rows)} trial(s) of study {name} to {out} ({fmt})", err=True)
 
