@@ -14,6 +14,7 @@ guided study at N, scored against the same world at 2N.
 
     python benchmarks/ext_search.py [--seeds 3] [--seed-list 1,2] [--families moe,torchtitan]
         [--searchers guided,random,cbo,tpe] [--budget 10] [--stop-budget 20] [--transfer] [--jobs 1]
+        [--cases model:nodes:cluster:framework,...]   (every family's physics on these workloads instead)
 
 Prints per world its model facts (the model's rank of the optimum, the model's top pick's true speed /
 the fastest), then per world and searcher the median and the worst seed after the budget, each searcher's
@@ -167,6 +168,17 @@ def report(results: list[dict], searchers: list[str], budget: int) -> None:
     print()
 
 
+def cases_arg(text: str) -> list[tuple[str, int, str, str]]:
+    """--cases: `model:nodes:cluster:framework` items, comma-separated."""
+    out = []
+    for item in text.split(","):
+        parts = item.split(":")
+        if len(parts) != 4 or not parts[1].isdigit():
+            raise argparse.ArgumentTypeError(f"'{item}' is not model:nodes:cluster:framework (e.g. 1t:128:frontier:megatron-core)")
+        out.append((parts[0], int(parts[1]), parts[2], parts[3]))
+    return out
+
+
 def tasks_for(args) -> tuple[list, list[int]]:
     if args.seed_list:
         seeds = [int(s) for s in args.seed_list.split(",")]
@@ -177,8 +189,8 @@ def tasks_for(args) -> tuple[list, list[int]]:
     if bad:
         raise SystemExit(f"unknown family {', '.join(bad)}; families: {', '.join(FAMILIES)}")
     searchers = args.searchers.split(",")
-    worlds = [(f, i) for f in families for i in range(len(WORKLOADS[f]))
-              if args.workloads is None or i in args.workloads]
+    worlds = [(f, c) for f in families for c in args.cases] if args.cases else \
+        [(f, i) for f in families for i in range(len(WORKLOADS[f])) if args.workloads is None or i in args.workloads]
     tasks = [(f, i, sd, searchers, args.budget, args.stop_budget, args.transfer) for f, i in worlds for sd in seeds]
     return list(enumerate(tasks)), seeds
 
@@ -190,6 +202,9 @@ def main(argv=None) -> int:
     ap.add_argument("--families", default="", help=f"comma-separated, of {', '.join(FAMILIES)} (default all)")
     ap.add_argument("--workloads", type=lambda s: [int(x) for x in s.split(",")], default=None,
                     help="indices into each family's workloads (default all)")
+    ap.add_argument("--cases", type=cases_arg, default=None,
+                    help="model:nodes:cluster:framework,... instead of each family's own workloads (e.g. "
+                         "1t:128:frontier:megatron-core,22b:2:frontier:megatron-core)")
     ap.add_argument("--searchers", default=",".join(SEARCHERS))
     ap.add_argument("--budget", type=int, default=10)
     ap.add_argument("--stop-budget", type=int, default=20, help="guided with the stop rule on (0: skip)")

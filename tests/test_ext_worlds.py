@@ -164,3 +164,21 @@ def test_ext_search_runs_every_searcher_through_the_driver(capsys):
     out = capsys.readouterr().out
     assert "gemm-roofline" in out and "guided" in out and "stop rule" in out and "seeds: 5" in out
     assert "`best --nodes 2N` picks: out of memory at 2N in " in out and "realised fit" in out
+
+
+def test_ext_search_cases_put_every_family_on_the_named_workloads():
+    import argparse
+
+    import ext_search
+    ap_args = argparse.Namespace(seed_list="7", seeds=1, families="gemm-roofline,pipeline-host", searchers="guided",
+                                 budget=10, stop_budget=0, transfer=False, workloads=None,
+                                 cases=ext_search.cases_arg("1t:128:frontier:megatron-core,22b:2:frontier:megatron-core"))
+    tasks, seeds = ext_search.tasks_for(ap_args)
+    cases = [(t[1][0], t[1][1]) for t in tasks]
+    assert seeds == [7]
+    assert cases == [("gemm-roofline", ("1t", 128, "frontier", "megatron-core")),
+                     ("gemm-roofline", ("22b", 2, "frontier", "megatron-core")),
+                     ("pipeline-host", ("1t", 128, "frontier", "megatron-core")),
+                     ("pipeline-host", ("22b", 2, "frontier", "megatron-core"))]
+    with pytest.raises(argparse.ArgumentTypeError, match="model:nodes:cluster:framework"):
+        ext_search.cases_arg("1t:128:frontier")
