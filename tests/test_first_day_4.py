@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 
 def one_line_error(tuner, *args) -> str:
     code, out, err = tuner(*args)
@@ -59,3 +61,16 @@ def test_export_into_a_missing_directory_or_under_a_file_names_which_and_the_fix
     code, out, err = tuner("export", "s", "--format", "csv", "--out", "no/such/t.csv")
     assert code == 2 and err.splitlines()[-1] == ("error: --out no/such/t.csv: directory no/such does not exist: "
                                                   "create it, or choose another --out"), err
+
+
+def test_a_measured_mfu_above_100_percent_says_the_clusters_peak_is_too_low(tuner, tmp_path):
+    (tmp_path / "fast.py").write_text("import json, os\njson.dump({'status': 'ok', 'samples_per_second': 1e9, "
+                                      "'peak_memory_gb': 1.0}, open(os.environ['TUNER_RESULT_JSON'], 'w'))\n")
+    code, out, err = tuner("search", "--model", "tiny", "--nodes", "1", "--budget", "1", "--runner", "command",
+                           "--command", f"{sys.executable} fast.py", "--study", "s")
+    assert code == 0 and "recommended:" in out, err
+    assert "faster than cluster frontier's peak_tflops (191.5 TFLOPS per GPU) allows: that peak is too low" in err, err
+    (tmp_path / "fast.py").write_text((tmp_path / "fast.py").read_text().replace("1e9", "1e-3"))
+    code, out, err = tuner("search", "--model", "tiny", "--nodes", "1", "--budget", "1", "--runner", "command",
+                           "--command", f"{sys.executable} fast.py", "--study", "t")
+    assert code == 0 and "recommended:" in out and "peak is too low" not in err, err

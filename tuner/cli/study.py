@@ -109,8 +109,19 @@ def show_result(store, name: str, result, fmt: str) -> None:
         t = fast[0]
         out.echo(f"recommended: {t.layout.key()} (trial {t.number}): {t.samples_per_second:.4g} samples/s, "
                  f"MFU {100 * t.mfu:.2f} %. {_launch_hint(store, name, t.layout)}")
+        if t.mfu > 1:
+            _above_peak(store, name, t)
     else:
         out.echo(f"no trial succeeded: see `tuner trials {name}` for why")
+
+
+def _above_peak(store, name: str, trial) -> None:
+    """A measured MFU above 100 %: the cluster's peak is too low (a calibration on a busy machine, a typo)."""
+    c = Workload.from_dict(store.get_study(name).workload).cluster
+    click.echo(f"warning: trial {trial.number} ran at MFU {100 * trial.mfu:.0f} %, faster than cluster {c.name}'s "
+               f"peak_tflops ({c.peak_tflops:.4g} TFLOPS per GPU) allows: that peak is too low, so every MFU of this "
+               f"study is overstated; measure it again (tuner calibrate --force, on an idle machine) or correct "
+               f"peak_tflops in the cluster file", err=True)
 
 
 def _launch_hint(store, name: str, layout) -> str:
