@@ -280,11 +280,11 @@ def test_guided_warm_start_and_early_stop(tuner):
                          *study)
     assert code == 0 and "starting cold" in err
     assert tuner("search", "--model", "22b", "--nodes", "4", "--budget", "8", "--study", "w1", *study)[0] == 0
-    code, out, err = tuner("search", "--model", "22b", "--nodes", "8", "--warm-start", "--budget", "80",
+    code, out, err = tuner("search", "--model", "22b", "--nodes", "8", "--warm-start", "--budget", "100",
                            "--study", "w2", "--format", "json", *study)
     assert code == 0 and "simulated trial(s) left out): starting cold" in err     # w0, w1 measured nothing
     got = json.loads(out)
-    assert got["stopped_by"] == "converged" and got["ran"] < 80     # 59: more layouts fit a GCD's 68.7 GB than 64
+    assert got["stopped_by"] == "converged" and got["ran"] < 100    # 83 (59 before the ZeRO stage was a category)
     assert got["confidence"] > 0.9 and "confident" in got["stop_reason"]
 
 

@@ -96,14 +96,15 @@ def recommended_ratio(wd, s, ran) -> float:
 
 
 def test_the_stop_rule_stops_on_independent_worlds_and_never_falsely():
-    """Seeds 1, 10, 16 and 18 of the independent worlds are the four of the first 20 (three physics, four
-    workloads) on which the 99 % rule stops within 30 trials (budget 30, as benchmarks/stop_calibration.py, which
-    checks the stated confidence over 200 seeds drawn at run time and prints the false stops): each stops, at
-    the stated confidence, on a layout within the threshold of the world's fastest. The other 16 run all 30
-    trials without stopping (at 2935eb4's capacities: seed 5 ends at confidence 0.979, 14 at 0.981), which
-    cannot stop falsely; they are left to the benchmark, where they cost 30 trials each."""
+    """Seeds 10 and 18 of the independent worlds are the two of the first 20 (three physics, four workloads) on
+    which the 99 % rule stops within 30 trials (budget 30, as benchmarks/stop_calibration.py, which checks the
+    stated confidence over 200 seeds drawn at run time and prints the false stops): each stops, at the stated
+    confidence, on a layout within the threshold of the world's fastest. The other 18 run all 30 trials without
+    stopping (since the ZeRO stage is a category of the correction, issue 30 round 19: seed 16 ends at confidence
+    0.989, 1 at 0.972; they stopped before it), which cannot stop falsely; they are left to the benchmark, where
+    they cost 30 trials each."""
     stops, thr, sure = [], STUDY_DEFAULTS["stop_threshold"], 1 - STUDY_DEFAULTS["stop_probability"]
-    for seed in (1, 10, 16, 18):
+    for seed in (10, 18):
         wd, s, ran = indep_search(seed, budget=30)
         stops.append((seed, s.stopped, len(ran), recommended_ratio(wd, s, ran), s.confidence))
     assert all(stopped and r * (1 + thr) >= 1.0 and c >= sure for _, stopped, _, r, c in stops), stops

@@ -74,8 +74,9 @@ def _posterior(s: GuidedSearcher):
 
 def test_a_trial_far_above_its_prediction_moves_its_neighbours_and_their_uncertainty():
     ok = [c for c in CANDS if predict(c, W).fits]
-    hero = next(c for c in ok if c.pp == 8 and c.recompute == "none")
-    near = [c for c in ok if (c.tp, c.pp, c.recompute) == (hero.tp, hero.pp, hero.recompute) and c != hero]
+    hero = next(c for c in ok if c.pp == 8 and c.recompute == "none" and c.zero_stage == 1)   # (a stage with siblings)
+    near = [c for c in ok if (c.tp, c.pp, c.recompute, c.zero_stage) == (hero.tp, hero.pp, hero.recompute,
+                                                                          hero.zero_stage) and c != hero]
     base = [next(c for c in ok if c.pp == pp and c.tp != hero.tp and c.recompute == "full") for pp in (1, 2, 4)]
     far = [c for c in ok if novelty(family_key(c), [family_key(hero)]) >= 8 and c not in base]
     assert near and far

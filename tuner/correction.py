@@ -17,7 +17,8 @@ the layout *and* of the model's own account of it:
 - g: a squared-exponential GP over z = (log2 tp, log2 pp, log2 dp, log2 micro-batch, ZeRO stage,
   checkpointing, sp, log2 cp, log2 vp, log2 ep, log2 etp (the expert degrees on tp's scale), TP group leaves
   the node, predicted bubble, TP and DP communication shares, log2 nodes) for errors the shares do not
-  explain (physics the model lacks).
+  explain (physics the model lacks); the ZeRO stage a category there (TIME_Z_SCALE: an error at one stage does
+  not carry to the next).
 Memory is learned the same way on log(measured peak / predicted peak) with the memory breakdown's
 shares as f, the measured peak (allocated bytes) with the cluster's fixed reserve added as the prediction has it
 (Features.measured_log_ratio); an OOM is a censored observation (the ratio is at least capacity / predicted).
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from tuner.frameworks import ALLOCATOR_SD
-from tuner.gp import GP, fit_gp
+from tuner.gp import GRID, GP, fit_gp
 from tuner.layout import RECOMPUTE, Layout
 from tuner.perfmodel import MEMORY_KEYS, MEMORY_NOISE_SD, comm, memory_gp_scales, memory_shares, predict
 from tuner.perfmodel.fit import run_need_gb
@@ -66,6 +67,15 @@ MEMORY_WIDENING = (1.0, 2.0, 4.0, 8.0, 16.0)
 #: a single measurement far off the prior widens the whole prior, so one run moves the correction and leaves it wide)
 MEMORY_WIDEN_MIN = 3
 Z_DIM, F_DIM, FM_DIM = 16, len(STAGE_KEYS) + 3, len(MEMORY_KEYS) + 2
+#: The time correction reads the ZeRO stage (z's coordinate ZERO_COORD, stage / 3) as a category, not a scale (issue 30
+#: round 19): stage 3 gathers the parameters every micro-batch, stage 2 reduce-scatters the gradients, stage 1 shards
+#: the optimizer state only, so the model's error at one stage (a slow parameter prefetch) says nothing through g about
+#: the next. Neighbouring stages lie 3 times the grid's longest length-scale apart (tuner.gp.GRID), so g carries about
+#: 1 % of an error across them; the constant and the time shares still carry what the stages share. The memory
+#: correction keeps the stage as a scale (what one stage's OOM says of its neighbours is calibrated there: p_fit).
+ZERO_COORD = 4
+TIME_Z_SCALE = np.ones(Z_DIM)
+TIME_Z_SCALE[ZERO_COORD] = 3 * max(ell for *_, ell in GRID) / (1 / 3)
 #: z's first coordinates: the layout's own (tp, pp, dp, micro-batch, ZeRO, recompute, sp, cp, vp, ep, etp). The expert
 #: degrees (issue 30 round 11) let an error measured on one expert split carry to that split at another node count and
 #: not to a sibling that splits its experts otherwise (constant 0 for a dense model: its correction is unchanged).
@@ -191,7 +201,7 @@ class Observations:
         measurements alone would put the layout above (clamped to the bound)."""
         Z, F, y, noise = list(self.Z), list(self.F), list(self.y), list(self.noise)
         if self.cy:
-            gp = fit_gp(np.array(Z), np.array(F), y, noise) if y else GP()
+            gp = fit_gp(np.array(Z), np.array(F), y, noise, z_scale=TIME_Z_SCALE) if y else GP(z_scale=TIME_Z_SCALE)
             mu, _ = gp.predict(np.array(self.cZ), np.array(self.cF))
             for i in np.flatnonzero(mu > np.array(self.cy)):
                 Z.append(self.cZ[i]), F.append(self.cF[i]), y.append(self.cy[i]), noise.append(self.cnoise[i])
@@ -199,8 +209,9 @@ class Observations:
 
     def time_gp(self, **kw) -> GP:
         Z, F, y, noise = self.time_data()
+        kw.setdefault("z_scale", TIME_Z_SCALE)
         if not y:
-            return GP(**kw)
+            return GP(**{k: v for k, v in kw.items() if k in ("s_c", "noise", "z_scale")})
         return fit_gp(Z, F, y, noise, **kw)
 
     def far_sd(self, Z) -> np.ndarray:

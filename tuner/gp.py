@@ -21,9 +21,12 @@ class GP:
     noise: float = 0.025
     sd_scale: float = 1.0          # calibration of the predictive sd (see calibrate)
     w_scale: np.ndarray | None = None   # per-feature multipliers of s_w (None: all 1)
+    z_scale: np.ndarray | None = None   # per-coordinate multipliers of z in the squared-exponential (None: all 1)
     _data: tuple | None = field(default=None, repr=False)
 
     def kernel(self, Z1, F1, Z2, F2) -> np.ndarray:
+        if self.z_scale is not None:
+            Z1, Z2 = Z1 * self.z_scale, Z2 * self.z_scale
         d2 = ((Z1[:, None, :] - Z2[None, :, :]) ** 2).sum(-1)
         W = F1 if self.w_scale is None else F1 * self.w_scale ** 2
         return self.s_c ** 2 + self.s_w ** 2 * W @ F2.T + self.s_g ** 2 * np.exp(-0.5 * d2 / self.ell ** 2)
@@ -92,14 +95,14 @@ class GP:
 GRID = [(s_w, s_g, ell) for s_w in (0.15, 0.4) for s_g in (0.12, 0.3) for ell in (0.35, 0.7)]
 
 
-def fit_gp(Z, F, y, extra_noise=None, *, s_c=0.3, noise=0.025, min_points=6, **_) -> GP:
+def fit_gp(Z, F, y, extra_noise=None, *, s_c=0.3, noise=0.025, min_points=6, z_scale=None, **_) -> GP:
     """A GP on the residuals, its shape chosen by marginal likelihood over a small grid once there
-    are `min_points` observations (defaults before: wide enough to keep exploring)."""
+    are `min_points` observations (defaults before: wide enough to keep exploring); `z_scale` (GP.z_scale) kept."""
     if len(y) < min_points:
-        return GP(s_c=s_c, noise=noise).fit(Z, F, y, extra_noise)
+        return GP(s_c=s_c, noise=noise, z_scale=z_scale).fit(Z, F, y, extra_noise)
     best, best_lm = None, -math.inf
     for s_w, s_g, ell in GRID:
-        gp = GP(s_c=s_c, s_w=s_w, s_g=s_g, ell=ell, noise=noise).fit(Z, F, y, extra_noise)
+        gp = GP(s_c=s_c, s_w=s_w, s_g=s_g, ell=ell, noise=noise, z_scale=z_scale).fit(Z, F, y, extra_noise)
         lm = gp.log_marginal()
         if lm > best_lm + 1e-9:
             best, best_lm = gp, lm

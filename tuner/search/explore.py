@@ -12,7 +12,7 @@ tp, sp, cp, pp, vp, ep, etp, micro-batch, ZeRO stage, recompute):
     k_fam(x, x') = sigma(x) sigma(x') mean_d exp(-(x_d - x'_d)^2 / 2 ELL^2)
 
 additive over the dimensions that vary (one effect per dimension: what every layout with ep 8, or with
-micro-batch 4, has in common), so measurements that all share a value teach that value's effect and leave
+micro-batch 4, has in common; the ZeRO stage a category, CATEGORICAL), so measurements that all share a value teach that value's effect and leave
 the untried values of that dimension at the prior -- a family the model ranks low but nobody measured keeps
 its chance -- with a non-stationary amplitude (a valid kernel for any sigma >= 0):
 
@@ -53,6 +53,10 @@ GLOBAL_SHARE = 0.5   # share of the study's typical error that counts as the mod
 FAMILY_DIMS = ("pp", "recompute", "micro_batch", "zero_stage", "tp", "expert_parallel", "expert_tensor_parallel",
                "context_parallel", "virtual_pipeline")
 KEY_DIMS = 4
+#: Dimensions whose values share no effect in the family term: each ZeRO stage is its own mechanism (stage 3 gathers
+#: the parameters every micro-batch, stage 2 reduce-scatters the gradients, stage 1 only shards the optimizer), so a
+#: world that makes one stage slow says nothing about the next one, as an ordinal coordinate would have it.
+CATEGORICAL = ("zero_stage",)
 N_INITIAL = 3              # first picks: the model's top pick + the best of other layout families
 SPREAD_CAP = 12            # novelty beyond this does not rank a first pick higher
 DIVERSE_WITHIN = 0.7       # a first pick's predicted throughput is at least this fraction of the top
@@ -103,6 +107,18 @@ def amplitude(X: np.ndarray, X_obs: np.ndarray, errors: np.ndarray, base: float 
     return base + GAIN * u
 
 
+def family_scale(X: np.ndarray, dims: list[str]) -> np.ndarray:
+    """Per column of X (the searcher's coordinates of `dims`), the factor the family term reads it at: each CATEGORICAL
+    column spread so that its neighbouring values lie 3 ELL apart (they share under 1 % of an effect, and a trial's
+    error there reaches no other value's uncertainty); 1 for the rest."""
+    scale = np.ones(len(dims))
+    for k, d in enumerate(dims):
+        values = np.unique(X[:, k]) if d in CATEGORICAL and len(X) else ()
+        if len(values) > 1:
+            scale[k] = 3 * ELL / float(np.diff(values).min())
+    return scale
+
+
 def augment(Z: np.ndarray, X: np.ndarray, sigma: np.ndarray) -> np.ndarray:
     """Rows [z | x | sigma] for FamilyGP."""
     return np.hstack([Z, X, np.asarray(sigma, float).reshape(-1, 1)])
@@ -111,7 +127,8 @@ def augment(Z: np.ndarray, X: np.ndarray, sigma: np.ndarray) -> np.ndarray:
 def family_gp(base: GP, Z, F, y, noise, X, sigma, calibrate: bool = True) -> FamilyGP:
     """`base`'s hyperparameters plus the family term, fitted on rows [Z | X | sigma]; with `calibrate`, its sd
     widened by its leave-one-out errors as the time GP's is (never narrowed)."""
-    gp = FamilyGP(s_c=base.s_c, s_w=base.s_w, s_g=base.s_g, ell=base.ell, noise=base.noise, w_scale=base.w_scale)
+    gp = FamilyGP(s_c=base.s_c, s_w=base.s_w, s_g=base.s_g, ell=base.ell, noise=base.noise, w_scale=base.w_scale,
+                  z_scale=base.z_scale)
     gp.fit(augment(np.asarray(Z, float).reshape(len(y), Z_DIM), X, sigma), F, y, noise)
     return gp.calibrate() if calibrate and len(y) >= 6 else gp
 
@@ -142,7 +159,7 @@ def believe(gp: FamilyGP, rows: np.ndarray, F: np.ndarray) -> FamilyGP:
         noise = gp._noise_extra
     mu, _ = gp.predict(rows, F)
     out = FamilyGP(s_c=gp.s_c, s_w=gp.s_w, s_g=gp.s_g, ell=gp.ell, noise=gp.noise, sd_scale=gp.sd_scale,
-                   w_scale=gp.w_scale, ell_x=gp.ell_x)
+                   w_scale=gp.w_scale, z_scale=gp.z_scale, ell_x=gp.ell_x)
     out.fit(np.vstack([A, rows]), np.vstack([Fd, F]), np.concatenate([y, mu]),
             np.concatenate([noise, np.zeros(len(mu))]))
     return out

@@ -46,9 +46,9 @@ from tuner.layout import Layout
 from tuner.metrics import rank_key
 from tuner.perfmodel import predict
 from tuner.search import STUDY_DEFAULTS  # (re-exported: the study defaults of the stop rule)
-from tuner.search.base import BaseSearcher
+from tuner.search.base import DIMS, BaseSearcher
 from tuner.search.confidence import beat_probability, margin_of
-from tuner.search.explore import N_INITIAL, believe, family_key, first_pick, fit_beliefs
+from tuner.search.explore import N_INITIAL, believe, family_key, family_scale, first_pick, fit_beliefs
 from tuner.search.oom_deferral import OomDeferral
 from tuner.search.stop_rule import StopRule
 from tuner.gp import GP
@@ -97,6 +97,7 @@ class GuidedSearcher(BaseSearcher):
         self.own = Observations()
         self.own_X: list[list[float]] = []      # the searcher's coordinates of each own time observation
         self.varying = [k for k in range(self.X.shape[1]) if np.ptp(self.X[:, k]) > 0] if n else []
+        self.family_scale = family_scale(self.X[:, self.varying], [DIMS[k] for k in self.varying])
         self.pending: dict[int, None] = {}      # asked, not told (insertion-ordered)
         self.best_log: float | None = None
         self.best_layout: Layout | None = None
@@ -186,8 +187,9 @@ class GuidedSearcher(BaseSearcher):
         obs = self._time_data()
         base = obs.time_gp()
         Z, F, y, noise = obs.time_data()
-        Xc = self.X[:, self.varying]
-        X_own = np.array(self.own_X, dtype=float).reshape(len(self.own.y), self.X.shape[1])[:, self.varying]
+        Xc = self.X[:, self.varying] * self.family_scale
+        X_own = np.array(self.own_X, dtype=float).reshape(len(self.own.y), self.X.shape[1])[:, self.varying] \
+            * self.family_scale
         gp, rows = fit_beliefs(base, (Z, F, y, noise), len(self.history.y), X_own, Xc, self.Z)
         if extra:
             gp = believe(gp, rows[extra], self.F[extra])
