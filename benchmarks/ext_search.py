@@ -174,7 +174,8 @@ def cases_arg(text: str) -> list[tuple[str, int, str, str]]:
     for item in text.split(","):
         parts = item.split(":")
         if len(parts) != 4 or not parts[1].isdigit():
-            raise argparse.ArgumentTypeError(f"'{item}' is not model:nodes:cluster:framework (e.g. 1t:128:frontier:megatron-core)")
+            raise argparse.ArgumentTypeError(f"'{item}' is not model:nodes:cluster:framework "
+                                             "(e.g. 1t:128:frontier:megatron-core)")
         out.append((parts[0], int(parts[1]), parts[2], parts[3]))
     return out
 

@@ -75,7 +75,7 @@ Z_DIM, F_DIM, FM_DIM = 16, len(STAGE_KEYS) + 3, len(MEMORY_KEYS) + 2
 #: correction keeps the stage as a scale (what one stage's OOM says of its neighbours is calibrated there: p_fit).
 ZERO_COORD = 4
 TIME_Z_SCALE = np.ones(Z_DIM)
-TIME_Z_SCALE[ZERO_COORD] = 3 * max(ell for *_, ell in GRID) / (1 / 3)
+TIME_Z_SCALE[ZERO_COORD] = 3 * max(ell for *_, ell in GRID) * 3     # stages lie 1/3 apart in z
 #: z's first coordinates: the layout's own (tp, pp, dp, micro-batch, ZeRO, recompute, sp, cp, vp, ep, etp). The expert
 #: degrees (issue 30 round 11) let an error measured on one expert split carry to that split at another node count and
 #: not to a sibling that splits its experts otherwise (constant 0 for a dense model: its correction is unchanged).
@@ -211,7 +211,7 @@ class Observations:
         Z, F, y, noise = self.time_data()
         kw.setdefault("z_scale", TIME_Z_SCALE)
         if not y:
-            return GP(**{k: v for k, v in kw.items() if k in ("s_c", "noise", "z_scale")})
+            return GP(**kw)
         return fit_gp(Z, F, y, noise, **kw)
 
     def far_sd(self, Z) -> np.ndarray:

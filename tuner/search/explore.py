@@ -12,9 +12,9 @@ tp, sp, cp, pp, vp, ep, etp, micro-batch, ZeRO stage, recompute):
     k_fam(x, x') = sigma(x) sigma(x') mean_d exp(-(x_d - x'_d)^2 / 2 ELL^2)
 
 additive over the dimensions that vary (one effect per dimension: what every layout with ep 8, or with
-micro-batch 4, has in common; the ZeRO stage a category, CATEGORICAL), so measurements that all share a value teach that value's effect and leave
-the untried values of that dimension at the prior -- a family the model ranks low but nobody measured keeps
-its chance -- with a non-stationary amplitude (a valid kernel for any sigma >= 0):
+micro-batch 4, has in common; the ZeRO stage a category, CATEGORICAL), so measurements that all share a value
+teach that value's effect and leave the untried values of that dimension at the prior -- a family the model
+ranks low but nobody measured keeps its chance -- with a non-stationary amplitude (a valid kernel for any sigma >= 0):
 
 
     sigma(x) = BASE + GAIN * u(x),

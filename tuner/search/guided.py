@@ -98,6 +98,7 @@ class GuidedSearcher(BaseSearcher):
         self.own_X: list[list[float]] = []      # the searcher's coordinates of each own time observation
         self.varying = [k for k in range(self.X.shape[1]) if np.ptp(self.X[:, k]) > 0] if n else []
         self.family_scale = family_scale(self.X[:, self.varying], [DIMS[k] for k in self.varying])
+        self.family_X = self.X[:, self.varying] * self.family_scale    # the candidates' rows of the family term
         self.pending: dict[int, None] = {}      # asked, not told (insertion-ordered)
         self.best_log: float | None = None
         self.best_layout: Layout | None = None
@@ -187,7 +188,7 @@ class GuidedSearcher(BaseSearcher):
         obs = self._time_data()
         base = obs.time_gp()
         Z, F, y, noise = obs.time_data()
-        Xc = self.X[:, self.varying] * self.family_scale
+        Xc = self.family_X
         X_own = np.array(self.own_X, dtype=float).reshape(len(self.own.y), self.X.shape[1])[:, self.varying] \
             * self.family_scale
         gp, rows = fit_beliefs(base, (Z, F, y, noise), len(self.history.y), X_own, Xc, self.Z)
