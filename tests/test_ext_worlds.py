@@ -19,7 +19,7 @@ from worlds_ext import memory_acct, network, schedule, tables  # noqa: E402
 from tuner.layout import Layout  # noqa: E402
 from tuner.perfmodel import rank  # noqa: E402
 from tuner.space import SearchSpace  # noqa: E402
-from tuner.trial import Status, TrialSpec  # noqa: E402
+from tuner.trial import Status, TrialSpec, oom_capacity_gb  # noqa: E402
 
 #: Small spaces (few seconds per family): the families' own dimensions with fewer choices.
 SMALL = {
@@ -120,7 +120,10 @@ def test_runner_measures_the_truth_with_seeded_noise_and_reports_ooms():
     # a run reports its allocated bytes, as a GPU run's max_memory_allocated: less than all the world's GPU needs
     assert ok.peak_memory_gb == memory_acct.peak_allocated_gb(w.physics, runs[0], w.workload) < w.truth(runs[0])[1]
     bad = r.run(TrialSpec("s", 2, ooms[0], w.workload))
-    assert bad.status == Status.OOM and bad.peak_memory_gb > w.workload.cluster.memory_gb * w.physics["usable"]
+    # an OOM learns no more of its need than PyTorch's message says: the memory the process had (in use + free)
+    usable = w.workload.cluster.memory_gb * w.physics["usable"]
+    assert bad.status == Status.OOM and bad.peak_memory_gb is None and w.truth(ooms[0])[1] > usable
+    assert oom_capacity_gb(bad.message, w.workload.cluster.memory_reserved_gb) == pytest.approx(usable, rel=0.006)
 
 
 def test_moe_world_reduces_expert_gradients_over_the_expert_data_parallel_group(monkeypatch):

@@ -36,7 +36,7 @@ from tuner.fit_nodes import more_nodes_hint
 from tuner.specs import STORED_SETTINGS, Workload, stored_setting
 from tuner.correction import (Z_DIM, Observations, features, left_out, memory_features, record_workload, simulated,
                               warm_start_records)
-from tuner.oom_evidence import oom_bounds, oom_fit_cap
+from tuner.oom_evidence import oom_bounds, oom_fit_cap, said_capacities, usable_capacity, with_capacity
 from tuner.trial import Status
 
 Z90 = 1.645           # two-sided 90 % interval / one-sided 95 % bound of a normal
@@ -183,8 +183,8 @@ def likely_to_fit(layouts: list[Layout], workload: Workload, gp) -> list:
             if _p_fit(logs[i], mmu[i], msd[i], cap) >= 0.5]
 
 
-def _evidence(ws, workload: Workload, studies: dict | None) -> dict:
-    ev = dict(ws.evidence)
+def _evidence(ws, workload: Workload, studies: dict | None, usable: tuple | None = None) -> dict:
+    ev = dict(ws.evidence, usable_memory_gb=usable[0] if usable else None)
     other_gb = sorted({int(st.global_batch) for name, st in (studies or {}).items() if name in ev["studies"]
                        and int(st.global_batch) != workload.global_batch})
     notes = [f"corrected by measurements at other node counts ({ev['node_counts']})" if ev["ok_trials"]
@@ -195,6 +195,9 @@ def _evidence(ws, workload: Workload, studies: dict | None) -> dict:
     if ev.get("other_framework_trials"):
         notes.append(f"{ev['other_framework_trials']} trial(s) of other frameworks left out (a measurement corrects "
                      f"{workload.framework}'s predictions only if it ran on {workload.framework})")
+    if usable:
+        notes.append(f"{usable[0]:.1f} GB usable per GPU, as {usable[1]} out-of-memory message(s) of this cluster "
+                     "said the process had (in use + free)")
     if other_gb:
         notes.append(f"studies at global batch {', '.join(map(str, other_gb))} used as evidence only; the answer is "
                      f"for global batch {workload.global_batch}")
@@ -226,6 +229,9 @@ def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies:
     from tuner.space import valid_layouts
 
     layouts = valid_layouts(space, workload)
+    usable = usable_capacity(said_capacities(records, workload, studies), workload.cluster.memory_gb)
+    if usable:                          # the OOMs' messages said the GPUs hold less than the cluster states
+        workload = with_capacity(workload, usable[0])
     ws = warm_start_records(records, workload, studies)
     gp = ws.observations.memory_gp(framework_of(workload).memory_sd)
     bounds = oom_bounds(records, workload, gp, studies)
@@ -243,7 +249,7 @@ def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies:
                          f"{workload.cluster.memory_gb:.1f} ({least['layout'].key()}); "
                          f"{more_nodes_hint(workload, space)}")
     likely.sort(key=lambda r: (not r["headroom_ok"], -r["mfu"], r["memory_gb"]))
-    evidence = _evidence(ws, workload, studies)
+    evidence = _evidence(ws, workload, studies, usable)
     return [answer(r, workload, evidence) for r in likely[:max(int(k), 1)]]
 
 

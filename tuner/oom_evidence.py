@@ -15,13 +15,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from tuner.correction import features, left_out, record_workload
+from tuner.correction import features, left_out, record_workload, simulated
 from tuner.frameworks import ALLOCATOR_BIAS, ALLOCATOR_SD
 from tuner.layout import Layout
 from tuner.perfmodel import MEMORY_NOISE_SD, predict
 from tuner.perfmodel.fit import measured_need_gb, trial_need_gb
 from tuner.specs import Workload
-from tuner.trial import Status
+from tuner.trial import Status, oom_capacity_gb
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,33 @@ class OomBound:
     sd: float
     refuted_by: Layout | None = None   # a measured ok run of its activation account by whose factor it had room
     shares: tuple[float, ...] = (1.0,)  # the allocator's shares its account's ok runs measured (room_gb; 1: none)
+
+
+def said_capacities(records, workload: Workload, studies: dict | None = None) -> list[float]:
+    """What the measured OOMs of `workload`'s cluster (at any node count, in any framework: a property of the GPU
+    and of what else holds its memory) said a process had on a GPU, GB: PyTorch's messages, in use plus free
+    (tuner.trial.oom_capacity_gb); simulated trials and OOMs without such a message say nothing."""
+    reserve = workload.cluster.memory_reserved_gb
+    said = [oom_capacity_gb(getattr(rec, "message", "") or "", reserve) for rec in records or ()
+            if rec.status == Status.OOM and getattr(rec, "cluster", workload.cluster.name) == workload.cluster.name
+            and not simulated(rec, studies)]
+    return [gb for gb in said if gb]
+
+
+def usable_capacity(said: list[float], capacity_gb: float) -> tuple[float, int] | None:
+    """(GB, n): the median of n capacities the OOMs `said` (said_capacities), where it is below the cluster's
+    `capacity_gb`; None where none said or they say at least that. Every p_fit then compares with it."""
+    said = sorted(said)
+    if not said:
+        return None
+    mid = len(said) // 2
+    gb = said[mid] if len(said) % 2 else 0.5 * (said[mid - 1] + said[mid])
+    return (gb, len(said)) if gb < capacity_gb else None
+
+
+def with_capacity(workload: Workload, capacity_gb: float) -> Workload:
+    """`workload` on GPUs with `capacity_gb` usable (usable_capacity)."""
+    return replace(workload, cluster=replace(workload.cluster, memory_gb=float(capacity_gb)))
 
 
 def activation_account(layout: Layout) -> tuple:

@@ -8,6 +8,7 @@ A trial's own failure (OOM, timeout, crash) is a TrialResult with that status, n
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -104,8 +105,17 @@ class TrialResult:
         return d
 
 
+MESSAGE_CHARS = 2000    # what a result keeps of a failure's text: its tail
+
+
 def failed(message: str, status: Status = Status.FAILED, **kw) -> TrialResult:
-    return TrialResult(status=status, message=message[-2000:], **kw)
+    """A failed result keeping the tail of `message`; an OOM's allocator sentence (oom_sentence) where the tail
+    lost it (a launcher's summary after the traceback), for what it says of the memory the process had."""
+    tail = message[-MESSAGE_CHARS:]
+    line = oom_sentence(message) if status == Status.OOM else None
+    if line and line not in tail:
+        tail = line + " ... " + message[-(MESSAGE_CHARS - len(line) - 5):]
+    return TrialResult(status=status, message=tail, **kw)
 
 
 # What PyTorch (CUDA and ROCm/HIP), the C++ allocator, Python and the OS print when memory runs out;
@@ -118,6 +128,53 @@ def looks_oom(text: str) -> bool:
     """Whether `text` (a log tail, stderr, an exception message) reports running out of memory."""
     low = text.lower()
     return any(m in low for m in OOM_MARKERS)
+
+
+# PyTorch's caching allocator on CUDA and ROCm (c10/cuda/CUDACachingAllocator.cpp), as users quote it: since 2.1
+# "CUDA out of memory. Tried to allocate 22.00 MiB. GPU 0 has a total capacity of 23.65 GiB of which 11.06 MiB is
+# free. Including non-PyTorch memory, this process has 23.60 GiB memory in use. Of the allocated memory 22.90 GiB is
+# allocated by PyTorch, and 194.87 MiB is reserved by PyTorch but unallocated." (pytorch/pytorch#16417; 2.1 spells
+# "capacty"; without NVML the process sentence is missing), before 2.1 "Tried to allocate 2.26 GiB (GPU 0; 6.00 GiB
+# total capacity; 781.59 MiB already allocated; 3.03 GiB free; 1.24 GiB reserved in total by PyTorch)"
+# (pytorch/pytorch#59778).
+_SIZE = r"([0-9.]+)\s*(bytes|KiB|MiB|GiB|TiB)"
+_UNITS = {"bytes": 1.0, "KiB": 2.0 ** 10, "MiB": 2.0 ** 20, "GiB": 2.0 ** 30, "TiB": 2.0 ** 40}
+_NEW = re.compile(r"(?:CUDA|HIP) out of memory\. Tried to allocate " + _SIZE + r"\.\s*GPU \d+ has a total capac\w* of "
+                  + _SIZE + r" of which " + _SIZE + r" is free\.(?:(?:(?!Of the allocated).)*?this process has " + _SIZE
+                  + r" memory in use\.)?\s*Of the allocated memory " + _SIZE + r" is allocated by PyTorch, and "
+                  + _SIZE + r" is reserved by PyTorch but unallocated\.", re.S)
+_OLD = re.compile(r"(?:CUDA|HIP) out of memory\. Tried to allocate " + _SIZE + r" \(GPU \d+; " + _SIZE
+                  + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE + r" free; " + _SIZE
+                  + r" reserved in total by PyTorch\)")
+
+
+def _gb(m, i: int) -> float:
+    return float(m.group(i)) * _UNITS[m.group(i + 1)] / 1e9
+
+
+def oom_sentence(text: str) -> str | None:
+    """The last of PyTorch's out-of-memory sentences in `text` (a log, stderr, a stored message), or None."""
+    found = [m.group(0) for rx in (_NEW, _OLD) for m in rx.finditer(text or "")]
+    return max(found, key=lambda s: (text or "").rfind(s)) if found else None
+
+
+def oom_capacity_gb(text: str, reserve_gb: float) -> float | None:
+    """The memory (GB of 1e9 bytes) this process could use on its GPU when it ran out, as PyTorch's message in
+    `text` says: what it had in use (non-PyTorch memory included) and what was free -- less than the GPU's
+    capacity by what the driver and other processes hold. Where the message does not give the process's use
+    (no NVML; before 2.1), the allocator's reserved bytes plus `reserve_gb` (the cluster's memory outside
+    PyTorch: context, communicator buffers) stand for it. None when `text` has no such message."""
+    line = oom_sentence(text)
+    if line is None:
+        return None
+    m = _NEW.search(line)
+    if m:
+        free = _gb(m, 5)
+        if m.group(7) is not None:
+            return _gb(m, 7) + free
+        return min(_gb(m, 9) + _gb(m, 11) + reserve_gb + free, _gb(m, 3))
+    m = _OLD.search(line)
+    return min(_gb(m, 9) + _gb(m, 7) + reserve_gb, _gb(m, 3))
 
 
 TRIALS = "trials"   # results/<TRIALS>/<study>/<number>/

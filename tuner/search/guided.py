@@ -49,11 +49,12 @@ from tuner.search import STUDY_DEFAULTS  # (re-exported: the study defaults of t
 from tuner.search.base import DIMS, BaseSearcher
 from tuner.search.confidence import beat_probability, margin_of
 from tuner.search.explore import N_INITIAL, believe, family_key, family_scale, first_pick, fit_beliefs
+from tuner.oom_evidence import said_capacities, usable_capacity, with_capacity
 from tuner.search.oom_deferral import OomDeferral
 from tuner.search.stop_rule import StopRule
 from tuner.gp import GP
 from tuner.correction import F_DIM, FM_DIM, Z_DIM, Features, Observations, features, warm_start_records
-from tuner.trial import Status, TrialResult
+from tuner.trial import Status, TrialResult, oom_capacity_gb
 
 XI = 0.0                   # EI margin (log space)
 P_FIT_SD = ALLOCATOR_SD       # the caching allocator's share beyond the learned uncertainty (as predict states p_fit)
@@ -91,7 +92,12 @@ class GuidedSearcher(BaseSearcher):
         self.oom = OomDeferral(np.array([p.memory_gb if p is not None else -math.inf for p in preds], dtype=float),
                                self.mem_stage, self.log_mem, self.Z, self.FM)
         self._tiebreak = np.random.default_rng([self.seed, 11]).permutation(n) * 1e-12
-        ws = warm_start_records(history, workload, history_studies) if (history and workload is not None) else None
+        self.said = said_capacities(history, workload, history_studies) if workload is not None else []
+        usable = usable_capacity(self.said, self.capacity) if workload is not None else None
+        if usable:                              # the history's OOM messages: the GPUs hold less than stated
+            self.capacity = usable[0]
+        hw = with_capacity(workload, self.capacity) if usable else workload
+        ws = warm_start_records(history, hw, history_studies) if (history and workload is not None) else None
         self.history = ws.observations if ws else Observations()
         self.evidence = ws.evidence if ws else None
         self.own = Observations()
@@ -141,6 +147,8 @@ class GuidedSearcher(BaseSearcher):
             self.ran[i] = True
         n_time = len(self.own.y)
         reserved = getattr(result, "peak_reserved_gb", None)
+        if result.status == Status.OOM and self.workload is not None:
+            self._note_capacity(result.message)
         self.own.add_result(ft, result.status, result.mfu, result.peak_memory_gb, self.capacity, reserved_gb=reserved)
         if len(self.own.y) > n_time:
             self.own_X.append(self.encode(layout.as_dict()))
@@ -159,6 +167,20 @@ class GuidedSearcher(BaseSearcher):
             if self.best_key is None or key < self.best_key:   # the store's order (tuner.metrics), in any tell order
                 self.best_key, self.best_layout, self.best_index = key, layout, i
                 self.best_log = math.log(max(result.mfu, 1e-6))
+
+    def _note_capacity(self, message: str) -> None:
+        """An OOM's PyTorch message says what memory the process had (tuner.trial.oom_capacity_gb): every p_fit
+        compares with the median of what the OOMs said (oom_evidence.usable_capacity), where it is below the
+        cluster's capacity; the first picks' headroom with it."""
+        gb = oom_capacity_gb(message or "", self.workload.cluster.memory_reserved_gb)
+        if not gb:
+            return
+        self.said.append(gb)
+        usable = usable_capacity(self.said, self.workload.cluster.memory_gb)
+        capacity = usable[0] if usable else self.workload.cluster.memory_gb
+        if capacity != self.capacity:
+            self.capacity = capacity
+            self.roomy = self.p_fit() >= RECOMMEND_AT
 
     def _predicted_memory(self, layout: Layout, i: int | None) -> tuple[float, int]:
         """(predicted peak GB, worst stage) of `layout`: a candidate's from its stored prediction."""
