@@ -74,7 +74,8 @@ def test_launch_writes_megatron_fsdp_and_leaves_cuda_device_max_connections_unse
     args = files["megatron_args.txt"].split("\n")
     assert args[args.index("--data-parallel-sharding-strategy") + 1] == "optim_grads_params"
     assert "--use-megatron-fsdp" in args and args[args.index("--ckpt-format") + 1] == "fsdp_dtensor"
-    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in files["launch.sbatch"]
+    assert "unset CUDA_DEVICE_MAX_CONNECTIONS\n" in files["launch.sbatch"]     # also against the submitting shell
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS" not in files["launch.sbatch"]
     two = launch_files(flat(2), w, "/scratch/l", framework="megatron-core", train_iters=10, mock_data=True)
     assert "optim_grads\n" in two["megatron_args.txt"]
 

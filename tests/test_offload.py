@@ -143,7 +143,7 @@ def test_launch_writes_megatron_cores_flag():
     assert {a for a in args if a.startswith("--")} <= set(MCORE_FLAGS)
     assert "--cpu-offloading-num-layers" not in mcore.pretrain_args(dataclasses.replace(LAY, zero_stage=1), w)
     # TransformerEngine >= 2.10 runs the schedule the model charges only with NVTE_CPU_OFFLOAD_V1=1
-    assert mcore.launch_env(dataclasses.replace(LAY, offload_layers=20), w) == {"NVTE_CPU_OFFLOAD_V1": "1"}
+    assert mcore.launch_env(dataclasses.replace(LAY, offload_layers=20), w)["NVTE_CPU_OFFLOAD_V1"] == "1"
     assert "NVTE_CPU_OFFLOAD_V1" not in mcore.launch_env(dataclasses.replace(LAY, tp=2, dp=32), w)
 
 

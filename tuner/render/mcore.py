@@ -4,7 +4,7 @@ No DeepSpeed config: Megatron-Core builds its own optimizer and data-parallel wr
 Megatron-Core's distributed optimizer (`--use-distributed-optimizer`: optimizer states sharded over DP);
 ZeRO-2 and ZeRO-3 to Megatron-FSDP (`--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads` /
 `optim_grads_params --ckpt-format fsdp_dtensor`, `fsdp_args`), without pipelining (tuner.frameworks), and
-without CUDA_DEVICE_MAX_CONNECTIONS=1 (`launch_env`).
+with CUDA_DEVICE_MAX_CONNECTIONS unset (`launch_env`), whatever the cluster's [slurm] env says.
 
 The layout's dimensions:
 - sequence_parallel: `--sequence-parallel`; context_parallel > 1: `--context-parallel-size N`;
@@ -312,10 +312,15 @@ def recompute_args(layout: Layout) -> list[str]:
     return [*RECOMPUTE_SELECTIVE, "--recompute-modules", *RECOMPUTE_MODULES[layout.recompute]]
 
 
-def launch_env(layout: Layout, workload: Workload | None = None) -> dict[str, str]:
-    """Variables the sbatch script exports: Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with tp or cp > 1
-    (before Blackwell; harmless after), except with Megatron-FSDP, which asserts the opposite (A:1167: "FSDP
-    requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset"; with tp or cp it only warns, A:1456), and except with
+def launch_env(layout: Layout, workload: Workload | None = None) -> dict[str, str | None]:
+    """Variables the sbatch script exports (None: it unsets them, tuner.render.sbatch): Megatron-LM asserts
+    CUDA_DEVICE_MAX_CONNECTIONS=1 with tp or cp > 1 (before Blackwell; harmless after), except with Megatron-FSDP,
+    which asserts the opposite at any tp and cp (A:1166-1167, inside `if args.use_megatron_fsdp`, A:1118: "FSDP
+    requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset"; with tp or cp it only warns, A:1456): unset, as Megatron-LM's
+    own Megatron-FSDP scripts do (examples/megatron_fsdp/train_llama3_8b_fsdp_h100_fp8.sh line 113,
+    sbatch_mfsdp_deepseek_v3.sh line 139), so neither a [slurm] env table that sets 1 (Frontier's, the
+    Megatron-DeepSpeed study's setting) nor the submitting shell (sbatch passes its environment on) stops the run at
+    start-up; and except with
     --overlap-moe-expert-parallel-comm, whose streams one connection would serialise: Megatron-LM then only
     warns (A:1466-1474 at d98e8a64dd: "set CUDA_DEVICE_MAX_CONNECTIONS to 1 or 32, which depends on which
     parallelization you want to prioritize"), and NVIDIA's performance scripts, whose runs tuner's MoE overlap
@@ -324,7 +329,7 @@ def launch_env(layout: Layout, workload: Workload | None = None) -> dict[str, st
     moe_a2a_overlap")."""
     offload = {"NVTE_CPU_OFFLOAD_V1": "1"} if layout.offload_layers else {}     # the schedule the model charges
     if layout.zero_stage in FSDP_SHARDING:
-        return offload
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": None, **offload}
     if workload is not None and framework_of(workload).ep_overlap(layout, workload.model):
         return {"CUDA_DEVICE_MAX_CONNECTIONS": "8", **offload}
     return {**({"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if layout.tp > 1 or layout.context_parallel > 1 else {}), **offload}

@@ -169,12 +169,13 @@ def _q(value: object) -> str:
 def render_sbatch(trial: TrialSpec, slurm: dict, *, template: str = "harness", python: str = "python3",
                   trial_dir: str | Path | None = None, time_limit: str | None = None,
                   command: list[str] | None = None, pythonpath: str | None = None,
-                  env: dict[str, str] | None = None, launch: str | None = None, notes: list[str] = ()) -> str:
+                  env: dict[str, str | None] | None = None, launch: str | None = None, notes: list[str] = ()) -> str:
     """The sbatch script for `trial`. `slurm` is the cluster's [slurm] table (validated here);
     `trial_dir` defaults to trial.trial_dir; `time_limit` overrides the table's; `command` is the argv
     of the `command` template; `pythonpath` is prepended to PYTHONPATH (where tuner is, if not installed);
-    `env`: variables the framework needs (CUDA_DEVICE_MAX_CONNECTIONS), exported after the table's (the
-    megatron template adds Megatron-DeepSpeed's own, tuner.render.megatron.launch_env).
+    `env`: variables the framework needs (CUDA_DEVICE_MAX_CONNECTIONS), exported after the table's, a value None
+    unset (Megatron-FSDP's CUDA_DEVICE_MAX_CONNECTIONS); where one differs from the table's, the framework's wins and
+    the table's is not exported (the megatron template adds Megatron-DeepSpeed's own, tuner.render.megatron.launch_env).
     `launch`: the job name of a launch script (`tuner launch`; see the module's doc) instead of a trial's;
     `notes`: comment lines under its header."""
     if template not in TEMPLATES:
@@ -244,8 +245,9 @@ def _environment(trial: TrialSpec, s: dict, d: str | None, pythonpath: str | Non
     (a trial) the protocol's variables, the rendezvous, setup."""
     lines = ["set -uo pipefail", *([f"cd {_q(d)} || exit 1"] if d is not None else _LAUNCH_CD)]
     lines += [f"module load {_q(m)}" for m in s["modules"]]
-    lines += [f"export {k}={_q(v)}" for k, v in public_env(s["env"]).items()]   # never the store's secrets
-    lines += [f"export {k}={_q(v)}" for k, v in exports.items() if s["env"].get(k) != v]   # once, if the table has it
+    table = public_env(s["env"])                                                # never the store's secrets
+    lines += [f"export {k}={_q(v)}" for k, v in table.items() if exports.get(k, v) == v]
+    lines += _framework_exports(table, exports)
     if d is not None:
         lines += [f"export {k}={_q(v)}" for k, v in trial_env(trial, d).items()]
     if pythonpath:
@@ -254,6 +256,20 @@ def _environment(trial: TrialSpec, s: dict, d: str | None, pythonpath: str | Non
               f"export MASTER_PORT={s['master_port']}" if s["master_port"]
               else 'export MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"']
     return lines + s["setup"]
+
+
+def _framework_exports(table: dict[str, str], exports: dict[str, str | None]) -> list[str]:
+    """The framework's variables after the [slurm] table's: each once (not where the table has the same value), an
+    override of the table's value said in a comment, None as `unset` (also against the submitting shell's value)."""
+    lines = []
+    for k, v in exports.items():
+        if k in table and table[k] != v:
+            lines.append(f"# [slurm] env sets {k}={_q(table[k])}; the framework needs it {'unset' if v is None else _q(v)}")
+        if v is None:
+            lines.append(f"unset {k}")
+        elif table.get(k) != v:
+            lines.append(f"export {k}={_q(v)}")
+    return lines
 
 
 def _program(trial: TrialSpec, s: dict, template: str, python: str,
