@@ -130,26 +130,40 @@ def looks_oom(text: str) -> bool:
     return any(m in low for m in OOM_MARKERS)
 
 
-# PyTorch's caching allocator on CUDA and ROCm (c10/cuda/CUDACachingAllocator.cpp), as users quote it: since 2.1
-# "CUDA out of memory. Tried to allocate 22.00 MiB. GPU 0 has a total capacity of 23.65 GiB of which 11.06 MiB is
-# free. Including non-PyTorch memory, this process has 23.60 GiB memory in use. Of the allocated memory 22.90 GiB is
-# allocated by PyTorch, and 194.87 MiB is reserved by PyTorch but unallocated." (pytorch/pytorch#16417; 2.1 spells
-# "capacty"; without NVML the process sentence is missing), before 2.1 "Tried to allocate 2.26 GiB (GPU 0; 6.00 GiB
-# total capacity; 781.59 MiB already allocated; 3.03 GiB free; 1.24 GiB reserved in total by PyTorch)"
-# (pytorch/pytorch#59778).
-_SIZE = r"([0-9.]+)\s*(bytes|KiB|MiB|GiB|TiB)"
+# PyTorch's caching allocator on CUDA and ROCm (c10/cuda/CUDACachingAllocator.cpp, DeviceCachingAllocator::malloc),
+# as users quote it: since 2.1 "CUDA out of memory. Tried to allocate 22.00 MiB. GPU 0 has a total capacity of 23.65
+# GiB of which 11.06 MiB is free. Including non-PyTorch memory, this process has 23.60 GiB memory in use. Of the
+# allocated memory 22.90 GiB is allocated by PyTorch, and 194.87 MiB is reserved by PyTorch but unallocated."
+# (pytorch/pytorch#16417; 2.1 spells "capacty"). Between "is free." and "Of the allocated" come, in NVML's order, one
+# "Process N has X memory in use." per process on the GPU ("Including non-PyTorch memory, this process has" for this
+# one; none without NVML, on ROCm, and no "this process" where a container's PID namespace hides it: OCRFlux#42,
+# RunPod-Fooocus-API#42), then "X allowed; " under a per-process memory fraction; "with X allocated in private pools
+# (e.g., CUDA Graphs)," (HIP Graphs on ROCm) follows "allocated by PyTorch," where graphs hold memory
+# (ROCm/TheRock#2118). Before 2.1: "Tried to allocate 2.26 GiB (GPU 0; 6.00 GiB total capacity; 781.59 MiB already
+# allocated; 3.03 GiB free; 1.24 GiB reserved in total by PyTorch)" (pytorch/pytorch#59778), "X allowed; " before
+# the reserved bytes under a fraction (pytorch/pytorch#111729).
 _UNITS = {"bytes": 1.0, "KiB": 2.0 ** 10, "MiB": 2.0 ** 20, "GiB": 2.0 ** 30, "TiB": 2.0 ** 40}
-_NEW = re.compile(r"(?:CUDA|HIP) out of memory\. Tried to allocate " + _SIZE + r"\.\s*GPU \d+ has a total capac\w* of "
-                  + _SIZE + r" of which " + _SIZE + r" is free\.(?:(?:(?!Of the allocated).)*?this process has " + _SIZE
-                  + r" memory in use\.)?\s*Of the allocated memory " + _SIZE + r" is allocated by PyTorch, and "
-                  + _SIZE + r" is reserved by PyTorch but unallocated\.", re.S)
-_OLD = re.compile(r"(?:CUDA|HIP) out of memory\. Tried to allocate " + _SIZE + r" \(GPU \d+; " + _SIZE
-                  + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE + r" free; " + _SIZE
-                  + r" reserved in total by PyTorch\)")
+_ANY = r"[0-9.]+\s*(?:bytes|KiB|MiB|GiB|TiB)"
 
 
-def _gb(m, i: int) -> float:
-    return float(m.group(i)) * _UNITS[m.group(i + 1)] / 1e9
+def _size(name: str) -> str:
+    return rf"(?P<{name}>[0-9.]+)\s*(?P<{name}_unit>bytes|KiB|MiB|GiB|TiB)"
+
+
+_PROCESS = r"(?:Including non-PyTorch memory, this process|Process \d+) has " + _ANY + r" memory in use\.\s*"
+_NEW = re.compile(r"(?:CUDA|HIP) out of memory\. Tried to allocate " + _ANY + r"\.\s*GPU \d+ has a total capac\w* of "
+                  + _size("total") + " of which " + _size("free") + r" is free\.\s*(?P<procs>(?:" + _PROCESS + r")*)"
+                  + r"(?:" + _size("allowed") + r" allowed;\s*)?Of the allocated memory " + _size("allocated")
+                  + r" is allocated by PyTorch,\s*(?:with " + _ANY + r" allocated in private pools \(e\.g\., \w+ "
+                  + r"Graphs\),\s*)?and " + _size("unallocated") + r" is reserved by PyTorch but unallocated\.")
+_OLD = re.compile(r"(?:CUDA|HIP) out of memory\. Tried to allocate " + _ANY + r" \(GPU \d+; " + _size("total")
+                  + r" total capacity; " + _ANY + r" already allocated; " + _size("free") + r" free; (?:"
+                  + _size("allowed") + r" allowed; )?" + _size("reserved") + r" reserved in total by PyTorch\)")
+_THIS = re.compile(r"this process has " + _size("in_use") + r" memory in use")
+
+
+def _gb(m, name: str) -> float | None:
+    return float(m.group(name)) * _UNITS[m.group(name + "_unit")] / 1e9 if m.group(name) is not None else None
 
 
 def oom_sentence(text: str) -> str | None:
@@ -161,20 +175,23 @@ def oom_sentence(text: str) -> str | None:
 def oom_capacity_gb(text: str, reserve_gb: float) -> float | None:
     """The memory (GB of 1e9 bytes) this process could use on its GPU when it ran out, as PyTorch's message in
     `text` says: what it had in use (non-PyTorch memory included) and what was free -- less than the GPU's
-    capacity by what the driver and other processes hold. Where the message does not give the process's use
-    (no NVML; before 2.1), the allocator's reserved bytes plus `reserve_gb` (the cluster's memory outside
-    PyTorch: context, communicator buffers) stand for it. None when `text` has no such message."""
+    capacity by what the driver and other processes hold. Where the message does not give this process's use
+    (no NVML, ROCm, a container's PID namespace; before 2.1), the allocator's reserved bytes plus `reserve_gb`
+    (the cluster's memory outside PyTorch: context, communicator buffers) stand for it, at most the GPU's total.
+    Under a per-process memory fraction ("X allowed"), at most that plus the memory outside PyTorch. None when
+    `text` has no such message."""
     line = oom_sentence(text)
     if line is None:
         return None
-    m = _NEW.search(line)
-    if m:
-        free = _gb(m, 5)
-        if m.group(7) is not None:
-            return _gb(m, 7) + free
-        return min(_gb(m, 9) + _gb(m, 11) + reserve_gb + free, _gb(m, 3))
-    m = _OLD.search(line)
-    return min(_gb(m, 9) + _gb(m, 7) + reserve_gb, _gb(m, 3))
+    m = _NEW.search(line) or _OLD.search(line)
+    reserved = _gb(m, "reserved") if "reserved" in m.re.groupindex else _gb(m, "allocated") + _gb(m, "unallocated")
+    this = _THIS.search(m.group("procs")) if "procs" in m.re.groupindex else None
+    if this:
+        had, outside = _gb(this, "in_use") + _gb(m, "free"), max(_gb(this, "in_use") - reserved, 0.0)
+    else:
+        had, outside = min(reserved + reserve_gb + _gb(m, "free"), _gb(m, "total")), reserve_gb
+    allowed = _gb(m, "allowed")
+    return had if allowed is None else min(had, allowed + outside)
 
 
 TRIALS = "trials"   # results/<TRIALS>/<study>/<number>/
