@@ -184,6 +184,7 @@ def likely_to_fit(layouts: list[Layout], workload: Workload, gp) -> list:
 
 
 def _evidence(ws, workload: Workload, studies: dict | None, usable: tuple | None = None) -> dict:
+    """What the answer rests on; `usable` (GB, n, the file's GB): the OOMs' usable capacity (usable_capacity)."""
     ev = dict(ws.evidence, usable_memory_gb=usable[0] if usable else None)
     other_gb = sorted({int(st.global_batch) for name, st in (studies or {}).items() if name in ev["studies"]
                        and int(st.global_batch) != workload.global_batch})
@@ -196,8 +197,7 @@ def _evidence(ws, workload: Workload, studies: dict | None, usable: tuple | None
         notes.append(f"{ev['other_framework_trials']} trial(s) of other frameworks left out (a measurement corrects "
                      f"{workload.framework}'s predictions only if it ran on {workload.framework})")
     if usable:
-        notes.append(f"{usable[0]:.1f} GB usable per GPU, as {usable[1]} out-of-memory message(s) of this cluster "
-                     "said the process had (in use + free)")
+        notes.append(f"{usable[0]:.1f} GB usable per GPU, {_usable_words(usable)}: in use + free")
     if other_gb:
         notes.append(f"studies at global batch {', '.join(map(str, other_gb))} used as evidence only; the answer is "
                      f"for global batch {workload.global_batch}")
@@ -231,7 +231,7 @@ def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies:
     layouts = valid_layouts(space, workload)
     usable = usable_capacity(said_capacities(records, workload, studies), workload.cluster.memory_gb)
     if usable:                          # the OOMs' messages said the GPUs hold less than the cluster states
-        workload = with_capacity(workload, usable[0])
+        usable, workload = (*usable, workload.cluster.memory_gb), with_capacity(workload, usable[0])
     ws = warm_start_records(records, workload, studies)
     gp = ws.observations.memory_gp(framework_of(workload).memory_sd)
     bounds = oom_bounds(records, workload, gp, studies)
@@ -245,12 +245,19 @@ def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies:
     if not likely:
         least = min(rows, key=lambda r: r["memory_gb"])
         raise UsageError(f"no valid layout of {workload.model.name} fits on {workload.nodes} node(s) "
-                         f"({workload.gpus} GPUs): the smallest needs {least['memory_gb']:.1f} GB per GPU of "
-                         f"{workload.cluster.memory_gb:.1f} ({least['layout'].key()}); "
+                         f"({workload.gpus} GPUs): the smallest needs {least['memory_gb']:.1f} GB per GPU "
+                         f"({least['layout'].key()}) of {workload.cluster.memory_gb:.1f}"
+                         f"{' usable, ' + _usable_words(usable) if usable else ''}; "
                          f"{more_nodes_hint(workload, space)}")
     likely.sort(key=lambda r: (not r["headroom_ok"], -r["mfu"], r["memory_gb"]))
     evidence = _evidence(ws, workload, studies, usable)
     return [answer(r, workload, evidence) for r in likely[:max(int(k), 1)]]
+
+
+def _usable_words(usable: tuple) -> str:
+    """Why every p_fit compared with `usable` (GB, n, the file's GB) -- 'as 3 out-of-memory message(s) ...'."""
+    return (f"as {usable[1]} out-of-memory message(s) of this cluster said the process had (its file states "
+            f"{usable[2]:.1f} GB)")
 
 
 @dataclass
