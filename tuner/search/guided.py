@@ -44,7 +44,7 @@ from tuner.frameworks import ALLOCATOR_BIAS, ALLOCATOR_SD, of as framework_of
 from tuner.perfmodel import RECOMMEND_AT
 from tuner.layout import Layout
 from tuner.metrics import rank_key
-from tuner.perfmodel import predict
+from tuner.perfmodel import memory_fit, predict
 from tuner.search import STUDY_DEFAULTS  # (re-exported: the study defaults of the stop rule)
 from tuner.search.base import DIMS, BaseSearcher
 from tuner.search.confidence import beat_probability, margin_of
@@ -94,9 +94,9 @@ class GuidedSearcher(BaseSearcher):
         self._tiebreak = np.random.default_rng([self.seed, 11]).permutation(n) * 1e-12
         self.said = said_capacities(history, workload, history_studies) if workload is not None else []
         usable = usable_capacity(self.said, self.capacity) if workload is not None else None
+        hw = with_capacity(workload, usable[0]) if usable else workload
         if usable:                              # the history's OOM messages: the GPUs hold less than stated
-            self.capacity = usable[0]
-        hw = with_capacity(workload, self.capacity) if usable else workload
+            self.capacity, self.prior_fit = usable[0], self._prior_fit(hw)
         ws = warm_start_records(history, hw, history_studies) if (history and workload is not None) else None
         self.history = ws.observations if ws else Observations()
         self.evidence = ws.evidence if ws else None
@@ -147,9 +147,10 @@ class GuidedSearcher(BaseSearcher):
             self.ran[i] = True
         n_time = len(self.own.y)
         reserved = getattr(result, "peak_reserved_gb", None)
-        if result.status == Status.OOM and self.workload is not None:
-            self._note_capacity(result.message)
+        lowered = result.status == Status.OOM and self.workload is not None and self._note_capacity(result.message)
         self.own.add_result(ft, result.status, result.mfu, result.peak_memory_gb, self.capacity, reserved_gb=reserved)
+        if lowered:                             # the first picks' headroom, once the OOM is an observation p_fit reads
+            self.roomy = self.p_fit() >= RECOMMEND_AT
         if len(self.own.y) > n_time:
             self.own_X.append(self.encode(layout.as_dict()))
         if i is not None and result.status not in (Status.OK, Status.STOPPED):
@@ -168,19 +169,24 @@ class GuidedSearcher(BaseSearcher):
                 self.best_key, self.best_layout, self.best_index = key, layout, i
                 self.best_log = math.log(max(result.mfu, 1e-6))
 
-    def _note_capacity(self, message: str) -> None:
+    def _note_capacity(self, message: str) -> bool:
         """An OOM's PyTorch message says what memory the process had (tuner.trial.oom_capacity_gb): every p_fit
         compares with the median of what the OOMs said (oom_evidence.usable_capacity), where it is below the
-        cluster's capacity; the first picks' headroom with it."""
+        cluster's capacity. Whether the capacity moved (the first picks' headroom is then recomputed)."""
         gb = oom_capacity_gb(message or "", self.workload.cluster.memory_reserved_gb)
         if not gb:
-            return
+            return False
         self.said.append(gb)
         usable = usable_capacity(self.said, self.workload.cluster.memory_gb)
         capacity = usable[0] if usable else self.workload.cluster.memory_gb
-        if capacity != self.capacity:
-            self.capacity = capacity
-            self.roomy = self.p_fit() >= RECOMMEND_AT
+        moved, self.capacity = capacity != self.capacity, capacity
+        return moved
+
+    def _prior_fit(self, workload) -> np.ndarray:
+        """predict's prior p_fit of every candidate (fit.prior_fit_probability) on `workload`'s GPUs: what p_fit
+        reads before any peak or OOM of this framework, at the usable capacity the history's messages said."""
+        memo: dict = {}
+        return np.array([memory_fit(c, workload, memo)[4] for c in self.candidates])
 
     def _predicted_memory(self, layout: Layout, i: int | None) -> tuple[float, int]:
         """(predicted peak GB, worst stage) of `layout`: a candidate's from its stored prediction."""
