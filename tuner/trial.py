@@ -109,13 +109,20 @@ MESSAGE_CHARS = 2000    # what a result keeps of a failure's text: its tail
 
 
 def failed(message: str, status: Status = Status.FAILED, **kw) -> TrialResult:
-    """A failed result keeping the tail of `message`; an OOM's allocator sentence (oom_sentence) where the tail
-    lost it (a launcher's summary after the traceback), for what it says of the memory the process had."""
+    """A failed result keeping what `kept_message` keeps of `message`."""
+    return TrialResult(status=status, message=kept_message(message, status), **kw)
+
+
+def kept_message(message: str, status: Status) -> str:
+    """What a result of `status` keeps of a failure's text: its tail, and an OOM's allocator sentence
+    (oom_sentence) where the tail lost it (a launcher's summary after the traceback), for what it says of the
+    memory the process had."""
     tail = message[-MESSAGE_CHARS:]
     line = oom_sentence(message) if status == Status.OOM else None
     if line and line not in tail:
-        tail = line + " ... " + message[-(MESSAGE_CHARS - len(line) - 5):]
-    return TrialResult(status=status, message=tail, **kw)
+        keep = max(MESSAGE_CHARS - len(line) - 5, 0)
+        tail = line + " ... " + message[len(message) - keep:]
+    return tail
 
 
 # What PyTorch (CUDA and ROCm/HIP), the C++ allocator, Python and the OS print when memory runs out;

@@ -47,7 +47,8 @@ from tuner.errors import UsageError
 from tuner.metrics import complete, samples_from_step_time
 from tuner.runners import CPU_FRACTION, TrialRunner
 from tuner.runners.process import ProcessTree, kill_leftovers, signal_name
-from tuner.trial import Status, TrialResult, TrialSpec, failed, looks_oom, study_dir, trial_dir
+from tuner.trial import (Status, TrialResult, TrialSpec, failed, kept_message, looks_oom, oom_sentence, study_dir,
+                         trial_dir)
 
 RESULT_STATUSES = {"ok": Status.OK, "oom": Status.OOM, "failed": Status.FAILED}
 NUMBER_FIELDS = ("samples_per_second", "step_time_s", "peak_memory_gb", "peak_reserved_gb")
@@ -107,7 +108,7 @@ def result_from_dict(data, trial: TrialSpec, where: str, must: str) -> TrialResu
         return failed(f"{where}: status ok needs 'samples_per_second' (or 'step_time_s') > 0, "
                       "and it has neither; tuner derives MFU and TFLOPS from it ('tflops_per_gpu' alone "
                       "is not accepted)")
-    result = TrialResult(status, message=str(data.get("message") or "")[-2000:], **values)
+    result = TrialResult(status, message=kept_message(str(data.get("message") or ""), status), **values)
     return complete(result, trial.workload, trial.layout)
 
 
@@ -134,16 +135,50 @@ def _resolve_arg(arg: str, start: Path) -> str:
         return arg
 
 
-CAUSE = re.compile(r"^\s*(?:\[rank \d+\] .*|(?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\b:.*)$")
+# What launchers put before each line of a rank's output: a timestamp, then torchrun's "[rank3]:" (2.2+) or
+# "[default0]:" (--tee, role 'default'), accelerate's "[gpu187:1]:", srun --label's "0:", pdsh's "worker-1:".
+PREFIX = r"(?:\d{4}-\d\d-\d\d[T ][\d:.,]+\s+)?(?:(?:\[[^\]\s]{1,40}\]|[\w.-]{1,40}):\s*){0,3}"
+CAUSE = re.compile(r"^\s*" + PREFIX + r"(?P<cause>\[rank \d+\] .*|(?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\b:.*)$")
 LAUNCHER_NOISE = ("ChildFailedError", "torch.distributed.elastic", "CalledProcessError")
 
 
-def root_cause(text: str) -> str:
-    """The first error line of a crashed command (a launcher's summary is skipped), or ''."""
+def root_cause(text: str, limit: int | None = 500) -> str:
+    """The first error line of a crashed command, a launcher's prefix dropped (a launcher's summary is
+    skipped), at most `limit` characters; or ''."""
     for line in text.splitlines():
-        if CAUSE.match(line) and not any(n in line for n in LAUNCHER_NOISE):
-            return line.strip()[:500]
+        m = CAUSE.match(line)
+        if m and not any(n in line for n in LAUNCHER_NOISE):
+            return m.group("cause").strip()[:limit]
     return ""
+
+
+def oom_lines(path: Path) -> tuple[str | None, str | None]:
+    """(the error line holding the last of PyTorch's out-of-memory sentences in the file at `path` -- the
+    sentence alone where no error line holds it --, the first out-of-memory error line), launchers' prefixes
+    dropped; read through the whole file, since other ranks' tracebacks, NCCL's watchdog and a launcher's
+    summary can print far more after it than any tail keeps. (None, None) where it shows neither."""
+    said = first = None
+    try:
+        with open(path, "rb") as f:
+            for raw in f:
+                if b"emory" not in raw and b"EMORY" not in raw and b"bad_alloc" not in raw:
+                    continue        # every marker of tuner.trial.OOM_MARKERS but bad_alloc says memory
+                line = raw.decode(errors="replace")
+                if not looks_oom(line):
+                    continue
+                cause, sentence = root_cause(line, None), oom_sentence(line)
+                said = (cause if sentence and sentence in cause else sentence) or said
+                first = first or cause or None
+    except OSError:
+        pass
+    return said, first
+
+
+def with_said(result: TrialResult, said: str | None) -> TrialResult:
+    """An oom `result` whose message lacks PyTorch's out-of-memory sentence keeps the one its log `said`."""
+    if result.status == Status.OOM and said and oom_sentence(result.message) is None:
+        result.message = kept_message(f"{said} | {result.message}" if result.message else said, Status.OOM)
+    return result
 
 
 class CommandRunner(TrialRunner):
@@ -311,11 +346,12 @@ class CommandRunner(TrialRunner):
             r = parse_result(result_path, trial)
             if rc != 0 and r.status == Status.OK:
                 r.message = (r.message + "; " if r.message else "") + f"exit status {rc} after writing the result"
-            return r
+            return with_said(r, oom_lines(stderr_path)[0]) if r.status == Status.OOM else r
+        said, first_oom = oom_lines(stderr_path)
         err = tail(stderr_path)
-        cause = root_cause(tail(stderr_path, 20000))
+        cause = said or first_oom or root_cause(tail(stderr_path, 20000))
         err = f"{cause} | stderr tail: {err}" if cause else f"stderr tail: {err}"
-        if looks_oom(err):
+        if said or first_oom or looks_oom(err):
             return failed(f"out of memory (exit status {rc}, no result): {err}", status=Status.OOM)
         if rc < 0:
             return failed(f"killed by {signal_name(-rc)} (no result written); {err}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuner.runners import megatron
-from tuner.runners.command import parse_result, stopped_result, tail
+from tuner.runners.command import oom_lines, parse_result, stopped_result, tail, with_said
 from tuner.runners.slurm_jobs import SQUEUE_GIVE_UP_S, Job, map_state
 from tuner.trial import Status, TrialResult, TrialSpec, failed, looks_oom
 
@@ -39,15 +39,18 @@ def job_result(trial: TrialSpec, job: Job, *, template: str, trial_timeout: floa
         who = "cancelled" if job.reason == "cancelled" else "cancelled outside tuner (scancel?)"
         return TrialResult(Status.INTERRUPTED, message=who, log_path=log_path)
     if status in (Status.OOM, Status.TIMEOUT) or retryable:
-        return failed(f"Slurm state {job.state}; {log_tail}", status, retryable=retryable, log_path=log_path)
+        res = failed(f"Slurm state {job.state}; {log_tail}", status, retryable=retryable, log_path=log_path)
+        return with_said(res, oom_lines(log)[0]) if status == Status.OOM else res
     if template == "megatron":
         return _megatron_result(trial, job, log_path, warmup, peak_tflops)
     if (job.trial_dir / "result.json").exists():
         res = parse_result(job.trial_dir / "result.json", trial)
         res.log_path = log_path
-        return res
-    if looks_oom(log_tail):
-        return failed(f"out of memory: {log_tail}", Status.OOM, log_path=log_path)
+        return with_said(res, oom_lines(log)[0]) if res.status == Status.OOM else res
+    said, first_oom = oom_lines(log)      # the whole log: its last 8 lines are often a launcher's summary
+    if said or first_oom or looks_oom(log_tail):
+        cause = said or first_oom
+        return failed(f"out of memory: {cause + ' | ' if cause else ''}{log_tail}", Status.OOM, log_path=log_path)
     return failed(f"Slurm state {job.state}, no result.json; {log_tail}", log_path=log_path)
 
 
@@ -57,9 +60,11 @@ def _megatron_result(trial: TrialSpec, job: Job, log_path: str, warmup: int, pea
     parsed = megatron.parse_log(text, w.model, w.gpus, recompute=lay.recompute,
                                 global_batch=w.global_batch, warmup=warmup)
     if parsed is None:
-        status = Status.OOM if looks_oom(text) else Status.FAILED
-        return failed(f"Slurm state {job.state}, no iteration after warm-up in the log; {_tail_text(text)}",
-                      status, log_path=log_path)
+        said, first_oom = oom_lines(Path(log_path)) if text else (None, None)
+        cause = said or first_oom
+        status = Status.OOM if cause or looks_oom(text) else Status.FAILED
+        return failed(f"Slurm state {job.state}, no iteration after warm-up in the log; "
+                      f"{cause + ' | ' if cause else ''}{_tail_text(text)}", status, log_path=log_path)
     msg = f"median of {parsed.iterations} iterations: {parsed.time_ms:.1f} ms"
     if parsed.mismatch:
         msg += f"; TFLOPs recomputed from samples processed ({parsed.mismatch})"
