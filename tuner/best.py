@@ -36,7 +36,7 @@ from tuner.fit_nodes import more_nodes_hint
 from tuner.specs import STORED_SETTINGS, Workload, stored_setting
 from tuner.correction import (Z_DIM, Observations, features, left_out, memory_features, record_workload, simulated,
                               warm_start_records)
-from tuner.oom_evidence import oom_bounds, oom_fit_cap, said_capacities, usable_capacity, with_capacity
+from tuner.oom_evidence import oom_bounds, oom_fit_cap, said_capacities, usable_workload
 from tuner.trial import Status
 
 Z90 = 1.645           # two-sided 90 % interval / one-sided 95 % bound of a normal
@@ -229,9 +229,8 @@ def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies:
     from tuner.space import valid_layouts
 
     layouts = valid_layouts(space, workload)
-    usable = usable_capacity(said_capacities(records, workload, studies), workload.cluster.memory_gb)
-    if usable:                          # the OOMs' messages said the GPUs hold less than the cluster states
-        usable, workload = (*usable, workload.cluster.memory_gb), with_capacity(workload, usable[0])
+    # the OOMs' messages: where they say the GPUs hold less than the cluster states, the workload on what they hold
+    workload, usable = usable_workload(workload, said_capacities(records, workload, studies))
     ws = warm_start_records(records, workload, studies)
     gp = ws.observations.memory_gp(framework_of(workload).memory_sd)
     bounds = oom_bounds(records, workload, gp, studies)

@@ -68,6 +68,15 @@ def with_capacity(workload: Workload, capacity_gb: float) -> Workload:
     return replace(workload, cluster=replace(workload.cluster, memory_gb=float(capacity_gb)))
 
 
+def usable_workload(workload: Workload, said: list[float]) -> tuple[Workload, tuple[float, int, float] | None]:
+    """`workload` on the GPUs the OOMs `said` (said_capacities) it has, and why: (that workload, (its usable GB,
+    how many said it, the file's GB)) where usable_capacity lowers the capacity; else (`workload`, None). What
+    `best` and the guided searcher compare every p_fit with."""
+    cap = workload.cluster.memory_gb
+    usable = usable_capacity(said, cap)
+    return (with_capacity(workload, usable[0]), (*usable, cap)) if usable else (workload, None)
+
+
 def activation_account(layout: Layout) -> tuple:
     """What sets the bytes a layer keeps per token (tuner.perfmodel.memory): tp and sequence parallelism,
     context parallelism, the recompute mode and the expert split. Not dp or the ZeRO stage (model state), the

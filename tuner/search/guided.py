@@ -49,7 +49,7 @@ from tuner.search import STUDY_DEFAULTS  # (re-exported: the study defaults of t
 from tuner.search.base import DIMS, BaseSearcher
 from tuner.search.confidence import beat_probability, margin_of
 from tuner.search.explore import N_INITIAL, believe, family_key, family_scale, first_pick, fit_beliefs
-from tuner.oom_evidence import said_capacities, usable_capacity, with_capacity
+from tuner.oom_evidence import said_capacities, usable_workload
 from tuner.search.oom_deferral import OomDeferral
 from tuner.search.stop_rule import StopRule
 from tuner.gp import GP
@@ -93,8 +93,7 @@ class GuidedSearcher(BaseSearcher):
                                self.mem_stage, self.log_mem, self.Z, self.FM)
         self._tiebreak = np.random.default_rng([self.seed, 11]).permutation(n) * 1e-12
         self.said = said_capacities(history, workload, history_studies) if workload is not None else []
-        usable = usable_capacity(self.said, self.capacity) if workload is not None else None
-        hw = with_capacity(workload, usable[0]) if usable else workload
+        hw, usable = usable_workload(workload, self.said) if workload is not None else (workload, None)
         if usable:                              # the history's OOM messages: the GPUs hold less than stated
             self.capacity, self.prior_fit = usable[0], self._prior_fit(hw)
         ws = warm_start_records(history, hw, history_studies) if (history and workload is not None) else None
@@ -177,8 +176,7 @@ class GuidedSearcher(BaseSearcher):
         if not gb:
             return False
         self.said.append(gb)
-        usable = usable_capacity(self.said, self.workload.cluster.memory_gb)
-        capacity = usable[0] if usable else self.workload.cluster.memory_gb
+        capacity = usable_workload(self.workload, self.said)[0].cluster.memory_gb
         moved, self.capacity = capacity != self.capacity, capacity
         return moved
 
