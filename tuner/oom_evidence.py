@@ -52,15 +52,33 @@ def said_capacities(records, workload: Workload, studies: dict | None = None) ->
     return [gb for gb in said if gb]
 
 
-def usable_capacity(said: list[float], capacity_gb: float) -> tuple[float, int] | None:
-    """(GB, n): the median of n capacities the OOMs `said` (said_capacities), where it is below the cluster's
-    `capacity_gb`; None where none said or they say at least that. Every p_fit then compares with it."""
+def usable_capacity(said: list[float], capacity_gb: float, agree_gb: float = math.inf) -> tuple[float, int] | None:
+    """(GB, n): the median of the n capacities the OOMs `said` (said_capacities) that agree -- within `agree_gb` of
+    the median of all --, where they are most of them and it is below the cluster's `capacity_gb`; None where none
+    said, they say at least that, or no majority agrees. Every p_fit then compares with it.
+    Why a majority within the cluster's reserve (`usable_workload` passes it): a message is what one process had on
+    one GPU at one moment. Where the job has its GPUs to itself, in use + free is the same at every OOM (the
+    driver's share is fixed), and the figures read without this process's line differ by at most what the process
+    held outside PyTorch, for which the reserve stands. One farther away had something else on its GPU then -- another
+    job on a node that is not exclusive (InternLM/InternLM#186: OOMs by chance on shared Slurm nodes; huggingface/
+    accelerate#1519: 34.89 GiB reserved + 0.72 free of 79.35 on one of its nodes), a leftover process -- or came from
+    another kind of device. Consistent figures are trusted whatever they say, also far below the file's capacity (a
+    fleet of MIG slices, whose total is the slice's; another job on every GPU); two that disagree are not, and the
+    file's capacity stands until another OOM breaks the tie."""
     said = sorted(said)
     if not said:
         return None
-    mid = len(said) // 2
-    gb = said[mid] if len(said) % 2 else 0.5 * (said[mid - 1] + said[mid])
-    return (gb, len(said)) if gb < capacity_gb else None
+    agree = [gb for gb in said if abs(gb - _median(said)) <= agree_gb]
+    if 2 * len(agree) <= len(said):
+        return None
+    gb = _median(agree)
+    return (gb, len(agree)) if gb < capacity_gb else None
+
+
+def _median(xs: list[float]) -> float:
+    """The median of sorted `xs` (not empty)."""
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else 0.5 * (xs[mid - 1] + xs[mid])
 
 
 def with_capacity(workload: Workload, capacity_gb: float) -> Workload:
@@ -73,7 +91,7 @@ def usable_workload(workload: Workload, said: list[float]) -> tuple[Workload, tu
     how many said it, the file's GB)) where usable_capacity lowers the capacity; else (`workload`, None). What
     `best` and the guided searcher compare every p_fit with."""
     cap = workload.cluster.memory_gb
-    usable = usable_capacity(said, cap)
+    usable = usable_capacity(said, cap, workload.cluster.memory_reserved_gb)
     return (with_capacity(workload, usable[0]), (*usable, cap)) if usable else (workload, None)
 
 
