@@ -127,3 +127,24 @@ def test_a_log_without_an_oom_stays_a_failure(tmp_path):
     Path(tmp_path / "slurm-79.out").write_text(src.read_text())
     r = job_result(spec(number=6), job, template="harness", trial_timeout=None, warmup=1, peak_tflops=383.0)
     assert r.status == Status.FAILED
+
+
+def test_a_trial_killed_at_its_timeout_after_a_rank_ran_out_is_an_oom(tmp_path):
+    # srun starts one process per rank and does not stop the others when one fails (no --kill-on-bad-exit): they
+    # wait on the OOM'd rank in a collective until NCCL's timeout, longer than the trial's
+    log = "[rank3]: " + QWEN + "\n" + "".join(WATCHDOG.format(r=r) + "\n" for r in range(8))
+    script = f"import sys, time; sys.stderr.write({log!r}); sys.stderr.flush(); time.sleep(30)"
+    r = CommandRunner([sys.executable, "-c", script], trial_timeout=0.6, kill_grace=0.2, poll_interval=0.05,
+                      results_dir=tmp_path / "results").run(spec(number=7))
+    assert r.status == Status.OOM and oom_capacity_gb(r.message, RESERVE) == oom_capacity_gb(QWEN, RESERVE)
+    job = Job(job_id="80", trial_dir=tmp_path, state="CANCELLED", reason="timeout")
+    (tmp_path / "slurm-80.out").write_text(log)
+    r = job_result(spec(number=8), job, template="megatron", trial_timeout=600, warmup=1, peak_tflops=383.0)
+    assert r.status == Status.OOM and oom_capacity_gb(r.message, RESERVE) == oom_capacity_gb(QWEN, RESERVE)
+    (tmp_path / "slurm-80.out").write_text("".join(WATCHDOG.format(r=r) + "\n" for r in range(8)))
+    (tmp_path / "result.json").write_text(json.dumps({"status": "oom", "message": "OutOfMemoryError: " + QWEN}))
+    r = job_result(spec(number=8), job, template="harness", trial_timeout=600, warmup=1, peak_tflops=383.0)
+    assert r.status == Status.OOM and "--trial-timeout" in r.message and oom_capacity_gb(r.message, RESERVE)
+    (tmp_path / "result.json").unlink()
+    r = job_result(spec(number=8), job, template="harness", trial_timeout=600, warmup=1, peak_tflops=383.0)
+    assert r.status == Status.TIMEOUT                       # no OOM anywhere: the layout was just slow

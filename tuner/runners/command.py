@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import shlex
 import subprocess
 import threading
@@ -46,9 +45,9 @@ from tuner.environment import inherited_env, withhold, withheld
 from tuner.errors import UsageError
 from tuner.metrics import complete, samples_from_step_time
 from tuner.runners import CPU_FRACTION, TrialRunner
+from tuner.runners.failure_log import oom_lines, root_cause, tail, with_said
 from tuner.runners.process import ProcessTree, kill_leftovers, signal_name
-from tuner.trial import (Status, TrialResult, TrialSpec, failed, kept_message, looks_oom, oom_sentence, study_dir,
-                         trial_dir)
+from tuner.trial import Status, TrialResult, TrialSpec, failed, kept_message, looks_oom, study_dir, trial_dir
 
 RESULT_STATUSES = {"ok": Status.OK, "oom": Status.OOM, "failed": Status.FAILED}
 NUMBER_FIELDS = ("samples_per_second", "step_time_s", "peak_memory_gb", "peak_reserved_gb")
@@ -56,20 +55,8 @@ NUMBER_FIELDS = ("samples_per_second", "step_time_s", "peak_memory_gb", "peak_re
 # from samples/s and the model spec (tuner.metrics), so every runner is ranked on the same footing.
 # Failures of the launcher, not of the layout: worth one more try (issue 8).
 RETRY_MARKERS = ("address already in use", "eaddrinuse", "rendezvous", "connection refused")
-TAIL_BYTES = 2000
 
 EarlyStop = Callable[[list], bool]
-
-
-def tail(path: Path, n: int = TAIL_BYTES) -> str:
-    """The last `n` bytes of the file at `path` as text, stripped; "" when it cannot be read."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - n))
-            return f.read().decode(errors="replace").strip()
-    except OSError:
-        return ""
 
 
 def parse_result(path: Path, trial: TrialSpec) -> TrialResult:
@@ -133,52 +120,6 @@ def _resolve_arg(arg: str, start: Path) -> str:
         return path if os.path.exists(path) else arg
     except (OSError, ValueError):
         return arg
-
-
-# What launchers put before each line of a rank's output: a timestamp, then torchrun's "[rank3]:" (2.2+) or
-# "[default0]:" (--tee, role 'default'), accelerate's "[gpu187:1]:", srun --label's "0:", pdsh's "worker-1:".
-PREFIX = r"(?:\d{4}-\d\d-\d\d[T ][\d:.,]+\s+)?(?:(?:\[[^\]\s]{1,40}\]|[\w.-]{1,40}):\s*){0,3}"
-CAUSE = re.compile(r"^\s*" + PREFIX + r"(?P<cause>\[rank \d+\] .*|(?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\b:.*)$")
-LAUNCHER_NOISE = ("ChildFailedError", "torch.distributed.elastic", "CalledProcessError")
-
-
-def root_cause(text: str, limit: int | None = 500) -> str:
-    """The first error line of a crashed command, a launcher's prefix dropped (a launcher's summary is
-    skipped), at most `limit` characters; or ''."""
-    for line in text.splitlines():
-        m = CAUSE.match(line)
-        if m and not any(n in line for n in LAUNCHER_NOISE):
-            return m.group("cause").strip()[:limit]
-    return ""
-
-
-def oom_lines(path: Path) -> tuple[str | None, str | None]:
-    """(the error line holding the last of PyTorch's out-of-memory sentences in the file at `path` -- the
-    sentence alone where no error line holds it --, the first out-of-memory error line), launchers' prefixes
-    dropped; read through the whole file, since other ranks' tracebacks, NCCL's watchdog and a launcher's
-    summary can print far more after it than any tail keeps. (None, None) where it shows neither."""
-    said = first = None
-    try:
-        with open(path, "rb") as f:
-            for raw in f:
-                if b"emory" not in raw and b"EMORY" not in raw and b"bad_alloc" not in raw:
-                    continue        # every marker of tuner.trial.OOM_MARKERS but bad_alloc says memory
-                line = raw.decode(errors="replace")
-                if not looks_oom(line):
-                    continue
-                cause, sentence = root_cause(line, None), oom_sentence(line)
-                said = (cause if sentence and sentence in cause else sentence) or said
-                first = first or cause or None
-    except OSError:
-        pass
-    return said, first
-
-
-def with_said(result: TrialResult, said: str | None) -> TrialResult:
-    """An oom `result` whose message lacks PyTorch's out-of-memory sentence keeps the one its log `said`."""
-    if result.status == Status.OOM and said and oom_sentence(result.message) is None:
-        result.message = kept_message(f"{said} | {result.message}" if result.message else said, Status.OOM)
-    return result
 
 
 class CommandRunner(TrialRunner):
@@ -338,7 +279,11 @@ class CommandRunner(TrialRunner):
                 r = parse_result(result_path, trial)
                 if r.status != Status.FAILED:
                     r.message = (r.message + "; " if r.message else "") + "hung after writing its result: killed"
-                    return r
+                    return with_said(r, oom_lines(stderr_path)[0]) if r.status == Status.OOM else r
+            said = oom_lines(stderr_path)[0]      # one rank ran out; the others waited on it in a collective
+            if said:
+                return failed(f"out of memory, then ran past --trial-timeout {timeout:g}s (killed its process "
+                              f"group): {said} | stderr tail: {tail(stderr_path, 500)}", Status.OOM)
             return TrialResult(Status.TIMEOUT, message=f"ran past --trial-timeout {timeout:g}s: killed its "
                                f"process group; raise --trial-timeout if the layout is just slow. stderr tail: "
                                f"{tail(stderr_path, 500)}"[-2000:])

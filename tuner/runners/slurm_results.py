@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuner.runners import megatron
-from tuner.runners.command import oom_lines, parse_result, stopped_result, tail, with_said
+from tuner.runners.command import parse_result, stopped_result
+from tuner.runners.failure_log import oom_lines, tail, with_said
 from tuner.runners.slurm_jobs import SQUEUE_GIVE_UP_S, Job, map_state
 from tuner.trial import Status, TrialResult, TrialSpec, failed, looks_oom
 
@@ -21,9 +22,7 @@ def job_result(trial: TrialSpec, job: Job, *, template: str, trial_timeout: floa
     log_path = str(log)
     log_tail = _tail_text(tail(log, 1500)) if log.exists() else "no log"
     if job.reason == "timeout":
-        return failed(f"ran past --trial-timeout of {trial_timeout:g} s (from the job's start); scancelled",
-                      Status.TIMEOUT,
-                      log_path=log_path)
+        return _timed_out(trial, job, log, trial_timeout)
     if job.reason == "stopped":
         res = stopped_result(job.progress, trial, f"at step {len(job.progress)}")
         res.log_path = log_path
@@ -52,6 +51,23 @@ def job_result(trial: TrialSpec, job: Job, *, template: str, trial_timeout: floa
         cause = said or first_oom
         return failed(f"out of memory: {cause + ' | ' if cause else ''}{log_tail}", Status.OOM, log_path=log_path)
     return failed(f"Slurm state {job.state}, no result.json; {log_tail}", log_path=log_path)
+
+
+def _timed_out(trial: TrialSpec, job: Job, log: Path, trial_timeout: float | None) -> TrialResult:
+    """A job scancelled at --trial-timeout: an OOM where a rank's result says so (the harness: the first failure
+    wins, while the other ranks wait on it in a collective) or its log shows PyTorch's out-of-memory sentence,
+    else a timeout."""
+    why = f"ran past --trial-timeout of {trial_timeout:g} s (from the job's start); scancelled"
+    said = oom_lines(log)[0]
+    if (job.trial_dir / "result.json").exists():
+        res = parse_result(job.trial_dir / "result.json", trial)
+        if res.status == Status.OOM:
+            res.message, res.log_path = (res.message + "; " if res.message else "") + why, str(log)
+            return with_said(res, said)
+    if said:
+        return failed(f"out of memory, then {why}: {said} | {_tail_text(tail(log, 1500))}", Status.OOM,
+                      log_path=str(log))
+    return failed(why, Status.TIMEOUT, log_path=str(log))
 
 
 def _megatron_result(trial: TrialSpec, job: Job, log_path: str, warmup: int, peak_tflops: float) -> TrialResult:
