@@ -76,6 +76,27 @@ def _sqlite_path(url: URL) -> Path:
     return Path(db)
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"     # the first 16 bytes of every SQLite database file (sqlite.org/fileformat.html)
+
+
+def _check_sqlite_target(url: URL, shown: str) -> None:
+    """A store path that is a directory, or a file that is not SQLite's (a CSV, a log), refused in one line
+    (exit 2) before SQLite answers 'unable to open database file' or 'file is not a database'."""
+    path = _sqlite_path(url)
+    if path.is_dir():
+        raise BadStoreURL(f"results store {shown} is a directory, not a SQLite file: point --db or TUNER_DB at a "
+                          f"file, e.g. --db sqlite:///{path.resolve() / 'tuner.db'}")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+    except OSError:          # missing (created later, or NoStore) or unreadable (the open says why)
+        return
+    if head and head != SQLITE_HEADER:    # an empty file is an empty database
+        raise BadStoreURL(f"results store {shown} is not a SQLite database (the file does not start with SQLite's "
+                          f"header): point --db or TUNER_DB at tuner's results store, or at a new file, e.g. "
+                          f"--db sqlite:///{path.resolve().parent / 'tuner.db'}")
+
+
 def _check_sqlite_file(url: URL) -> None:
     """A clear error before anything runs: the directory must exist and the file must be writable."""
     path = _sqlite_path(url)
@@ -154,6 +175,8 @@ def _engine_for(url: str | None, create: bool = True, read_only: bool = False) -
     parsed = _parse(raw)
     shown = shown_url(parsed)
     sqlite_file = parsed.get_backend_name() == "sqlite" and not _sqlite_memory(parsed)
+    if sqlite_file:
+        _check_sqlite_target(parsed, shown)
     if sqlite_file and (not create or read_only) and not _sqlite_path(parsed).exists():
         raise NoStore(shown)
     if raw == DEFAULT_URL and not read_only:

@@ -1,0 +1,39 @@
+"""A first day without surprises, part 5 (task H, session 16): what a new user met on a fresh clone, one test each."""
+
+from __future__ import annotations
+
+
+def one_line_error(tuner, *args) -> str:
+    code, out, err = tuner(*args)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (code, err)
+    return err
+
+
+def test_a_store_that_is_a_directory_names_a_file_in_it(tuner, tmp_path, monkeypatch):
+    folder = tmp_path / "store"
+    folder.mkdir()
+    url = f"sqlite:///{folder}"
+    fix = f"is a directory, not a SQLite file: point --db or TUNER_DB at a file, e.g. --db sqlite:///{folder / 'tuner.db'}"
+    # a writing command (SQLite said 'unable to open database file', exit 1), a reading one ('disk I/O error')
+    # and the schema upgrade, by --db and by TUNER_DB
+    for args in (("search", "--model", "tiny", "--nodes", "1", "--budget", "1", "--db", url), ("studies", "--db", url),
+                 ("db", "upgrade", "--db", url)):
+        assert fix in one_line_error(tuner, *args)
+    monkeypatch.setenv("TUNER_DB", url)
+    assert fix in one_line_error(tuner, "trials", "s")
+    assert list(folder.iterdir()) == []
+
+
+def test_a_store_that_is_not_a_sqlite_file_says_so_and_keeps_the_file(tuner, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("trial,samples_s\n1,16.9\n")
+    url = f"sqlite:///{notes}"
+    fix = "is not a SQLite database (the file does not start with SQLite's header): point --db or TUNER_DB at"
+    # studies said 'internal error: DatabaseError: file is not a database' (exit 1); search 'failed while opening it'
+    assert fix in one_line_error(tuner, "studies", "--db", url)
+    assert fix in one_line_error(tuner, "search", "--model", "tiny", "--nodes", "1", "--budget", "1", "--db", url)
+    assert notes.read_text() == "trial,samples_s\n1,16.9\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]   # no -wal / -shm beside it
+    empty = tmp_path / "new.db"                                           # an empty file is an empty SQLite database
+    empty.write_bytes(b"")
+    assert tuner("search", "--model", "tiny", "--nodes", "1", "--budget", "1", "--db", f"sqlite:///{empty}")[0] == 0
