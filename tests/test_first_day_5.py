@@ -37,3 +37,28 @@ def test_a_store_that_is_not_a_sqlite_file_says_so_and_keeps_the_file(tuner, tmp
     empty = tmp_path / "new.db"                                           # an empty file is an empty SQLite database
     empty.write_bytes(b"")
     assert tuner("search", "--model", "tiny", "--nodes", "1", "--budget", "1", "--db", f"sqlite:///{empty}")[0] == 0
+
+
+def error_line(tuner, *args) -> str:
+    """The error line of a command that may first say which store it read (launch: 'note: no results store')."""
+    code, out, err = tuner(*args)
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and "Traceback" not in err and lines[-1].startswith("error: "), (code, err)
+    assert all(ln.startswith(("note: no results store", "store: ")) for ln in lines[:-1]), err
+    return lines[-1]
+
+
+def test_a_bad_launch_account_or_time_names_the_flag_not_the_cluster_file(tuner):
+    base = ("launch", "--model", "tiny", "--nodes", "1", "--out", "l/", "--train-iters", "10", "--mock-data",
+            "--framework", "megatron-core")
+    # before: "cluster 'local' [slurm]: slurm key 'account' has characters ..." -- a key the user never wrote there
+    err = error_line(tuner, *base, "--account", "my project")
+    assert err.startswith("error: --account 'my project' has characters sbatch would misread") and "[slurm]" not in err
+    err = error_line(tuner, *base, "--partition", "gpu;rm")
+    assert err.startswith("error: --partition 'gpu;rm' has characters sbatch would misread"), err
+    err = error_line(tuner, *base, "--time", "2h")
+    assert err.startswith("error: --time '2h' is not a Slurm time limit: give minutes (90) or [D-]HH:MM[:SS]"), err
+    code, _, err = tuner(*base, "--account", "abc123", "--time", "02:00:00")
+    assert code == 0, err
+    text = open("l/launch.sbatch").read()
+    assert "#SBATCH --account=abc123" in text and "#SBATCH --time=02:00:00" in text

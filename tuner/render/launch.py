@@ -40,7 +40,7 @@ from tuner.launch import Source
 from tuner.layout import Layout, validate
 from tuner.render import mcore, megatron, rocm, torchtitan, userbuffers
 from tuner.render.dsconfig import check_batch
-from tuner.render.sbatch import generic_slurm, launch_job_name, render_sbatch, validate_slurm
+from tuner.render.sbatch import check_flag, generic_slurm, launch_job_name, render_sbatch, validate_slurm
 from tuner.specs import Workload
 from tuner.frameworks import FRAMEWORKS as FRAMEWORK_SPECS, NAMES
 from tuner.trial import TrialSpec
@@ -69,6 +69,9 @@ def slurm_table(workload: Workload, *, framework: str = "megatron-deepspeed", me
         base = generic_slurm(workload.cluster.gpus_per_node)
     overrides = {"megatron_dir": megatron_dir, "account": account, "partition": partition,
                  "time_limit": time_limit, "precision": precision, "iterations": train_iters}
+    for key, flag in (("account", "--account"), ("partition", "--partition"), ("time_limit", "--time")):
+        if overrides[key] is not None:
+            check_flag(flag, key, overrides[key])
     table = {**base, **{k: v for k, v in overrides.items() if v is not None}}
     if framework != "megatron-deepspeed":
         # the table's megatron_dir is a Megatron-DeepSpeed checkout: only the launch's own override counts

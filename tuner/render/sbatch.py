@@ -75,6 +75,18 @@ def _fail(where: str, key: str, msg: str) -> UsageError:
     return UsageError(f"{where}: slurm key '{key}' {msg}")
 
 
+def check_flag(flag: str, key: str, value: str) -> None:
+    """A launch's --account / --partition / --time, checked as its [slurm] key is, the error naming the flag
+    (the cluster file is not where the user typed it)."""
+    if key == "time_limit":
+        if not _TIME.match(str(value)):
+            raise UsageError(f"{flag} {value!r} is not a Slurm time limit: give minutes (90) or [D-]HH:MM[:SS] "
+                             "(02:00:00)")
+    elif not _PLAIN.match(str(value)):
+        raise UsageError(f"{flag} {value!r} has characters sbatch would misread: give the name as Slurm knows it "
+                         "(letters, digits and _.,:@%+=/-)")
+
+
 def validate_slurm(table: dict | None, where: str = "[slurm]") -> dict:
     """The [slurm] table with defaults filled in, or UsageError naming the bad key and the valid ones."""
     if table is None:
