@@ -62,3 +62,23 @@ def test_a_bad_launch_account_or_time_names_the_flag_not_the_cluster_file(tuner)
     assert code == 0, err
     text = open("l/launch.sbatch").read()
     assert "#SBATCH --account=abc123" in text and "#SBATCH --time=02:00:00" in text
+
+
+def test_ctrl_c_while_a_study_is_set_up_names_the_resume(tuner, monkeypatch):
+    # Ctrl-C after the study is stored but before the driver's loop (the guided searcher builds its candidates
+    # for about a second): the CLI said 'interrupted' alone, so nobody knew a study named s existed
+    import tuner.study as studies
+
+    real = studies.run
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(studies, "run", interrupted)
+    code, out, err = tuner("search", "--model", "tiny", "--nodes", "1", "--budget", "2", "--study", "s")
+    assert code == 130 and "Traceback" not in err, (code, err)
+    assert err.strip().splitlines()[-1] == ("error: interrupted while study s was being set up (no trial running); "
+                                            "continue with `tuner resume s`"), err
+    monkeypatch.setattr(studies, "run", real)
+    code, out, err = tuner("resume", "s")
+    assert code == 0 and "study s: 2 trial(s) ran" in out, (code, out, err)

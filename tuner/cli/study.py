@@ -57,8 +57,16 @@ def study_settings(fn):
 
 def run_and_show(store, rec, fmt: str, run, budget: int | None = None) -> None:
     """Run a study with the live view on stderr, then print the fastest layouts and the recommendation."""
-    with ProgressView(rec.name, budget or rec.settings["budget"], sys.stderr) as view:
-        result = run(on_progress=view.update)
+    from tuner.driver import Interrupted
+    try:
+        with ProgressView(rec.name, budget or rec.settings["budget"], sys.stderr) as view:
+            result = run(on_progress=view.update)
+    except KeyboardInterrupt as exc:    # Ctrl-C / SIGTERM outside the driver's loop (its searcher being set up)
+        signum = getattr(exc, "signum", None)
+        err = Interrupted(f"{f'terminated by {exc}' if signum else 'interrupted'} while study {rec.name} was being "
+                          f"set up (no trial running); continue with `tuner resume {rec.name}`")
+        err.exit_code = 128 + signum if signum else err.exit_code
+        raise err from None
     show_result(store, rec.name, result, fmt)
 
 
