@@ -82,3 +82,21 @@ def test_ctrl_c_while_a_study_is_set_up_names_the_resume(tuner, monkeypatch):
     monkeypatch.setattr(studies, "run", real)
     code, out, err = tuner("resume", "s")
     assert code == 0 and "study s: 2 trial(s) ran" in out, (code, out, err)
+
+
+def test_a_rocm_launch_says_primus_variables_are_exported_only_where_some_are():
+    # an MI355X (gfx950) on one node exports none of them; its script said "Variables from AMD's Primus recipes are
+    # exported below." above a block with none
+    from tuner.layout import Layout
+    from tuner.render.launch import launch_files
+    from tuner.specs import make_workload
+
+    lay = Layout(tp=1, pp=1, dp=8, micro_batch=1, zero_stage=1)
+    script = launch_files(lay, make_workload("llama3-8b", 1, "mi355x", framework="megatron-core"),
+                          framework="megatron-core", train_iters=10, mock_data=True)["launch.sbatch"]
+    assert "exported below" not in script and "none is exported" in script
+    assert "HSA_NO_SCRATCH_RECLAIM=" not in script and "NCCL_IB_GID_INDEX=" not in script
+    lay = Layout(tp=1, pp=1, dp=16, micro_batch=1, zero_stage=1)
+    script = launch_files(lay, make_workload("llama3-8b", 2, "mi300x", framework="megatron-core"),
+                          framework="megatron-core", train_iters=10, mock_data=True)["launch.sbatch"]
+    assert "exported below" in script and "export HSA_NO_SCRATCH_RECLAIM=1" in script

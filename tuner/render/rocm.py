@@ -75,9 +75,12 @@ def notes(workload) -> list[str]:
         out = [f"ROCm: {name}; run with the site's ROCm modules ([slurm] modules) and a ROCm build of the framework "
                "(the Frontier study: Megatron-DeepSpeed on ROCm 5.x, FlashAttention-2's ROCm port). AMD's Primus "
                "images and their variables are for gfx942 / gfx950: none is exported."]
-    else:
+    else:   # gfx950 on one node (or over libfabric) gets none of the variables: the line must not promise them
+        said = ("Variables from AMD's Primus recipes are exported below." if launch_env(workload) else
+                "None of the Primus recipes' variables applies (HSA_NO_SCRATCH_RECLAIM and NVTE_CK_IS_V3_ATOMIC_FP32 "
+                "are for gfx942, NCCL_IB_GID_INDEX for more than one node): none is exported.")
         out = [f"ROCm: {name}; run inside AMD's ROCm training image (rocm/primus or rocm/megatron-lm: RCCL, ROCm "
-               "Transformer Engine, hipBLASLt). Variables from AMD's Primus recipes are exported below."]
+               f"Transformer Engine, hipBLASLt). {said}"]
     if workload.nodes > 1 and libfabric(c):
         out.append("Multi-node RCCL over libfabric (the [slurm] table's FI_* variables: HPE Slingshot): put the "
                    "aws-ofi-rccl plugin's lib on LD_LIBRARY_PATH, else RCCL falls back to TCP sockets.")
