@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from tuner.trial import Status, TrialResult, kept_message, looks_oom, oom_sentence
+from tuner.trial import OOM_MARKERS, Status, TrialResult, kept_message, oom_sentence
 
 TAIL_BYTES = 2000
 
@@ -42,26 +42,67 @@ def root_cause(text: str, limit: int | None = 500) -> str:
     return ""
 
 
+BLOCK_BYTES = 1 << 22     # what oom_lines holds of a log at once
+LINE_BYTES = 1 << 14      # the most of a line it keeps on each side of an out-of-memory marker
+_MARKERS = tuple(m.encode() for m in OOM_MARKERS)
+
+
 def oom_lines(path: Path) -> tuple[str | None, str | None]:
     """(the error line holding the last of PyTorch's out-of-memory sentences in the file at `path` -- the
     sentence alone where no error line holds it --, the first out-of-memory error line), launchers' prefixes
     dropped; read through the whole file, since other ranks' tracebacks, NCCL's watchdog and a launcher's
-    summary can print far more after it than any tail keeps. (None, None) where it shows neither."""
+    summary can print far more after it than any tail keeps. (None, None) where it shows neither.
+    A block at a time (a log can be GBs, a progress bar's '\r'-separated line too): only the lines around an
+    out-of-memory marker (tuner.trial.OOM_MARKERS) are decoded, at most LINE_BYTES on each side of it."""
     said = first = None
+    for line in _marked_lines(path):
+        cause, sentence = root_cause(line, None), oom_sentence(line)
+        said = (cause if sentence and sentence in cause else sentence) or said
+        first = first or cause or None
+    return said, first
+
+
+def _marked_lines(path: Path):
+    """The lines (ended by '\n' or '\r', at most LINE_BYTES each side of the marker) of the file at `path` that
+    hold an out-of-memory marker, in order, decoded; none where it cannot be read."""
+    carry = b""
     try:
         with open(path, "rb") as f:
-            for raw in f:
-                if b"emory" not in raw and b"EMORY" not in raw and b"bad_alloc" not in raw:
-                    continue        # every marker of tuner.trial.OOM_MARKERS but bad_alloc says memory
-                line = raw.decode(errors="replace")
-                if not looks_oom(line):
-                    continue
-                cause, sentence = root_cause(line, None), oom_sentence(line)
-                said = (cause if sentence and sentence in cause else sentence) or said
-                first = first or cause or None
+            while True:
+                block = f.read(BLOCK_BYTES)
+                buf = carry + block
+                if not block:
+                    cut = len(buf)
+                else:
+                    cut = max(buf.rfind(b"\n"), buf.rfind(b"\r")) + 1
+                    if cut < len(buf) - LINE_BYTES:   # a line longer than what is kept of it: go on within it
+                        cut = len(buf) - LINE_BYTES
+                yield from _lines_at(buf, cut)
+                carry = buf[cut:]
+                if not block:
+                    return
     except OSError:
-        pass
-    return said, first
+        return
+
+
+def _lines_at(buf: bytes, cut: int):
+    """The marked lines of `buf` whose marker starts before `cut` (each line once)."""
+    low, starts = buf.lower(), set()
+    hits = sorted(pos for m in _MARKERS for pos in _find_all(low, m, cut))
+    for pos in hits:
+        start = max(buf.rfind(b"\n", 0, pos), buf.rfind(b"\r", 0, pos), pos - LINE_BYTES - 1) + 1
+        if start in starts:
+            continue
+        starts.add(start)
+        ends = [e for e in (buf.find(b"\n", pos), buf.find(b"\r", pos)) if e >= 0]
+        yield buf[start:min([*ends, pos + LINE_BYTES])].decode(errors="replace")
+
+
+def _find_all(low: bytes, marker: bytes, cut: int):
+    pos = low.find(marker, 0, cut + len(marker) - 1)
+    while pos >= 0:
+        yield pos
+        pos = low.find(marker, pos + 1, cut + len(marker) - 1)
 
 
 def with_said(result: TrialResult, said: str | None) -> TrialResult:
