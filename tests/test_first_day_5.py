@@ -100,3 +100,12 @@ def test_a_rocm_launch_says_primus_variables_are_exported_only_where_some_are():
     script = launch_files(lay, make_workload("llama3-8b", 2, "mi300x", framework="megatron-core"),
                           framework="megatron-core", train_iters=10, mock_data=True)["launch.sbatch"]
     assert "exported below" in script and "export HSA_NO_SCRATCH_RECLAIM=1" in script
+
+
+def test_a_file_named_results_where_the_default_store_goes_names_the_fix(tuner, tmp_path, monkeypatch):
+    # 'internal error: FileExistsError: [Errno 17] File exists: 'results'' (exit 1) before
+    monkeypatch.delenv("TUNER_DB")
+    (tmp_path / "results").write_text("x\n")
+    err = one_line_error(tuner, "search", "--model", "tiny", "--nodes", "1", "--budget", "1")
+    assert f"needs a directory 'results' here, and {tmp_path / 'results'} is a file: move it, or choose" in err, err
+    assert (tmp_path / "results").read_text() == "x\n"

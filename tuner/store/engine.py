@@ -180,6 +180,10 @@ def _engine_for(url: str | None, create: bool = True, read_only: bool = False) -
     if sqlite_file and (not create or read_only) and not _sqlite_path(parsed).exists():
         raise NoStore(shown)
     if raw == DEFAULT_URL and not read_only:
+        if Path("results").exists() and not Path("results").is_dir():
+            raise StoreNotWritable(f"the default results store {shown} needs a directory 'results' here, and "
+                                   f"{Path('results').resolve()} is a file: move it, or choose the store with --db URL "
+                                   "or TUNER_DB (e.g. --db sqlite:///tuner.db)")
         Path("results").mkdir(exist_ok=True)
     return _make_engine(parsed, read_only and sqlite_file), parsed, shown
 
