@@ -109,3 +109,15 @@ def test_a_file_named_results_where_the_default_store_goes_names_the_fix(tuner, 
     err = one_line_error(tuner, "search", "--model", "tiny", "--nodes", "1", "--budget", "1")
     assert f"needs a directory 'results' here, and {tmp_path / 'results'} is a file: move it, or choose" in err, err
     assert (tmp_path / "results").read_text() == "x\n"
+
+
+def test_several_node_counts_to_a_one_count_command_name_the_commands_that_take_them(tuner):
+    # 'tuner best --nodes 2,4' said "'2,4' is not a valid integer range": a range is what the user gave
+    fix = "this command answers one node count (e.g. 8); for several (2,4 or 2:8) use `tuner scale --nodes` or"
+    for args in (("best", "--model", "tiny", "--nodes", "2,4"), ("plan", "--model", "tiny", "--nodes", "1:4"),
+                 ("predict", "--model", "tiny", "--nodes", "1,2", "--tp", "1", "--pp", "1", "--micro-batch", "1"),
+                 ("launch", "--model", "tiny", "--nodes", "1,2", "--out", "l/", "--train-iters", "1", "--mock-data")):
+        assert fix in one_line_error(tuner, *args), args
+    assert "'abc' is not a valid integer." in one_line_error(tuner, "plan", "--model", "tiny", "--nodes", "abc")
+    assert "0 is not in the range x>=1" in one_line_error(tuner, "best", "--model", "tiny", "--nodes", "0")
+    assert tuner("plan", "--model", "tiny", "--nodes", "1", "--top", "1")[0] == 0

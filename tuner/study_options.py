@@ -98,7 +98,22 @@ class NodeCounts(click.ParamType):
         return counts[0] if len(counts) == 1 else counts
 
 
-NODES = _opt("--nodes", type=click.IntRange(min=1), default=None,
+class OneNodeCount(click.IntRange):
+    """--nodes of a command that answers one count (plan, predict, best, launch): several or a range, the form
+    `search` and `scale` take, is refused naming them (click's IntRange said "'2,4' is not a valid integer range")."""
+    name = "integer"
+
+    def __init__(self):
+        super().__init__(min=1)
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and ("," in value or ":" in value):
+            self.fail(f"{value!r}: this command answers one node count (e.g. 8); for several (2,4 or 2:8) use "
+                      "`tuner scale --nodes` or `tuner search --nodes`", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+NODES = _opt("--nodes", type=OneNodeCount(), default=None,
              help="Number of nodes of the cluster (required; only `search --runner local` defaults to 1).")
 SEARCH_NODES = _opt(
     "--nodes", type=NodeCounts(), default=None,

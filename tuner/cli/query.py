@@ -6,6 +6,7 @@ import click
 
 from tuner.cli import DB_OPTION, FORMAT_OPTION, cli, read_store
 from tuner.cli.options import CLUSTERS, FRAMEWORK_OPTION, GRAD_REDUCE_OPTION, MODELS, MOMENTS_OPTION, SEQ_LENGTH_OPTION
+from tuner.study_options import OneNodeCount
 from tuner.cli.render import flat_layout, render
 from tuner.perfmodel.fit import trial_need_gb
 from tuner.planning import best_json, predicted_json, stored_reserve_gb
@@ -106,7 +107,7 @@ def trials(name, statuses, wide, db, fmt):
 
 @cli.command()
 @click.option("--model", required=True, help=f"Model {MODELS}.")
-@click.option("--nodes", required=True, type=click.IntRange(min=1),
+@click.option("--nodes", required=True, type=OneNodeCount(),
               help="Node count to answer for (measured studies at it, else a corrected prediction).")
 @click.option("--cluster", default="frontier", show_default=True, help=f"Cluster {CLUSTERS}.")
 @click.option("--global-batch", type=click.IntRange(min=1), default=None,

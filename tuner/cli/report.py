@@ -12,6 +12,7 @@ import click
 
 from tuner.cli import DB_OPTION, cli, read_store
 from tuner.cli.options import CLUSTERS, GRAD_REDUCE_OPTION, MODELS, MOMENTS_OPTION, SEQ_LENGTH_OPTION
+from tuner.study_options import OneNodeCount
 from tuner.cli.outdir import write_files
 from tuner.layout import DIMENSIONS
 from tuner.cli.render import to_csv
@@ -193,7 +194,7 @@ def _measured(t) -> tuple:
 @cli.command()
 @click.argument("name", required=False)
 @click.option("--model", default=None, help=f"Without NAME: model {MODELS}.")
-@click.option("--nodes", type=click.IntRange(min=1), default=None, help="Without NAME: number of nodes.")
+@click.option("--nodes", type=OneNodeCount(), default=None, help="Without NAME: number of nodes.")
 @click.option("--cluster", default="frontier", show_default=True, help=f"Without NAME: cluster {CLUSTERS}.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Directory for the launch files.")
 @click.option("--force", is_flag=True, help="Write into an --out directory that is not empty.")
