@@ -121,3 +121,13 @@ def test_several_node_counts_to_a_one_count_command_name_the_commands_that_take_
     assert "'abc' is not a valid integer." in one_line_error(tuner, "plan", "--model", "tiny", "--nodes", "abc")
     assert "0 is not in the range x>=1" in one_line_error(tuner, "best", "--model", "tiny", "--nodes", "0")
     assert tuner("plan", "--model", "tiny", "--nodes", "1", "--top", "1")[0] == 0
+
+
+def test_a_hugging_face_config_without_architectures_is_refused_in_words(tuner, tmp_path):
+    # the refusal read "config.json: ? (model_type 'llama') lacks ..." where the config lists no architectures
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text('{"model_type": "llama", "hidden_size": 4096}')
+    err = one_line_error(tuner, "predict", "--model", str(tmp_path / "hf"), "--seq-length", "4096", "--global-batch",
+                         "64", "--nodes", "1", "--cluster", "h100", "--tp", "1", "--pp", "1", "--micro-batch", "1")
+    assert "config.json: a config that names no architecture (model_type 'llama') lacks num_hidden_layers" in err, err
+    assert " ? " not in err

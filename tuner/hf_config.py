@@ -74,7 +74,7 @@ def _lacks(cfg: dict, keys) -> list[str]:
 
 
 def _refuse(where: str, cfg: dict, why: str) -> SpecError:
-    arch = ", ".join(cfg.get("architectures") or []) or "?"
+    arch = ", ".join(cfg.get("architectures") or []) or "a config that names no architecture"
     return SpecError(f"{where}: {arch} (model_type {cfg.get('model_type')!r}) {why}; or write a model TOML "
                      "(keys as in workloads/models/llama3-8b.toml)")
 
