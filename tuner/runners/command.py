@@ -280,10 +280,10 @@ class CommandRunner(TrialRunner):
                 if r.status != Status.FAILED:
                     r.message = (r.message + "; " if r.message else "") + "hung after writing its result: killed"
                     return with_said(r, oom_lines(stderr_path)[0]) if r.status == Status.OOM else r
-            said = oom_lines(stderr_path)[0]      # one rank ran out; the others waited on it in a collective
-            if said:
+            said, first_oom = oom_lines(stderr_path)     # one rank ran out; the others waited on it in a collective
+            if first_oom:
                 return failed(f"out of memory, then ran past --trial-timeout {timeout:g}s (killed its process "
-                              f"group): {said} | stderr tail: {tail(stderr_path, 500)}", Status.OOM)
+                              f"group): {said or first_oom} | stderr tail: {tail(stderr_path, 500)}", Status.OOM)
             return TrialResult(Status.TIMEOUT, message=f"ran past --trial-timeout {timeout:g}s: killed its "
                                f"process group; raise --trial-timeout if the layout is just slow. stderr tail: "
                                f"{tail(stderr_path, 500)}"[-2000:])
@@ -294,9 +294,10 @@ class CommandRunner(TrialRunner):
             return with_said(r, oom_lines(stderr_path)[0]) if r.status == Status.OOM else r
         said, first_oom = oom_lines(stderr_path)
         err = tail(stderr_path)
-        cause = said or first_oom or root_cause(tail(stderr_path, 20000))
+        oom = bool(first_oom) or looks_oom(err)
+        cause = (said if oom else None) or first_oom or root_cause(tail(stderr_path, 20000))
         err = f"{cause} | stderr tail: {err}" if cause else f"stderr tail: {err}"
-        if said or first_oom or looks_oom(err):
+        if oom:
             return failed(f"out of memory (exit status {rc}, no result): {err}", status=Status.OOM)
         if rc < 0:
             return failed(f"killed by {signal_name(-rc)} (no result written); {err}")

@@ -47,7 +47,7 @@ def job_result(trial: TrialSpec, job: Job, *, template: str, trial_timeout: floa
         res.log_path = log_path
         return with_said(res, oom_lines(log)[0]) if res.status == Status.OOM else res
     said, first_oom = oom_lines(log)      # the whole log: its last 8 lines are often a launcher's summary
-    if said or first_oom or looks_oom(log_tail):
+    if first_oom or looks_oom(log_tail):
         cause = said or first_oom
         return failed(f"out of memory: {cause + ' | ' if cause else ''}{log_tail}", Status.OOM, log_path=log_path)
     return failed(f"Slurm state {job.state}, no result.json; {log_tail}", log_path=log_path)
@@ -58,14 +58,14 @@ def _timed_out(trial: TrialSpec, job: Job, log: Path, trial_timeout: float | Non
     wins, while the other ranks wait on it in a collective) or its log shows PyTorch's out-of-memory sentence,
     else a timeout."""
     why = f"ran past --trial-timeout of {trial_timeout:g} s (from the job's start); scancelled"
-    said = oom_lines(log)[0]
+    said, first_oom = oom_lines(log)
     if (job.trial_dir / "result.json").exists():
         res = parse_result(job.trial_dir / "result.json", trial)
         if res.status == Status.OOM:
             res.message, res.log_path = (res.message + "; " if res.message else "") + why, str(log)
             return with_said(res, said)
-    if said:
-        return failed(f"out of memory, then {why}: {said} | {_tail_text(tail(log, 1500))}", Status.OOM,
+    if first_oom:
+        return failed(f"out of memory, then {why}: {said or first_oom} | {_tail_text(tail(log, 1500))}", Status.OOM,
                       log_path=str(log))
     return failed(why, Status.TIMEOUT, log_path=str(log))
 
@@ -77,8 +77,8 @@ def _megatron_result(trial: TrialSpec, job: Job, log_path: str, warmup: int, pea
                                 global_batch=w.global_batch, warmup=warmup)
     if parsed is None:
         said, first_oom = oom_lines(Path(log_path)) if text else (None, None)
-        cause = said or first_oom
-        status = Status.OOM if cause or looks_oom(text) else Status.FAILED
+        status = Status.OOM if first_oom or looks_oom(text) else Status.FAILED
+        cause = (said if status == Status.OOM else None) or first_oom
         return failed(f"Slurm state {job.state}, no iteration after warm-up in the log; "
                       f"{cause + ' | ' if cause else ''}{_tail_text(text)}", status, log_path=log_path)
     msg = f"median of {parsed.iterations} iterations: {parsed.time_ms:.1f} ms"
