@@ -53,7 +53,8 @@ from tuner.oom_evidence import said_capacities, usable_workload
 from tuner.search.oom_deferral import OomDeferral
 from tuner.search.stop_rule import StopRule
 from tuner.gp import GP
-from tuner.correction import F_DIM, FM_DIM, Z_DIM, Features, Observations, features, warm_start_records
+from tuner.correction import (F_DIM, FM_DIM, OOM_MARGIN, Z_DIM, Features, Observations, features,
+                              warm_start_records)
 from tuner.trial import Status, TrialResult, oom_capacity_gb
 
 XI = 0.0                   # EI margin (log space)
@@ -96,6 +97,8 @@ class GuidedSearcher(BaseSearcher):
         hw, usable = usable_workload(workload, self.said) if workload is not None else (workload, None)
         if usable:                              # the history's OOM messages: the GPUs hold less than stated
             self.capacity, self.prior_fit = usable[0], self._prior_fit(hw)
+        self._history = (history, history_studies)    # rebuilt at each usable capacity (_bound_ooms)
+        self._oom_log_mem: list[float] = []     # log predicted peak of each own OOM, in the order of self.own.oy
         ws = warm_start_records(history, hw, history_studies) if (history and workload is not None) else None
         self.history = ws.observations if ws else Observations()
         self.evidence = ws.evidence if ws else None
@@ -148,6 +151,8 @@ class GuidedSearcher(BaseSearcher):
         reserved = getattr(result, "peak_reserved_gb", None)
         lowered = result.status == Status.OOM and self.workload is not None and self._note_capacity(result.message)
         self.own.add_result(ft, result.status, result.mfu, result.peak_memory_gb, self.capacity, reserved_gb=reserved)
+        if result.status == Status.OOM and self.capacity:
+            self._oom_log_mem.append(ft.log_mem)
         if lowered:                             # the first picks' headroom, once the OOM is an observation p_fit reads
             self.roomy = self.p_fit() >= RECOMMEND_AT
         if len(self.own.y) > n_time:
@@ -171,14 +176,26 @@ class GuidedSearcher(BaseSearcher):
     def _note_capacity(self, message: str) -> bool:
         """An OOM's PyTorch message says what memory the process had (tuner.trial.oom_capacity_gb): every p_fit
         compares with the median of what the OOMs said (oom_evidence.usable_capacity), where it is below the
-        cluster's capacity. Whether the capacity moved (the first picks' headroom is then recomputed)."""
+        cluster's capacity, and so does every OOM's bound. Whether the capacity moved (the first picks' headroom
+        is then recomputed)."""
         gb = oom_capacity_gb(message or "", self.workload.cluster.memory_reserved_gb)
         if not gb:
             return False
         self.said.append(gb)
-        capacity = usable_workload(self.workload, self.said)[0].cluster.memory_gb
-        moved, self.capacity = capacity != self.capacity, capacity
+        hw = usable_workload(self.workload, self.said)[0]
+        moved, self.capacity = hw.cluster.memory_gb != self.capacity, hw.cluster.memory_gb
+        if moved:
+            self._bound_ooms(hw)
         return moved
+
+    def _bound_ooms(self, hw) -> None:
+        """Every OOM told or read so far bounds its layout's need at the capacity p_fit now compares with (`hw`'s),
+        whichever came first, the OOM or the message that moved the capacity, up or down."""
+        cap = math.log(hw.cluster.memory_gb)
+        self.own.oy = [max(cap - log_mem, 0.0) + OOM_MARGIN for log_mem in self._oom_log_mem]
+        history, studies = self._history
+        if history and self.history.oy:
+            self.history = warm_start_records(history, hw, studies).observations
 
     def _prior_fit(self, workload) -> np.ndarray:
         """predict's prior p_fit of every candidate (fit.prior_fit_probability) on `workload`'s GPUs: what p_fit
