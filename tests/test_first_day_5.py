@@ -131,3 +131,19 @@ def test_a_hugging_face_config_without_architectures_is_refused_in_words(tuner, 
                          "64", "--nodes", "1", "--cluster", "h100", "--tp", "1", "--pp", "1", "--micro-batch", "1")
     assert "config.json: a config that names no architecture (model_type 'llama') lacks num_hidden_layers" in err, err
     assert " ? " not in err
+
+
+def test_the_library_scale_takes_the_price_as_docs_library_md_shows_it():
+    # docs/library.md's tuner.scale(..., price=2.5) raised "TypeError: 'float' object is not iterable"
+    import pytest
+
+    import tuner
+    from tuner.errors import UsageError
+
+    rows = tuner.scale(model="tiny", cluster="frontier,h100", nodes="1,2", tokens=1e9, price=2.5, jobs=1).rows
+    assert len(rows) == 4 and all(abs(r["cost"] - 2.5 * r["gpu_hours"]) < 1e-6 for r in rows)
+    rows = tuner.scale(model="tiny", cluster="frontier,h100", nodes="1", tokens=1e9, jobs=1,
+                       price={"frontier": 1.8, "h100": 2.5}).rows
+    assert {r["cluster"]: round(r["cost"] / r["gpu_hours"], 6) for r in rows} == {"frontier": 1.8, "h100": 2.5}
+    with pytest.raises(UsageError, match="has no price for frontier"):
+        tuner.scale(model="tiny", cluster="frontier,h100", nodes="1", tokens=1e9, price={"h100": 2.5}, jobs=1)

@@ -122,8 +122,11 @@ def scale_request(model, cluster, nodes, *, tokens=None, steps=None, framework=N
     if gb is None and not (batch_schedule or batch_per_gpu):
         raise UsageError(f"model '{m.name}' has no default global batch: pass --global-batch")
     batch = scaling.Batch(gb, scaling.parse_schedule(batch_schedule) if batch_schedule else (), batch_per_gpu)
-    prices = (scaling.parse_prices(price, [c.name for c in clusters]) if isinstance(price, (str, type(None)))
-              else dict(price))
+    if isinstance(price, (int, float)) and not isinstance(price, bool):    # one number, as --price 2.5
+        price = repr(float(price))
+    elif price is not None and not isinstance(price, str):                 # a mapping, checked as --price's pairs
+        price = ",".join(f"{k}={v}" for k, v in dict(price).items())
+    prices = scaling.parse_prices(price, [c.name for c in clusters])
     req = scaling.Request(m, tuple(clusters), fws, scaling.parse_nodes(nodes) if isinstance(nodes, str)
                           else tuple(sorted(set(nodes))), batch, tokens, steps, precision, grad_reduce or "",
                           "" if optimizer_moments in (None, "fp32") else optimizer_moments, prices, deadline, max_gpus)
