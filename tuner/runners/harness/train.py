@@ -85,12 +85,17 @@ def micro_batches(step, layout, par, spec, global_batch, seed, device):
 
 
 def classify(exc: BaseException) -> str:
+    """'oom' where `exc` says this rank ran out of its device's memory, else 'failed'. NCCL's ncclSystemError (a
+    system call or library call NCCL made failed: nccl.h) is 'failed' even where its last error says "Cannot allocate
+    memory": that ENOMEM is the host's -- ibv_reg_mr over the locked-memory limit, ibv_create_cq out of RDMA resources
+    (NVIDIA/nccl#563, deepseek-ai/DeepEP#143) --, not the layout's; NCCL's own cudaMalloc failing is
+    ncclUnhandledCudaError "Cuda failure 2 'out of memory'", an OOM."""
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return "oom"
     if (isinstance(exc, SystemError) and "without exception set" in str(exc)
             and resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY):
         return "oom"      # under the address-space cap a C extension's failed allocation can surface so
-    return "oom" if looks_oom(str(exc)) else "failed"
+    return "oom" if looks_oom(str(exc)) and "ncclSystemError" not in str(exc) else "failed"
 
 
 def write_json(path: Path, data: dict, exclusive: bool = False) -> None:
