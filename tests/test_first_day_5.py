@@ -147,3 +147,18 @@ def test_the_library_scale_takes_the_price_as_docs_library_md_shows_it():
     assert {r["cluster"]: round(r["cost"] / r["gpu_hours"], 6) for r in rows} == {"frontier": 1.8, "h100": 2.5}
     with pytest.raises(UsageError, match="has no price for frontier"):
         tuner.scale(model="tiny", cluster="frontier,h100", nodes="1", tokens=1e9, price={"h100": 2.5}, jobs=1)
+
+
+def test_a_torchtitan_mock_data_launch_says_where_it_reads_the_test_set(tuner):
+    # the Megatron launches say pretrain_gpt.py is taken from a checkout beside the files; torchtitan's --mock-data
+    # reads torchtitan/tests/assets there (a pip-installed torchtitan has none) and said nothing
+    base = ("launch", "--model", "llama3-8b", "--cluster", "h100", "--nodes", "1", "--framework", "torchtitan",
+            "--train-iters", "10", "--mock-data")
+    code, out, err = tuner(*base, "--out", "a/")
+    assert code == 0, err
+    assert ("note: --mock-data reads torchtitan's c4_test set and test tokenizer from torchtitan/tests/assets beside "
+            "the files (a torchtitan checkout): pass --megatron-dir to point at yours") in err, err
+    assert 'dataset_path = "torchtitan/tests/assets/c4_test"' in open("a/torchtitan.toml").read()
+    code, out, err = tuner(*base, "--out", "b/", "--megatron-dir", "/opt/torchtitan")
+    assert code == 0 and "tests/assets beside" not in err, err
+    assert 'dataset_path = "/opt/torchtitan/tests/assets/c4_test"' in open("b/torchtitan.toml").read()

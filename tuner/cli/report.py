@@ -204,7 +204,8 @@ def _measured(t) -> tuple:
               "megatron_args.txt; torchtitan: torchtitan.toml.")
 @click.option("--megatron-dir", default=None, help="The framework's checkout on the cluster (megatron-deepspeed: "
               "default the cluster's [slurm] megatron_dir, else ./Megatron-DeepSpeed beside the files; "
-              "megatron-core: default ./Megatron-LM; torchtitan: put on PYTHONPATH, default: installed).")
+              "megatron-core: default ./Megatron-LM; torchtitan: put on PYTHONPATH, default: installed, and --mock-data's "
+              "tests/assets, default ./torchtitan).")
 @click.option("--account", default=None, help="Slurm account (overrides the cluster's [slurm] table).")
 @click.option("--time", "time_limit", default=None, help="Slurm time limit, minutes or [D-]HH:MM:SS.")
 @click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8", "mxfp8", "nvfp4"]), default=None,
@@ -274,6 +275,10 @@ def launch(name, model, nodes, cluster, out, force, framework, megatron_dir, acc
     elif framework == "megatron-deepspeed" and not (megatron_dir or (w.cluster.slurm or {}).get("megatron_dir")):
         click.echo(f"note: pretrain_gpt.py is taken from {batch['megatron_dir']}/ beside the files: pass "
                    "--megatron-dir to point at your checkout", err=True)
+    elif framework == "torchtitan" and mock_data and not megatron_dir:     # a pip-installed torchtitan has no tests/
+        click.echo("note: --mock-data reads torchtitan's c4_test set" + ("" if tokenizer else " and test tokenizer") +
+                   " from torchtitan/tests/assets beside the files (a torchtitan checkout): pass --megatron-dir to "
+                   "point at yours", err=True)
     reminder = [ln[2:] for ln in files["launch.sbatch"].splitlines() if ln.startswith("# No #SBATCH")]
     if reminder:                                  # no account or time limit: the script's comment, said here too
         click.echo(f"note: {reminder[0]}", err=True)
