@@ -68,3 +68,16 @@ def oom_lines_of(tmp_path, text: str):
     path = tmp_path / "stderr.txt"
     path.write_text(text)
     return oom_lines(path)
+
+
+def test_a_job_at_slurms_own_time_limit_after_a_rank_ran_out_is_an_oom(tmp_path):
+    # the cluster file's time_limit (sbatch --time) ends the job the other ranks kept waiting in a collective, as the
+    # runner's --trial-timeout does (2bb2e33 read the log for the latter only)
+    log = "[rank3]: " + QWEN + "\n" + "".join(WATCHDOG.format(r=r) + "\n" for r in range(8))
+    job = Job(job_id="83", trial_dir=tmp_path, state="TIMEOUT")
+    (tmp_path / "slurm-83.out").write_text(log)
+    r = job_result(spec(number=7), job, template="harness", trial_timeout=None, warmup=1, peak_tflops=383.0)
+    assert r.status == Status.OOM and oom_capacity_gb(r.message, RESERVE) == oom_capacity_gb(QWEN, RESERVE)
+    (tmp_path / "slurm-83.out").write_text(AUTOTUNE + ITERATIONS)
+    r = job_result(spec(number=8), job, template="harness", trial_timeout=None, warmup=1, peak_tflops=383.0)
+    assert r.status == Status.TIMEOUT and r.message.startswith("Slurm state TIMEOUT; ")

@@ -22,7 +22,8 @@ def job_result(trial: TrialSpec, job: Job, *, template: str, trial_timeout: floa
     log_path = str(log)
     log_tail = _tail_text(tail(log, 1500)) if log.exists() else "no log"
     if job.reason == "timeout":
-        return _timed_out(trial, job, log, trial_timeout)
+        return _timed_out(trial, log, f"ran past --trial-timeout of {trial_timeout:g} s (from the job's start); "
+                                      "scancelled")
     if job.reason == "stopped":
         res = stopped_result(job.progress, trial, f"at step {len(job.progress)}")
         res.log_path = log_path
@@ -34,10 +35,12 @@ def job_result(trial: TrialSpec, job: Job, *, template: str, trial_timeout: floa
         return failed(f"squeue failed for {SQUEUE_GIVE_UP_S:g} s; job state unknown, scancel sent", retryable=True,
                       log_path=log_path)
     status, retryable = map_state(job.state)
+    if status == Status.TIMEOUT:            # Slurm's own limit (the cluster file's time_limit): as the runner's
+        return _timed_out(trial, log, f"Slurm state {job.state}; {log_tail}")
     if status == Status.INTERRUPTED:
         who = "cancelled" if job.reason == "cancelled" else "cancelled outside tuner (scancel?)"
         return TrialResult(Status.INTERRUPTED, message=who, log_path=log_path)
-    if status in (Status.OOM, Status.TIMEOUT) or retryable:
+    if status == Status.OOM or retryable:
         res = failed(f"Slurm state {job.state}; {log_tail}", status, retryable=retryable, log_path=log_path)
         return with_said(res, oom_lines(log)[0]) if status == Status.OOM else res
     if template == "megatron":
@@ -53,14 +56,13 @@ def job_result(trial: TrialSpec, job: Job, *, template: str, trial_timeout: floa
     return failed(f"Slurm state {job.state}, no result.json; {log_tail}", log_path=log_path)
 
 
-def _timed_out(trial: TrialSpec, job: Job, log: Path, trial_timeout: float | None) -> TrialResult:
-    """A job scancelled at --trial-timeout: an OOM where a rank's result says so (the harness: the first failure
-    wins, while the other ranks wait on it in a collective) or its log shows PyTorch's out-of-memory sentence,
-    else a timeout."""
-    why = f"ran past --trial-timeout of {trial_timeout:g} s (from the job's start); scancelled"
+def _timed_out(trial: TrialSpec, log: Path, why: str) -> TrialResult:
+    """A job stopped at a time limit (`why`: the runner's --trial-timeout, Slurm's --time): an OOM where a rank's
+    result says so (the harness: the first failure wins, while the other ranks wait on it in a collective) or its
+    log shows an out-of-memory error line, else a timeout."""
     said, first_oom = oom_lines(log)
-    if (job.trial_dir / "result.json").exists():
-        res = parse_result(job.trial_dir / "result.json", trial)
+    if (log.parent / "result.json").exists():
+        res = parse_result(log.parent / "result.json", trial)
         if res.status == Status.OOM:
             res.message, res.log_path = (res.message + "; " if res.message else "") + why, str(log)
             return with_said(res, said)
