@@ -40,3 +40,12 @@ def test_block_boundaries_anywhere_find_the_same_lines(tmp_path, monkeypatch, bl
     assert oom_lines(log) == (QWEN, ACCELERATE)
     log.write_text(BAR * 200 + "\rRuntimeError: CUDA error: out of memory\r" + BAR * 200)
     assert oom_lines(log) == (None, "RuntimeError: CUDA error: out of memory")
+
+
+def test_a_long_run_of_word_characters_beside_a_marker_reads_as_before(tmp_path):
+    # e92b908's first RAISED pattern began with the error type's name and backtracked quadratically on such a run
+    # (16 kB of 'a.': 8.6 s per line); failure_log.raised reads the name back instead (a guard: no clock asserted)
+    log = tmp_path / "stderr.log"
+    log.write_text("a." * 8000 + " out of memory\n" + "a" * 16000 + " out of memory\n"
+                   + "[1,3]<stderr>:" + "x" * 9000 + ".OutOfMemoryError: CUDA out of memory. Tried\n")
+    assert oom_lines(log) == (None, "x" * 9000 + ".OutOfMemoryError: CUDA out of memory. Tried")

@@ -34,7 +34,7 @@ LAUNCHER_NOISE = ("ChildFailedError", "torch.distributed.elastic", "CalledProces
 # 2.1 "RuntimeError: CUDA out of memory. ..."), behind any prefix (Open MPI's --tag-output "[1,3]<stderr>:"). A sentence
 # without its error type was logged, not raised: Inductor's max-autotune logs the OOM of a choice it then ignores
 # ("[rank0]:E1210 ... select_algorithm.py:2691] [8/0] Runtime error during autotuning:" then the text, pytorch#170130).
-RAISED = re.compile(r"(?:[\w.]+\.)?\w*Error: (?:CUDA|HIP) out of memory\..*")
+RAISED = re.compile(r"Error: (?:CUDA|HIP) out of memory\.")     # its type's name is read back from there (raised())
 
 
 def root_cause(text: str, limit: int | None = 500) -> str:
@@ -61,8 +61,7 @@ def oom_lines(path: Path) -> tuple[str | None, str | None]:
     out-of-memory marker (tuner.trial.OOM_MARKERS) are decoded, at most LINE_BYTES on each side of it."""
     said = first = None
     for line in _marked_lines(path):
-        raised = RAISED.search(line)
-        cause, sentence = root_cause(line, None) or (raised.group(0).strip() if raised else ""), oom_sentence(line)
+        cause, sentence = root_cause(line, None) or raised(line), oom_sentence(line)
         said = (cause if sentence and sentence in cause else sentence) or said
         first = first or cause or None
     return said, first
@@ -109,6 +108,19 @@ def _find_all(low: bytes, marker: bytes, cut: int):
     while pos >= 0:
         yield pos
         pos = low.find(marker, pos + 1, cut + len(marker) - 1)
+
+
+def raised(line: str) -> str:
+    """From the type's name of the out-of-memory error `line` shows as raised (RAISED) to the line's end; or ''.
+    The name is read back character by character: a pattern that starts with it backtracks quadratically on a long
+    run of word characters (16 kB of them: 2-9 s)."""
+    m = RAISED.search(line)
+    if not m:
+        return ""
+    start = m.start()
+    while start > 0 and (line[start - 1].isalnum() or line[start - 1] in "._"):
+        start -= 1
+    return line[start:].strip()
 
 
 def with_said(result: TrialResult, said: str | None) -> TrialResult:
