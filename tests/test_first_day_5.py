@@ -162,3 +162,13 @@ def test_a_torchtitan_mock_data_launch_says_where_it_reads_the_test_set(tuner):
     code, out, err = tuner(*base, "--out", "b/", "--megatron-dir", "/opt/torchtitan")
     assert code == 0 and "tests/assets beside" not in err, err
     assert 'dataset_path = "/opt/torchtitan/tests/assets/c4_test"' in open("b/torchtitan.toml").read()
+
+
+def test_a_store_path_under_a_file_names_the_file_not_a_missing_directory(tuner, tmp_path):
+    # 'directory afile does not exist; create it' for --db sqlite:///afile/tuner.db with afile a file (it exists)
+    (tmp_path / "afile").write_text("x\n")
+    for url in ("sqlite:///afile/tuner.db", "sqlite:///afile/sub/tuner.db"):
+        err = one_line_error(tuner, "search", "--model", "tiny", "--nodes", "1", "--budget", "1", "--db", url)
+        assert "a part of the path is a file, not a directory (afile): point --db / TUNER_DB at another" in err, err
+    err = one_line_error(tuner, "search", "--model", "tiny", "--nodes", "1", "--budget", "1", "--db", "sqlite:///no/t.db")
+    assert "directory no does not exist; create it" in err, err

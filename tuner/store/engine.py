@@ -103,6 +103,10 @@ def _check_sqlite_file(url: URL) -> None:
     parent = path.parent if str(path.parent) else Path(".")
     fix = "create it, or point --db / TUNER_DB at another sqlite:///path"
     if not parent.is_dir():
+        blocker = next((p for p in (parent, *parent.parents) if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():   # afile/tuner.db: the folder exists, as a file
+            raise StoreNotWritable(f"cannot open SQLite database {path}: a part of the path is a file, not a directory "
+                                   f"({blocker}): point --db / TUNER_DB at another sqlite:///path")
         raise StoreNotWritable(f"cannot open SQLite database {path}: directory {parent} does not exist; {fix}")
     if path.exists() and not os.access(path, os.W_OK):
         raise StoreNotWritable(f"SQLite database {path} is read-only: this command writes to it; make it writable "
