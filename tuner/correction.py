@@ -16,9 +16,9 @@ the layout *and* of the model's own account of it:
   shows up as a residual linear in these shares, whatever the node count: that is what transfers;
 - g: a squared-exponential GP over z = (log2 tp, log2 pp, log2 dp, log2 micro-batch, ZeRO stage,
   checkpointing, sp, log2 cp, log2 vp, log2 ep, log2 etp (the expert degrees on tp's scale), TP group leaves
-  the node, the expert group leaves the node, predicted bubble, TP and DP communication shares, log2 nodes) for
-  errors the shares do not explain (physics the model lacks); the ZeRO stage a category there (TIME_Z_SCALE: an
-  error at one stage does not carry to the next).
+  the node, predicted bubble, TP and DP communication shares, log2 nodes) for errors the shares do not
+  explain (physics the model lacks); the ZeRO stage a category there (TIME_Z_SCALE: an error at one stage does
+  not carry to the next).
 Memory is learned the same way on log(measured peak / predicted peak) with the memory breakdown's
 shares as f, the measured peak (allocated bytes) with the cluster's fixed reserve added as the prediction has it
 (Features.measured_log_ratio); an OOM is a censored observation (the ratio is at least capacity / predicted).
@@ -66,7 +66,7 @@ MEMORY_WIDENING = (1.0, 2.0, 4.0, 8.0, 16.0)
 #: observations before the working memory is widened apart from the rest (a split is not learned from one point;
 #: a single measurement far off the prior widens the whole prior, so one run moves the correction and leaves it wide)
 MEMORY_WIDEN_MIN = 3
-Z_DIM, F_DIM, FM_DIM = 17, len(STAGE_KEYS) + 3, len(MEMORY_KEYS) + 2
+Z_DIM, F_DIM, FM_DIM = 16, len(STAGE_KEYS) + 3, len(MEMORY_KEYS) + 2
 #: The time correction reads the ZeRO stage (z's coordinate ZERO_COORD, stage / 3) as a category, not a scale (issue 30
 #: round 19): stage 3 gathers the parameters every micro-batch, stage 2 reduce-scatters the gradients, stage 1 shards
 #: the optimizer state only, so the model's error at one stage (a slow parameter prefetch) says nothing through g about
@@ -80,11 +80,6 @@ TIME_Z_SCALE[ZERO_COORD] = 3 * max(ell for *_, ell in GRID) * 3     # stages lie
 #: degrees (issue 30 round 11) let an error measured on one expert split carry to that split at another node count and
 #: not to a sibling that splits its experts otherwise (constant 0 for a dense model: its correction is unchanged).
 LAYOUT_DIMS = 11
-#: z's coordinate after the TP group's: the expert group leaves the node (expert_leaves_node). The memory correction
-#: does not read it (MEMORY_Z_SCALE 0 there): where the all-to-all runs changes its time, not what a GPU holds.
-EXPERT_COORD = LAYOUT_DIMS + 1
-MEMORY_Z_SCALE = np.ones(Z_DIM)
-MEMORY_Z_SCALE[EXPERT_COORD] = 0.0
 #: How far (in those coordinates) a measured layout's support reaches: the guided searcher's ELL_U, the reach of a
 #: trial's error on its neighbours' uncertainty (tuner/search/explore.py). An unmeasured layout this far or further
 #: from every measured one is as uncertain as the spread of the model's errors among the measured (far_sd).
@@ -124,14 +119,6 @@ class Features:
         return math.log(run_need_gb(peak_gb, self.reserve_gb, reserved_gb)) - self.log_mem
 
 
-def expert_leaves_node(layout: Layout, workload: Workload) -> float:
-    """1 where an MoE layer's expert group -- ep x etp consecutive ranks (Megatron-Core's expert rank order tp-ep-dp)
-    -- spans more than one node, so that its token all-to-all (or expert-TP gathers) runs over the NIC, another
-    transport than the node's links; 0 otherwise (and for a dense model). It does not change with dp, so an error
-    measured on one side carries to that side at another node count, not across the node boundary."""
-    return float(comm.crosses_nodes(workload.cluster, layout.expert_parallel * layout.expert_tensor_parallel, 1))
-
-
 def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
     """Features of `layout` on `workload` (None: layout coordinates only, a flat prior)."""
     base = [math.log2(layout.tp) / 4, math.log2(layout.pp) / 6, math.log2(max(layout.dp, 1)) / 8,
@@ -140,7 +127,7 @@ def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
             math.log2(layout.virtual_pipeline) / 8, math.log2(layout.expert_parallel) / 4,
             math.log2(layout.expert_tensor_parallel) / 4]
     if workload is None:
-        return Features(np.array(base + [0.0] * 6), np.zeros(F_DIM), np.zeros(FM_DIM), math.log(0.3), 0.0, True)
+        return Features(np.array(base + [0.0] * 5), np.zeros(F_DIM), np.zeros(FM_DIM), math.log(0.3), 0.0, True)
     pred = pred or predict(layout, workload)
     t = pred.time_breakdown
     step = max(pred.step_time_s, 1e-12)
@@ -152,8 +139,7 @@ def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
     dp = dense_dp + expert_dp
     other = max(0.0, 1.0 - sum(shares) - dp)
     cross = float(comm.crosses_nodes(workload.cluster, layout.tp, 1))
-    z = np.array(base + [cross, expert_leaves_node(layout, workload), bubble / step, shares[3] + shares[4], dp,
-                  math.log2(workload.nodes) / 8])
+    z = np.array(base + [cross, bubble / step, shares[3] + shares[4], dp, math.log2(workload.nodes) / 8])
     fm = memory_features(pred.memory_breakdown, layout.recompute)
     return Features(z, np.array(shares + [dense_dp, expert_dp, other]), fm, math.log(max(pred.mfu, FLOOR)),
                     math.log(max(pred.memory_gb, 1e-6)), bool(pred.fits), workload.cluster.memory_reserved_gb)
@@ -263,14 +249,14 @@ class Observations:
     def _memory_gp(sd: float, Z, F, y, noise) -> "RatioGP":
         s_c, s_w, s_g = memory_gp_scales(sd)
         if not y:
-            return RatioGP(GP(s_c=s_c, s_w=s_w, s_g=s_g, ell=0.5, noise=MEMORY_NOISE_SD, z_scale=MEMORY_Z_SCALE))
+            return RatioGP(GP(s_c=s_c, s_w=s_w, s_g=s_g, ell=0.5, noise=MEMORY_NOISE_SD))
         Z, F = np.array(Z).reshape(len(y), Z_DIM), np.array(F).reshape(len(y), FM_DIM)
         ratio = np.exp(np.asarray(y, float))
         lin, lin_noise = ratio - 1.0, np.asarray(noise, float) * ratio
         scales = [(1.0, 1.0, memory_gp_scales(sd))] + [
             (a, b, memory_gp_scales(math.hypot(sd, ALLOCATOR_SD))) for a in MEMORY_WIDENING for b in MEMORY_WIDENING
             if b >= a and (len(y) >= MEMORY_WIDEN_MIN or b == a)]
-        fits = [GP(s_c=a * c, s_w=a * w, s_g=a * g, ell=0.5, noise=MEMORY_NOISE_SD, z_scale=MEMORY_Z_SCALE,
+        fits = [GP(s_c=a * c, s_w=a * w, s_g=a * g, ell=0.5, noise=MEMORY_NOISE_SD,
                    w_scale=np.where(_WORKING, b / a, 1.0)).fit(Z, F, lin, lin_noise) for a, b, (c, w, g) in scales]
         gp = max(fits, key=lambda gp: gp.log_marginal() + 1e-9 * (gp is fits[0]))
         return RatioGP(gp.calibrate() if len(y) >= MEMORY_WIDEN_MIN else gp)
