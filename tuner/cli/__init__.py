@@ -82,7 +82,19 @@ def description() -> str:
             f"an LLM with one training framework ({', '.join(NAMES)}).")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+class _Group(click.Group):
+    """The command group; a reader that goes away (`tuner plan ... | head -2`) ends the command with exit 0 as
+    main() says, where click's own handler of a closed pipe (core.py, errno EPIPE) would exit 1 without a word."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            _quiet_stdout()
+            raise click.exceptions.Exit(0) from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
              help=description())
 @click.version_option(__version__, prog_name="tuner")
 @click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
