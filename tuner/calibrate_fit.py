@@ -133,6 +133,7 @@ def cluster_from_measurements(m: dict, gpus: int, name: str = "local") -> dict:
         "step_overhead_ms": CLUSTER_KEYS["step_overhead_ms"][1],
         "memory_reserved_gb": _r(max(reserved, 0.05)),
         "flash_attention": all(r.get("flash_attention", True) for r in ranks),
+        **({"device": "cpu"} if m.get("device") == "cpu" else {}),
     }
 
 
@@ -165,7 +166,8 @@ def render_toml(cluster: dict, m: dict) -> str:
            "network_efficiency": "bandwidth above is already sustained", "microbatch_overhead_ms": "default",
            "step_overhead_ms": "default",
            "memory_reserved_gb": "resident memory of an idle rank",
-           "flash_attention": "whether causal SDPA picks its fused kernel here"}
+           "flash_attention": "whether causal SDPA picks its fused kernel here",
+           "device": "measured on CPU cores: the local runner trains on them for this file"}
     ov = m.get("overhead") or {}
     lines = [f"{HEADER} on {m['host']} ({m['device']}, {m['gpus']} ranks, "
              f"torch {m['torch']}) in {m['seconds']:.0f} s.", "# Measured figures; rerun with --force to refresh."]

@@ -65,6 +65,9 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
                                                  # (HGX: GPU PIX NIC), so GPUDirect traffic shares it (none: false)
     "host_memory_gb": (float, None),             # the node's host memory per GPU: what CPU activation offloading may
                                                  # hold at most (none: not checked)
+    "device": (str, None),                       # "cpu": the "GPUs" are CPU cores (local, local-slurm, a file
+                                                 # `tuner calibrate` wrote on CPUs); none: GPUs. The local runner
+                                                 # trains on what this says (tuner.runners.local.device_for)
     "framework": (str, "megatron-deepspeed"),    # the training stack run here by default (tuner.frameworks):
                                                  # --framework overrides it per study
     "group_bandwidth_gbps": (dict, None),        # {"2": 200.0, ...} per-GPU bandwidth of an aligned intra-node block
@@ -84,7 +87,8 @@ RETIRED_CLUSTER_KEYS = ("comm_overlap", "memory_headroom")
 HOST_LINK_GBPS = 64.0
 #: Keys stored only when a file states them (so a study stored before they existed reads back the same).
 OPTIONAL_KEYS = ("operations", "sm_count", "host_link_gbps", "host_memory_gb", "host_d2h_gbps", "host_h2d_gbps",
-                 "nic_shares_host_link", "tp_overlap_gemm_cost")
+                 "nic_shares_host_link", "tp_overlap_gemm_cost", "device")
+DEVICES = ("cpu", "gpu")
 #: GB of 1e9 bytes in one GiB: the model's unit (tuner.perfmodel.memory.GB) per 2^30 bytes.
 GB_PER_GIB = 2 ** 30 / 1e9
 
@@ -147,6 +151,7 @@ class ClusterSpec:
     host_h2d_gbps: float | None = None       # measured host -> GPU GB/s per GPU, all GPUs at once; stored when given
     nic_shares_host_link: bool | None = None  # GPUDirect traffic on the host copies' PCIe link; stored when given
     tp_overlap_gemm_cost: bool | None = None  # charge the TP overlap's own GEMM cost (tp_overlap); stored when given
+    device: str | None = None                # "cpu" for CPU cores as GPUs; none: GPUs; stored when given
 
     @property
     def domain_gpus(self) -> int:
@@ -212,6 +217,9 @@ class ClusterSpec:
         d.pop("memory_gib")
         check_domain(d, where)
         check_operations(d["operations"], where)
+        if d["device"] not in (None, *DEVICES):
+            raise SpecError(f"{where}: cluster key 'device' must be one of {', '.join(map(repr, DEVICES))}, "
+                            f"got {str(d['device'])[:200]!r}")
         if d["framework"] not in FRAMEWORK_NAMES:
             raise SpecError(f"{where}: cluster key 'framework' must be one of {', '.join(FRAMEWORK_NAMES)}, "
                             f"got {d['framework'][:200]!r}")

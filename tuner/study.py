@@ -191,7 +191,9 @@ def runner_for(rec: StudyRecord, workload: Workload, given: TrialRunner | None =
             raise UsageError("--runner command needs --command \"CMD ...\" (the training command to run per trial)")
         return make_runner("command", command=opts["command"], **common)
     if name == "local":
-        return make_runner("local", gpus=opts.get("gpus") or workload.gpus, **common)
+        gpus = opts.get("gpus") or workload.gpus
+        from tuner.runners.local import device_for          # loaded as make_runner loads the local runner
+        return make_runner("local", gpus=gpus, device=device_for(workload.cluster, gpus), **common)
     if name == "slurm":
         # node failures: the driver retries a retryable result once, so the runner does not resubmit too
         return make_runner("slurm", cluster=workload.cluster, template=opts.get("template") or "harness",

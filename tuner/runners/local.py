@@ -165,6 +165,20 @@ def _detect_device(device: str, gpus: int) -> str:
     return device
 
 
+def device_for(cluster, gpus: int) -> str:
+    """The device the local runner trains `gpus` ranks on for `cluster`: CPU cores where its file says device = "cpu"
+    (local, local-slurm, a file `tuner calibrate` wrote on CPUs), else CUDA -- refused where this machine shows fewer
+    than `gpus` CUDA devices: CPU ranks' step times and peaks stored as that GPU's would be read as its measurements."""
+    if cluster.device == "cpu":
+        return "cpu"
+    if _detect_device("auto", gpus) == "cpu":
+        raise UsageError(f"--runner local would train {gpus} rank(s) on this machine's CPU cores (fewer than {gpus} "
+                         f"CUDA device(s) visible), and store them as measurements of '{cluster.name}' GPUs: run "
+                         "it on a node with those GPUs, or use --cluster local (CPU ranks) or a cluster file "
+                         "`tuner calibrate` wrote on this machine")
+    return "cuda"
+
+
 class LocalRunner(TrialRunner):
     name = "local"
 
