@@ -30,10 +30,11 @@ def tail(path: Path, n: int = TAIL_BYTES) -> str:
 PREFIX = r"(?:\d{4}-\d\d-\d\d[T ][\d:.,]+\s+)?(?:(?:\[[^\]\s]{1,40}\]|[\w.-]{1,40}):\s*){0,3}"
 CAUSE = re.compile(r"^\s*" + PREFIX + r"(?P<cause>\[rank \d+\] .*|(?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\b:.*)$")
 LAUNCHER_NOISE = ("ChildFailedError", "torch.distributed.elastic", "CalledProcessError")
-# PyTorch's out-of-memory error as Python prints one it raised ("torch.OutOfMemoryError: CUDA out of memory. ...", before
-# 2.1 "RuntimeError: CUDA out of memory. ..."), behind any prefix (Open MPI's --tag-output "[1,3]<stderr>:"). A sentence
-# without its error type was logged, not raised: Inductor's max-autotune logs the OOM of a choice it then ignores
-# ("[rank0]:E1210 ... select_algorithm.py:2691] [8/0] Runtime error during autotuning:" then the text, pytorch#170130).
+# PyTorch's out-of-memory error as Python prints one it raised ("torch.OutOfMemoryError: CUDA out of memory. ...",
+# before 2.1 "RuntimeError: CUDA out of memory. ..."), behind any prefix (Open MPI's --tag-output "[1,3]<stderr>:").
+# A sentence without its error type was logged, not raised: Inductor's max-autotune logs the OOM of a choice it then
+# ignores ("[rank0]:E1210 ... select_algorithm.py:2691] [8/0] Runtime error during autotuning:" then the text,
+# pytorch#170130).
 RAISED = re.compile(r"Error: (?:CUDA|HIP) out of memory\.")     # its type's name is read back from there (raised())
 
 
@@ -55,8 +56,9 @@ _MARKERS = tuple(m.encode() for m in OOM_MARKERS)
 def oom_lines(path: Path) -> tuple[str | None, str | None]:
     """(the error line holding the last of PyTorch's out-of-memory sentences in the file at `path` -- the
     sentence alone where no error line holds it: what the process had, not that it failed --, the first
-    out-of-memory error line: what says the run failed of it), launchers' prefixes dropped; read through the whole file, since other ranks' tracebacks, NCCL's watchdog and a launcher's
-    summary can print far more after it than any tail keeps. (None, None) where it shows neither.
+    out-of-memory error line: what says the run failed of it), launchers' prefixes dropped; read through the whole
+    file, since other ranks' tracebacks, NCCL's watchdog and a launcher's summary can print far more after it than
+    any tail keeps. (None, None) where it shows neither.
     A block at a time (a log can be GBs, a progress bar's '\r'-separated line too): only the lines around an
     out-of-memory marker (tuner.trial.OOM_MARKERS) are decoded, at most LINE_BYTES on each side of it."""
     said = first = None

@@ -76,7 +76,8 @@ def _sqlite_path(url: URL) -> Path:
     return Path(db)
 
 
-SQLITE_HEADER = b"SQLite format 3\x00"     # the first 16 bytes of every SQLite database file (sqlite.org/fileformat.html)
+#: the first 16 bytes of every SQLite database file (sqlite.org/fileformat.html)
+SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 def _check_sqlite_target(url: URL, shown: str) -> None:
