@@ -57,17 +57,23 @@ def study_settings(fn):
 
 def run_and_show(store, rec, fmt: str, run, budget: int | None = None) -> None:
     """Run a study with the live view on stderr, then print the fastest layouts and the recommendation."""
-    from tuner.driver import Interrupted
     try:
         with ProgressView(rec.name, budget or rec.settings["budget"], sys.stderr) as view:
             result = run(on_progress=view.update)
     except KeyboardInterrupt as exc:    # Ctrl-C / SIGTERM outside the driver's loop (its searcher being set up)
-        signum = getattr(exc, "signum", None)
-        err = Interrupted(f"{f'terminated by {exc}' if signum else 'interrupted'} while study {rec.name} was being "
-                          f"set up (no trial running); continue with `tuner resume {rec.name}`")
-        err.exit_code = 128 + signum if signum else err.exit_code
-        raise err from None
+        raise _interrupted(exc, f"while study {rec.name} was being set up (no trial running)",
+                           f"with `tuner resume {rec.name}`") from None
     show_result(store, rec.name, result, fmt)
+
+
+def _interrupted(exc: KeyboardInterrupt, where: str, resume: str):
+    """A Ctrl-C / SIGTERM (`exc`) outside the driver's loop as the driver's Interrupted: what it stopped, how to go on
+    (exit 130, or 128 + the signal's number)."""
+    from tuner.driver import Interrupted
+    signum = getattr(exc, "signum", None)
+    err = Interrupted(f"{f'terminated by {exc}' if signum else 'interrupted'} {where}; continue {resume}")
+    err.exit_code = 128 + signum if signum else err.exit_code
+    return err
 
 
 class _Closing:
@@ -210,11 +216,8 @@ def run_members(store, name: str, recs: list, fmt: str, run, budget: int | None 
             exc.args = (f"{exc}; the whole multi-node search: `tuner resume {name}`",)
             raise
         except KeyboardInterrupt as exc:    # Ctrl-C / SIGTERM outside the driver's loop (a count being set up)
-            signum = getattr(exc, "signum", None)
-            err = Interrupted(f"{f'terminated by {exc}' if signum else 'interrupted'} at study {rec.name}; continue "
-                              f"the multi-node search with `tuner resume {name}`")
-            err.exit_code = 128 + signum if signum else err.exit_code
-            raise err from None
+            raise _interrupted(exc, f"at study {rec.name}", f"the multi-node search with `tuner resume {name}`") \
+                from None
         ran.append({"study": rec.name, "nodes": rec.nodes, "ran": result.outcome.ran, "pruned": result.outcome.pruned,
                     "stopped_by": result.outcome.reason, "stop_reason": result.searcher.stop_reason})
     rows = group.curve(store, [store.get_study(r.name) for r in recs])
