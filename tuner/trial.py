@@ -126,15 +126,25 @@ def kept_message(message: str, status: Status) -> str:
 
 
 # What PyTorch (CUDA and ROCm/HIP), the C++ allocator, Python and the OS print when memory runs out;
-# matched lower-cased against a log, stderr or an exception's text.
-OOM_MARKERS = ("out of memory", "outofmemoryerror", "hiperroroutofmemory", "memoryerror",
-               "can't allocate memory", "cannot allocate memory", "std::bad_alloc")
+# matched lower-cased against a log, stderr or an exception's text. The device's: PyTorch's allocator and the CUDA /
+# HIP runtime. The host's: Python's MemoryError, the C++ allocator's std::bad_alloc and the OS's ENOMEM ("Cannot
+# allocate memory": a fork, an mmap, RDMA's locked pages) -- the layout's memory only where the ranks are CPU cores.
+DEVICE_OOM_MARKERS = ("out of memory", "outofmemoryerror", "hiperroroutofmemory")
+HOST_OOM_MARKERS = ("memoryerror", "can't allocate memory", "cannot allocate memory", "std::bad_alloc")
+OOM_MARKERS = DEVICE_OOM_MARKERS + HOST_OOM_MARKERS
 
 
-def looks_oom(text: str) -> bool:
-    """Whether `text` (a log tail, stderr, an exception message) reports running out of memory."""
+def looks_oom(text: str, host: bool = True) -> bool:
+    """Whether `text` (a log tail, stderr, an exception message) reports running out of the ranks' memory; `host`:
+    whether that is the host's (CPU ranks). On GPUs the host running out is another failure, not the layout's OOM: as
+    an oom it would bound the layout's GPU memory at the GPUs' capacity and hold back its neighbours."""
     low = text.lower()
-    return any(m in low for m in OOM_MARKERS)
+    return any(m in low for m in (OOM_MARKERS if host else DEVICE_OOM_MARKERS))
+
+
+def host_memory(trial) -> bool:
+    """Whether a trial's ranks run on CPU cores, so the host's memory is theirs (its cluster says device "cpu")."""
+    return getattr(trial.workload.cluster, "device", None) == "cpu"
 
 
 # PyTorch's caching allocator on CUDA and ROCm (c10/cuda/CUDACachingAllocator.cpp, DeviceCachingAllocator::malloc),

@@ -47,7 +47,8 @@ from tuner.metrics import complete, samples_from_step_time
 from tuner.runners import CPU_FRACTION, TrialRunner
 from tuner.runners.failure_log import oom_lines, root_cause, tail, with_said
 from tuner.runners.process import ProcessTree, kill_leftovers, signal_name
-from tuner.trial import Status, TrialResult, TrialSpec, failed, kept_message, looks_oom, study_dir, trial_dir
+from tuner.trial import (Status, TrialResult, TrialSpec, failed, host_memory, kept_message, looks_oom, study_dir,
+                         trial_dir)
 
 RESULT_STATUSES = {"ok": Status.OK, "oom": Status.OOM, "failed": Status.FAILED}
 NUMBER_FIELDS = ("samples_per_second", "step_time_s", "peak_memory_gb", "peak_reserved_gb")
@@ -269,7 +270,7 @@ class CommandRunner(TrialRunner):
 
     def _classify(self, trial: TrialSpec, run: ProcessTree, result_path: Path, stderr_path: Path,
                   elapsed: float, timeout: float | None) -> TrialResult:
-        rc = run.proc.returncode
+        rc, host = run.proc.returncode, host_memory(trial)
         if run.reason == Status.INTERRUPTED:
             return TrialResult(Status.INTERRUPTED, message="cancelled: the driver stopped while it ran")
         if run.reason == Status.STOPPED:
@@ -279,8 +280,8 @@ class CommandRunner(TrialRunner):
                 r = parse_result(result_path, trial)
                 if r.status != Status.FAILED:
                     r.message = (r.message + "; " if r.message else "") + "hung after writing its result: killed"
-                    return with_said(r, oom_lines(stderr_path)[0]) if r.status == Status.OOM else r
-            said, first_oom = oom_lines(stderr_path)     # one rank ran out; the others waited on it in a collective
+                    return with_said(r, oom_lines(stderr_path, host)[0]) if r.status == Status.OOM else r
+            said, first_oom = oom_lines(stderr_path, host)   # one rank ran out; the others waited in a collective
             if first_oom:
                 return failed(f"out of memory, then ran past --trial-timeout {timeout:g}s (killed its process "
                               f"group): {said or first_oom} | stderr tail: {tail(stderr_path, 500)}", Status.OOM)
@@ -291,10 +292,10 @@ class CommandRunner(TrialRunner):
             r = parse_result(result_path, trial)
             if rc != 0 and r.status == Status.OK:
                 r.message = (r.message + "; " if r.message else "") + f"exit status {rc} after writing the result"
-            return with_said(r, oom_lines(stderr_path)[0]) if r.status == Status.OOM else r
-        said, first_oom = oom_lines(stderr_path)
+            return with_said(r, oom_lines(stderr_path, host)[0]) if r.status == Status.OOM else r
+        said, first_oom = oom_lines(stderr_path, host)
         err = tail(stderr_path)
-        oom = bool(first_oom) or looks_oom(err)
+        oom = bool(first_oom) or looks_oom(err, host)
         cause = (said if oom else None) or first_oom or root_cause(tail(stderr_path, 20000))
         err = f"{cause} | stderr tail: {err}" if cause else f"stderr tail: {err}"
         if oom:

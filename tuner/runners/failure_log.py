@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from tuner.trial import OOM_MARKERS, Status, TrialResult, kept_message, oom_sentence
+from tuner.trial import OOM_MARKERS, Status, TrialResult, kept_message, looks_oom, oom_sentence
 
 TAIL_BYTES = 2000
 
@@ -53,16 +53,19 @@ LINE_BYTES = 1 << 14      # the most of a line it keeps on each side of an out-o
 _MARKERS = tuple(m.encode() for m in OOM_MARKERS)
 
 
-def oom_lines(path: Path) -> tuple[str | None, str | None]:
+def oom_lines(path: Path, host: bool = True) -> tuple[str | None, str | None]:
     """(the error line holding the last of PyTorch's out-of-memory sentences in the file at `path` -- the
     sentence alone where no error line holds it: what the process had, not that it failed --, the first
     out-of-memory error line: what says the run failed of it), launchers' prefixes dropped; read through the whole
     file, since other ranks' tracebacks, NCCL's watchdog and a launcher's summary can print far more after it than
     any tail keeps. (None, None) where it shows neither.
     A block at a time (a log can be GBs, a progress bar's '\r'-separated line too): only the lines around an
-    out-of-memory marker (tuner.trial.OOM_MARKERS) are decoded, at most LINE_BYTES on each side of it."""
+    out-of-memory marker (tuner.trial.OOM_MARKERS) are decoded, at most LINE_BYTES on each side of it. `host`: whether
+    the host's memory is the ranks' (tuner.trial.looks_oom); where not, a line of the host's markers alone is none."""
     said = first = None
     for line in _marked_lines(path):
+        if not looks_oom(line, host):
+            continue
         cause, sentence = root_cause(line, None) or raised(line), oom_sentence(line)
         said = (cause if sentence and sentence in cause else sentence) or said
         first = first or cause or None

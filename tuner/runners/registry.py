@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from tuner.errors import UsageError
 from tuner.runners import RUNNERS, TrialRunner
-from tuner.trial import Status, TrialResult, TrialSpec, failed, looks_oom
+from tuner.trial import Status, TrialResult, TrialSpec, failed, host_memory, looks_oom
 
 ENTRY_POINT_GROUP = "tuner.runners"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
@@ -46,7 +46,7 @@ class FunctionRunner(TrialRunner):
             out = self.fn(trial)
         except Exception as exc:          # the trial's failure, a result
             text = f"{type(exc).__name__}: {exc}"
-            return failed(text, Status.OOM if looks_oom(text) else Status.FAILED)
+            return failed(text, Status.OOM if looks_oom(text, host_memory(trial)) else Status.FAILED)
         if isinstance(out, TrialResult):
             return complete(out, trial.workload, trial.layout)
         if isinstance(out, (int, float)) and not isinstance(out, bool):

@@ -7,10 +7,11 @@ megatron template the runner parses the log instead).
 
 One poller thread serves every run() call waiting in other threads: each round it asks `squeue -t all`
 about all live jobs at once, and `sacct` only for jobs squeue no longer knows, when accounting is on.
-Slurm states map to statuses: OUT_OF_MEMORY -> oom, TIMEOUT/DEADLINE -> timeout, NODE_FAIL/BOOT_FAIL/
-PREEMPTED -> resubmitted `node_fail_retries` times, then failed with retryable=True, CANCELLED ->
-interrupted (timeout when the runner cancelled it for --trial-timeout). Jobs are cancelled on
-cancel(), on timeout, and by cancel_jobs() / cancel_study_jobs() when a study is resumed.
+Slurm states map to statuses: OUT_OF_MEMORY -> oom (on GPUs only where the log shows the GPUs' OOM:
+slurm_results), TIMEOUT/DEADLINE -> timeout, NODE_FAIL/BOOT_FAIL/PREEMPTED -> resubmitted `node_fail_retries`
+times, then failed with retryable=True, CANCELLED -> interrupted (timeout when the runner cancelled it for
+--trial-timeout). Jobs are cancelled on cancel(), on timeout, and by cancel_jobs() / cancel_study_jobs() when a
+study is resumed.
 
 Three rooms: this one submits (the script, resubmission after a node failure) and answers for the
 runner; tuner.runners.slurm_jobs polls and cancels (SlurmQueue, one poller for every live job) and says

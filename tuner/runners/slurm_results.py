@@ -11,7 +11,7 @@ from tuner.runners import megatron
 from tuner.runners.command import parse_result, stopped_result
 from tuner.runners.failure_log import oom_lines, tail, with_said
 from tuner.runners.slurm_jobs import SQUEUE_GIVE_UP_S, Job, map_state
-from tuner.trial import Status, TrialResult, TrialSpec, failed, looks_oom
+from tuner.trial import Status, TrialResult, TrialSpec, failed, host_memory, looks_oom
 
 
 def job_result(trial: TrialSpec, job: Job, *, template: str, trial_timeout: float | None, warmup: int,
@@ -35,6 +35,11 @@ def job_result(trial: TrialSpec, job: Job, *, template: str, trial_timeout: floa
         return failed(f"squeue failed for {SQUEUE_GIVE_UP_S:g} s; job state unknown, scancel sent", retryable=True,
                       log_path=log_path)
     status, retryable = map_state(job.state)
+    host = host_memory(trial)
+    if status == Status.OOM and not host and not oom_lines(log, host)[1]:
+        # Slurm counts the job's host memory (its cgroup), never the GPUs': the GPUs' OOM only where the log shows one
+        return failed(f"Slurm state {job.state}: the job ran out of its host memory (the cgroup's limit, not the "
+                      f"GPUs'); {log_tail}", log_path=log_path)
     if status == Status.TIMEOUT:            # Slurm's own limit (the cluster file's time_limit): as the runner's
         return _timed_out(trial, log, f"Slurm state {job.state}; {log_tail}")
     if status == Status.INTERRUPTED:
@@ -42,15 +47,15 @@ def job_result(trial: TrialSpec, job: Job, *, template: str, trial_timeout: floa
         return TrialResult(Status.INTERRUPTED, message=who, log_path=log_path)
     if status == Status.OOM or retryable:
         res = failed(f"Slurm state {job.state}; {log_tail}", status, retryable=retryable, log_path=log_path)
-        return with_said(res, oom_lines(log)[0]) if status == Status.OOM else res
+        return with_said(res, oom_lines(log, host)[0]) if status == Status.OOM else res
     if template == "megatron":
         return _megatron_result(trial, job, log_path, warmup, peak_tflops)
     if (job.trial_dir / "result.json").exists():
         res = parse_result(job.trial_dir / "result.json", trial)
         res.log_path = log_path
-        return with_said(res, oom_lines(log)[0]) if res.status == Status.OOM else res
-    said, first_oom = oom_lines(log)      # the whole log: its last 8 lines are often a launcher's summary
-    if first_oom or looks_oom(log_tail):
+        return with_said(res, oom_lines(log, host)[0]) if res.status == Status.OOM else res
+    said, first_oom = oom_lines(log, host)      # the whole log: its last 8 lines are often a launcher's summary
+    if first_oom or looks_oom(log_tail, host):
         cause = said or first_oom
         return failed(f"out of memory: {cause + ' | ' if cause else ''}{log_tail}", Status.OOM, log_path=log_path)
     return failed(f"Slurm state {job.state}, no result.json; {log_tail}", log_path=log_path)
@@ -60,7 +65,7 @@ def _timed_out(trial: TrialSpec, log: Path, why: str) -> TrialResult:
     """A job stopped at a time limit (`why`: the runner's --trial-timeout, Slurm's --time): an OOM where a rank's
     result says so (the harness: the first failure wins, while the other ranks wait on it in a collective) or its
     log shows an out-of-memory error line, else a timeout."""
-    said, first_oom = oom_lines(log)
+    said, first_oom = oom_lines(log, host_memory(trial))
     if (log.parent / "result.json").exists():
         res = parse_result(log.parent / "result.json", trial)
         if res.status == Status.OOM:
@@ -78,8 +83,9 @@ def _megatron_result(trial: TrialSpec, job: Job, log_path: str, warmup: int, pea
     parsed = megatron.parse_log(text, w.model, w.gpus, recompute=lay.recompute,
                                 global_batch=w.global_batch, warmup=warmup)
     if parsed is None:
-        said, first_oom = oom_lines(Path(log_path)) if text else (None, None)
-        status = Status.OOM if first_oom or looks_oom(text) else Status.FAILED
+        host = host_memory(trial)
+        said, first_oom = oom_lines(Path(log_path), host) if text else (None, None)
+        status = Status.OOM if first_oom or looks_oom(text, host) else Status.FAILED
         cause = (said if status == Status.OOM else None) or first_oom
         return failed(f"Slurm state {job.state}, no iteration after warm-up in the log; "
                       f"{cause + ' | ' if cause else ''}{_tail_text(text)}", status, log_path=log_path)

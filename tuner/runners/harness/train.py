@@ -90,12 +90,15 @@ def classify(exc: BaseException) -> str:
     memory": that ENOMEM is the host's -- ibv_reg_mr over the locked-memory limit, ibv_create_cq out of RDMA resources
     (NVIDIA/nccl#563, deepseek-ai/DeepEP#143) --, not the layout's; NCCL's own cudaMalloc failing is
     ncclUnhandledCudaError "Cuda failure 2 'out of memory'", an OOM."""
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+    if isinstance(exc, torch.OutOfMemoryError):
         return "oom"
+    host = not torch.cuda.is_available()     # CPU ranks: the host's memory is the device's (tuner.trial.looks_oom)
+    if isinstance(exc, MemoryError):
+        return "oom" if host else "failed"
     if (isinstance(exc, SystemError) and "without exception set" in str(exc)
             and resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY):
         return "oom"      # under the address-space cap a C extension's failed allocation can surface so
-    return "oom" if looks_oom(str(exc)) and "ncclSystemError" not in str(exc) else "failed"
+    return "oom" if looks_oom(str(exc), host) and "ncclSystemError" not in str(exc) else "failed"
 
 
 def write_json(path: Path, data: dict, exclusive: bool = False) -> None:
