@@ -104,7 +104,7 @@ def test_the_domain_defaults_to_the_node_and_changes_nothing_there():
     assert set(h100.as_dict()) == {f.name for f in dataclasses.fields(ClusterSpec)} - {
         "scale_up_domain_gpus", "scale_up_bandwidth_gbps", "peak_tflops_fp4", "block_scaled", "software",
         "matmul_efficiency_fp8", "matmul_efficiency_fp4", "operations",
-        "tp_overlap_gemm_cost"}   # each stored only when set (ClusterSpec.as_dict)
+        "tp_overlap_gemm_cost", "device"}   # each stored only when set (ClusterSpec.as_dict)
     said = dataclasses.replace(h100, scale_up_domain_gpus=8, scale_up_bandwidth_gbps=450.0)
     w0, w1 = make_workload("mixtral-8x7b", 8, h100), make_workload("mixtral-8x7b", 8, said)
     for lay in _sample(valid_layouts(load_space(None), w0), 300):
