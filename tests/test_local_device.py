@@ -6,9 +6,16 @@ wrote on CPUs); the runner trains there on CPU cores, and elsewhere only on CUDA
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 
 import tuner.runners.local as local
+from tests.test_runners import spec
+from tuner.runners.slurm_jobs import Job
+from tuner.runners.slurm_results import job_result
+from tuner.trial import Status
 from tuner.calibrate_fit import cluster_from_measurements
 from tuner.cluster_spec import ClusterSpec
 from tuner.errors import SpecError, UsageError
@@ -50,3 +57,23 @@ def test_device_is_checked_stored_only_when_given_and_written_by_calibrate():
     m = {"ranks": [rank], "memory_gb": 8.0, "device": "cpu"}
     assert cluster_from_measurements(m, 1)["device"] == "cpu"
     assert "device" not in cluster_from_measurements({**m, "device": "cuda"}, 1)
+
+
+def test_a_slurm_harness_run_on_cpu_cores_is_not_a_gpu_clusters_measurement(tmp_path):
+    """The Slurm runner's harness trains on whatever its node shows: a node without CUDA (a CPU partition, a missing
+    --gres) ran the trial on CPU cores, and its step time was stored as the GPU cluster's (the local runner's twin)."""
+    ok = {"status": "ok", "samples_per_second": 2.0, "step_time_s": 1.0, "peak_memory_gb": 1.0, "device": "cpu"}
+    (tmp_path / "result.json").write_text(json.dumps(ok))
+    (tmp_path / "slurm-5.out").write_text("done\n")
+    for cluster, status in (("frontier", Status.FAILED), ("local-slurm", Status.OK)):
+        s = spec()
+        c = dataclasses.replace(load_cluster(cluster), gpus_per_node=s.workload.cluster.gpus_per_node)
+        s = dataclasses.replace(s, workload=dataclasses.replace(s.workload, cluster=c))
+        r = job_result(s, Job(job_id="5", trial_dir=tmp_path, state="COMPLETED"), template="harness",
+                       trial_timeout=None, warmup=1, peak_tflops=383.0)
+        assert r.status == status, (cluster, r.message)
+        assert ("trained on CPU cores" in r.message) == (status == Status.FAILED)
+    (tmp_path / "result.json").write_text(json.dumps({**ok, "device": "cuda:0"}))
+    r = job_result(spec(), Job(job_id="5", trial_dir=tmp_path, state="COMPLETED"), template="harness",
+                   trial_timeout=None, warmup=1, peak_tflops=383.0)
+    assert r.status == Status.OK

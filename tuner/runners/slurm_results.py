@@ -5,6 +5,7 @@ trial's result.json (the harness or command template) or Megatron's iteration lo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tuner.runners import megatron
@@ -51,6 +52,9 @@ def job_result(trial: TrialSpec, job: Job, *, template: str, trial_timeout: floa
     if template == "megatron":
         return _megatron_result(trial, job, log_path, warmup, peak_tflops)
     if (job.trial_dir / "result.json").exists():
+        ran_on = cpu_run(job.trial_dir / "result.json", trial)
+        if ran_on:
+            return failed(ran_on, log_path=log_path)
         res = parse_result(job.trial_dir / "result.json", trial)
         res.log_path = log_path
         return with_said(res, oom_lines(log, host)[0]) if res.status == Status.OOM else res
@@ -102,3 +106,19 @@ def _megatron_result(trial: TrialSpec, job: Job, log_path: str, warmup: int, pea
 def _tail_text(text: str, n: int = 1500) -> str:
     """The last lines of a log's last `n` characters on one line, for a trial's message."""
     return " | ".join(text[-n:].strip().splitlines()[-8:]) or "empty log"
+
+
+def cpu_run(path: Path, trial: TrialSpec) -> str | None:
+    """Why the result at `path` is not the trial's measurement: the bundled harness says it trained on CPU cores (its
+    `device`: the node showed it no CUDA device) while the trial's cluster describes GPUs (not device "cpu"); its
+    step time and memory would be read as those GPUs'. None otherwise (another command's result says no device)."""
+    try:
+        device = str(json.loads(path.read_text(errors="replace")).get("device") or "")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not device.startswith("cpu") or host_memory(trial):
+        return None
+    return (f"the harness trained on CPU cores (device {device!r}: the node showed it no CUDA device), but cluster "
+            f"'{trial.workload.cluster.name}' describes GPUs: not stored as its measurement; run on its GPU nodes "
+            "(the [slurm] partition / gres), or use a CPU cluster file (device = \"cpu\")")
+
