@@ -66,3 +66,14 @@ def test_the_harness_rank_on_a_gpu_writes_failed_for_the_hosts_memory(monkeypatc
     assert classify(MemoryError()) == "failed" and classify(OSError(12, "Cannot allocate memory")) == "failed"
     assert classify(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")) == "oom"
     assert classify(RuntimeError(CUDA)) == "oom"
+
+
+def test_a_runner_that_knows_its_ranks_are_cpu_cores_says_so(tmp_path):
+    """The local runner knows where its ranks ran (its device), whatever the trial's cluster file says: on CPU cores
+    the host's memory is theirs (the slow suite's RLIMIT_AS OOM of a CPU harness run on a GPU-described test cluster)."""
+    script = f"import sys; sys.stderr.write({FORK!r} + chr(10)); sys.exit(1)"
+    r = CommandRunner([sys.executable, "-c", script], results_dir=tmp_path, host_memory=True).run(on("frontier"))
+    assert r.status == Status.OOM
+    local = pytest.importorskip("tuner.runners.local")
+    pytest.importorskip("deepspeed")
+    assert local.LocalRunner(gpus=1, results_dir=tmp_path, device="cpu")._cmd.host_memory is True

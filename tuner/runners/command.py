@@ -131,7 +131,7 @@ class CommandRunner(TrialRunner):
     def __init__(self, command: str | Sequence[str], trial_timeout: float | None = None,
                  results_dir: Path | str = Path("results"), env: dict[str, str] | None = None,
                  early_stop: EarlyStop | None = None, kill_grace: float = 5.0, poll_interval: float = 0.5,
-                 resolve_paths: bool = True):
+                 resolve_paths: bool = True, host_memory: bool | None = None):
         argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
         if not argv:
             raise UsageError("the command runner needs a command: --command \"python train.py\"")
@@ -143,6 +143,7 @@ class CommandRunner(TrialRunner):
         self.argv, self.trial_timeout, self.results_dir = argv, trial_timeout, Path(results_dir)
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
         self.early_stop, self.kill_grace, self.poll_interval = early_stop, kill_grace, poll_interval
+        self.host_memory = host_memory   # whether the host's memory is the ranks' (None: the trial's cluster says)
         self._live: set[ProcessTree] = set()
         self._lock = threading.Lock()
         self._cancelled = threading.Event()
@@ -270,7 +271,8 @@ class CommandRunner(TrialRunner):
 
     def _classify(self, trial: TrialSpec, run: ProcessTree, result_path: Path, stderr_path: Path,
                   elapsed: float, timeout: float | None) -> TrialResult:
-        rc, host = run.proc.returncode, host_memory(trial)
+        rc = run.proc.returncode
+        host = host_memory(trial) if self.host_memory is None else self.host_memory
         if run.reason == Status.INTERRUPTED:
             return TrialResult(Status.INTERRUPTED, message="cancelled: the driver stopped while it ran")
         if run.reason == Status.STOPPED:

@@ -220,7 +220,8 @@ class LocalRunner(TrialRunner):
             self.memory_gb = memory_gb
             self._lock_key = "cuda:" + os.environ.get("CUDA_VISIBLE_DEVICES", "all")
         self._cmd = CommandRunner(self.argv, trial_timeout=trial_timeout, results_dir=results_dir, env=extra,
-                                  early_stop=early_stop, kill_grace=kill_grace, resolve_paths=False)
+                                  early_stop=early_stop, kill_grace=kill_grace, resolve_paths=False,
+                                  host_memory=self.device == "cpu")   # CPU ranks: the host's memory is theirs
         self._cancelled = threading.Event()
 
     def cancel_study_jobs(self, study: str) -> list[str]:
