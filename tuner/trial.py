@@ -144,7 +144,7 @@ def looks_oom(text: str, host: bool = True) -> bool:
 
 def host_memory(trial) -> bool:
     """Whether a trial's ranks run on CPU cores, so the host's memory is theirs (its cluster says device "cpu")."""
-    return getattr(trial.workload.cluster, "device", None) == "cpu"
+    return trial.workload.cluster.device == "cpu"
 
 
 # PyTorch's caching allocator on CUDA and ROCm (c10/cuda/CUDACachingAllocator.cpp, DeviceCachingAllocator::malloc),

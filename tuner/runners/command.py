@@ -45,7 +45,7 @@ from tuner.environment import inherited_env, withhold, withheld
 from tuner.errors import UsageError
 from tuner.metrics import complete, samples_from_step_time
 from tuner.runners import CPU_FRACTION, TrialRunner
-from tuner.runners.failure_log import oom_lines, root_cause, tail, with_said
+from tuner.runners.failure_log import oom_lines, root_cause, tail, with_log_said
 from tuner.runners.process import ProcessTree, kill_leftovers, signal_name
 from tuner.trial import (Status, TrialResult, TrialSpec, failed, host_memory, kept_message, looks_oom, study_dir,
                          trial_dir)
@@ -282,7 +282,7 @@ class CommandRunner(TrialRunner):
                 r = parse_result(result_path, trial)
                 if r.status != Status.FAILED:
                     r.message = (r.message + "; " if r.message else "") + "hung after writing its result: killed"
-                    return with_said(r, oom_lines(stderr_path, host)[0]) if r.status == Status.OOM else r
+                    return with_log_said(r, stderr_path, host)
             said, first_oom = oom_lines(stderr_path, host)   # one rank ran out; the others waited in a collective
             if first_oom:
                 return failed(f"out of memory, then ran past --trial-timeout {timeout:g}s (killed its process "
@@ -294,7 +294,7 @@ class CommandRunner(TrialRunner):
             r = parse_result(result_path, trial)
             if rc != 0 and r.status == Status.OK:
                 r.message = (r.message + "; " if r.message else "") + f"exit status {rc} after writing the result"
-            return with_said(r, oom_lines(stderr_path, host)[0]) if r.status == Status.OOM else r
+            return with_log_said(r, stderr_path, host)
         said, first_oom = oom_lines(stderr_path, host)
         err = tail(stderr_path)
         oom = bool(first_oom) or looks_oom(err, host)

@@ -128,6 +128,14 @@ def raised(line: str) -> str:
     return line[start:].strip()
 
 
+def with_log_said(result: TrialResult, log: Path, host: bool = True) -> TrialResult:
+    """`with_said` from the log at `log` (oom_lines), read only where an oom `result`'s message lacks the sentence:
+    a log can be GBs, and most OOM results carry their own."""
+    if result.status != Status.OOM or oom_sentence(result.message) is not None:
+        return result
+    return with_said(result, oom_lines(log, host)[0])
+
+
 def with_said(result: TrialResult, said: str | None) -> TrialResult:
     """An oom `result` whose message lacks PyTorch's out-of-memory sentence keeps the one its log `said`."""
     if result.status == Status.OOM and said and oom_sentence(result.message) is None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tuner.runners import megatron
 from tuner.runners.command import parse_result, stopped_result
-from tuner.runners.failure_log import oom_lines, tail, with_said
+from tuner.runners.failure_log import oom_lines, tail, with_log_said, with_said
 from tuner.runners.slurm_jobs import SQUEUE_GIVE_UP_S, Job, map_state
 from tuner.trial import Status, TrialResult, TrialSpec, failed, host_memory, looks_oom
 
@@ -37,18 +37,19 @@ def job_result(trial: TrialSpec, job: Job, *, template: str, trial_timeout: floa
                       log_path=log_path)
     status, retryable = map_state(job.state)
     host = host_memory(trial)
-    if status == Status.OOM and not host and not oom_lines(log, host)[1]:
-        # Slurm counts the job's host memory (its cgroup), never the GPUs': the GPUs' OOM only where the log shows one
-        return failed(f"Slurm state {job.state}: the job ran out of its host memory (the cgroup's limit, not the "
-                      f"GPUs'); {log_tail}", log_path=log_path)
+    if status == Status.OOM:
+        said, first_oom = oom_lines(log, host)
+        if not host and not first_oom:      # Slurm counts the job's host memory (its cgroup), never the GPUs'
+            return failed(f"Slurm state {job.state}: the job ran out of its host memory (the cgroup's limit, not "
+                          f"the GPUs'); {log_tail}", log_path=log_path)
+        return with_said(failed(f"Slurm state {job.state}; {log_tail}", status, log_path=log_path), said)
     if status == Status.TIMEOUT:            # Slurm's own limit (the cluster file's time_limit): as the runner's
         return _timed_out(trial, log, f"Slurm state {job.state}; {log_tail}")
     if status == Status.INTERRUPTED:
         who = "cancelled" if job.reason == "cancelled" else "cancelled outside tuner (scancel?)"
         return TrialResult(Status.INTERRUPTED, message=who, log_path=log_path)
-    if status == Status.OOM or retryable:
-        res = failed(f"Slurm state {job.state}; {log_tail}", status, retryable=retryable, log_path=log_path)
-        return with_said(res, oom_lines(log, host)[0]) if status == Status.OOM else res
+    if retryable:
+        return failed(f"Slurm state {job.state}; {log_tail}", status, retryable=True, log_path=log_path)
     if template == "megatron":
         return _megatron_result(trial, job, log_path, warmup, peak_tflops)
     if (job.trial_dir / "result.json").exists():
@@ -57,7 +58,7 @@ def job_result(trial: TrialSpec, job: Job, *, template: str, trial_timeout: floa
             return failed(ran_on, log_path=log_path)
         res = parse_result(job.trial_dir / "result.json", trial)
         res.log_path = log_path
-        return with_said(res, oom_lines(log, host)[0]) if res.status == Status.OOM else res
+        return with_log_said(res, log, host)
     said, first_oom = oom_lines(log, host)      # the whole log: its last 8 lines are often a launcher's summary
     if first_oom or looks_oom(log_tail, host):
         cause = said or first_oom
