@@ -116,9 +116,9 @@ def failed(message: str, status: Status = Status.FAILED, **kw) -> TrialResult:
 def kept_message(message: str, status: Status) -> str:
     """What a result of `status` keeps of a failure's text: its tail, and an OOM's allocator sentence
     (oom_sentence) where the tail lost it (a launcher's summary after the traceback), for what it says of the
-    memory the process had."""
+    memory the process had -- or, where it has none, a C++ abort's out-of-memory error (oom_abort): why it is one."""
     tail = message[-MESSAGE_CHARS:]
-    line = oom_sentence(message) if status == Status.OOM else None
+    line = (oom_sentence(message) or oom_abort(message)) if status == Status.OOM else None
     if line and line not in tail:
         keep = max(MESSAGE_CHARS - len(line) - 5, 0)
         tail = line + " ... " + message[len(message) - keep:]
@@ -140,6 +140,24 @@ def looks_oom(text: str, host: bool = True) -> bool:
     an oom it would bound the layout's GPU memory at the GPUs' capacity and hold back its neighbours."""
     low = text.lower()
     return any(m in low for m in (OOM_MARKERS if host else DEVICE_OOM_MARKERS))
+
+
+# A rank that ran out of device memory inside C++ aborts with no Python traceback: c10's CUDA / HIP check throws a
+# c10::Error nobody catches ("terminate called after throwing an instance of 'c10::Error'" then "  what():  CUDA error:
+# out of memory", rwth-i6/returnn#1482; "HIP error: out of memory" on ROCm: hipGetErrorString(hipErrorOutOfMemory)), or
+# NCCL's watchdog rethrows the sticky error ("[PG ID 0 PG GUID 0(default_pg) Rank 3] Process group watchdog thread
+# terminated with exception: CUDA error: out of memory", the form of InternLM/lmdeploy#3258; "[Rank 3] NCCL watchdog
+# thread ..." before 2.2); NCCL's own cudaMalloc: "Cuda failure 2 'out of memory'" (ncclUnhandledCudaError). Each says
+# the run failed of the device's memory, with no figure of it (oom_capacity_gb: None). Other sticky errors ("an illegal
+# memory access was encountered", "unspecified launch failure") are no OOM.
+ABORTED = re.compile(r"(?:\[(?:PG [^\]]{0,80}|Rank \d+)\] (?:Process group|NCCL) watchdog thread terminated with "
+                     r"exception: )?(?:(?:CUDA|HIP) error: out of memory|Cuda failure (?:\d+ )?'out of memory')")
+
+
+def oom_abort(text: str) -> str | None:
+    """The first C++ abort's device out-of-memory error in `text` (ABORTED), or None."""
+    m = ABORTED.search(text or "")
+    return m.group(0) if m else None
 
 
 def host_memory(trial) -> bool:

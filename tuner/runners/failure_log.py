@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from tuner.trial import OOM_MARKERS, Status, TrialResult, kept_message, looks_oom, oom_sentence
+from tuner.trial import ABORTED, OOM_MARKERS, Status, TrialResult, kept_message, looks_oom, oom_sentence
 
 TAIL_BYTES = 2000
 
@@ -66,7 +66,7 @@ def oom_lines(path: Path, host: bool = True) -> tuple[str | None, str | None]:
     for line in _marked_lines(path):
         if not looks_oom(line, host):
             continue
-        cause, sentence = root_cause(line, None) or raised(line), oom_sentence(line)
+        cause, sentence = root_cause(line, None) or raised(line) or aborted(line), oom_sentence(line)
         said = (cause if sentence and sentence in cause else sentence) or said
         first = first or cause or None
     return said, first
@@ -126,6 +126,12 @@ def raised(line: str) -> str:
     while start > 0 and (line[start - 1].isalnum() or line[start - 1] in "._"):
         start -= 1
     return line[start:].strip()
+
+
+def aborted(line: str) -> str:
+    """From a C++ abort's device out-of-memory error in `line` (tuner.trial.ABORTED) to the line's end; or ''."""
+    m = ABORTED.search(line)
+    return line[m.start():].strip() if m else ""
 
 
 def with_log_said(result: TrialResult, log: Path, host: bool = True) -> TrialResult:
