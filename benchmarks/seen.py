@@ -18,7 +18,8 @@ from published_rows import (_LEGACY, _LEGACY_MOE, _any_source, _bucket_moved, _l
 BATCHES = ("issue 25 round 2 (", "issue 25 round 3 (", "issue 24 round 4 (", "issue 26 round 3 (", "issue 25 round 4 (",
            "issue 26 sixth session", "issue 25 round 5 (", "issue 25 (attention by sequence", "issue 26 seventh session", "issue 25 fresh dense", "issue 26 eighth session", "issue 26 ninth session",
            "issue 25 / 26 tenth session", "issue 25 / 26 eleventh session", "issue 25 / 26 second read of the eleventh session", "issue 25 / 26 third read of the eleventh session",
-           "issue 25 / 26 twelfth session", "issue 25 / 26 second read of the twelfth session", "issue 26 item 5 thirteenth session", "issue 26 fourteenth session (mi350x)", "issue 26 fifteenth session (gemm)", "issue 26 fifteenth session (scale)", "issue 25 fifteenth session (moe)")
+           "issue 25 / 26 twelfth session", "issue 25 / 26 second read of the twelfth session", "issue 26 item 5 thirteenth session", "issue 26 fourteenth session (mi350x)", "issue 26 fifteenth session (gemm)", "issue 26 fifteenth session (scale)", "issue 25 fifteenth session (moe)",
+           "issue 25 / 26 seventeenth session (H100 / H200")
 
 
 def _saw(r: dict, last: str | None) -> bool:
@@ -238,7 +239,7 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     # TE), kept after the in-split Megatron-Core fp8 rows of framework / llama_published had been printed with and without
     "FP8 weights gathered in one byte; MLPerf v3.x's weights and attention as ran (quantized.py)": ("speed", lambda r: (
         r["framework"] == "megatron-core" and r.get("precision") == "fp8" and not held_out(r) and {"framework_published.toml",
-        "llama_published.toml"} & set(r.get("files", [r.get("file")])) and _saw(r, BATCHES[-1]))),
+        "llama_published.toml"} & set(r.get("files", [r.get("file")])) and _saw(r, "issue 25 / 26 second read of the twelfth session"))),
     # issue 25 (eager TP): torchtitan's Qwen3 TP plan before pytorch/torchtitan #1870 gathered q and k at q_norm / k_norm
     # (benchmarks/reading.py qk_norm_gather_s, read onto the rows of d66b72a6 that ran TP as `ran_qk_norm`; every term
     # from source and tuner's own accounting, no constant chosen), built after the in-split torchtitan and fsdp rows had
