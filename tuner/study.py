@@ -157,6 +157,7 @@ def check(rec: StudyRecord, runner: TrialRunner | None = None) -> None:
     layouts = runnable_layouts(rec, workload, space)
     s = rec.settings
     runner_for(rec, workload, runner)             # bad runner input fails before anything is stored
+    check_program(rec)
     refusal = harness_refusal(rec, workload)
     if refusal:
         raise UsageError(refusal)
@@ -165,6 +166,20 @@ def check(rec: StudyRecord, runner: TrialRunner | None = None) -> None:
     if s.get("executor") == "ray" and (s.get("executor_options") or {}).get("address"):
         from tuner.executors.ray import check_address
         check_address(s["executor_options"]["address"])
+
+
+def check_program(rec: StudyRecord, ray_address: str | None = None) -> None:
+    """UsageError where the command runner's program is not found or not executable on this machine, which runs its
+    trials (a typo would fail every trial). Not where a Ray cluster's workers run them (`ray_address` or the study's
+    own), nor for Slurm: the program lives on the cluster."""
+    s = rec.settings
+    remote = ray_address or (s.get("executor") == "ray" and (s.get("executor_options") or {}).get("address"))
+    if rec.runner != "command" or remote:
+        return
+    from tuner.runners.command import program_refusal
+    refusal = program_refusal(s.get("runner_options", {}).get("command") or "", Path.cwd())
+    if refusal:
+        raise UsageError(refusal)
 
 
 def runner_for(rec: StudyRecord, workload: Workload, given: TrialRunner | None = None):
@@ -299,6 +314,7 @@ def resume(store, name: str, *, budget: int | None = None, mode: str = "run", ra
     whose runner this process cannot build is refused before anything changes."""
     rec = store.get_study(name)
     runner = runner_for(rec, Workload.from_dict(rec.workload), runner)
+    check_program(rec, ray_address)
     store.modify_study_settings(name, lambda st: lease.take(st, name, mode))   # one driver gets in
     if mode != "join":
         n = store.mark_interrupted(name)

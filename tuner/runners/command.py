@@ -34,6 +34,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import subprocess
 import threading
 import time
@@ -108,6 +109,35 @@ def resolve_relative(argv: list[str], start: Path) -> list[str]:
     if "/" in first and not os.path.isabs(first):
         first = os.path.abspath(os.path.join(start, first))
     return [first, *(_resolve_arg(a, start) for a in argv[1:])]
+
+
+def program_refusal(command: str, start: Path) -> str | None:
+    """Why `command`'s program cannot start on this machine, naming the fix; None where it can (or `command` does not
+    split: the runner says so). A program with a '/' is a file (relative to `start`, the directory tuner is started
+    from: resolve_relative) that must exist and be executable; one without, a name on the trial's PATH."""
+    try:
+        argv = shlex.split(command)
+    except ValueError:
+        return None
+    if not argv:
+        return None
+    prog = argv[0]
+    if "/" in prog:
+        path = resolve_relative([prog], start)[0]
+        if not os.path.exists(path):
+            return (f"--command: {prog} does not exist ({path}): fix the path (a relative path means the directory "
+                    "tuner is started from)")
+        if os.path.isdir(path) or not os.access(path, os.X_OK):
+            runner = "python" if prog.endswith(".py") else "bash"
+            return (f"--command: {prog} is not executable: chmod +x {prog}, or run it through its interpreter "
+                    f"(--command \"{runner} {command.strip()}\")")
+        return None
+    env = inherited_env()
+    if shutil.which(prog, path=os.pathsep.join(os.get_exec_path(env))) is None:
+        why = " (withheld from the trials: it contains the store's password)" if "PATH" not in env else ""
+        return (f"--command: {prog!r} is not found on PATH{why}: install it, or give its path (./{prog} for a file "
+                "in this directory; the command runs without a shell)")
+    return None
 
 
 def _resolve_arg(arg: str, start: Path) -> str:

@@ -1,0 +1,41 @@
+"""`--command ./nosuch.sh` is refused before the study starts (reliability task D, item 3): the command runner started
+every trial, each failed "command not found" (and the driver stopped the study after three), leaving a stored study
+of failed trials for a typo tuner can see on this machine. Where the trials run here (the command runner on this
+machine, a local Ray), a program that is not found, or not executable, is refused: one line naming the fix, exit 2,
+nothing stored. Not for Slurm (the program lives on the cluster) nor a study on a Ray cluster (--ray-address: its
+workers run it)."""
+
+from __future__ import annotations
+
+import sys
+
+from tuner.store import open_store
+
+BASE = ("search", "--model", "tiny", "--nodes", "1", "--cluster", "local", "--runner", "command", "--budget", "1")
+
+
+def test_a_command_whose_program_is_missing_is_refused_before_the_study(tuner, tmp_path):
+    code, out, err = tuner(*BASE, "--study", "typo", "--command", "./nosuch.sh --steps 3")
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        f"error: --command: ./nosuch.sh does not exist ({tmp_path / 'nosuch.sh'}): fix the path (a relative path "
+        "means the directory tuner is started from)"), err
+    code, out, err = tuner(*BASE, "--study", "typo2", "--command", "no-such-trainer-xyz --flag")
+    assert code == 2 and "'no-such-trainer-xyz' is not found on PATH" in err.strip().splitlines()[-1], err
+    with open_store(tuner.db) as store:
+        assert "typo" not in store.study_names() and "typo2" not in store.study_names()
+
+
+def test_a_script_that_is_not_executable_is_refused_naming_chmod(tuner, tmp_path):
+    (tmp_path / "train.sh").write_text("#!/bin/sh\nexit 1\n")
+    code, out, err = tuner(*BASE, "--study", "nox", "--command", "./train.sh")
+    assert code == 2 and "is not executable: chmod +x" in err and "bash ./train.sh" in err, err
+
+
+def test_programs_that_run_are_let_through(tmp_path, monkeypatch):
+    from tuner.runners.command import program_refusal
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.sh").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "train.sh").chmod(0o755)
+    for cmd in ("./train.sh --x 1", f"{sys.executable} -c pass", "bash -c 'exit 0'", "python3 train.py"):
+        assert program_refusal(cmd, tmp_path) is None, cmd
+    assert program_refusal("./nosuch.sh", tmp_path)
