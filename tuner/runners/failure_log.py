@@ -50,7 +50,6 @@ def root_cause(text: str, limit: int | None = 500) -> str:
 
 BLOCK_BYTES = 1 << 22     # what oom_lines holds of a log at once
 LINE_BYTES = 1 << 14      # the most of a line it keeps on each side of an out-of-memory marker
-_MARKERS = tuple(m.encode() for m in OOM_MARKERS)
 
 
 def oom_lines(path: Path, host: bool = True) -> tuple[str | None, str | None]:
@@ -60,10 +59,16 @@ def oom_lines(path: Path, host: bool = True) -> tuple[str | None, str | None]:
     file, since other ranks' tracebacks, NCCL's watchdog and a launcher's summary can print far more after it than
     any tail keeps. (None, None) where it shows neither.
     A block at a time (a log can be GBs, a progress bar's '\r'-separated line too): only the lines around an
-    out-of-memory marker (tuner.trial.OOM_MARKERS) are decoded, at most LINE_BYTES on each side of it. `host`: whether
-    the host's memory is the ranks' (tuner.trial.looks_oom); where not, a line of the host's markers alone is none."""
+    out-of-memory marker (tuner.trial.OOM_MARKERS: marked_lines) are decoded, at most LINE_BYTES on each side of it.
+    `host`: whether the host's memory is the ranks' (tuner.trial.looks_oom); where not, a line of the host's markers
+    alone is none."""
+    return oom_in(marked_lines(path), host)
+
+
+def oom_in(lines, host: bool = True) -> tuple[str | None, str | None]:
+    """oom_lines of a log's `lines` already read (marked_lines: those holding an out-of-memory marker, and others)."""
     said = first = None
-    for line in _marked_lines(path):
+    for line in lines:
         if not looks_oom(line, host):
             continue
         cause, sentence = root_cause(line, None) or raised(line) or aborted(line), oom_sentence(line)
@@ -72,9 +77,11 @@ def oom_lines(path: Path, host: bool = True) -> tuple[str | None, str | None]:
     return said, first
 
 
-def _marked_lines(path: Path):
+def marked_lines(path: Path, markers: tuple[str, ...] = OOM_MARKERS):
     """The lines (ended by '\n' or '\r', at most LINE_BYTES each side of the marker) of the file at `path` that
-    hold an out-of-memory marker, in order, decoded; none where it cannot be read."""
+    hold one of `markers` (lower case; matched whatever the line's case: by default the out-of-memory ones), in
+    order, decoded; none where it cannot be read. A block at a time: what a log's reader holds is its lines."""
+    found = tuple(m.encode() for m in markers)
     carry = b""
     try:
         with open(path, "rb") as f:
@@ -87,7 +94,7 @@ def _marked_lines(path: Path):
                     cut = max(buf.rfind(b"\n"), buf.rfind(b"\r")) + 1
                     if cut < len(buf) - LINE_BYTES:   # a line longer than what is kept of it: go on within it
                         cut = len(buf) - LINE_BYTES
-                yield from _lines_at(buf, cut)
+                yield from _lines_at(buf, cut, found)
                 carry = buf[cut:]
                 if not block:
                     return
@@ -95,10 +102,10 @@ def _marked_lines(path: Path):
         return
 
 
-def _lines_at(buf: bytes, cut: int):
-    """The marked lines of `buf` whose marker starts before `cut` (each line once)."""
+def _lines_at(buf: bytes, cut: int, markers: tuple[bytes, ...]):
+    """The lines of `buf` holding one of `markers` that starts before `cut` (each line once)."""
     low, starts = buf.lower(), set()
-    hits = sorted(pos for m in _MARKERS for pos in _find_all(low, m, cut))
+    hits = sorted(pos for m in markers for pos in _find_all(low, m, cut))
     for pos in hits:
         start = max(buf.rfind(b"\n", 0, pos), buf.rfind(b"\r", 0, pos), pos - LINE_BYTES - 1) + 1
         if start in starts:

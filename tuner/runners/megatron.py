@@ -21,6 +21,9 @@ MISMATCH_TOLERANCE = 0.10
 _ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)$")
 _MAX_ALLOC = re.compile(r"max allocated:\s*([0-9.]+)")
 _MAX_RESERVED = re.compile(r"max reserved:\s*([0-9.]+)")
+# What parse_log reads of a log, lower-cased: its iteration lines and report_memory's lines; a reader of a large log
+# keeps only the lines holding one (tuner.runners.failure_log.marked_lines).
+LOG_MARKERS = ("iteration", "max allocated", "max reserved")
 MIB = 1024 ** 2         # report_memory's "memory (MB)": torch.cuda.max_memory_allocated() / (1024 * 1024)
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from tuner.runners import megatron
 from tuner.runners.command import parse_result, stopped_result
-from tuner.runners.failure_log import oom_lines, tail, with_log_said, with_said
+from tuner.runners.failure_log import marked_lines, oom_in, oom_lines, tail, with_log_said, with_said
 from tuner.runners.slurm_jobs import SQUEUE_GIVE_UP_S, Job, map_state
-from tuner.trial import Status, TrialResult, TrialSpec, failed, host_memory, looks_oom
+from tuner.trial import OOM_MARKERS, Status, TrialResult, TrialSpec, failed, host_memory, looks_oom
 
 
 def job_result(trial: TrialSpec, job: Job, *, template: str, trial_timeout: float | None, warmup: int,
@@ -83,17 +83,20 @@ def _timed_out(trial: TrialSpec, log: Path, why: str) -> TrialResult:
 
 
 def _megatron_result(trial: TrialSpec, job: Job, log_path: str, warmup: int, peak_tflops: float) -> TrialResult:
-    text = Path(log_path).read_text(errors="replace") if Path(log_path).exists() else ""
+    """The result Megatron's iteration log at `log_path` says; read once, a block at a time (a log can be GBs),
+    keeping only the lines parse_log reads and the out-of-memory lines."""
+    lines = list(marked_lines(Path(log_path), megatron.LOG_MARKERS + OOM_MARKERS))
     w, lay = trial.workload, trial.layout
-    parsed = megatron.parse_log(text, w.model, w.gpus, recompute=lay.recompute,
+    parsed = megatron.parse_log("\n".join(lines), w.model, w.gpus, recompute=lay.recompute,
                                 global_batch=w.global_batch, warmup=warmup)
     if parsed is None:
         host = host_memory(trial)
-        said, first_oom = oom_lines(Path(log_path), host) if text else (None, None)
-        status = Status.OOM if first_oom or looks_oom(text, host) else Status.FAILED
+        said, first_oom = oom_in(lines, host)
+        status = Status.OOM if first_oom or any(looks_oom(line, host) for line in lines) else Status.FAILED
         cause = (said if status == Status.OOM else None) or first_oom
         return failed(f"Slurm state {job.state}, no iteration after warm-up in the log; "
-                      f"{cause + ' | ' if cause else ''}{_tail_text(text)}", status, log_path=log_path)
+                      f"{cause + ' | ' if cause else ''}{_tail_text(tail(Path(log_path), 1500))}", status,
+                      log_path=log_path)
     msg = f"median of {parsed.iterations} iterations: {parsed.time_ms:.1f} ms"
     if parsed.mismatch:
         msg += f"; TFLOPs recomputed from samples processed ({parsed.mismatch})"
