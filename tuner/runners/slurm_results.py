@@ -72,6 +72,9 @@ def _timed_out(trial: TrialSpec, log: Path, why: str) -> TrialResult:
     log shows an out-of-memory error line, else a timeout."""
     said, first_oom = oom_lines(log, host_memory(trial))
     if (log.parent / "result.json").exists():
+        ran_on = cpu_run(log.parent / "result.json", trial)
+        if ran_on:                          # a CPU rank's OOM says nothing of the GPUs' memory
+            return failed(f"{ran_on}; {why}", log_path=str(log))
         res = parse_result(log.parent / "result.json", trial)
         if res.status == Status.OOM:
             res.message, res.log_path = (res.message + "; " if res.message else "") + why, str(log)
@@ -114,8 +117,9 @@ def _tail_text(text: str, n: int = 1500) -> str:
 
 def cpu_run(path: Path, trial: TrialSpec) -> str | None:
     """Why the result at `path` is not the trial's measurement: the bundled harness says it trained on CPU cores (its
-    `device`: the node showed it no CUDA device) while the trial's cluster describes GPUs (not device "cpu"); its
-    step time and memory would be read as those GPUs'. None otherwise (another command's result says no device)."""
+    `device`, on every result: the node showed it no CUDA device) while the trial's cluster describes GPUs (not device
+    "cpu"); its step time and memory -- or its OOM, of the host's memory -- would be read as those GPUs'. None
+    otherwise (another command's result says no device)."""
     try:
         device = str(json.loads(path.read_text(errors="replace")).get("device") or "")
     except (OSError, ValueError, AttributeError):

@@ -352,7 +352,10 @@ def main() -> int:
         status = classify(exc)
         message = f"{type(exc).__name__}: {exc}".strip()
         print(f"[rank {rank}] trial {status}: {message}\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-        write_json(result_path, {"status": status, "message": message[-2000:], "rank": rank}, exclusive=True)
+        # its device on every result: a failure on CPU cores (a node without CUDA) is not a GPU cluster's
+        # (tuner.runners.slurm_results.cpu_run)
+        write_json(result_path, {"status": status, "message": message[-2000:], "rank": rank, "device": str(device)},
+                   exclusive=True)
         code = 1
     if initialized:
         try:
