@@ -30,6 +30,7 @@ from pathlib import Path
 
 from tuner.environment import public_env
 from tuner.errors import UsageError
+from tuner.frameworks import NAMES as FRAMEWORK_NAMES
 from tuner.render import megatron
 from tuner.trial import TrialSpec
 
@@ -42,6 +43,8 @@ SLURM_KEYS: dict[str, tuple[tuple[type, ...], object, str]] = {
     "qos": ((str,), None, "#SBATCH --qos"),
     "time_limit": ((str, int), None, "#SBATCH --time: minutes or [D-]HH:MM:SS"),
     "modules": ((list,), [], "`module load` each, in order"),
+    "framework_modules": ((dict,), {}, "`module load` lists by framework (e.g. megatron-core = [...]): its trials and "
+                                       "launches load these instead of `modules`"),
     "env": ((dict,), {}, "variables exported before srun"),
     "extra_sbatch": ((list,), [], "more #SBATCH lines, e.g. \"--exclusive\""),
     "tasks_per_node": ((int,), None, "ranks per node (default: the cluster's gpus_per_node)"),
@@ -87,6 +90,18 @@ def check_flag(flag: str, key: str, value: str) -> None:
                          "(letters, digits and _.,:@%+=/-)")
 
 
+def _framework_modules(table: dict, where: str) -> dict[str, list[str]]:
+    """framework_modules checked: known framework names, each a list of module names on one line."""
+    unknown = sorted(set(table) - set(FRAMEWORK_NAMES))
+    if unknown:
+        raise _fail(where, "framework_modules", f"names unknown framework(s) {', '.join(map(repr, unknown))}; "
+                    f"frameworks: {', '.join(FRAMEWORK_NAMES)}")
+    for name, mods in table.items():
+        if not isinstance(mods, list) or not all(isinstance(m, str) and "\n" not in m for m in mods):
+            raise _fail(where, "framework_modules", f"value of {name} must be a list of strings, got {mods!r}")
+    return {name: list(mods) for name, mods in table.items()}
+
+
 def validate_slurm(table: dict | None, where: str = "[slurm]") -> dict:
     """The [slurm] table with defaults filled in, or UsageError naming the bad key and the valid ones."""
     if table is None:
@@ -127,6 +142,7 @@ def validate_slurm(table: dict | None, where: str = "[slurm]") -> dict:
             raise _fail(where, "env", f"value of {name} must be a string or number, got {value!r}")
         env[name] = str(value)
     out["env"] = env
+    out["framework_modules"] = _framework_modules(out["framework_modules"], where)
     extra = []
     for line in out["extra_sbatch"]:
         line = line.strip()
@@ -256,7 +272,9 @@ def _environment(trial: TrialSpec, s: dict, d: str | None, pythonpath: str | Non
     """cd to the trial directory (a launch: the submit directory), modules, the table's, the framework's and
     (a trial) the protocol's variables, the rendezvous, setup."""
     lines = ["set -uo pipefail", *([f"cd {_q(d)} || exit 1"] if d is not None else _LAUNCH_CD)]
-    lines += [f"module load {_q(m)}" for m in s["modules"]]
+    # the study's framework may need another stack than the table's `modules` (Frontier: ROCm 6 for Megatron-Core)
+    modules = s["framework_modules"].get(trial.workload.framework, s["modules"])
+    lines += [f"module load {_q(m)}" for m in modules]
     table = public_env(s["env"])                                                # never the store's secrets
     lines += [f"export {k}={_q(v)}" for k, v in table.items() if exports.get(k, v) == v]
     lines += _framework_exports(table, exports)
