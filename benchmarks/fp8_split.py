@@ -91,10 +91,11 @@ def features(row: dict, lay, w) -> dict:
 
 
 def bf16_speedup(row: dict, lay, w, pred_tps: float) -> float:
-    """The model's FP8 speed-up for this row: its prediction over the same layout's in bf16 (its exchange as ran)."""
+    """The model's FP8 speed-up for this row: its prediction over the same layout's in bf16, with the exchange
+    hardware_accuracy.evaluate predicts it with (an MoE row's token exchange as its config set it)."""
     wb = dataclasses.replace(w, precision="bf16")
-    pr = predict(lay, wb, reading.exchange_as_ran(row))
-    return pred_tps / reading.tps_as_ran(row, lay, wb, pr, reading.exchange_as_ran(row))
+    exchange = (hardware_accuracy.exchange_of(row) if row.get("ep", 1) > 1 else reading.exchange_as_ran(row))
+    return pred_tps / reading.tps_as_ran(row, lay, wb, predict(lay, wb, exchange), exchange)
 
 
 def evaluate(row: dict) -> dict | None:

@@ -67,3 +67,17 @@ def test_a_bad_option_is_refused_with_exit_2():
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fp8_split.py"), "--cast-scale", "x"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "--cast-scale needs a factor" in out.stderr
+
+
+def test_the_models_ratio_of_an_moe_row_uses_the_exchange_its_prediction_used():
+    """An MoE row is predicted with its config's token exchange (hardware_accuracy.evaluate): its bf16 twin must be
+    too, or the ratio compares two exchanges (a Qwen3-235B row read 0.59 so, where its step times differ by 10 %)."""
+    import fp8_split
+    import published
+    import reading
+    row = next(r for r in published.published() if r["framework"] == "megatron-core" and not published.held_out(r)
+               and r.get("ep", 1) > 1 and r["precision"] == "fp8" and r["model"].startswith("qwen3-235b"))
+    e, eb = (fp8_split.hardware_accuracy.evaluate(x) for x in (row, {**row, "precision": "bf16"}))
+    ratio = fp8_split.bf16_speedup(row, reading.layout_of(row), reading.workload_of(row), e["pred"])
+    assert ratio == pytest.approx(e["pred"] / eb["pred"], rel=1e-9)
+    assert 1.0 < ratio < 1.3
