@@ -103,6 +103,30 @@ def test_other_sticky_device_errors_stay_failures(tmp_path, kind):
     assert run_slurm(tmp_path, log, 4).status == Status.FAILED
 
 
+# The same error's text printed by code that caught it and went on (review of f7907d5): Inductor's max-autotune logs a
+# candidate kernel's error and ignores that choice (the format of tests/test_oom_fatal.py's AUTOTUNE; str() of a c10
+# CUDA error is its "CUDA error: ..." text and the hint), a script retries at a smaller batch. The run then failed of
+# something else, or ran past its time limit: neither is the layout's OOM.
+GLOG = "[rank0]:E1210 22:26:07.784000 1306684 torch/_inductor/select_algorithm.py:2691] [8/0] "
+LOGGED = {"autotune": GLOG + "Runtime error during autotuning: \nCUDA error: out of memory\n" + CUDA_HINT
+          + ". \nIgnoring this choice.\n",
+          "retry": "[rank0]: CUDA error: out of memory, retrying with smaller batch\n"}
+ITERATIONS = "".join(f"[rank0]: iteration {i:>6}/  500000 | elapsed time per iteration (ms): 2841.3 |\n" for i in range(1, 40))
+
+
+@pytest.mark.parametrize("kind", sorted(LOGGED))
+def test_an_abort_text_a_run_printed_and_went_on_from_is_not_its_failure(tmp_path, kind):
+    log = LOGGED[kind] + ITERATIONS + "[rank0]: ValueError: the data loader ran out of samples\n"
+    assert oom_lines(_file(tmp_path, log), host=False) == (None, None)
+    r = run_command(tmp_path, log, 5)
+    assert r.status == Status.FAILED and "ValueError: the data loader" in r.message, r.message[:300]
+    assert run_slurm(tmp_path, log, 6).status == Status.FAILED
+    job = Job(job_id="907", trial_dir=tmp_path, state="CANCELLED", reason="timeout")
+    (tmp_path / "slurm-907.out").write_text(LOGGED[kind] + ITERATIONS)
+    r = job_result(spec(number=7), job, template="harness", trial_timeout=600, warmup=1, peak_tflops=383.0)
+    assert r.status == Status.TIMEOUT, r.message[:300]
+
+
 def _file(tmp_path, text: str):
     path = tmp_path / "log.txt"
     path.write_text(text)

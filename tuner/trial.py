@@ -144,14 +144,17 @@ def looks_oom(text: str, host: bool = True) -> bool:
 
 # A rank that ran out of device memory inside C++ aborts with no Python traceback: c10's CUDA / HIP check throws a
 # c10::Error nobody catches ("terminate called after throwing an instance of 'c10::Error'" then "  what():  CUDA error:
-# out of memory", rwth-i6/returnn#1482; "HIP error: out of memory" on ROCm: hipGetErrorString(hipErrorOutOfMemory)), or
-# NCCL's watchdog rethrows the sticky error ("[PG ID 0 PG GUID 0(default_pg) Rank 3] Process group watchdog thread
-# terminated with exception: CUDA error: out of memory", the form of InternLM/lmdeploy#3258; "[Rank 3] NCCL watchdog
-# thread ..." before 2.2); NCCL's own cudaMalloc: "Cuda failure 2 'out of memory'" (ncclUnhandledCudaError). Each says
-# the run failed of the device's memory, with no figure of it (oom_capacity_gb: None). Other sticky errors ("an illegal
-# memory access was encountered", "unspecified launch failure") are no OOM.
-ABORTED = re.compile(r"(?:\[(?:PG [^\]]{0,80}|Rank \d+)\] (?:Process group|NCCL) watchdog thread terminated with "
-                     r"exception: )?(?:(?:CUDA|HIP) error: out of memory|Cuda failure (?:\d+ )?'out of memory')")
+# out of memory", rwth-i6/returnn#1482; "HIP error: out of memory" on ROCm: hipGetErrorString(hipErrorOutOfMemory) is
+# "out of memory", JuliaGPU/AMDGPU.jl#591), or NCCL's watchdog rethrows the sticky error ("[PG ID 0 PG GUID
+# 0(default_pg) Rank 3] Process group watchdog thread terminated with exception: CUDA error: out of memory", the form of
+# InternLM/lmdeploy#3258; "[Rank 3] NCCL watchdog thread ..." before 2.2); NCCL's own cudaMalloc: "Cuda failure 2 'out
+# of memory'" (ncclUnhandledCudaError). Each says the run failed of the device's memory, with no figure of it
+# (oom_capacity_gb: None). "CUDA error: out of memory" alone is no abort: code that caught it prints it and goes on
+# (Inductor's max-autotune: "Runtime error during autotuning:" then the error's text, "Ignoring this choice."; a
+# script's own retry); raised in Python it is an error line ("RuntimeError: CUDA error: ...", failure_log.root_cause).
+# Other sticky errors ("an illegal memory access was encountered", "unspecified launch failure") are no OOM.
+ABORTED = re.compile(r"(?:what\(\):\s+|(?:\[(?:PG [^\]]{0,80}|Rank \d+)\] )?(?:Process group|NCCL) watchdog thread "
+                     r"terminated with exception: )(?:CUDA|HIP) error: out of memory|Cuda failure (?:\d+ )?'out of memory'")
 
 
 def oom_abort(text: str) -> str | None:
