@@ -8,6 +8,7 @@ workers run it)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from tuner.store import open_store
 
@@ -39,3 +40,19 @@ def test_programs_that_run_are_let_through(tmp_path, monkeypatch):
     for cmd in ("./train.sh --x 1", f"{sys.executable} -c pass", "bash -c 'exit 0'", "python3 train.py"):
         assert program_refusal(cmd, tmp_path) is None, cmd
     assert program_refusal("./nosuch.sh", tmp_path)
+
+
+def test_a_shells_words_are_refused_naming_what_runs_without_one(tuner, tmp_path):
+    # review (task R) of 730878c: 'FOO=1 ./train.sh' (no shell runs it: Popen looked for a program 'FOO=1') was refused
+    # as "'FOO=1' is not found on PATH ... (./FOO=1 for a file in this directory"; '~/x.sh' as a missing ./~/x.sh
+    from tuner.runners.command import program_refusal
+    (tmp_path / "train.sh").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "train.sh").chmod(0o755)
+    code, out, err = tuner(*BASE, "--study", "assign", "--command", "FOO=1 ./train.sh --x")
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        "error: --command: FOO=1 sets a variable, which only a shell does (the command runs without one): write "
+        "--command \"env FOO=1 ./train.sh --x\", or export it before tuner starts"), err
+    assert program_refusal("env FOO=1 ./train.sh --x", tmp_path) is None          # the fix it names runs
+    assert "./nosuch.sh does not exist" in program_refusal("env FOO=1 ./nosuch.sh", tmp_path)   # env's program
+    home = program_refusal("~/train.sh", tmp_path)
+    assert "'~' means the home directory only to a shell" in home and home.endswith(str(Path.home() / "train.sh"))
