@@ -10,6 +10,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
+import tuner
+from tuner.errors import UsageError
 from tuner.store import open_store
 
 BASE = ("search", "--model", "tiny", "--nodes", "1", "--cluster", "local", "--runner", "command", "--budget", "1")
@@ -56,3 +60,15 @@ def test_a_shells_words_are_refused_naming_what_runs_without_one(tuner, tmp_path
     assert "./nosuch.sh does not exist" in program_refusal("env FOO=1 ./nosuch.sh", tmp_path)   # env's program
     home = program_refusal("~/train.sh", tmp_path)
     assert "'~' means the home directory only to a shell" in home and home.endswith(str(Path.home() / "train.sh"))
+
+
+def test_a_library_study_with_an_argv_list_is_checked_not_crashed(tmp_path, monkeypatch):
+    # review (task R) of 730878c: CommandRunner takes an argv list (runner_options={"command": [...]} from Python), and
+    # program_refusal shlex.split it: AttributeError ('list' object has no attribute 'read') out of create_study
+    monkeypatch.chdir(tmp_path)
+    db = f"sqlite:///{tmp_path / 'lib.db'}"
+    opts = dict(model="tiny", nodes=1, cluster="local", runner="command", storage=db, budget=1)
+    study = tuner.create_study("argv", runner_options={"command": [sys.executable, "-c", "pass"]}, **opts)
+    assert study.record.settings["runner_options"]["command"] == [sys.executable, "-c", "pass"]
+    with pytest.raises(UsageError, match=r"--command: \./nosuch\.sh does not exist"):
+        tuner.create_study("argv2", runner_options={"command": ["./nosuch.sh", "--x"]}, **opts)

@@ -115,13 +115,14 @@ def resolve_relative(argv: list[str], start: Path) -> list[str]:
 ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")     # a shell's NAME=value before a command
 
 
-def program_refusal(command: str, start: Path) -> str | None:
+def program_refusal(command: str | Sequence[str], start: Path) -> str | None:
     """Why `command`'s program cannot start on this machine, naming the fix; None where it can (or `command` does not
     split: the runner says so). A program with a '/' is a file (relative to `start`, the directory tuner is started
-    from: resolve_relative) that must exist and be executable; one without, a name on the trial's PATH."""
+    from: resolve_relative) that must exist and be executable; one without, a name on the trial's PATH. `command`: a
+    string, or an argv list as CommandRunner takes one (a library's runner_options)."""
     try:
-        argv = shlex.split(command)
-    except ValueError:
+        argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    except (ValueError, TypeError):
         return None
     if not argv:
         return None
@@ -152,7 +153,7 @@ def program_refusal(command: str, start: Path) -> str | None:
     while prog == "env" and inner and ASSIGNMENT.match(inner[0]):
         inner = inner[1:]
     if prog == "env" and inner and not inner[0].startswith("-"):    # env FOO=1 ./train.sh: env runs ./train.sh
-        return program_refusal(shlex.join(inner), start)
+        return program_refusal(inner, start)
     return None
 
 
