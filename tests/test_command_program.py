@@ -34,6 +34,12 @@ def test_a_script_that_is_not_executable_is_refused_naming_chmod(tuner, tmp_path
     (tmp_path / "train.sh").write_text("#!/bin/sh\nexit 1\n")
     code, out, err = tuner(*BASE, "--study", "nox", "--command", "./train.sh")
     assert code == 2 and "is not executable: chmod +x" in err and "bash ./train.sh" in err, err
+    # review (task R) of 730878c: a directory was 'not executable: chmod +x ./scripts', which cannot make it run
+    (tmp_path / "scripts").mkdir()
+    code, out, err = tuner(*BASE, "--study", "dir", "--command", "./scripts --x")
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        f"error: --command: ./scripts is a directory ({tmp_path / 'scripts'}), not a program: name the script or "
+        "program in it"), err
 
 
 def test_programs_that_run_are_let_through(tmp_path, monkeypatch):

@@ -139,7 +139,9 @@ def program_refusal(command: str | Sequence[str], start: Path) -> str | None:
         if not os.path.exists(path):
             return (f"--command: {prog} does not exist ({path}): fix the path (a relative path means the directory "
                     "tuner is started from)")
-        if os.path.isdir(path) or not os.access(path, os.X_OK):
+        if os.path.isdir(path):
+            return f"--command: {prog} is a directory ({path}), not a program: name the script or program in it"
+        if not os.access(path, os.X_OK):
             runner = "python" if prog.endswith(".py") else "bash"
             return (f"--command: {prog} is not executable: chmod +x {prog}, or run it through its interpreter "
                     f"(--command \"{runner} {command.strip()}\")")
