@@ -78,3 +78,22 @@ def test_a_library_study_with_an_argv_list_is_checked_not_crashed(tmp_path, monk
     assert study.record.settings["runner_options"]["command"] == [sys.executable, "-c", "pass"]
     with pytest.raises(UsageError, match=r"--command: \./nosuch\.sh does not exist"):
         tuner.create_study("argv2", runner_options={"command": ["./nosuch.sh", "--x"]}, **opts)
+
+
+def test_a_command_given_as_a_list_in_settings_is_refused_naming_the_string(tuner, tmp_path):
+    # review (task R): click cast a study.toml's `command = ["python3", "train.py"]` (or create_study(command=[...])) to
+    # the list's repr, "['python3', 'train.py']", split as '[python3,' 'train.py]': program_refusal then said
+    # "'[python3,' is not found on PATH ... (./[python3, for a file in this directory"
+    (tmp_path / "cmd.toml").write_text('model = "tiny"\nnodes = 1\ncluster = "local"\nrunner = "command"\n'
+                                       'command = ["python3", "train.py", "--cfg", "a b.yaml"]\n')
+    code, out, err = tuner("search", "--config", str(tmp_path / "cmd.toml"), "--budget", "1")
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        f"error: --config {tmp_path / 'cmd.toml'}: command = ['python3', 'train.py', '--cfg', 'a b.yaml'] must be a "
+        "string (one string: command = \"python3 train.py --cfg 'a b.yaml'\")"), err
+    with pytest.raises(UsageError, match=r"create_study: command = \['python3', '-c', 'pass'\] must be a string"):
+        tuner_lib_create(tmp_path, command=["python3", "-c", "pass"])
+
+
+def tuner_lib_create(tmp_path, **kw):
+    return tuner.create_study(model="tiny", nodes=1, cluster="local", runner="command",
+                              storage=f"sqlite:///{tmp_path / 'lib2.db'}", budget=1, **kw)

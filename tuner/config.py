@@ -13,6 +13,7 @@ are not the shipped presets of that name.
 
 from __future__ import annotations
 
+import shlex
 import tomllib
 from pathlib import Path
 
@@ -73,6 +74,10 @@ def check(options: dict, where: str = "study settings") -> dict:
         if k == "runner":
             out[k] = _runner_name(v, where)
             continue
+        if (isinstance(v, (list, tuple, dict)) and isinstance(params[k].type, click.types.StringParamType)
+                and params[k].nargs == 1 and not getattr(params[k], "multiple", False)):
+            hint = f" (one string: {k} = {shlex.join(map(str, v))!r})" if isinstance(v, (list, tuple)) else ""
+            raise UsageError(f"{where}: {k} = {v!r} must be a string{hint}")   # click would write the list's repr
         try:
             out[k] = None if v is None else params[k].type_cast_value(ctx, v)
         except click.BadParameter as exc:
