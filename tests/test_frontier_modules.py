@@ -32,6 +32,7 @@ def test_frontier_loads_rocm_6_for_megatron_core_and_torchtitan_and_the_studys_r
                       mock_data=True)["launch.sbatch"]
     assert modules(tt) == ["PrgEnv-gnu", "rocm/6.2.4", "craype-accel-amd-gfx90a"]
     assert "ROCm 6" in mcore and "ROCm 6" in tt                # the note says why
+    assert "Transformer Engine" in mcore and "Transformer Engine" not in tt    # torchtitan uses none (review, task R)
 
 
 def test_framework_modules_name_known_frameworks_and_lists():

@@ -79,9 +79,10 @@ def notes(workload) -> list[str]:
         mods = ((c.slurm or {}).get("framework_modules") or {}).get(workload.framework)
         load = (f"the [slurm] table's framework_modules load {', '.join(mods)}" if mods else
                 "load a rocm/6.x (or newer) module in place of the [slurm] table's modules")
-        out = [f"ROCm: {name}; {workload.framework} runs on ROCm 6 or newer (ROCm Transformer Engine, PyTorch's ROCm "
-               f"wheels): {load}, with a ROCm build of the framework. AMD's Primus images and their variables are for "
-               "gfx942 / gfx950: none is exported."]
+        stack = "PyTorch's ROCm wheels" if workload.framework == "torchtitan" else ("ROCm Transformer Engine, "
+                                                                                  "PyTorch's ROCm wheels")
+        out = [f"ROCm: {name}; {workload.framework} runs on ROCm 6 or newer ({stack}): {load}, with a ROCm build of "
+               "the framework. AMD's Primus images and their variables are for gfx942 / gfx950: none is exported."]
     else:   # gfx950 on one node (or over libfabric) gets none of the variables: the line must not promise them
         said = ("Variables from AMD's Primus recipes are exported below." if launch_env(workload) else
                 "None of the Primus recipes' variables applies (HSA_NO_SCRATCH_RECLAIM and NVTE_CK_IS_V3_ATOMIC_FP32 "
