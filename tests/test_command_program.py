@@ -43,7 +43,7 @@ def test_a_script_that_is_not_executable_is_refused_naming_chmod(tuner, tmp_path
 
 
 def test_programs_that_run_are_let_through(tmp_path, monkeypatch):
-    from tuner.runners.command import program_refusal
+    from tuner.runners.program import program_refusal
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.sh").write_text("#!/bin/sh\nexit 1\n")
     (tmp_path / "train.sh").chmod(0o755)
@@ -55,7 +55,7 @@ def test_programs_that_run_are_let_through(tmp_path, monkeypatch):
 def test_a_shells_words_are_refused_naming_what_runs_without_one(tuner, tmp_path):
     # review (task R) of 730878c: 'FOO=1 ./train.sh' (no shell runs it: Popen looked for a program 'FOO=1') was refused
     # as "'FOO=1' is not found on PATH ... (./FOO=1 for a file in this directory"; '~/x.sh' as a missing ./~/x.sh
-    from tuner.runners.command import program_refusal
+    from tuner.runners.program import program_refusal
     (tmp_path / "train.sh").write_text("#!/bin/sh\nexit 1\n")
     (tmp_path / "train.sh").chmod(0o755)
     code, out, err = tuner(*BASE, "--study", "assign", "--command", "FOO=1 ./train.sh --x")
@@ -97,3 +97,20 @@ def test_a_command_given_as_a_list_in_settings_is_refused_naming_the_string(tune
 def tuner_lib_create(tmp_path, **kw):
     return tuner.create_study(model="tiny", nodes=1, cluster="local", runner="command",
                               storage=f"sqlite:///{tmp_path / 'lib2.db'}", budget=1, **kw)
+
+
+def test_a_program_outside_path_or_not_executable_is_named_whatever_the_command_form(tmp_path, monkeypatch):
+    # review (task R): the not-executable message read command.strip(), an AttributeError for an argv list (a library's
+    # runner_options) and for env's program; a program only in tuner's own, not activated, environment (a venv's
+    # python, torchrun) was 'not found on PATH: install it'
+    from tuner.runners.program import program_refusal
+    (tmp_path / "train.sh").write_text("#!/bin/sh\nexit 1\n")
+    for cmd in (["./train.sh", "--x"], "env FOO=1 ./train.sh --x"):
+        assert "./train.sh is not executable: chmod +x ./train.sh" in program_refusal(cmd, tmp_path), cmd
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    beside = Path(sys.executable).parent / Path(sys.executable).name
+    assert program_refusal(f"{beside.name} -c pass", tmp_path) == (
+        f"--command: {beside.name!r} is not found on PATH; {beside} is (tuner's own environment, not activated): give "
+        "that path, or activate the environment before tuner starts")
+    assert "install it" in program_refusal("no-such-trainer-xyz", tmp_path)

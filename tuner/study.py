@@ -176,7 +176,7 @@ def check_program(rec: StudyRecord, ray_address: str | None = None) -> None:
     remote = ray_address or (s.get("executor") == "ray" and (s.get("executor_options") or {}).get("address"))
     if rec.runner != "command" or remote:
         return
-    from tuner.runners.command import program_refusal
+    from tuner.runners.program import program_refusal
     refusal = program_refusal(s.get("runner_options", {}).get("command") or "", Path.cwd())
     if refusal:
         raise UsageError(refusal)
