@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import tuner
+import tuner as tuner_module
 from tuner.errors import UsageError
 from tuner.store import open_store
 
@@ -22,8 +23,8 @@ BASE = ("search", "--model", "tiny", "--nodes", "1", "--cluster", "local", "--ru
 def test_a_command_whose_program_is_missing_is_refused_before_the_study(tuner, tmp_path):
     code, out, err = tuner(*BASE, "--study", "typo", "--command", "./nosuch.sh --steps 3")
     assert code == 2 and err.strip().splitlines()[-1] == (
-        f"error: --command: ./nosuch.sh does not exist ({tmp_path / 'nosuch.sh'}): fix the path (a relative path "
-        "means the directory tuner is started from)"), err
+        f"error: --command: ./nosuch.sh does not exist ({tmp_path / 'nosuch.sh'}): fix the path, or start tuner from "
+        "the directory that has it (a relative path means the directory tuner is started from)"), err
     code, out, err = tuner(*BASE, "--study", "typo2", "--command", "no-such-trainer-xyz --flag")
     assert code == 2 and "'no-such-trainer-xyz' is not found on PATH" in err.strip().splitlines()[-1], err
     with open_store(tuner.db) as store:
@@ -114,3 +115,21 @@ def test_a_program_outside_path_or_not_executable_is_named_whatever_the_command_
         f"--command: {beside.name!r} is not found on PATH; {beside} is (tuner's own environment, not activated): give "
         "that path, or activate the environment before tuner starts")
     assert "install it" in program_refusal("no-such-trainer-xyz", tmp_path)
+
+
+def test_a_study_run_or_resumed_from_another_directory_is_refused_naming_it(tuner, tmp_path, monkeypatch):
+    # review (task R) of 730878c: ./train.sh means the directory tuner starts from (each run's CommandRunner reads its
+    # own); from another, resume said 'fix the path' (the stored command cannot change) and a library study created
+    # here, then optimized there, ran its trials (the fresh optimize() path was not checked): each failed
+    (tmp_path / "train.sh").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "train.sh").chmod(0o755)
+    (tmp_path / "elsewhere").mkdir()
+    for name in ("cli", "lib"):
+        tuner_lib_create(tmp_path, study=name, command="./train.sh")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    code, out, err = tuner("resume", "cli", "--db", f"sqlite:///{tmp_path / 'lib2.db'}")
+    assert code == 2 and "or start tuner from the directory that has it" in err.strip().splitlines()[-1], err
+    study = tuner_module.load_study("lib", storage=f"sqlite:///{tmp_path / 'lib2.db'}")
+    with pytest.raises(UsageError, match=r"\./train\.sh does not exist .*elsewhere/train\.sh"):
+        study.optimize()
+    assert study.trials == []

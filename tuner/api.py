@@ -106,6 +106,7 @@ class Study:
             budget = counted + int(n_trials)      # stored once the lease is taken (a refused call changes nothing)
         progress = (lambda p: [cb(p) for cb in callbacks]) if callbacks else None
         if fresh:
+            studies.check_program(rec)        # created from another directory: a relative program means this one
             result = studies.run(self.store, self.store.get_study(self.name), runner=self.runner, budget=budget,
                                  on_progress=progress, time_limit=timeout)
         else:

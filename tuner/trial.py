@@ -154,7 +154,8 @@ def looks_oom(text: str, host: bool = True) -> bool:
 # script's own retry); raised in Python it is an error line ("RuntimeError: CUDA error: ...", failure_log.root_cause).
 # Other sticky errors ("an illegal memory access was encountered", "unspecified launch failure") are no OOM.
 ABORTED = re.compile(r"(?:what\(\):\s+|(?:\[(?:PG [^\]]{0,80}|Rank \d+)\] )?(?:Process group|NCCL) watchdog thread "
-                     r"terminated with exception: )(?:CUDA|HIP) error: out of memory|Cuda failure (?:\d+ )?'out of memory'")
+                     r"terminated with exception: )(?:CUDA|HIP) error: out of memory"
+                     r"|Cuda failure (?:\d+ )?'out of memory'")
 
 
 def oom_abort(text: str) -> str | None:

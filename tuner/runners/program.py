@@ -36,13 +36,13 @@ def program_refusal(command: str | Sequence[str], start: Path) -> str | None:
         return (f"--command: {prog} sets a variable, which only a shell does (the command runs without one): write "
                 f"--command \"env {prog} {rest}\", or export it before tuner starts")
     if prog.startswith("~"):
-        return (f"--command: {prog}: '~' means the home directory only to a shell (the command runs without one): write "
-                f"the path, {os.path.expanduser(prog)}")
+        return (f"--command: {prog}: '~' means the home directory only to a shell (the command runs without one): "
+                f"write the path, {os.path.expanduser(prog)}")
     if "/" in prog:
         path = resolve_relative([prog], start)[0]
         if not os.path.exists(path):
-            return (f"--command: {prog} does not exist ({path}): fix the path (a relative path means the directory "
-                    "tuner is started from)")
+            return (f"--command: {prog} does not exist ({path}): fix the path, or start tuner from the directory "
+                    "that has it (a relative path means the directory tuner is started from)")
         if os.path.isdir(path):
             return f"--command: {prog} is a directory ({path}), not a program: name the script or program in it"
         if not os.access(path, os.X_OK):
