@@ -133,3 +133,12 @@ def test_a_study_run_or_resumed_from_another_directory_is_refused_naming_it(tune
     with pytest.raises(UsageError, match=r"\./train\.sh does not exist .*elsewhere/train\.sh"):
         study.optimize()
     assert study.trials == []
+
+
+def test_a_command_with_an_unbalanced_quote_is_refused_in_one_line(tuner):
+    # review (task R): shlex.split's ValueError escaped CommandRunner: 'internal error: ValueError: No closing
+    # quotation', exit 1
+    code, out, err = tuner(*BASE, "--study", "quote", "--command", "python3 'train.py --x")
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        "error: --command \"python3 'train.py --x\" does not split as a shell would (No closing quotation): balance its "
+        "quotes, or escape the character"), err

@@ -132,7 +132,11 @@ class CommandRunner(TrialRunner):
                  results_dir: Path | str = Path("results"), env: dict[str, str] | None = None,
                  early_stop: EarlyStop | None = None, kill_grace: float = 5.0, poll_interval: float = 0.5,
                  resolve_paths: bool = True, host_memory: bool | None = None):
-        argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+        try:
+            argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+        except ValueError as exc:       # "No closing quotation", "No escaped character"
+            raise UsageError(f"--command {command!r} does not split as a shell would ({exc}): balance its quotes, or "
+                             "escape the character") from None
         if not argv:
             raise UsageError("the command runner needs a command: --command \"python train.py\"")
         self.start_dir = Path.cwd()   # where tuner was started: the command's relative paths mean files here
