@@ -67,6 +67,12 @@ def test_a_shells_words_are_refused_naming_what_runs_without_one(tuner, tmp_path
     assert "./nosuch.sh does not exist" in program_refusal("env FOO=1 ./nosuch.sh", tmp_path)   # env's program
     home = program_refusal("~/train.sh", tmp_path)
     assert "'~' means the home directory only to a shell" in home and home.endswith(str(Path.home() / "train.sh"))
+    # and an argument's: python opened ./~/train.py in the trial directory, every trial failed
+    for cmd, fix in (("python3 ~/train.py --x 1", str(Path.home() / "train.py")),
+                     ("python3 train.py --cfg=~/c.yaml", "--cfg=" + str(Path.home() / "c.yaml"))):
+        refusal = program_refusal(cmd, tmp_path)
+        assert "'~' means the home directory only to a shell" in refusal and refusal.endswith(fix), cmd
+    assert program_refusal("bash -c 'python3 ~/train.py'", tmp_path) is None        # a shell expands it there
 
 
 def test_a_library_study_with_an_argv_list_is_checked_not_crashed(tmp_path, monkeypatch):

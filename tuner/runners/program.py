@@ -22,8 +22,9 @@ ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")     # a shell's NAME=value b
 def program_refusal(command: str | Sequence[str], start: Path) -> str | None:
     """Why `command`'s program cannot start on this machine, naming the fix; None where it can (or `command` does not
     split: the runner says so). A program with a '/' is a file (relative to `start`, the directory tuner is started
-    from: resolve_relative) that must exist and be executable; one without, a name on the trial's PATH. `command`: a
-    string, or an argv list as CommandRunner takes one (a library's runner_options)."""
+    from: resolve_relative) that must exist and be executable; one without, a name on the trial's PATH; a '~' that
+    only a shell expands, in it or an argument, is refused too. `command`: a string, or an argv list as CommandRunner
+    takes one (a library's runner_options)."""
     try:
         argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
     except (ValueError, TypeError):
@@ -35,9 +36,10 @@ def program_refusal(command: str | Sequence[str], start: Path) -> str | None:
         rest = " ".join(shlex.quote(a) for a in argv[1:]) or "PROGRAM"
         return (f"--command: {prog} sets a variable, which only a shell does (the command runs without one): write "
                 f"--command \"env {prog} {rest}\", or export it before tuner starts")
-    if prog.startswith("~"):
-        return (f"--command: {prog}: '~' means the home directory only to a shell (the command runs without one): "
-                f"write the path, {os.path.expanduser(prog)}")
+    home = next((a for a in argv if _home(a) != a or a is prog and a.startswith("~")), None)   # ~/train.py too
+    if home:
+        return (f"--command: {home}: '~' means the home directory only to a shell (the command runs without one): "
+                f"write the path, {_home(home) if _home(home) != home else 'in full'}")
     if "/" in prog:
         path = resolve_relative([prog], start)[0]
         if not os.path.exists(path):
@@ -59,6 +61,12 @@ def program_refusal(command: str | Sequence[str], start: Path) -> str | None:
     if prog == "env" and inner and not inner[0].startswith("-"):    # env FOO=1 ./train.sh: env runs ./train.sh
         return program_refusal(inner, start)
     return None
+
+
+def _home(arg: str) -> str:
+    """`arg` (or an --opt=value's value) with a leading '~' as a shell expands it (unchanged: no such user)."""
+    opt, eq, value = arg.partition("=") if arg.startswith("-") else ("", "", arg)
+    return opt + eq + os.path.expanduser(value) if value.startswith("~") else arg
 
 
 def _not_on_path(prog: str) -> str | None:
