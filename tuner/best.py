@@ -4,10 +4,8 @@ predictions otherwise. The application layer `tuner best`, `tuner launch` and no
 `best_for_unmeasured` (pure) answers "best layout for N nodes" where N was never measured (and `plan` /
 `launch` without trials use the same memory rule): the performance model corrected by every stored
 measurement of the same model, cluster and framework at other node counts (tuner/correction.py), ranked by
-corrected MFU (samples/s for the workload's global batch); a layout that hides more of its gradient sync under
-compute than its nearest measured layout did is ranked as if that share showed (by_verified_hiding). A simulated
-trial is the model's own prediction: it never corrects the model, so simulator studies leave this answer exactly as
-an empty store gives it.
+corrected MFU (samples/s for the workload's global batch). A simulated trial is the model's own prediction:
+it never corrects the model, so simulator studies leave this answer exactly as an empty store gives it.
 At a node count that has stored trials, measured ones answer; simulated ones only where nothing was
 measured (and `tuner best` says so).
 
@@ -29,15 +27,15 @@ import numpy as np
 from tuner import metrics
 from tuner.errors import UsageError
 from tuner.metrics import trial_rank_key
-from tuner.layout import Layout, why_invalid
+from tuner.layout import Layout
 from tuner.frameworks import ALLOCATOR_BIAS, ALLOCATOR_SD, of as framework_of, runnable
 from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT, gpu_fit_probability, memory_fit, predict
 from tuner.perfmodel.communicators import new_dp_group_gb
 from tuner.perfmodel.fit import fit_probability, trial_need_gb
 from tuner.fit_nodes import more_nodes_hint
 from tuner.specs import STORED_SETTINGS, Workload, stored_setting
-from tuner.correction import (LAYOUT_DIMS, TIME_Z_SCALE, Z_DIM, Observations, features, hidden_sync_share, left_out,
-                              memory_features, record_workload, simulated, warm_start_records)
+from tuner.correction import (Z_DIM, Observations, features, left_out, memory_features, record_workload, simulated,
+                              warm_start_records)
 from tuner.oom_evidence import oom_bounds, oom_fit_cap, said_capacities, usable_workload
 from tuner.trial import Status
 
@@ -226,8 +224,7 @@ def answer(row: dict, workload: Workload, evidence: dict) -> dict:
 def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies: dict | None = None) -> list[dict]:
     """The k fastest predicted layouts of `space` for `workload` (a node count never measured), the model
     corrected by the stored trials of the same model and cluster at other node counts (`studies`:
-    name -> StudyRecord, for their global batch). Layouts that keep the memory headroom come first, then by corrected
-    speed less what the measured trials did not show of their hidden gradient sync (by_verified_hiding).
+    name -> StudyRecord, for their global batch). Layouts that keep the memory headroom come first.
     Raises UsageError when no layout of the space is valid or likely to fit."""
     from tuner.space import valid_layouts
 
@@ -251,74 +248,9 @@ def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies:
                          f"({least['layout'].key()}) of {workload.cluster.memory_gb:.1f}"
                          f"{' usable, ' + _usable_words(usable) if usable else ''}; "
                          f"{more_nodes_hint(workload, space)}")
-    ranked = by_verified_hiding(likely, workload, records, studies, max(int(k), 1))
+    likely.sort(key=lambda r: (not r["headroom_ok"], -r["mfu"], r["memory_gb"]))
     evidence = _evidence(ws, workload, studies, usable)
-    return [answer(r, workload, evidence) for r in ranked]
-
-
-def measured_hiding(records, workload: Workload, studies: dict | None) -> tuple[list, Workload] | None:
-    """What each measured ok trial hid of its step's gradient sync (hidden_sync_share), with its layout coordinates as
-    the time correction weighs them (features, TIME_Z_SCALE), at the measured node count nearest `workload`'s, and that
-    workload (record_workload); None where nothing was measured."""
-    ok = [r for r in records or () if r.status == Status.OK and r.mfu and not left_out(r, workload, studies)]
-    if not ok:
-        return None
-    nodes = min({int(r.nodes) for r in ok}, key=lambda n: (abs(math.log(n / workload.nodes)), n))
-    ws = {r.layout: record_workload(r, workload, studies) for r in ok if int(r.nodes) == nodes}
-    ws = {lay: w for lay, w in ws.items() if lay.gpus == w.gpus}
-    if not ws:
-        return None
-    return [(_coords(lay), hidden_sync_share(lay, w)) for lay, w in ws.items()], next(iter(ws.values()))
-
-
-def _coords(layout: Layout) -> np.ndarray:
-    return features(layout, None).z[:LAYOUT_DIMS] * TIME_Z_SCALE[:LAYOUT_DIMS]
-
-
-def unverified_hiding(layout: Layout, workload: Workload, measured: tuple[list, Workload]) -> float:
-    """How much more of its step `layout` hides of its gradient sync at the measured node count (the same layout with
-    dp scaled to its GPUs: a measured trial's twin is that trial) than its nearest measured layout hid there -- the
-    one whose error the correction carries to it most (the layout coordinates, as the time correction weighs them;
-    the most any of the nearest hid): a share no measurement near it has shown the model's overlap to hold (0 where
-    the layout has no such counterpart)."""
-    trials, w = measured
-    dp = layout.dp * w.gpus / workload.gpus
-    if dp < 1 or dp != int(dp):
-        return 0.0
-    there = replace(layout, dp=int(dp))
-    if why_invalid(there, w):
-        return 0.0
-    z = _coords(there)
-    d2 = [float(((z - zt) ** 2).sum()) for zt, _ in trials]
-    near = max(h for d, (_, h) in zip(d2, trials) if d <= min(d2) + 1e-12)
-    return max(0.0, hidden_sync_share(there, w) - near)
-
-
-def by_verified_hiding(rows: list[dict], workload: Workload, records, studies: dict | None, k: int) -> list[dict]:
-    """The first k of `rows` (corrected, likely to fit), those keeping the memory headroom first, ranked by corrected speed
-    over 1 + the share of the step they hide beyond what the measured trials hid (unverified_hiding; issue 30 round 22):
-    the model hides a collective under compute wholly until it outlasts that compute, and no measurement at the
-    measured node count tested it hiding that much, so that share may show in full (the step one share longer). Twins
-    of measured trials, and every layout where nothing was measured, keep their corrected speed. Only the order moves;
-    the stated speed stays. Rows are visited fastest first and only until none left can rank among the k."""
-    measured = measured_hiding(records, workload, studies)
-    out: list[dict] = []
-    for keep in (True, False):
-        group = sorted((r for r in rows if r["headroom_ok"] == keep), key=lambda r: (-r["mfu"], r["memory_gb"]))
-        need = k - len(out)
-        if need <= 0:
-            break
-        if measured is None:
-            out += group[:need]
-            continue
-        scored: list[tuple[float, float, int]] = []
-        for i, r in enumerate(group):
-            if len(scored) >= need and math.log(r["mfu"]) < sorted(scored)[need - 1][0] * -1:
-                break
-            scored.append((-(math.log(r["mfu"]) - math.log1p(unverified_hiding(r["layout"], workload, measured))),
-                           r["memory_gb"], i))
-        out += [group[i] for *_, i in sorted(scored)[:need]]
-    return out
+    return [answer(r, workload, evidence) for r in likely[:max(int(k), 1)]]
 
 
 def _usable_words(usable: tuple) -> str:

@@ -42,10 +42,8 @@ import numpy as np
 
 from tuner.frameworks import ALLOCATOR_SD
 from tuner.gp import GRID, GP, fit_gp
-from tuner.layout import RECOMPUTE, Layout, micro_batches_per_pipeline, stage_candidates
-from tuner.perfmodel import (_NO_COMPUTE, MEMORY_KEYS, MEMORY_NOISE_SD, _gradient_sync, comm, framework_as_run, memory,
-                             memory_gp_scales, memory_shares, predict)
-from tuner.perfmodel.stages import overlaps_of
+from tuner.layout import RECOMPUTE, Layout
+from tuner.perfmodel import MEMORY_KEYS, MEMORY_NOISE_SD, comm, memory_gp_scales, memory_shares, predict
 from tuner.perfmodel.fit import run_need_gb
 from tuner.specs import Workload, stored_framework
 from tuner.trial import SIMULATED, Status
@@ -145,22 +143,6 @@ def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
     fm = memory_features(pred.memory_breakdown, layout.recompute)
     return Features(z, np.array(shares + [dense_dp, expert_dp, other]), fm, math.log(max(pred.mfu, FLOOR)),
                     math.log(max(pred.memory_gb, 1e-6)), bool(pred.fits), workload.cluster.memory_reserved_gb)
-
-
-def hidden_sync_share(layout: Layout, workload: Workload, pred=None) -> float:
-    """The share of `layout`'s predicted step (`pred`, predict's) that the model hides of its gradient sync under compute
-    (issue 30 round 22): the data-parallel / ZeRO / FSDP collectives' seconds with no compute to hide under (the
-    model's own gradient sync, tuner.perfmodel._gradient_sync, of the stage holding the most parameters, as predict
-    takes them) less the seconds its breakdown shows (dp_*), over the step. 0 where the framework overlaps nothing
-    (Megatron-DeepSpeed)."""
-    pred = pred or predict(layout, workload)
-    model = workload.model
-    params = max((memory.stage_params(model, layout, s), memory.stage_expert_params(model, layout, s))
-                 for s in stage_candidates(layout, model))
-    bare = _gradient_sync(layout, workload, framework_as_run(workload, None), dict(_NO_COMPUTE),
-                          micro_batches_per_pipeline(layout, workload.global_batch), *params, overlaps_of(workload, None))
-    shown = sum(v for k, v in pred.time_breakdown.items() if k.startswith("dp_"))
-    return max(0.0, bare["grad_reduce"] + bare["param_gather"] - shown) / max(pred.step_time_s, 1e-12)
 
 
 # ------------------------------------------------------------------------------------------------ observations
