@@ -43,3 +43,15 @@ def test_framework_modules_name_known_frameworks_and_lists():
     with pytest.raises(UsageError, match="framework_modules.*list of strings"):
         validate_slurm({**table, "framework_modules": {"torchtitan": "rocm/6.2.4"}})
     assert validate_slurm({"modules": ["cuda"]})["framework_modules"] == {}      # none: `modules` for every framework
+
+
+def test_an_empty_framework_module_list_loads_nothing_and_the_note_says_so():
+    """`framework_modules = { megatron-core = [] }` (the job's environment brings its own ROCm) loads no module, and
+    the launch note says that, not "load a rocm/6.x module" (found at the session's end: it said to load one)."""
+    import dataclasses
+    c = load_cluster("frontier")
+    c = dataclasses.replace(c, slurm={**c.slurm, "framework_modules": {"megatron-core": []}})
+    w = dataclasses.replace(make_workload("175b", 4, "frontier"), cluster=c)
+    script = launch_files(SP_LAYOUT, w, framework="megatron-core", train_iters=10, mock_data=True)["launch.sbatch"]
+    assert modules(script) == []
+    assert "load no module for it" in script and "load a rocm/6.x" not in script

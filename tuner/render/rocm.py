@@ -78,7 +78,8 @@ def notes(workload) -> list[str]:
     elif arch(c) == "gfx90a":
         mods = ((c.slurm or {}).get("framework_modules") or {}).get(workload.framework)
         load = (f"the [slurm] table's framework_modules load {', '.join(mods)}" if mods else
-                "load a rocm/6.x (or newer) module in place of the [slurm] table's modules")
+                "load a rocm/6.x (or newer) module in place of the [slurm] table's modules" if mods is None else
+                "the [slurm] table's framework_modules load no module for it: the job's environment must bring ROCm 6")
         stack = "PyTorch's ROCm wheels" if workload.framework == "torchtitan" else ("ROCm Transformer Engine, "
                                                                                   "PyTorch's ROCm wheels")
         out = [f"ROCm: {name}; {workload.framework} runs on ROCm 6 or newer ({stack}): {load}, with a ROCm build of "
