@@ -280,6 +280,23 @@ def test_many_processes_open_a_new_store_at_once(url):
     assert stored_revision(url) == [migrations.HEAD]
 
 
+def test_opening_waits_out_another_writer_of_a_file_not_yet_in_wal_mode(tmp_path):
+    # SQLite answers a journal-mode change while another connection holds the write lock of a file
+    # still in rollback mode with 'database is locked' at once, skipping its busy handler: the race
+    # four drivers opening one new store hit on a busy machine. Opening must wait, as every write does.
+    import sqlite3
+    import threading
+    path = tmp_path / "tuner.db"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE other (i INTEGER)")
+    holder.execute("BEGIN IMMEDIATE")
+    threading.Timer(0.5, holder.execute, ("COMMIT",)).start()
+    with open_store(f"sqlite:///{path}") as store:
+        assert store.study_names() == []
+    holder.close()
+    assert stored_revision(f"sqlite:///{path}") == [migrations.HEAD]
+
+
 # ---- the CLI -----------------------------------------------------------------------------------
 def test_db_commands(tuner, tmp_path):
     old = f"sqlite:///{tmp_path}/old.db"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import sqlite3
+import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -132,6 +134,22 @@ def read_only_url(url: URL) -> URL:
     return make_url(f"sqlite:///{uri}&uri=true")
 
 
+def _set_wal(cur) -> None:
+    """Switch the file to WAL. SQLite answers a journal-mode change that races another process's first
+    open with 'database is locked' at once, without its busy handler: wait for it here, up to the busy
+    timeout, as every other statement does."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            if cur.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(random.uniform(0.005, 0.05))
+
+
 def _make_engine(url: URL, read_only: bool = False) -> Engine:
     if url.get_backend_name() == "postgresql":
         return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10,
@@ -154,7 +172,7 @@ def _make_engine(url: URL, read_only: bool = False) -> Engine:
         cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
         cur.execute("PRAGMA foreign_keys = ON")
         if not memory and not read_only:        # a read-only connection sets nothing in the file
-            cur.execute("PRAGMA journal_mode = WAL")
+            _set_wal(cur)
             cur.execute("PRAGMA synchronous = NORMAL")
         cur.close()
 
