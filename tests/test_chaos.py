@@ -390,7 +390,7 @@ def test_resume_refuses_a_study_a_live_driver_runs(tmp_path):
     """Without --join, resume would mark a live driver's trials interrupted and run them twice: refused."""
     db = f"sqlite:///{tmp_path / 'live.db'}"
     proc = tuner_proc(["search", "--model", "22b", "--nodes", "2", "--searcher", "random", "--budget", "3",
-                       "--sim-delay", "3", "--study", "live"], tmp_path, db)    # still running on a busy machine
+                       "--sim-delay", "600", "--study", "live"], tmp_path, db)    # live until killed below
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -403,7 +403,7 @@ def test_resume_refuses_a_study_a_live_driver_runs(tmp_path):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=30)
-    with open_store(db) as s:       # the trials left need no 3 s each now (what is checked: the resume gets in, runs all)
+    with open_store(db) as s:       # the trials left need no 600 s each now (checked: the resume gets in, runs all)
         opts = s.get_study("live").settings["runner_options"]
         s.update_study_settings("live", {"runner_options": {**opts, "sim_delay": 0.0}})
     r = tuner_run(["resume", "live"], tmp_path, db)      # its process is gone: the lease is void at once
