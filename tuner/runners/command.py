@@ -250,6 +250,8 @@ class CommandRunner(TrialRunner):
         finally:
             run.kill(None, min(self.kill_grace, 1.0))   # reap stragglers left behind by the command
             proc.wait()
+            kill_leftovers([d])   # and any that left the tree unseen (forked into a session of its own, its
+            #                       parent gone, between two looks): they carry this trial's TUNER_TRIAL_DIR
             with self._lock:
                 self._live.discard(run)
         return self._classify(trial, run, result_path, stderr_path, elapsed, timeout)
