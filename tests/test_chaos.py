@@ -157,7 +157,7 @@ def test_driver_killed_three_times_loses_nothing(tmp_path):
 def test_hung_trial_killed_with_its_whole_tree(tuner, tmp_path):
     marker = f"chaos-hang-{uuid.uuid4().hex[:10]}"
     code, out, err = tuner("search", *TINY, "--budget", "1", "--runner", "command", "--study", "hang",
-                           "--command", f"{PY} {CHAOS / 'hang_tree.py'} {marker}", "--trial-timeout", "1.5")
+                           "--command", f"{PY} {CHAOS / 'hang_tree.py'} {marker}", "--trial-timeout", "5")
     assert code == 0, err
     with open_store(tuner.db) as s:
         [t] = s.trials("hang")
@@ -263,7 +263,7 @@ def test_resume_reaps_what_a_sigkilled_driver_left_running(tmp_path):
     marker = f"chaos-k9-{uuid.uuid4().hex[:10]}"
     db = f"sqlite:///{tmp_path / 'k9.db'}"
     proc = tuner_proc(["search", *TINY, "--budget", "1", "--runner", "command", "--study", "k9", "--trial-timeout",
-                       "2", "--command", f"{PY} {CHAOS / 'hang_tree.py'} {marker}"], tmp_path, db)
+                       "5", "--command", f"{PY} {CHAOS / 'hang_tree.py'} {marker}"], tmp_path, db)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not list((tmp_path / "results/trials/k9").glob("*/spawned")):
         time.sleep(0.05)
