@@ -11,8 +11,8 @@ layouts the framework runs, and `launch` renders them for that framework and no 
   DeepSpeed's 1F1B pipeline engine, DP with ZeRO 0-3 (2 and 3 only without a pipeline: the pipeline
   engine refuses them), full or selective recompute; no context parallelism, no interleaved schedule,
   pipeline splits even or DeepSpeed's balanced one (tuner.pipeline_split), FP8 only in its Transformer
-  Engine model (pp 1, no GQA). No communication overlap but ZeRO-3's prefetched gathers and side-stream
-  reduce-scatters (tuner.perfmodel.zero3_time). Gradients kept in the training dtype (2 bytes).
+  Engine model (pp 1, no GQA). No
+  communication overlap. Gradients kept in the training dtype (2 bytes).
 - megatron-core (NVIDIA Megatron-LM / NeMo / Megatron-Bridge): TP (+SP), CP, PP with the interleaved
   schedule and every pipeline split, the distributed optimizer (ZeRO-1), Megatron-FSDP (zero_stage 2:
   --data-parallel-sharding-strategy optim_grads, 3: optim_grads_params; without pipelining), FP8; its overlaps (--tp-comm-overlap with SP,

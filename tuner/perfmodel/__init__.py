@@ -23,8 +23,9 @@ The workload's framework (tuner.frameworks) says what is overlapped. Megatron-Co
 -- its own GEMM (Transformer Engine binds each TP collective to one: `tp_overlap`), a stage's compute, the last
 micro-batch's backward and the first one's forward. Compute one of them hides under is not there for another
 (stages.free_compute: what the interleaved p2p and the MoE exchange hide under is not the gradient sync's).
-Megatron-DeepSpeed's ZeRO 0-2 collectives run after gradient accumulation; its ZeRO-3 prefetches (`zero3_time`), as
-torchtitan's FSDP2 gathers and reduce-scatters layer by layer under the neighbouring layer's compute (`fsdp_time`).
+Megatron-DeepSpeed overlaps nothing: DP/ZeRO collectives run after gradient accumulation (at ZeRO-3 each of
+DeepSpeed's gathers and reduce-scatters pays NCCL's ring latency, `zero3_latency`). torchtitan's
+FSDP2 gathers and reduce-scatters layer by layer under the neighbouring layer's compute (`fsdp_time`).
 t_step_overhead is the cluster's fixed cost per iteration (tuner.perfmodel.step_floor: step_overhead_ms; 0 unless
 measured, as `tuner calibrate` does from real runs of the harness).
 """
@@ -56,7 +57,7 @@ __all__ = ["SM_SHARE", "predict", "rank", "expected_speed", "risk", "keeps_headr
 
 
 def fsdp_time(layout: Layout, workload: Workload, compute_mb: float, m: int, grad_bytes: float = 4.0,
-              gathers: bool = True, weight_bytes: float = 2.0, regather: int = 1, latency: tuple = (0.0, 0.0)) -> dict:
+              gathers: bool = True, weight_bytes: float = 2.0) -> dict:
     """FSDP's exposed collectives per iteration over the d*c ranks that shard the weights (FSDP2's, and
     Megatron-FSDP's with its gradient dtype `grad_bytes`; `gathers` False: its optim_grads, parameters kept
     whole, only the gradients reduce-scattered layer by layer): each layer's
@@ -66,9 +67,7 @@ def fsdp_time(layout: Layout, workload: Workload, compute_mb: float, m: int, gra
     that compute, and the first gather and the last reduce-scatter of a pass show whole. Without
     pipelining that happens every micro-batch (gradients are synchronised at each accumulation step);
     with pipelining once per step (parameters stay gathered, gradients accumulate unsharded). `weight_bytes`: a layer
-    weight's bytes in the gather (Megatron-FSDP's FP8 weights: quantized.layer_gather_bytes); the embedding's stay bf16.
-    `regather`: a layer's gathers under its backward (2: DeepSpeed's recompute); `latency`: the seconds each layer's
-    gather and reduce-scatter take beyond one collective's (DeepSpeed's several: `zero3_time`)."""
+    weight's bytes in the gather (Megatron-FSDP's FP8 weights: quantized.layer_gather_bytes); the embedding's stay bf16."""
     model, cluster = workload.model, workload.cluster
     shards = layout.dp * layout.context_parallel
     if shards <= 1:
@@ -84,8 +83,8 @@ def fsdp_time(layout: Layout, workload: Workload, compute_mb: float, m: int, gra
     ebw = comm.group_bandwidth(cluster, edp, stride)
     ag_e = comm.allgather_time(weight_bytes * experts, edp, ebw, cluster)
     rs_e = comm.reduce_scatter_time(grad_bytes * experts, edp, ebw, cluster)
-    ag = comm.allgather_time(weight_bytes * dense, shards, bw, cluster) + ag_e + latency[0]
-    rs = comm.reduce_scatter_time(grad_bytes * dense, shards, bw, cluster) + rs_e + latency[1]
+    ag = comm.allgather_time(weight_bytes * dense, shards, bw, cluster) + ag_e
+    rs = comm.reduce_scatter_time(grad_bytes * dense, shards, bw, cluster) + rs_e
     embedding = memory.embedding_params(model, layout.tp)
     first = comm.allgather_time(max(weight_bytes * dense, 2.0 * embedding), shards, bw, cluster)
     last = comm.reduce_scatter_time(grad_bytes * max(dense, embedding), shards, bw, cluster)
@@ -93,9 +92,9 @@ def fsdp_time(layout: Layout, workload: Workload, compute_mb: float, m: int, gra
         ag = ag_e = first = 0.0
     fwd, bwd = compute_mb / layers / 3.0, 2.0 * compute_mb / layers / 3.0
     if layout.pp == 1:
-        reduce, gather = max(0.0, regather * ag + rs - bwd), max(0.0, ag - fwd)
+        reduce, gather = max(0.0, ag + rs - bwd), max(0.0, ag - fwd)
         return {"grad_reduce": m * (last + layers * reduce), "param_gather": m * (first + layers * gather),
-                "expert_grad_reduce": m * layers * reduce * _part(regather * ag_e + rs_e, regather * ag + rs),
+                "expert_grad_reduce": m * layers * reduce * _part(ag_e + rs_e, ag + rs),
                 "expert_param_gather": m * layers * gather * _part(ag_e, ag)}
     reduce, gather = max(0.0, rs - bwd), max(0.0, ag - fwd)
     return {"grad_reduce": last + layers * reduce, "param_gather": first + layers * gather,
@@ -103,7 +102,8 @@ def fsdp_time(layout: Layout, workload: Workload, compute_mb: float, m: int, gra
 
 
 def _part(expert: float, whole: float) -> float:
-    """The expert parameters' part of a collective's exposed time: its part of its whole time (both hide alike)."""
+    """The expert parameters' part of a collective's exposed time: its part of the collective's whole time
+    (what hides under compute hides the dense and the expert parts alike)."""
     return expert / whole if whole > 0 else 0.0
 
 
@@ -127,28 +127,16 @@ def bucket_latency(layout: Layout, workload: Workload) -> float:
 
 
 def zero3_latency(layout: Layout, workload: Workload) -> tuple[float, float]:
-    """NCCL's latency of each of DeepSpeed ZeRO-3's collectives but the first of each pass, per micro-batch: (the gathers
-    of the forward, recompute and backward, the reduce-scatters), one per prefetch group and reduce bucket
-    (buckets.zero3_collectives), each a ring over the d*c ranks (comm.nccl_ring_latency). NVIDIA's stacks only."""
+    """NCCL's latency of each of DeepSpeed ZeRO-3's collectives but the first of each pass, per micro-batch: (the
+    parameter all-gathers of the forward, recompute and backward, the gradient reduce-scatters). dp_time charges each
+    pass as one collective; DeepSpeed runs one per prefetch group and per reduce bucket (buckets.zero3_collectives),
+    each a ring over the d*c ranks paying comm.nccl_ring_latency. NVIDIA's stacks only (RCCL's constants not read)."""
     g = layout.dp * layout.context_parallel
     if g <= 1 or workload.cluster.software != "cuda":
         return 0.0, 0.0
     lat = comm.nccl_ring_latency(g, g // comm.ranks_in_domain(workload.cluster, g, layout.tp))
     gathers, reduces = buckets.zero3_collectives(workload.model, layout)
     return (3 if layout.checkpointing else 2) * (gathers - 1) * lat, (reduces - 1) * lat
-
-
-def zero3_time(layout: Layout, workload: Workload, compute_mb: float, m: int, grad_bytes: float) -> dict:
-    """Megatron-DeepSpeed ZeRO-3's exposed gathers and reduce-scatters: fsdp_time's, under the neighbouring layer's compute
-    (a pass's first gather and last reduce-scatter whole, every micro-batch: pp 1 only), with zero3_latency spread over the
-    layers. DeepSpeed @ edaa7221: runtime/zero/partitioned_param_coordinator.py fetch_sub_module gathers the next
-    sub-modules' parameters (up to prefetch_bucket_size, 5e7) on __allgather_stream while the current one computes;
-    stage3.py __reduce_and_partition_ipg_grads reduce-scatters on a side stream where overlap_comm (zero/config.py
-    overlap_comm_valid: on at stage 3), in communication_data_type (engine.py: None -> bf16). Recompute gathers again."""
-    layers, passes = stage_layers(layout, workload.model.num_layers, 0) or 1, 3 if layout.checkpointing else 2
-    gather, reduce = zero3_latency(layout, workload)
-    return fsdp_time(layout, workload, compute_mb, m, grad_bytes, regather=passes - 1,
-                     latency=(gather / passes / layers, reduce / layers))
 
 
 def gradient_sync_time(layout: Layout, workload: Workload, fw, slow: dict, m: int, params_gpu: float,
@@ -187,8 +175,6 @@ def _gradient_sync(layout: Layout, workload: Workload, fw, slow: dict, m: int, p
     compute_mb = free_compute(slow)
     if fw.fsdp:
         return fsdp_time(layout, workload, compute_mb, m)
-    if fw.name == "megatron-deepspeed" and layout.zero_stage >= 3:     # prefetched; reduced on a side stream
-        return zero3_time(layout, workload, compute_mb, m, fw.grad_bytes(workload))
     if megatron_fsdp(layout, workload):     # Megatron-FSDP: layer by layer, in the gradients' own dtype
         out = fsdp_time(layout, workload, compute_mb, m, fw.grad_bytes(workload), gathers=layout.zero_stage >= 3,
                         weight_bytes=quantized.layer_gather_bytes(fw, layout, workload))
@@ -204,6 +190,9 @@ def _gradient_sync(layout: Layout, workload: Workload, fw, slow: dict, m: int, p
     if gb is not None and layout.zero_stage <= 1 and cluster.software == "cuda":
         lat = bucket_latency(layout, workload)
         dp = {"grad_reduce": dp["grad_reduce"] + lat, "param_gather": dp["param_gather"] + lat * (layout.zero_stage == 1)}
+    if fw.name == "megatron-deepspeed" and layout.zero_stage >= 3:
+        gather, reduce = zero3_latency(layout, workload)
+        dp = {"grad_reduce": dp["grad_reduce"] + m * reduce, "param_gather": dp["param_gather"] + m * gather}
     de = {"grad_reduce": 0.0, "param_gather": 0.0}
     if experts_gpu:
         de = comm.dp_time(cluster, layout.expert_parallel * layout.expert_tensor_parallel, expert_data_parallel(layout),
