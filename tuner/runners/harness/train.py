@@ -19,6 +19,8 @@ Environment:
     TUNER_OPTIMIZER       adam (default: the rendered config's Adam) or sgd (plain SGD, lr 0.1, no
                           clipping: the parallelism tests use it, as its losses expose gradient scale)
     TUNER_LR              overrides the optimizer's learning rate
+    TUNER_TORCH_ADAM      1: PyTorch's Adam on GPUs too, not DeepSpeed's FusedAdam (which DeepSpeed compiles
+                          at first use, needing a CUDA compiler that matches torch's CUDA)
     TUNER_MEMORY_LIMIT_GB caps this process's address space growth (RLIMIT_AS) before the model
                           is built, so an oversized layout fails as `oom` on CPU (default: none)
     TUNER_COLLECTIVE_TIMEOUT_S  timeout of a stuck collective, so a failure never hangs (default 600)
@@ -27,7 +29,8 @@ Environment:
 Result JSON (written by rank 0 on success, by the first failing rank otherwise):
     status ok|oom|failed, tflops_per_gpu (Megatron count, with the layout's recompute),
     model_tflops_per_gpu (c = 3), peak_fraction (when a peak is known), samples_per_second,
-    tokens_per_second, peak_memory_gb (max over ranks), message, losses (one per iteration,
+    tokens_per_second, peak_memory_gb (max over ranks), on a GPU peak_reserved_gb and rank 0's device_used_gb /
+    reserved_now_gb after the timed steps (the device's total - free: context and NCCL buffers included), message, losses (one per iteration,
     warm-up included), step_times, samples (really processed in the timed steps), startup_s
     (process start to end of the first iteration), device, precision, world_size, ds_config,
     recompute, sequence_parallel (in effect: tp > 1), rank0 (what rank 0's layers did: layers,
@@ -123,6 +126,16 @@ def peak_memory_gb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9   # ru_maxrss is KiB
 
 
+def device_used_gb(device: torch.device) -> dict:
+    """After the timed steps on a GPU: what the whole device holds (total - free, the CUDA context and NCCL's buffers
+    included: what tuner's memory_reserved_gb stands for beyond PyTorch's reserved bytes) and PyTorch's reserved bytes
+    at that moment, GB of 1e9 bytes; nothing off a GPU."""
+    if device.type != "cuda":
+        return {}
+    free, total = torch.cuda.mem_get_info(device)
+    return {"device_used_gb": (total - free) / 1e9, "reserved_now_gb": torch.cuda.memory_reserved(device) / 1e9}
+
+
 def peak_reserved_gb(device: torch.device) -> float:
     """The caching allocator's reserved peak (its own fragmentation included); 0 off a GPU (none read)."""
     return torch.cuda.max_memory_reserved(device) / 1e9 if device.type == "cuda" else 0.0
@@ -164,8 +177,8 @@ def ds_config(layout: Layout, workload: Workload, precision: str, device: torch.
         config["optimizer"] = {"type": "SGD", "params": {"lr": 0.1}}
         config["gradient_clipping"] = 0.0
         config["zero_allow_untested_optimizer"] = True
-    elif device.type == "cpu":
-        config["optimizer"]["params"]["torch_adam"] = True   # FusedAdam is a CUDA kernel
+    elif device.type == "cpu" or os.environ.get("TUNER_TORCH_ADAM") == "1":
+        config["optimizer"]["params"]["torch_adam"] = True   # FusedAdam is a CUDA kernel DeepSpeed builds at first use
     if os.environ.get("TUNER_LR"):
         config["optimizer"]["params"]["lr"] = float(os.environ["TUNER_LR"])
     return config
@@ -308,7 +321,7 @@ def summary(run: Run, samples: int, timed: float, device: torch.device, precisio
             "samples_per_second": real_samples / timed,
             "tokens_per_second": real_samples * spec.seq_length / timed,
             "peak_memory_gb": float(stats[1]),
-            **({"peak_reserved_gb": float(stats[2])} if device.type == "cuda" else {}),
+            **({"peak_reserved_gb": float(stats[2])} if device.type == "cuda" else {}), **device_used_gb(device),
             "message": "", "samples": real_samples,
             "device": str(device), "precision": precision, "world_size": world,
             "layout": run.layout.as_dict(), "ds_config": run.config, "recompute": run.recompute,
