@@ -1,8 +1,8 @@
 """Real harness trials on one CUDA GPU, and tuner's predictions of them: measured memory, p_fit and speed on a GPU.
 
 On a machine with one CUDA GPU, torch and deepspeed (the repository on PYTHONPATH):
-    python benchmarks/harness_gpu.py run --out DIR [--budget-s 330] [--trial-timeout 150]
-runs TRIALS in order, one at a time, as the local runner launches a trial (`torchrun --standalone --nproc_per_node 1
+    python benchmarks/harness_gpu.py run --out DIR [--set first|second] [--budget-s 330] [--trial-timeout 150]
+runs TRIALS (or SECOND) in order, one at a time, as the local runner launches a trial (`torchrun --standalone --nproc_per_node 1
 -m tuner.runners.harness.train`, the command-runner protocol's trial.json and TUNER_* variables), and appends each
 result to DIR/harness_gpu.jsonl as it ends: the trial (model preset, layout, global batch), the harness's result
 (status; samples/s, Megatron and model TFLOP/s, peak allocated and reserved bytes, the device's use after the steps)
@@ -49,6 +49,15 @@ TRIALS = [
     ("gpt-1.4b", 8, "none", 0, 16), ("gpt-1.4b", 8, "full", 0, 16), ("mpt-3b", 4, "none", 0, 16),
     ("mpt-3b", 8, "full", 0, 16), ("gpt-1.4b", 4, "selective", 1, 16),
 ]
+# The second set, committed before any constant was chosen on the first's rows (which showed every 7-8B layout at
+# ZeRO 0 out of memory): other models and layouts, ZeRO 1 and 2 (DeepSpeed's ZeRO optimizer at dp 1) among them.
+SECOND = [
+    ("mpt-7b", 1, "full", 1, 4), ("llama2-7b", 1, "full", 1, 4), ("mpt-3b", 8, "full", 0, 16),
+    ("gpt-1.4b", 4, "selective", 1, 16), ("mpt-7b", 1, "full", 2, 4), ("mpt-1b", 8, "none", 0, 32),
+    ("mpt-3b", 2, "none", 1, 16), ("gpt-1.4b", 2, "full", 0, 16), ("llama3-8b", 1, "full", 1, 2),
+    ("mpt-3b", 4, "full", 2, 16),
+]
+SETS = {"first": TRIALS, "second": SECOND}
 
 
 def workload_of(model: str, cluster: str, global_batch: int) -> Workload:
@@ -119,9 +128,10 @@ def cmd_run(args) -> int:
     dest, info = out / "harness_gpu.jsonl", machine()
     print(json.dumps(info), flush=True)
     base, start = Path(tempfile.mkdtemp(prefix="harness-gpu-")), time.time()
-    for i, trial in enumerate(TRIALS):
+    trials = SETS[args.set]
+    for i, trial in enumerate(trials):
         if time.time() - start > args.budget_s:
-            print(f"budget spent: {len(TRIALS) - i} trial(s) not started", flush=True)
+            print(f"budget spent: {len(trials) - i} trial(s) not started", flush=True)
             break
         row = {**run_one(trial, args.cluster, i, base, args.trial_timeout), "machine": info,
                "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -182,6 +192,7 @@ def main(argv=None) -> int:
     r = sub.add_parser("run")
     r.add_argument("--out", required=True)
     r.add_argument("--cluster", default="h200")
+    r.add_argument("--set", choices=sorted(SETS), default="first", help="which list of trials (TRIALS, SECOND)")
     r.add_argument("--budget-s", type=float, default=330.0)
     r.add_argument("--trial-timeout", type=float, default=150.0)
     c = sub.add_parser("compare")
