@@ -153,6 +153,9 @@ def compared(row: dict) -> dict:
         reserve = w.cluster.memory_reserved_gb
         need = run_need_gb(row["peak_memory_gb"], reserve, row.get("peak_reserved_gb"))
         out.update(need_gb=need, mem_ratio=need / pr.memory_gb, speed_ratio=row["samples_per_second"]
+                   / pr.samples_per_second, alloc_ratio=row["peak_memory_gb"] / (pr.memory_gb - reserve),
+                   frag=row.get("peak_reserved_gb", math.nan) / row["peak_memory_gb"])
+        out.update(speed_ratio=row["samples_per_second"]
                    / pr.samples_per_second, mfu=row["model_tflops_per_gpu"] / w.cluster.peak_tflops, pred_mfu=pr.mfu,
                    outside=row.get("device_used_gb", math.nan) - row.get("reserved_now_gb", math.nan))
     return out
@@ -163,11 +166,13 @@ def cmd_compare(args) -> int:
     done = [r for r in rows if r.get("status") in ("ok", "oom")]
     print(f"{len(rows)} rows, {len(done)} ran to ok or oom ({', '.join(sorted({r['machine']['gpu'] for r in rows}))})")
     print(f"{'row':44s} {'status':6s} {'pred GB':>8s} {'p_fit':>6s} {'need GB':>8s} {'need/pred':>9s} "
-          f"{'beyond PyTorch GB':>17s} {'speed m/p':>9s} {'MFU':>6s} {'pred MFU':>8s}")
+          f"{'alloc/pred':>10s} {'reserved/alloc':>14s} {'beyond PyTorch GB':>17s} {'speed m/p':>9s} {'MFU':>6s} "
+          f"{'pred MFU':>8s}")
     cs = [compared(r) for r in done]
     for c in cs:
         print(f"{c['row']:44s} {c['status']:6s} {c['pred_gb']:8.1f} {c['p_fit']:6.3f} "
-              + (f"{c['need_gb']:8.1f} {c['mem_ratio']:9.3f} {c['outside']:17.2f} {c['speed_ratio']:9.3f} "
+              + (f"{c['need_gb']:8.1f} {c['mem_ratio']:9.3f} {c['alloc_ratio']:10.3f} {c['frag']:14.3f} "
+                 f"{c['outside']:17.2f} {c['speed_ratio']:9.3f} "
                  f"{c['mfu']:6.3f} {c['pred_mfu']:8.3f}" if c["status"] == "ok" else ""))
     ok = [c for c in cs if c["status"] == "ok"]
     if ok:
@@ -175,6 +180,9 @@ def cmd_compare(args) -> int:
         speed = [abs(math.log(c["speed_ratio"])) for c in ok]
         print(f"memory need / predicted: median |log| {statistics.median(mem):.3f}, worst {max(mem):.3f} "
               f"(signed median {statistics.median(c['mem_ratio'] for c in ok):.3f}) on {len(ok)} rows")
+        alloc = [abs(math.log(c["alloc_ratio"])) for c in ok]
+        print(f"allocated peak / predicted less the reserve: median |log| {statistics.median(alloc):.3f}, worst "
+              f"{max(alloc):.3f}; reserved / allocated peak median {statistics.median(c['frag'] for c in ok):.3f}")
         print(f"speed measured / predicted: median |log| {statistics.median(speed):.3f}, worst {max(speed):.3f} "
               f"(signed median {statistics.median(c['speed_ratio'] for c in ok):.3f})")
         print(f"device use beyond PyTorch's reserved bytes: median {statistics.median(c['outside'] for c in ok):.2f}"

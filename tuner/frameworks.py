@@ -120,6 +120,7 @@ class Framework:
     memory_errors: tuple = ()   # the seen rows' log errors about memory_bias as equally likely atoms: p_fit's
                                 # distribution (tuner.perfmodel.fit, ERROR_QUANTILES); () -- the normal of memory_sd
     memory_sources: str = ""    # where those measurements come from (every one with Adam's moments in fp32)
+    deepspeed_step: bool = False  # DeepSpeed's engine steps the optimizer: its gradient copies (memory.step_copy_bytes)
 
     def memory_note(self, workload: "Workload | None" = None) -> str:
         """Where the memory error behind p_fit comes from, as every output states it; for a workload whose Adam
@@ -359,7 +360,7 @@ FRAMEWORKS: dict[str, Framework] = {
         name="megatron-deepspeed", title="Megatron-DeepSpeed", overlaps=frozenset(), fsdp=False,
         memory_sd=0.11, memory_bias=0.0, selective="core-attention", attention="fused", compiled="always",
         files=("ds_config.json", "megatron_args.txt", *_COMMON), zero_stages=(1, 0, 2, 3), sp_with_tp=False,
-        refuse=_megatron_deepspeed),
+        refuse=_megatron_deepspeed, deepspeed_step=True),
     "megatron-core": Framework(
         name="megatron-core", title="Megatron-Core (Megatron-LM, NeMo)", overlaps=frozenset({"tp", "p2p", "dp", "ep"}),
         fsdp=False, memory_sd=0.00027, memory_bias=0.00028, memory_n=146,

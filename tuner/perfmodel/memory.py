@@ -298,8 +298,29 @@ def _stage_sums(layout: Layout, workload: Workload, fw, sh: Shape, parts: tuple,
                                            loss_chunks, memo)
     elif fw.megatron_loss:
         act, logits = megatron_phases(workload.model, sh, act, layout, workload.cluster.flash_attention, memo, bool(logits))
-    values = (act / GB, logits / GB, buffers / GB, workload.cluster.memory_reserved_gb)
+    act, logits, buffers = act / GB, logits / GB, buffers / GB
+    buffers = buffers + max(0.0, step_copy_bytes(layout, workload, fw, params, parts[1]) / GB - act - logits - buffers)
+    values = (act, logits, buffers, workload.cluster.memory_reserved_gb)
     return sum((*state_values, *values)), out, values, params
+
+
+def step_copy_bytes(layout: Layout, workload: Workload, fw, params: float, experts: float) -> float:
+    """The gradient copies DeepSpeed's engine makes in its optimizer step, after the backward freed the activations
+    (so a stage's peak is its states plus the larger of the two phases; _stage_sums keeps the excess in the working
+    buffers' entry). Read from DeepSpeed 0.19.8 with bf16 and its default gradient accumulation dtype (bf16: tuner's
+    ds_config sets no data_types), in its plain engine (pp 1: the harness's GPT, Megatron-DeepSpeed's
+    --no-pipeline-parallel): at ZeRO 0 (`_do_optimizer_sanity_check` -> DDP_BFLOAT16, FP16_Optimizer with a fused Adam,
+    runtime/fp16/fused_optimizer.py `step`) an fp32 copy of every gradient and their flattened fp32 buffer, 4 + 4
+    bytes a parameter beside the bf16 gradients; at ZeRO 1 and 2 (DeepSpeedZeroOptimizer, runtime/zero/stage_1_and_2.py
+    `step`) the rank's gradient partition flattened in bf16 and its fp32 copy, (2 + 4) / d. Measured on one H200
+    (benchmarks/harness_gpu.py). Not read, so 0: ZeRO 3, and the pipeline engine (pp > 1: BF16_Optimizer at ZeRO 0;
+    at ZeRO 1 the Frontier study's 175B stage 0, 33.9 GB at pp 16, is met without the copies)."""
+    if not fw.deepspeed_step or layout.zero_stage == 3 or layout.pp > 1:
+        return 0.0
+    if layout.zero_stage == 0:
+        return 8.0 * params
+    dense = layout.dp * layout.context_parallel
+    return 6.0 * ((params - experts) / dense + experts / max(1, expert_data_parallel(layout)))
 
 
 def _states_gb(layout: Layout, workload: Workload, fw, stage: int, sh: Shape, params: float, experts: float,

@@ -195,10 +195,11 @@ def _activations(fw, terms, m, full, per_cut: list, offload: tuple) -> dict:
 
 def _states(layouts: list[Layout], workload: Workload, firsts, cuts: _Cuts) -> tuple:
     """Per (cut, ZeRO stage) and candidate stage: the model states in GB (weights, gradients, optimizer, FP8
-    weights), their sum in _stage_sums' order and the ZeRO-3 buffers in GB (memory._states_gb)."""
+    weights), their sum in _stage_sums' order, the ZeRO-3 buffers in GB (memory._states_gb) and the optimizer step's
+    gradient copies in GB (memory.step_copy_bytes)."""
     fw, memo, firsts = framework_of(workload), {}, firsts.tolist()
     sv = np.zeros((len(firsts), cuts.width, 4))
-    sums, bufs = np.zeros((len(firsts), cuts.width)), np.zeros((len(firsts), cuts.width))
+    sums, bufs, steps = (np.zeros((len(firsts), cuts.width)) for _ in range(3))
     sh = shape_of(layouts[0], workload)                # _states_gb reads the workload's GEMM format of it alone
     for g, (i, c) in enumerate(zip(firsts, cuts.of[firsts].tolist())):
         lay = layouts[i]
@@ -206,19 +207,21 @@ def _states(layouts: list[Layout], workload: Workload, firsts, cuts: _Cuts) -> t
             out, values, buffers = memory._states_gb(lay, workload, fw, s, sh, params, experts, memo)
             sv[g, j] = [out.get(k, 0.0) for k in ("weights", "gradients", "optimizer", "fp8_weights")]
             sums[g, j], bufs[g, j] = sum(values), buffers / GB
-    return sv, sums, bufs
+            steps[g, j] = memory.step_copy_bytes(lay, workload, fw, params, experts) / GB
+    return sv, sums, bufs, steps
 
 
 def _fit(workload: Workload, parts: dict, part_of, states: tuple, state_of) -> tuple[list[float], list[float]]:
     """peak_memory's worst stage (the first of the largest total), then breakdown_fit: the measured bias, the shares,
     account_sd and gpu_fit_probability (per layout, with math), or errors_fit_probability (fit.prior_fit_probability)."""
-    fw, sv, sums, bufs = framework_of(workload), *states
+    fw, sv, sums, bufs, steps = framework_of(workload), *states
     reserved = workload.cluster.memory_reserved_gb
-    act, logits = parts["act"][part_of], parts["logits"][part_of]
-    total = sums[state_of] + act + logits + bufs[state_of] + reserved      # sum((*state_values, *values))
+    act, logits, bufs = parts["act"][part_of], parts["logits"][part_of], bufs[state_of]
+    bufs = bufs + np.maximum(0.0, steps[state_of] - act - logits - bufs)   # memory._stage_sums' step phase
+    total = sums[state_of] + act + logits + bufs + reserved      # sum((*state_values, *values))
     worst = np.where(parts["valid"][part_of], total, -np.inf).argmax(axis=1)[:, None]
     pick = lambda a: np.take_along_axis(a, worst, axis=1)[:, 0]           # noqa: E731
-    total, act, logits, buf = pick(total), pick(act), pick(logits), pick(bufs[state_of])
+    total, act, logits, buf = pick(total), pick(act), pick(logits), pick(bufs)
     states_gb = np.take_along_axis(sv[state_of], worst[:, :, None], axis=1)[:, 0, :]
     bias = total * math.expm1(fw.memory_bias) if fw.memory_bias else np.zeros_like(total)
     if fw.memory_bias:
