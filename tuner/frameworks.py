@@ -117,8 +117,7 @@ class Framework:
     fp8_params: bool = False    # FP8 / MXFP8 layer weights held as TransformerEngine's quantized tensors alone where
                                 # it runs a sharded optimizer (--fp8-param-gather; `quantized_params`)
     memory_n: int = 0           # the measurements memory_errors were chosen on (0: assumed)
-    memory_errors: tuple = ()   # the seen rows' log errors about memory_bias as equally likely atoms: p_fit's
-                                # distribution (tuner.perfmodel.fit, ERROR_QUANTILES); () -- the normal of memory_sd
+    memory_errors: tuple = ()   # seen rows' log errors about memory_bias: p_fit's atoms (fit.ERROR_QUANTILES; (): normal)
     memory_sources: str = ""    # where those measurements come from (every one with Adam's moments in fp32)
     deepspeed_step: bool = False  # DeepSpeed's engine steps the optimizer: its gradient copies (memory.step_copy_bytes)
 
