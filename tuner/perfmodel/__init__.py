@@ -128,8 +128,7 @@ def bucket_latency(layout: Layout, workload: Workload) -> float:
 
 def zero3_latency(layout: Layout, workload: Workload) -> tuple[float, float]:
     """NCCL's latency of each of DeepSpeed ZeRO-3's collectives but the first of each pass, per micro-batch: (the
-    parameter all-gathers of the forward, recompute and backward, less what DeepSpeed keeps between uses
-    (buckets.zero3_gather_passes), the gradient reduce-scatters). dp_time charges each
+    parameter all-gathers of the forward, recompute and backward, the gradient reduce-scatters). dp_time charges each
     pass as one collective; DeepSpeed runs one per prefetch group and per reduce bucket (buckets.zero3_collectives),
     each a ring over the d*c ranks paying comm.nccl_ring_latency. NVIDIA's stacks only (RCCL's constants not read)."""
     g = layout.dp * layout.context_parallel
@@ -137,7 +136,7 @@ def zero3_latency(layout: Layout, workload: Workload) -> tuple[float, float]:
         return 0.0, 0.0
     lat = comm.nccl_ring_latency(g, g // comm.ranks_in_domain(workload.cluster, g, layout.tp))
     gathers, reduces = buckets.zero3_collectives(workload.model, layout)
-    return buckets.zero3_gather_passes(workload.model, layout) * (gathers - 1) * lat, (reduces - 1) * lat
+    return (3 if layout.checkpointing else 2) * (gathers - 1) * lat, (reduces - 1) * lat
 
 
 def gradient_sync_time(layout: Layout, workload: Workload, fw, slow: dict, m: int, params_gpu: float,
@@ -186,10 +185,8 @@ def _gradient_sync(layout: Layout, workload: Workload, fw, slow: dict, m: int, p
         return out
     gb = fw.grad_bytes(workload) if fw.name == "megatron-core" else None     # its buffers' dtype (comm.dp_time)
     dense = params_gpu - experts_gpu
-    deepspeed_z3 = fw.name == "megatron-deepspeed" and layout.zero_stage >= 3     # DeepSpeed keeps some gathers
-    z3 = buckets.zero3_gather_passes(workload.model, layout) if deepspeed_z3 else None
     dp = comm.dp_time(cluster, t, layout.dp * layout.context_parallel, layout.zero_stage, dense, m,
-                      layout.checkpointing, gb, quantized.gather_bytes(fw, layout, workload, dense), z3)
+                      layout.checkpointing, gb, quantized.gather_bytes(fw, layout, workload, dense))
     if gb is not None and layout.zero_stage <= 1 and cluster.software == "cuda":
         lat = bucket_latency(layout, workload)
         dp = {"grad_reduce": dp["grad_reduce"] + lat, "param_gather": dp["param_gather"] + lat * (layout.zero_stage == 1)}
@@ -200,7 +197,7 @@ def _gradient_sync(layout: Layout, workload: Workload, fw, slow: dict, m: int, p
     if experts_gpu:
         de = comm.dp_time(cluster, layout.expert_parallel * layout.expert_tensor_parallel, expert_data_parallel(layout),
                           layout.zero_stage, experts_gpu, m, layout.checkpointing, gb,
-                          quantized.gather_bytes(fw, layout, workload, experts_gpu, experts=True), z3)
+                          quantized.gather_bytes(fw, layout, workload, experts_gpu, experts=True))
         dp = {k: dp[k] + de[k] for k in dp}
     whole = dp
     if "dp" in (fw.overlaps if hide is None else hide) and layout.zero_stage <= 1:

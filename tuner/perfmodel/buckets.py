@@ -24,8 +24,6 @@ DeepSpeed ZeRO-3's gathers and reduce-scatters are counted over the same list of
 
 from __future__ import annotations
 
-import functools
-
 from tuner.layout import Layout, stage_layers, stage_moe_layers
 from tuner.perfmodel.memory import embedding_params
 from tuner.perfmodel.moe import moe_layer_params
@@ -117,63 +115,3 @@ def zero3_collectives(model: ModelSpec, layout: Layout) -> tuple[int, int]:
             reduces, acc = reduces + 1, 0.0
         acc += n
     return gathers, reduces + (acc > 0)
-
-
-#: DeepSpeed ZeRO-3 keeps a sub-module's gathered parameters after it runs where the module trace uses them again
-#: before more than this many elements of other modules' parameters have been walked (stage3_max_reuse_distance,
-#: default 1e9, which `tuner launch` keeps: deepspeed/runtime/zero/config.py @ 38327e07f, max_reuse_distance; the
-#: same default in v0.3.13's zero/constants.py). partitioned_param_coordinator.py @ 38327e07f `__params_to_release`
-#: walks the trace from the next step, stops once the elements walked reach the distance, and keeps every parameter
-#: it meets on the way; v0.3.13's stage3.py `_keep_for_later` counts the same elements up to the module's next use.
-DS_MAX_REUSE_DISTANCE = 1e9
-
-
-def _layer_modules(model: ModelSpec, layout: Layout) -> list[tuple[float, ...]]:
-    """One GPU's weights of each layer of the first stage, one entry per sub-module in execution order: QKV, the
-    attention projection, fc1, fc2 (an MoE layer: its weights outside the routed experts as one unit, the routed
-    experts as another), tp-split as _first_chunk_params counts them."""
-    t, h, f = layout.tp, model.hidden_size, model.ffn_hidden_size
-    layers = stage_layers(layout, model.num_layers, 0)
-    dense = layers - stage_moe_layers(layout, model, 0)
-    attn = (model.qkv_weights / t, model.o_width * h / t, (model.ffn_matrices - 1) * h * f / t, f * h / t)
-    moe = tuple(n for n in moe_layer_params(model, t, layout.expert_parallel, layout.expert_tensor_parallel) if n)
-    return [attn if i < dense else moe for i in range(layers)]
-
-
-def zero3_gather_passes(model: ModelSpec, layout: Layout, reuse: float = DS_MAX_REUSE_DISTANCE) -> float:
-    """DeepSpeed ZeRO-3's parameter all-gathers of one micro-batch in passes over one GPU's weights (the stage's, the
-    word embedding's included): 2 without recompute (forward, backward), 3 with it (its recompute forward) where every
-    gathered sub-module is released after it runs. DeepSpeed keeps one whose next use comes within `reuse` elements of
-    the trace (DS_MAX_REUSE_DISTANCE): after a layer's recompute its last sub-modules run backward at once, and after
-    the forward the last layers' backward follows the LM head. A layer of GPT-3 175B (1.81e9 elements) keeps fc2
-    (6.0e8) from its recompute to its backward: 2.67 passes; a layer of under 5e8 elements keeps all: 2. The
-    embedding is gathered in the forward and in the backward (2 passes) and walked as the LM head between them."""
-    return _gather_passes(tuple(_layer_modules(model, layout)), embedding_params(model, layout.tp),
-                          layout.checkpointing, reuse)
-
-
-@functools.lru_cache(maxsize=512)
-def _gather_passes(layers: tuple, embedding: float, recompute: bool, reuse: float) -> float:
-    forward = [((i, k), n) for i, mods in enumerate(layers) for k, n in enumerate(mods)]
-    backward = []
-    for i in reversed(range(len(layers))):
-        mods = [((i, k), n) for k, n in enumerate(layers[i])]
-        backward += (mods if recompute else []) + mods[::-1]
-    trace = forward + [("head", embedding)] * 2 + backward
-    walked = [0.0]
-    for _, n in trace:
-        walked.append(walked[-1] + n)
-    following, nxt = {}, [None] * len(trace)
-    for j in reversed(range(len(trace))):
-        nxt[j], following[trace[j][0]] = following.get(trace[j][0]), j
-    gathered, held = 0.0, set()
-    for j, (module, n) in enumerate(trace):
-        if module == "head":
-            continue
-        if module not in held:
-            gathered += n
-            held.add(module)
-        if nxt[j] is None or walked[nxt[j]] - walked[j + 1] >= reuse:    # walked before its next use
-            held.discard(module)
-    weights = sum(map(sum, layers))
-    return (2.0 * embedding + gathered) / (embedding + weights) if weights + embedding else 2.0

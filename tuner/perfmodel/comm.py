@@ -240,8 +240,7 @@ def pipeline_p2p_time(cluster: ClusterSpec, tp: int, dp: int, pp: int, nbytes: f
 
 
 def dp_time(cluster: ClusterSpec, tp: int, dp: int, zero_stage: int, params: float, m: int,
-            checkpointing: bool, grad_bytes: float | None = None, gather_bytes: float = 2.0,
-            z3_passes: float | None = None) -> dict:
+            checkpointing: bool, grad_bytes: float | None = None, gather_bytes: float = 2.0) -> dict:
     """Data-parallel / ZeRO collectives per iteration for a GPU holding `params` parameters (fp16),
     over `dp` ranks `tp` apart (with context parallelism: the d*c ranks sharing weights, stride t).
 
@@ -251,8 +250,7 @@ def dp_time(cluster: ClusterSpec, tp: int, dp: int, zero_stage: int, params: flo
     ZeRO-3: also all-gathers the parameters in every forward, backward (and recompute).
     `grad_bytes` (Megatron-Core, ZeRO 0 / 1): its gradient buffers' dtype, see the branch below; `gather_bytes`: the
     bytes per parameter its parameter all-gather moves there (2, bf16; less where the weights are quantized alone:
-    tuner.perfmodel.quantized.gather_bytes); `z3_passes`: ZeRO-3's gathers a micro-batch in passes over the weights
-    where the stack keeps some between uses (DeepSpeed: buckets.zero3_gather_passes), else 3 with recompute, 2 without."""
+    tuner.perfmodel.quantized.gather_bytes)."""
     if dp <= 1:
         return {"grad_reduce": 0.0, "param_gather": 0.0}
     bw = group_bandwidth(cluster, dp, tp)
@@ -274,7 +272,7 @@ def dp_time(cluster: ClusterSpec, tp: int, dp: int, zero_stage: int, params: flo
     rs = m * reduce_scatter_time(n, dp, bw, cluster)
     if zero_stage == 2:
         return {"grad_reduce": rs, "param_gather": allgather_time(n, dp, bw, cluster)}
-    gathers = z3_passes if z3_passes is not None else 3 if checkpointing else 2
+    gathers = 3 if checkpointing else 2
     return {"grad_reduce": rs, "param_gather": m * gathers * allgather_time(n, dp, bw, cluster)}
 
 
