@@ -315,12 +315,24 @@ def step_copy_bytes(layout: Layout, workload: Workload, fw, params: float, exper
     `step`) the rank's gradient partition flattened in bf16 and its fp32 copy, (2 + 4) / d. Measured on one H200
     (benchmarks/harness_gpu.py). Not read, so 0: ZeRO 3, and the pipeline engine (pp > 1: BF16_Optimizer at ZeRO 0;
     at ZeRO 1 the Frontier study's 175B stage 0, 33.9 GB at pp 16, is met without the copies)."""
-    if not fw.deepspeed_step or layout.zero_stage == 3 or layout.pp > 1:
+    if not steps_copied(layout, fw):
         return 0.0
     if layout.zero_stage == 0:
         return 8.0 * params
     dense = layout.dp * layout.context_parallel
     return 6.0 * ((params - experts) / dense + experts / max(1, expert_data_parallel(layout)))
+
+
+def steps_copied(layout: Layout, fw) -> bool:
+    """Whether step_copy_bytes charges the layout: then its breakdown's working-buffer entry (key zero3_buffers) holds
+    no ZeRO-3 gathers, only the step's copies beyond the activations, and is shown as `step_copies` (fit_reason,
+    tuner predict)."""
+    return fw.deepspeed_step and layout.zero_stage != 3 and layout.pp == 1
+
+
+def buffers_name(layout: Layout, fw) -> str:
+    """The working-buffer entry's name as shown (its key stays zero3_buffers): see steps_copied."""
+    return "step_copies" if steps_copied(layout, fw) else "zero3_buffers"
 
 
 def _states_gb(layout: Layout, workload: Workload, fw, stage: int, sh: Shape, params: float, experts: float,
@@ -378,9 +390,10 @@ def peak_memory(layout: Layout, workload: Workload, m: int, sh: Shape | None = N
     return worst[0], _breakdown(*worst[1])
 
 
-def fit_reason(breakdown: dict, capacity_gb: float, stage: int) -> str:
-    """Why a stage does not fit, naming its largest consumers."""
-    parts = sorted(((v, k) for k, v in breakdown.items() if k not in ("total", "params_billion")), reverse=True)
+def fit_reason(breakdown: dict, capacity_gb: float, stage: int, buffers: str = "zero3_buffers") -> str:
+    """Why a stage does not fit, naming its largest consumers (the zero3_buffers entry as `buffers`)."""
+    parts = sorted(((v, buffers if k == "zero3_buffers" else k) for k, v in breakdown.items()
+                    if k not in ("total", "params_billion")), reverse=True)
     top = ", ".join(f"{k} {v:.1f}" for v, k in parts[:3])
     return (f"needs {breakdown['total']:.1f} GB per GPU on stage {stage} but the GPU has {capacity_gb:.1f} GB "
             f"(largest: {top} GB)")
