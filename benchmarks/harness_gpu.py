@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from tuner.layout import Layout  # noqa: E402
 from tuner.perfmodel import predict  # noqa: E402
 from tuner.perfmodel.fit import run_need_gb  # noqa: E402
+from tuner.runners.process import kill_leftovers  # noqa: E402
 from tuner.specs import Workload, load_cluster, load_model  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "harness_measured_h200.jsonl"
@@ -104,11 +105,7 @@ def run_one(trial: tuple, cluster: str, number: int, base: Path, timeout: float)
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
             "-m", "tuner.runners.harness.train"]
     t0 = time.time()
-    try:
-        proc = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
-        tail, code = (proc.stdout + proc.stderr)[-1500:], proc.returncode
-    except subprocess.TimeoutExpired as e:
-        tail, code = f"timed out after {timeout} s: {str(e.stderr or '')[-1200:]}", None
+    tail, code = launch(argv, env, d, timeout)
     res_path = d / "result.json"
     result = json.loads(res_path.read_text()) if res_path.exists() else {"status": "timeout" if code is None
                                                                           else "failed", "message": tail}
@@ -120,6 +117,23 @@ def run_one(trial: tuple, cluster: str, number: int, base: Path, timeout: float)
     if result.get("status") != "ok":
         row["log_tail"] = tail
     return row
+
+
+def launch(argv: list, env: dict, d: Path, timeout: float, cwd: Path = ROOT) -> tuple[str, int | None]:
+    """Run one trial's command (env carries TUNER_TRIAL_DIR = d): the tail of its output and its exit code, None when
+    it ran past `timeout`. Then, and after any end, every process carrying the trial's TUNER_TRIAL_DIR is killed
+    (tuner.runners.process.kill_leftovers): torchrun's worker runs in a session of its own, so killing torchrun
+    alone left it holding the GPU under the next trials."""
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    (d / "pgid").write_text(str(proc.pid))          # marks a started trial, as the command runner's do
+    try:
+        out, code = proc.communicate(timeout=timeout)[0], proc.returncode
+    except subprocess.TimeoutExpired:
+        kill_leftovers([d])
+        out, code = f"timed out after {timeout} s: {proc.communicate()[0][-1200:]}", None
+    kill_leftovers([d])                             # what outlived torchrun
+    return out[-1500:], code
 
 
 def cmd_run(args) -> int:
