@@ -13,7 +13,10 @@ prints each row against tuner's prediction of its layout on the `cluster` the ro
 harness's stack (megatron-deepspeed): the memory the run needed (tuner.perfmodel.fit.run_need_gb: its reserved or
 allocated peak plus the file's memory_reserved_gb) over the predicted memory, the device's use beyond PyTorch's
 reserved bytes against that reserve, the stated p_fit against whether it ran (out of memory or not), and samples/s
-and MFU measured over predicted. Rows are measurements only; nothing here is chosen on them.
+and MFU measured over predicted. Rows are measurements only; nothing here is chosen on them. What saw which rows: the
+first set (data/harness_measured_h200.jsonl) led to DeepSpeed's optimizer-step copies (7f44d06; their byte counts are
+DeepSpeed's code, no constant fitted); the second (data/harness_measured_h200_second.jsonl) was committed before that
+change and no choice has seen it: the held-out set.
 """
 
 from __future__ import annotations
