@@ -172,8 +172,7 @@ def compared(row: dict) -> dict:
         out.update(need_gb=need, mem_ratio=need / pr.memory_gb, speed_ratio=row["samples_per_second"]
                    / pr.samples_per_second, alloc_ratio=row["peak_memory_gb"] / (pr.memory_gb - reserve),
                    frag=row.get("peak_reserved_gb", math.nan) / row["peak_memory_gb"])
-        out.update(speed_ratio=row["samples_per_second"]
-                   / pr.samples_per_second, mfu=row["model_tflops_per_gpu"] / w.cluster.peak_tflops, pred_mfu=pr.mfu,
+        out.update(mfu=row["model_tflops_per_gpu"] / w.cluster.peak_tflops, pred_mfu=pr.mfu,
                    outside=row.get("device_used_gb", math.nan) - row.get("reserved_now_gb", math.nan))
     return out
 
