@@ -264,7 +264,10 @@ def test_export_reads_back_with_pandas(db, tmp_path, fmt):
     df = {"csv": pd.read_csv, "json": pd.read_json, "parquet": pd.read_parquet}[fmt](out)
     assert list(df.columns) == EXPORT_COLUMNS and len(df) >= 10
     ok = df[df.status == "ok"]
-    assert len(ok) == 10 and ok.mfu.notna().all() and ok.peak_fraction.notna().all() and ok.predicted_mfu.notna().all()
+    from tuner.store import open_store
+    stored_ok = sum(str(t.status) == "ok" for t in open_store(db).trials("s1"))   # the model's simulator decides how many
+    assert len(ok) == stored_ok >= 5 and len(df) >= stored_ok + 1      # the pruned and out-of-memory trials come too
+    assert ok.mfu.notna().all() and ok.peak_fraction.notna().all() and ok.predicted_mfu.notna().all()
     assert (df.tp * df.pp * df.dp == 128).all()
     r = run("export", "s1", "--format", fmt, "--out", out, "--db", db, ok=False)
     assert isinstance(r.exception, UsageError) and "--force" in str(r.exception)
