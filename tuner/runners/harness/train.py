@@ -27,16 +27,15 @@ Environment:
     TUNER_MOE_AUX_LOSS_COEFF    MoE models: the load-balancing loss coefficient (default 0.01; 0: none)
 
 Result JSON (written by rank 0 on success, by the first failing rank otherwise):
-    status ok|oom|failed, tflops_per_gpu (Megatron count, with the layout's recompute),
-    model_tflops_per_gpu (c = 3), peak_fraction (when a peak is known), samples_per_second,
-    tokens_per_second, peak_memory_gb (max over ranks), on a GPU peak_reserved_gb and rank 0's device_used_gb /
-    reserved_now_gb after the timed steps (the device's total - free: context and NCCL buffers included), message, losses (one per iteration,
-    warm-up included), step_times, samples (really processed in the timed steps), startup_s
-    (process start to end of the first iteration), device, precision, world_size, ds_config,
-    recompute, sequence_parallel (in effect: tp > 1), rank0 (what rank 0's layers did: layers,
-    layer_runs and attention_core_runs counting recomputes, residual_tokens = sequence positions
-    held between layers, parameters held; for an MoE model also moe_layers, local_experts,
-    expert_rows = (token, expert) rows its experts ran, rows_sent_to_other_ranks, aux_loss).
+    status ok|oom|failed, tflops_per_gpu (Megatron count, with the layout's recompute), model_tflops_per_gpu (c
+    = 3), peak_fraction (when a peak is known), samples_per_second, tokens_per_second, peak_memory_gb (max over
+    ranks), on a GPU peak_reserved_gb and rank 0's device_used_gb / reserved_now_gb after the timed steps (the
+    device's total - free: context and NCCL buffers included), message, losses (one per iteration, warm-up
+    included), step_times, samples (really processed in the timed steps), startup_s (process start to end of the
+    first iteration), device, precision, world_size, ds_config, recompute, sequence_parallel (in effect: tp >
+    1), rank0 (what rank 0's layers did: layers, layer_runs and attention_core_runs counting recomputes,
+    residual_tokens = sequence positions held between layers, parameters held; for an MoE model also moe_layers,
+    local_experts, expert_rows = (token, expert) rows its experts ran, rows_sent_to_other_ranks, aux_loss).
 TFLOPS count an MoE model's active parameters (tuner.perfmodel.flops). The layout's expert_parallel and
 expert_tensor_parallel split the MoE layers (moe.py); the world size stays tp*pp*dp.
 The process exits 0 on `ok` and 1 otherwise (so the launcher tears down the other ranks).
