@@ -41,6 +41,7 @@ from tuner.perfmodel import predict  # noqa: E402
 from tuner.perfmodel.fit import run_need_gb  # noqa: E402
 from tuner.runners.process import kill_leftovers  # noqa: E402
 from tuner.specs import Workload, load_cluster, load_model  # noqa: E402
+from tuner.trial import TrialSpec  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "harness_measured_h200.jsonl"
 FRAMEWORK = "megatron-deepspeed"      # the harness: Megatron-style layers on DeepSpeed's engine
@@ -97,13 +98,9 @@ def run_one(trial: tuple, cluster: str, number: int, base: Path, timeout: float)
     w, lay = workload_of(model, cluster, gb), layout_of(mb, recompute, zero)
     d = base / f"{number:02d}-{lay.key()}-{model}"
     d.mkdir(parents=True)
-    spec = {"study": "harness-gpu", "trial": number, "layout": lay.as_dict(),
-            "model": {k: v for k, v in w.model.as_dict().items() if v is not None}, "cluster": cluster,
-            "nodes": 1, "gpus": 1, "global_batch": gb, "precision": "bf16", "framework": FRAMEWORK}
-    (d / "trial.json").write_text(json.dumps(spec, indent=2))
-    env = {**os.environ, "TUNER_TRIAL_JSON": str(d / "trial.json"), "TUNER_RESULT_JSON": str(d / "result.json"),
-           "TUNER_TRIAL_DIR": str(d), "TUNER_PEAK_TFLOPS": repr(float(w.cluster.peak_tflops)),
-           "TUNER_WARMUP_STEPS": os.environ.get("TUNER_WARMUP_STEPS", "2"),
+    spec = TrialSpec("harness-gpu", number, lay, w, d)            # the protocol's trial.json and TUNER_* variables
+    (d / "trial.json").write_text(json.dumps(spec.as_json(), indent=2))
+    env = {**os.environ, **spec.env(d / "result.json"), "TUNER_WARMUP_STEPS": os.environ.get("TUNER_WARMUP_STEPS", "2"),
            "TUNER_STEPS": os.environ.get("TUNER_STEPS", "3")}
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
             "-m", "tuner.runners.harness.train"]
