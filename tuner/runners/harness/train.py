@@ -24,12 +24,14 @@ Environment:
     TUNER_MEMORY_LIMIT_GB caps this process's address space growth (RLIMIT_AS) before the model
                           is built, so an oversized layout fails as `oom` on CPU (default: none)
     TUNER_COLLECTIVE_TIMEOUT_S  timeout of a stuck collective, so a failure never hangs (default 600)
+    TUNER_CPU_ALLOCATED   0: a CPU rank's peak_memory_gb is its resident peak, not its tensors' (default 1)
     TUNER_MOE_AUX_LOSS_COEFF    MoE models: the load-balancing loss coefficient (default 0.01; 0: none)
 
 Result JSON (written by rank 0 on success, by the first failing rank otherwise):
     status ok|oom|failed, tflops_per_gpu (Megatron count, with the layout's recompute), model_tflops_per_gpu (c
     = 3), peak_fraction (when a peak is known), samples_per_second, tokens_per_second, peak_memory_gb (max over
-    ranks), on a GPU peak_reserved_gb and rank 0's device_used_gb / reserved_now_gb after the timed steps (the
+    ranks: the tensors' allocated peak, on CPU over the set-up and first step, allocated.py), on CPU host_rss_gb
+    (the resident peak), on a GPU peak_reserved_gb and rank 0's device_used_gb / reserved_now_gb after the timed steps (the
     device's total - free: context and NCCL buffers included), message, losses (one per iteration, warm-up
     included), step_times, samples (really processed in the timed steps), startup_s (process start to end of the
     first iteration), device, precision, world_size, ds_config, recompute, sequence_parallel (in effect: tp >
@@ -58,6 +60,7 @@ import torch
 from tuner.layout import Layout
 from tuner.perfmodel.flops import megatron_flops
 from tuner.render.dsconfig import render_ds_config
+from tuner.runners.harness.allocated import CpuAllocated, host_rss_gb
 from tuner.runners.harness.support import layout_refusal, model_refusal
 from tuner.specs import ClusterSpec, ModelSpec, Workload
 from tuner.trial import looks_oom
@@ -119,10 +122,12 @@ def write_json(path: Path, data: dict, exclusive: bool = False) -> None:
     os.replace(tmp, path)
 
 
-def peak_memory_gb(device: torch.device) -> float:
+def peak_memory_gb(device: torch.device, cpu_peak_gb: float | None = None) -> float:
+    """The tensors' allocated peak: the CUDA allocator's, or on CPU `cpu_peak_gb` (allocated.CpuAllocated; the
+    process's resident peak where none was read)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 1e9
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9   # ru_maxrss is KiB
+    return host_rss_gb() if cpu_peak_gb is None else cpu_peak_gb
 
 
 def device_used_gb(device: torch.device) -> dict:
@@ -256,12 +261,16 @@ def one_step(run: Run, batches, device: torch.device) -> tuple[float, int]:
 def train(trial: dict, device: torch.device, precision: str, progress: Path, t_start: float) -> dict:
     import torch.distributed as dist
 
+    counter = CpuAllocated()                  # a CPU rank's tensor bytes, set-up and first step (allocated.py)
+    if device.type == "cpu" and os.environ.get("TUNER_CPU_ALLOCATED", "1") != "0":
+        counter.start()
     run = set_up(trial, device, precision)
     layout, spec, world = run.layout, run.spec, dist.get_world_size()
     seed = _env_int("TUNER_SEED", 1234)
     warmup, steps = _env_int("TUNER_WARMUP_STEPS", 1), _env_int("TUNER_STEPS", 3)
     counts_samples = run.par.first_stage and run.par.tp_rank == 0
     losses, grad_norms, step_times, samples, startup_s, t_timed = [], [], [], 0, None, time.perf_counter()
+    cpu_peak_gb = None
 
     def sync():
         if device.type == "cuda":
@@ -277,6 +286,7 @@ def train(trial: dict, device: torch.device, precision: str, progress: Path, t_s
         batches = micro_batches(step, layout, run.par, spec, run.workload.global_batch, seed, device)
         loss, n_samples = one_step(run, batches, device)
         dt = time.perf_counter() - t0
+        cpu_peak_gb = counter.stop_gb() if step == 0 else cpu_peak_gb
         norm = run.engine.get_global_grad_norm()
         losses.append(loss)
         grad_norms.append(None if norm is None else float(norm))
@@ -293,7 +303,7 @@ def train(trial: dict, device: torch.device, precision: str, progress: Path, t_s
                                     / (dt * world * 1e12)}) + "\n")
     sync()
     timed = time.perf_counter() - t_timed
-    result = summary(run, samples, timed, device, precision, world)
+    result = summary(run, samples, timed, device, precision, world, cpu_peak_gb)
     result.update(losses=losses, grad_norms=grad_norms, step_times=step_times, timed_steps=steps,
                   warmup_steps=warmup, startup_s=startup_s)
     peak = peak_tflops(trial)
@@ -302,13 +312,15 @@ def train(trial: dict, device: torch.device, precision: str, progress: Path, t_s
     return result
 
 
-def summary(run: Run, samples: int, timed: float, device: torch.device, precision: str, world: int) -> dict:
+def summary(run: Run, samples: int, timed: float, device: torch.device, precision: str, world: int,
+            cpu_peak_gb: float | None = None) -> dict:
     """The result of the timed steps: samples summed and peak memory maxed over the ranks."""
     import torch.distributed as dist
 
     from tuner.runners.harness import model as gpt
 
-    stats = torch.tensor([float(samples), peak_memory_gb(device), peak_reserved_gb(device)], dtype=torch.float64,
+    stats = torch.tensor([float(samples), peak_memory_gb(device, cpu_peak_gb), peak_reserved_gb(device)
+                          if device.type == "cuda" else host_rss_gb()], dtype=torch.float64,
                          device=device)
     summed = stats.clone()
     dist.all_reduce(summed)
@@ -320,7 +332,8 @@ def summary(run: Run, samples: int, timed: float, device: torch.device, precisio
             "samples_per_second": real_samples / timed,
             "tokens_per_second": real_samples * spec.seq_length / timed,
             "peak_memory_gb": float(stats[1]),
-            **({"peak_reserved_gb": float(stats[2])} if device.type == "cuda" else {}), **device_used_gb(device),
+            **({"peak_reserved_gb": float(stats[2])} if device.type == "cuda" else {"host_rss_gb": float(stats[2])}),
+            **device_used_gb(device),
             "message": "", "samples": real_samples,
             "device": str(device), "precision": precision, "world_size": world,
             "layout": run.layout.as_dict(), "ds_config": run.config, "recompute": run.recompute,
