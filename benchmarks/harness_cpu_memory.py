@@ -1,0 +1,129 @@
+"""Real DeepSpeed trials on CPU ranks, their tensors' allocated peak against tuner's memory account -- no GPU needed.
+
+    python benchmarks/harness_cpu_memory.py run --out DIR [--trial-timeout 300]
+runs LAYOUTS of the `small` preset (6.9 M parameters) in bf16 on 1-2 CPU ranks through the harness, as the local
+runner launches a trial (torchrun, the command-runner protocol's trial.json and TUNER_* variables; harness_gpu.launch),
+and appends each result to DIR/harness_cpu.jsonl. A CPU rank's peak_memory_gb is its tensors' allocated peak
+(tuner/runners/harness/allocated.py), what max_memory_allocated is on a GPU: DeepSpeed's engine, ZeRO optimizers and
+pipeline engine allocate the same tensors on CPU as on a GPU, so the rows test the account's DeepSpeed terms at
+dp > 1 and pp > 1, which one GPU (harness_gpu.py) cannot. What differs from a GPU run: PyTorch's Adam, not FusedAdam
+(at ZeRO 0 DeepSpeed then wraps it otherwise: the ZeRO-0 rows do not test step_copy_bytes), and no caching allocator.
+    python benchmarks/harness_cpu_memory.py compare [FILE ...]    (default: data/harness_measured_cpu.jsonl)
+prints each row's allocated peak against the prediction less the `local` cluster's reserve (its ratio and the
+excess in GB). Rows are measurements only; nothing here is chosen on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from harness_gpu import launch, machine  # noqa: E402
+from tuner.layout import Layout  # noqa: E402
+from tuner.perfmodel import predict  # noqa: E402
+from tuner.specs import Workload, load_cluster, load_model  # noqa: E402
+from tuner.trial import TrialSpec  # noqa: E402
+
+DATA = ROOT / "benchmarks" / "data" / "harness_measured_cpu.jsonl"
+FRAMEWORK = "megatron-deepspeed"      # the harness: Megatron-style layers on DeepSpeed's engine
+MODEL, GLOBAL_BATCH = "small", 8
+# (tp, pp, dp, micro-batch, ZeRO stage, recompute): every ZeRO stage at dp 1 and 2, tp 2, pp 2 at ZeRO 0 and 1.
+LAYOUTS = [
+    (1, 1, 2, 2, 0, "none"), (1, 1, 2, 2, 1, "none"), (1, 1, 2, 2, 2, "none"), (1, 1, 2, 2, 3, "none"),
+    (1, 1, 1, 2, 0, "none"), (1, 1, 1, 2, 1, "none"), (1, 1, 1, 2, 2, "full"), (1, 1, 2, 4, 1, "full"),
+    (2, 1, 1, 2, 0, "none"), (2, 1, 1, 2, 1, "none"), (1, 2, 1, 2, 0, "none"), (1, 2, 1, 2, 1, "none"),
+]
+
+
+def workload_of(gpus: int) -> Workload:
+    """The row's workload: the `local` cluster as one node of the trial's ranks."""
+    one_node = dataclasses.replace(load_cluster("local"), gpus_per_node=gpus)
+    return Workload(load_model(MODEL), one_node, 1, GLOBAL_BATCH, framework=FRAMEWORK)
+
+
+def layout_of(t: tuple) -> Layout:
+    tp, pp, dp, mb, zero, rc = t
+    return Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, zero_stage=zero, recompute=rc, sequence_parallel=tp > 1)
+
+
+def run_one(t: tuple, number: int, base: Path, timeout: float) -> dict:
+    lay = layout_of(t)
+    w = workload_of(lay.gpus)
+    d = base / f"{number:02d}-{lay.key()}"
+    d.mkdir(parents=True)
+    spec = TrialSpec("harness-cpu", number, lay, w, d)
+    (d / "trial.json").write_text(json.dumps(spec.as_json(), indent=2))
+    env = {**os.environ, **spec.env(d / "result.json"), "TUNER_WARMUP_STEPS": "1", "TUNER_STEPS": "1",
+           "TUNER_DTYPE": "bf16", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(lay.gpus),
+            "-m", "tuner.runners.harness.train"]
+    t0 = time.time()
+    tail, code = launch(argv, env, d, timeout)
+    res = d / "result.json"
+    result = json.loads(res.read_text()) if res.exists() else {"status": "failed", "message": tail}
+    for k in ("ds_config", "layout", "losses", "grad_norms", "step_times", "rank0"):
+        result.pop(k, None)
+    return {"model": MODEL, "global_batch": GLOBAL_BATCH, "layout": lay.as_dict(), "key": lay.key(),
+            "wall_s": round(time.time() - t0, 1), "exit": code, **result}
+
+
+def cmd_run(args) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dest, info, base = out / "harness_cpu.jsonl", machine(), Path(tempfile.mkdtemp(prefix="harness-cpu-"))
+    for i, t in enumerate(LAYOUTS):
+        row = {**run_one(t, i, base, args.trial_timeout), "machine": info,
+               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        with open(dest, "a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+        print(f"{i:2d} {row['key']:32s} {row.get('status')} {row['wall_s']} s allocated {row.get('peak_memory_gb')} "
+              f"resident {row.get('host_rss_gb')}", flush=True)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    rows = [json.loads(x) for f in (args.files or [DATA]) for x in Path(f).read_text().splitlines() if x]
+    ok = [r for r in rows if r.get("status") == "ok"]
+    print(f"{len(rows)} rows, {len(ok)} ok ({MODEL}, bf16, DeepSpeed {rows[0]['machine'].get('deepspeed')})")
+    print(f"{'layout':32s} {'allocated GB':>12s} {'pred less reserve':>17s} {'ratio':>7s} {'excess GB':>9s} "
+          f"{'resident GB':>11s}")
+    logs = []
+    for r in ok:
+        lay = Layout.from_dict(r["layout"])
+        w = workload_of(lay.gpus)
+        want = predict(lay, w).memory_gb - w.cluster.memory_reserved_gb
+        logs.append(math.log(r["peak_memory_gb"] / want))
+        print(f"{r['key']:32s} {r['peak_memory_gb']:12.4f} {want:17.4f} {r['peak_memory_gb'] / want:7.3f} "
+              f"{r['peak_memory_gb'] - want:9.4f} {r.get('host_rss_gb', math.nan):11.4f}")
+    if logs:
+        print(f"allocated / predicted less the reserve: median |log| {statistics.median(map(abs, logs)):.3f}, "
+              f"worst {max(map(abs, logs)):.3f} on {len(logs)} rows")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--out", required=True)
+    r.add_argument("--trial-timeout", type=float, default=300.0)
+    c = sub.add_parser("compare")
+    c.add_argument("files", nargs="*")
+    args = p.parse_args(argv)
+    return cmd_run(args) if args.cmd == "run" else cmd_compare(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
