@@ -1,9 +1,9 @@
 """Real DeepSpeed trials on CPU ranks, their tensors' allocated peak against tuner's memory account -- no GPU needed.
 
     python benchmarks/harness_cpu_memory.py run --out DIR [--set first|second] [--trial-timeout 300]
-runs LAYOUTS of the `small` preset (6.9 M parameters; --set second: SECOND, of llama3-tiny) in bf16 on 1-2 CPU ranks through the harness, as the local
-runner launches a trial (torchrun, the command-runner protocol's trial.json and TUNER_* variables; harness_gpu.launch),
-and appends each result to DIR/harness_cpu.jsonl. A CPU rank's peak_memory_gb is its tensors' allocated peak
+runs LAYOUTS of the `small` preset (6.9 M parameters; --set second: SECOND, of llama3-tiny) in bf16 on 1-2 CPU
+ranks through the harness, as the local runner launches a trial (torchrun, the command-runner protocol's trial.json
+and TUNER_* variables; harness_gpu.launch), and appends each result to DIR/harness_cpu.jsonl. A CPU rank's peak_memory_gb is its tensors' allocated peak
 (tuner/runners/harness/allocated.py), what max_memory_allocated is on a GPU: DeepSpeed's engine, ZeRO optimizers and
 pipeline engine allocate the same tensors on CPU as on a GPU, so the rows test the account's DeepSpeed terms at
 dp > 1 and pp > 1, which one GPU (harness_gpu.py) cannot. What differs from a GPU run: PyTorch's Adam, not FusedAdam
@@ -11,7 +11,9 @@ dp > 1 and pp > 1, which one GPU (harness_gpu.py) cannot. What differs from a GP
     python benchmarks/harness_cpu_memory.py compare [FILE ...]    (default: data/harness_measured_cpu.jsonl; the second
     set, held out of the bucket's choice: data/harness_measured_cpu_second.jsonl)
 prints each row's allocated peak against the prediction less the `local` cluster's reserve (its ratio and the
-excess in GB). Rows are measurements only; nothing here is chosen on them.
+excess in GB). Rows are measurements only; nothing here is chosen on them. What saw which rows: the first set led to
+DeepSpeed's gradient-reduction bucket in the account (10765a5; its bytes are DeepSpeed's code, no constant fitted); the
+second was measured after that change and committed before it was compared: no choice has seen it.
 """
 
 from __future__ import annotations
@@ -105,16 +107,16 @@ def cmd_compare(args) -> int:
     rows = [json.loads(x) for f in (args.files or [DATA]) for x in Path(f).read_text().splitlines() if x]
     ok = [r for r in rows if r.get("status") == "ok"]
     print(f"{len(rows)} rows, {len(ok)} ok (bf16, DeepSpeed {rows[0]['machine'].get('deepspeed')})")
-    print(f"{'model':12s} {'layout':32s} {'allocated GB':>12s} {'pred less reserve':>17s} {'ratio':>7s} {'excess GB':>9s} "
-          f"{'resident GB':>11s}")
+    print(f"{'model':12s} {'layout':32s} {'allocated GB':>12s} {'pred less reserve':>17s} {'ratio':>7s} "
+          f"{'excess GB':>9s} {'resident GB':>11s}")
     logs = []
     for r in ok:
         lay = Layout.from_dict(r["layout"])
         w = workload_of(r["model"], r["global_batch"], lay.gpus)
         want = predict(lay, w).memory_gb - w.cluster.memory_reserved_gb
         logs.append(math.log(r["peak_memory_gb"] / want))
-        print(f"{r['model']:12s} {r['key']:32s} {r['peak_memory_gb']:12.4f} {want:17.4f} {r['peak_memory_gb'] / want:7.3f} "
-              f"{r['peak_memory_gb'] - want:9.4f} {r.get('host_rss_gb', math.nan):11.4f}")
+        print(f"{r['model']:12s} {r['key']:32s} {r['peak_memory_gb']:12.4f} {want:17.4f} "
+              f"{r['peak_memory_gb'] / want:7.3f} {r['peak_memory_gb'] - want:9.4f} {r.get('host_rss_gb', math.nan):11.4f}")
     if logs:
         print(f"allocated / predicted less the reserve: median |log| {statistics.median(map(abs, logs)):.3f}, "
               f"worst {max(map(abs, logs)):.3f} on {len(logs)} rows")

@@ -72,8 +72,8 @@ def steps_copied(layout: Layout, fw) -> bool:
 
 def buffers_name(layout: Layout, fw) -> str:
     """The working-buffer entry's name as shown (its key stays zero3_buffers): `zero_buffers` where it holds DeepSpeed's
-    ZeRO 1 / 2 bucket (or the step's copies beyond the activations), `step_copies` where only the step's copies (ZeRO 0),
-    else `zero3_buffers` (ZeRO 3's gathers and bucket, FSDP's units)."""
+    ZeRO 1 / 2 bucket (or the step's copies beyond the activations), `step_copies` where only the step's copies
+    (ZeRO 0), else `zero3_buffers` (ZeRO 3's gathers and bucket, FSDP's units)."""
     if fw.deepspeed_step and layout.zero_stage in (1, 2):
         return "zero_buffers"
     return "step_copies" if steps_copied(layout, fw) else "zero3_buffers"

@@ -31,8 +31,8 @@ Result JSON (written by rank 0 on success, by the first failing rank otherwise):
     status ok|oom|failed, tflops_per_gpu (Megatron count, with the layout's recompute), model_tflops_per_gpu (c
     = 3), peak_fraction (when a peak is known), samples_per_second, tokens_per_second, peak_memory_gb (max over
     ranks: the tensors' allocated peak, on CPU over the set-up and first step, allocated.py), on CPU host_rss_gb
-    (the resident peak), on a GPU peak_reserved_gb and rank 0's device_used_gb / reserved_now_gb after the timed steps (the
-    device's total - free: context and NCCL buffers included), message, losses (one per iteration, warm-up
+    (the resident peak), on a GPU peak_reserved_gb and rank 0's device_used_gb / reserved_now_gb after the timed
+    steps (the device's total - free: context and NCCL buffers included), message, losses (one per iteration, warm-up
     included), step_times, samples (really processed in the timed steps), startup_s (process start to end of the
     first iteration), device, precision, world_size, ds_config, recompute, sequence_parallel (in effect: tp >
     1), rank0 (what rank 0's layers did: layers, layer_runs and attention_core_runs counting recomputes,
