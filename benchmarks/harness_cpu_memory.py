@@ -3,11 +3,12 @@
     python benchmarks/harness_cpu_memory.py run --out DIR [--set first|second] [--trial-timeout 300]
 runs LAYOUTS of the `small` preset (6.9 M parameters; --set second: SECOND, of llama3-tiny) in bf16 on 1-2 CPU
 ranks through the harness, as the local runner launches a trial (torchrun, the command-runner protocol's trial.json
-and TUNER_* variables; harness_gpu.launch), and appends each result to DIR/harness_cpu.jsonl. A CPU rank's peak_memory_gb is its tensors' allocated peak
-(tuner/runners/harness/allocated.py), what max_memory_allocated is on a GPU: DeepSpeed's engine, ZeRO optimizers and
-pipeline engine allocate the same tensors on CPU as on a GPU, so the rows test the account's DeepSpeed terms at
-dp > 1 and pp > 1, which one GPU (harness_gpu.py) cannot. What differs from a GPU run: PyTorch's Adam, not FusedAdam
-(at ZeRO 0 DeepSpeed then wraps it otherwise: the ZeRO-0 rows do not test step_copy_bytes), and no caching allocator.
+and TUNER_* variables; harness_gpu.launch), and appends each result to DIR/harness_cpu.jsonl. A CPU rank's
+peak_memory_gb is its tensors' allocated peak (tuner/runners/harness/allocated.py), what max_memory_allocated is on a
+GPU: DeepSpeed's engine, ZeRO optimizers and pipeline engine allocate the same tensors on CPU as on a GPU, so the rows
+test the account's DeepSpeed terms at dp > 1 and pp > 1, which one GPU (harness_gpu.py) cannot. What differs from a
+GPU run: PyTorch's Adam, not FusedAdam (at ZeRO 0 DeepSpeed then wraps it otherwise: the ZeRO-0 rows do not test
+step_copy_bytes), and no caching allocator.
     python benchmarks/harness_cpu_memory.py compare [FILE ...]    (default: data/harness_measured_cpu.jsonl; the second
     set, held out of the bucket's choice: data/harness_measured_cpu_second.jsonl)
 prints each row's allocated peak against the prediction less the `local` cluster's reserve (its ratio and the
@@ -116,7 +117,8 @@ def cmd_compare(args) -> int:
         want = predict(lay, w).memory_gb - w.cluster.memory_reserved_gb
         logs.append(math.log(r["peak_memory_gb"] / want))
         print(f"{r['model']:12s} {r['key']:32s} {r['peak_memory_gb']:12.4f} {want:17.4f} "
-              f"{r['peak_memory_gb'] / want:7.3f} {r['peak_memory_gb'] - want:9.4f} {r.get('host_rss_gb', math.nan):11.4f}")
+              f"{r['peak_memory_gb'] / want:7.3f} {r['peak_memory_gb'] - want:9.4f} "
+              f"{r.get('host_rss_gb', math.nan):11.4f}")
     if logs:
         print(f"allocated / predicted less the reserve: median |log| {statistics.median(map(abs, logs)):.3f}, "
               f"worst {max(map(abs, logs)):.3f} on {len(logs)} rows")
