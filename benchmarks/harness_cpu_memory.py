@@ -19,7 +19,6 @@ second was measured after that change and committed before it was compared: no c
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -34,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from harness_gpu import launch, machine  # noqa: E402
+from harness_gpu import launch, machine, run_or_compare  # noqa: E402
 from tuner.layout import Layout  # noqa: E402
 from tuner.perfmodel import predict  # noqa: E402
 from tuner.specs import Workload, load_cluster, load_model  # noqa: E402
@@ -126,16 +125,7 @@ def cmd_compare(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("--out", required=True)
-    r.add_argument("--trial-timeout", type=float, default=300.0)
-    r.add_argument("--set", choices=sorted(SETS), default="first", help="which list of trials (LAYOUTS, SECOND)")
-    c = sub.add_parser("compare")
-    c.add_argument("files", nargs="*")
-    args = p.parse_args(argv)
-    return cmd_run(args) if args.cmd == "run" else cmd_compare(args)
+    return run_or_compare(argv, __doc__, SETS, 300.0, cmd_run, cmd_compare)
 
 
 if __name__ == "__main__":

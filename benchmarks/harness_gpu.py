@@ -207,19 +207,25 @@ def cmd_compare(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_or_compare(argv, doc: str, sets: dict, trial_timeout: float, run, compare, **run_options) -> int:
+    """The `run` / `compare` command line of this benchmark and harness_cpu_memory.py: run's --out, --set (of `sets`),
+    --trial-timeout and `run_options` (name -> (type, default)); compare's files."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
     r.add_argument("--out", required=True)
-    r.add_argument("--cluster", default="h200")
-    r.add_argument("--set", choices=sorted(SETS), default="first", help="which list of trials (TRIALS, SECOND)")
-    r.add_argument("--budget-s", type=float, default=330.0)
-    r.add_argument("--trial-timeout", type=float, default=150.0)
-    c = sub.add_parser("compare")
-    c.add_argument("files", nargs="*")
+    r.add_argument("--set", choices=sorted(sets), default="first", help="which list of trials")
+    r.add_argument("--trial-timeout", type=float, default=trial_timeout)
+    for name, (kind, default) in run_options.items():
+        r.add_argument(name, type=kind, default=default)
+    sub.add_parser("compare").add_argument("files", nargs="*")
     args = p.parse_args(argv)
-    return cmd_run(args) if args.cmd == "run" else cmd_compare(args)
+    return run(args) if args.cmd == "run" else compare(args)
+
+
+def main(argv=None) -> int:
+    return run_or_compare(argv, __doc__, SETS, 150.0, cmd_run, cmd_compare, **{"--cluster": (str, "h200"),
+                                                                                 "--budget-s": (float, 330.0)})
 
 
 if __name__ == "__main__":
