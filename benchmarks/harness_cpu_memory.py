@@ -75,7 +75,8 @@ def run_one(model: str, global_batch: int, t: tuple, number: int, base: Path, ti
     spec = TrialSpec("harness-cpu", number, lay, w, d)
     (d / "trial.json").write_text(json.dumps(spec.as_json(), indent=2))
     env = {**os.environ, **spec.env(d / "result.json"), "TUNER_WARMUP_STEPS": "1", "TUNER_STEPS": "1",
-           "TUNER_DTYPE": "bf16", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+           "TUNER_DTYPE": "bf16", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
+           "CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu"}     # CPU ranks on a GPU machine too, as local.py
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(lay.gpus),
             "-m", "tuner.runners.harness.train"]
     t0 = time.time()

@@ -48,7 +48,8 @@ def run_harness(tmp: Path, zero: int) -> dict:
     (d / "trial.json").write_text(json.dumps(trial))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNER_TRIAL_JSON": str(d / "trial.json"),
            "TUNER_RESULT_JSON": str(d / "result.json"), "TUNER_TRIAL_DIR": str(d), "TUNER_WARMUP_STEPS": "1",
-           "TUNER_STEPS": "1", "TUNER_DTYPE": "bf16", "OMP_NUM_THREADS": "1", "TUNER_COLLECTIVE_TIMEOUT_S": "120"}
+           "TUNER_STEPS": "1", "TUNER_DTYPE": "bf16", "OMP_NUM_THREADS": "1", "TUNER_COLLECTIVE_TIMEOUT_S": "120",
+           "CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu"}       # a CPU rank on a GPU machine too, as local.py
     torchrun = shutil.which("torchrun") or "torchrun"
     proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "1", "-m", "tuner.runners.harness.train"],
                           cwd=d, env=env, capture_output=True, text=True, timeout=600, start_new_session=True)
@@ -61,7 +62,7 @@ def test_the_harness_on_cpu_reports_allocated_bytes(tmp_path):
     if sys.platform != "linux":
         pytest.skip("the harness's CPU ranks run on Linux")
     z1 = run_harness(tmp_path, 1)
-    assert z1["status"] == "ok", z1.get("message")
+    assert z1["status"] == "ok" and z1["device"] == "cpu", (z1.get("message"), z1.get("device"))
     # a tiny model's states and activations are a few MB beside DeepSpeed's bucket, which is allocated but never
     # touched whole, so never resident: the resident set (interpreter and libraries included) stays below it
     assert BUCKET_GB <= z1["peak_memory_gb"] < BUCKET_GB + 0.05
