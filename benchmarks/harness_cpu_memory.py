@@ -13,8 +13,9 @@ step_copy_bytes), and no caching allocator.
     set, held out of the bucket's choice: data/harness_measured_cpu_second.jsonl)
 prints each row's allocated peak against the prediction less the `local` cluster's reserve (its ratio and the
 excess in GB). Rows are measurements only; nothing here is chosen on them. What saw which rows: the first set led to
-DeepSpeed's gradient-reduction bucket in the account (10765a5; its bytes are DeepSpeed's code, no constant fitted); the
-second was measured after that change and committed before it was compared: no choice has seen it.
+DeepSpeed's gradient-reduction bucket in the account (10765a5; its bytes are DeepSpeed's code, no constant fitted),
+reverted (docs/commands/search.md round 27); the second was measured after that change and committed before it was
+compared.
 """
 
 from __future__ import annotations

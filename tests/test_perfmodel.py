@@ -191,13 +191,9 @@ def test_study_layouts_fit_and_are_close(model, nodes, gb, layout, study):
 
 
 def test_175b_stage0_memory_close_to_measured():
-    w = make_workload("gpt-175b", 16, FRONTIER, 640)
-    pr = predict(lay(4, 16, 2), w)
+    pr = predict(lay(4, 16, 2), make_workload("gpt-175b", 16, FRONTIER, 640))
     assert pr.memory_stage == 0 and pr.as_dict()["memory_stage"] == 0
-    # the study's max allocated against the allocated peak (the prediction less the file's reserve), its max
-    # reserved against the prediction (benchmarks/model_accuracy.py prints both)
-    assert pr.memory_gb - w.cluster.memory_reserved_gb == pytest.approx(33.9, rel=0.15)
-    assert pr.memory_gb == pytest.approx(37.8, rel=0.15)
+    assert pr.memory_gb == pytest.approx(33.9, rel=0.15)
 
 
 def test_tp_across_nodes_is_slower_than_tp_in_node():
@@ -311,19 +307,14 @@ def test_memory_grows_with_micro_batch(case):
 @settings(max_examples=150, deadline=None)
 @given(layouts_st)
 def test_zero_stages_order_memory(case):
-    # a higher ZeRO stage never needs more, but for DeepSpeed's fixed gradient-reduction buckets (ZeRO >= 1, 1.0 GB
-    # each whatever the model's size: tuner.perfmodel.ds_buffers), which a small model's savings do not pay for
-    from tuner.perfmodel.ds_buffers import BUCKET_BYTES
     i, layout = case
     w = _space(i)[0]
     mems = []
     for z in (0, 1, 2, 3):
         v = _variant(layout, zero_stage=z)
         if why_invalid(v, w) is None:
-            buckets = (2 if z == 1 and v.pp > 1 else 1) if z and w.framework == "megatron-deepspeed" else 0
-            bucket = buckets * BUCKET_BYTES / 1e9        # a second one at ZeRO 1 under the pipeline engine
-            mems.append(predict(v, w).memory_gb - bucket)
-    assert all(a >= b - 1e-9 for a, b in zip(mems, mems[1:])), mems
+            mems.append(predict(v, w).memory_gb)
+    assert mems == sorted(mems, reverse=True)
 
 
 @settings(max_examples=150, deadline=None)

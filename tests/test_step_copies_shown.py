@@ -1,8 +1,7 @@
 """Where DeepSpeed's optimizer-step gradient copies are the working-buffer entry (memory.step_copy_bytes keeps their
 excess over the activations in the breakdown's zero3_buffers key), what a user reads names them `step_copies`:
-tuner predict's memory line and the reason a layout does not fit; at ZeRO 1 and 2, where it also holds DeepSpeed's
-gradient-reduction bucket, `zero_buffers`. A ZeRO-3 layout and the other stacks keep `zero3_buffers`; the JSON breakdown
-keeps its key."""
+tuner predict's memory line and the reason a layout does not fit. A ZeRO-3 layout, a pipeline (pp > 1) and the other
+stacks keep `zero3_buffers`; the JSON breakdown keeps its key."""
 
 from __future__ import annotations
 
@@ -40,17 +39,12 @@ def test_zero_0_names_the_step_copies_in_the_breakdown_and_the_reason():
     assert "step_copies" in reason and "zero3_buffers" not in reason, reason
 
 
-def test_zero_3_keeps_zero3_buffers_and_zero_1_2_name_deepspeeds_bucket():
-    out = _predict("--model", "mpt-7b", *H200_MDS, "--pp", "1", "--micro-batch", "1", "--zero-stage", "3",
-                   "--recompute", "full", "--global-batch", "32")
-    line = _memory_line(out)
-    assert "zero3_buffers" in line and "step_copies" not in line, line
-    # ZeRO 1 under the pipeline engine: no step copies charged, two 1.0 GB gradient-reduction buckets after the backward
-    # (tuner.perfmodel.ds_buffers), of which what the activations do not already cover is the entry
-    out = _predict("--model", "mpt-7b", *H200_MDS, "--pp", "2", "--micro-batch", "1", "--zero-stage", "1",
-                   "--recompute", "full", "--global-batch", "32")
-    line = _memory_line(out)
-    assert "zero_buffers" in line and "step_copies" not in line and "zero3_buffers" not in line, line
+def test_zero_3_and_pipelines_keep_zero3_buffers():
+    for zero, pp in ((3, "1"), (1, "2")):
+        out = _predict("--model", "mpt-7b", *H200_MDS, "--pp", pp, "--micro-batch", "1", "--zero-stage", str(zero),
+                       "--recompute", "full", "--global-batch", "32")
+        line = _memory_line(out)
+        assert "zero3_buffers" in line and "step_copies" not in line, (zero, pp, line)
     out = _predict("--model", "llama3-8b", "--cluster", "h100", "--nodes", "1", "--framework", "megatron-core",
                    "--tp", "1", "--pp", "1", "--micro-batch", "1", "--zero-stage", "0")
     assert "zero3_buffers" in _memory_line(out)

@@ -11,7 +11,7 @@ from tuner.cli.options import layout_options, workload_options
 from tuner.cli.render import render
 from tuner.frameworks import of as framework_of
 from tuner.perfmodel import RECOMMEND_AT, keeps_headroom, predict as model_predict, risk
-from tuner.perfmodel.ds_buffers import buffers_name
+from tuner.perfmodel.memory import buffers_name
 from tuner.perfmodel.moe_exchange import moe_summary
 from tuner.perfmodel.screening import BATCH_FROM, assemble, rank_shown, screen_run
 from tuner.planning import complete_layout, prediction_row, workload_line
@@ -89,7 +89,7 @@ def predict(model, nodes, cluster, global_batch, seq_length, precision, framewor
     click.echo(f"  memory {p.memory_gb:.1f} GB of {w.cluster.memory_gb:.1f} GB per GPU "
                f"({100 * p.memory_gb / w.cluster.memory_gb:.1f} %; p_fit {p.p_fit:.3f}; {fit})")
     click.echo(f"  p_fit from {fw.memory_note(w)}")
-    shown = {"zero3_buffers": buffers_name(lay, fw)}             # DeepSpeed's bucket / step copies where they are
+    shown = {"zero3_buffers": buffers_name(lay, fw)}             # DeepSpeed's step copies where they are that entry
     memory_shown = {shown.get(k, k): v for k, v in p.memory_breakdown.items()}
     for title, table in (("memory (GB)", memory_shown), ("time (s per step)", p.time_breakdown)):
         click.echo(f"  {title}: " + ", ".join(f"{k} {v:.3g}" for k, v in table.items()))

@@ -25,7 +25,6 @@ DeepSpeed ZeRO-3's gathers and reduce-scatters are counted over the same list of
 from __future__ import annotations
 
 from tuner.layout import Layout, stage_layers, stage_moe_layers
-from tuner.perfmodel.ds_buffers import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET  # noqa: F401
 from tuner.perfmodel.memory import embedding_params
 from tuner.perfmodel.moe import moe_layer_params
 from tuner.specs import ModelSpec
@@ -93,6 +92,10 @@ def bucket_count(model: ModelSpec, layout: Layout, bucket_size: float | None = N
     return _reverse_walk(params, _size(layout, bucket_size))[0] + extra
 
 
+#: DeepSpeed ZeRO-3's defaults, which `tuner launch` keeps (its ds_config.json sets only the stage): parameters are
+#: prefetched in groups of >= 5e7 elements and gradients reduced in buckets of <= 5e8 (deepspeed/runtime/zero/config.py
+#: @ 38327e07f, prefetch_bucket_size and reduce_bucket_size; the same defaults in v0.3.14's zero/constants.py).
+DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET = 5e7, 5e8
 
 
 def zero3_collectives(model: ModelSpec, layout: Layout) -> tuple[int, int]:

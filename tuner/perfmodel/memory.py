@@ -22,8 +22,7 @@ p (Narayanan et al. 2021: 1 + (p - 1)/(p*v) times the layers' activations). FP8 
 quantized (tuner.perfmodel.quantized: a cached copy beside bf16 weights, or, under Megatron-Core's
 --fp8-param-gather, in their place; per-tensor FP8 1 byte per parameter on Blackwell and 2 with its transpose
 elsewhere, MXFP8 2.0625, NVFP4 1.125) and saves the GEMM inputs for backward in FP8 (1 byte, not 2); NVFP4
-0.5625-byte inputs. Where DeepSpeed's engine runs the optimizer (Megatron-DeepSpeed), its ZeRO gradient-reduction
-bucket through the backward and its step's copies after it (tuner.perfmodel.ds_buffers).
+0.5625-byte inputs.
 """
 
 from __future__ import annotations
@@ -33,8 +32,6 @@ from tuner.perfmodel.activations import (  # noqa: F401 -- one layer's account, 
     EAGER_REPLICATED, LAUNCHED_FUSED_QKV, activation_bytes_per_layer, checkpoint_bytes_per_layer, eager_split_bytes,
     fp8_saved_bytes, op_sac_bytes, split_activation_bytes)
 from tuner.perfmodel.compute import Shape, shape_of
-from tuner.perfmodel.ds_buffers import (  # noqa: F401 -- re-exported
-    after_backward_bytes, backward_bytes, buffers_name, step_copy_bytes, steps_copied)
 from tuner.perfmodel.layer_backward import megatron_backward_bytes
 from tuner.perfmodel.memory_loss import LAUNCHED_LOSS_CHUNKS, loss_phase, megatron_loss_bytes
 from tuner.perfmodel.moe import moe_activation_bytes, op_sac_moe_backward_bytes
@@ -302,10 +299,40 @@ def _stage_sums(layout: Layout, workload: Workload, fw, sh: Shape, parts: tuple,
     elif fw.megatron_loss:
         act, logits = megatron_phases(workload.model, sh, act, layout, workload.cluster.flash_attention, memo, bool(logits))
     act, logits, buffers = act / GB, logits / GB, buffers / GB
-    buffers = buffers + backward_bytes(layout, fw) / GB                                   # DeepSpeed's two phases
-    buffers = buffers + max(0.0, after_backward_bytes(layout, workload, fw, params, parts[1]) / GB - act - logits - buffers)
+    buffers = buffers + max(0.0, step_copy_bytes(layout, workload, fw, params, parts[1]) / GB - act - logits - buffers)
     values = (act, logits, buffers, workload.cluster.memory_reserved_gb)
     return sum((*state_values, *values)), out, values, params
+
+
+def step_copy_bytes(layout: Layout, workload: Workload, fw, params: float, experts: float) -> float:
+    """The gradient copies DeepSpeed's engine makes in its optimizer step, after the backward freed the activations
+    (so a stage's peak is its states plus the larger of the two phases; _stage_sums keeps the excess in the working
+    buffers' entry). Read from DeepSpeed 0.19.8 with bf16 and its default gradient accumulation dtype (bf16: tuner's
+    ds_config sets no data_types), in its plain engine (pp 1: the harness's GPT, Megatron-DeepSpeed's
+    --no-pipeline-parallel): at ZeRO 0 (`_do_optimizer_sanity_check` -> DDP_BFLOAT16, FP16_Optimizer with a fused Adam,
+    runtime/fp16/fused_optimizer.py `step`) an fp32 copy of every gradient and their flattened fp32 buffer, 4 + 4
+    bytes a parameter beside the bf16 gradients; at ZeRO 1 and 2 (DeepSpeedZeroOptimizer, runtime/zero/stage_1_and_2.py
+    `step`) the rank's gradient partition flattened in bf16 and its fp32 copy, (2 + 4) / d. Measured on one H200
+    (benchmarks/harness_gpu.py). Not read, so 0: ZeRO 3, and the pipeline engine (pp > 1: BF16_Optimizer at ZeRO 0;
+    at ZeRO 1 the Frontier study's 175B stage 0, 33.9 GB at pp 16, is met without the copies)."""
+    if not steps_copied(layout, fw):
+        return 0.0
+    if layout.zero_stage == 0:
+        return 8.0 * params
+    dense = layout.dp * layout.context_parallel
+    return 6.0 * ((params - experts) / dense + experts / max(1, expert_data_parallel(layout)))
+
+
+def steps_copied(layout: Layout, fw) -> bool:
+    """Whether step_copy_bytes charges the layout: then its breakdown's working-buffer entry (key zero3_buffers) holds
+    no ZeRO-3 gathers, only the step's copies beyond the activations, and is shown as `step_copies` (fit_reason,
+    tuner predict)."""
+    return fw.deepspeed_step and layout.zero_stage != 3 and layout.pp == 1
+
+
+def buffers_name(layout: Layout, fw) -> str:
+    """The working-buffer entry's name as shown (its key stays zero3_buffers): see steps_copied."""
+    return "step_copies" if steps_copied(layout, fw) else "zero3_buffers"
 
 
 def _states_gb(layout: Layout, workload: Workload, fw, stage: int, sh: Shape, params: float, experts: float,

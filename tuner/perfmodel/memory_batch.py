@@ -195,8 +195,8 @@ def _activations(fw, terms, m, full, per_cut: list, offload: tuple) -> dict:
 
 def _states(layouts: list[Layout], workload: Workload, firsts, cuts: _Cuts) -> tuple:
     """Per (cut, ZeRO stage) and candidate stage: the model states in GB (weights, gradients, optimizer, FP8
-    weights), their sum in _stage_sums' order, the ZeRO-3 buffers and DeepSpeed's bucket in GB (memory._states_gb,
-    ds_buffers.backward_bytes) and what DeepSpeed holds after the backward in GB (ds_buffers.after_backward_bytes)."""
+    weights), their sum in _stage_sums' order, the ZeRO-3 buffers in GB (memory._states_gb) and the optimizer step's
+    gradient copies in GB (memory.step_copy_bytes)."""
     fw, memo, firsts = framework_of(workload), {}, firsts.tolist()
     sv = np.zeros((len(firsts), cuts.width, 4))
     sums, bufs, steps = (np.zeros((len(firsts), cuts.width)) for _ in range(3))
@@ -206,8 +206,8 @@ def _states(layouts: list[Layout], workload: Workload, firsts, cuts: _Cuts) -> t
         for j, (s, (params, experts)) in enumerate(zip(cuts.stages[c], cuts.params[c])):
             out, values, buffers = memory._states_gb(lay, workload, fw, s, sh, params, experts, memo)
             sv[g, j] = [out.get(k, 0.0) for k in ("weights", "gradients", "optimizer", "fp8_weights")]
-            sums[g, j], bufs[g, j] = sum(values), (buffers + memory.backward_bytes(lay, fw)) / GB
-            steps[g, j] = memory.after_backward_bytes(lay, workload, fw, params, experts) / GB
+            sums[g, j], bufs[g, j] = sum(values), buffers / GB
+            steps[g, j] = memory.step_copy_bytes(lay, workload, fw, params, experts) / GB
     return sv, sums, bufs, steps
 
 
