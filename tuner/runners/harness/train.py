@@ -24,7 +24,8 @@ Environment:
     TUNER_MEMORY_LIMIT_GB caps this process's address space growth (RLIMIT_AS) before the model
                           is built, so an oversized layout fails as `oom` on CPU (default: none)
     TUNER_COLLECTIVE_TIMEOUT_S  timeout of a stuck collective, so a failure never hangs (default 600)
-    TUNER_CPU_ALLOCATED   0: a CPU rank's peak_memory_gb is its resident peak, not its tensors' (default 1)
+    TUNER_CPU_ALLOCATED   0: a CPU rank's peak_memory_gb is its resident peak, not its tensors' (default 1; the
+                          resident peak also without a warm-up step, whose profiling would be timed)
     TUNER_MOE_AUX_LOSS_COEFF    MoE models: the load-balancing loss coefficient (default 0.01; 0: none)
 
 Result JSON (written by rank 0 on success, by the first failing rank otherwise):
@@ -261,13 +262,13 @@ def one_step(run: Run, batches, device: torch.device) -> tuple[float, int]:
 def train(trial: dict, device: torch.device, precision: str, progress: Path, t_start: float) -> dict:
     import torch.distributed as dist
 
-    counter = CpuAllocated()                  # a CPU rank's tensor bytes, set-up and first step (allocated.py)
-    if device.type == "cpu" and os.environ.get("TUNER_CPU_ALLOCATED", "1") != "0":
+    warmup, steps = _env_int("TUNER_WARMUP_STEPS", 1), _env_int("TUNER_STEPS", 3)
+    counter = CpuAllocated()                  # a CPU rank's tensor bytes, set-up and first step (allocated.py), which
+    if device.type == "cpu" and warmup and os.environ.get("TUNER_CPU_ALLOCATED", "1") != "0":   # is never timed
         counter.start()
     run = set_up(trial, device, precision)
     layout, spec, world = run.layout, run.spec, dist.get_world_size()
     seed = _env_int("TUNER_SEED", 1234)
-    warmup, steps = _env_int("TUNER_WARMUP_STEPS", 1), _env_int("TUNER_STEPS", 3)
     counts_samples = run.par.first_stage and run.par.tp_rank == 0
     losses, grad_norms, step_times, samples, startup_s, t_timed = [], [], [], 0, None, time.perf_counter()
     cpu_peak_gb = None
