@@ -227,8 +227,9 @@ def _misfit_reason(layout: Layout, workload: Workload, sh: compute.Shape, mem: d
         return (f"offloading {layout.offload_layers} layers holds {memory.offload_host_gb(layout, workload, sh):.0f} GB "
                 f"of activations in host memory per GPU, more than the {cluster.host_memory_gb:.0f} GB the cluster "
                 "has (host_memory_gb); use fewer --offload-layers")
-    buffers = memory.buffers_name(layout, framework_of(workload))
-    return memory.fit_reason(mem, cluster.memory_gb, worst_stage, buffers) if mem["total"] > cluster.memory_gb else ""
+    if mem["total"] <= cluster.memory_gb:
+        return ""
+    return memory.fit_reason(mem, cluster.memory_gb, worst_stage, memory.buffers_name(layout, framework_of(workload)))
 
 
 def breakdown_fit(mem: dict, workload: Workload) -> tuple[dict, float]:
