@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+from fit_reliability import print_reliability, transfer_pairs  # noqa: E402
 from worlds_ext import FAMILIES, WORKLOADS, World, draw_world  # noqa: E402
 
 from tuner.driver import Driver  # noqa: E402
@@ -55,8 +56,10 @@ TARGET, WORST = 0.97, 0.93
 
 
 def run_study(world: World, searcher: str, seed: int, budget: int, options: dict | None = None,
-              transfer_nodes: int | None = None):
-    """(trials that ran, in order; the searcher; `tuner best`'s answer at transfer_nodes or None)."""
+              transfer_nodes: int | None = None, runs=None):
+    """(trials that ran, in order; the searcher; `tuner best`'s answer at transfer_nodes or None). `runs(layout)`:
+    whether the world at transfer_nodes runs a layout; given, the answer's "fit_pairs" are (stated p_fit, ran) of
+    every layout `best` weighs there (fit_reliability.transfer_pairs)."""
     w = world.workload
     space = load_space(world.space) if isinstance(world.space, str) else world.space
     store = open_store("sqlite://")
@@ -71,7 +74,10 @@ def run_study(world: World, searcher: str, seed: int, budget: int, options: dict
         from tuner.best import best_for_unmeasured
         from tuner.specs import make_workload
         w2 = make_workload(w.model, transfer_nodes, w.cluster, framework=w.framework)
-        answer = best_for_unmeasured(w2, space, trials, k=1, studies={name: store.get_study(name)})[0]
+        studies = {name: store.get_study(name)}
+        answer = best_for_unmeasured(w2, space, trials, k=1, studies=studies)[0]
+        if runs is not None:
+            answer["fit_pairs"] = transfer_pairs(w2, space, trials, studies, runs)
     store.close()
     return [t for t in trials if t.status != Status.PRUNED], s, answer
 
@@ -114,8 +120,10 @@ def evaluate(task: tuple) -> dict:
                        "false": bool(s.stopped) and ratio * (1 + STUDY_DEFAULTS["stop_threshold"]) < 1.0}
     if transfer:
         nodes = world.workload.nodes
-        _, _, answer = run_study(world, "guided", seed, budget, {"stop_threshold": None}, transfer_nodes=2 * nodes)
         world2 = world.at_nodes(2 * nodes)
+        _, _, answer = run_study(world, "guided", seed, budget, {"stop_threshold": None}, transfer_nodes=2 * nodes,
+                                 runs=lambda lay: world2.truth(lay)[0] is not None)
+        out["fit_pairs"] = answer["fit_pairs"]
         out["transfer"] = fraction(world2, answer["layout"], world2.optimum()[1])
         out["transfer_oom"] = world2.truth(answer["layout"])[0] is None
         out["transfer_p_fit"], out["transfer_twin"] = answer["p_fit"], answer.get("p_fit_supported_by") is not None
@@ -158,6 +166,7 @@ def report(results: list[dict], searchers: list[str], budget: int) -> None:
               f"{statistics.mean(stated):.3f}, lowest {min(stated):.3f}; realised fit {1 - statistics.mean(oom):.3f}); "
               f"resting on a measured twin {len(twins)}, of which out of memory "
               f"{sum(r['transfer_oom'] for r in twins)}")
+        print_reliability([r["fit_pairs"] for r in picks])
     stops = [r["stop"] for r in results if "stop" in r]
     if stops:
         st = [s for s in stops if s["stopped"]]

@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):   # one BLAS thread per process:
     os.environ.setdefault(_var, "1")                                         # --jobs processes share the cores
 
+from fit_reliability import print_reliability, transfer_pairs  # noqa: E402
 from indep_worlds import FAMILIES, MODERN, WORKLOADS, World, draw_world  # noqa: E402
 
 from tuner.best import best_for_unmeasured  # noqa: E402
@@ -60,8 +61,10 @@ NOISE = 0.02
 FAR = 20        # a world whose optimum the model ranks beyond this is one the model alone would miss
 
 
-def run_study(world: World, searcher: str, seed: int, budget: int, transfer_nodes: int | None = None):
-    """(trials that ran, in order; the layout `tuner best` gives for transfer_nodes, or None)."""
+def run_study(world: World, searcher: str, seed: int, budget: int, transfer_nodes: int | None = None, runs=None):
+    """(trials that ran, in order; `tuner best`'s answer for transfer_nodes, or None). `runs(layout)`: whether the
+    world at transfer_nodes runs a layout; given, the answer's "fit_pairs" are (stated p_fit, ran) of every layout
+    `best` weighs there (fit_reliability.transfer_pairs)."""
     w, space = world.workload, load_space(world.space)
     store = open_store("sqlite://")
     name = f"{searcher}-{seed}"
@@ -75,7 +78,10 @@ def run_study(world: World, searcher: str, seed: int, budget: int, transfer_node
     best = None
     if transfer_nodes:
         w2 = make_workload(w.model, transfer_nodes, w.cluster, precision=w.precision)
-        best = best_for_unmeasured(w2, space, trials, k=1, studies={name: store.get_study(name)})[0]
+        studies = {name: store.get_study(name)}
+        best = best_for_unmeasured(w2, space, trials, k=1, studies=studies)[0]
+        if runs is not None:
+            best["fit_pairs"] = transfer_pairs(w2, space, trials, studies, runs)
     store.close()
     return [t for t in trials if t.status != Status.PRUNED], best
 
@@ -117,8 +123,10 @@ def evaluate(task: tuple) -> dict:
     for s in searchers:
         trials, _ = run_study(world, s, seed, BUDGET)
         out["scores"][s] = [true_fraction(world, recommended(trials, k), opt) for k in AFTER]
-    _, answer = run_study(world, "guided", seed, TRANSFER_BUDGET, transfer_nodes=2 * nodes)
     world2 = draw_world(family, model, 2 * nodes, seed, *where)
+    _, answer = run_study(world, "guided", seed, TRANSFER_BUDGET, transfer_nodes=2 * nodes,
+                          runs=lambda lay: world2.truth(lay)[0] is not None)
+    out["fit_pairs"] = answer["fit_pairs"]
     out["transfer"] = true_fraction(world2, answer["layout"], world2.optimum()[1])
     out["transfer_oom"] = world2.truth(answer["layout"])[0] is None
     out["transfer_p_fit"] = answer["p_fit"]
@@ -169,6 +177,7 @@ def print_scores(results: list[dict], searchers: list[str]) -> None:
     if stated:     # p_fit is printed to users as a probability: the realised fit rate must match it
         print(f"\ntransfer picks' stated p_fit: mean {sum(stated) / len(stated):.3f}, lowest {min(stated):.3f}; "
               f"realised fit rate {1 - sum(r['transfer_oom'] for r in results) / len(results):.3f} of {len(results)}")
+        print_reliability([r["fit_pairs"] for r in results])
     print()
 
 

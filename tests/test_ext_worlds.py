@@ -167,6 +167,22 @@ def test_ext_search_runs_every_searcher_through_the_driver(capsys):
     out = capsys.readouterr().out
     assert "gemm-roofline" in out and "guided" in out and "stop rule" in out and "seeds: 5" in out
     assert "`best --nodes 2N` picks: out of memory at 2N in " in out and "realised fit" in out
+    assert "`best --nodes 2N`'s p_fit over every layout it weighs at 2N (" in out and "Brier score" in out
+
+
+def test_fit_reliability_bins_every_layout_by_its_stated_p_fit():
+    """Each bin: its layouts, the worlds they come from, the mean stated p_fit, the realised fit rate over the layouts
+    and over the worlds (each world's own rate, counted once); the Brier score over every pair."""
+    import fit_reliability
+
+    worlds = [[(0.01, False), (0.6, True), (0.65, False), (1.0, True)], [(0.6, True)], []]
+    rows = {(lo, hi): rest for lo, hi, *rest in fit_reliability.reliability(worlds)}
+    assert set(rows) == {(0.0, 0.02), (0.5, 0.7), (0.999, 1.0)}
+    n, nw, stated, realised, per_world = rows[(0.5, 0.7)]
+    assert (n, nw) == (3, 2)
+    assert stated == pytest.approx((0.6 + 0.65 + 0.6) / 3)
+    assert realised == pytest.approx(2 / 3) and per_world == pytest.approx((0.5 + 1.0) / 2)
+    assert fit_reliability.brier(worlds) == pytest.approx((0.01 ** 2 + 0.4 ** 2 + 0.65 ** 2 + 0.0 + 0.4 ** 2) / 5)
 
 
 def test_ext_search_cases_put_every_family_on_the_named_workloads():

@@ -221,11 +221,13 @@ def answer(row: dict, workload: Workload, evidence: dict) -> dict:
             "p_fit_basis": framework_of(workload).memory_note(workload), "evidence": evidence}
 
 
-def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies: dict | None = None) -> list[dict]:
-    """The k fastest predicted layouts of `space` for `workload` (a node count never measured), the model
-    corrected by the stored trials of the same model and cluster at other node counts (`studies`:
-    name -> StudyRecord, for their global batch). Layouts that keep the memory headroom come first.
-    Raises UsageError when no layout of the space is valid or likely to fit."""
+def unmeasured_rows(workload: Workload, space, records, studies: dict | None = None) -> tuple[list[dict], Workload,
+                                                                                            tuple | None, object]:
+    """Every layout of `space` that `best_for_unmeasured` weighs for `workload` (a node count never measured) as
+    `corrected` states it (corrected speed, its sd, memory, p_fit), by the stored trials of the same model and
+    cluster at other node counts (`studies`: name -> StudyRecord, for their global batch); with the workload on what
+    the OOMs' messages said the GPUs hold, those messages' figures (or None) and the warm start the rows rest on.
+    With no memory data at all, only the layouts likely to fit by memory alone (likely_to_fit; all if none)."""
     from tuner.space import valid_layouts
 
     layouts = valid_layouts(space, workload)
@@ -240,6 +242,15 @@ def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies:
         layouts = [p.layout for p in preds] if preds else layouts
     rows = corrected(layouts, workload, ws.observations, preds, bounds=bounds,
                      support=twin_support(records, workload, studies), twin_gb=twin_predictions(workload, studies))
+    return rows, workload, usable, ws
+
+
+def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies: dict | None = None) -> list[dict]:
+    """The k fastest predicted layouts of `space` for `workload` (a node count never measured), the model
+    corrected by the stored trials of the same model and cluster at other node counts (`studies`:
+    name -> StudyRecord, for their global batch; unmeasured_rows). Layouts that keep the memory headroom come
+    first. Raises UsageError when no layout of the space is valid or likely to fit."""
+    rows, workload, usable, ws = unmeasured_rows(workload, space, records, studies)
     likely = [r for r in rows if r["p_fit"] >= 0.5]
     if not likely:
         least = min(rows, key=lambda r: r["memory_gb"])

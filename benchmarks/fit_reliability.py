@@ -1,0 +1,59 @@
+"""Whether `tuner best --nodes 2N`'s p_fit is a probability: its reliability over EVERY layout it weighs at 2N.
+
+The search benchmarks (ext_search.py, search_efficiency.py) score the one layout `best --nodes 2N` answers after a
+10-trial study at N, and that pick's stated p_fit against whether it ran: almost every pick states p_fit >= 0.95, so
+those lines test the top bin only. Here every layout `best` weighs at 2N (tuner.best.unmeasured_rows: the model
+corrected by the study's trials, memory by their peaks and OOMs) is paired with whether the world at 2N runs it, and
+the pairs are binned by the stated p_fit: stated against realised per bin, and the Brier score.
+
+The layouts of one world share one memory correction, so their outcomes are not independent: each bin says over
+how many worlds (world, seed) its layouts spread, and its realised rate twice -- over its layouts, and as the mean of
+each world's own rate in the bin (every world counted once).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from tuner.best import unmeasured_rows
+
+BINS = ((0.0, 0.02), (0.02, 0.1), (0.1, 0.3), (0.3, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 0.95), (0.95, 0.99),
+        (0.99, 0.999), (0.999, 1.0001))
+
+
+def transfer_pairs(workload, space, trials, studies, runs) -> list[tuple[float, bool]]:
+    """(stated p_fit, ran) for every layout `best --nodes 2N` weighs for `workload` after `trials` (of `studies`);
+    `runs(layout)` says whether the world at 2N runs it."""
+    rows = unmeasured_rows(workload, space, trials, studies)[0]
+    return [(float(r["p_fit"]), bool(runs(r["layout"]))) for r in rows]
+
+
+def reliability(worlds: list[list[tuple[float, bool]]]) -> list[tuple]:
+    """Per bin of stated p_fit: (lo, hi, layouts, worlds, mean stated, realised over layouts, realised per world)."""
+    out = []
+    for lo, hi in BINS:
+        per = [[ran for p, ran in pairs if lo <= p < hi] for pairs in worlds]
+        per = [w for w in per if w]
+        got = [(p, ran) for pairs in worlds for p, ran in pairs if lo <= p < hi]
+        if got:
+            out.append((lo, min(hi, 1.0), len(got), len(per), statistics.fmean(p for p, _ in got),
+                        statistics.fmean(ran for _, ran in got), statistics.fmean(statistics.fmean(w) for w in per)))
+    return out
+
+
+def brier(worlds: list[list[tuple[float, bool]]]) -> float:
+    """The Brier score of the stated p_fit over every pair (0: certain and right)."""
+    pairs = [pr for w in worlds for pr in w]
+    return statistics.fmean((p - ran) ** 2 for p, ran in pairs) if pairs else float("nan")
+
+
+def print_reliability(worlds: list[list[tuple[float, bool]]]) -> None:
+    """The table: stated p_fit against the realised fit rate at 2N, per bin, and the Brier score."""
+    worlds = [w for w in worlds if w]
+    if not worlds:
+        return
+    print(f"\n`best --nodes 2N`'s p_fit over every layout it weighs at 2N ({sum(map(len, worlds))} layouts of "
+          f"{len(worlds)} world(s)): stated / realised fit rate; Brier score {brier(worlds):.4f}")
+    print(f"{'stated p_fit':>16} {'layouts':>8} {'worlds':>6} {'stated':>7} {'realised':>8} {'per world':>9}")
+    for lo, hi, n, nw, stated, realised, per_world in reliability(worlds):
+        print(f"{f'[{lo:.3f}, {hi:.3f})':>16} {n:8d} {nw:6d} {stated:7.3f} {realised:8.3f} {per_world:9.3f}")
