@@ -173,12 +173,26 @@ def print_scores(results: list[dict], searchers: list[str]) -> None:
         ooms = sum(r["transfer_oom"] for r in rs)
         print(f"{fam:14} {'transfer':8} {cell([r['transfer'] for r in rs]):>15}  (guided {TRANSFER_BUDGET} trials "
               f"at N -> best at 2N: true / fastest at 2N; OOM at 2N in {ooms} of {len(rs)})")
+    per_world(results, searchers)
     stated = [r["transfer_p_fit"] for r in results]
     if stated:     # p_fit is printed to users as a probability: the realised fit rate must match it
         print(f"\ntransfer picks' stated p_fit: mean {sum(stated) / len(stated):.3f}, lowest {min(stated):.3f}; "
               f"realised fit rate {1 - sum(r['transfer_oom'] for r in results) / len(results):.3f} of {len(results)}")
         print_reliability([r["fit_pairs"] for r in results])
     print()
+
+
+def per_world(results: list[dict], searchers: list[str]) -> None:
+    """Issue 30's targets are per world: each searcher after 10 trials and the transfer to 2N, median / worst seed, for
+    every (family, workload) -- a family's line above pools its four workloads."""
+    k = AFTER.index(TRANSFER_BUDGET)
+    head = f"\n{'family':14} {'workload':10} " + " ".join(f"{s + ' @10':>15}" for s in searchers) + f" {'transfer 2N':>15}"
+    print(head + "\n" + "-" * (len(head) - 1))
+    for fam in FAMILIES:
+        for wl in dict.fromkeys(r["workload"] for r in results if r["family"] == fam):
+            rs = [r for r in results if r["family"] == fam and r["workload"] == wl]
+            cols = [cell([r["scores"][s][k] for r in rs]) for s in searchers] + [cell([r["transfer"] for r in rs])]
+            print(f"{fam:14} {wl:10} " + " ".join(f"{c:>15}" for c in cols))
 
 
 def tasks_for(args) -> tuple[list[tuple], list[int]]:
