@@ -68,6 +68,7 @@ def corrected(layouts: list[Layout], workload: Workload, obs: Observations, pred
     mu, sd = obs.time_gp().predict(Z, F)
     sd = np.hypot(sd, obs.far_sd(Z))            # wider away from every measured layout (issue 30)
     mmu, msd = obs.memory_gp(framework_of(workload).memory_sd).predict(Z, FM)
+    msd = np.hypot(msd, obs.memory_far_sd(Z))   # and so is its memory (correction.memory_far_sd)
     cap = workload.cluster.memory_gb
     out = []
     for i, (lay, p, ft) in enumerate(zip(layouts, preds, fts)):

@@ -146,6 +146,14 @@ def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
 
 
 # ------------------------------------------------------------------------------------------------ observations
+def _farness(Z: np.ndarray, measured: list) -> np.ndarray:
+    """1 - exp(-d^2 / 2 FAR_REACH^2) of each row of Z, d its distance in layout coordinates to the nearest of
+    `measured` (feature rows): 0 at a measured layout, towards 1 far from every one (far_sd, memory_far_sd)."""
+    M = np.array(measured, float).reshape(len(measured), Z_DIM)[:, :LAYOUT_DIMS]
+    d2 = ((Z[:, None, :LAYOUT_DIMS] - M[None, :, :]) ** 2).sum(-1).min(1)
+    return 1.0 - np.exp(-0.5 * d2 / FAR_REACH ** 2)
+
+
 @dataclass
 class Observations:
     """Residual observations for the time and the memory corrections."""
@@ -224,9 +232,20 @@ class Observations:
         Z = np.asarray(Z, float).reshape(-1, Z_DIM)
         if len(self.y) < 2:
             return np.zeros(len(Z))
-        M = np.array(self.Z, float).reshape(len(self.y), Z_DIM)[:, :LAYOUT_DIMS]
-        d2 = ((Z[:, None, :LAYOUT_DIMS] - M[None, :, :]) ** 2).sum(-1).min(1)
-        return float(np.std(self.y)) * (1.0 - np.exp(-0.5 * d2 / FAR_REACH ** 2))
+        return float(np.std(self.y)) * _farness(Z, self.Z)
+
+    def memory_far_sd(self, Z) -> np.ndarray:
+        """far_sd's counterpart for memory, where `best` answers for a node count nobody measured: the spread (sd) of
+        the memory model's errors among the measured peaks, log(measured / predicted), times 1 - exp(-d^2 / 2
+        FAR_REACH^2), d the distance in layout coordinates to the nearest layout whose memory a trial showed (a
+        peak or an OOM). The memory correction carries what a few trials taught it to layouts unlike them with the
+        sd its kernel gives, and its p_fit there was stated above what ran (benchmarks/fit_reliability.py: the
+        layouts of ext_search's 2N answers at distance >= 0.7 stated 0.84 and ran 0.73 in [0.7, 0.95), where
+        the near ones were calibrated). 0 with fewer than two peaks."""
+        Z = np.asarray(Z, float).reshape(-1, Z_DIM)
+        if len(self.my) < 2:
+            return np.zeros(len(Z))
+        return float(np.std(self.my)) * _farness(Z, self.mZ + self.oZ)
 
     def memory_gp(self, sd: float = 0.06) -> GP:
         """The memory correction; `sd`, the framework's scale of the memory model's error (tuner.frameworks),
