@@ -56,6 +56,7 @@ if str(Path(__file__).resolve().parent) not in sys.path:    # indep_modern.py si
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import indep_modern as mod  # noqa: E402  the step and memory formulas
+from pytorch_oom import oom_message  # noqa: E402
 from indep_physics import (BASE_RANGES, GB, MODERN_RANGES, Physics, attention_s, collective_s,  # noqa: E402,F401
                            gemm_passes, gemm_s, group_geometry, intra_bw)
 
@@ -209,10 +210,13 @@ class WorldRunner:
             sps, mem = self.world.truth(trial.layout)
         else:   # another node count of the same model: the same physics
             sps, mem = evaluate(self.world.physics, w, trial.layout)
-        if sps is None:
-            cap = self.world.physics.usable * w.cluster.memory_gb
-            return TrialResult(Status.OOM, peak_memory_gb=mem,
-                               message=f"world OOM: needs {mem:.1f} GB per GPU of {cap:.1f} usable")
+        if sps is None:     # PyTorch's message, which says what the process had (tuner reads it), not the need
+            ph = self.world.physics
+            outside = mem - mod.peak_memory_gb(ph, w, trial.layout, reserved=True)   # context, communicator buffers
+            return TrialResult(Status.OOM, peak_memory_gb=mem, message=oom_message(
+                w.cluster.memory_gb, ph.usable * w.cluster.memory_gb, mem, outside,
+                f"indep-oom:{self.world.family}:{self.seed}:{w.nodes}:{trial.layout.key()}",
+                rocm=w.cluster.software == "rocm"))
         allocated = mod.peak_memory_gb(self.world.physics, w, trial.layout, allocated=True)  # as a GPU run reports
         reserved = mod.peak_memory_gb(self.world.physics, w, trial.layout, reserved=True)    # its own fragmentation
         return TrialResult(Status.OK, samples_per_second=sps * self.factor(trial.layout, w.nodes),

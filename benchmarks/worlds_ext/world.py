@@ -8,6 +8,7 @@ from functools import cached_property
 
 import numpy as np
 
+from pytorch_oom import oom_message
 from tuner.layout import Layout
 from tuner.space import load_space
 from tuner.specs import Workload, make_workload
@@ -107,24 +108,13 @@ class ExtRunner:
                            peak_memory_gb=allocated, peak_reserved_gb=reserved, message="world")
 
     def oom_message(self, layout: Layout, w: Workload, need_gb: float) -> str:
-        """PyTorch's out-of-memory message (c10/cuda/CUDACachingAllocator.cpp, since 2.1; HIP on ROCm) of a run
-        that needed `need_gb` on a GPU whose process has the world's usable share of the capacity: it fails on the
-        allocation that crosses it, with a drawn sliver (< 0.5 %) of that share still free. An out-of-memory run
-        learns no more of its need than that."""
-        ph, gib = self.world.physics, 2.0 ** 30 / 1e9
-        usable = ph["usable"] * w.cluster.memory_gb
-        digest = hashlib.sha256(f"ext-oom:{self.world.family}:{self.seed}:{w.nodes}:{layout.key()}".encode()).digest()
-        free = usable * 0.005 * int.from_bytes(digest[:8], "little") / 2.0 ** 64
-        in_use = usable - free
-        tried = free + min(need_gb - usable, 1.0)          # the allocation that crosses: one tensor, at most a GB more
+        """PyTorch's out-of-memory message (benchmarks/pytorch_oom.py) of a run that needed `need_gb` on a GPU whose
+        process has the world's usable share of the capacity. An out-of-memory run learns no more of its need."""
+        ph = self.world.physics
         outside = memory_acct.peak_gb(ph, layout, w) - memory_acct.peak_reserved_gb(ph, layout, w)  # context, comms
-        unallocated = 0.05 * (in_use - outside)
-        api = "HIP" if w.cluster.software == "rocm" else "CUDA"
-        return (f"torch.OutOfMemoryError: {api} out of memory. Tried to allocate {tried / gib:.2f} GiB. "
-                f"GPU 0 has a total capacity of {w.cluster.memory_gb / gib:.2f} GiB of which {free / gib * 1024:.2f} "
-                f"MiB is free. Including non-PyTorch memory, this process has {in_use / gib:.2f} GiB memory in use. "
-                f"Of the allocated memory {(in_use - outside - unallocated) / gib:.2f} GiB is allocated by PyTorch, "
-                f"and {unallocated / gib:.2f} GiB is reserved by PyTorch but unallocated.")
+        return oom_message(w.cluster.memory_gb, ph["usable"] * w.cluster.memory_gb, need_gb, outside,
+                           f"ext-oom:{self.world.family}:{self.seed}:{w.nodes}:{layout.key()}",
+                           rocm=w.cluster.software == "rocm")
 
     def cancel(self) -> None:
         pass
