@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-from fit_reliability import print_reliability, transfer_pairs  # noqa: E402
+from fit_reliability import print_reliability, transfer_pairs, without_offload  # noqa: E402
 from worlds_ext import FAMILIES, WORKLOADS, World, draw_world  # noqa: E402
 
 from tuner.driver import Driver  # noqa: E402
@@ -61,7 +61,7 @@ def run_study(world: World, searcher: str, seed: int, budget: int, options: dict
     whether the world at transfer_nodes runs a layout; given, the answer's "fit_pairs" are (stated p_fit, ran) of
     every layout `best` weighs there (fit_reliability.transfer_pairs)."""
     w = world.workload
-    space = load_space(world.space) if isinstance(world.space, str) else world.space
+    space = without_offload(load_space(world.space) if isinstance(world.space, str) else world.space)
     store = open_store("sqlite://")
     name = f"{searcher}-{seed}"
     store.create_study(StudyRecord(name, w.as_dict(), {"name": space.name}, searcher, "world"))

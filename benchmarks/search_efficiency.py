@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):   # one BLAS thread per process:
     os.environ.setdefault(_var, "1")                                         # --jobs processes share the cores
 
-from fit_reliability import print_reliability, transfer_pairs  # noqa: E402
+from fit_reliability import print_reliability, transfer_pairs, without_offload  # noqa: E402
 from indep_worlds import FAMILIES, MODERN, WORKLOADS, World, draw_world  # noqa: E402
 
 from tuner.best import best_for_unmeasured  # noqa: E402
@@ -65,7 +65,7 @@ def run_study(world: World, searcher: str, seed: int, budget: int, transfer_node
     """(trials that ran, in order; `tuner best`'s answer for transfer_nodes, or None). `runs(layout)`: whether the
     world at transfer_nodes runs a layout; given, the answer's "fit_pairs" are (stated p_fit, ran) of every layout
     `best` weighs there (fit_reliability.transfer_pairs)."""
-    w, space = world.workload, load_space(world.space)
+    w, space = world.workload, without_offload(load_space(world.space))
     store = open_store("sqlite://")
     name = f"{searcher}-{seed}"
     runner = world.runner(noise=NOISE, seed=seed)

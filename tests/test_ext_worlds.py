@@ -201,3 +201,19 @@ def test_ext_search_cases_put_every_family_on_the_named_workloads():
                      ("pipeline-host", ("22b", 2, "frontier", "megatron-core"))]
     with pytest.raises(argparse.ArgumentTypeError, match="model:nodes:cluster:framework"):
         ext_search.cases_arg("1t:128:frontier")
+
+
+def test_the_benchmarks_ask_their_worlds_no_offloaded_layout():
+    """The worlds have no offloading physics: `best` at 2N, as the search benchmarks call it, weighs no layout with
+    offloaded activations, where the space alone would add offloaded twins (fit_reliability.without_offload)."""
+    import fit_reliability
+
+    from tuner.space import load_space, valid_layouts
+    from tuner.specs import make_workload
+
+    w2 = make_workload("llama3-70b", 32, "h100", framework="megatron-core")
+    space = load_space("default")
+    assert any(lay.offload_layers for lay in valid_layouts(space, w2))
+    pinned = valid_layouts(fit_reliability.without_offload(space), w2)
+    assert pinned and not any(lay.offload_layers for lay in pinned)
+    assert set(pinned) == {lay for lay in valid_layouts(space, w2) if not lay.offload_layers}
