@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-from fit_reliability import print_reliability, transfer_pairs, without_offload  # noqa: E402
+from fit_reliability import best_at, print_reliability, without_offload  # noqa: E402
 from worlds_ext import FAMILIES, WORKLOADS, World, draw_world  # noqa: E402
 
 from tuner.driver import Driver  # noqa: E402
@@ -59,7 +59,7 @@ def run_study(world: World, searcher: str, seed: int, budget: int, options: dict
               transfer_nodes: int | None = None, runs=None):
     """(trials that ran, in order; the searcher; `tuner best`'s answer at transfer_nodes or None). `runs(layout)`:
     whether the world at transfer_nodes runs a layout; given, the answer's "fit_pairs" are (stated p_fit, ran) of
-    every layout `best` weighs there (fit_reliability.transfer_pairs)."""
+    every layout `best` weighs there (fit_reliability.best_at)."""
     w = world.workload
     space = without_offload(load_space(world.space) if isinstance(world.space, str) else world.space)
     store = open_store("sqlite://")
@@ -71,13 +71,9 @@ def run_study(world: World, searcher: str, seed: int, budget: int, options: dict
     trials = sorted(store.trials(name), key=lambda t: t.number)
     answer = None
     if transfer_nodes:
-        from tuner.best import best_for_unmeasured
         from tuner.specs import make_workload
         w2 = make_workload(w.model, transfer_nodes, w.cluster, framework=w.framework)
-        studies = {name: store.get_study(name)}
-        answer = best_for_unmeasured(w2, space, trials, k=1, studies=studies)[0]
-        if runs is not None:
-            answer["fit_pairs"] = transfer_pairs(w2, space, trials, studies, runs)
+        answer = best_at(w2, space, trials, {name: store.get_study(name)}, runs)
     store.close()
     return [t for t in trials if t.status != Status.PRUNED], s, answer
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from tuner.best import unmeasured_rows
+from tuner.best import fastest_unmeasured, unmeasured_rows
 
 BINS = ((0.0, 0.02), (0.02, 0.1), (0.1, 0.3), (0.3, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 0.95), (0.95, 0.99),
         (0.99, 0.999), (0.999, 1.0001))
@@ -32,11 +32,15 @@ def without_offload(space):
     return dataclasses.replace(space, dimensions={**space.dimensions, "offload_layers": [0]})
 
 
-def transfer_pairs(workload, space, trials, studies, runs) -> list[tuple[float, bool]]:
-    """(stated p_fit, ran) for every layout `best --nodes 2N` weighs for `workload` after `trials` (of `studies`);
-    `runs(layout)` says whether the world at 2N runs it."""
-    rows = unmeasured_rows(workload, space, trials, studies)[0]
-    return [(float(r["p_fit"]), bool(runs(r["layout"]))) for r in rows]
+def best_at(workload, space, trials, studies, runs=None) -> dict:
+    """`tuner best`'s answer for `workload` (a node count the study did not measure) after `trials` (of `studies`),
+    as best_for_unmeasured gives it; with `runs(layout)` (whether the world there runs a layout), its "fit_pairs":
+    (stated p_fit, ran) of every layout `best` weighs there. The rows are worked out once for both."""
+    weighed = unmeasured_rows(workload, space, trials, studies)
+    answer = fastest_unmeasured(weighed, space, 1, studies)[0]
+    if runs is not None:
+        answer["fit_pairs"] = [(float(r["p_fit"]), bool(runs(r["layout"]))) for r in weighed[0]]
+    return answer
 
 
 def reliability(worlds: list[list[tuple[float, bool]]]) -> list[tuple]:

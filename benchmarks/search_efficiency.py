@@ -40,10 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):   # one BLAS thread per process:
     os.environ.setdefault(_var, "1")                                         # --jobs processes share the cores
 
-from fit_reliability import print_reliability, transfer_pairs, without_offload  # noqa: E402
+from fit_reliability import best_at, print_reliability, without_offload  # noqa: E402
 from indep_worlds import FAMILIES, MODERN, WORKLOADS, World, draw_world  # noqa: E402
 
-from tuner.best import best_for_unmeasured  # noqa: E402
 from tuner.driver import Driver  # noqa: E402
 from tuner.executors import InlineExecutor  # noqa: E402
 from tuner.perfmodel import RECOMMEND_AT, rank  # noqa: E402
@@ -64,7 +63,7 @@ FAR = 20        # a world whose optimum the model ranks beyond this is one the m
 def run_study(world: World, searcher: str, seed: int, budget: int, transfer_nodes: int | None = None, runs=None):
     """(trials that ran, in order; `tuner best`'s answer for transfer_nodes, or None). `runs(layout)`: whether the
     world at transfer_nodes runs a layout; given, the answer's "fit_pairs" are (stated p_fit, ran) of every layout
-    `best` weighs there (fit_reliability.transfer_pairs)."""
+    `best` weighs there (fit_reliability.best_at)."""
     w, space = world.workload, without_offload(load_space(world.space))
     store = open_store("sqlite://")
     name = f"{searcher}-{seed}"
@@ -78,10 +77,7 @@ def run_study(world: World, searcher: str, seed: int, budget: int, transfer_node
     best = None
     if transfer_nodes:
         w2 = make_workload(w.model, transfer_nodes, w.cluster, precision=w.precision)
-        studies = {name: store.get_study(name)}
-        best = best_for_unmeasured(w2, space, trials, k=1, studies=studies)[0]
-        if runs is not None:
-            best["fit_pairs"] = transfer_pairs(w2, space, trials, studies, runs)
+        best = best_at(w2, space, trials, {name: store.get_study(name)}, runs)
     store.close()
     return [t for t in trials if t.status != Status.PRUNED], best
 

@@ -251,7 +251,13 @@ def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies:
     corrected by the stored trials of the same model and cluster at other node counts (`studies`:
     name -> StudyRecord, for their global batch; unmeasured_rows). Layouts that keep the memory headroom come
     first. Raises UsageError when no layout of the space is valid or likely to fit."""
-    rows, workload, usable, ws = unmeasured_rows(workload, space, records, studies)
+    return fastest_unmeasured(unmeasured_rows(workload, space, records, studies), space, k, studies)
+
+
+def fastest_unmeasured(weighed: tuple, space, k: int = 5, studies: dict | None = None) -> list[dict]:
+    """best_for_unmeasured's answer from `weighed`, what unmeasured_rows returned for its workload: the k fastest of
+    the rows likely to fit (p_fit >= 0.5), those that keep the memory headroom first; UsageError when none is."""
+    rows, workload, usable, ws = weighed
     likely = [r for r in rows if r["p_fit"] >= 0.5]
     if not likely:
         least = min(rows, key=lambda r: r["memory_gb"])
