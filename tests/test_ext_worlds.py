@@ -80,6 +80,53 @@ def test_measured_tables_are_what_xla_measured_and_interpolate_between():
     assert across > inside > 0
 
 
+_XLA_TEXT = """
+    key: "sm_90"
+    value {
+      entries {
+        instruction {
+          name: "collective-permute"
+          opcode: "collective-permute"
+          shape {
+            element_type: BF16
+            dimensions: 1048576
+          }
+          source_target_pairs {
+            target: 1
+          }
+          source_target_pairs {
+            source: 1
+          }
+        }
+        network_throughput_bytes_per_sec: 50000000000
+      }
+      entries {
+        instruction {
+          name: "_"
+          opcode: "all-reduce"
+          shape { element_type: F32 dimensions: 65536 }
+          iota_collective_device_list {
+            num_replica_groups: 1
+            num_devices_per_group: 8
+          }
+        }
+        network_throughput_bytes_per_sec: 4000000000
+      }
+    }
+"""
+
+
+def test_each_xla_entry_keeps_its_own_throughput():
+    """A collective-permute states source_target_pairs, not replica groups: its row is its own (a pair's swap: group
+    2), and the entry after it is not swallowed (the extraction once took the next entry's group and throughput)."""
+    from worlds_ext.extract_xla import collective_rows
+    assert collective_rows(_XLA_TEXT) == [("sm_90", "all-reduce", 262144, 8, 1, 4000000000),
+                                          ("sm_90", "collective-permute", 2097152, 2, 4, 50000000000)]
+    for hw in ("sm_90", "gfx942"):        # the stored table: a send's speed rises with its size, as a link's does
+        rates = [b / tables.collective_seconds(hw, "collective-permute", 2, b) for b in (1e5, 1e6, 1e7, 1e8)]
+        assert rates == sorted(rates), (hw, rates)
+
+
 def test_simulated_pipeline_is_the_closed_form_when_every_op_is_alike():
     rng = np.random.default_rng(0)
     for pp, vp, m in ((4, 1, 16), (4, 2, 16), (8, 4, 32)):

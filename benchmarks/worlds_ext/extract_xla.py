@@ -43,15 +43,42 @@ def matmul_rows(text: str) -> list[tuple]:
     return sorted(rows)
 
 
+def _entries(body: str) -> list[str]:
+    """The text of each `entries { ... }` of a hardware section (split where the next one opens)."""
+    return re.split(r"\n\s*entries \{\s*\n\s*instruction \{", body)[1:]
+
+
+def _permute_group(entry: str) -> int:
+    """The group a collective-permute's source_target_pairs exchange within: 2 where every device swaps with one
+    partner or sends to one partner (a pipeline's send to its neighbour stage), else the devices the pattern spans
+    (a ring shift over all eight)."""
+    pairs = [(int(s or 0), int(t or 0)) for s, t in
+             re.findall(r"source_target_pairs \{\s*(?:source: (\d+))?\s*(?:target: (\d+))?\s*\}", entry)]
+    sources = {s for s, _ in pairs}
+    cycle = all((t, s) in pairs for s, t in pairs) or not any(t in sources for _, t in pairs)
+    return 2 if cycle else len({d for p in pairs for d in p})
+
+
 def collective_rows(text: str) -> list[tuple]:
+    """(hardware, op, bytes, group size, groups, bytes/s) of each measured entry. A collective-permute states
+    source_target_pairs, not replica groups: its group is the pattern's (_permute_group; 8 // size groups)."""
     rows = []
-    pat = (r'opcode: "([a-z-]+)".*?element_type: (\w+)\s*dimensions: (\d+).*?num_replica_groups: (\d+)\s*'
-           r'num_devices_per_group: (\d+).*?network_throughput_bytes_per_sec: (\d+)')
     for hw, body in _sections(text).items():
         if hw not in HARDWARE:
             continue
-        for op, et, n, groups, size, bps in re.findall(pat, body, re.S):
-            rows.append((hw, op, int(n) * BYTES[et], int(size), int(groups), int(bps)))
+        for entry in _entries(body):
+            op = re.search(r'opcode: "([a-z-]+)"', entry)
+            bps = re.search(r"network_throughput_bytes_per_sec: (\d+)", entry)
+            if not op or not bps:
+                continue
+            et, n = re.search(r"element_type: (\w+)\s*dimensions: (\d+)", entry).groups()
+            if op.group(1) == "collective-permute":
+                size = _permute_group(entry)
+                groups = 8 // size
+            else:
+                groups, size = map(int, re.search(r"num_replica_groups: (\d+)\s*num_devices_per_group: (\d+)",
+                                                  entry).groups())
+            rows.append((hw, op.group(1), int(n) * BYTES[et], size, groups, int(bps.group(1))))
     return sorted(set(rows))
 
 
