@@ -16,7 +16,7 @@ import numpy as np
 
 from tuner.best import best_for_unmeasured, corrected
 from tuner.correction import Observations, features, warm_start_records
-from tuner.oom_evidence import oom_bounds, oom_fit_cap, room_gb
+from tuner.oom_evidence import oom_bounds, oom_fit_cap
 from tuner.frameworks import of
 from tuner.layout import Layout
 from tuner.perfmodel import predict
@@ -187,6 +187,5 @@ def test_the_allocators_share_a_run_measured_is_not_charged_to_the_oom_accounts_
     assert as_allocated[0].mean == as_reserved[0].mean and set(as_allocated[0].shares) == {1.0}
     assert abs(as_reserved[0].shares[0] - 1.6) < 1e-9
     deeper, wider = predict(replace(OOMED, pp=8), W4), predict(replace(OOMED, pp=8, micro_batch=2), W4)
-    assert room_gb(deeper, as_reserved[0], cap) > room_gb(deeper, as_allocated[0], cap) + 5.0   # GB more room
-    assert oom_fit_cap(deeper, as_reserved, cap)[0] > oom_fit_cap(deeper, as_allocated, cap)[0]
+    assert oom_fit_cap(deeper, as_reserved, cap)[0] > oom_fit_cap(deeper, as_allocated, cap)[0] + 0.05
     assert oom_fit_cap(wider, as_allocated, cap)[0] == 0.0 < oom_fit_cap(wider, as_reserved, cap)[0]

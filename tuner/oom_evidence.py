@@ -106,11 +106,11 @@ def activation_account(layout: Layout) -> tuple:
 def oom_bounds(records, workload: Workload, gp, studies: dict | None = None) -> list[OomBound]:
     """The measured OOMs of `workload`'s model, cluster and framework at any node count (the evidence
     `warm_start_records` uses), each with what the memory correction `gp` believes of its peak on a GPU -- the
-    caching allocator's share on top (ALLOCATOR_BIAS, ALLOCATOR_SD), as every p_fit states it. With no measured peak
-    the correction's sd there is its prior (the framework's memory error); measured peaks near the OOM'd layout narrow
-    it as they narrow every other layout's (issue 30: a floor at the framework's sd, 0.11 on Megatron-DeepSpeed, held
-    the p_fit of an OOM'd layout's twins at 0.74 where the peaks beside it put them 10 GB under the capacity)."""
-    cap, out = workload.cluster.memory_gb, []
+    caching allocator's share on top (ALLOCATOR_BIAS, ALLOCATOR_SD), as every p_fit states it. An OOM'd layout was
+    never measured: that belief is taken as no surer than the framework's memory error (its sd)."""
+    from tuner.frameworks import of
+
+    cap, out, floor = workload.cluster.memory_gb, [], of(workload).memory_sd
     factors = measured_factors(records, workload, studies)
     for rec in records or ():
         if rec.status != Status.OOM or left_out(rec, workload, studies):
@@ -124,7 +124,7 @@ def oom_bounds(records, workload: Workload, gp, studies: dict | None = None) -> 
         act = p.memory_breakdown.get("activations", 0.0)
         shares = [s for lay, _, s in factors if activation_account(lay) == activation_account(rec.layout)]
         out.append(OomBound(rec.layout, int(rec.nodes), p.memory_gb, act, math.log(cap / p.memory_gb),
-                            float(mu[0]) + ALLOCATOR_BIAS, math.hypot(float(sd[0]), ALLOCATOR_SD),
+                            float(mu[0]) + ALLOCATOR_BIAS, max(math.hypot(float(sd[0]), ALLOCATOR_SD), floor),
                             _refuted_by(rec.layout, p.memory_gb - act, act, factors, cap),
                             (min(shares), max(shares)) if shares else (1.0,)))
     return out
