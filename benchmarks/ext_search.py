@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-from fit_reliability import best_at, print_reliability, without_offload  # noqa: E402
+from fit_reliability import best_at, print_reliability  # noqa: E402
 from worlds_ext import FAMILIES, WORKLOADS, World, draw_world  # noqa: E402
 
 from tuner.driver import Driver  # noqa: E402
@@ -47,6 +47,7 @@ from tuner.executors import InlineExecutor  # noqa: E402
 from tuner.perfmodel import rank  # noqa: E402
 from tuner.search import STUDY_DEFAULTS, make_searcher  # noqa: E402
 from tuner.space import load_space  # noqa: E402
+from tuner.space_offload import with_offload  # noqa: E402
 from tuner.store import StudyRecord, open_store  # noqa: E402
 from tuner.trial import Status  # noqa: E402
 
@@ -61,11 +62,11 @@ def run_study(world: World, searcher: str, seed: int, budget: int, options: dict
     whether the world at transfer_nodes runs a layout; given, the answer's "fit_pairs" are (stated p_fit, ran) of
     every layout `best` weighs there (fit_reliability.best_at)."""
     w = world.workload
-    space = without_offload(load_space(world.space) if isinstance(world.space, str) else world.space)
+    space = load_space(world.space) if isinstance(world.space, str) else world.space
     store = open_store("sqlite://")
     name = f"{searcher}-{seed}"
     store.create_study(StudyRecord(name, w.as_dict(), {"name": space.name}, searcher, "world"))
-    s = make_searcher(searcher, world.candidates, seed=seed, workload=w, **(options or {}))
+    s = make_searcher(searcher, study_candidates(world), seed=seed, workload=w, **(options or {}))
     Driver(store=store, study=name, workload=w, searcher=s, runner=world.runner(noise=NOISE, seed=seed),
            executor=InlineExecutor(), budget=budget, results_dir=Path(tempfile.gettempdir())).run()
     trials = sorted(store.trials(name), key=lambda t: t.number)
@@ -76,6 +77,17 @@ def run_study(world: World, searcher: str, seed: int, budget: int, options: dict
         answer = best_at(w2, space, trials, {name: store.get_study(name)}, runs)
     store.close()
     return [t for t in trials if t.status != Status.PRUNED], s, answer
+
+
+def study_candidates(world: World) -> list:
+    """What `tuner search` offers its searcher in the world (tuner.space.valid_layouts' offloading rule): the world's
+    layouts without CPU activation offloading, and an offloaded twin where the model says one rescues a layout
+    (tuner.space_offload.with_offload). The world itself runs every offloaded layout Megatron-Core runs
+    (World.candidates), so its fastest may be one that tuner's rule does not offer."""
+    space = load_space(world.space) if isinstance(world.space, str) else world.space
+    if "offload_layers" in space.dimensions:
+        return world.candidates
+    return with_offload([c for c in world.candidates if not c.offload_layers], world.workload)
 
 
 def recommended(trials: list, k: int):

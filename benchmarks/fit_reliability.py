@@ -24,11 +24,11 @@ BINS = ((0.0, 0.02), (0.02, 0.1), (0.1, 0.3), (0.3, 0.5), (0.5, 0.7), (0.7, 0.9)
 
 def without_offload(space):
     """`space` with CPU activation offloading pinned off (offload_layers [0]: a dimension the space names is its own
-    choice, tuner.space.valid_layouts). Neither the ext worlds nor the independent ones have offloading physics --
+    choice, tuner.space.valid_layouts). The independent worlds (search_efficiency.py) have no offloading physics --
     they charge an offloaded layout as if it kept every activation on the GPU -- and the layouts they enumerate at N
-    have none, but `best` at 2N adds an offloaded twin where it rescues a Megatron-Core layout: on the ext worlds 957
-    such 2N layouts of 27 worlds, stated p_fit mostly >= 0.5, 2 ran; on the Llama 3 70B worlds of `--modern` they were
-    picked and ran out of memory. A benchmark asks its worlds only what their physics can answer."""
+    have none, but `best` at 2N adds an offloaded twin where it rescues a Megatron-Core layout: on the Llama 3 70B
+    worlds of `--modern` they were picked and ran out of memory. A benchmark asks its worlds only what their physics
+    can answer. (The ext worlds have offloading physics: benchmarks/worlds_ext/step.py offload_s.)"""
     return dataclasses.replace(space, dimensions={**space.dimensions, "offload_layers": [0]})
 
 

@@ -14,7 +14,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 from worlds_ext import FAMILIES, WORKLOADS, draw_physics, draw_world  # noqa: E402
-from worlds_ext import memory_acct, network, schedule, tables  # noqa: E402
+from worlds_ext import memory_acct, network, schedule, step, tables  # noqa: E402
 
 from tuner.layout import Layout  # noqa: E402
 from tuner.perfmodel import rank  # noqa: E402
@@ -250,9 +250,10 @@ def test_ext_search_cases_put_every_family_on_the_named_workloads():
         ext_search.cases_arg("1t:128:frontier")
 
 
-def test_the_benchmarks_ask_their_worlds_no_offloaded_layout():
-    """The worlds have no offloading physics: `best` at 2N, as the search benchmarks call it, weighs no layout with
-    offloaded activations, where the space alone would add offloaded twins (fit_reliability.without_offload)."""
+def test_the_independent_worlds_are_asked_no_offloaded_layout():
+    """The independent worlds (search_efficiency.py) have no offloading physics: `best` at 2N, as that benchmark calls
+    it, weighs no layout with offloaded activations, where the space alone would add offloaded twins
+    (fit_reliability.without_offload)."""
     import fit_reliability
 
     from tuner.space import load_space, valid_layouts
@@ -264,3 +265,32 @@ def test_the_benchmarks_ask_their_worlds_no_offloaded_layout():
     pinned = valid_layouts(fit_reliability.without_offload(space), w2)
     assert pinned and not any(lay.offload_layers for lay in pinned)
     assert set(pinned) == {lay for lay in valid_layouts(space, w2) if not lay.offload_layers}
+
+
+def test_an_offloaded_layout_in_an_ext_world_frees_memory_and_pays_its_copies():
+    """Megatron-Core's CPU activation offloading in the ext worlds: the offloaded layers' activations leave the GPU but
+    for the buffers in flight, each crosses the host link both ways per micro-batch, a drawn share hidden; the world
+    runs every offloaded layout Megatron-Core runs, the benchmark's searcher gets tuner's twins (study_candidates)."""
+    import dataclasses
+
+    import ext_search
+
+    w = draw_world("alloc-memory", 1, 5)               # Llama 3 70B on 16 H100 nodes, Megatron-Core
+    ph = w.physics
+    plain = Layout(tp=8, sequence_parallel=True, pp=1, dp=16, micro_batch=2, zero_stage=2, recompute="none")
+    twins = [dataclasses.replace(plain, offload_layers=n) for n in (20, 40, 60)]
+    assert set(twins) <= set(w.candidates)
+    mem = [memory_acct.peak_gb(ph, lay, w.workload) for lay in [plain] + twins]
+    assert mem == sorted(mem, reverse=True) and mem[0] - mem[-1] > 10.0       # 60 layers' activations, less buffers
+    per_layer = memory_acct.saved_layer_bytes(ph, plain, w.workload)
+    copy = 40 * per_layer / (ph["host_gbps"] * 1e9 * ph["host_eff"])
+    f, b = step.offload_s(ph, twins[1], w.workload, 0.0, 0.0)
+    assert f == pytest.approx(copy) and b == pytest.approx(copy)               # nothing to hide under: all shown
+    assert step.offload_s(ph, twins[1], w.workload, 10 * copy, 10 * copy) == (0.0, 0.0)
+    assert step.offload_s(ph, plain, w.workload, 0.0, 0.0) == (0.0, 0.0)
+    times = [w.workload.global_batch / step.step_s(ph, lay, w.workload, 5) for lay in [plain] + twins]
+    assert times == sorted(times, reverse=True)                                 # offloading never speeds a layout
+    assert not any(lay.offload_layers and lay.pp > 1 for lay in w.candidates)  # Megatron-Core's rules
+    offered = ext_search.study_candidates(w)
+    assert {c for c in offered if not c.offload_layers} == {c for c in w.candidates if not c.offload_layers}
+    assert 0 < sum(c.offload_layers > 0 for c in offered) < sum(c.offload_layers > 0 for c in w.candidates)

@@ -36,6 +36,15 @@ WORKLOADS: dict[str, tuple[tuple[str, int, str, str], ...]] = {
     "moe": (("mixtral-8x7b", 8, "h100", "megatron-core"),),
 }
 
+#: The GPU's link to its host, GB/s per direction (the peak; a world draws what its copies get of it, OFFLOAD):
+#: H100 SXM5's PCIe Gen5 x16 (32 GT/s x 16 lanes, 128b/130b: 63 GB/s); a Frontier MI250X GCD's Infinity Fabric link
+#: to the EPYC CPU, 36 GB/s each way (OLCF Frontier User Guide, "Node types": "36+36 GB/s" CPU-GCD).
+HOST_LINK_GBPS = {"h100": 63.0, "frontier": 36.0}
+#: Megatron-Core's CPU activation offloading (a layout's offload_layers): the share of the host link a copy gets, the
+#: share of a pass's compute the copies hide under, and the offloaded layers whose activations stay on the GPU while
+#: in flight (copy and reload buffers). Drawn from a stream of their own, so every other constant of a world is
+#: the one it had before worlds could offload.
+OFFLOAD = {"host_eff": (0.55, 0.85), "off_overlap": (0.3, 0.9), "off_buffers": (1.0, 3.0)}
 HARDWARE = {
     "h100": {"hw": "sm_90", "sms": 132, "gemm_scale": (0.75, 0.92), "attn_fa2": (0.85, 1.05), "attn_cudnn": (0.8, 1.0),
              "link_2": (0.85, 1.05), "link_4": (0.85, 1.05), "link_8": (0.85, 1.05), "nic_gbps": (400, 400.001),
@@ -84,6 +93,9 @@ def draw_physics(family: str, case: tuple[str, int, str, str], seed: int, num_ex
     ranges = {**BASE, "mb_ms": MB_MS[fw], **{k: v for k, v in hw.items() if isinstance(v, tuple)}, **FAMILY[family]}
     ph = {k: float(rng.uniform(*ranges[k])) for k in sorted(ranges)}
     ph["hw"], ph["sms"] = hw["hw"], hw["sms"]
+    off = np.random.default_rng([FAMILIES.index(family), zlib.crc32(f"{model}:{cluster}:{fw}".encode()), int(seed), 7])
+    ph.update({k: float(off.uniform(*OFFLOAD[k])) for k in sorted(OFFLOAD)})
+    ph["host_gbps"] = HOST_LINK_GBPS[cluster]
     from worlds_ext import compute, tables
     if cluster == "frontier":
         ph["gemm_scale"] = ph["gemm_tflops"] * 1e12 / tables.gemm_peak("gfx942", "bf16")

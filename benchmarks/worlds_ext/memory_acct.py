@@ -23,6 +23,8 @@ model states as each framework keeps them, and the caching allocator's rounding 
   gradients and moments, gathering one layer's bf16 parameters plus a prefetched one -- under pipeline
   parallelism the whole stage's, with its unsharded fp32 gradients accumulated over the micro-batches
   (torchtitan's default reshard policy, PyTorch's pipeline stage).
+- CPU activation offloading (Megatron-Core, pp 1): the offloaded layers' saved tensors leave the GPU but for a drawn
+  number of layers in flight (copy and reload buffers; resident_layers).
 - Allocator: every block rounded to 512 bytes, blocks over 1 MB to 2 MB, then a drawn fragmentation share
   of the allocated peak that grows with the in-flight micro-batches (blocks of different lifetimes), plus
   the CUDA context, communicator buffers per process group and workspaces (drawn).
@@ -84,6 +86,18 @@ def layer_saved(ph, c: geometry.Cut, w: Workload, recompute: str, selective: str
     return [_round(b) for b in blocks]
 
 
+def resident_layers(ph, layout: Layout, layers: int) -> float:
+    """Layers of a stage whose activations are on the GPU at its peak: all of them, less those Megatron-Core's CPU
+    offloading copied to the host (offload_layers, pp 1), of which the world's off_buffers stay while in flight."""
+    n = min(layout.offload_layers, layers)
+    return layers - n + min(n, int(ph["off_buffers"]))
+
+
+def saved_layer_bytes(ph, layout: Layout, w: Workload) -> float:
+    """Bytes one layer keeps for its backward per micro-batch (what an offloaded layer copies to the host and back)."""
+    return sum(layer_blocks(ph, layout, w)[1])
+
+
 def in_flight(layout: Layout, w: Workload, rank: int) -> float:
     """Micro-batches (in whole-stage units) whose activations a pipeline rank holds at its peak."""
     pp, vp, m = layout.pp, layout.virtual_pipeline, geometry.micro_batches(layout, w)
@@ -130,6 +144,28 @@ def rank_params(layout: Layout, w: Workload, rank: int) -> tuple[float, float]:
     return dense, experts
 
 
+def layer_blocks(ph, layout: Layout, w: Workload) -> tuple[list[float], list[float]]:
+    """(blocks a layer without recompute keeps, blocks it keeps under the layout's recompute) per micro-batch, an MoE
+    layer's routed tokens included."""
+    c, fw = geometry.cut(layout, w), w.framework
+    selective = "op" if fw == "torchtitan" else "core-attention"
+    full = layer_saved(ph, c, w, "none", selective, fw == "torchtitan")
+    layer = [_round(2 * c.hidden / (c.tp if c.sp else 1) * c.tokens)] if layout.recompute == "full" else \
+        layer_saved(ph, c, w, layout.recompute, selective, fw == "torchtitan")
+    act_recomputed = "act" in layout.recompute or "mlp" in layout.recompute
+    if w.model.is_moe:
+        # this GPU's routed tokens, gathered over the expert-TP group, each at 1/etp of the expert's width:
+        # the permuted input and the output (h wide), fc1's output and the activation's (3 f / etp wide)
+        etp = layout.expert_tensor_parallel
+        routed = c.tokens * w.model.moe_top_k / (layout.tp if layout.sequence_parallel else 1) * etp
+        f_e = w.model.moe_ffn_hidden_size // etp
+        moe = [_round(2 * routed * w.model.hidden_size * 2), _round(2 * routed * f_e * (2 if act_recomputed else 3))]
+        full = full + moe
+        if layout.recompute != "full":           # full recompute keeps only each layer's input
+            layer = layer + moe
+    return full, layer
+
+
 def rank_breakdown(ph, layout: Layout, w: Workload, rank: int) -> dict[str, float]:
     """Bytes of one GPU of pipeline rank `rank` at its peak, by component (allocated), plus the allocator's."""
     c, fw = geometry.cut(layout, w), w.framework
@@ -150,23 +186,9 @@ def rank_breakdown(ph, layout: Layout, w: Workload, rank: int) -> dict[str, floa
     elif fw == "torchtitan" or layout.zero_stage == 3:     # the gathered unit, the prefetched one, its grads
         unit = max(split, w.model.vocab_size * w.model.hidden_size) / layout.tp   # a layer, or the LM head
         out["gathered"] = 2 * 2.0 * unit + 4.0 * unit
-    selective = "op" if fw == "torchtitan" else "core-attention"
-    full = layer_saved(ph, c, w, "none", selective, fw == "torchtitan")
-    layer = [_round(2 * c.hidden / (c.tp if c.sp else 1) * c.tokens)] if layout.recompute == "full" else \
-        layer_saved(ph, c, w, layout.recompute, selective, fw == "torchtitan")
-    act_recomputed = "act" in layout.recompute or "mlp" in layout.recompute
-    if w.model.is_moe:
-        # this GPU's routed tokens, gathered over the expert-TP group, each at 1/etp of the expert's width:
-        # the permuted input and the output (h wide), fc1's output and the activation's (3 f / etp wide)
-        etp = layout.expert_tensor_parallel
-        routed = c.tokens * w.model.moe_top_k / (layout.tp if layout.sequence_parallel else 1) * etp
-        f_e = w.model.moe_ffn_hidden_size // etp
-        moe = [_round(2 * routed * w.model.hidden_size * 2), _round(2 * routed * f_e * (2 if act_recomputed else 3))]
-        full = full + moe
-        if layout.recompute != "full":           # full recompute keeps only each layer's input
-            layer = layer + moe
+    full, layer = layer_blocks(ph, layout, w)
     layers = geometry.stage_layers(layout, w)[rank]
-    out["activations"] = in_flight(layout, w, rank) * layers * sum(layer)
+    out["activations"] = in_flight(layout, w, rank) * resident_layers(ph, layout, layers) * sum(layer)
     out["working"] = sum(full) * ph["bwd_ws"]                      # one layer's backward working set
     if rank == layout.pp - 1:
         out["logits"] = c.tokens * w.model.vocab_size / layout.tp * (2 + (4 if ph["logits_fp32"] else 0)) * 2

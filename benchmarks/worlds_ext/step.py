@@ -20,6 +20,9 @@ parallel and optimizer tail.
   apart), as Megatron-Core's expert buffers; ZeRO-2 reduce-scatters every micro-batch and ZeRO-3 / FSDP2
   gathers every layer pass (partly prefetched); tied-embedding all-reduce between the first and last stage; the optimizer's
   drawn bytes per local parameter over HBM; a fixed host cost per step.
+- CPU activation offloading (Megatron-Core, pp 1): the offloaded layers' saved tensors cross the host link once each
+  way per micro-batch, a drawn share hidden under the pass (offload_s); they leave the GPU's memory but for the
+  drawn buffers in flight (memory_acct.resident_layers).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import numpy as np
 from tuner.layout import Layout
 from tuner.specs import Workload
 from worlds_ext import compute, geometry, network
-from worlds_ext.memory_acct import rank_params
+from worlds_ext.memory_acct import rank_params, saved_layer_bytes
 from worlds_ext.schedule import pipeline_time
 
 FUSED = {"megatron-core": True, "megatron-deepspeed": True, "torchtitan": False}
@@ -176,8 +179,22 @@ def _slow(ph, layout: Layout, w: Workload) -> list[float]:
     return slow
 
 
+def offload_s(ph, layout: Layout, w: Workload, fwd: float, bwd: float) -> tuple[float, float]:
+    """(forward, backward) seconds per micro-batch that Megatron-Core's CPU activation offloading (offload_layers, pp
+    1) adds beyond the pass it runs under: each offloaded layer's saved tensors go to the host in the forward and come
+    back in the backward at the world's share of the host link, a drawn share of the pass's compute hiding them."""
+    n = layout.offload_layers
+    if not n:
+        return 0.0, 0.0
+    copy = n * saved_layer_bytes(ph, layout, w) / (ph["host_gbps"] * 1e9 * ph["host_eff"])
+    return max(0.0, copy - ph["off_overlap"] * fwd), max(0.0, copy - ph["off_overlap"] * bwd)
+
+
 def pipeline_s(ph, layout: Layout, w: Workload, seed: int) -> tuple[float, list, list]:
     fwd, bwd = chunk_times(ph, layout, w)
+    if layout.offload_layers:                    # pp 1: one chunk holds every layer
+        f, b = offload_s(ph, layout, w, fwd[0][0], bwd[0][0])
+        fwd[0][0], bwd[0][0] = fwd[0][0] + f, bwd[0][0] + b
     c, gpn = geometry.cut(layout, w), w.cluster.gpus_per_node
     scatter = layout.tp if (layout.sequence_parallel or w.framework != "megatron-deepspeed") else 1
     nbytes = 2.0 * c.tokens * c.hidden / scatter

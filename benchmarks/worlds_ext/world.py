@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from functools import cached_property
@@ -10,7 +11,9 @@ import numpy as np
 
 from pytorch_oom import oom_message
 from tuner.layout import Layout
+from tuner.offload import offload_refusal
 from tuner.space import load_space
+from tuner.space_offload import offload_counts
 from tuner.specs import Workload, make_workload
 from tuner.trial import Status, TrialResult, TrialSpec
 from worlds_ext import memory_acct, step
@@ -45,9 +48,22 @@ class World:
 
     @cached_property
     def candidates(self) -> list[Layout]:
-        """Every layout of the space the workload's framework runs."""
+        """Every layout of the space the workload's framework runs: where the space leaves CPU activation offloading
+        unnamed, Megatron-Core's layouts that may offload (tuner.offload's rules) also with each of the layer counts
+        `tuner search` tries (tuner.space_offload.offload_counts), right after the layout itself."""
         space = load_space(self.space) if isinstance(self.space, str) else self.space
-        return space.enumerate_layouts(self.workload)
+        layouts = space.enumerate_layouts(self.workload)
+        w = self.workload
+        if w.framework != "megatron-core" or "offload_layers" in space.dimensions:
+            return layouts
+        counts = offload_counts(w.model.num_layers)
+        out = []
+        for lay in layouts:
+            out.append(lay)
+            if lay.pp == 1 and lay.recompute == "none" and not lay.offload_layers:
+                twins = (dataclasses.replace(lay, offload_layers=n) for n in counts)
+                out += [t for t in twins if offload_refusal(w.framework, t, w) is None]
+        return out
 
     def truth(self, layout: Layout, workload: Workload | None = None) -> tuple[float | None, float]:
         if workload is not None and workload != self.workload:
@@ -57,8 +73,11 @@ class World:
         return self._truth[layout]
 
     def optimum(self) -> tuple[Layout, float]:
-        """The fastest candidate that really runs, and its samples per second."""
-        runs = [(v, lay) for lay in self.candidates if (v := self.truth(lay)[0]) is not None]
+        """The fastest candidate that really runs, and its samples per second. An offloaded layout whose layout without
+        offloading runs is slower than it (the same work and the copies: step.offload_s), so it is not evaluated."""
+        plain_runs = lambda lay: self.truth(dataclasses.replace(lay, offload_layers=0))[0] is not None  # noqa: E731
+        runs = [(v, lay) for lay in self.candidates if not (lay.offload_layers and plain_runs(lay))
+                and (v := self.truth(lay)[0]) is not None]
         if not runs:
             raise ValueError(f"{self.name}: no candidate layout fits in memory")
         v, lay = max(runs, key=lambda p: (p[0], p[1]))
