@@ -21,7 +21,7 @@ BATCHES = ("issue 25 round 2 (", "issue 25 round 3 (", "issue 24 round 4 (", "is
            "issue 25 / 26 twelfth session", "issue 25 / 26 second read of the twelfth session", "issue 26 item 5 thirteenth session", "issue 26 fourteenth session (mi350x)", "issue 26 fifteenth session (gemm)", "issue 26 fifteenth session (scale)", "issue 25 fifteenth session (moe)",
            "issue 25 / 26 seventeenth session (H100 / H200", "issue 26 seventeenth session (amd)",
            "issue 25 / 26 seventeenth session (v6.0", "issue 25 / 26 seventeenth session (gb200",
-           "issue 25 / 26 eighteenth session (v6.0")
+           "issue 25 / 26 eighteenth session (v6.0", "issue 25 / 26 twenty-second session")
 
 
 def _saw(r: dict, last: str | None) -> bool:
