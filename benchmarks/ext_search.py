@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-from fit_reliability import best_at, print_reliability  # noqa: E402
+from fit_reliability import best_at, print_reliability, print_riskier  # noqa: E402
 from worlds_ext import FAMILIES, WORKLOADS, World, draw_world  # noqa: E402
 
 from tuner.driver import Driver  # noqa: E402
@@ -135,6 +135,9 @@ def evaluate(task: tuple) -> dict:
         out["transfer"] = fraction(world2, answer["layout"], world2.optimum()[1])
         out["transfer_oom"] = world2.truth(answer["layout"])[0] is None
         out["transfer_p_fit"], out["transfer_twin"] = answer["p_fit"], answer.get("p_fit_supported_by") is not None
+        if (riskier := answer.get("faster_if_it_fits")) is not None:      # what `best` says one trial would decide
+            from tuner.layout import Layout
+            out["riskier"] = (riskier["p_fit"], fraction(world2, Layout.from_dict(riskier["layout"]), world2.optimum()[1]))
     return out
 
 
@@ -174,6 +177,7 @@ def report(results: list[dict], searchers: list[str], budget: int) -> None:
               f"{statistics.mean(stated):.3f}, lowest {min(stated):.3f}; realised fit {1 - statistics.mean(oom):.3f}); "
               f"resting on a measured twin {len(twins)}, of which out of memory "
               f"{sum(r['transfer_oom'] for r in twins)}")
+        print_riskier(picks)
         print_reliability([r["fit_pairs"] for r in picks])
     stops = [r["stop"] for r in results if "stop" in r]
     if stops:

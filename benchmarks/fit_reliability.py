@@ -72,3 +72,21 @@ def print_reliability(worlds: list[list[tuple[float, bool]]]) -> None:
     print(f"{'stated p_fit':>16} {'layouts':>8} {'worlds':>6} {'stated':>7} {'realised':>8} {'per world':>9}")
     for lo, hi, n, nw, stated, realised, per_world in reliability(worlds):
         print(f"{f'[{lo:.3f}, {hi:.3f})':>16} {n:8d} {nw:6d} {stated:7.3f} {realised:8.3f} {per_world:9.3f}")
+
+
+def print_riskier(picks: list[dict]) -> None:
+    """`best`'s "faster if it fits" line over the worlds (each pick's "riskier": (stated p_fit, its true speed / the 2N
+    fastest, 0 where it does not run), beside "transfer", the answer's): how often it is offered, how often it runs
+    against the p_fit it states, and `best` plus that one trial (keep the faster of the two that ran) against `best`
+    alone, median / worst over every world."""
+    offered = [r for r in picks if "riskier" in r]
+    if not picks:
+        return
+    alone = [r["transfer"] for r in picks]
+    one_trial = [max(r["transfer"], r["riskier"][1]) if "riskier" in r else r["transfer"] for r in picks]
+    ran = [r for r in offered if r["riskier"][1] > 0]
+    stated = f"stated p_fit mean {statistics.fmean(r['riskier'][0] for r in offered):.3f}, " if offered else ""
+    print(f"`best`'s faster-if-it-fits layout: offered in {len(offered)} of {len(picks)} worlds ({stated}ran in "
+          f"{len(ran)}, faster than the answer in {sum(r['riskier'][1] > r['transfer'] for r in ran)}); `best` alone "
+          f"{statistics.median(alone):.3f} / {min(alone):.3f}, with that one trial {statistics.median(one_trial):.3f} / "
+          f"{min(one_trial):.3f} (median / worst)")

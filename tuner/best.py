@@ -268,7 +268,31 @@ def fastest_unmeasured(weighed: tuple, space, k: int = 5, studies: dict | None =
                          f"{more_nodes_hint(workload, space)}")
     likely.sort(key=lambda r: (not r["headroom_ok"], -r["mfu"], r["memory_gb"]))
     evidence = _evidence(ws, workload, studies, usable)
-    return [answer(r, workload, evidence) for r in likely[:max(int(k), 1)]]
+    out = [answer(r, workload, evidence) for r in likely[:max(int(k), 1)]]
+    riskier = faster_if_it_fits(likely, workload)
+    if riskier:
+        out[0]["faster_if_it_fits"] = riskier
+    return out
+
+
+def faster_if_it_fits(likely: list[dict], workload: Workload) -> dict | None:
+    """What one trial would decide: among `likely` (rows that fit with p_fit >= 0.5, the answer first), the fastest one
+    short of the memory headroom the answer keeps, where it is predicted faster than the answer by more than the
+    study's stop threshold (a gain worth a trial: tuner.search.STUDY_DEFAULTS); None where there is none (or the answer
+    itself is short of the headroom). Its p_fit is a probability (benchmarks/fit_reliability.py prints its reliability
+    at 2N): the chance that the trial runs."""
+    from tuner.search import STUDY_DEFAULTS
+    top = likely[0]
+    if not top["headroom_ok"]:
+        return None
+    beyond = top["mfu"] * (1.0 + STUDY_DEFAULTS["stop_threshold"])
+    faster = [r for r in likely if not r["headroom_ok"] and r["mfu"] > beyond]
+    if not faster:
+        return None
+    r = max(faster, key=lambda r: r["mfu"])
+    return {"key": r["layout"].key(), "layout": r["layout"].as_dict(), "flags": r["layout"].flags(),
+            "samples_per_second": r["mfu"] / metrics.mfu(1.0, workload), "faster_by": r["mfu"] / top["mfu"] - 1.0,
+            "p_fit": r["p_fit"], "memory_gb": r["memory_gb"], "p_fit_limited_by": r.get("limited_by")}
 
 
 def _usable_words(usable: tuple) -> str:

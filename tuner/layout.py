@@ -124,6 +124,14 @@ class _LayoutMethods:
     def as_dict(self) -> dict:
         return {d.name: getattr(self, d.name) for d in DIMENSIONS}
 
+    def flags(self) -> str:
+        """The layout as the command-line options that pin it in `tuner search` and `plan` (--tp 4
+        --sequence-parallel --cp 1 ...): every searched dimension (dp follows from the GPUs)."""
+        def one(d: Dimension) -> str:
+            v = getattr(self, d.name)
+            return (d.flag if v else f"--no-{d.flag[2:]}") if d.type is bool else f"{d.flag} {v}"
+        return " ".join(one(d) for d in DIMENSIONS if d.searched)
+
     def env(self) -> dict[str, str]:
         """The layout as a trial command's environment (TUNER_TP=4, ..., bools as 1/0, TUNER_RECOMPUTE=
         full), TUNER_LAYOUT_KEY; TUNER_ACTIVATION_CHECKPOINTING (1 when recompute is full) stays for

@@ -185,6 +185,12 @@ def predicted_best(store, w, rows: list, model: str, cluster: str, k: int, fmt: 
                    f"first when they fit with probability >= 0.95 (p_fit: from {framework_of(w).memory_note(w)}; "
                    f"narrowed by measured peaks of this model). Measure it: tuner search --model "
                    f"{model} --nodes {w.nodes} --cluster {cluster} --framework {w.framework} --warm-start")
+        riskier = objs[0].get("faster_if_it_fits")
+        if riskier:
+            click.echo(f"Faster if it fits: {riskier['key']}, predicted {riskier['faster_by']:+.1%} samples/s, at p_fit "
+                       f"{riskier['p_fit']:.2f} ({riskier['memory_gb']:.1f} GB of {w.cluster.memory_gb:.1f}); one trial "
+                       f"decides: tuner search --model {model} --nodes {w.nodes} --cluster {cluster} --framework "
+                       f"{w.framework} {riskier['flags']} --budget 1")
         capped = [o for o in objs if o.get("p_fit_limited_by")]
         if capped:
             click.echo(f"p_fit of {len(capped)} listed layout(s) capped by a measured OOM (e.g. "
