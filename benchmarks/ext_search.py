@@ -44,6 +44,7 @@ from worlds_ext import FAMILIES, WORKLOADS, World, draw_world  # noqa: E402
 
 from tuner.driver import Driver  # noqa: E402
 from tuner.executors import InlineExecutor  # noqa: E402
+from tuner.layout import Layout  # noqa: E402
 from tuner.perfmodel import rank  # noqa: E402
 from tuner.search import STUDY_DEFAULTS, make_searcher  # noqa: E402
 from tuner.space import load_space  # noqa: E402
@@ -136,7 +137,6 @@ def evaluate(task: tuple) -> dict:
         out["transfer_oom"] = world2.truth(answer["layout"])[0] is None
         out["transfer_p_fit"], out["transfer_twin"] = answer["p_fit"], answer.get("p_fit_supported_by") is not None
         if (riskier := answer.get("faster_if_it_fits")) is not None:      # what `best` says one trial would decide
-            from tuner.layout import Layout
             out["riskier"] = (riskier["p_fit"], fraction(world2, Layout.from_dict(riskier["layout"]), world2.optimum()[1]))
     return out
 

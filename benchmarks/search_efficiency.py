@@ -40,11 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):   # one BLAS thread per process:
     os.environ.setdefault(_var, "1")                                         # --jobs processes share the cores
 
-from fit_reliability import best_at, print_reliability, without_offload  # noqa: E402
+from fit_reliability import best_at, print_reliability, print_riskier, without_offload  # noqa: E402
 from indep_worlds import FAMILIES, MODERN, WORKLOADS, World, draw_world  # noqa: E402
 
 from tuner.driver import Driver  # noqa: E402
 from tuner.executors import InlineExecutor  # noqa: E402
+from tuner.layout import Layout  # noqa: E402
 from tuner.perfmodel import RECOMMEND_AT, rank  # noqa: E402
 from tuner.search import make_searcher  # noqa: E402
 from tuner.space import load_space  # noqa: E402
@@ -126,6 +127,9 @@ def evaluate(task: tuple) -> dict:
     out["transfer"] = true_fraction(world2, answer["layout"], world2.optimum()[1])
     out["transfer_oom"] = world2.truth(answer["layout"])[0] is None
     out["transfer_p_fit"] = answer["p_fit"]
+    if (riskier := answer.get("faster_if_it_fits")) is not None:      # what `best` says one trial would decide
+        out["riskier"] = (riskier["p_fit"], true_fraction(world2, Layout.from_dict(riskier["layout"]),
+                                                          world2.optimum()[1]))
     return out
 
 
@@ -174,6 +178,7 @@ def print_scores(results: list[dict], searchers: list[str]) -> None:
     if stated:     # p_fit is printed to users as a probability: the realised fit rate must match it
         print(f"\ntransfer picks' stated p_fit: mean {sum(stated) / len(stated):.3f}, lowest {min(stated):.3f}; "
               f"realised fit rate {1 - sum(r['transfer_oom'] for r in results) / len(results):.3f} of {len(results)}")
+        print_riskier(results)
         print_reliability([r["fit_pairs"] for r in results])
     print()
 

@@ -215,6 +215,19 @@ def test_ext_search_runs_every_searcher_through_the_driver(capsys):
     assert "gemm-roofline" in out and "guided" in out and "stop rule" in out and "seeds: 5" in out
     assert "`best --nodes 2N` picks: out of memory at 2N in " in out and "realised fit" in out
     assert "`best --nodes 2N`'s p_fit over every layout it weighs at 2N (" in out and "Brier score" in out
+    assert "`best`'s faster-if-it-fits layout: offered in " in out
+
+
+def test_best_with_the_one_trial_it_names_keeps_the_faster_of_the_two(capsys):
+    """fit_reliability.print_riskier: `best` plus the trial of its faster-if-it-fits layout keeps whichever ran faster;
+    a layout that ran out of memory (0) leaves the answer."""
+    import fit_reliability
+
+    picks = [{"transfer": 0.8, "riskier": (0.7, 1.0)}, {"transfer": 0.9, "riskier": (0.6, 0.0)}, {"transfer": 0.95}]
+    fit_reliability.print_riskier(picks)
+    out = capsys.readouterr().out
+    assert "offered in 2 of 3 worlds (stated p_fit mean 0.650, ran in 1, faster than the answer in 1)" in out
+    assert "`best` alone 0.900 / 0.800, with that one trial 0.950 / 0.900" in out
 
 
 def test_fit_reliability_bins_every_layout_by_its_stated_p_fit():
