@@ -79,9 +79,9 @@ def print_riskier(picks: list[dict]) -> None:
     fastest, 0 where it does not run), beside "transfer", the answer's): how often it is offered, how often it runs
     against the p_fit it states, and `best` plus that one trial (keep the faster of the two that ran) against `best`
     alone, median / worst over every world."""
-    offered = [r for r in picks if "riskier" in r]
     if not picks:
         return
+    offered = [r for r in picks if "riskier" in r]
     alone = [r["transfer"] for r in picks]
     one_trial = [max(r["transfer"], r["riskier"][1]) if "riskier" in r else r["transfer"] for r in picks]
     ran = [r for r in offered if r["riskier"][1] > 0]
