@@ -39,12 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-from fit_reliability import best_at, print_reliability, print_riskier  # noqa: E402
+from fit_reliability import best_at, print_reliability, print_riskier, riskier  # noqa: E402
 from worlds_ext import FAMILIES, WORKLOADS, World, draw_world  # noqa: E402
 
 from tuner.driver import Driver  # noqa: E402
 from tuner.executors import InlineExecutor  # noqa: E402
-from tuner.layout import Layout  # noqa: E402
 from tuner.perfmodel import rank  # noqa: E402
 from tuner.search import STUDY_DEFAULTS, make_searcher  # noqa: E402
 from tuner.space import load_space  # noqa: E402
@@ -132,12 +131,12 @@ def evaluate(task: tuple) -> dict:
         world2 = world.at_nodes(2 * nodes)
         _, _, answer = run_study(world, "guided", seed, budget, {"stop_threshold": None}, transfer_nodes=2 * nodes,
                                  runs=lambda lay: world2.truth(lay)[0] is not None)
+        opt2 = world2.optimum()[1]
         out["fit_pairs"] = answer["fit_pairs"]
-        out["transfer"] = fraction(world2, answer["layout"], world2.optimum()[1])
+        out["transfer"] = fraction(world2, answer["layout"], opt2)
         out["transfer_oom"] = world2.truth(answer["layout"])[0] is None
         out["transfer_p_fit"], out["transfer_twin"] = answer["p_fit"], answer.get("p_fit_supported_by") is not None
-        if (riskier := answer.get("faster_if_it_fits")) is not None:      # what `best` says one trial would decide
-            out["riskier"] = (riskier["p_fit"], fraction(world2, Layout.from_dict(riskier["layout"]), world2.optimum()[1]))
+        out.update(riskier(answer, lambda lay: fraction(world2, lay, opt2)))     # what one trial would decide
     return out
 
 

@@ -17,6 +17,7 @@ import dataclasses
 import statistics
 
 from tuner.best import fastest_unmeasured, unmeasured_rows
+from tuner.layout import Layout
 
 BINS = ((0.0, 0.02), (0.02, 0.1), (0.1, 0.3), (0.3, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 0.95), (0.95, 0.99),
         (0.99, 0.999), (0.999, 1.0001))
@@ -72,6 +73,13 @@ def print_reliability(worlds: list[list[tuple[float, bool]]]) -> None:
     print(f"{'stated p_fit':>16} {'layouts':>8} {'worlds':>6} {'stated':>7} {'realised':>8} {'per world':>9}")
     for lo, hi, n, nw, stated, realised, per_world in reliability(worlds):
         print(f"{f'[{lo:.3f}, {hi:.3f})':>16} {n:8d} {nw:6d} {stated:7.3f} {realised:8.3f} {per_world:9.3f}")
+
+
+def riskier(answer: dict, fraction) -> dict:
+    """{"riskier": (stated p_fit, fraction(layout))} of the answer's faster-if-it-fits layout (tuner.best), `fraction`
+    its true speed / the fastest at 2N (0 where it does not run); {} where the answer names none."""
+    named = answer.get("faster_if_it_fits")
+    return {} if named is None else {"riskier": (named["p_fit"], fraction(Layout.from_dict(named["layout"])))}
 
 
 def print_riskier(picks: list[dict]) -> None:

@@ -40,12 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):   # one BLAS thread per process:
     os.environ.setdefault(_var, "1")                                         # --jobs processes share the cores
 
-from fit_reliability import best_at, print_reliability, print_riskier, without_offload  # noqa: E402
+from fit_reliability import best_at, print_reliability, print_riskier, riskier, without_offload  # noqa: E402
 from indep_worlds import FAMILIES, MODERN, WORKLOADS, World, draw_world  # noqa: E402
 
 from tuner.driver import Driver  # noqa: E402
 from tuner.executors import InlineExecutor  # noqa: E402
-from tuner.layout import Layout  # noqa: E402
 from tuner.perfmodel import RECOMMEND_AT, rank  # noqa: E402
 from tuner.search import make_searcher  # noqa: E402
 from tuner.space import load_space  # noqa: E402
@@ -123,13 +122,12 @@ def evaluate(task: tuple) -> dict:
     world2 = draw_world(family, model, 2 * nodes, seed, *where)
     _, answer = run_study(world, "guided", seed, TRANSFER_BUDGET, transfer_nodes=2 * nodes,
                           runs=lambda lay: world2.truth(lay)[0] is not None)
+    opt2 = world2.optimum()[1]
     out["fit_pairs"] = answer["fit_pairs"]
-    out["transfer"] = true_fraction(world2, answer["layout"], world2.optimum()[1])
+    out["transfer"] = true_fraction(world2, answer["layout"], opt2)
     out["transfer_oom"] = world2.truth(answer["layout"])[0] is None
     out["transfer_p_fit"] = answer["p_fit"]
-    if (riskier := answer.get("faster_if_it_fits")) is not None:      # what `best` says one trial would decide
-        out["riskier"] = (riskier["p_fit"], true_fraction(world2, Layout.from_dict(riskier["layout"]),
-                                                          world2.optimum()[1]))
+    out.update(riskier(answer, lambda lay: true_fraction(world2, lay, opt2)))     # what one trial would decide
     return out
 
 

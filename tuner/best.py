@@ -33,6 +33,7 @@ from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT, gpu_fit_probability, 
 from tuner.perfmodel.communicators import new_dp_group_gb
 from tuner.perfmodel.fit import fit_probability, trial_need_gb
 from tuner.fit_nodes import more_nodes_hint
+from tuner.search import STUDY_DEFAULTS
 from tuner.specs import STORED_SETTINGS, Workload, stored_setting
 from tuner.correction import (Z_DIM, Observations, features, left_out, memory_features, record_workload, simulated,
                               warm_start_records)
@@ -281,7 +282,6 @@ def faster_if_it_fits(likely: list[dict], workload: Workload) -> dict | None:
     study's stop threshold (a gain worth a trial: tuner.search.STUDY_DEFAULTS); None where there is none (or the answer
     itself is short of the headroom). Its p_fit is a probability (benchmarks/fit_reliability.py prints its reliability
     at 2N): the chance that the trial runs."""
-    from tuner.search import STUDY_DEFAULTS
     top = likely[0]
     if not top["headroom_ok"]:
         return None
