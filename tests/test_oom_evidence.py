@@ -187,5 +187,28 @@ def test_the_allocators_share_a_run_measured_is_not_charged_to_the_oom_accounts_
     assert as_allocated[0].mean == as_reserved[0].mean and set(as_allocated[0].shares) == {1.0}
     assert abs(as_reserved[0].shares[0] - 1.6) < 1e-9
     deeper, wider = predict(replace(OOMED, pp=8), W4), predict(replace(OOMED, pp=8, micro_batch=2), W4)
-    assert oom_fit_cap(deeper, as_reserved, cap)[0] > oom_fit_cap(deeper, as_allocated, cap)[0] + 0.05
-    assert oom_fit_cap(wider, as_allocated, cap)[0] == 0.0 < oom_fit_cap(wider, as_reserved, cap)[0]
+    # the account's run was measured, so the OOM'd layout's belief is the correction's, not the framework's floor
+    # (round 30): the deeper layout nearly surely fits either way, the one with twice the micro-batch only by the share
+    assert oom_fit_cap(deeper, as_reserved, cap)[0] > oom_fit_cap(deeper, as_allocated, cap)[0]
+    assert oom_fit_cap(wider, as_allocated, cap)[0] == 0.0 and oom_fit_cap(wider, as_reserved, cap)[0] > 0.05
+
+
+def test_an_ooms_belief_is_floored_by_the_frameworks_error_only_where_no_run_measured_its_account():
+    """Issue 30 round 30: an OOM'd layout's belief is no surer than the framework's memory error (memory_sd) where
+    no ok run of its activation account was measured; beside a measured run of that account (the same tp, cp,
+    recompute: the bytes a layer keeps per token) the memory correction's own belief stands, so the OOM'd layout's
+    dp-doubled twin at 2N is capped less. A run of another account leaves the floor."""
+    cap, floor = W4.cluster.memory_gb, of(W4).memory_sd
+    ran = replace(OOMED, pp=8, dp=1)                                   # the OOM'd layout's account, one more stage
+    other = replace(ran, recompute="full")                             # another account
+    near_cap = cap - W2.cluster.memory_reserved_gb - 1.0               # leaves the OOM standing (refutes nothing)
+
+    def bound(*runs):
+        recs = [record(OOMED, Status.OOM), *(record(lay, Status.OK, peak=near_cap, mfu=0.3) for lay in runs)]
+        return oom_bounds(recs, W4, warm_start_records(recs, W4).observations.memory_gp(floor))[0]
+
+    alone, beside_other, beside_account = bound(), bound(other), bound(ran)
+    assert alone.sd == floor and beside_other.sd >= floor
+    assert beside_account.refuted_by is None and beside_account.sd < floor
+    twin = predict(TWIN, W4)
+    assert oom_fit_cap(twin, [beside_account], cap)[0] != oom_fit_cap(twin, [beside_other], cap)[0]

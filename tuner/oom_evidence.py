@@ -107,7 +107,11 @@ def oom_bounds(records, workload: Workload, gp, studies: dict | None = None) -> 
     """The measured OOMs of `workload`'s model, cluster and framework at any node count (the evidence
     `warm_start_records` uses), each with what the memory correction `gp` believes of its peak on a GPU -- the
     caching allocator's share on top (ALLOCATOR_BIAS, ALLOCATOR_SD), as every p_fit states it. An OOM'd layout was
-    never measured: that belief is taken as no surer than the framework's memory error (its sd)."""
+    never measured: where no ok run of its activation account was either (the bytes a layer keeps per token:
+    activation_account), that belief is taken as no surer than the framework's memory error (its sd); where one was,
+    the correction rests on a measurement of what the OOM'd layout's activations are, and its own belief stands
+    (issue 30: on a 22B study the floor held the dp-4 twin of an OOM'd first pick at p_fit 0.7 beside a measured
+    run of its account; the one OOM the floor had covered was in an account nobody measured)."""
     from tuner.frameworks import of
 
     cap, out, floor = workload.cluster.memory_gb, [], of(workload).memory_sd
@@ -124,7 +128,8 @@ def oom_bounds(records, workload: Workload, gp, studies: dict | None = None) -> 
         act = p.memory_breakdown.get("activations", 0.0)
         shares = [s for lay, _, s in factors if activation_account(lay) == activation_account(rec.layout)]
         out.append(OomBound(rec.layout, int(rec.nodes), p.memory_gb, act, math.log(cap / p.memory_gb),
-                            float(mu[0]) + ALLOCATOR_BIAS, max(math.hypot(float(sd[0]), ALLOCATOR_SD), floor),
+                            float(mu[0]) + ALLOCATOR_BIAS,
+                            max(math.hypot(float(sd[0]), ALLOCATOR_SD), 0.0 if shares else floor),
                             _refuted_by(rec.layout, p.memory_gb - act, act, factors, cap),
                             (min(shares), max(shares)) if shares else (1.0,)))
     return out
