@@ -110,8 +110,9 @@ def oom_bounds(records, workload: Workload, gp, studies: dict | None = None) -> 
     never measured: where no ok run of its activation account was either (the bytes a layer keeps per token:
     activation_account), that belief is taken as no surer than the framework's memory error (its sd); where one was,
     the correction rests on a measurement of what the OOM'd layout's activations are, and its own belief stands
-    (issue 30: on a 22B study the floor held the dp-4 twin of an OOM'd first pick at p_fit 0.7 beside a measured
-    run of its account; the one OOM the floor had covered was in an account nobody measured)."""
+    (issue 30 round 30: on a 22B study the floor held the dp-4 twin of an OOM'd first pick at p_fit 0.7 beside a
+    measured run of its account; where round 29 dropped the floor everywhere, a 2N pick ran out of memory under an
+    OOM whose account no run had measured, which keeps the floor)."""
     from tuner.frameworks import of
 
     cap, out, floor = workload.cluster.memory_gb, [], of(workload).memory_sd
