@@ -17,8 +17,8 @@ guided study at N, scored against the same world at 2N.
         [--cases model:nodes:cluster:framework,...]   (every family's physics on these workloads instead)
 
 Prints per world its model facts (the model's rank of the optimum, the model's top pick's true speed /
-the fastest), then per world and searcher the median and the worst seed after the budget, each searcher's
-OOMs among its trials, `best --nodes 2N`'s picks that run out of memory at 2N against the p_fit it stated
+the fastest), then per world and searcher the median and the worst seed after the budget (and guided's had it
+recommended the trial its belief puts fastest rather than the fastest measured), each searcher's OOMs among its trials, `best --nodes 2N`'s picks that run out of memory at 2N against the p_fit it stated
 (and how many rest on a measured twin), the stop rule's stops and false stops, and the wall time.
 """
 
@@ -118,8 +118,11 @@ def evaluate(task: tuple) -> dict:
            **model_facts(world, opt_layout, opt)}
     for s in searchers:
         options = {"stop_threshold": None} if s == "guided" else {}
-        trials, _, _ = run_study(world, s, seed, budget, options)
+        trials, searcher, _ = run_study(world, s, seed, budget, options)
         out["scores"][s] = fraction(world, recommended(trials, budget), opt)
+        if s == "guided":     # what the searcher's belief would recommend (issue 30 round 30: noise)
+            ran = [t.layout for t in trials[:budget] if t.status == Status.OK and t.samples_per_second]
+            out["belief"] = fraction(world, searcher.believed_fastest(ran), opt)
         out.setdefault("ooms", {})[s] = sum(t.status == Status.OOM for t in trials[:budget])
     if stop_budget:
         trials, s, _ = run_study(world, "guided", seed, stop_budget, dict(STUDY_DEFAULTS))
@@ -157,14 +160,24 @@ def report(results: list[dict], searchers: list[str], budget: int) -> None:
               f"{rs[0]['candidates']}  ranks {ranks}")
     print(f"\ntrue speed of the recommended layout after {budget} trials / the world's fastest: median / worst seed "
           f"(target {TARGET} / {WORST})\n")
+    belief = all("belief" in r for r in results)
     head = f"{'family':14} {'workload':32} " + " ".join(f"{s:>13}" for s in searchers)
-    print(head + ("   transfer 2N" if any("transfer" in r for r in results) else ""))
+    print(head + ("   guided, belief" if belief else "") + ("   transfer 2N" if any("transfer" in r for r in results)
+                                                             else ""))
     print("-" * len(head))
     for fam, wl in keys:
         rs = [r for r in results if (r["family"], r["workload"]) == (fam, wl)]
         row = " ".join(f"{cell([r['scores'][s] for r in rs]):>13}" for s in searchers)
+        row += f"   {cell([r['belief'] for r in rs]):>14}" if belief else ""
         extra = f"   {cell([r['transfer'] for r in rs])}" if "transfer" in rs[0] else ""
         print(f"{fam:14} {wl:32} {row}{extra}")
+    if belief:     # the recommendation by the searcher's belief, against the fastest measurement (guided)
+        moved = [r["belief"] - r["scores"]["guided"] for r in results]
+        print(f"\nguided, belief: the trial that ran whose speed the searcher's belief puts highest "
+              f"(GuidedSearcher.believed_fastest), not the fastest measured: better in "
+              f"{sum(d > 1e-9 for d in moved)}, worse in {sum(d < -1e-9 for d in moved)} of {len(moved)} studies; mean "
+              f"{statistics.mean(r['scores']['guided'] for r in results):.4f} -> "
+              f"{statistics.mean(r['belief'] for r in results):.4f}")
     ooms = {s: sum(r["ooms"][s] for r in results) for s in searchers}
     print(f"\nOOMs among the first {budget} trials that ran, all worlds and seeds: "
           + ", ".join(f"{s} {n} of {budget * len(results)}" for s, n in ooms.items()))

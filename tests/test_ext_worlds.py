@@ -216,6 +216,7 @@ def test_ext_search_runs_every_searcher_through_the_driver(capsys):
     assert "`best --nodes 2N` picks: out of memory at 2N in " in out and "realised fit" in out
     assert "`best --nodes 2N`'s p_fit over every layout it weighs at 2N (" in out and "Brier score" in out
     assert "`best`'s faster-if-it-fits layout: offered in " in out
+    assert "guided, belief" in out and "not the fastest measured: better in " in out and " of 1 studies; mean " in out
 
 
 def test_best_with_the_one_trial_it_names_keeps_the_faster_of_the_two(capsys):

@@ -239,6 +239,19 @@ class GuidedSearcher(BaseSearcher):
             gp = believe(gp, rows[extra], self.F[extra])
         return gp, rows
 
+    def believed_fastest(self, layouts) -> Layout | None:
+        """Of `layouts` (candidates that ran), the one whose speed the searcher's belief puts highest: the model
+        corrected by every measurement, the family term and the measurement noise in the fit -- what Ax calls the
+        best point by model prediction. The study's recommendation is the fastest measured (tuner.metrics.rank_key);
+        under a few percent of run-to-run noise the two can differ (issue 30 round 30: benchmarks/ext_search.py
+        prints both). None when none of `layouts` is a candidate."""
+        idx = [self.index[lay] for lay in layouts if lay in self.index]
+        if not idx:
+            return None
+        gp, rows = self._beliefs([])
+        mu, _ = gp.predict(rows[idx], self.F[idx])
+        return self.candidates[idx[int(np.argmax(self.log_pred[idx] + mu))]]
+
     def p_fit(self) -> np.ndarray:
         """Probability that each candidate fits in memory, from the learned memory correction."""
         if self.capacity is None:
