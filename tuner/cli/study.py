@@ -123,10 +123,33 @@ def show_result(store, name: str, result, fmt: str) -> None:
         t = fast[0]
         out.echo(f"recommended: {t.layout.key()} (trial {t.number}): {t.samples_per_second:.4g} samples/s, "
                  f"MFU {100 * t.mfu:.2f} %. {_launch_hint(store, name, t.layout)}")
+        note = belief_note(name, store.trials(name), searcher, t)
+        if note:
+            out.echo(note)
         if t.mfu > 1:
             _above_peak(store, name, t)
     else:
         out.echo(f"no trial succeeded: see `tuner trials {name}` for why")
+
+
+def belief_note(name: str, trials, searcher, recommended) -> str | None:
+    """Where the guided searcher's belief (the model corrected by every trial: GuidedSearcher.believed_fastest) puts
+    another trial of study `name` that ran ahead of the recommendation, the fastest measured: the lines that name it
+    and the commands that measure both again (issue 30 round 30: under a few percent of run-to-run noise the fastest
+    measurement is not always the fastest layout); else None."""
+    from tuner.trial import Status
+    pick = getattr(searcher, "believed_fastest", None)
+    ran = [t for t in trials if t.status == Status.OK and t.samples_per_second]
+    lay = pick([t.layout for t in ran]) if pick else None
+    other = next((t for t in ran if t.layout == lay), None)
+    if other is None or lay == recommended.layout:
+        return None
+    gap = 100 * (1 - other.samples_per_second / recommended.samples_per_second)
+    again = "; ".join(f"tuner search --config study.toml --study {name}-again-{k} --budget 1 {t.layout.flags()}"
+                      for k, t in ((recommended.number, recommended), (other.number, other)))
+    return (f"within the noise: the study's belief (the model corrected by every trial) puts trial {other.number}, "
+            f"{lay.key()}, measured {gap:.1f} % slower, ahead of it. Measure both again to settle it: "
+            f"tuner config {name} --out study.toml; {again}")
 
 
 def _above_peak(store, name: str, trial) -> None:
