@@ -148,7 +148,8 @@ def belief_note(name: str, trials, searcher, recommended) -> str | None:
     again = "; ".join(f"tuner search --config study.toml --study {name}-again-{k} --budget 1 {t.layout.flags()}"
                       for k, t in ((recommended.number, recommended), (other.number, other)))
     return (f"within the noise: the study's belief (the model corrected by every trial) puts trial {other.number}, "
-            f"{lay.key()}, measured {gap:.1f} % slower, ahead of it. Measure both again to settle it: "
+            f"{lay.key()}, measured {f'{gap:.1f} %' if gap >= 0.05 else 'under 0.05 %'} slower, ahead of it. Measure "
+            f"both again to settle it: "
             f"tuner config {name} --out study.toml; {again}")
 
 
