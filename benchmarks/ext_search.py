@@ -17,9 +17,10 @@ guided study at N, scored against the same world at 2N.
         [--cases model:nodes:cluster:framework,...]   (every family's physics on these workloads instead)
 
 Prints per world its model facts (the model's rank of the optimum, the model's top pick's true speed /
-the fastest), then per world and searcher the median and the worst seed after the budget (and guided's had it
-recommended the trial its belief puts fastest rather than the fastest measured), each searcher's OOMs among its trials, `best --nodes 2N`'s picks that run out of memory at 2N against the p_fit it stated
-(and how many rest on a measured twin), the stop rule's stops and false stops, and the wall time.
+the fastest), then per world and searcher the median and the worst seed after the budget (and guided's, had it
+recommended the trial its belief puts fastest rather than the fastest measured), each searcher's OOMs among its
+trials, `best --nodes 2N`'s picks that run out of memory at 2N against the p_fit it stated (and how many rest on a
+measured twin), the stop rule's stops and false stops, and the wall time.
 """
 
 from __future__ import annotations
