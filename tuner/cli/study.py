@@ -114,7 +114,8 @@ def show_result(store, name: str, result, fmt: str) -> None:
     if fmt != "table":
         return
     why = {**WHY, "converged": f"stopped early: {searcher.stop_reason}"}
-    stored = len(store.trials(name))      # this driver's, and those of earlier runs or of drivers that joined
+    trials = store.trials(name)           # this driver's, and those of earlier runs or of drivers that joined
+    stored = len(trials)
     in_all = f"; {stored} in the study" if stored != outcome.ran + outcome.pruned else ""
     out.echo(f"\nstudy {name}: {outcome.ran} trial(s) ran, {outcome.pruned} pruned ({why[outcome.reason]}){in_all}.")
     from tuner import study as studies
@@ -123,7 +124,7 @@ def show_result(store, name: str, result, fmt: str) -> None:
         t = fast[0]
         out.echo(f"recommended: {t.layout.key()} (trial {t.number}): {t.samples_per_second:.4g} samples/s, "
                  f"MFU {100 * t.mfu:.2f} %. {_launch_hint(store, name, t.layout)}")
-        note = belief_note(name, store.trials(name), searcher, t)
+        note = belief_note(name, trials, searcher, t)
         if note:
             out.echo(note)
         if t.mfu > 1:
