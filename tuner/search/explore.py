@@ -27,7 +27,9 @@ the model's mean error so far (a model wrong by 2x where it was measured is no b
 was not). A trial that beats its prediction by far pulls its
 neighbours' posterior up through the same term (their covariance with it is large). Trials of other
 studies (warm start) and stopped-early bounds enter with sigma 0: the family term learns from this
-study's own measurements only.
+study's own measurements only. A dimension that means nothing in a layout (INACTIVE: the interleaving and the stage
+split at pp 1, sequence parallelism at tp 1) is read there as a value of its own, as a conditional search space
+needs: what the pp-1 layouts got wrong is not what every pipeline without interleaving has in common.
 """
 
 from __future__ import annotations
@@ -58,6 +60,13 @@ KEY_DIMS = 4
 #: world that makes one stage slow says nothing about the next one, as an ordinal coordinate would have it.
 CATEGORICAL = ("zero_stage",)
 N_INITIAL = 3              # first picks: the model's top pick + the best of other layout families
+#: Dimensions that mean nothing in some layouts (a conditional search space, Swersky et al. 2014, "Raiders of the
+#: Lost Architecture", arXiv:1409.4011): an interleaving or a stage split without a pipeline, sequence parallelism
+#: without tensor parallelism -- dimension: (the layout field, the value at which it is inactive). The family term
+#: reads an inactive dimension as a value of its own (INACTIVE_AT, far from every active one), so that the pp-1
+#: layouts' error is not taught to every pipeline that does not interleave (issue 30 round 31).
+INACTIVE = {"virtual_pipeline": ("pp", 1), "pipeline_split": ("pp", 1), "sequence_parallel": ("tp", 1)}
+INACTIVE_AT = -10.0
 SPREAD_CAP = 12            # novelty beyond this does not rank a first pick higher
 DIVERSE_WITHIN = 0.7       # a first pick's predicted throughput is at least this fraction of the top
 
@@ -97,11 +106,16 @@ def model_errors(y) -> np.ndarray:
     return np.maximum(np.abs(y - typical) - DEAD_ZONE, 0.0) + GLOBAL_SHARE * max(abs(typical) - DEAD_ZONE, 0.0)
 
 
-def amplitude(X: np.ndarray, X_obs: np.ndarray, errors: np.ndarray, base: float = BASE) -> np.ndarray:
-    """sigma(x) of every row of X given the trials at X_obs and the model's errors there."""
+def amplitude(X: np.ndarray, X_obs: np.ndarray, errors: np.ndarray, base: float = BASE,
+              off: tuple | None = None) -> np.ndarray:
+    """sigma(x) of every row of X given the trials at X_obs and the model's errors there; with `off` (the
+    inactive_mask of X's rows and of X_obs's), a dimension inactive in either layout adds nothing to their distance."""
     if len(errors) == 0:
         return np.full(len(X), base)
-    d2 = ((X[:, None, :] - X_obs[None, :, :]) ** 2).sum(-1)
+    sq = (X[:, None, :] - X_obs[None, :, :]) ** 2
+    if off is not None:
+        sq = np.where(off[0][:, None, :] | off[1][None, :, :], 0.0, sq)
+    d2 = sq.sum(-1)
     w = np.exp(-0.5 * d2 / ELL_U ** 2)
     u = (w @ errors + PRIOR_WEIGHT * errors.mean()) / (w.sum(1) + PRIOR_WEIGHT)
     return base + GAIN * u
@@ -119,6 +133,16 @@ def family_scale(X: np.ndarray, dims: list[str]) -> np.ndarray:
     return scale
 
 
+def inactive_mask(layouts, dims: list[str]) -> np.ndarray:
+    """(len(layouts), len(dims)) booleans: where the dimension means nothing for the layout (INACTIVE)."""
+    out = np.zeros((len(layouts), len(dims)), dtype=bool)
+    for k, d in enumerate(dims):
+        if d in INACTIVE:
+            on, value = INACTIVE[d]
+            out[:, k] = [getattr(lay, on) == value for lay in layouts]
+    return out
+
+
 def augment(Z: np.ndarray, X: np.ndarray, sigma: np.ndarray) -> np.ndarray:
     """Rows [z | x | sigma] for FamilyGP."""
     return np.hstack([Z, X, np.asarray(sigma, float).reshape(-1, 1)])
@@ -134,19 +158,23 @@ def family_gp(base: GP, Z, F, y, noise, X, sigma, calibrate: bool = True) -> Fam
 
 
 def fit_beliefs(base: GP, data: tuple, n_hist: int, X_own: np.ndarray, X_cand: np.ndarray, Z_cand: np.ndarray,
-                base_sigma: float = BASE, calibrate: bool = True) -> tuple[FamilyGP, np.ndarray]:
+                base_sigma: float = BASE, calibrate: bool = True,
+                off: tuple | None = None) -> tuple[FamilyGP, np.ndarray]:
     """The family GP on `data` = (Z, F, y, noise): rows [0, n_hist) from other studies, the next len(X_own)
     this study's own trials at X_own, any after them (stopped-early bounds) without a family term; and the
-    candidates' rows [Z_cand | X_cand | sigma] to predict it at."""
+    candidates' rows [Z_cand | X_cand | sigma] to predict it at. `off` = (inactive_mask of the own trials, of the
+    candidates): an inactive dimension reads INACTIVE_AT in the kernel and counts in no distance of the amplitude."""
     Z, F, y, noise = data
     n_own = len(X_own)
     errors = model_errors(y[n_hist:n_hist + n_own])
+    off_own, off_cand = off if off is not None else (np.zeros(X_own.shape, bool), np.zeros(X_cand.shape, bool))
     X = np.zeros((len(y), X_cand.shape[1]))
-    X[n_hist:n_hist + n_own] = X_own
+    X[n_hist:n_hist + n_own] = np.where(off_own, INACTIVE_AT, X_own)
     sigma = np.zeros(len(y))
-    sigma[n_hist:n_hist + n_own] = amplitude(X_own, X_own, errors, base_sigma)
+    sigma[n_hist:n_hist + n_own] = amplitude(X_own, X_own, errors, base_sigma, (off_own, off_own))
     gp = family_gp(base, Z, F, y, noise, X, sigma, calibrate)
-    return gp, augment(Z_cand, X_cand, amplitude(X_cand, X_own, errors, base_sigma))
+    sigma_cand = amplitude(X_cand, X_own, errors, base_sigma, (off_cand, off_own))
+    return gp, augment(Z_cand, np.where(off_cand, INACTIVE_AT, X_cand), sigma_cand)
 
 
 def believe(gp: FamilyGP, rows: np.ndarray, F: np.ndarray) -> FamilyGP:

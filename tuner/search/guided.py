@@ -48,7 +48,8 @@ from tuner.perfmodel import memory_fit, predict
 from tuner.search import STUDY_DEFAULTS  # (re-exported: the study defaults of the stop rule)
 from tuner.search.base import DIMS, BaseSearcher
 from tuner.search.confidence import beat_probability, margin_of
-from tuner.search.explore import N_INITIAL, believe, family_key, family_scale, first_pick, fit_beliefs
+from tuner.search.explore import (N_INITIAL, believe, family_key, family_scale, first_pick, fit_beliefs,
+                                  inactive_mask)
 from tuner.oom_evidence import said_capacities, usable_workload
 from tuner.search.oom_deferral import OomDeferral
 from tuner.search.stop_rule import StopRule
@@ -107,6 +108,8 @@ class GuidedSearcher(BaseSearcher):
         self.varying = [k for k in range(self.X.shape[1]) if np.ptp(self.X[:, k]) > 0] if n else []
         self.family_scale = family_scale(self.X[:, self.varying], [DIMS[k] for k in self.varying])
         self.family_X = self.X[:, self.varying] * self.family_scale    # the candidates' rows of the family term
+        self.family_off = inactive_mask(self.candidates, [DIMS[k] for k in self.varying])   # where they mean nothing
+        self.own_off: list[np.ndarray] = []     # the same of each own time observation
         self.pending: dict[int, None] = {}      # asked, not told (insertion-ordered)
         self.best_log: float | None = None
         self.best_layout: Layout | None = None
@@ -157,6 +160,7 @@ class GuidedSearcher(BaseSearcher):
             self.roomy = self.p_fit() >= RECOMMEND_AT
         if len(self.own.y) > n_time:
             self.own_X.append(self.encode(layout.as_dict()))
+            self.own_off.append(inactive_mask([layout], [DIMS[k] for k in self.varying])[0])
         if i is not None and result.status not in (Status.OK, Status.STOPPED):
             self.failed[i] = True
         if result.status == Status.OOM and self.workload is not None:
@@ -234,7 +238,9 @@ class GuidedSearcher(BaseSearcher):
         Xc = self.family_X
         X_own = np.array(self.own_X, dtype=float).reshape(len(self.own.y), self.X.shape[1])[:, self.varying] \
             * self.family_scale
-        gp, rows = fit_beliefs(base, (Z, F, y, noise), len(self.history.y), X_own, Xc, self.Z)
+        off_own = np.array(self.own_off, dtype=bool).reshape(X_own.shape)
+        gp, rows = fit_beliefs(base, (Z, F, y, noise), len(self.history.y), X_own, Xc, self.Z,
+                               off=(off_own, self.family_off))
         if extra:
             gp = believe(gp, rows[extra], self.F[extra])
         return gp, rows
