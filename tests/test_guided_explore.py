@@ -29,10 +29,10 @@ W = dataclasses.replace(W, cluster=dataclasses.replace(W.cluster, memory_gb=64.0
 CANDS = load_space("frontier-2023").enumerate_layouts(W)
 
 
-def measured(layout, factor: float = 1.0) -> TrialResult:
-    p = predict(layout, W)
+def measured(layout, factor: float = 1.0, w=W) -> TrialResult:
+    p = predict(layout, w)
     return metrics.complete(TrialResult(Status.OK, samples_per_second=p.samples_per_second * factor,
-                                        peak_memory_gb=p.memory_gb), W, layout)
+                                        peak_memory_gb=p.memory_gb), w, layout)
 
 
 def test_model_errors_count_the_spread_and_half_the_typical_error():
@@ -211,10 +211,6 @@ def test_a_pp1_layouts_error_is_not_taught_to_the_pipelines_that_do_not_interlea
     layouts measured at half their prediction and three interleaved pipelines as predicted: a pipeline that does not
     interleave is believed as its interleaved twin is, give or take the dimensions it shares with the pp-1 layouts
     (on the code before, vp = 1 carried the pp-1 layouts' error: 0.10 below its twin; now 0.04)."""
-    def measured_at(layout, factor):
-        p = predict(layout, MCORE_W)
-        return metrics.complete(TrialResult(Status.OK, samples_per_second=p.samples_per_second * factor,
-                                            peak_memory_gb=p.memory_gb), MCORE_W, layout)
     fits = [c for c in MCORE_CANDS if predict(c, MCORE_W).fits]
     flat = [c for c in fits if c.pp == 1][:4]
     deep = [c for c in fits if c.pp > 1 and c.virtual_pipeline > 1][:3]
@@ -225,8 +221,8 @@ def test_a_pp1_layouts_error_is_not_taught_to_the_pipelines_that_do_not_interlea
                                                                             twin.recompute)
     s = GuidedSearcher(MCORE_CANDS, workload=MCORE_W, seed=1)
     for c in flat:
-        s.tell(c, measured_at(c, 0.5))
+        s.tell(c, measured(c, 0.5, MCORE_W))
     for c in deep:
-        s.tell(c, measured_at(c, 1.0))
+        s.tell(c, measured(c, 1.0, MCORE_W))
     mu, _ = _posterior(s)
     assert mu[s.index[target]] > mu[s.index[twin]] - 0.06

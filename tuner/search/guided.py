@@ -106,9 +106,10 @@ class GuidedSearcher(BaseSearcher):
         self.own = Observations()
         self.own_X: list[list[float]] = []      # the searcher's coordinates of each own time observation
         self.varying = [k for k in range(self.X.shape[1]) if np.ptp(self.X[:, k]) > 0] if n else []
-        self.family_scale = family_scale(self.X[:, self.varying], [DIMS[k] for k in self.varying])
+        self.family_dims = [DIMS[k] for k in self.varying]
+        self.family_scale = family_scale(self.X[:, self.varying], self.family_dims)
         self.family_X = self.X[:, self.varying] * self.family_scale    # the candidates' rows of the family term
-        self.family_off = inactive_mask(self.candidates, [DIMS[k] for k in self.varying])   # where they mean nothing
+        self.family_off = inactive_mask(self.candidates, self.family_dims)   # where they mean nothing
         self.own_off: list[np.ndarray] = []     # the same of each own time observation
         self.pending: dict[int, None] = {}      # asked, not told (insertion-ordered)
         self.best_log: float | None = None
@@ -160,7 +161,7 @@ class GuidedSearcher(BaseSearcher):
             self.roomy = self.p_fit() >= RECOMMEND_AT
         if len(self.own.y) > n_time:
             self.own_X.append(self.encode(layout.as_dict()))
-            self.own_off.append(inactive_mask([layout], [DIMS[k] for k in self.varying])[0])
+            self.own_off.append(inactive_mask([layout], self.family_dims)[0])
         if i is not None and result.status not in (Status.OK, Status.STOPPED):
             self.failed[i] = True
         if result.status == Status.OOM and self.workload is not None:
