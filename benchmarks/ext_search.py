@@ -18,8 +18,9 @@ guided study at N, scored against the same world at 2N.
 
 Prints per world its model facts (the model's rank of the optimum, the model's top pick's true speed /
 the fastest), then per world and searcher the median and the worst seed after the budget (and guided's, had it
-recommended the trial its belief puts fastest rather than the fastest measured), each searcher's OOMs among its
-trials, `best --nodes 2N`'s picks that run out of memory at 2N against the p_fit it stated (and how many rest on a
+recommended the trial its belief puts fastest rather than the fastest measured, and the truly fastest trial it ran:
+the bound of any choice among its measurements), each searcher's OOMs among its trials, with `--transfer` the truly
+fastest layout `best --nodes 2N` answers from (fit_reliability.rule_bound: the bound of any ranking of its rows), `best --nodes 2N`'s picks that run out of memory at 2N against the p_fit it stated (and how many rest on a
 measured twin), the stop rule's stops and false stops, and the wall time.
 """
 
@@ -58,10 +59,11 @@ TARGET, WORST = 0.97, 0.93
 
 
 def run_study(world: World, searcher: str, seed: int, budget: int, options: dict | None = None,
-              transfer_nodes: int | None = None, runs=None):
+              transfer_nodes: int | None = None, runs=None, fraction=None):
     """(trials that ran, in order; the searcher; `tuner best`'s answer at transfer_nodes or None). `runs(layout)`:
     whether the world at transfer_nodes runs a layout; given, the answer's "fit_pairs" are (stated p_fit, ran) of
-    every layout `best` weighs there (fit_reliability.best_at)."""
+    every layout `best` weighs there; `fraction(layout)`: its true speed there / the fastest, for the answer's "bound"
+    (fit_reliability.best_at)."""
     w = world.workload
     space = load_space(world.space) if isinstance(world.space, str) else world.space
     store = open_store("sqlite://")
@@ -75,7 +77,7 @@ def run_study(world: World, searcher: str, seed: int, budget: int, options: dict
     if transfer_nodes:
         from tuner.specs import make_workload
         w2 = make_workload(w.model, transfer_nodes, w.cluster, framework=w.framework)
-        answer = best_at(w2, space, trials, {name: store.get_study(name)}, runs)
+        answer = best_at(w2, space, trials, {name: store.get_study(name)}, runs, fraction)
     store.close()
     return [t for t in trials if t.status != Status.PRUNED], s, answer
 
@@ -124,6 +126,7 @@ def evaluate(task: tuple) -> dict:
         if s == "guided":     # what the searcher's belief would recommend (issue 30 round 30: noise)
             ran = [t.layout for t in trials[:budget] if t.status == Status.OK and t.samples_per_second]
             out["belief"] = fraction(world, searcher.believed_fastest(ran), opt)
+            out["ran_best"] = max((fraction(world, lay, opt) for lay in ran), default=0.0)   # the noise's bound
         out.setdefault("ooms", {})[s] = sum(t.status == Status.OOM for t in trials[:budget])
     if stop_budget:
         trials, s, _ = run_study(world, "guided", seed, stop_budget, dict(STUDY_DEFAULTS))
@@ -133,11 +136,12 @@ def evaluate(task: tuple) -> dict:
     if transfer:
         nodes = world.workload.nodes
         world2 = world.at_nodes(2 * nodes)
-        _, _, answer = run_study(world, "guided", seed, budget, {"stop_threshold": None}, transfer_nodes=2 * nodes,
-                                 runs=lambda lay: world2.truth(lay)[0] is not None)
         opt2 = world2.optimum()[1]
+        _, _, answer = run_study(world, "guided", seed, budget, {"stop_threshold": None}, transfer_nodes=2 * nodes,
+                                 runs=lambda lay: world2.truth(lay)[0] is not None,
+                                 fraction=lambda lay: fraction(world2, lay, opt2))
         out["fit_pairs"] = answer["fit_pairs"]
-        out["transfer"] = fraction(world2, answer["layout"], opt2)
+        out["transfer"], out["transfer_bound"] = fraction(world2, answer["layout"], opt2), answer["bound"]
         out["transfer_oom"] = world2.truth(answer["layout"])[0] is None
         out["transfer_p_fit"], out["transfer_twin"] = answer["p_fit"], answer.get("p_fit_supported_by") is not None
         out.update(riskier(answer, lambda lay: fraction(world2, lay, opt2)))     # what one trial would decide
@@ -162,16 +166,24 @@ def report(results: list[dict], searchers: list[str], budget: int) -> None:
     print(f"\ntrue speed of the recommended layout after {budget} trials / the world's fastest: median / worst seed "
           f"(target {TARGET} / {WORST})\n")
     belief = all("belief" in r for r in results)
+    transfer = any("transfer" in r for r in results)
     head = f"{'family':14} {'workload':32} " + " ".join(f"{s:>13}" for s in searchers)
-    print(head + ("   guided, belief" if belief else "") + ("   transfer 2N" if any("transfer" in r for r in results)
-                                                             else ""))
+    print(head + ("   guided, belief   ran, fastest" if belief else "")
+          + ("   transfer 2N     2N, bound" if transfer else ""))
     print("-" * len(head))
     for fam, wl in keys:
         rs = [r for r in results if (r["family"], r["workload"]) == (fam, wl)]
         row = " ".join(f"{cell([r['scores'][s] for r in rs]):>13}" for s in searchers)
-        row += f"   {cell([r['belief'] for r in rs]):>14}" if belief else ""
-        extra = f"   {cell([r['transfer'] for r in rs])}" if "transfer" in rs[0] else ""
+        row += f"   {cell([r['belief'] for r in rs]):>14}   {cell([r['ran_best'] for r in rs]):>13}" if belief else ""
+        extra = (f"   {cell([r['transfer'] for r in rs])}   {cell([r['transfer_bound'] for r in rs])}"
+                 if "transfer" in rs[0] else "")
         print(f"{fam:14} {wl:32} {row}{extra}")
+    if belief or transfer:
+        print("\nbounds: 'ran, fastest' is the truly fastest trial guided ran (no choice among its measurements does "
+              "better: below it, the search; between it and the recommendation, the noise); '2N, bound' the truly "
+              "fastest layout of those `best` answers from at 2N (the ones that keep the memory headroom: "
+              "fit_reliability.rule_bound; below it, the memory rule and the stated p_fit; between it and the answer, "
+              "the ranking)")
     if belief:     # the recommendation by the searcher's belief, against the fastest measurement (guided)
         moved = [r["belief"] - r["scores"]["guided"] for r in results]
         print(f"\nguided, belief: the trial that ran whose speed the searcher's belief puts highest "

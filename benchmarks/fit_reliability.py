@@ -33,15 +33,26 @@ def without_offload(space):
     return dataclasses.replace(space, dimensions={**space.dimensions, "offload_layers": [0]})
 
 
-def best_at(workload, space, trials, studies, runs=None) -> dict:
+def best_at(workload, space, trials, studies, runs=None, fraction=None) -> dict:
     """`tuner best`'s answer for `workload` (a node count the study did not measure) after `trials` (of `studies`),
     as best_for_unmeasured gives it; with `runs(layout)` (whether the world there runs a layout), its "fit_pairs":
-    (stated p_fit, ran) of every layout `best` weighs there. The rows are worked out once for both."""
+    (stated p_fit, ran) of every layout `best` weighs there; with `fraction(layout)` (its true speed / the fastest
+    there, 0 where it does not run), its "bound" (rule_bound). The rows are worked out once for all."""
     weighed = unmeasured_rows(workload, space, trials, studies)
     answer = fastest_unmeasured(weighed, space, 1, studies)[0]
     if runs is not None:
         answer["fit_pairs"] = [(float(r["p_fit"]), bool(runs(r["layout"]))) for r in weighed[0]]
+    if fraction is not None:
+        answer["bound"] = rule_bound(weighed[0], fraction)
     return answer
+
+
+def rule_bound(rows: list[dict], fraction) -> float:
+    """The truly fastest (`fraction`) of the rows `best`'s rule answers from (tuner.best.fastest_unmeasured): those that
+    keep the memory headroom (p_fit >= RECOMMEND_AT), else those likely to fit (p_fit >= 0.5). No ranking of those rows
+    can answer better: what is left below it is the memory rule's and the stated p_fit's, not the ranking's."""
+    pool = [r for r in rows if r["headroom_ok"]] or [r for r in rows if r["p_fit"] >= 0.5]
+    return max((fraction(r["layout"]) for r in pool), default=0.0)
 
 
 def reliability(worlds: list[list[tuple[float, bool]]]) -> list[tuple]:

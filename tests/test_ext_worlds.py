@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -217,6 +218,39 @@ def test_ext_search_runs_every_searcher_through_the_driver(capsys):
     assert "`best --nodes 2N`'s p_fit over every layout it weighs at 2N (" in out and "Brier score" in out
     assert "`best`'s faster-if-it-fits layout: offered in " in out
     assert "guided, belief" in out and "not the fastest measured: better in " in out and " of 1 studies; mean " in out
+    assert "ran, fastest" in out and "2N, bound" in out
+    line = next(line for line in out.splitlines() if line.startswith("gemm-roofline"))
+    cells = [float(m) for m, _ in re.findall(r"(\d\.\d+) / (\d\.\d+)", line)]  # guided, random, belief, ran, 2N, bound
+    assert len(cells) == 6
+    guided, ran_best, transfer, bound = cells[0], cells[3], cells[4], cells[5]
+    assert guided <= ran_best + 1e-9 and transfer <= bound + 1e-9      # the recommendation / answer is in its pool
+
+
+def test_search_efficiency_prints_each_worlds_bounds_beside_guided_and_the_2n_answer(capsys):
+    import search_efficiency
+    assert search_efficiency.main(["--quick", "--searchers", "guided", "--seed-list", "5", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "ran, fastest" in out and "2N, bound" in out and "fit_reliability.rule_bound" in out
+    rows = [[float(m) for m, _ in re.findall(r"(\d\.\d+) / (\d\.\d+)", line)] for line in out.splitlines()
+            if line.split()[:1] and line.split()[0].endswith("-bound") and "@" in line.split()[1]]
+    rows = [r for r in rows if r]  # the worlds' model facts carry no "median / worst" pairs
+    assert len(rows) == 3          # one world per family (--quick): guided @10, ran fastest, transfer 2N, 2N bound
+    for guided, ran_best, transfer, bound in rows:
+        assert guided <= ran_best + 1e-9 and transfer <= bound + 1e-9
+
+
+def test_the_2n_bound_is_the_fastest_row_bests_rule_answers_from():
+    """fit_reliability.rule_bound: the truly fastest of the rows that keep the memory headroom; where none does, of
+    those likely to fit (p_fit >= 0.5), as tuner.best.fastest_unmeasured answers."""
+    import fit_reliability
+
+    speed = {"a": 0.8, "b": 1.0, "c": 0.9, "d": 0.6, "e": 0.95}
+    rows = [{"layout": "a", "headroom_ok": True, "p_fit": 0.99}, {"layout": "b", "headroom_ok": False, "p_fit": 0.7},
+            {"layout": "c", "headroom_ok": True, "p_fit": 0.96}]
+    assert fit_reliability.rule_bound(rows, speed.get) == 0.9
+    none_keep = [{"layout": "b", "headroom_ok": False, "p_fit": 0.4}, {"layout": "d", "headroom_ok": False, "p_fit": 0.6},
+                 {"layout": "e", "headroom_ok": False, "p_fit": 0.5}]
+    assert fit_reliability.rule_bound(none_keep, speed.get) == 0.95
 
 
 def test_best_with_the_one_trial_it_names_keeps_the_faster_of_the_two(capsys):
