@@ -20,8 +20,9 @@ Prints per world its model facts (the model's rank of the optimum, the model's t
 the fastest), then per world and searcher the median and the worst seed after the budget (and guided's, had it
 recommended the trial its belief puts fastest rather than the fastest measured, and the truly fastest trial it ran:
 the bound of any choice among its measurements), each searcher's OOMs among its trials, with `--transfer` the truly
-fastest layout `best --nodes 2N` answers from (fit_reliability.rule_bound: the bound of any ranking of its rows), `best --nodes 2N`'s picks that run out of memory at 2N against the p_fit it stated (and how many rest on a
-measured twin), the stop rule's stops and false stops, and the wall time.
+fastest layout `best --nodes 2N` answers from (fit_reliability.rule_bound: the bound of any ranking of its rows),
+`best --nodes 2N`'s picks that run out of memory at 2N against the p_fit it stated (and how many rest on a measured
+twin), the stop rule's stops and false stops, and the wall time.
 """
 
 from __future__ import annotations

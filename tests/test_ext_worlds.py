@@ -248,7 +248,8 @@ def test_the_2n_bound_is_the_fastest_row_bests_rule_answers_from():
     rows = [{"layout": "a", "headroom_ok": True, "p_fit": 0.99}, {"layout": "b", "headroom_ok": False, "p_fit": 0.7},
             {"layout": "c", "headroom_ok": True, "p_fit": 0.96}]
     assert fit_reliability.rule_bound(rows, speed.get) == 0.9
-    none_keep = [{"layout": "b", "headroom_ok": False, "p_fit": 0.4}, {"layout": "d", "headroom_ok": False, "p_fit": 0.6},
+    none_keep = [{"layout": "b", "headroom_ok": False, "p_fit": 0.4},
+                 {"layout": "d", "headroom_ok": False, "p_fit": 0.6},
                  {"layout": "e", "headroom_ok": False, "p_fit": 0.5}]
     assert fit_reliability.rule_bound(none_keep, speed.get) == 0.95
 
