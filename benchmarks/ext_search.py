@@ -42,7 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-from fit_reliability import best_at, print_reliability, print_riskier, riskier  # noqa: E402
+from fit_reliability import (BOUNDS_NOTE, best_at, measured_ok, print_reliability, print_riskier,  # noqa: E402
+                             riskier)
 from worlds_ext import FAMILIES, WORKLOADS, World, draw_world  # noqa: E402
 
 from tuner.driver import Driver  # noqa: E402
@@ -95,7 +96,7 @@ def study_candidates(world: World) -> list:
 
 
 def recommended(trials: list, k: int):
-    ok = [t for t in trials[:k] if t.status == Status.OK and t.samples_per_second]
+    ok = measured_ok(trials, k)
     return max(ok, key=lambda t: t.samples_per_second).layout if ok else None
 
 
@@ -125,7 +126,7 @@ def evaluate(task: tuple) -> dict:
         trials, searcher, _ = run_study(world, s, seed, budget, options)
         out["scores"][s] = fraction(world, recommended(trials, budget), opt)
         if s == "guided":     # what the searcher's belief would recommend (issue 30 round 30: noise)
-            ran = [t.layout for t in trials[:budget] if t.status == Status.OK and t.samples_per_second]
+            ran = [t.layout for t in measured_ok(trials, budget)]
             out["belief"] = fraction(world, searcher.believed_fastest(ran), opt)
             out["ran_best"] = max((fraction(world, lay, opt) for lay in ran), default=0.0)   # the noise's bound
         out.setdefault("ooms", {})[s] = sum(t.status == Status.OOM for t in trials[:budget])
@@ -180,11 +181,7 @@ def report(results: list[dict], searchers: list[str], budget: int) -> None:
                  if "transfer" in rs[0] else "")
         print(f"{fam:14} {wl:32} {row}{extra}")
     if belief or transfer:
-        print("\nbounds: 'ran, fastest' is the truly fastest trial guided ran (no choice among its measurements does "
-              "better: below it, the search; between it and the recommendation, the noise); '2N, bound' the truly "
-              "fastest layout of those `best` answers from at 2N (the ones that keep the memory headroom: "
-              "fit_reliability.rule_bound; below it, the memory rule and the stated p_fit; between it and the answer, "
-              "the ranking)")
+        print(f"\n{BOUNDS_NOTE}")
     if belief:     # the recommendation by the searcher's belief, against the fastest measurement (guided)
         moved = [r["belief"] - r["scores"]["guided"] for r in results]
         print(f"\nguided, belief: the trial that ran whose speed the searcher's belief puts highest "

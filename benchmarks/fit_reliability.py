@@ -18,6 +18,7 @@ import statistics
 
 from tuner.best import fastest_unmeasured, unmeasured_rows
 from tuner.layout import Layout
+from tuner.trial import Status
 
 BINS = ((0.0, 0.02), (0.02, 0.1), (0.1, 0.3), (0.3, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 0.95), (0.95, 0.99),
         (0.99, 0.999), (0.999, 1.0001))
@@ -45,6 +46,21 @@ def best_at(workload, space, trials, studies, runs=None, fraction=None) -> dict:
     if fraction is not None:
         answer["bound"] = rule_bound(weighed[0], fraction)
     return answer
+
+
+#: What the two bounds the search benchmarks print beside guided and `best --nodes 2N` (ext_search.py,
+#: search_efficiency.py) say.
+BOUNDS_NOTE = ("bounds: 'ran, fastest' is the truly fastest trial the guided study ran (no choice among its "
+               "measurements does better: below it, the search; between it and guided's recommendation, the noise); "
+               "'2N, bound' the "
+               "truly fastest layout of those `best` answers from at 2N (the ones that keep the memory headroom: "
+               "fit_reliability.rule_bound; below it, the memory rule and the stated p_fit; between it and the answer, "
+               "the ranking)")
+
+
+def measured_ok(trials: list, k: int) -> list:
+    """Of the first k trials, those that ran ok with a measured speed: what a recommendation is chosen from."""
+    return [t for t in trials[:k] if t.status == Status.OK and t.samples_per_second]
 
 
 def rule_bound(rows: list[dict], fraction) -> float:

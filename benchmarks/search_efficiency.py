@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):   # one BLAS thread per process:
     os.environ.setdefault(_var, "1")                                         # --jobs processes share the cores
 
-from fit_reliability import best_at, print_reliability, print_riskier, riskier, without_offload  # noqa: E402
+from fit_reliability import (BOUNDS_NOTE, best_at, measured_ok, print_reliability, print_riskier,  # noqa: E402
+                             riskier, without_offload)
 from indep_worlds import FAMILIES, MODERN, WORKLOADS, World, draw_world  # noqa: E402
 
 from tuner.driver import Driver  # noqa: E402
@@ -87,7 +88,7 @@ def run_study(world: World, searcher: str, seed: int, budget: int, transfer_node
 
 def recommended(trials: list, k: int):
     """The layout with the highest measured samples/s among the first k trials that ran (None: none ok)."""
-    ok = [t for t in trials[:k] if t.status == Status.OK and t.samples_per_second]
+    ok = measured_ok(trials, k)
     return max(ok, key=lambda t: t.samples_per_second).layout if ok else None
 
 
@@ -123,8 +124,8 @@ def evaluate(task: tuple) -> dict:
         trials, _ = run_study(world, s, seed, BUDGET)
         out["scores"][s] = [true_fraction(world, recommended(trials, k), opt) for k in AFTER]
         if s == "guided":     # the truly fastest trial it ran in issue 30's budget: the noise's bound
-            out["ran_best"] = max((true_fraction(world, t.layout, opt) for t in trials[:TRANSFER_BUDGET]
-                                   if t.status == Status.OK and t.samples_per_second), default=0.0)
+            out["ran_best"] = max((true_fraction(world, t.layout, opt) for t in measured_ok(trials, TRANSFER_BUDGET)),
+                                  default=0.0)
     world2 = draw_world(family, model, 2 * nodes, seed, *where)
     opt2 = world2.optimum()[1]
     _, answer = run_study(world, "guided", seed, TRANSFER_BUDGET, transfer_nodes=2 * nodes,
@@ -203,10 +204,7 @@ def per_world(results: list[dict], searchers: list[str]) -> None:
                     + ([cell([r["ran_best"] for r in rs])] if ran else [])
                     + [cell([r["transfer"] for r in rs]), cell([r["transfer_bound"] for r in rs])])
             print(f"{fam:14} {wl:10} " + " ".join(f"{c:>15}" for c in cols))
-    print("\nbounds: 'ran, fastest' is the truly fastest trial guided ran in 10 (below it, the search; between it and "
-          "guided @10, the noise); '2N, bound' the truly fastest layout of those `best` answers from at 2N (the ones "
-          "that keep the memory headroom: fit_reliability.rule_bound; below it, the memory rule and the stated p_fit; "
-          "between it and the answer, the ranking)")
+    print(f"\n{BOUNDS_NOTE}")
 
 
 def tasks_for(args) -> tuple[list[tuple], list[int]]:
