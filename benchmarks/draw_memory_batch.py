@@ -2,6 +2,7 @@
 
 Run: python benchmarks/draw_memory_batch.py [--seed N] [--chunked 8] [--ce 4] [--batch fresh4]
      python benchmarks/draw_memory_batch.py --mcore [--seed N] [--per-mode 8] [--batch fresh5]   (Megatron-Core: MCORE_GRID)
+     python benchmarks/draw_memory_batch.py --mds [--seed N] [--per-mode 8]     (Megatron-DeepSpeed: mds_memory GRID)
 
 Without --seed a seed is drawn from os.urandom and printed. The rule (the one FRESH2 of
 benchmarks/measure_memory_torchtitan.py was drawn by, written down here so that a batch can be re-drawn from its
@@ -122,10 +123,55 @@ def mcore_draw(seed: int, per_mode: int, batch: str = "fresh5") -> list[dict]:
     return out
 
 
+# Megatron-DeepSpeed (--mds, issue 30 round 33): benchmarks/mds_memory/configs.py's C(...) over MODELS x GRID (its first
+# stage and, with pp > 1, its last; 2 x pp micro-batches), the layouts tuner runs (tuner.layout.why_invalid: Megatron-
+# DeepSpeed's refusals included) whose predicted peak lies within NEAR_CAPACITY of the GCD's memory, seen by no memory
+# choice; `--per-mode` per recompute mode from the two thirds published.held_out leaves in (CONFIGS: the rows a choice
+# may read) and as many from the held-out third (FRESH).
+def mds_candidates(mode: str, held: bool) -> list[dict]:
+    from mds_memory.configs import C, GRID, MODELS, NEAR_CAPACITY
+    from mds_memory.rows import layout_workload, predicted_gb, split_row
+    from published import _seen_configurations, split_key
+    from tuner.layout import why_invalid
+    taken, out = _seen_configurations("memory"), []
+    for model, tp, pp, dp, mb, zero in itertools.product(MODELS, *(GRID[k] for k in ("tp", "pp", "dp", "mb", "zero"))):
+        for stage in ((0, pp - 1) if pp > 1 else (0,)):
+            c = C(model, tp=tp, pp=pp, dp=dp, mb=mb, zero=zero, recompute=mode, stage=stage)
+            row = split_row(c)
+            if held_out(row) != held or split_key(row) in taken:
+                continue
+            lay, wl = layout_workload(c)
+            if why_invalid(lay, wl):
+                continue
+            lo, hi = (f * wl.cluster.memory_gb for f in NEAR_CAPACITY)
+            if lo <= predicted_gb(c) <= hi:
+                out.append(c)
+    return out
+
+
+def mds_draw(seed: int, per_mode: int) -> tuple[list[dict], list[dict]]:
+    """(CONFIGS, FRESH): per recompute mode, `per_mode` configurations of each side of the split."""
+    rng = random.Random(seed)
+    return tuple([c for mode in MODES for c in rng.sample(mds_candidates(mode, held), per_mode)]
+                 for held in (False, True))
+
+
+def _print_mds(seed: int, per_mode: int) -> None:
+    configs, fresh = mds_draw(seed, per_mode)
+    for name, batch in (("CONFIGS", configs), ("FRESH", fresh)):
+        print(f"# seed {seed}: {name}, {len(batch)} Megatron-DeepSpeed configurations")
+        for c in batch:
+            stage = f", stage={c['stage'] - c['pp']}" if c["pp"] > 1 and c["stage"] else ""
+            print(f'    C("{c["model"]}", tp={c["tp"]}, pp={c["pp"]}, dp={c["dp"]}, mb={c["micro_batch"]}, '
+                  f'zero={c["zero_stage"]}, recompute="{c["recompute"]}"{stage}),')
+
+
 def main() -> None:
     argv = sys.argv[1:]     # each --option's value is the word after it (--mcore takes none)
     args = {a: v for a, v in zip(argv, argv[1:]) if a.startswith("--") and not v.startswith("--")}
     seed = int(args["--seed"]) if "--seed" in args else int.from_bytes(os.urandom(4), "little")
+    if "--mds" in sys.argv:
+        return _print_mds(seed, int(args.get("--per-mode", 8)))
     if "--mcore" in sys.argv:
         batch = mcore_draw(seed, int(args.get("--per-mode", 8)), args.get("--batch", "fresh5"))
         print(f"# seed {seed}: {len(batch)} Megatron-Core configurations")
