@@ -60,6 +60,10 @@ def to_row(c: dict, r: dict, versions: dict) -> dict:
                    f"{r['n_params']} parameters on this rank; {r['engine']}; the peak is in {where}; forward/backward "
                    f"peak {r['fb_peak'] / GiB:.4f} GiB; allocated between iterations {r['between'] / GiB:.4f} GiB; "
                    f"argv as tuner launch writes it: {' '.join(r['argv'])}")
+    if c["pp"] == 1 and c["tp"] > 1:
+        row["note"] += ("; sequence parallelism without the pipeline engine fails in this Megatron-DeepSpeed (get_batch "
+                        "cuts the tokens by tensor rank, the embedding scatters them again): measured with the whole "
+                        "sequence into the embedding (mds_memory.patches.whole_batch_under_sequence_parallelism)")
     return row
 
 
