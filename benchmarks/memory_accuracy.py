@@ -254,6 +254,9 @@ def spread_cv(mine: list[dict]) -> None:
     quantiles (error_quantiles about the median) -- and bin the left-out batch's (row, capacity) pairs as `reliability`
     does; printed per bin as stated / realised over every batch left out."""
     files = sorted({e["row"].get("file") for e in mine if "exact" in e})
+    if len(files) < 2:
+        print("  leave-one-batch-out: one measured batch, none to leave out")
+        return
     for name in ("normal (median, 1.4826 MAD)", "empirical errors"):
         acc: dict = {}
         for f in files:

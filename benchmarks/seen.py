@@ -265,6 +265,12 @@ SEEN = {     # name -> (what it changes: "speed" or "memory", the rows it saw)
     "group-limited routing in the flex dispatcher's reach (tuner/perfmodel/moe_exchange.hit_probability)": (
         "speed", lambda r: r.get("model") == "deepseek-v3" and str(r.get("dispatcher", "")).startswith("flex")
         and not held_out(r) and _saw(r, "issue 25 / 26 second read of the twelfth session")),
+    # issue 30 round 33: Megatron-DeepSpeed's own training step measured under fake tensors (benchmarks/measure_memory_mds.py,
+    # its CONFIGS: the two thirds held_out leaves in), read while DeepSpeed's optimizers under the pipeline engine were
+    # written from DeepSpeed's code (tuner/perfmodel/deepspeed_states.py) and the framework's measured spread was chosen
+    # (tuner/frameworks.py memory_bias / memory_sd / memory_errors); FRESH (the held-out third) measured after both
+    "DeepSpeed's pipeline-engine optimizers and Megatron-DeepSpeed's measured spread (deepspeed_states.py, frameworks.py)": (
+        "memory", lambda r: "memory_measured_megatron-deepspeed.toml" in r.get("files", [r.get("file")])),
 }
 
 

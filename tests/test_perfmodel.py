@@ -313,7 +313,7 @@ def test_zero_stages_order_memory(case):
     for z in (0, 1, 2, 3):
         v = _variant(layout, zero_stage=z)
         if why_invalid(v, w) is None:
-            mems.append(predict(v, w).memory_gb)
+            mems.append(round(predict(v, w).memory_gb, 9))    # ZeRO 1 and 2 can peak in the same step phase (2 + 20/d)
     assert mems == sorted(mems, reverse=True)
 
 

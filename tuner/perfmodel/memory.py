@@ -32,6 +32,8 @@ from tuner.perfmodel.activations import (  # noqa: F401 -- one layer's account, 
     EAGER_REPLICATED, LAUNCHED_FUSED_QKV, activation_bytes_per_layer, checkpoint_bytes_per_layer, eager_split_bytes,
     fp8_saved_bytes, op_sac_bytes, split_activation_bytes)
 from tuner.perfmodel.compute import Shape, shape_of
+from tuner.perfmodel.deepspeed_states import (  # noqa: F401 -- re-exported: DeepSpeed's optimizers' own bytes
+    bf16_optimizer, bf16_optimizer_state_bytes, buffers_name, step_copy_bytes, steps_copied)
 from tuner.perfmodel.layer_backward import megatron_backward_bytes
 from tuner.perfmodel.memory_loss import LAUNCHED_LOSS_CHUNKS, loss_phase, megatron_loss_bytes
 from tuner.perfmodel.moe import moe_activation_bytes, op_sac_moe_backward_bytes
@@ -214,12 +216,14 @@ def state_bytes(layout: Layout, workload: Workload, fw, shards: int) -> tuple[di
     parameters, sharded over dp*cp (`shards`) and over the expert-dp group."""
     gb = fw.grad_bytes(workload)
     mb = 2.0 if workload.optimizer_moments == "bf16" else 4.0
+    if bf16_optimizer(layout, workload, fw):
+        return bf16_optimizer_state_bytes(shards, gb, mb), bf16_optimizer_state_bytes(shards, gb, mb)
     return (model_state_bytes_per_param(layout.zero_stage, shards, gb, fw.fsdp, mb),
             model_state_bytes_per_param(layout.zero_stage, expert_data_parallel(layout), gb, fw.fsdp, mb))
 
 
 def _memo_state_bytes(layout: Layout, workload: Workload, fw, shards: int, memo: dict) -> tuple[dict, dict]:
-    key = ("states", layout.zero_stage, shards, expert_data_parallel(layout))
+    key = ("states", layout.zero_stage, shards, expert_data_parallel(layout), layout.pp > 1)
     got = memo.get(key)
     if got is None:
         got = memo[key] = state_bytes(layout, workload, fw, shards)
@@ -302,37 +306,6 @@ def _stage_sums(layout: Layout, workload: Workload, fw, sh: Shape, parts: tuple,
     buffers = buffers + max(0.0, step_copy_bytes(layout, workload, fw, params, parts[1]) / GB - act - logits - buffers)
     values = (act, logits, buffers, workload.cluster.memory_reserved_gb)
     return sum((*state_values, *values)), out, values, params
-
-
-def step_copy_bytes(layout: Layout, workload: Workload, fw, params: float, experts: float) -> float:
-    """The gradient copies DeepSpeed's engine makes in its optimizer step, after the backward freed the activations
-    (so a stage's peak is its states plus the larger of the two phases; _stage_sums keeps the excess in the working
-    buffers' entry). Read from DeepSpeed 0.19.8 with bf16 and its default gradient accumulation dtype (bf16: tuner's
-    ds_config sets no data_types), in its plain engine (pp 1: the harness's GPT, Megatron-DeepSpeed's
-    --no-pipeline-parallel): at ZeRO 0 (`_do_optimizer_sanity_check` -> DDP_BFLOAT16, FP16_Optimizer with a fused Adam,
-    runtime/fp16/fused_optimizer.py `step`) an fp32 copy of every gradient and their flattened fp32 buffer, 4 + 4
-    bytes a parameter beside the bf16 gradients; at ZeRO 1 and 2 (DeepSpeedZeroOptimizer, runtime/zero/stage_1_and_2.py
-    `step`) the rank's gradient partition flattened in bf16 and its fp32 copy, (2 + 4) / d. Measured on one H200
-    (benchmarks/harness_gpu.py). Not read, so 0: ZeRO 3, and the pipeline engine (pp > 1: BF16_Optimizer at ZeRO 0;
-    at ZeRO 1 the Frontier study's 175B stage 0, 33.9 GB at pp 16, is met without the copies)."""
-    if not steps_copied(layout, fw):
-        return 0.0
-    if layout.zero_stage == 0:
-        return 8.0 * params
-    dense = layout.dp * layout.context_parallel
-    return 6.0 * ((params - experts) / dense + experts / max(1, expert_data_parallel(layout)))
-
-
-def steps_copied(layout: Layout, fw) -> bool:
-    """Whether step_copy_bytes charges the layout: then its breakdown's working-buffer entry (key zero3_buffers) holds
-    no ZeRO-3 gathers, only the step's copies beyond the activations, and is shown as `step_copies` (fit_reason,
-    tuner predict)."""
-    return fw.deepspeed_step and layout.zero_stage != 3 and layout.pp == 1
-
-
-def buffers_name(layout: Layout, fw) -> str:
-    """The working-buffer entry's name as shown (its key stays zero3_buffers): see steps_copied."""
-    return "step_copies" if steps_copied(layout, fw) else "zero3_buffers"
 
 
 def _states_gb(layout: Layout, workload: Workload, fw, stage: int, sh: Shape, params: float, experts: float,
