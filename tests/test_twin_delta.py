@@ -15,7 +15,9 @@ from tuner.perfmodel.communicators import communicator_gb, new_dp_group_gb
 from tuner.specs import make_workload
 from tuner.trial import Status
 
-W2, W4 = make_workload("22b", 2), make_workload("22b", 4)
+# Megatron-Core: its ZeRO 0 (no distributed optimizer) keeps every rank's states whole at any dp, where Megatron-DeepSpeed's
+# pipeline engine shards them at ZeRO 0 too (BF16_Optimizer, tuner.perfmodel.deepspeed_states; issue 30 round 33)
+W2, W4 = make_workload("22b", 2, framework="megatron-core"), make_workload("22b", 4, framework="megatron-core")
 CAP, RES = W4.cluster.memory_gb, W4.cluster.memory_reserved_gb
 Z0 = Layout(tp=2, pp=8, dp=1, micro_batch=1, zero_stage=0, recompute="none")
 

@@ -338,27 +338,17 @@ def _torchtitan(layout, workload) -> str | None:
 # every output says so.
 # - megatron-core: 122 dense configurations of Megatron-Core 0.16.1's own training step measured under fake tensors
 #   with a FlashAttention-like kernel (allocated bytes, benchmarks/measure_memory_mcore.py: CONFIGS, FRESH, FRESH2 and
-#   FRESH3): bias +0.00028, sd 0.00027, chosen again (issue 24 round 8, second pass) after full recompute's
-#   recomputed output (tuner.perfmodel.layer_backward) and the harness's RoPE (unfused; rotated q, k beside the QKV
-#   output its v view keeps) and dropout-free Llama were read as the rows ran (benchmarks/memory_accuracy.py): the
-#   rule's sd is now below the benchmark's capacity grid (docs/benchmarks.md); +0.0027 / 0.0037 on 98 rows after every
-#   stage's layer backward was read from source
-#   (tuner.perfmodel.layer_backward); before it +0.0049 / 0.0060 on the 74 CONFIGS and FRESH rows (issue 24 round 5,
-#   after the last stage's loss phase and the sequence-parallel gather buffer: memory.megatron_phases, sp_gather_bytes),
-#   +0.0205 / 0.0140 on the 50 CONFIGS rows before those (and +0.020 / 0.02 before that). MoE layouts use the dense
-#   constants (their 5 measured configurations: +0.0010, 0.0012; too few to state apart).
+#   FRESH3): bias +0.00028, sd 0.00027, chosen again (issue 24 round 8, second pass) after full recompute's recomputed
+#   output (tuner.perfmodel.layer_backward), the harness's RoPE and dropout-free Llama were read as the rows ran; before:
+#   +0.0027 / 0.0037 (98 rows), +0.0049 / 0.0060 (74, issue 24 round 5), +0.0205 / 0.0140 (50), +0.020 / 0.02. MoE
+#   layouts use the dense constants (their 5 measured configurations: +0.0010, 0.0012; too few to state apart).
 # - torchtitan: 113 dense configurations of torchtitan 0.3.0's own Llama 3 under FSDP2 (and TP) measured the same
 #   way (benchmarks/measure_memory_torchtitan.py; its lists in benchmarks/torchtitan_memory/configs.py: CONFIGS, FRESH,
 #   FRESH2, FRESH3): bias +0.0008, sd 0.00115 (it was 0.0 and 0.02: on FRESH2's 24 rows the account's median error
 #   was 0.002).
-# - megatron-deepspeed: 11 GPT configurations (22B, 175B, 1T; pp 1 - 32, ZeRO 0 and 1, every recompute mode; first and
-#   last stages) of Megatron-DeepSpeed f4157bea's own training step on DeepSpeed 0.19.8 measured the same way
-#   (benchmarks/measure_memory_mds.py: what `tuner launch` writes for Frontier; its CONFIGS, the two thirds the split
-#   leaves in): bias +0.0184, sd 0.0229, chosen (issue 30 round 33) after DeepSpeed's pipeline-engine optimizers were read
-#   from its code on the same rows (tuner.perfmodel.deepspeed_states: before it, median |log error| 0.28, ZeRO 0 at
-#   -0.5 to -0.7). Its held-out FRESH was measured after the choice. Llama shapes are not measured: f4157bea's
-#   pretrain_gpt.py cannot run RoPE or grouped-query attention (benchmarks/measure_memory_mds.py); the GPT rows'
-#   constants stand for them. Before: nothing measured, scale 0.11 assumed.
+# - megatron-deepspeed: 11 GPT configurations of Megatron-DeepSpeed f4157bea's own step on DeepSpeed 0.19.8, measured
+#   the same way (benchmarks/measure_memory_mds.py, its CONFIGS): bias +0.0184, sd 0.0229 (issue 30 round 33, after
+#   tuner.perfmodel.deepspeed_states); FRESH measured after. Llama unmeasured (f4157bea runs no RoPE / GQA). Was 0.11.
 _COMMON = ("launch.sbatch", "layout.json")
 FRAMEWORKS: dict[str, Framework] = {
     "megatron-deepspeed": Framework(
@@ -366,8 +356,7 @@ FRAMEWORKS: dict[str, Framework] = {
         memory_sd=0.0229, memory_bias=0.0184, memory_n=11,
         memory_errors=(-0.02161, -0.02032, -0.02032, -0.0068, -0.00639, -0.00639, -0.00365, -0.00003, -0.00003,
                        +0.00329, +0.01614, +0.01614, +0.02258, +0.05494, +0.05494, +0.07719),
-        memory_sources="Megatron-DeepSpeed f4157bea's training step on DeepSpeed 0.19.8 under fake tensors, "
-                       "11 configurations",
+        memory_sources="Megatron-DeepSpeed f4157bea's step on DeepSpeed 0.19.8 under fake tensors, 11 configurations",
         selective="core-attention", attention="fused", compiled="always",
         files=("ds_config.json", "megatron_args.txt", *_COMMON), zero_stages=(1, 0, 2, 3), sp_with_tp=False,
         refuse=_megatron_deepspeed, deepspeed_step=True),

@@ -98,7 +98,10 @@ def patch_torch_deepspeed(torch):
 
     nn.Module.to, nn.Module.cuda = _to, lambda self, *a, **k: self
     torch.jit.script = lambda fn=None, *a, **k: fn     # TorchScript cannot compile the patched dropout: run eagerly
+    import deepspeed.runtime.engine as ds_engine
     from deepspeed.runtime.zero import stage3, stage_1_and_2
+    ds_engine.FusedAdam = torch.optim.Adam      # the fused in-place Adam above is what apex's FusedAdam is on a GPU: at
+    #                                             ZeRO 0 the plain engine wraps it in FP16_Optimizer, not the unfused one
     stage_1_and_2.DeepSpeedZeroOptimizer.has_overflow = lambda self, *a, **k: False
     stage3.DeepSpeedZeroOptimizer_Stage3.has_overflow = lambda self, *a, **k: False
     return _redirect_mode(torch, cpu, FakeTensor, TorchFunctionMode)
