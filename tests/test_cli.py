@@ -274,17 +274,25 @@ def test_best_for_an_unmeasured_node_count_is_predicted_with_evidence(tuner):
     assert set(got["layout"]) == set(LAYOUT_FIELDS)
 
 
-def test_guided_warm_start_and_early_stop(tuner):
-    study = ("--space", "frontier-2023")       # the Frontier study's dimensions: a space of a few hundred layouts
+def test_guided_warm_start_and_early_stop(tuner, tmp_path):
+    # the Frontier study's dimensions (a space of a few hundred layouts) without ZeRO 0 under the pipeline engine,
+    # whose layouts are their ZeRO-1 twins' exact speed (BF16_Optimizer; tests/test_guided.py bf16_twin says why the
+    # stop rule cannot stop among measured twins)
+    space = tmp_path / "frontier-zero1.toml"
+    text = (Path(__file__).parents[1] / "search_spaces" / "frontier-2023.toml").read_text()
+    space.write_text(text.rstrip() + '\nno_bf16_twin = "zero_stage >= 1 or pp == 1"\n')
+    study = ("--space", str(space))
     code, _, err = tuner("search", "--model", "22b", "--nodes", "2", "--warm-start", "--budget", "5", "--study", "w0",
                          *study)
     assert code == 0 and "starting cold" in err
     assert tuner("search", "--model", "22b", "--nodes", "4", "--budget", "8", "--study", "w1", *study)[0] == 0
-    code, out, err = tuner("search", "--model", "22b", "--nodes", "8", "--warm-start", "--budget", "100",
+    code, out, err = tuner("search", "--model", "22b", "--nodes", "8", "--warm-start", "--budget", "300",
                            "--study", "w2", "--format", "json", *study)
     assert code == 0 and "simulated trial(s) left out): starting cold" in err     # w0, w1 measured nothing
     got = json.loads(out)
-    assert got["stopped_by"] == "converged" and got["ran"] < 100    # 83 (59 before the ZeRO stage was a category)
+    # 226 since Megatron-DeepSpeed's measured account (issue 30 round 33: more layouts surely fit, and each must be
+    # ruled out); 83 before it, 59 before the ZeRO stage was a category of the correction
+    assert got["stopped_by"] == "converged" and got["ran"] < 300
     assert got["confidence"] > 0.9 and "confident" in got["stop_reason"]
 
 

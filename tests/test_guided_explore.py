@@ -10,7 +10,7 @@ import pytest
 
 from tuner import metrics
 from tuner.layout import Layout
-from tuner.perfmodel import predict, rank
+from tuner.perfmodel import RECOMMEND_AT, predict, rank
 from tuner.search.explore import FAMILY_DIMS, amplitude, family_key, model_errors, novelty
 from tuner.search.guided import GuidedSearcher
 from tuner.space import load_space
@@ -75,9 +75,10 @@ def _posterior(s: GuidedSearcher):
 
 def test_a_trial_far_above_its_prediction_moves_its_neighbours_and_their_uncertainty():
     ok = [c for c in CANDS if predict(c, W).fits]
-    hero = next(c for c in ok if c.pp == 8 and c.recompute == "none" and c.zero_stage == 1)   # (a stage with siblings)
-    near = [c for c in ok if (c.tp, c.pp, c.recompute, c.zero_stage) == (hero.tp, hero.pp, hero.recompute,
-                                                                          hero.zero_stage) and c != hero]
+    kin = lambda c: (c.tp, c.pp, c.recompute, c.zero_stage)      # noqa: E731
+    hero = next(c for c in ok if c.pp == 8 and c.recompute == "none" and c.zero_stage == 1
+                and any(kin(o) == kin(c) and o != c for o in ok))       # (a stage with siblings that fit)
+    near = [c for c in ok if kin(c) == kin(hero) and c != hero]
     base = [next(c for c in ok if c.pp == pp and c.tp != hero.tp and c.recompute == "full") for pp in (1, 2, 4)]
     far = [c for c in ok if novelty(family_key(c), [family_key(hero)]) >= 8 and c not in base]
     assert near and far
@@ -118,10 +119,13 @@ PREDS = {p.layout: p for p in rank(CANDS, W)}
 
 
 def _world(factor):
-    """The model's own world (point-estimate memory) with the speed of some layouts scaled by factor(layout)."""
+    """The model's own world with the speed of some layouts scaled by factor(layout). Memory: what the model is sure
+    of (p_fit >= RECOMMEND_AT) runs, the rest runs out -- so the tests measure the escape from a wrong speed prior, not
+    a memory gamble (since Megatron-DeepSpeed's measured account, issue 30 round 33, the point estimate at 64 GB puts
+    the micro-batch world's fastest, a ZeRO-0 pipeline layout, at p_fit 0.79)."""
     def truth(lay):
         p = PREDS[lay]
-        return p.samples_per_second * factor(lay) if p.memory_gb <= W.cluster.memory_gb else None
+        return p.samples_per_second * factor(lay) if p.p_fit >= RECOMMEND_AT else None
     return truth
 
 

@@ -40,6 +40,7 @@ from tuner.pipeline_split import bubble_share
 from tuner.frameworks import megatron_fsdp, of as framework_of
 from tuner.perfmodel import buckets, comm, compute, memory, moe, moe_exchange, quantized, step_floor
 from tuner.perfmodel.compute import shape_of
+from tuner.perfmodel.deepspeed_states import partitioned_stage
 from tuner.perfmodel.fit import (MEMORY_KEYS, MEMORY_NOISE_SD, MEMORY_PRIOR_SPLIT, PRUNE_BELOW, RECOMMEND_AT,
                                  account_sd, expected_speed, fit_probability, gpu_fit_probability, keeps_headroom,
                                  memory_gp_scales, memory_prior_sd, memory_shares, prior_fit_probability, risk,
@@ -185,7 +186,8 @@ def _gradient_sync(layout: Layout, workload: Workload, fw, slow: dict, m: int, p
         return out
     gb = fw.grad_bytes(workload) if fw.name == "megatron-core" else None     # its buffers' dtype (comm.dp_time)
     dense = params_gpu - experts_gpu
-    dp = comm.dp_time(cluster, t, layout.dp * layout.context_parallel, layout.zero_stage, dense, m,
+    zero = partitioned_stage(layout, workload, fw)
+    dp = comm.dp_time(cluster, t, layout.dp * layout.context_parallel, zero, dense, m,
                       layout.checkpointing, gb, quantized.gather_bytes(fw, layout, workload, dense))
     if gb is not None and layout.zero_stage <= 1 and cluster.software == "cuda":
         lat = bucket_latency(layout, workload)
@@ -340,7 +342,8 @@ def predict(layout: Layout, workload: Workload, exchange: moe_exchange.TokenExch
     slow = offload_beside_nic(layout, workload, (fw, hide, exchange, memo), slow, m, sh, (params_gpu, experts_gpu))
     tied = memory.tied_embedding_params(model, t, p)     # none when the LM head is untied
     sync = comm.embedding_sync_time(cluster, t * layout.context_parallel, d, p, tied) if tied else 0.0
-    owned = (params_gpu - experts_gpu) / shards + experts_gpu / edp if layout.zero_stage >= 1 else params_gpu
+    owned = (params_gpu - experts_gpu) / shards + experts_gpu / edp if partitioned_stage(layout, workload, fw) >= 1 \
+        else params_gpu
     t_opt = compute.optimizer_time(cluster, owned)
 
     time = {k: m * v for k, v in slow.items() if k != HIDDEN}

@@ -6,7 +6,8 @@ DeepSpeed's plain engine on one H200 (benchmarks/harness_gpu.py). Pure.
 - ZeRO 0 in bf16 under the pipeline engine (pp > 1): BF16_Optimizer (runtime/bf16_optimizer.py) partitions the fp32
   master weights and Adam's moments over the data-parallel group (12/d bytes a parameter, as ZeRO 1) and keeps a flat
   gradient-accumulation buffer of every parameter beside the bf16 gradients the backward makes (2 + 2 bytes at its
-  default bf16 accumulation); the plain engine (pp 1: DDP_BFLOAT16) keeps 2 and 12 unsharded.
+  default bf16 accumulation); the plain engine (pp 1: DDP_BFLOAT16) keeps 2 and 12 unsharded. Its step is ZeRO 1's
+  (`partitioned_stage`): the partition's Adam, then the bf16 parameters all-gathered.
 - The optimizer step, after the backward freed the activations (so a stage's peak is its states plus the larger of the
   two phases; memory._stage_sums keeps the excess in the working buffers' entry), with bf16 and DeepSpeed's default
   gradient accumulation dtype (bf16: tuner's ds_config sets no data_types):
@@ -30,6 +31,12 @@ from tuner.layout import expert_data_parallel
 def bf16_optimizer(layout, workload, fw) -> bool:
     """Whether DeepSpeed steps `layout` with BF16_Optimizer: its pipeline engine at ZeRO 0, not in fp16."""
     return fw.deepspeed_step and layout.pp > 1 and layout.zero_stage == 0 and workload.precision != "fp16"
+
+
+def partitioned_stage(layout, workload, fw) -> int:
+    """The ZeRO stage a layout's step runs as: BF16_Optimizer's (pp > 1, ZeRO 0) all-reduces the gradients, steps its
+    partition and all-gathers the updated bf16 parameters (`update_lp_params`), as ZeRO 1 does (comm.dp_time)."""
+    return 1 if bf16_optimizer(layout, workload, fw) else layout.zero_stage
 
 
 def bf16_optimizer_state_bytes(shards: int, grad_bytes: float, moment_bytes: float) -> dict:

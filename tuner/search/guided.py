@@ -268,7 +268,9 @@ class GuidedSearcher(BaseSearcher):
             return self.prior_fit
         mu, sd = obs.memory_gp(self.memory_sd).predict(self.Z, self.FM)
         z = (math.log(self.capacity) - self.log_mem - mu - ALLOCATOR_BIAS) / np.hypot(sd, P_FIT_SD)
-        return ndtr(z)
+        # a layout an OOM defers needs at least what ran out: the OOM's widening of the correction never makes it
+        # likelier to fit than the model alone said (issue 30 round 33: a 15-sd surprise under a measured account)
+        return np.where(self.deferred, np.minimum(ndtr(z), self.prior_fit), ndtr(z))
 
     def _memory_obs(self) -> Observations:
         mem = Observations()
