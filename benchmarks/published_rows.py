@@ -19,7 +19,7 @@ MEASURED = ("memory_measured_megatron-core.toml", "memory_measured_torchtitan.to
             "memory_measured_torchtitan_fresh4.toml", "memory_measured_megatron-core_fresh2.toml",
             "memory_measured_megatron-core_fresh3.toml", "memory_measured_megatron-core_fresh4.toml",
             "memory_measured_megatron-core_fresh5.toml", "memory_measured_torchtitan_rows.toml",
-            "memory_measured_megatron-deepspeed.toml")
+            "memory_measured_megatron-deepspeed.toml", "memory_measured_megatron-deepspeed_fresh.toml")
 #: Published runs on the machines of issue 26 (benchmarks/hardware_accuracy.py): split by the same rule and
 #: listed in held_out.txt, but kept out of `published()`, whose rows the memory and framework fits read.
 HARDWARE = ("hardware_published.toml",)
