@@ -142,12 +142,13 @@ def fit_probability(memory_gb: float, capacity_gb: float, sd: float, mean: float
 
 
 def with_measured_bias(breakdown: dict, bias: float) -> dict:
-    """The breakdown with the framework's measured memory bias as its own entry (`measured_bias`: the peak
-    times e^bias - 1), so that the one figure every command states is the model's expected peak."""
+    """The breakdown with the framework's measured memory bias as its own entry (`measured_bias`: the allocated
+    part of the peak -- less the cluster's fixed reserve, which the bias was measured without -- times e^bias - 1),
+    so that the one figure every command states is the model's expected peak."""
     if not bias:
         return breakdown
     out = dict(breakdown)
-    out["measured_bias"] = breakdown["total"] * math.expm1(bias)
+    out["measured_bias"] = (breakdown["total"] - breakdown.get("reserved", 0.0)) * math.expm1(bias)
     out["total"] = breakdown["total"] + out["measured_bias"]
     return out
 

@@ -223,7 +223,7 @@ def _fit(workload: Workload, parts: dict, part_of, states: tuple, state_of) -> t
     pick = lambda a: np.take_along_axis(a, worst, axis=1)[:, 0]           # noqa: E731
     total, act, logits, buf = pick(total), pick(act), pick(logits), pick(bufs)
     states_gb = np.take_along_axis(sv[state_of], worst[:, :, None], axis=1)[:, 0, :]
-    bias = total * math.expm1(fw.memory_bias) if fw.memory_bias else np.zeros_like(total)
+    bias = (total - reserved) * math.expm1(fw.memory_bias) if fw.memory_bias else np.zeros_like(total)
     if fw.memory_bias:
         total = total + bias
     if fw.memory_errors:                # fit.prior_fit_probability: the empirical errors, no shares
