@@ -49,8 +49,10 @@ def step_copy_bytes(layout, workload, fw, params: float, experts: float) -> floa
     if not steps_copied(layout, fw):
         return 0.0
     dense, edp = layout.dp * layout.context_parallel, max(1, expert_data_parallel(layout))
-    if layout.zero_stage == 0:
-        return 4.0 * (params - experts) / dense + 4.0 * experts / edp if layout.pp > 1 else 8.0 * params
+    if layout.zero_stage == 0 and layout.pp == 1:
+        return 8.0 * params
+    if layout.zero_stage == 0:          # the pipeline engine's: BF16_Optimizer's partition (its fp16 optimizer: not read)
+        return 4.0 * (params - experts) / dense + 4.0 * experts / edp if bf16_optimizer(layout, workload, fw) else 0.0
     per = (lambda d: max(0.0, 8.0 / d - 2.0)) if layout.zero_stage == 1 else (lambda d: 6.0 / d)
     return per(dense) * (params - experts) + per(edp) * experts
 
