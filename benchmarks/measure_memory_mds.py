@@ -33,10 +33,19 @@ edited):
     ZeRO optimizers' ``has_overflow`` False (bf16 never overflows in a real run's steady state), a module's
     device-only ``.to()`` does nothing (the fake parameters are already on the CPU; swapping them fails), and the
     pipeline engine's partition metas carry their real values (``patch_pipeline_metas``).
+  * DeepSpeed's engine takes the fused Adam above as the fused optimizer apex's is (at ZeRO 0 the plain engine wraps
+    it in FP16_Optimizer, not the unfused one); a later pipeline stage's received-activation buffers are allocated as
+    DeepSpeed allocates them from the shapes the previous stage would send (the fake p2p carries none).
   * Megatron-DeepSpeed: the tokenizer (its padded vocabulary only), the FlashAttention op builder (none on CPU), apex's
     gradient-accumulation-fusion check (inert in this Megatron-DeepSpeed: the fused weight-gradient call is commented
-    out), the tensor-parallel broadcast of the batch (tp rank 0's batch as is); the packages it imports for
-    tokenizers, vision and logging are stubbed, and ``deepspeed.compression.compress`` (gone from DeepSpeed 0.19).
+    out), the tensor-parallel broadcast of the batch (tp rank 0's batch as is), TorchScript (run eagerly) and the fused
+    bias-GeLU's element-wise functions (one allocation each, as the fused kernel), GPTModelPipe's final LayerNorm
+    (torch's native kernel taking Megatron's arguments), the rotary table's cache (f4157bea calls .to() on a list), and,
+    without the pipeline engine under sequence parallelism, the whole sequence into the embedding (f4157bea cuts it
+    twice and fails; the rows it touches say so); the packages it imports for tokenizers, vision and logging are
+    stubbed, and ``deepspeed.compression.compress`` (gone from DeepSpeed 0.19).
+  * MemTracker runs without its module hooks: their per-module gradient hooks keep every micro-batch's received input
+    and its gradient alive on a later pipeline stage, which the pipeline engine frees.
 Numbers are allocated bytes: no caching-allocator fragmentation, no device context, no RCCL / NCCL buffers.
 """
 
@@ -71,7 +80,7 @@ def _parser():
 
 
 def run_one(c: dict, mds_dir: str, timeout: float) -> dict:
-    """One configuration in its own process: ('ok', result) or ('err', the last lines it printed)."""
+    """One configuration in its own process: {"ok": its result} or {"err": why, with the last lines it printed}."""
     from tuner.specs import load_model
     with tempfile.TemporaryDirectory() as d:
         argv, ds_config = launch_files(c, str(Path(d) / "ds_config.json"))
@@ -100,7 +109,8 @@ def main(argv=None) -> int:
             print(i, label(configs[i]))
         return 0
     if not (Path(args.mds_dir) / "pretrain_gpt.py").exists():
-        print(f"error: no Megatron-DeepSpeed checkout at {args.mds_dir}: pass --mds-dir (see this script's docstring)")
+        print(f"error: no Megatron-DeepSpeed checkout at {args.mds_dir}: pass --mds-dir (see this script's docstring)",
+              file=sys.stderr)
         return 2
     import deepspeed
     import torch

@@ -129,10 +129,15 @@ def write_toml(rows, path, version):
         "# buffers are included.",
         "",
     ]
+    Path(path).write_text(toml_rows(head, rows))
+
+
+def toml_rows(head: list[str], rows) -> str:
+    """A data file's text: its comment lines, then one [[row]] table per row (measure_memory_mcore.py and
+    measure_memory_mds.py write theirs with it)."""
     out = list(head)
     for r in rows:
         out.append("[[row]]")
-        for k, v in r.items():
-            out.append(f"{k} = {_toml_value(v)}")
+        out += [f"{k} = {_toml_value(v)}" for k, v in r.items()]
         out.append("")
-    Path(path).write_text("\n".join(out))
+    return "\n".join(out)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mcore_memory.rows import _toml_value
+from mcore_memory.rows import toml_rows
 from mds_memory.configs import CLUSTER, GiB, MDS_COMMIT, rank_of
 
 
@@ -74,9 +74,4 @@ def write_toml(rows, path) -> None:
             "# FakeTensorMode on a fake process group; MemTracker's peak of allocated bytes over the second of two",
             "# iterations of the one rank named by `stage`). GiB = 2^30 bytes. No caching-allocator fragmentation,",
             "# device context or communication buffers of the collective library are included.", ""]
-    out = list(head)
-    for r in rows:
-        out.append("[[row]]")
-        out += [f"{k} = {_toml_value(v)}" for k, v in r.items()]
-        out.append("")
-    Path(path).write_text("\n".join(out))
+    Path(path).write_text(toml_rows(head, rows))
