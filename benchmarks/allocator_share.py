@@ -17,6 +17,10 @@ allocator configuration (what `tuner launch` runs: it sets no PYTORCH_CUDA_ALLOC
   4 held-out ones beyond +3 sd (the shares are heavy-tailed: a tight bulk below 0.01 and fragmented runs up to
   0.61), so the scale was changed to the interquartile one after those figures, held-out ones included, had been
   printed: the hash's held-out rows are seen by the choice of ALLOCATOR_SD; batch 2 (below) is the clean test;
+- the heavy tail (ALLOCATOR_TAIL_WEIGHT, ALLOCATOR_TAIL_SD; issue 30): on the same rows, the share of them beyond
+  +3 sd of that normal and the root mean square of their shares -- what explains an OOM the normal calls a far surprise
+  (tuner.oom_evidence.fit_given_oom); chosen after ALLOCATOR_SD, on its rows, with the held-out rows' count beyond +3 sd
+  printed beside it (the tail's test);
 - the centre, the median share, and whether the cluster's fixed reserve (memory_reserved_gb, 3 GB on the 80 GB
   GPUs) already holds it: at a peak that fills an 80 GB GPU, the median memory outside PyTorch's allocator plus the
   median share of the allocated bytes, against the reserve. Where it does, p_fit adds no bias on top (ALLOCATOR_BIAS
@@ -38,7 +42,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.frameworks import ALLOCATOR_BIAS, ALLOCATOR_N, ALLOCATOR_SD  # noqa: E402
+from tuner.frameworks import (ALLOCATOR_BIAS, ALLOCATOR_N, ALLOCATOR_SD, ALLOCATOR_TAIL_SD,  # noqa: E402
+                              ALLOCATOR_TAIL_WEIGHT)
 from tuner.specs import load_cluster  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "allocator_published.toml"
@@ -82,6 +87,13 @@ def choose(rows: list[dict]) -> tuple[float, float, float]:
     mid = statistics.median(s)
     q1, _, q3 = statistics.quantiles(s, n=4)
     return mid, (q3 - q1) / 1.349, 1.4826 * statistics.median(abs(x - mid) for x in s)
+
+
+def tail(rows: list[dict], centre: float, sd: float) -> tuple[float, float]:
+    """(weight, sd) of the heavy tail the normal leaves out (ALLOCATOR_TAIL_WEIGHT, ALLOCATOR_TAIL_SD): the share of
+    `rows` beyond +3 sd of N(centre, sd), and the root mean square of their shares (0, 0 where none is)."""
+    far = [share(r) for r in rows if share(r) > centre + 3 * sd]
+    return (len(far) / len(rows), math.sqrt(statistics.fmean(x * x for x in far))) if far else (0.0, 0.0)
 
 
 def reserve_check(rows: list[dict], centre: float, cluster: str = "h100") -> float:
@@ -131,6 +143,15 @@ def main() -> None:
     print(f"  tuner states ALLOCATOR_BIAS {ALLOCATOR_BIAS:+.4f}, ALLOCATOR_SD {ALLOCATOR_SD:.4f} (n {ALLOCATOR_N})"
           + ("" if abs(ALLOCATOR_SD - sd) < 5e-4 and abs(ALLOCATOR_BIAS - excess) < 5e-4 else
              "  <-- differs from the choice printed above"))
+    weight, tail_sd = tail(choice, centre, sd)
+    print(f"  the tail beyond +3 sd on the same rows: weight {weight:.4f}, root mean square share {tail_sd:.4f} "
+          f"(tuner states ALLOCATOR_TAIL_WEIGHT {ALLOCATOR_TAIL_WEIGHT:.4f}, ALLOCATOR_TAIL_SD {ALLOCATOR_TAIL_SD:.4f}"
+          + (")" if abs(weight - ALLOCATOR_TAIL_WEIGHT) < 5e-4 and abs(tail_sd - ALLOCATOR_TAIL_SD) < 5e-4 else
+             ")  <-- differs"))
+    test = [r for r in oom if held_out(r) and r["alloc_conf"] == "default"]
+    print(f"  the tail's test, the held-out default-allocator OOM rows (batch 2 and the hash's): "
+          f"{sum(share(r) > centre + 3 * sd for r in test)} of {len(test)} beyond +3 sd (the tail's weight expects "
+          f"{weight * len(test):.1f})")
     held = [r for r in oom if held_out(r) and r.get("batch") != 2]
     place([r for r in oom if r.get("batch") == 2], centre, sd, "batch 2, collected after the choice (clean), oom")
     place([r for r in held if r["alloc_conf"] == "default"], centre, sd, "held out, oom, default allocator")

@@ -26,6 +26,17 @@ def test_the_stated_allocator_constants_are_what_the_benchmark_chooses_on_its_ro
     assert all(not allocator_share.held_out(r) and r["kind"] == "oom" for r in chosen)   # never a held-out row
 
 
+def test_the_stated_tail_is_what_the_benchmark_chooses_on_the_same_rows():
+    """ALLOCATOR_TAIL_WEIGHT / ALLOCATOR_TAIL_SD (issue 30): the share of the chosen rows beyond +3 sd and their root mean
+    square, on the rows ALLOCATOR_SD was chosen on -- two fragmented runs, not a number picked for a benchmark."""
+    rows = allocator_share.load()
+    chosen = [r for r in rows if allocator_share.chosen_on(r)]
+    centre, sd, _ = allocator_share.choose(chosen)
+    weight, tail_sd = allocator_share.tail(chosen, centre, sd)
+    assert weight == pytest.approx(frameworks.ALLOCATOR_TAIL_WEIGHT, abs=5e-4) and weight > 0
+    assert tail_sd == pytest.approx(frameworks.ALLOCATOR_TAIL_SD, abs=5e-4) and tail_sd > 5 * sd
+
+
 def test_a_gpu_p_fit_adds_the_allocators_share_to_the_accounts_spread():
     shares = [0.3, 0.3, 0.2, 0.0, 0.2, 0.0, 0.0, 0.0, 0.0]
     for fw in frameworks.FRAMEWORKS.values():

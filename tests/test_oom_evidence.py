@@ -13,6 +13,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from tuner.best import best_for_unmeasured, corrected
 from tuner.correction import Observations, features, warm_start_records
@@ -218,3 +219,26 @@ def test_an_ooms_belief_is_floored_by_the_frameworks_error_only_where_no_run_mea
     twin = predict(TWIN, W4)
     p_alone, p_other, p_account = (oom_fit_cap(twin, [b], cap)[0] for b in (alone, beside_other, beside_account))
     assert max(p_alone, p_other) + 0.1 < p_account < 0.95                 # still capped by its twin's OOM
+
+
+def test_an_oom_far_beyond_the_belief_leaves_its_twin_unsure_one_within_it_does_not():
+    """fit_given_oom (issue 30): an OOM the belief explains keeps the belief's answer, one it calls a far surprise (the
+    account misses something there) spreads the OOM'd layout's need over the published heavy tail, so a twin the model
+    says saves 10 % is no longer sure to fit -- where the belief alone, truncated at the capacity, put it at ~1. In a
+    benchmark world a 2N pick that was an OOM'd layout at twice the dp ran out again (its need 1.26x the belief's)."""
+    from tuner.frameworks import ALLOCATOR_TAIL_SD, ALLOCATOR_TAIL_WEIGHT
+    from tuner.oom_evidence import OomBound, fit_given_oom
+
+    def bound(over_sd: float, sd: float = 0.03) -> OomBound:   # ran out at `over_sd` of the belief's sd beyond its mean
+        return OomBound(OOMED, 2, 60.0, 20.0, bound=over_sd * sd, mean=0.0, sd=sd)
+
+    far, near = bound(8.0), bound(0.5)
+    room = lambda b: b.bound + math.log(1.10)              # the twin fits if the OOM'd layout needed at most 1.1x the GPU
+    surv = lambda x, sd: 0.5 * math.erfc(x / sd / math.sqrt(2))
+    given = lambda b, sd: (surv(b.bound, sd) - surv(room(b), sd)) / surv(b.bound, sd)   # P(need <= room | need > GPU)
+    assert given(far, far.sd) > 0.99 and fit_given_oom(far, room(far)) < 0.5      # the belief alone: ~1; now unsure
+    wide = math.hypot(far.sd, ALLOCATOR_TAIL_SD)               # far beyond: the tail's answer, within a hair
+    assert fit_given_oom(far, room(far)) == pytest.approx(given(far, wide), abs=1e-3)
+    # an OOM within the belief: mostly the belief's answer (the tail keeps about its prior weight's share)
+    assert given(near, near.sd) > 0.99 and fit_given_oom(near, room(near)) > 1 - 2 * ALLOCATOR_TAIL_WEIGHT
+    assert fit_given_oom(far, far.bound) == 0.0               # no room beyond what ran out: it cannot fit

@@ -71,17 +71,16 @@ def grad_reduces(name: str) -> tuple[str, ...]:
     return GRAD_REDUCES.get(name, ("fp32",))
 
 
-#: The PyTorch caching allocator's share of a GPU run beyond the bytes its tensors allocate (issue 24 round 4):
-#: what a fake-tensor measurement (allocated bytes, each framework's memory_sd) cannot see, the same for every
-#: PyTorch stack. log(reserved / allocated) at a CUDA out-of-memory error -- after the allocator has released what
-#: it can, the share a run near capacity needs -- read from published messages of transformer training runs with the
-#: default allocator (benchmarks/data/allocator_published.toml; benchmarks/allocator_share.py chooses on the rows it
-#: does not hold out). ALLOCATOR_SD: the share's spread (its interquartile range / 1.349: the shares are
-#: heavy-tailed -- most below 0.01, a few fragmented runs at 0.39-0.61 -- which no normal describes; this scale
-#: covers the middle half, and the benchmark prints the rows beyond it). ALLOCATOR_BIAS: what p_fit adds on top of
-#: the cluster's fixed reserve (memory_reserved_gb): 0, because the median share of an 80 GB GPU's allocated bytes
-#: plus the median memory outside PyTorch's allocator (CUDA context, NCCL) stays inside the 3 GB reserve.
+#: The PyTorch caching allocator's share of a GPU run beyond the bytes its tensors allocate (issue 24 round 4), which a
+#: fake-tensor measurement (each framework's memory_sd) cannot see: log(reserved / allocated) at a CUDA out-of-memory
+#: error (after the allocator released what it could), from published messages of training runs with the default
+#: allocator (benchmarks/data/allocator_published.toml; chosen by benchmarks/allocator_share.py on the rows it does not
+#: hold out). ALLOCATOR_SD: the interquartile range / 1.349 (heavy-tailed: most below 0.01, a few fragmented runs at
+#: 0.39-0.61); ALLOCATOR_TAIL_*: the share of those rows beyond +3 sd (2 of 11) and their root mean square, read only
+#: after an OOM (tuner.oom_evidence.fit_given_oom). ALLOCATOR_BIAS: 0 on top of the cluster's fixed reserve, which holds
+#: the median share of an 80 GB GPU's allocated bytes plus the median memory outside the allocator (CUDA context, NCCL).
 ALLOCATOR_SD = 0.0495
+ALLOCATOR_TAIL_WEIGHT, ALLOCATOR_TAIL_SD = 2 / 11, 0.5092
 ALLOCATOR_BIAS = 0.0
 ALLOCATOR_N = 11
 ALLOCATOR_SOURCES = "published CUDA out-of-memory messages of training runs"

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, replace
 
 from tuner.correction import features, left_out, record_workload, simulated
-from tuner.frameworks import ALLOCATOR_BIAS, ALLOCATOR_SD
+from tuner.frameworks import ALLOCATOR_BIAS, ALLOCATOR_SD, ALLOCATOR_TAIL_SD, ALLOCATOR_TAIL_WEIGHT
 from tuner.layout import Layout
 from tuner.perfmodel import MEMORY_NOISE_SD, predict
 from tuner.perfmodel.fit import measured_need_gb, trial_need_gb
@@ -198,6 +198,19 @@ def room_gb(pred, b: OomBound, capacity_gb: float) -> float | None:
     return min(s * (b.total_gb - b.act_gb) + b.act_gb * (capacity_gb - s * rest) / act for s in b.shares)
 
 
+def fit_given_oom(b: OomBound, log_room: float) -> float:
+    """P(the OOM'd layout `b` needed at most exp(`log_room`) times its predicted peak | it needed more than the
+    capacity). Its log need is a mixture: the memory correction's belief N(b.mean, b.sd) and, with weight
+    ALLOCATOR_TAIL_WEIGHT, the heavy tail the published OOM messages show (ALLOCATOR_TAIL_SD about the same mean). An OOM
+    the belief explains stays with the belief; one it calls a far surprise (many sd beyond its mean: the account misses
+    something there) is the tail's, and its need is spread far above the capacity rather than just over it (issue 30: a
+    2N pick that was an OOM'd layout at twice the dp, its need 1.26x what the belief allowed, ran out again)."""
+    parts = ((1.0 - ALLOCATOR_TAIL_WEIGHT, b.sd), (ALLOCATOR_TAIL_WEIGHT, math.hypot(b.sd, ALLOCATOR_TAIL_SD)))
+    over = sum(w * _ndtr((b.mean - b.bound) / sd) for w, sd in parts)       # survival at the bound, no cancellation
+    inside = sum(w * max(_ndtr((b.mean - b.bound) / sd) - _ndtr((b.mean - log_room) / sd), 0.0) for w, sd in parts)
+    return min(inside / max(over, 1e-300), 1.0)
+
+
 def oom_fit_cap(pred, bounds: list[OomBound], capacity_gb: float) -> tuple[float, str | None]:
     """The probability that a layout (its Prediction) fits as far as the OOMs say, and the OOM that limits it:
     for each OOM'd layout with the same activation account, the memory correction's belief that it needed at
@@ -207,11 +220,7 @@ def oom_fit_cap(pred, bounds: list[OomBound], capacity_gb: float) -> tuple[float
         room = room_gb(pred, b, capacity_gb)
         if room is None:
             continue
-        if room <= capacity_gb:
-            p = 0.0
-        else:
-            over = 1.0 - _ndtr((b.bound - b.mean) / b.sd)
-            p = max(_ndtr((math.log(room / b.total_gb) - b.mean) / b.sd) - (1.0 - over), 0.0) / max(over, 1e-12)
+        p = 0.0 if room <= capacity_gb else fit_given_oom(b, math.log(room / b.total_gb))
         if p < best:
             twin = replace(b.layout, dp=1, zero_stage=0) == replace(pred.layout, dp=1, zero_stage=0)
             best, why = p, (f"{'its twin ' if twin else ''}{b.layout.key()} ran out of memory at {b.nodes} node(s)"

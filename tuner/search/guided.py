@@ -50,7 +50,7 @@ from tuner.search.base import DIMS, BaseSearcher
 from tuner.search.confidence import beat_probability, margin_of
 from tuner.search.explore import (N_INITIAL, believe, family_key, family_scale, first_pick, fit_beliefs,
                                   inactive_mask)
-from tuner.oom_evidence import said_capacities, usable_workload
+from tuner.oom_evidence import activation_account, said_capacities, usable_workload
 from tuner.search.oom_deferral import OomDeferral
 from tuner.search.stop_rule import StopRule
 from tuner.gp import GP
@@ -91,8 +91,11 @@ class GuidedSearcher(BaseSearcher):
         self.mem_gb = [p.memory_gb if p is not None else None for p in preds]   # stored as predicted_memory_gb
         self.prior_fit = np.array([p.p_fit if p is not None else 1.0 for p in preds])  # predict's, before any peak
         self.mem_stage = np.array([p.memory_stage if p is not None else -1 for p in preds], dtype=int)
+        self.accounts = {}                      # activation account -> its id (OomDeferral compares them)
+        account = np.array([self.accounts.setdefault(activation_account(c), len(self.accounts))
+                            for c in self.candidates], dtype=int)
         self.oom = OomDeferral(np.array([p.memory_gb if p is not None else -math.inf for p in preds], dtype=float),
-                               self.mem_stage, self.log_mem, self.Z, self.FM)
+                               self.mem_stage, self.log_mem, self.Z, self.FM, account)
         self._tiebreak = np.random.default_rng([self.seed, 11]).permutation(n) * 1e-12
         self.said = said_capacities(history, workload, history_studies) if workload is not None else []
         hw, usable = usable_workload(workload, self.said) if workload is not None else (workload, None)
@@ -166,7 +169,8 @@ class GuidedSearcher(BaseSearcher):
             self.failed[i] = True
         if result.status == Status.OOM and self.workload is not None:
             memory_gb, stage = self._predicted_memory(layout, i)
-            self.deferred |= self.oom.after_oom(memory_gb, stage, ft.z, ft.fm, ft.log_mem, self.used)
+            self.deferred |= self.oom.after_oom(memory_gb, stage, ft.z, ft.fm, ft.log_mem, self.used,
+                                                self.accounts.get(activation_account(layout), -1))
         if result.status == Status.OK and result.peak_memory_gb and self.workload is not None:
             self.oom.note_measured(result.peak_memory_gb)
             self.mem_scale = max(self.mem_scale, math.exp(ft.measured_log_ratio(result.peak_memory_gb, reserved)))
@@ -266,11 +270,20 @@ class GuidedSearcher(BaseSearcher):
         obs = self._memory_obs()
         if not (obs.my or obs.oy):      # no peak nor OOM: the prior p_fit predict states (fit.prior_fit_probability)
             return self.prior_fit
-        mu, sd = obs.memory_gp(self.memory_sd).predict(self.Z, self.FM)
-        z = (math.log(self.capacity) - self.log_mem - mu - ALLOCATOR_BIAS) / np.hypot(sd, P_FIT_SD)
-        # a layout an OOM defers needs at least what ran out: the OOM's widening of the correction never makes it
-        # likelier to fit than the model alone said (issue 30 round 33: a 15-sd surprise under a measured account)
-        return np.where(self.deferred, np.minimum(ndtr(z), self.prior_fit), ndtr(z))
+        fit = self._fit_by(obs.memory_gp(self.memory_sd))
+        if not obs.oy:
+            return fit
+        # an OOM is a lower bound: its widening of the correction never makes a layout likelier to fit than the
+        # measured peaks alone say -- the model alone where none was measured (issue 30 round 33: a 15-sd surprise
+        # under a measured account); measured peaks below the model's still raise it (round 34: capped at the model's
+        # prior, a layout the peaks put well inside the GPU could never be let go)
+        peaks = Observations(mZ=obs.mZ, mF=obs.mF, my=obs.my, mnoise=obs.mnoise)
+        return np.minimum(fit, self._fit_by(peaks.memory_gp(self.memory_sd)) if obs.my else self.prior_fit)
+
+    def _fit_by(self, gp) -> np.ndarray:
+        """Every candidate's p_fit under the memory correction `gp`, the caching allocator's share on top."""
+        mu, sd = gp.predict(self.Z, self.FM)
+        return ndtr((math.log(self.capacity) - self.log_mem - mu - ALLOCATOR_BIAS) / np.hypot(sd, P_FIT_SD))
 
     def _memory_obs(self) -> Observations:
         mem = Observations()

@@ -3,6 +3,9 @@
 An OOM defers (tuner/search/base.py: proposed only once nothing else is left) every layout not yet run
 that the model predicts to need at least as much memory on the same worst pipeline stage
 (Prediction.memory_stage) -- equal counts: the model cannot tell such a layout from the one that ran out --
+and keeps its activations by the same account (tuner.oom_evidence.activation_account) or is predicted within a GPU
+run's spread of it (a layout of another account is left to p_fit, which the OOM lowers through the memory
+correction: the model's order of two accounts' totals is only its own; issue 30 round 34),
 until the memory learned from measured peaks puts it below every OOM'd layout of that stage and is sure it
 fits (p_fit >= RECOMMEND_AT): a model that overstates some layouts' memory cannot hide them for good
 (issue 30). Below means by more than a GPU run's spread (RESOLUTION: the caching allocator's share and
@@ -34,8 +37,9 @@ class OomDeferral:
     unknown) on worst stages `stage`, and log predicted memory `log_mem` at features `Z`, `FM`."""
 
     def __init__(self, memory_gb: np.ndarray, stage: np.ndarray, log_mem: np.ndarray, Z: np.ndarray,
-                 FM: np.ndarray):
+                 FM: np.ndarray, account: np.ndarray | None = None):
         self.memory_gb, self.stage, self.log_mem, self.Z, self.FM = memory_gb, stage, log_mem, Z, FM
+        self.account = np.zeros(len(memory_gb), dtype=int) if account is None else np.asarray(account, dtype=int)
         n = len(memory_gb)
         self.max_peak = -math.inf                    # log GB: the largest measured ok peak
         self.heavier = np.zeros(n, dtype=bool)       # predicted to need as much as an OOM'd layout
@@ -50,11 +54,18 @@ class OomDeferral:
         """A measured ok peak (GB): that much memory fit."""
         self.max_peak = max(self.max_peak, math.log(peak_gb))
 
-    def after_oom(self, memory_gb: float, stage: int, z, fm, log_mem: float, used: np.ndarray) -> np.ndarray:
-        """After an OOM at a layout predicted to need `memory_gb` on pipeline stage `stage`: every layout
-        not yet run that is predicted to need at least as much there (deferred until `held` lets it go)."""
+    def after_oom(self, memory_gb: float, stage: int, z, fm, log_mem: float, used: np.ndarray,
+                  account: int = 0) -> np.ndarray:
+        """After an OOM at a layout predicted to need `memory_gb` on pipeline stage `stage`, whose activations the
+        model keeps by `account` (an id of tuner.oom_evidence.activation_account): every layout not yet run that is
+        predicted to need at least as much there, by the same account or within a GPU run's spread of it (deferred
+        until `deferred` lets it go). A heavier layout of another account is left to p_fit: the model's order of two
+        accounts' totals is only its own (issue 30 round 34: a ZeRO-0 layout's OOM, its state 1.17x the model's in the
+        world, hid for the whole budget a layout with the activations of no recompute that the measured peaks put
+        0.9x the model's -- the world's fastest)."""
         self.ooms.append((stage, np.asarray(z, float), np.asarray(fm, float), log_mem))
-        heavier = ~used & (self.stage == stage) & (self.memory_gb >= memory_gb * (1 - SAME_MEMORY))
+        comparable = (self.account == account) | (self.log_mem <= log_mem + RESOLUTION)
+        heavier = ~used & (self.stage == stage) & (self.memory_gb >= memory_gb * (1 - SAME_MEMORY)) & comparable
         self.heavier |= heavier
         return heavier
 
