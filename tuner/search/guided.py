@@ -335,7 +335,8 @@ class GuidedSearcher(BaseSearcher):
 
     def _propose(self, n: int) -> list:
         p_fit = self.p_fit()
-        self.deferred = self.oom.deferred(p_fit, self.used, self._memory_obs, self.memory_sd)
+        self.deferred = self.oom.deferred(p_fit, self.used, self._memory_obs, self.memory_sd,
+                                         math.log(self.capacity) if self.capacity else math.inf)
         log_fit = np.log(np.maximum(p_fit, 1e-12))
         chosen: list[int] = []
         for _ in range(n):

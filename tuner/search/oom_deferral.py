@@ -3,10 +3,8 @@
 An OOM defers (tuner/search/base.py: proposed only once nothing else is left) every layout not yet run
 that the model predicts to need at least as much memory on the same worst pipeline stage
 (Prediction.memory_stage) -- equal counts: the model cannot tell such a layout from the one that ran out --
-and keeps its activations by the same account (tuner.oom_evidence.activation_account) or is predicted within a GPU
-run's spread of it (a layout of another account is left to p_fit, which the OOM lowers through the memory
-correction: the model's order of two accounts' totals is only its own; issue 30 round 34),
-until the memory learned from measured peaks puts it below every OOM'd layout of that stage and is sure it
+-- once measured peaks explain the OOM, only those of its activation account (tuner.oom_evidence.activation_account)
+and its memory twins (`deferred`: issue 30 round 34) --, until the memory learned from measured peaks puts it below every OOM'd layout of that stage and is sure it
 fits (p_fit >= RECOMMEND_AT): a model that overstates some layouts' memory cannot hide them for good
 (issue 30). Below means by more than a GPU run's spread (RESOLUTION: the caching allocator's share and
 run-to-run noise, one-sided 95 %, as tuner/oom_evidence reads a refutation), unless a measured ok peak at least
@@ -58,34 +56,40 @@ class OomDeferral:
                   account: int = 0) -> np.ndarray:
         """After an OOM at a layout predicted to need `memory_gb` on pipeline stage `stage`, whose activations the
         model keeps by `account` (an id of tuner.oom_evidence.activation_account): every layout not yet run that is
-        predicted to need at least as much there, by the same account or within a GPU run's spread of it (deferred
-        until `deferred` lets it go). A heavier layout of another account is left to p_fit: the model's order of two
-        accounts' totals is only its own (issue 30 round 34: a ZeRO-0 layout's OOM, its state 1.17x the model's in the
-        world, hid for the whole budget a layout with the activations of no recompute that the measured peaks put
-        0.9x the model's -- the world's fastest)."""
-        self.ooms.append((stage, np.asarray(z, float), np.asarray(fm, float), log_mem))
-        comparable = (self.account == account) | (self.log_mem <= log_mem + RESOLUTION)
-        heavier = ~used & (self.stage == stage) & (self.memory_gb >= memory_gb * (1 - SAME_MEMORY)) & comparable
+        predicted to need at least as much there (deferred until `deferred` lets it go)."""
+        heavier = ~used & (self.stage == stage) & (self.memory_gb >= memory_gb * (1 - SAME_MEMORY))
+        kin = (self.account == account) | (self.log_mem <= log_mem + RESOLUTION)    # its account, or its memory twins
+        self.ooms.append((stage, np.asarray(z, float), np.asarray(fm, float), log_mem, heavier, kin))
         self.heavier |= heavier
         return heavier
 
     def deferred(self, p_fit: np.ndarray, used: np.ndarray, memory: Callable[[], Observations],
-                 memory_sd: float | None) -> np.ndarray:
+                 memory_sd: float | None, log_capacity: float = math.inf) -> np.ndarray:
         """What stays deferred: base.py's deferrals, and the layouts predicted heavier than an OOM unless the
         memory learned from measured peaks (`memory`) both puts them below every OOM'd layout of their stage
         and is sure they fit (p_fit >= RECOMMEND_AT): the model's order of memory is only its own, and
-        measured peaks that reorder it outweigh it."""
+        measured peaks that reorder it outweigh it. An OOM the measured peaks explain -- some peak strays from the
+        model's account by at least as much (in log) as the OOM'd layout's prediction lay under the capacity
+        (`log_capacity`), so one account's error can explain it -- holds only its own activation account and its
+        memory twins: the rest is left to p_fit, which the OOM lowers through the memory correction (issue 30 round 34:
+        a ZeRO-0 layout's OOM, its state 1.17x the model's in the world as two measured ZeRO-0 peaks said, hid for the
+        whole budget a layout without recompute whose peaks ran 0.9x the model's -- the world's fastest). One the
+        peaks do not explain (none measured, or all closer to the model) speaks of what every layout shares, the GPU's
+        usable memory, and holds every heavier layout."""
         held = self.heavier & ~used
-        if held.any() and (p_fit >= RECOMMEND_AT)[held].any():
-            mem = memory()
-            peaks = Observations(mZ=mem.mZ, mF=mem.mF, my=mem.my, mnoise=mem.mnoise).memory_gp(memory_sd)
-            learned = self.log_mem + peaks.predict(self.Z, self.FM)[0]
-            below = p_fit >= RECOMMEND_AT
-            backed = self.max_peak >= np.maximum(self.log_mem, learned)   # a measured peak as large fit
-            for stage, z, fm, log_mem in self.ooms:
-                bound = log_mem + peaks.predict(z[None, :], fm[None, :])[0][0]
-                twin = self.log_mem <= log_mem + RESOLUTION          # as heavy as the OOM'd, within a run's spread
-                clear = learned < bound - RESOLUTION                 # lighter by more than a run's spread
-                below &= (self.stage != stage) | ((learned < bound + math.log1p(-SAME_MEMORY)) & (backed | ~twin & clear))
-            held &= ~below
-        return self.structural | held
+        if not held.any():
+            return self.structural | held
+        mem = memory()
+        peaks = Observations(mZ=mem.mZ, mF=mem.mF, my=mem.my, mnoise=mem.mnoise).memory_gp(memory_sd)
+        learned = self.log_mem + peaks.predict(self.Z, self.FM)[0]
+        sure = p_fit >= RECOMMEND_AT
+        backed = self.max_peak >= np.maximum(self.log_mem, learned)   # a measured peak as large fit
+        stray = max((abs(y) for y in mem.my), default=0.0)          # the farthest a measured peak strayed (log)
+        keep = np.zeros(len(held), dtype=bool)
+        for stage, z, fm, log_mem, holds, kin in self.ooms:
+            bound = log_mem + peaks.predict(z[None, :], fm[None, :])[0][0]
+            twin = self.log_mem <= log_mem + RESOLUTION              # as heavy as the OOM'd, within a run's spread
+            clear = learned < bound - RESOLUTION                     # lighter by more than a run's spread
+            let_go = sure & (learned < bound + math.log1p(-SAME_MEMORY)) & (backed | ~twin & clear)
+            keep |= holds & (kin | (stray < log_capacity - log_mem)) & ~let_go
+        return self.structural | (held & keep)
