@@ -4,9 +4,7 @@ predictions otherwise. The application layer `tuner best`, `tuner launch` and no
 `best_for_unmeasured` (pure) answers "best layout for N nodes" where N was never measured (and `plan` /
 `launch` without trials use the same memory rule): the performance model corrected by every stored
 measurement of the same model, cluster and framework at other node counts (tuner/correction.py), ranked by
-expected corrected MFU -- its samples/s for the workload's global batch times the probability that it fits (a job that
-runs out of memory trains nothing; issue 30 round 34: a ZeRO-0 layout stated at p_fit 0.954 was answered over its
-ZeRO-1 twin of the same speed and 1.00, and ran out). A simulated trial is the model's own prediction:
+corrected MFU (samples/s for the workload's global batch). A simulated trial is the model's own prediction:
 it never corrects the model, so simulator studies leave this answer exactly as an empty store gives it.
 At a node count that has stored trials, measured ones answer; simulated ones only where nothing was
 measured (and `tuner best` says so).
@@ -259,8 +257,7 @@ def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies:
 
 def fastest_unmeasured(weighed: tuple, space, k: int = 5, studies: dict | None = None) -> list[dict]:
     """best_for_unmeasured's answer from `weighed`, what unmeasured_rows returned for its workload: the k fastest of
-    the rows likely to fit (p_fit >= 0.5) by expected speed (corrected MFU times p_fit), those that keep the memory
-    headroom first; UsageError when none is."""
+    the rows likely to fit (p_fit >= 0.5), those that keep the memory headroom first; UsageError when none is."""
     rows, workload, usable, ws = weighed
     likely = [r for r in rows if r["p_fit"] >= 0.5]
     if not likely:
@@ -270,7 +267,7 @@ def fastest_unmeasured(weighed: tuple, space, k: int = 5, studies: dict | None =
                          f"({least['layout'].key()}) of {workload.cluster.memory_gb:.1f}"
                          f"{' usable, ' + _usable_words(usable) if usable else ''}; "
                          f"{more_nodes_hint(workload, space)}")
-    likely.sort(key=lambda r: (not r["headroom_ok"], -r["mfu"] * r["p_fit"], r["memory_gb"]))
+    likely.sort(key=lambda r: (not r["headroom_ok"], -r["mfu"], r["memory_gb"]))
     evidence = _evidence(ws, workload, studies, usable)
     out = [answer(r, workload, evidence) for r in likely[:max(int(k), 1)]]
     riskier = faster_if_it_fits(likely, workload)
