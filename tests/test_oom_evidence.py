@@ -233,7 +233,7 @@ def test_an_oom_far_beyond_the_belief_leaves_its_twin_unsure_one_within_it_does_
         return OomBound(OOMED, 2, 60.0, 20.0, bound=over_sd * sd, mean=0.0, sd=sd)
 
     far, near = bound(8.0), bound(0.5)
-    room = lambda b: b.bound + math.log(1.10)              # the twin fits if the OOM'd layout needed at most 1.1x the GPU
+    room = lambda b: b.bound + math.log(1.10)    # the twin fits if the OOM'd layout needed at most 1.1x the GPU
     surv = lambda x, sd: 0.5 * math.erfc(x / sd / math.sqrt(2))
     given = lambda b, sd: (surv(b.bound, sd) - surv(room(b), sd)) / surv(b.bound, sd)   # P(need <= room | need > GPU)
     assert given(far, far.sd) > 0.99 and fit_given_oom(far, room(far)) < 0.5      # the belief alone: ~1; now unsure

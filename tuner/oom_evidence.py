@@ -201,10 +201,11 @@ def room_gb(pred, b: OomBound, capacity_gb: float) -> float | None:
 def fit_given_oom(b: OomBound, log_room: float) -> float:
     """P(the OOM'd layout `b` needed at most exp(`log_room`) times its predicted peak | it needed more than the
     capacity). Its log need is a mixture: the memory correction's belief N(b.mean, b.sd) and, with weight
-    ALLOCATOR_TAIL_WEIGHT, the heavy tail the published OOM messages show (ALLOCATOR_TAIL_SD about the same mean). An OOM
-    the belief explains stays with the belief; one it calls a far surprise (many sd beyond its mean: the account misses
-    something there) is the tail's, and its need is spread far above the capacity rather than just over it (issue 30: a
-    2N pick that was an OOM'd layout at twice the dp, its need 1.26x what the belief allowed, ran out again)."""
+    ALLOCATOR_TAIL_WEIGHT, the heavy tail the published OOM messages show (ALLOCATOR_TAIL_SD about the same mean). An
+    OOM the belief explains stays with the belief; one it calls a far surprise (many sd beyond its mean: the account
+    misses something there) is the tail's, and its need is spread far above the capacity rather than just over it
+    (issue 30: a 2N pick that was an OOM'd layout at twice the dp, its need 1.26x what the belief allowed, ran out
+    again)."""
     parts = ((1.0 - ALLOCATOR_TAIL_WEIGHT, b.sd), (ALLOCATOR_TAIL_WEIGHT, math.hypot(b.sd, ALLOCATOR_TAIL_SD)))
     over = sum(w * _ndtr((b.mean - b.bound) / sd) for w, sd in parts)       # survival at the bound, no cancellation
     inside = sum(w * max(_ndtr((b.mean - b.bound) / sd) - _ndtr((b.mean - log_room) / sd), 0.0) for w, sd in parts)

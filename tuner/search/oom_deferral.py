@@ -1,17 +1,17 @@
 """The guided searcher's OOM deferral: after an out-of-memory trial, what waits, and until when.
 
-An OOM defers (tuner/search/base.py: proposed only once nothing else is left) every layout not yet run
-that the model predicts to need at least as much memory on the same worst pipeline stage
-(Prediction.memory_stage) -- equal counts: the model cannot tell such a layout from the one that ran out --
--- once measured peaks explain the OOM, only those of its activation account (tuner.oom_evidence.activation_account)
-and its memory twins (`deferred`: issue 30 round 34) --, until the memory learned from measured peaks puts it below every OOM'd layout of that stage and is sure it
-fits (p_fit >= RECOMMEND_AT): a model that overstates some layouts' memory cannot hide them for good
-(issue 30). Below means by more than a GPU run's spread (RESOLUTION: the caching allocator's share and
-run-to-run noise, one-sided 95 %, as tuner/oom_evidence reads a refutation), unless a measured ok peak at least
-as large as the layout's predicted and learned peak shows that much fits; a layout predicted within that
-spread of an OOM'd one's is its twin, which the learned peak can set apart only by features, not evidence: it
-waits for such a measured peak (issue 24 round 9: at 84.9 GB a selective-recompute twin of an OOM'd layout, the
-same predicted 57.82 GB, was let go on a learned peak 0.5 % lower and ran out too). Pure (numpy).
+An OOM defers (tuner/search/base.py: proposed only once nothing else is left) every layout not yet run that the model
+predicts to need at least as much memory on the same worst pipeline stage (Prediction.memory_stage) -- equal counts:
+the model cannot tell such a layout from the one that ran out; once measured peaks explain the OOM, only those of its
+activation account (tuner.oom_evidence.activation_account) and its memory twins (`deferred`: issue 30 round 34) --
+until the memory learned from measured peaks puts it below every OOM'd layout of that stage and is sure it fits
+(p_fit >= RECOMMEND_AT): a model that overstates some layouts' memory cannot hide them for good (issue 30). Below
+means by more than a GPU run's spread (RESOLUTION: the caching allocator's share and run-to-run noise, one-sided
+95 %, as tuner/oom_evidence reads a refutation), unless a measured ok peak at least as large as the layout's predicted
+and learned peak shows that much fits; a layout predicted within that spread of an OOM'd one's is its twin, which the
+learned peak can set apart only by features, not evidence: it waits for such a measured peak (issue 24 round 9: at
+84.9 GB a selective-recompute twin of an OOM'd layout, the same predicted 57.82 GB, was let go on a learned peak 0.5 %
+lower and ran out too). Pure (numpy).
 """
 
 from __future__ import annotations
@@ -80,16 +80,20 @@ class OomDeferral:
         if not held.any():
             return self.structural | held
         mem = memory()
-        peaks = Observations(mZ=mem.mZ, mF=mem.mF, my=mem.my, mnoise=mem.mnoise).memory_gp(memory_sd)
-        learned = self.log_mem + peaks.predict(self.Z, self.FM)[0]
-        sure = p_fit >= RECOMMEND_AT
-        backed = self.max_peak >= np.maximum(self.log_mem, learned)   # a measured peak as large fit
         stray = max((abs(y) for y in mem.my), default=0.0)          # the farthest a measured peak strayed (log)
-        keep = np.zeros(len(held), dtype=bool)
-        for stage, z, fm, log_mem, holds, kin in self.ooms:
-            bound = log_mem + peaks.predict(z[None, :], fm[None, :])[0][0]
-            twin = self.log_mem <= log_mem + RESOLUTION              # as heavy as the OOM'd, within a run's spread
-            clear = learned < bound - RESOLUTION                     # lighter by more than a run's spread
-            let_go = sure & (learned < bound + math.log1p(-SAME_MEMORY)) & (backed | ~twin & clear)
-            keep |= holds & (kin | (stray < log_capacity - log_mem)) & ~let_go
-        return self.structural | (held & keep)
+        speaks = np.zeros(len(held), dtype=bool)
+        for _, _, _, log_mem, holds, kin in self.ooms:
+            speaks |= holds & (kin | (stray < log_capacity - log_mem))
+        held &= speaks
+        if held.any() and (p_fit >= RECOMMEND_AT)[held].any():
+            peaks = Observations(mZ=mem.mZ, mF=mem.mF, my=mem.my, mnoise=mem.mnoise).memory_gp(memory_sd)
+            learned = self.log_mem + peaks.predict(self.Z, self.FM)[0]
+            below = p_fit >= RECOMMEND_AT
+            backed = self.max_peak >= np.maximum(self.log_mem, learned)   # a measured peak as large fit
+            for stage, z, fm, log_mem, _, _ in self.ooms:
+                bound = log_mem + peaks.predict(z[None, :], fm[None, :])[0][0]
+                twin = self.log_mem <= log_mem + RESOLUTION          # as heavy as the OOM'd, within a run's spread
+                clear = learned < bound - RESOLUTION                 # lighter by more than a run's spread
+                below &= (self.stage != stage) | ((learned < bound + math.log1p(-SAME_MEMORY)) & (backed | ~twin & clear))
+            held &= ~below
+        return self.structural | held
