@@ -266,3 +266,29 @@ def test_an_oom_the_measured_peaks_explain_holds_only_its_own_account():
     assert all(s.deferred[s.index[c]] for c in own if preds[c].memory_gb > largest)
     assert any(preds[c].memory_gb > largest for c in own)
     assert rest and not any(s.deferred[s.index[c]] and not s.oom.structural[s.index[c]] for c in rest)
+
+
+def test_measured_peaks_may_raise_a_deferred_layouts_p_fit_and_an_oom_never_does():
+    """Issue 30 round 34 (GuidedSearcher.p_fit): an OOM's widening of the memory correction never makes a layout likelier
+    to fit than the measured peaks alone say, but peaks below the model may lift a layout the OOM holds above the
+    model's own prior -- round 33 capped it at that prior, so a held layout predicted past the GPU could never reach
+    the p_fit its release needs, however far below the model its kind ran."""
+    from tuner.correction import Observations
+
+    W, CANDS = REAL_W, load_space("frontier-2023").enumerate_layouts(REAL_W)
+    preds = {c: predict(c, W) for c in CANDS}
+    full = [c for c in CANDS if c.recompute == "full" and preds[c].fits]
+    oom = min(full, key=lambda c: abs(preds[c].memory_gb - 0.8 * W.cluster.memory_gb))
+    s = GuidedSearcher(CANDS, workload=W, seed=3)
+    s.tell(oom, TrialResult(Status.OOM, message="out of memory"))
+    light = sorted((c for c in CANDS if c.recompute == "none" and preds[c].fits), key=lambda c: preds[c].memory_gb)
+    for c in light[::max(len(light) // 6, 1)][:6]:
+        s.tell(c, metrics.complete(TrialResult(Status.OK, mfu=preds[c].mfu, peak_memory_gb=0.7 * preds[c].memory_gb),
+                                   W, c))
+    s.ask(1)
+    fit = s.p_fit()
+    mem = s._memory_obs()
+    alone = s._fit_by(Observations(mZ=mem.mZ, mF=mem.mF, my=mem.my, mnoise=mem.mnoise).memory_gp(s.memory_sd))
+    assert np.all(fit <= alone + 1e-12)                                      # the OOM never raises a p_fit
+    held = np.flatnonzero(s.oom.heavier & ~s.used)
+    assert held.size and np.any(fit[held] > s.prior_fit[held] + 0.1)         # the peaks lift some held ones
