@@ -217,7 +217,8 @@ def state_bytes(layout: Layout, workload: Workload, fw, shards: int) -> tuple[di
     gb = fw.grad_bytes(workload)
     mb = 2.0 if workload.optimizer_moments == "bf16" else 4.0
     if bf16_optimizer(layout, workload, fw):
-        return bf16_optimizer_state_bytes(shards, gb, mb), bf16_optimizer_state_bytes(shards, gb, mb)
+        edp = expert_data_parallel(layout)
+        return bf16_optimizer_state_bytes(shards, gb, mb), bf16_optimizer_state_bytes(edp, gb, mb)
     return (model_state_bytes_per_param(layout.zero_stage, shards, gb, fw.fsdp, mb),
             model_state_bytes_per_param(layout.zero_stage, expert_data_parallel(layout), gb, fw.fsdp, mb))
 

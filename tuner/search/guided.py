@@ -68,6 +68,7 @@ def _norm_pdf(z):
 
 class GuidedSearcher(BaseSearcher):
     name = "guided"
+    _peaks: tuple = (None, None)            # (its key, the memory correction of the measured peaks alone: _peaks_gp)
 
     def __init__(self, candidates: list[Layout], *, seed: int = 0, workload=None, history=None,
                  history_studies: dict | None = None, stop_threshold: float | None = None,
@@ -277,8 +278,17 @@ class GuidedSearcher(BaseSearcher):
         # measured peaks alone say -- the model alone where none was measured (issue 30 round 33: a 15-sd surprise
         # under a measured account); measured peaks below the model's still raise it (round 34: capped at the model's
         # prior, a layout the peaks put well inside the GPU could never be let go)
-        peaks = Observations(mZ=obs.mZ, mF=obs.mF, my=obs.my, mnoise=obs.mnoise)
-        return np.minimum(fit, self._fit_by(peaks.memory_gp(self.memory_sd)) if obs.my else self.prior_fit)
+        return np.minimum(fit, self._fit_by(self._peaks_gp()) if obs.my else self.prior_fit)
+
+    def _peaks_gp(self):
+        """The memory correction learned from the measured peaks alone (no OOM bound): what p_fit caps an OOM's
+        widening at and what the OOM deferral reads (oom_deferral), fitted once per set of peaks."""
+        key = (id(self.history), len(self.history.my), len(self.own.my))
+        if self._peaks[0] != key:
+            obs = self._memory_obs()
+            peaks = Observations(mZ=obs.mZ, mF=obs.mF, my=obs.my, mnoise=obs.mnoise)
+            self._peaks = (key, peaks.memory_gp(self.memory_sd))
+        return self._peaks[1]
 
     def _fit_by(self, gp) -> np.ndarray:
         """Every candidate's p_fit under the memory correction `gp`, the caching allocator's share on top."""
@@ -335,7 +345,8 @@ class GuidedSearcher(BaseSearcher):
 
     def _propose(self, n: int) -> list:
         p_fit = self.p_fit()
-        self.deferred = self.oom.deferred(p_fit, self.used, self._memory_obs, self.memory_sd,
+        stray = max((abs(y) for y in self._memory_obs().my), default=0.0)   # the farthest a measured peak strayed
+        self.deferred = self.oom.deferred(p_fit, self.used, self._peaks_gp, stray,
                                          math.log(self.capacity) if self.capacity else math.inf)
         log_fit = np.log(np.maximum(p_fit, 1e-12))
         chosen: list[int] = []

@@ -21,7 +21,6 @@ from typing import Callable
 
 import numpy as np
 
-from tuner.correction import Observations
 from tuner.frameworks import ALLOCATOR_SD
 from tuner.oom_evidence import Z95
 from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT
@@ -63,35 +62,33 @@ class OomDeferral:
         self.heavier |= heavier
         return heavier
 
-    def deferred(self, p_fit: np.ndarray, used: np.ndarray, memory: Callable[[], Observations],
-                 memory_sd: float | None, log_capacity: float = math.inf) -> np.ndarray:
-        """What stays deferred: base.py's deferrals, and the layouts predicted heavier than an OOM unless the
-        memory learned from measured peaks (`memory`) both puts them below every OOM'd layout of their stage
-        and is sure they fit (p_fit >= RECOMMEND_AT): the model's order of memory is only its own, and
-        measured peaks that reorder it outweigh it. An OOM the measured peaks explain -- some peak strays from the
-        model's account by at least as much (in log) as the OOM'd layout's prediction lay under the capacity
-        (`log_capacity`), so one account's error can explain it -- holds only its own activation account and its
-        memory twins: the rest is left to p_fit, which the OOM lowers through the memory correction (issue 30 round 34:
-        a ZeRO-0 layout's OOM, its state 1.17x the model's in the world as two measured ZeRO-0 peaks said, hid for the
-        whole budget a layout without recompute whose peaks ran 0.9x the model's -- the world's fastest). One the
-        peaks do not explain (none measured, or all closer to the model) speaks of what every layout shares, the GPU's
-        usable memory, and holds every heavier layout."""
+    def deferred(self, p_fit: np.ndarray, used: np.ndarray, peaks: Callable, stray: float,
+                 log_capacity: float = math.inf) -> np.ndarray:
+        """What stays deferred: base.py's deferrals, and the layouts predicted heavier than an OOM unless the memory
+        learned from measured peaks (`peaks()`: that correction, no OOM bound in it) both puts them below every OOM'd
+        layout of their stage and is sure they fit (p_fit >= RECOMMEND_AT): the model's order of memory is only its
+        own, and measured peaks that reorder it outweigh it. An OOM the measured peaks explain -- some peak strays
+        from the model's account (`stray`, the largest |log(measured / predicted)|) by at least as much as the OOM'd
+        layout's prediction lay under the capacity (`log_capacity`), so one account's error can explain it -- holds
+        only its own activation account and its memory twins: the rest is left to p_fit, which the OOM lowers through
+        the memory correction (issue 30 round 34: a ZeRO-0 layout's OOM, its state 1.17x the model's in the world as
+        two measured ZeRO-0 peaks said, hid for the whole budget a layout without recompute whose peaks ran 0.9x the
+        model's -- the world's fastest). One the peaks do not explain (none measured, or all closer to the model)
+        speaks of what every layout shares, the GPU's usable memory, and holds every heavier layout."""
         held = self.heavier & ~used
         if not held.any():
             return self.structural | held
-        mem = memory()
-        stray = max((abs(y) for y in mem.my), default=0.0)          # the farthest a measured peak strayed (log)
         speaks = np.zeros(len(held), dtype=bool)
         for _, _, _, log_mem, holds, kin in self.ooms:
             speaks |= holds & (kin | (stray < log_capacity - log_mem))
         held &= speaks
         if held.any() and (p_fit >= RECOMMEND_AT)[held].any():
-            peaks = Observations(mZ=mem.mZ, mF=mem.mF, my=mem.my, mnoise=mem.mnoise).memory_gp(memory_sd)
-            learned = self.log_mem + peaks.predict(self.Z, self.FM)[0]
+            gp = peaks()
+            learned = self.log_mem + gp.predict(self.Z, self.FM)[0]
             below = p_fit >= RECOMMEND_AT
             backed = self.max_peak >= np.maximum(self.log_mem, learned)   # a measured peak as large fit
             for stage, z, fm, log_mem, _, _ in self.ooms:
-                bound = log_mem + peaks.predict(z[None, :], fm[None, :])[0][0]
+                bound = log_mem + gp.predict(z[None, :], fm[None, :])[0][0]
                 twin = self.log_mem <= log_mem + RESOLUTION          # as heavy as the OOM'd, within a run's spread
                 clear = learned < bound - RESOLUTION                 # lighter by more than a run's spread
                 below &= (self.stage != stage) | ((learned < bound + math.log1p(-SAME_MEMORY)) & (backed | ~twin & clear))
