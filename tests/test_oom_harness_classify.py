@@ -27,3 +27,16 @@ def test_nccls_host_enomem_is_a_failure_and_its_cuda_oom_an_oom():
     assert classify(backend_error(SYSTEM)) == "failed"
     assert classify(backend_error(CUDA)) == "oom"
     assert classify(OSError(12, "Cannot allocate memory")) == "oom"      # the CPU harness's address-space cap: as before
+
+
+@pytest.mark.parametrize("text", ["error return without exception set",
+                                  "<function _find_and_load at 0x7f490da37ce0> returned NULL without setting an exception"])
+def test_a_lost_exception_under_the_address_space_cap_is_an_oom(monkeypatch, text):
+    """A CI run of the CPU harness's OOM trial (TUNER_MEMORY_LIMIT_GB's address-space cap) failed in an import with
+    CPython's second wording of a C function that returned NULL without an exception; it was stored as `failed`.
+    Under the cap both wordings are the rank running out of memory; without it, a failure."""
+    import resource
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (2 << 30, resource.RLIM_INFINITY))
+    assert classify(SystemError(text)) == "oom"
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    assert classify(SystemError(text)) == "failed"

@@ -101,8 +101,8 @@ def classify(exc: BaseException) -> str:
     host = not torch.cuda.is_available()     # CPU ranks: the host's memory is the device's (tuner.trial.looks_oom)
     if isinstance(exc, MemoryError):
         return "oom" if host else "failed"
-    if (isinstance(exc, SystemError) and "without exception set" in str(exc)
-            and resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY):
+    lost = any(w in str(exc) for w in ("without exception set", "without setting an exception"))   # CPython's wordings
+    if isinstance(exc, SystemError) and lost and resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY:
         return "oom"      # under the address-space cap a C extension's failed allocation can surface so
     return "oom" if looks_oom(str(exc), host) and "ncclSystemError" not in str(exc) else "failed"
 
