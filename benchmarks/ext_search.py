@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-from fit_reliability import (BOUNDS_NOTE, best_at, measured_ok, print_reliability, print_riskier,  # noqa: E402
-                             riskier)
+from fit_reliability import (BOUNDS_NOTE, TARGET, WORST, best_at, measured_ok, print_reliability,  # noqa: E402
+                             print_riskier, riskier, verdict)
 from worlds_ext import FAMILIES, WORKLOADS, World, draw_world  # noqa: E402
 
 from tuner.driver import Driver  # noqa: E402
@@ -57,7 +57,6 @@ from tuner.trial import Status  # noqa: E402
 
 SEARCHERS = ("guided", "random", "cbo", "tpe")
 NOISE = 0.02
-TARGET, WORST = 0.97, 0.93
 
 
 def run_study(world: World, searcher: str, seed: int, budget: int, options: dict | None = None,
@@ -182,6 +181,10 @@ def report(results: list[dict], searchers: list[str], budget: int) -> None:
         print(f"{fam:14} {wl:32} {row}{extra}")
     if belief or transfer:
         print(f"\n{BOUNDS_NOTE}")
+    if "guided" in searchers:
+        groups = [[r for r in results if (r["family"], r["workload"]) == key] for key in keys]
+        print("\n" + verdict([(f"{rs[0]['family']} {rs[0]['workload']}", [r["scores"]["guided"] for r in rs],
+                                [r["transfer"] for r in rs] if "transfer" in rs[0] else None) for rs in groups]))
     if belief:     # the recommendation by the searcher's belief, against the fastest measurement (guided)
         moved = [r["belief"] - r["scores"]["guided"] for r in results]
         print(f"\nguided, belief: the trial that ran whose speed the searcher's belief puts highest "

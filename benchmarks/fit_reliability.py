@@ -48,6 +48,26 @@ def best_at(workload, space, trials, studies, runs=None, fraction=None) -> dict:
     return answer
 
 
+#: Issue 30's targets, per world: the guided searcher after 10 trials, median / worst seed; `best --nodes 2N`, median.
+TARGET, WORST, TRANSFER_TARGET = 0.97, 0.93, 0.95
+
+
+def verdict(rows: list[tuple[str, list[float], list[float] | None]]) -> str:
+    """The targets' count over the worlds `rows` = (label, guided's fractions after 10 trials over the seeds, the 2N
+    answers' fractions or None): how many meet each, and which miss with their figures -- read off the tables, not
+    left to whoever quotes them."""
+    guided = [(lab, statistics.median(g), min(g)) for lab, g, _ in rows]
+    miss = [f"{lab} {m:.3f} / {w:.3f}" for lab, m, w in guided if m < TARGET or w < WORST]
+    out = (f"targets (issue 30): guided after 10 meets {TARGET} / {WORST} (median / worst) on "
+           f"{len(rows) - len(miss)} of {len(rows)} worlds" + (f" (misses: {'; '.join(miss)})" if miss else ""))
+    moved = [(lab, statistics.median(t)) for lab, _, t in rows if t]
+    if moved:
+        low = [f"{lab} {m:.3f}" for lab, m in moved if m < TRANSFER_TARGET]
+        out += (f"\n                    `best --nodes 2N` median >= {TRANSFER_TARGET} on {len(moved) - len(low)} of "
+                f"{len(moved)}" + (f" (misses: {'; '.join(low)})" if low else ""))
+    return out
+
+
 #: What the two bounds the search benchmarks print beside guided and `best --nodes 2N` (ext_search.py,
 #: search_efficiency.py) say.
 BOUNDS_NOTE = ("bounds: 'ran, fastest' is the truly fastest trial the guided study ran (no choice among its "

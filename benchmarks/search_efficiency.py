@@ -42,7 +42,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):   # 
     os.environ.setdefault(_var, "1")                                         # --jobs processes share the cores
 
 from fit_reliability import (BOUNDS_NOTE, best_at, measured_ok, print_reliability, print_riskier,  # noqa: E402
-                             riskier, without_offload)
+                             riskier, verdict, without_offload)
 from indep_worlds import FAMILIES, MODERN, WORKLOADS, World, draw_world  # noqa: E402
 
 from tuner.driver import Driver  # noqa: E402
@@ -205,6 +205,11 @@ def per_world(results: list[dict], searchers: list[str]) -> None:
                     + [cell([r["transfer"] for r in rs]), cell([r["transfer_bound"] for r in rs])])
             print(f"{fam:14} {wl:10} " + " ".join(f"{c:>15}" for c in cols))
     print(f"\n{BOUNDS_NOTE}")
+    if "guided" in searchers:
+        groups = [[r for r in results if (r["family"], r["workload"]) == key]
+                  for key in dict.fromkeys((r["family"], r["workload"]) for r in results)]
+        print("\n" + verdict([(f"{rs[0]['family']} {rs[0]['workload']}", [r["scores"]["guided"][k] for r in rs],
+                                [r["transfer"] for r in rs]) for rs in groups]))
 
 
 def tasks_for(args) -> tuple[list[tuple], list[int]]:

@@ -224,6 +224,8 @@ def test_ext_search_runs_every_searcher_through_the_driver(capsys):
     assert len(cells) == 6
     guided, ran_best, transfer, bound = cells[0], cells[3], cells[4], cells[5]
     assert guided <= ran_best + 1e-9 and transfer <= bound + 1e-9      # the recommendation / answer is in its pool
+    target = next(line for line in out.splitlines() if line.startswith("targets (issue 30): guided after 10 meets"))
+    assert target.endswith("on 1 of 1 worlds") == (guided >= 0.97), target    # one seed: median = worst
 
 
 def test_search_efficiency_prints_each_worlds_bounds_beside_guided_and_the_2n_answer(capsys):
@@ -237,6 +239,17 @@ def test_search_efficiency_prints_each_worlds_bounds_beside_guided_and_the_2n_an
     assert len(rows) == 3          # one world per family (--quick): guided @10, ran fastest, transfer 2N, 2N bound
     for guided, ran_best, transfer, bound in rows:
         assert guided <= ran_best + 1e-9 and transfer <= bound + 1e-9
+    met = sum(guided >= 0.97 for guided, *_ in rows)
+    assert f"guided after 10 meets 0.97 / 0.93 (median / worst) on {met} of 3 worlds" in out
+    assert f"`best --nodes 2N` median >= 0.95 on {sum(t >= 0.95 for _, _, t, _ in rows)} of 3" in out
+
+
+def test_the_targets_verdict_counts_each_world_by_its_median_and_worst_seed():
+    from fit_reliability import verdict
+    text = verdict([("a", [1.0, 0.98, 0.94], [0.96, 0.90, 0.99]), ("b", [0.99, 0.99, 0.92], [0.80, 0.99, 0.85]),
+                    ("c", [0.96, 1.0, 0.95], None)])
+    assert "meets 0.97 / 0.93 (median / worst) on 1 of 3 worlds (misses: b 0.990 / 0.920; c 0.960 / 0.950)" in text
+    assert "median >= 0.95 on 1 of 2 (misses: b 0.850)" in text
 
 
 def test_the_2n_bound_is_the_fastest_row_bests_rule_answers_from():
