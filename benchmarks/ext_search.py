@@ -184,7 +184,7 @@ def report(results: list[dict], searchers: list[str], budget: int) -> None:
     if "guided" in searchers:
         groups = [[r for r in results if (r["family"], r["workload"]) == key] for key in keys]
         print("\n" + verdict([(f"{rs[0]['family']} {rs[0]['workload']}", [r["scores"]["guided"] for r in rs],
-                                [r["transfer"] for r in rs] if "transfer" in rs[0] else None) for rs in groups]))
+                                [r["transfer"] for r in rs] if "transfer" in rs[0] else None) for rs in groups], budget))
     if belief:     # the recommendation by the searcher's belief, against the fastest measurement (guided)
         moved = [r["belief"] - r["scores"]["guided"] for r in results]
         print(f"\nguided, belief: the trial that ran whose speed the searcher's belief puts highest "

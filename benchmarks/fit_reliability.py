@@ -52,13 +52,13 @@ def best_at(workload, space, trials, studies, runs=None, fraction=None) -> dict:
 TARGET, WORST, TRANSFER_TARGET = 0.97, 0.93, 0.95
 
 
-def verdict(rows: list[tuple[str, list[float], list[float] | None]]) -> str:
-    """The targets' count over the worlds `rows` = (label, guided's fractions after 10 trials over the seeds, the 2N
+def verdict(rows: list[tuple[str, list[float], list[float] | None]], trials: int = 10) -> str:
+    """The targets' count over the worlds `rows` = (label, guided's fractions after `trials` over the seeds, the 2N
     answers' fractions or None): how many meet each, and which miss with their figures -- read off the tables, not
     left to whoever quotes them."""
     guided = [(lab, statistics.median(g), min(g)) for lab, g, _ in rows]
     miss = [f"{lab} {m:.3f} / {w:.3f}" for lab, m, w in guided if m < TARGET or w < WORST]
-    out = (f"targets (issue 30): guided after 10 meets {TARGET} / {WORST} (median / worst) on "
+    out = (f"targets (issue 30): guided after {trials} meets {TARGET} / {WORST} (median / worst) on "
            f"{len(rows) - len(miss)} of {len(rows)} worlds" + (f" (misses: {'; '.join(miss)})" if miss else ""))
     moved = [(lab, statistics.median(t)) for lab, _, t in rows if t]
     if moved:
