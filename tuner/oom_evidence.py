@@ -207,9 +207,9 @@ def fit_given_oom(b: OomBound, log_room: float) -> float:
     (issue 30: a 2N pick that was an OOM'd layout at twice the dp, its need 1.26x what the belief allowed, ran out
     again)."""
     parts = ((1.0 - ALLOCATOR_TAIL_WEIGHT, b.sd), (ALLOCATOR_TAIL_WEIGHT, math.hypot(b.sd, ALLOCATOR_TAIL_SD)))
-    over = sum(w * _ndtr((b.mean - b.bound) / sd) for w, sd in parts)       # survival at the bound, no cancellation
-    inside = sum(w * max(_ndtr((b.mean - b.bound) / sd) - _ndtr((b.mean - log_room) / sd), 0.0) for w, sd in parts)
-    return min(inside / max(over, 1e-300), 1.0)
+    over = [(w, sd, _ndtr((b.mean - b.bound) / sd)) for w, sd in parts]    # survival at the bound, no cancellation
+    inside = sum(w * max(s - _ndtr((b.mean - log_room) / sd), 0.0) for w, sd, s in over)
+    return min(inside / max(sum(w * s for w, _, s in over), 1e-300), 1.0)
 
 
 def oom_fit_cap(pred, bounds: list[OomBound], capacity_gb: float) -> tuple[float, str | None]:
