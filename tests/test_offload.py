@@ -123,6 +123,22 @@ def test_dgx_a100_pairs_share_one_gen4_uplink_so_their_copies_move_at_half_a_gpu
     assert halved > alone * 2 > 0
 
 
+def test_frontier_gcds_copy_to_the_host_over_infinity_fabric_at_36_gb_s():
+    """A Frontier GCD reaches the CPU's memory over Infinity Fabric at 36 GB/s each way (OLCF Frontier User Guide), not
+    PCIe Gen5's 64 (HOST_LINK_GBPS, what a file without host_link_gbps gets); its 512 GB of DDR4 is 64 GB a GCD. An
+    MI250X's compute hides a layer's copy at either rate; on a GCD eight times faster the copies show, and show more
+    over the slower link."""
+    w = make_workload("llama3-8b", 4, "frontier", 128, precision="bf16", framework="megatron-core")
+    assert w.cluster.host_d2h == w.cluster.host_h2d == w.cluster.host_link == 36.0 and w.cluster.host_memory_gb == 64.0
+    fast = dataclasses.replace(w, cluster=dataclasses.replace(w.cluster, peak_tflops=w.cluster.peak_tflops * 8))
+    pcie = dataclasses.replace(fast, cluster=dataclasses.replace(fast.cluster, host_link_gbps=None))
+    assert pcie.cluster.host_link == 64.0
+    lay = Layout(tp=1, pp=1, dp=32, micro_batch=1, zero_stage=1, recompute="none", offload_layers=16)
+    assert predict(lay, w).time_breakdown["cpu_offload"] == 0.0
+    fabric, gen5 = (predict(lay, x).time_breakdown["cpu_offload"] for x in (fast, pcie))
+    assert fabric > 2 * gen5 > 0
+
+
 def test_plans_batched_memory_equals_memory_fit_with_offloading():
     w = _w()
     if not supported(w):
