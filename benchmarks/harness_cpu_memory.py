@@ -14,7 +14,7 @@ step_copy_bytes), and no caching allocator.
 prints each row's allocated peak against the prediction less the `local` cluster's reserve (its ratio and the
 excess in GB). Rows are measurements only; nothing here is chosen on them. What saw which rows: the first set led to
 DeepSpeed's gradient-reduction bucket in the account (10765a5; its bytes are DeepSpeed's code, no constant fitted),
-reverted (docs/commands/search.md round 27); the second was measured after that change and committed before it was
+reverted (docs/issue30.md round 27); the second was measured after that change and committed before it was
 compared.
 """
 

@@ -25,7 +25,7 @@ OTHERS = ("tp4-sp1-pp4-vp8-psbal-dp4-mb2-z1-rcselective", "tp4-sp1-pp8-vp6-dp2-m
 
 def _residual_at_stage2() -> float:
     """The time correction's mean residual at STAGE2 after STAGE3 ran at 0.64 of its prediction and five other
-    layouts at 1.12 of theirs (the alloc-memory world's 22B trace in docs/commands/search.md)."""
+    layouts at 1.12 of theirs (the alloc-memory world's 22B trace in docs/issue30.md)."""
     obs = Observations()
     for key, ratio in [(STAGE3, 0.64)] + [(k, 1.12) for k in OTHERS]:
         lay = BY_KEY[key]
