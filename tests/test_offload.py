@@ -172,7 +172,7 @@ def test_predict_takes_the_flag_and_refuses_it_on_torchtitan_in_one_line(tuner):
     assert code == 2 and "Traceback" not in err and "--offload-layers 0" in err and len(err.strip().splitlines()) == 1
 
 
-def test_the_space_gives_an_offloaded_twin_only_where_it_rescues_a_layout():
+def test_the_space_gives_offloaded_twins_only_where_they_rescue_a_layout():
     from tuner.space import SearchSpace, valid_layouts
     from tuner.space_offload import SURELY_FITS, offload_counts
     w = _w("gb200", 16)
@@ -185,15 +185,25 @@ def test_the_space_gives_an_offloaded_twin_only_where_it_rescues_a_layout():
     twins = [lay for lay in got if lay.offload_layers]
     assert twins and len(got) == len(plain) + len(twins)
     for t in twins:
-        base = got[got.index(t) - 1]                                # right after the layout it rescues
-        assert base == dataclasses.replace(t, offload_layers=0) and base.recompute == "none"
+        base = dataclasses.replace(t, offload_layers=0)
+        i = got.index(base)                                         # right after the layout they rescue, fewest first
+        assert base.recompute == "none" and got[i + 1:got.index(t) + 1] == sorted(
+            got[i + 1:got.index(t) + 1], key=lambda x: x.offload_layers)
+        assert all(x.offload_layers and _plain(x) == base for x in got[i + 1:got.index(t) + 1])
         assert memory_fit(base, w)[4] < SURELY_FITS <= memory_fit(t, w)[4]
         fewer = [n for n in offload_counts(80) if n < t.offload_layers]
-        assert all(memory_fit(dataclasses.replace(t, offload_layers=n), w)[4] < SURELY_FITS for n in fewer)
+        rescued = [n for n in fewer if memory_fit(dataclasses.replace(t, offload_layers=n), w)[4] >= SURELY_FITS]
+        # every count from the fewest that rescues it up: the next one is what a run out of memory at that one tries
+        assert all(dataclasses.replace(t, offload_layers=n) in got for n in rescued)
+    assert any(sum(_plain(x) == _plain(t) for x in twins) > 1 for t in twins)     # a layout with more than one twin
     assert not [lay for lay in valid_layouts(space.pinned({"offload_layers": 0}), w) if lay.offload_layers]
     tt = _w("gb200", 16, framework="torchtitan", precision="bf16")
     assert not [lay for lay in valid_layouts(SearchSpace("t", {**dims, "sequence_parallel": [True]}, {}), tt)
                 if lay.offload_layers]
+
+
+def _plain(lay):
+    return dataclasses.replace(lay, offload_layers=0)
 
 
 def test_plan_pinned_to_offloading_names_the_refusal(tuner):

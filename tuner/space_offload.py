@@ -1,7 +1,10 @@
 """Where a space leaves CPU activation offloading unnamed: each Megatron-Core layout that may run it (pp 1, recompute
-none: tuner.offload) and does not surely fit (p_fit < SURELY_FITS) gets one offloaded twin, with the fewest layers of
-OFFLOAD_SHARES that make it surely fit; a layout that fits, or that no share rescues, gets none. So plan and search
-propose offloading on a memory-bound machine and the space grows by the layouts it rescues alone. Pure."""
+none: tuner.offload) and does not surely fit (p_fit < SURELY_FITS) gets its offloaded twins, from the fewest layers of
+OFFLOAD_SHARES that make it surely fit to the most; a layout that fits, or that no share rescues, gets none. So plan and
+search propose offloading on a memory-bound machine and the space grows by the layouts it rescues alone. The twins
+beyond the fewest are what a user runs when that one runs out of memory after all (a memory account off by more than
+its spread): the fastest offloaded layout of an issue 30 world was one share beyond the one the model said rescued it
+(docs/issue30.md, round 37). Pure."""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ def offload_counts(num_layers: int) -> list[int]:
 
 
 def with_offload(layouts: list[Layout], workload: Workload) -> list[Layout]:
-    """`layouts` (in order) with each one's offloaded twin right after it, where it gets one (the module's rule)."""
+    """`layouts` (in order) with each one's offloaded twins right after it, fewest layers first (the module's rule)."""
     if workload.framework != "megatron-core":
         return layouts
     counts = offload_counts(workload.model.num_layers)
@@ -34,9 +37,11 @@ def with_offload(layouts: list[Layout], workload: Workload) -> list[Layout]:
     memo: dict = {}                        # memory_fit's, shared by the layouts of the workload
     most = [_plain(t) for t in _twins(base, counts[-1], workload, memo)]   # what the most layers cannot rescue, none can
     need = [lay for lay, p in zip(most, _p_fits(most, workload, memo)) if p < SURELY_FITS]
-    twins: dict[Layout, Layout] = {}
-    for n in counts:                       # then the fewest layers that rescue each
-        twins.update((_plain(t), t) for t in _twins(need, n, workload, memo))
+    twins: dict[Layout, list[Layout]] = {}
+    for k, n in enumerate(counts):         # the fewest layers that rescue each, and every count above it
+        for t in _twins(need, n, workload, memo):
+            more = [dataclasses.replace(t, offload_layers=m) for m in counts[k + 1:]]
+            twins[_plain(t)] = [t] + [x for x in more if offload_refusal(workload.framework, x, workload) is None]
         need = [lay for lay in need if lay not in twins]
     if not twins:
         return layouts
@@ -44,7 +49,7 @@ def with_offload(layouts: list[Layout], workload: Workload) -> list[Layout]:
     for lay in layouts:
         out.append(lay)
         if lay.pp == 1 and lay in twins:
-            out.append(twins[lay])
+            out.extend(twins[lay])
     return out
 
 
