@@ -35,16 +35,17 @@ def with_offload(layouts: list[Layout], workload: Workload) -> list[Layout]:
     if not counts or not base:
         return layouts
     memo: dict = {}                        # memory_fit's, shared by the layouts of the workload
-    most = [_plain(t) for t in _twins(base, counts[-1], workload, memo)]   # what the most layers cannot rescue, none can
+    most = [_plain(t) for t in _twins(base, counts[-1:], workload, memo)]   # what the most layers cannot rescue, none can
     need = [lay for lay, p in zip(most, _p_fits(most, workload, memo)) if p < SURELY_FITS]
-    twins: dict[Layout, list[Layout]] = {}
-    for k, n in enumerate(counts):         # the fewest layers that rescue each, and every count above it
-        for t in _twins(need, n, workload, memo):
-            more = [dataclasses.replace(t, offload_layers=m) for m in counts[k + 1:]]
-            twins[_plain(t)] = [t] + [x for x in more if offload_refusal(workload.framework, x, workload) is None]
-        need = [lay for lay in need if lay not in twins]
-    if not twins:
+    fewest: dict[Layout, int] = {}
+    for n in counts:                       # the fewest layers that rescue each
+        fewest.update((_plain(t), n) for t in _twins(need, [n], workload, memo))
+        need = [lay for lay in need if lay not in fewest]
+    if not fewest:
         return layouts
+    twins: dict[Layout, list[Layout]] = {lay: [] for lay in fewest}
+    for t in _twins(list(fewest), counts, workload, memo, fewest):   # and every count above it that still surely
+        twins[_plain(t)].append(t)         # fits (more layers: less of the GPU's memory, more of the host's)
     out = []
     for lay in layouts:
         out.append(lay)
@@ -53,9 +54,12 @@ def with_offload(layouts: list[Layout], workload: Workload) -> list[Layout]:
     return out
 
 
-def _twins(layouts: list[Layout], n: int, workload: Workload, memo: dict) -> list[Layout]:
-    """The layouts' twins offloading `n` layers that Megatron-Core runs and that surely fit."""
-    tried = [dataclasses.replace(lay, offload_layers=n) for lay in layouts]
+def _twins(layouts: list[Layout], counts: list[int], workload: Workload, memo: dict,
+           least: dict | None = None) -> list[Layout]:
+    """The layouts' twins offloading each of `counts` layers (with `least`, layout -> count: only those counts and
+    more) that Megatron-Core runs and that surely fit, each layout's fewest first."""
+    tried = [dataclasses.replace(lay, offload_layers=n) for lay in layouts for n in counts
+             if least is None or n >= least[lay]]
     tried = [t for t in tried if offload_refusal(workload.framework, t, workload) is None]
     return [t for t, p in zip(tried, _p_fits(tried, workload, memo)) if p >= SURELY_FITS]
 
