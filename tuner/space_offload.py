@@ -37,15 +37,11 @@ def with_offload(layouts: list[Layout], workload: Workload) -> list[Layout]:
     memo: dict = {}                        # memory_fit's, shared by the layouts of the workload
     most = [_plain(t) for t in _twins(base, counts[-1:], workload, memo)]   # what the most layers cannot rescue, none can
     need = [lay for lay, p in zip(most, _p_fits(most, workload, memo)) if p < SURELY_FITS]
-    fewest: dict[Layout, int] = {}
-    for n in counts:                       # the fewest layers that rescue each
-        fewest.update((_plain(t), n) for t in _twins(need, [n], workload, memo))
-        need = [lay for lay in need if lay not in fewest]
-    if not fewest:
+    twins: dict[Layout, list[Layout]] = {}
+    for t in _twins(need, counts, workload, memo):   # every count that surely fits, in one batch: more layers hold less
+        twins.setdefault(_plain(t), []).append(t)    # of the GPU's memory (from the fewest that rescue it up), more of
+    if not twins:                                    # the host's (its bound, checked with the rest)
         return layouts
-    twins: dict[Layout, list[Layout]] = {lay: [] for lay in fewest}
-    for t in _twins(list(fewest), counts, workload, memo, fewest):   # and every count above it that still surely
-        twins[_plain(t)].append(t)         # fits (more layers: less of the GPU's memory, more of the host's)
     out = []
     for lay in layouts:
         out.append(lay)
@@ -54,12 +50,10 @@ def with_offload(layouts: list[Layout], workload: Workload) -> list[Layout]:
     return out
 
 
-def _twins(layouts: list[Layout], counts: list[int], workload: Workload, memo: dict,
-           least: dict | None = None) -> list[Layout]:
-    """The layouts' twins offloading each of `counts` layers (with `least`, layout -> count: only those counts and
-    more) that Megatron-Core runs and that surely fit, each layout's fewest first."""
-    tried = [dataclasses.replace(lay, offload_layers=n) for lay in layouts for n in counts
-             if least is None or n >= least[lay]]
+def _twins(layouts: list[Layout], counts: list[int], workload: Workload, memo: dict) -> list[Layout]:
+    """The layouts' twins offloading each of `counts` layers that Megatron-Core runs and that surely fit, each layout's
+    fewest first."""
+    tried = [dataclasses.replace(lay, offload_layers=n) for lay in layouts for n in counts]
     tried = [t for t in tried if offload_refusal(workload.framework, t, workload) is None]
     return [t for t, p in zip(tried, _p_fits(tried, workload, memo)) if p >= SURELY_FITS]
 
