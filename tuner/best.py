@@ -34,6 +34,7 @@ from tuner.perfmodel.communicators import new_dp_group_gb
 from tuner.perfmodel.fit import fit_probability, trial_need_gb
 from tuner.fit_nodes import more_nodes_hint
 from tuner.search import STUDY_DEFAULTS
+from tuner.space_offload import RESCUE_BELOW, held_twins
 from tuner.specs import STORED_SETTINGS, Workload, stored_setting
 from tuner.correction import (Z_DIM, Observations, features, left_out, memory_features, record_workload, simulated,
                               warm_start_records)
@@ -242,9 +243,22 @@ def unmeasured_rows(workload: Workload, space, records, studies: dict | None = N
     if not bounds and not ws.observations.my and not ws.observations.oy:   # no memory data: p_fit from memory alone
         preds = likely_to_fit(layouts, workload, gp) or None               # (none: all, for the refusal's words)
         layouts = [p.layout for p in preds] if preds else layouts
-    rows = corrected(layouts, workload, ws.observations, preds, bounds=bounds,
-                     support=twin_support(records, workload, studies), twin_gb=twin_predictions(workload, studies))
+    support, twin_gb = twin_support(records, workload, studies), twin_predictions(workload, studies)
+    rows = corrected(layouts, workload, ws.observations, preds, bounds=bounds, support=support, twin_gb=twin_gb)
+    rescues = offload_rescues(rows, workload) if preds is None and "offload_layers" not in space.dimensions else []
+    if rescues:                                         # measured memory, the space's offloading rule with it
+        rows += corrected(rescues, workload, ws.observations, bounds=bounds, support=support, twin_gb=twin_gb)
     return rows, workload, usable, ws
+
+
+def offload_rescues(rows: list[dict], workload: Workload) -> list[Layout]:
+    """The space's offloading rule (tuner.space_offload) with the memory the stored trials measured: every offloaded
+    twin, not already weighed, of each layout that is likelier out of memory than not by its corrected p_fit
+    (space_offload.RESCUE_BELOW). The space gives twins only where the model alone says a layout may not fit; where
+    measured peaks and OOMs say the model holds too little (a layout it fits at 57 GB of 64 needs 75), the twin that
+    rescues it is what a user runs (issue 30)."""
+    have = {r["layout"] for r in rows}
+    return [t for t in held_twins([r["layout"] for r in rows if r["p_fit"] < RESCUE_BELOW], workload) if t not in have]
 
 
 def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies: dict | None = None) -> list[dict]:
@@ -267,7 +281,9 @@ def fastest_unmeasured(weighed: tuple, space, k: int = 5, studies: dict | None =
                          f"({least['layout'].key()}) of {workload.cluster.memory_gb:.1f}"
                          f"{' usable, ' + _usable_words(usable) if usable else ''}; "
                          f"{more_nodes_hint(workload, space)}")
-    likely.sort(key=lambda r: (not r["headroom_ok"], -r["mfu"], r["memory_gb"]))
+    # at equal speed the fewer layers offloaded (the copies the model hides under compute are the part it rests on,
+    # and they hold the host's memory), then the smaller peak
+    likely.sort(key=lambda r: (not r["headroom_ok"], -r["mfu"], r["layout"].offload_layers, r["memory_gb"]))
     evidence = _evidence(ws, workload, studies, usable)
     out = [answer(r, workload, evidence) for r in likely[:max(int(k), 1)]]
     riskier = faster_if_it_fits(likely, workload)

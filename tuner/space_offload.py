@@ -19,6 +19,12 @@ from tuner.specs import Workload
 OFFLOAD_SHARES = (0.25, 0.5, 0.75)
 #: The p_fit a layout must reach without offloading not to be given a twin, and its twin with it (plan's `fits`).
 SURELY_FITS = 0.95
+#: Where measured memory corrects the model (tuner.best at a node count nobody measured, a guided study's reserve:
+#: tuner.search.reserve), a layout gets the twins the model alone did not give it once it is more likely than not out
+#: of memory: a twin always costs time, and a layout between this and SURELY_FITS is still listed, as the answer's
+#: faster-if-it-fits trial where it is the fastest (issue 30 round 38: an H100 world's layout at p_fit 0.64, which ran
+#: at 79.5 of 80 GB, lost 14 % to its twin).
+RESCUE_BELOW = 0.5
 
 
 def offload_counts(num_layers: int) -> list[int]:
@@ -50,11 +56,29 @@ def with_offload(layouts: list[Layout], workload: Workload) -> list[Layout]:
     return out
 
 
+def held_twins(layouts: list[Layout], workload: Workload) -> list[Layout]:
+    """Each layout's offloaded twins at every count of offload_counts that Megatron-Core runs and that are not among
+    `layouts`, whatever the model says they hold, fewest first: for a caller whose memory account is not the raw
+    model's -- tuner.best at a node count nobody measured (its memory corrected by measured peaks and OOMs) and a
+    guided study, which holds them back until the memory it measures says a layout needs one (tuner.search.reserve)."""
+    if workload.framework != "megatron-core":
+        return []
+    have = set(layouts)
+    return [t for t in _runnable(layouts, offload_counts(workload.model.num_layers), workload) if t not in have]
+
+
+def _runnable(layouts: list[Layout], counts: list[int], workload: Workload) -> list[Layout]:
+    """The twins of the layouts without offloading at pp 1 and recompute none, offloading each of `counts` layers,
+    that Megatron-Core runs (tuner.offload.offload_refusal), each layout's fewest first."""
+    tried = [dataclasses.replace(lay, offload_layers=n) for lay in layouts
+             if lay.pp == 1 and lay.recompute == "none" and not lay.offload_layers for n in counts]
+    return [t for t in tried if offload_refusal(workload.framework, t, workload) is None]
+
+
 def _twins(layouts: list[Layout], counts: list[int], workload: Workload, memo: dict) -> list[Layout]:
     """The layouts' twins offloading each of `counts` layers that Megatron-Core runs and that surely fit, each layout's
     fewest first."""
-    tried = [dataclasses.replace(lay, offload_layers=n) for lay in layouts for n in counts]
-    tried = [t for t in tried if offload_refusal(workload.framework, t, workload) is None]
+    tried = _runnable(layouts, counts, workload)
     return [t for t, p in zip(tried, _p_fits(tried, workload, memo)) if p >= SURELY_FITS]
 
 
