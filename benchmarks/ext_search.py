@@ -51,7 +51,7 @@ from tuner.executors import InlineExecutor  # noqa: E402
 from tuner.perfmodel import rank  # noqa: E402
 from tuner.search import STUDY_DEFAULTS, make_searcher  # noqa: E402
 from tuner.space import load_space  # noqa: E402
-from tuner.space_offload import with_offload  # noqa: E402
+from tuner.space_offload import held_twins, with_offload  # noqa: E402
 from tuner.store import StudyRecord, open_store  # noqa: E402
 from tuner.trial import Status  # noqa: E402
 
@@ -70,7 +70,10 @@ def run_study(world: World, searcher: str, seed: int, budget: int, options: dict
     store = open_store("sqlite://")
     name = f"{searcher}-{seed}"
     store.create_study(StudyRecord(name, w.as_dict(), {"name": space.name}, searcher, "world"))
-    s = make_searcher(searcher, study_candidates(world), seed=seed, workload=w, **(options or {}))
+    cands, options = study_candidates(world), dict(options or {})
+    if searcher == "guided":
+        options["reserve"] = study_reserve(world, cands)
+    s = make_searcher(searcher, cands, seed=seed, workload=w, **options)
     Driver(store=store, study=name, workload=w, searcher=s, runner=world.runner(noise=NOISE, seed=seed),
            executor=InlineExecutor(), budget=budget, results_dir=Path(tempfile.gettempdir())).run()
     trials = sorted(store.trials(name), key=lambda t: t.number)
@@ -92,6 +95,13 @@ def study_candidates(world: World) -> list:
     if "offload_layers" in space.dimensions:
         return world.candidates
     return with_offload([c for c in world.candidates if not c.offload_layers], world.workload)
+
+
+def study_reserve(world: World, candidates: list) -> list:
+    """What `tuner search` hands the guided searcher beyond `candidates` (tuner.study.searcher_for): every other
+    offloaded twin, held until the memory the study measures says its layout needs it (tuner.search.reserve)."""
+    space = load_space(world.space) if isinstance(world.space, str) else world.space
+    return [] if "offload_layers" in space.dimensions else held_twins(candidates, world.workload)
 
 
 def recommended(trials: list, k: int):

@@ -50,8 +50,9 @@ def study(world, seed: int, budget: int, history: list | None = None, studies: d
     store = open_store("sqlite://")
     name = f"guided-{w.nodes}n-{seed}"
     store.create_study(StudyRecord(name, w.as_dict(), {"name": space.name}, "guided", "world"))
-    s = make_searcher("guided", ext_search.study_candidates(world), seed=seed, workload=w, stop_threshold=None,
-                      history=history or [], history_studies=studies or {})
+    cands = ext_search.study_candidates(world)
+    s = make_searcher("guided", cands, seed=seed, workload=w, stop_threshold=None, history=history or [],
+                      history_studies=studies or {}, reserve=ext_search.study_reserve(world, cands))
     Driver(store=store, study=name, workload=w, searcher=s, runner=world.runner(noise=NOISE, seed=seed),
            executor=InlineExecutor(), budget=budget, results_dir=Path(tempfile.gettempdir())).run()
     trials, rec = sorted(store.trials(name), key=lambda t: t.number), store.get_study(name)

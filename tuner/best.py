@@ -253,7 +253,7 @@ def unmeasured_rows(workload: Workload, space, records, studies: dict | None = N
 
 def offload_rescues(rows: list[dict], workload: Workload) -> list[Layout]:
     """The space's offloading rule (tuner.space_offload) with the memory the stored trials measured: every offloaded
-    twin, not already weighed, of each layout that is likelier out of memory than not by its corrected p_fit
+    twin, not already weighed, of each layout that surely does not fit by its corrected p_fit
     (space_offload.RESCUE_BELOW). The space gives twins only where the model alone says a layout may not fit; where
     measured peaks and OOMs say the model holds too little (a layout it fits at 57 GB of 64 needs 75), the twin that
     rescues it is what a user runs (issue 30)."""

@@ -19,12 +19,15 @@ from tuner.specs import Workload
 OFFLOAD_SHARES = (0.25, 0.5, 0.75)
 #: The p_fit a layout must reach without offloading not to be given a twin, and its twin with it (plan's `fits`).
 SURELY_FITS = 0.95
-#: Where measured memory corrects the model (tuner.best at a node count nobody measured, a guided study's reserve:
-#: tuner.search.reserve), a layout gets the twins the model alone did not give it once it is more likely than not out
-#: of memory: a twin always costs time, and a layout between this and SURELY_FITS is still listed, as the answer's
-#: faster-if-it-fits trial where it is the fastest (issue 30 round 38: an H100 world's layout at p_fit 0.64, which ran
-#: at 79.5 of 80 GB, lost 14 % to its twin).
-RESCUE_BELOW = 0.5
+#: Where measured memory corrects the model: `best` at a node count nobody measured answers with the twins the model
+#: alone did not give a layout once that layout surely does not fit by what was measured (p_fit below 1 - SURELY_FITS):
+#: a twin always costs time, and the copies' hiding is the part of its prediction no published run checks; a layout
+#: between the two bars is still listed, as the answer's faster-if-it-fits trial where it is the fastest (issue 30
+#: round 38: an H100 world's layouts at p_fit 0.2-0.4, which ran at 80 of 80 GB, lost 5-16 % to their twins at 0.5).
+RESCUE_BELOW = 1.0 - SURELY_FITS
+#: A guided study releases such a twin from its reserve once the layout is likelier out of memory than not
+#: (tuner.search.reserve): a trial, not an answer, decides there.
+RELEASE_BELOW = 0.5
 
 
 def offload_counts(num_layers: int) -> list[int]:

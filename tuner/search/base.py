@@ -47,8 +47,10 @@ def objective(result: TrialResult) -> float | None:
 
 
 def needs_more_memory(a: Layout, b: Layout) -> bool:
-    """Whether `a` needs at least as much memory per GPU as `b` (same tp, pp, dp; a != b)."""
+    """Whether `a` needs at least as much memory per GPU as `b` (same tp, pp, dp; a != b; offloading no more of its
+    layers' activations to the host: an offloaded twin of an OOM'd layout is what rescues it)."""
     return (a != b and (a.tp, a.pp, a.dp) == (b.tp, b.pp, b.dp) and a.micro_batch >= b.micro_batch
+            and a.offload_layers <= b.offload_layers
             and (a.context_parallel, a.virtual_pipeline, a.expert_parallel, a.expert_tensor_parallel)
             == (b.context_parallel, b.virtual_pipeline, b.expert_parallel, b.expert_tensor_parallel)
             and a.zero_stage <= b.zero_stage and a.sequence_parallel <= b.sequence_parallel

@@ -52,6 +52,7 @@ from tuner.search.explore import (N_INITIAL, believe, family_key, family_scale, 
                                   inactive_mask)
 from tuner.oom_evidence import activation_account, said_capacities, usable_workload
 from tuner.search.oom_deferral import OomDeferral
+from tuner.search.reserve import Reserve
 from tuner.search.stop_rule import StopRule
 from tuner.gp import GP
 from tuner.correction import (F_DIM, FM_DIM, OOM_MARGIN, Z_DIM, Features, Observations, features,
@@ -73,22 +74,17 @@ class GuidedSearcher(BaseSearcher):
     def __init__(self, candidates: list[Layout], *, seed: int = 0, workload=None, history=None,
                  history_studies: dict | None = None, stop_threshold: float | None = None,
                  stop_probability: float = STUDY_DEFAULTS["stop_probability"], min_trials: int = 4,
-                 n_initial: int = N_INITIAL, predictions: dict | None = None, **kw):
-        super().__init__(candidates, seed=seed, **kw)
+                 n_initial: int = N_INITIAL, predictions: dict | None = None, reserve=(), **kw):
+        reserve = set(reserve) - set(candidates)        # held twins (tuner.search.reserve): candidates once released
+        super().__init__([*candidates, *reserve], seed=seed, **kw)
+        self.reserve = Reserve(self.candidates, reserve)
+        self.used[self.reserve.held] = True     # never proposed, asked or counted while held
         self.workload = workload
         self.stop = StopRule(stop_threshold, stop_probability, min_trials)
         self.n_initial = int(n_initial)
         self.capacity = workload.cluster.memory_gb if workload is not None else None
-        known = predictions or {}                 # layout -> its prediction, where the study has it (tuner.predicted)
-        preds = [known.get(c) or predict(c, workload) for c in self.candidates] if workload is not None \
-            else [None] * len(self.candidates)
-        self.fts: list[Features] = [features(c, workload, p) for c, p in zip(self.candidates, preds)]
+        preds = self._features(workload, predictions or {})
         n = len(self.candidates)
-        self.Z = np.array([f.z for f in self.fts]).reshape(n, Z_DIM)
-        self.F = np.array([f.f for f in self.fts]).reshape(n, F_DIM)
-        self.FM = np.array([f.fm for f in self.fts]).reshape(n, FM_DIM)
-        self.log_pred = np.array([f.log_pred for f in self.fts])
-        self.log_mem = np.array([f.log_mem for f in self.fts])
         self.mem_gb = [p.memory_gb if p is not None else None for p in preds]   # stored as predicted_memory_gb
         self.prior_fit = np.array([p.p_fit if p is not None else 1.0 for p in preds])  # predict's, before any peak
         self.mem_stage = np.array([p.memory_stage if p is not None else -1 for p in preds], dtype=int)
@@ -109,7 +105,8 @@ class GuidedSearcher(BaseSearcher):
         self.evidence = ws.evidence if ws else None
         self.own = Observations()
         self.own_X: list[list[float]] = []      # the searcher's coordinates of each own time observation
-        self.varying = [k for k in range(self.X.shape[1]) if np.ptp(self.X[:, k]) > 0] if n else []
+        shown = self.X[~self.reserve.held]      # a held twin's offloading is no family of the space's
+        self.varying = [k for k in range(self.X.shape[1]) if np.ptp(shown[:, k]) > 0] if len(shown) else []
         self.family_dims = [DIMS[k] for k in self.varying]
         self.family_scale = family_scale(self.X[:, self.varying], self.family_dims)
         self.family_X = self.X[:, self.varying] * self.family_scale    # the candidates' rows of the family term
@@ -131,6 +128,20 @@ class GuidedSearcher(BaseSearcher):
         else:
             self.memory_sd, self.roomy = None, np.ones(n, dtype=bool)
 
+    def _features(self, workload, known: dict) -> list:
+        """Each candidate's prediction (`known`'s where the study has it: tuner.predicted) and the features the
+        corrections read (fts, Z, F, FM, log_pred, log_mem)."""
+        preds = [known.get(c) or predict(c, workload) for c in self.candidates] if workload is not None \
+            else [None] * len(self.candidates)
+        self.fts: list[Features] = [features(c, workload, p) for c, p in zip(self.candidates, preds)]
+        n = len(self.candidates)
+        self.Z = np.array([f.z for f in self.fts]).reshape(n, Z_DIM)
+        self.F = np.array([f.f for f in self.fts]).reshape(n, F_DIM)
+        self.FM = np.array([f.fm for f in self.fts]).reshape(n, FM_DIM)
+        self.log_pred = np.array([f.log_pred for f in self.fts])
+        self.log_mem = np.array([f.log_mem for f in self.fts])
+        return preds
+
     # the stop rule's state, read by the driver, the CLI and the library
     stop_threshold = property(lambda self: self.stop.threshold)
     stop_probability = property(lambda self: self.stop.probability)
@@ -145,6 +156,7 @@ class GuidedSearcher(BaseSearcher):
         i = self.index.get(layout)
         if i is not None:
             self.pending.pop(i, None)
+            self.reserve.held[i] = False        # told (a warm start, another driver): used, no longer held
             ft = self.fts[i]
         elif self.workload is not None and layout.gpus == self.workload.gpus:
             ft = features(layout, self.workload)
@@ -224,7 +236,7 @@ class GuidedSearcher(BaseSearcher):
         """Another driver runs `layout`: never propose it, and do not wait for its result."""
         i = self.index.get(layout)
         if i is not None:
-            self.used[i] = True
+            self.used[i], self.reserve.held[i] = True, False
             self.pending.pop(i, None)
 
     # ---- beliefs ----------------------------------------------------------------------------------
@@ -324,7 +336,7 @@ class GuidedSearcher(BaseSearcher):
         """P(no layout beats the recommended one by more than the threshold), see confidence.py."""
         gp, rows = self._beliefs([])            # running trials are not measurements
         threshold = self.stop.threshold if self.stop.threshold is not None else 0.01
-        others = np.flatnonzero(~self.failed)
+        others = np.flatnonzero(~self.failed & ~self.reserve.held)
         others = others[others != self.best_index]
         p_fit = np.where(self.ran, 1.0, self.p_fit())     # a layout the model pruned may still run in truth
         rng = np.random.default_rng([self.seed, 13, self._learned])
@@ -345,6 +357,7 @@ class GuidedSearcher(BaseSearcher):
 
     def _propose(self, n: int) -> list:
         p_fit = self.p_fit()
+        self.used[self.reserve.release(p_fit)] = False   # held twins whose plain layout no longer surely fits
         stray = max((abs(y) for y in self._memory_obs().my), default=0.0)   # the farthest a measured peak strayed
         self.deferred = self.oom.deferred(p_fit, self.used, self._peaks_gp, stray,
                                          math.log(self.capacity) if self.capacity else math.inf)
