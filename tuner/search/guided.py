@@ -19,6 +19,8 @@ of its neighbours).
 - An OOM defers every layout not yet run that the model predicts to need at least as much memory on the
   same worst pipeline stage, until the memory learned from measured peaks says otherwise
   (tuner/search/oom_deferral.py).
+- `reserve`: offloaded twins the space does not offer, held until the memory learned puts their layout below one half
+  p_fit (tuner/search/reserve.py), then candidates like any other.
 - `history` (stored trials of the same model and cluster at any node count, see
   correction.warm_start_records; `history_studies` maps study name -> StudyRecord for their global
   batch) corrects the model before the first trial; `evidence` says what it used. Only measurements of
@@ -357,7 +359,7 @@ class GuidedSearcher(BaseSearcher):
 
     def _propose(self, n: int) -> list:
         p_fit = self.p_fit()
-        self.used[self.reserve.release(p_fit)] = False   # held twins whose plain layout no longer surely fits
+        self.used[self.reserve.release(p_fit)] = False   # held twins whose layout is likelier out of memory now
         stray = max((abs(y) for y in self._memory_obs().my), default=0.0)   # the farthest a measured peak strayed
         self.deferred = self.oom.deferred(p_fit, self.used, self._peaks_gp, stray,
                                          math.log(self.capacity) if self.capacity else math.inf)
