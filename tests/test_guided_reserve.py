@@ -1,6 +1,6 @@
 """The offloaded twins a guided study holds back (tuner.search.reserve, issue 30 round 38): never proposed nor counted
-while their plain layout surely fits by the memory the searcher has learned, released -- and proposed -- once a
-measured peak says it is likelier out of memory than not."""
+while their plain layout is likelier to fit than not by the memory the searcher has learned, released -- and
+proposed -- once a measured peak says otherwise; and an OOM'd layout's own twins, never deferred with it."""
 
 from __future__ import annotations
 
@@ -37,11 +37,11 @@ def test_held_twins_are_the_twins_the_space_does_not_give():
     assert int(s.reserve.held.sum()) == len(reserve)
 
 
-def test_a_held_twin_is_released_and_proposed_once_its_layout_no_longer_surely_fits():
+def test_a_held_twin_is_released_once_its_layout_is_likelier_out_of_memory_than_not():
     s, cands, reserve = _searcher()
     asked = s.ask(4)
     assert not set(asked) & set(reserve)
-    # the plain layout's activation account ran at 1.4x the model's memory: it no longer surely fits
+    # the plain layout's ZeRO-3 twin ran at 1.4x the model's memory: the plain layout likely does not fit
     ran = replace(PLAIN, zero_stage=3)
     need = 1.4 * predict(ran, W).memory_gb - W.cluster.memory_reserved_gb
     s.tell(ran, TrialResult(Status.OK, mfu=0.3, peak_memory_gb=need))
@@ -74,8 +74,8 @@ def _world(lay: Layout) -> TrialResult:
 
 def test_a_study_whose_machine_holds_less_finds_the_offloaded_twin_the_space_did_not_offer():
     """On 8 nodes the fastest layouts such a machine runs (tp1 dp64 mb2 ZeRO 3, offloading 12, 24 or 36 of 48 layers)
-    are ones the space does not offer: the model alone says their plain layout fits. A guided study finds it once its OOMs
-    release the twin; without the reserve it cannot run it."""
+    are ones the space does not offer: the model alone says their plain layout fits. A guided study finds one once an
+    OOM releases them; without the reserve it cannot run them."""
     cands = valid_layouts(load_space("default"), W8)
     reserve = held_twins(cands, W8)
     runs = {lay: predict(lay, W8).mfu for lay in [*cands, *reserve] if _world(lay).status == Status.OK}

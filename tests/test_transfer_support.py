@@ -15,9 +15,8 @@ import pytest
 from tuner.best import best_for_unmeasured, supported_fit, twin_support, unmeasured_rows
 from tuner.space_offload import RESCUE_BELOW
 from tuner.frameworks import ALLOCATOR_SD
-from tuner.perfmodel import MEMORY_NOISE_SD, fit_probability, gpu_fit_probability
+from tuner.perfmodel import MEMORY_NOISE_SD, fit_probability, gpu_fit_probability, predict
 from tuner.layout import Layout
-from tuner.perfmodel import predict
 from tuner.space import load_space, valid_layouts
 from tuner.specs import make_workload
 from tuner.trial import Status
