@@ -40,7 +40,7 @@ def with_offload(layouts: list[Layout], workload: Workload) -> list[Layout]:
     if workload.framework != "megatron-core":
         return layouts
     counts = offload_counts(workload.model.num_layers)
-    base = [lay for lay in layouts if lay.pp == 1 and lay.recompute == "none" and not lay.offload_layers]
+    base = [lay for lay in layouts if _may_offload(lay)]
     if not counts or not base:
         return layouts
     memo: dict = {}                        # memory_fit's, shared by the layouts of the workload
@@ -73,9 +73,13 @@ def held_twins(layouts: list[Layout], workload: Workload) -> list[Layout]:
 def _runnable(layouts: list[Layout], counts: list[int], workload: Workload) -> list[Layout]:
     """The twins of the layouts without offloading at pp 1 and recompute none, offloading each of `counts` layers,
     that Megatron-Core runs (tuner.offload.offload_refusal), each layout's fewest first."""
-    tried = [dataclasses.replace(lay, offload_layers=n) for lay in layouts
-             if lay.pp == 1 and lay.recompute == "none" and not lay.offload_layers for n in counts]
+    tried = [dataclasses.replace(lay, offload_layers=n) for lay in layouts if _may_offload(lay) for n in counts]
     return [t for t in tried if offload_refusal(workload.framework, t, workload) is None]
+
+
+def _may_offload(lay: Layout) -> bool:
+    """A layout without offloading that Megatron-Core could run offloaded: pp 1, recompute none (tuner.offload)."""
+    return lay.pp == 1 and lay.recompute == "none" and not lay.offload_layers
 
 
 def _twins(layouts: list[Layout], counts: list[int], workload: Workload, memo: dict) -> list[Layout]:
