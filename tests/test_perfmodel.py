@@ -224,6 +224,17 @@ def test_bubbles_shrink_with_more_micro_batches():
     assert shares == sorted(shares, reverse=True)
 
 
+def test_an_interleaved_pipeline_pays_the_micro_batch_overhead_once_per_model_chunk():
+    """Megatron's interleaved schedule runs micro-batches x chunks forward and backward steps, each dispatched on its
+    own (schedules.py at d98e8a64dd line 949): vp chunks pay vp times the fixed cost of one micro-batch's step."""
+    w = make_workload("gpt-175b", 16, FRONTIER, framework="megatron-core")
+    cost = {v: predict(Layout(tp=4, sequence_parallel=True, pp=16, virtual_pipeline=v, dp=2, micro_batch=1),
+                       w).time_breakdown["microbatch_overhead"] for v in (1, 3, 6)}
+    m = micro_batches_per_pipeline(Layout(tp=4, pp=16, dp=2, micro_batch=1), w.global_batch)
+    assert cost[1] == pytest.approx(m * FRONTIER.microbatch_overhead_ms * 1e-3)
+    assert cost[3] == pytest.approx(3 * cost[1]) and cost[6] == pytest.approx(6 * cost[1])
+
+
 def test_weak_scaling_175b():
     base = predict(lay(4, 16, 2), make_workload("gpt-175b", 16, FRONTIER, 640)).tflops_per_gpu
     big = predict(lay(4, 16, 16), make_workload("gpt-175b", 128, FRONTIER, 320 * 16)).tflops_per_gpu

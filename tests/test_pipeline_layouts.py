@@ -355,4 +355,5 @@ def test_the_interleaved_bubble_waits_on_the_largest_chunk():
         slow = max(perfmodel.stage_total(s) for s in perfmodel.stage_times(lay, w))
         bubble[vp] = p.time_breakdown["bubble"]
         assert bubble[vp] == pytest.approx(7 * slow * max(chunk_sizes(96, 8, vp, split)) / 12)
-    assert bubble[8] == pytest.approx(bubble[6]) and bubble[4] > bubble[6]
+    # equal compute; vp 8 pays two more chunks' fixed dispatch cost (1 ms each, once per model chunk) in its stage
+    assert bubble[8] == pytest.approx(bubble[6], rel=0.01) and bubble[4] > bubble[6]

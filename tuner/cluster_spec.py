@@ -47,7 +47,7 @@ CLUSTER_KEYS: dict[str, tuple[type, Any]] = {
     "attention_efficiency": (float, 0.35),       # fraction of peak on the attention FLOPs Megatron counts (full s^2)
     "memory_bandwidth_efficiency": (float, 0.7),  # fraction of HBM bandwidth element-wise kernels reach
     "network_efficiency": (float, 0.8),          # collective bus bandwidth / link bandwidth for large messages
-    "microbatch_overhead_ms": (float, 1.0),      # fixed cost per micro-batch per stage (dispatch, p2p sync)
+    "microbatch_overhead_ms": (float, 1.0),      # fixed cost per micro-batch per stage chunk (dispatch, p2p sync)
     "step_overhead_ms": (float, 0.0),            # fixed cost per iteration (engine step, optimizer dispatch, loss sync)
     "memory_reserved_gb": (float, 3.0),          # context, communication buffers, workspaces, allocator slack
     "flash_attention": (bool, True),             # whether attention keeps no s^2 scores (and runs fused)

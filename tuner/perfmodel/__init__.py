@@ -12,7 +12,8 @@ Step time of one iteration, the 1F1B pipeline (interleaved over v virtual stages
 
 t_stage = compute (GEMMs, attention, element-wise) + TP all-reduces (reduce-scatter + all-gather with
 sequence parallelism) + the context-parallel K/V ring beyond the attention it overlaps + blocking p2p
-(v times per micro-batch when interleaved) + a fixed per-micro-batch overhead, and for mixture-of-experts
+(v times per micro-batch when interleaved) + a fixed overhead per micro-batch and model chunk (v of them per
+micro-batch when interleaved: each chunk's step is its own dispatch), and for mixture-of-experts
 layers the token all-to-all (`all_to_all`, hidden under compute where Megatron-Core overlaps it) and a
 fixed per-layer `moe_overhead` (tuner.perfmodel.moe); the slowest stage is the first or last (embedding /
 LM head and loss; dense layers first, as DeepSeek-V3's, only make the first stage lighter).

@@ -169,8 +169,11 @@ def stage_body(layout: Layout, workload: Workload, sh: compute.Shape, parts: Lay
     out = {k: (layers - n_moe) * lay[k] + n_moe * lay_moe[k] for k in ("gemm", "attention", "elementwise")}
     shown = (max(0.0, parts.p2p - out["gemm"] - out["attention"])
              if "p2p" in parts.hide and layout.virtual_pipeline > 1 else parts.p2p)
+    # the fixed cost per micro-batch is per model chunk: the interleaved schedule runs num_microbatches x
+    # num_model_chunks forward and backward steps, each its own dispatch and p2p (Megatron-LM d98e8a64dd
+    # megatron/core/pipeline_parallel/schedules.py line 949, forward_step_helper line 1385; issue 30 round 39)
     out.update({"tp_comm": (layers - n_moe) * parts.tp_comm + n_moe * parts.tp_moe, "p2p": shown,
-                "microbatch_overhead": cluster.microbatch_overhead_ms * 1e-3})
+                "microbatch_overhead": layout.virtual_pipeline * cluster.microbatch_overhead_ms * 1e-3})
     if parts.p2p > shown:
         # compute already spent hiding the p2p: not there for the gradient sync too. With --overlap-p2p-comm the
         # interleaved schedule posts its sends / receives as NCCL isend / irecv it waits on later (p2p_communication.py
