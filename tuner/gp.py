@@ -22,7 +22,17 @@ class GP:
     sd_scale: float = 1.0          # calibration of the predictive sd (see calibrate)
     w_scale: np.ndarray | None = None   # per-feature multipliers of s_w (None: all 1)
     z_scale: np.ndarray | None = None   # per-coordinate multipliers of z in the squared-exponential (None: all 1)
+    #: the prior mean: feature column `scaled_col` (a share of the predicted time) taking `scale` times as long --
+    #: log(1 + (scale - 1) share) slower (1: a zero mean); see fit_gp's `scales`
+    scale: float = 1.0
+    scaled_col: int | None = None
     _data: tuple | None = field(default=None, repr=False)
+
+    def mean(self, F) -> np.ndarray:
+        F = np.asarray(F, float)
+        if self.scale == 1.0 or self.scaled_col is None:
+            return np.zeros(len(F))
+        return -np.log1p((self.scale - 1.0) * F[:, self.scaled_col])
 
     def kernel(self, Z1, F1, Z2, F2) -> np.ndarray:
         if self.z_scale is not None:
@@ -43,37 +53,39 @@ class GP:
         nv = self.noise ** 2 + (np.zeros(len(y)) if extra_noise is None else np.asarray(extra_noise) ** 2)
         K = self.kernel(Z, F, Z, F) + np.diag(nv + 1e-9)
         L = np.linalg.cholesky(K)
-        alpha = np.linalg.solve(L.T, np.linalg.solve(L, y))
+        alpha = np.linalg.solve(L.T, np.linalg.solve(L, y - self.mean(F)))
         self._data = (Z, F, y, L, alpha)
         return self
 
     def log_marginal(self) -> float:
         if self._data is None:
             return 0.0
-        _, _, y, L, alpha = self._data
-        return float(-0.5 * y @ alpha - np.log(np.diag(L)).sum() - 0.5 * len(y) * math.log(2 * math.pi))
+        _, F, y, L, alpha = self._data
+        return float(-0.5 * (y - self.mean(F)) @ alpha - np.log(np.diag(L)).sum()
+                     - 0.5 * len(y) * math.log(2 * math.pi))
 
     def predict(self, Z, F) -> tuple[np.ndarray, np.ndarray]:
         """Posterior mean and standard deviation (of the latent residual, without noise)."""
         Z, F = np.asarray(Z, float), np.asarray(F, float)
         var = self.prior_var(Z, F)
         if self._data is None:
-            return np.zeros(len(Z)), np.sqrt(var)
+            return self.mean(F), np.sqrt(var)
         Zd, Fd, _, L, alpha = self._data
         Ks = self.kernel(Z, F, Zd, Fd)
         v = np.linalg.solve(L, Ks.T)
-        return Ks @ alpha, self.sd_scale * np.sqrt(np.maximum(var - (v * v).sum(0), 1e-8))
+        sd = self.sd_scale * np.sqrt(np.maximum(var - (v * v).sum(0), 1e-8))
+        return self.mean(F) + Ks @ alpha, sd
 
     def predict_cov(self, Z, F) -> tuple[np.ndarray, np.ndarray]:
         """Posterior mean and covariance (latent, calibrated like `predict`) of a set of layouts."""
         Z, F = np.asarray(Z, float), np.asarray(F, float)
         K = self.kernel(Z, F, Z, F)
         if self._data is None:
-            return np.zeros(len(Z)), K
+            return self.mean(F), K
         Zd, Fd, _, L, alpha = self._data
         Ks = self.kernel(Z, F, Zd, Fd)
         v = np.linalg.solve(L, Ks.T)
-        return Ks @ alpha, self.sd_scale ** 2 * (K - v.T @ v)
+        return self.mean(F) + Ks @ alpha, self.sd_scale ** 2 * (K - v.T @ v)
 
     def loo_z2(self) -> float:
         """Mean squared leave-one-out z-score of the data (about 1 when the GP's uncertainty is
@@ -95,15 +107,19 @@ class GP:
 GRID = [(s_w, s_g, ell) for s_w in (0.15, 0.4) for s_g in (0.12, 0.3) for ell in (0.35, 0.7)]
 
 
-def fit_gp(Z, F, y, extra_noise=None, *, s_c=0.3, noise=0.025, min_points=6, z_scale=None, **_) -> GP:
+def fit_gp(Z, F, y, extra_noise=None, *, s_c=0.3, noise=0.025, min_points=6, z_scale=None, scaled_col=None,
+           scales=(1.0,), **_) -> GP:
     """A GP on the residuals, its shape chosen by marginal likelihood over a small grid once there
-    are `min_points` observations (defaults before: wide enough to keep exploring); `z_scale` (GP.z_scale) kept."""
+    are `min_points` observations (defaults before: wide enough to keep exploring); `z_scale` (GP.z_scale) kept;
+    with `scaled_col`, the prior mean (GP.scale) chosen the same way among `scales`, the first winning ties."""
     if len(y) < min_points:
         return GP(s_c=s_c, noise=noise, z_scale=z_scale).fit(Z, F, y, extra_noise)
     best, best_lm = None, -math.inf
-    for s_w, s_g, ell in GRID:
-        gp = GP(s_c=s_c, s_w=s_w, s_g=s_g, ell=ell, noise=noise, z_scale=z_scale).fit(Z, F, y, extra_noise)
-        lm = gp.log_marginal()
-        if lm > best_lm + 1e-9:
-            best, best_lm = gp, lm
+    for scale in scales if scaled_col is not None else (1.0,):
+        for s_w, s_g, ell in GRID:
+            gp = GP(s_c=s_c, s_w=s_w, s_g=s_g, ell=ell, noise=noise, z_scale=z_scale, scale=scale,
+                    scaled_col=scaled_col)
+            lm = gp.fit(Z, F, y, extra_noise).log_marginal()
+            if lm > best_lm + 1e-9:
+                best, best_lm = gp, lm
     return best.calibrate()
