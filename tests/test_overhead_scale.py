@@ -34,12 +34,12 @@ def test_the_prior_mean_is_the_time_a_share_takes_scaled():
     assert mu[0] == pytest.approx(-math.log(1.45)) and mu[1] == 0.0
 
 
-def _fit(measured: list) -> tuple[GP, list]:
+def _fit(measured: list) -> GP:
     """The time GP after `measured` layouts ran at DEAR's predicted speed."""
     obs = Observations()
     for lay in measured:
         obs.add_result(features(lay, W), Status.OK, predict(lay, DEAR).mfu, None, W.cluster.memory_gb)
-    return obs.time_gp(), measured
+    return obs.time_gp()
 
 
 def _error(gp: GP, lay) -> float:
@@ -53,11 +53,11 @@ def test_a_host_loop_ten_times_the_files_guess_is_learned_from_eight_trials(monk
     rng = np.random.default_rng(3)
     picks = rng.choice(len(CANDS), 40, replace=False)
     measured, unmeasured = [CANDS[i] for i in picks[:8]], [CANDS[i] for i in picks[8:]]
-    gp, _ = _fit(measured)
+    gp = _fit(measured)
     assert gp.scale == 10.0
     errors = [_error(gp, lay) for lay in unmeasured]
     monkeypatch.setattr(correction, "OVERHEAD_SCALES", (1.0,))          # the linear term alone, as before
-    linear, _ = _fit(measured)
+    linear = _fit(measured)
     before = [_error(linear, lay) for lay in unmeasured]
     assert max(errors) < 0.01 < max(before), (max(errors), max(before))
     assert np.median(errors) < 0.5 * np.median(before)

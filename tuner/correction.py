@@ -8,7 +8,9 @@ the layout *and* of the model's own account of it:
 
     r(x) = c + sum_k w_k f_k(x) + g(z(x)) + noise
 
-- c: a global scale (every constant of the cluster file a bit off the same way);
+- c: a global scale (every constant of the cluster file a bit off the same way), and the prior mean
+  -log(1 + (k - 1) f_overhead): the fixed cost per micro-batch and chunk taking k times the file's guess, k of
+  OVERHEAD_SCALES chosen by marginal likelihood (1 unless the measurements say otherwise);
 - f_k: the share of the predicted step spent in component k (GEMMs, attention, element-wise, TP
   all-reduces, pipeline p2p, per-micro-batch overhead, the dense parameters' DP/ZeRO collectives over the
   data-parallel group, the expert parameters' over the expert-data-parallel group, the rest), the pipeline
@@ -73,17 +75,18 @@ Z_DIM, F_DIM, FM_DIM = 16, len(STAGE_KEYS) + 3, len(MEMORY_KEYS) + 2
 #: the next. Neighbouring stages lie 3 times the grid's longest length-scale apart (tuner.gp.GRID), so g carries about
 #: 1 % of an error across them; the constant and the time shares still carry what the stages share. The memory
 #: correction keeps the stage as a scale (what one stage's OOM says of its neighbours is calibrated there: p_fit).
-#: The fixed cost per micro-batch and chunk (the cluster file's microbatch_overhead_ms) as the time correction's prior
-#: mean may read it: that many times the file's figure, chosen with the GP's shape by marginal likelihood (1 wins
-#: ties). The other shares rest on measured rates (GEMM tables, bandwidths), off by tens of percent, which the linear
-#: term's prior holds; this one is a guess (1 ms, an ESTIMATE where `tuner calibrate` did not measure it) that a
-#: framework's host loop can exceed many times over -- DeepSpeed's pipeline engine interprets its schedule in Python --
-#: beyond what a linear term in its small share can learn (issue 30 round 39; the scales chosen before any draw).
-OVERHEAD_COL = STAGE_KEYS.index("microbatch_overhead")
-OVERHEAD_SCALES = (1.0, 3.0, 10.0, 30.0)
 ZERO_COORD = 4
 TIME_Z_SCALE = np.ones(Z_DIM)
 TIME_Z_SCALE[ZERO_COORD] = 3 * max(ell for *_, ell in GRID) * 3     # stages lie 1/3 apart in z
+#: The fixed cost per micro-batch and chunk (the cluster file's microbatch_overhead_ms) as the time correction's prior
+#: mean may read it: that many times the file's figure, chosen with the GP's shape by marginal likelihood (1 wins
+#: ties). The other shares rest on measured rates (GEMM tables, bandwidths), off by tens of percent, which the linear
+#: term's prior holds; this one is a guess (the GPU presets' 1-2 ms, an ESTIMATE where `tuner calibrate` did not
+#: measure it) that a framework's host loop can exceed many times over -- DeepSpeed's pipeline engine interprets its
+#: schedule in Python -- beyond what a linear term in its small share can learn (issue 30 round 39; the scales chosen
+#: before any draw).
+OVERHEAD_COL = STAGE_KEYS.index("microbatch_overhead")
+OVERHEAD_SCALES = (1.0, 3.0, 10.0, 30.0)
 #: z's first coordinates: the layout's own (tp, pp, dp, micro-batch, ZeRO, recompute, sp, cp, vp, ep, etp). The expert
 #: degrees (issue 30 round 11) let an error measured on one expert split carry to that split at another node count and
 #: not to a sibling that splits its experts otherwise (constant 0 for a dense model: its correction is unchanged).
