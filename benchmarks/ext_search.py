@@ -51,7 +51,7 @@ from tuner.executors import InlineExecutor  # noqa: E402
 from tuner.perfmodel import rank  # noqa: E402
 from tuner.search import STUDY_DEFAULTS, make_searcher  # noqa: E402
 from tuner.space import load_space  # noqa: E402
-from tuner.space_offload import held_twins, with_offload  # noqa: E402
+from tuner.space_offload import unoffered_twins, with_offload  # noqa: E402
 from tuner.store import StudyRecord, open_store  # noqa: E402
 from tuner.trial import Status  # noqa: E402
 
@@ -101,7 +101,7 @@ def study_reserve(world: World, candidates: list) -> list:
     """What `tuner search` hands the guided searcher beyond `candidates` (tuner.study.searcher_for): every other
     offloaded twin, held until the memory the study measures says its layout needs it (tuner.search.reserve)."""
     space = load_space(world.space) if isinstance(world.space, str) else world.space
-    return [] if "offload_layers" in space.dimensions else held_twins(candidates, world.workload)
+    return unoffered_twins(space, candidates, world.workload)
 
 
 def recommended(trials: list, k: int):

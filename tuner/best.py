@@ -34,7 +34,7 @@ from tuner.perfmodel.communicators import new_dp_group_gb
 from tuner.perfmodel.fit import fit_probability, trial_need_gb
 from tuner.fit_nodes import more_nodes_hint
 from tuner.search import STUDY_DEFAULTS
-from tuner.space_offload import RESCUE_BELOW, held_twins
+from tuner.space_offload import RESCUE_BELOW, unoffered_twins
 from tuner.specs import STORED_SETTINGS, Workload, stored_setting
 from tuner.correction import (Z_DIM, Observations, features, left_out, memory_features, record_workload, simulated,
                               warm_start_records)
@@ -245,20 +245,21 @@ def unmeasured_rows(workload: Workload, space, records, studies: dict | None = N
         layouts = [p.layout for p in preds] if preds else layouts
     support, twin_gb = twin_support(records, workload, studies), twin_predictions(workload, studies)
     rows = corrected(layouts, workload, ws.observations, preds, bounds=bounds, support=support, twin_gb=twin_gb)
-    rescues = offload_rescues(rows, workload) if preds is None and "offload_layers" not in space.dimensions else []
+    rescues = offload_rescues(rows, workload, space) if preds is None else []
     if rescues:                                         # measured memory, the space's offloading rule with it
         rows += corrected(rescues, workload, ws.observations, bounds=bounds, support=support, twin_gb=twin_gb)
     return rows, workload, usable, ws
 
 
-def offload_rescues(rows: list[dict], workload: Workload) -> list[Layout]:
+def offload_rescues(rows: list[dict], workload: Workload, space) -> list[Layout]:
     """The space's offloading rule (tuner.space_offload) with the memory the stored trials measured: every offloaded
     twin, not already weighed, of each layout that surely does not fit by its corrected p_fit
     (space_offload.RESCUE_BELOW). The space gives twins only where the model alone says a layout may not fit; where
     measured peaks and OOMs say the model holds too little (a layout it fits at 57 GB of 64 needs 75), the twin that
     rescues it is what a user runs (issue 30)."""
     have = {r["layout"] for r in rows}
-    return [t for t in held_twins([r["layout"] for r in rows if r["p_fit"] < RESCUE_BELOW], workload) if t not in have]
+    short = [r["layout"] for r in rows if r["p_fit"] < RESCUE_BELOW]
+    return [t for t in unoffered_twins(space, short, workload) if t not in have]
 
 
 def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies: dict | None = None) -> list[dict]:

@@ -87,6 +87,14 @@ TIME_Z_SCALE[ZERO_COORD] = 3 * max(ell for *_, ell in GRID) * 3     # stages lie
 #: before any draw).
 OVERHEAD_COL = STAGE_KEYS.index("microbatch_overhead")
 OVERHEAD_SCALES = (1.0, 3.0, 10.0, 30.0)
+
+
+def time_fit() -> dict:
+    """How the time correction's GP is fitted (tuner.gp.fit_gp): the ZeRO stage a category, the overhead's scale
+    chosen."""
+    return {"z_scale": TIME_Z_SCALE, "scaled_col": OVERHEAD_COL, "scales": OVERHEAD_SCALES}
+
+
 #: z's first coordinates: the layout's own (tp, pp, dp, micro-batch, ZeRO, recompute, sp, cp, vp, ep, etp). The expert
 #: degrees (issue 30 round 11) let an error measured on one expert split carry to that split at another node count and
 #: not to a sibling that splits its experts otherwise (constant 0 for a dense model: its correction is unchanged).
@@ -220,8 +228,7 @@ class Observations:
         measurements alone would put the layout above (clamped to the bound)."""
         Z, F, y, noise = list(self.Z), list(self.F), list(self.y), list(self.noise)
         if self.cy:
-            gp = fit_gp(np.array(Z), np.array(F), y, noise, z_scale=TIME_Z_SCALE, scaled_col=OVERHEAD_COL,
-                        scales=OVERHEAD_SCALES) if y else GP(z_scale=TIME_Z_SCALE)
+            gp = fit_gp(np.array(Z), np.array(F), y, noise, **time_fit()) if y else GP(z_scale=TIME_Z_SCALE)
             mu, _ = gp.predict(np.array(self.cZ), np.array(self.cF))
             for i in np.flatnonzero(mu > np.array(self.cy)):
                 Z.append(self.cZ[i]), F.append(self.cF[i]), y.append(self.cy[i]), noise.append(self.cnoise[i])
@@ -229,12 +236,10 @@ class Observations:
 
     def time_gp(self, **kw) -> GP:
         Z, F, y, noise = self.time_data()
-        kw.setdefault("z_scale", TIME_Z_SCALE)
-        kw.setdefault("scaled_col", OVERHEAD_COL)
-        scales = kw.pop("scales", OVERHEAD_SCALES)
+        kw = {**time_fit(), **kw}
         if not y:
-            return GP(**kw)
-        return fit_gp(Z, F, y, noise, scales=scales, **kw)
+            return GP(z_scale=kw["z_scale"])
+        return fit_gp(Z, F, y, noise, **kw)
 
     def far_sd(self, Z) -> np.ndarray:
         """The part of a corrected speed's uncertainty that grows with distance from measured layouts (issue 30):

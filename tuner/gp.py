@@ -5,7 +5,7 @@ coordinates; its shape chosen by marginal likelihood over a small grid. Pure num
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -27,6 +27,11 @@ class GP:
     scale: float = 1.0
     scaled_col: int | None = None
     _data: tuple | None = field(default=None, repr=False)
+
+    def shape(self) -> dict:
+        """The hyperparameters (GP's fields but the sd calibration and the data): what a GP built on this one's
+        choice (tuner.search.explore's family GP) takes over."""
+        return {f.name: getattr(self, f.name) for f in fields(GP) if f.name not in ("sd_scale", "_data")}
 
     def mean(self, F) -> np.ndarray:
         F = np.asarray(F, float)

@@ -59,6 +59,12 @@ def with_offload(layouts: list[Layout], workload: Workload) -> list[Layout]:
     return out
 
 
+def unoffered_twins(space, layouts: list[Layout], workload: Workload) -> list[Layout]:
+    """held_twins of `layouts` where `space` leaves offloading unnamed (its own rule then offers only some); none where
+    the space names offload_layers (its values are the user's)."""
+    return [] if "offload_layers" in space.dimensions else held_twins(layouts, workload)
+
+
 def held_twins(layouts: list[Layout], workload: Workload) -> list[Layout]:
     """Each layout's offloaded twins at every count of offload_counts that Megatron-Core runs and that are not among
     `layouts`, whatever the model says they hold, fewest first: for a caller whose memory account is not the raw

@@ -36,7 +36,7 @@ from tuner.runners.registry import as_runner, lookup, unavailable
 from tuner.search import make_searcher
 from tuner.search import STUDY_DEFAULTS
 from tuner.space import SearchSpace, valid_layouts
-from tuner.space_offload import held_twins
+from tuner.space_offload import unoffered_twins
 from tuner.specs import Workload
 from tuner.store import StudyRecord
 from tuner.trial import Status
@@ -230,9 +230,9 @@ def searcher_for(store, rec: StudyRecord, workload: Workload, candidates: list):
             records, linked = linked_history(store, rec, workload, skip=options.get("history_studies", {}))
             options["history"] = [*options.get("history", []), *records]
             options["history_studies"] = {**options.get("history_studies", {}), **linked}
-        if "offload_layers" not in SearchSpace.from_record(rec.space).dimensions:     # tuner.search.reserve
-            options["reserve"] = [t for t in held_twins(candidates, workload) if not trainer_refusal(rec, t, workload)]
-        known = [*candidates, *options.get("reserve", ())]
+        options["reserve"] = [t for t in unoffered_twins(SearchSpace.from_record(rec.space), candidates, workload)
+                              if not trainer_refusal(rec, t, workload)]                # tuner.search.reserve
+        known = [*candidates, *options["reserve"]]
         options["predictions"] = dict(zip(known, predictions(known, workload)))   # `check`'s, kept
     return make_searcher(rec.searcher, candidates, seed=s.get("seed", 0), workload=workload,
                          parallel=s.get("parallel", 1), **options)

@@ -151,8 +151,7 @@ def augment(Z: np.ndarray, X: np.ndarray, sigma: np.ndarray) -> np.ndarray:
 def family_gp(base: GP, Z, F, y, noise, X, sigma, calibrate: bool = True) -> FamilyGP:
     """`base`'s hyperparameters plus the family term, fitted on rows [Z | X | sigma]; with `calibrate`, its sd
     widened by its leave-one-out errors as the time GP's is (never narrowed)."""
-    gp = FamilyGP(s_c=base.s_c, s_w=base.s_w, s_g=base.s_g, ell=base.ell, noise=base.noise, w_scale=base.w_scale,
-                  z_scale=base.z_scale, scale=base.scale, scaled_col=base.scaled_col)
+    gp = FamilyGP(**base.shape())
     gp.fit(augment(np.asarray(Z, float).reshape(len(y), Z_DIM), X, sigma), F, y, noise)
     return gp.calibrate() if calibrate and len(y) >= 6 else gp
 
@@ -186,8 +185,7 @@ def believe(gp: FamilyGP, rows: np.ndarray, F: np.ndarray) -> FamilyGP:
         A, Fd, y = gp._data[0], gp._data[1], gp._data[2]
         noise = gp._noise_extra
     mu, _ = gp.predict(rows, F)
-    out = FamilyGP(s_c=gp.s_c, s_w=gp.s_w, s_g=gp.s_g, ell=gp.ell, noise=gp.noise, sd_scale=gp.sd_scale,
-                   w_scale=gp.w_scale, z_scale=gp.z_scale, ell_x=gp.ell_x, scale=gp.scale, scaled_col=gp.scaled_col)
+    out = FamilyGP(**gp.shape(), sd_scale=gp.sd_scale, ell_x=gp.ell_x)
     out.fit(np.vstack([A, rows]), np.vstack([Fd, F]), np.concatenate([y, mu]),
             np.concatenate([noise, np.zeros(len(mu))]))
     return out
