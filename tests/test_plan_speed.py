@@ -257,7 +257,7 @@ def cli_signals():
 
 @pytest.mark.timeout(300)
 def test_plan_workers_end_with_the_pool_under_the_clis_signal_handlers(planned, cli_signals):
-    """Forked under handlers that raise, a worker waiting on the pool's queue lock could outlive terminate()
+    """Forked under handlers that raise, a worker waiting on a pool's queue lock could outlive terminate()
     and the plan waited on it for ever (seen about once in 150 plans): workers start with SIGTERM's default."""
     import multiprocessing
 
@@ -347,3 +347,49 @@ def test_the_cli_and_plan_start_without_numpy():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "valid megatron-core layouts" in done.stdout
+
+
+def _fails_on_two(task):
+    if task == 2:
+        raise ValueError("task two refused")
+    return task * 10
+
+
+def _dies_on_two(task):
+    import os
+    if task == 2:
+        os._exit(3)
+    return task * 10
+
+
+def test_forked_map_answers_in_order_and_a_workers_error_or_death_reaches_the_caller():
+    """tuner.workers.forked_map (plan's workers): answers in the tasks' order; a worker's exception is raised in
+    the parent, a worker that dies without answering is one clear error; no worker outlives either."""
+    import multiprocessing
+
+    from tuner.workers import fork_context, forked_map
+    context = fork_context()
+    assert forked_map(context, _fails_on_two, [3, 1, 0]) == [30, 10, 0]
+    with pytest.raises(ValueError, match="task two refused"):
+        forked_map(context, _fails_on_two, [1, 2, 3])
+    with pytest.raises(RuntimeError, match="exit code 3"):
+        forked_map(context, _dies_on_two, [1, 2, 3])
+    assert multiprocessing.active_children() == []
+
+
+def test_a_signal_while_workers_start_or_join_is_raised_once_they_are_all_listed(cli_signals):
+    """forked_map starts and joins its workers with SIGTERM noted, not raised (a SIGTERM between a fork and the
+    list of workers, or during one join, left a worker running): it is raised when the block ends, through the
+    CLI's handler, which is back in place."""
+    import os
+    import signal
+
+    from tuner.cli import Terminated
+    from tuner.workers import _signals_held
+    handler = signal.getsignal(signal.SIGTERM)
+    reached = []
+    with pytest.raises(Terminated):
+        with _signals_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            reached.append("after the signal")
+    assert reached == ["after the signal"] and signal.getsignal(signal.SIGTERM) is handler

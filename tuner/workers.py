@@ -5,6 +5,8 @@ A forked worker inherits the CLI's signal handlers, which raise (tuner.cli.catch
 pool's terminate() -- a SIGTERM to each worker -- may not end a worker that waits on the pool's queue lock,
 and the parent then waits on it for ever; Ctrl-C to the process group prints a traceback per worker. So
 every worker starts with `quiet_worker`: SIGTERM and SIGHUP end it, SIGINT is the parent's to handle.
+`forked_map` (plan) uses no pool at all: a process and a pipe per task, killed on any exception, no handler
+threads whose joins an interrupted pool's terminate() can wait on for ever.
 """
 
 from __future__ import annotations
@@ -53,3 +55,73 @@ def collector_paused():
     finally:
         if was:
             gc.enable()
+
+
+def forked_map(context, fn, tasks: list) -> list:
+    """[fn(t) for t in tasks], each in its own process forked from `context` (it reads the parent's data as
+    forked) that sends its answer back on a pipe. Any exception here -- Ctrl-C, SIGTERM through the CLI's
+    handler, a worker's error or death -- kills every worker, waits for each, and propagates."""
+    procs, pipes = [], []
+    try:
+        with _signals_held():           # a signal now would orphan a worker between its fork and the list
+            for task in tasks:
+                reader, writer = context.Pipe(duplex=False)
+                proc = context.Process(target=_forked_task, args=(writer, fn, task), daemon=True)
+                proc.start()
+                writer.close()
+                procs.append(proc)
+                pipes.append(reader)
+        return [_forked_answer(reader, proc) for reader, proc in zip(pipes, procs)]
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+        raise
+    finally:
+        with _signals_held():           # a signal while one joins would leave the rest running
+            for proc in procs:
+                proc.join()
+            for reader in pipes:
+                reader.close()
+
+
+_HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGINT, SIGTERM and SIGHUP noted, not acted on, during the block, and raised again after it through the
+    handlers they had (a mask would not do: another thread may take the signal, and Python runs its handler in
+    the main thread all the same). Outside the main thread, where handlers cannot be set: the block as it is."""
+    arrived = []
+    try:
+        saved = {s: signal.signal(s, lambda number, _frame: arrived.append(number)) for s in _HELD}
+    except ValueError:
+        saved = {}
+    try:
+        yield
+    finally:
+        for number, handler in saved.items():
+            signal.signal(number, handler)
+        for number in arrived:
+            signal.raise_signal(number)
+
+
+def _forked_task(writer, fn, task) -> None:
+    quiet_worker()
+    try:
+        answer = (True, fn(task))
+    except Exception as error:          # the parent raises it
+        answer = (False, error)
+    writer.send(answer)
+    writer.close()
+
+
+def _forked_answer(reader, proc):
+    try:
+        ok, answer = reader.recv()
+    except EOFError:
+        proc.join()
+        raise RuntimeError(f"a worker process ended without an answer (exit code {proc.exitcode})") from None
+    if not ok:
+        raise answer
+    return answer

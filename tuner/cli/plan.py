@@ -17,7 +17,7 @@ from tuner.perfmodel.screening import BATCH_FROM, assemble, rank_shown, screen_r
 from tuner.planning import complete_layout, prediction_row, workload_line
 from tuner.space import load_space, valid_layouts
 from tuner.specs import make_workload
-from tuner.workers import collector_paused, fork_context, quiet_worker, usable_cpus
+from tuner.workers import collector_paused, fork_context, forked_map, usable_cpus
 
 
 #: From this many layouts `plan_ranking` screens them in worker processes (below, a fork costs more than it saves),
@@ -40,19 +40,8 @@ def plan_ranking(layouts: list, w, top: int | None, show_all: bool, jobs: int | 
         import tuner.perfmodel.memory_batch  # noqa: F401
     _PLAN.update(layouts=layouts, workload=w, top=top)
     try:
-        pool = context.Pool(min(jobs, runs), initializer=quiet_worker)
-    except OSError:                # no semaphores here (a container without /dev/shm): one process
-        _PLAN.clear()
-        return rank_shown(layouts, w, top, show_all)
-    try:
-        answers = pool.map(_plan_run, [(n * i // runs, n * (i + 1) // runs) for i in range(runs)])
-    except BaseException:          # Ctrl-C, SIGTERM, a worker's error: end the workers (quiet_worker lets them)
-        pool.terminate()
-        raise
-    else:
-        pool.close()               # done: the workers leave when the queue says so
+        answers = forked_map(context, _plan_run, [(n * i // runs, n * (i + 1) // runs) for i in range(runs)])
     finally:
-        pool.join()
         _PLAN.clear()
     return assemble(layouts, w, answers, top, show_all)
 
