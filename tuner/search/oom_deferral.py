@@ -2,16 +2,19 @@
 
 An OOM defers (tuner/search/base.py: proposed only once nothing else is left) every layout not yet run that the model
 predicts to need at least as much memory on the same worst pipeline stage (Prediction.memory_stage) -- equal counts:
-the model cannot tell such a layout from the one that ran out; once measured peaks explain the OOM, only those of its
-activation account (tuner.oom_evidence.activation_account) and its memory twins (`deferred`: issue 30 round 34) --
+the model cannot tell such a layout from the one that ran out; once measured peaks explain the OOM, or a layout ran
+with a measured peak at least the OOM'd one's predicted need (the GPU held that much: the OOM is that layout's own
+error, not the usable memory's; issue 30 round 40), only those of its activation account
+(tuner.oom_evidence.activation_account) and its memory twins (`deferred`: issue 30 round 34) --
 until the memory learned from measured peaks puts it below every OOM'd layout of that stage and is sure it fits
 (p_fit >= RECOMMEND_AT): a model that overstates some layouts' memory cannot hide them for good (issue 30). Below
 means by more than a GPU run's spread (RESOLUTION: the caching allocator's share and run-to-run noise, one-sided
 95 %, as tuner/oom_evidence reads a refutation), unless a measured ok peak at least as large as the layout's predicted
-and learned peak shows that much fits; a layout predicted within that spread of an OOM'd one's is its twin, which the
-learned peak can set apart only by features, not evidence: it waits for such a measured peak (issue 24 round 9: at
-84.9 GB a selective-recompute twin of an OOM'd layout, the same predicted 57.82 GB, was let go on a learned peak 0.5 %
-lower and ran out too). Pure (numpy).
+and learned peak shows that much fits; a layout predicted within that spread of an OOM'd one's and near it in layout
+coordinates (within the correction's FAR_REACH) is its twin, which the learned peak can set apart only by features,
+not evidence: it waits for such a measured peak (issue 24 round 9: at 84.9 GB a selective-recompute twin of an OOM'd
+layout, the same predicted 57.82 GB, was let go on a learned peak 0.5 % lower and ran out too). One as heavy but
+unlike it (a pp-64 layout beside a pp-1 ZeRO-3 one) is the learned memory's to tell apart, and its p_fit's. Pure (numpy).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Callable
 
 import numpy as np
 
+from tuner.correction import FAR_REACH, LAYOUT_DIMS
 from tuner.frameworks import ALLOCATOR_SD
 from tuner.oom_evidence import Z95
 from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT
@@ -57,10 +61,16 @@ class OomDeferral:
         model keeps by `account` (an id of tuner.oom_evidence.activation_account): every layout not yet run that is
         predicted to need at least as much there (deferred until `deferred` lets it go)."""
         heavier = ~used & (self.stage == stage) & (self.memory_gb >= memory_gb * (1 - SAME_MEMORY))
-        kin = (self.account == account) | (self.log_mem <= log_mem + RESOLUTION)    # its account, or its memory twins
-        self.ooms.append((stage, np.asarray(z, float), np.asarray(fm, float), log_mem, heavier, kin))
+        twin = (self.log_mem <= log_mem + RESOLUTION) & self._near(np.asarray(z, float))
+        kin = (self.account == account) | twin           # its account, or its memory twins
+        self.ooms.append((stage, np.asarray(z, float), np.asarray(fm, float), log_mem, heavier, kin, twin))
         self.heavier |= heavier
         return heavier
+
+    def _near(self, z: np.ndarray) -> np.ndarray:
+        """The candidates within FAR_REACH of layout `z` in layout coordinates (tuner.correction: the reach of a
+        measurement's support), where the learned memory cannot set a layout apart from it by evidence."""
+        return ((self.Z[:, :LAYOUT_DIMS] - z[:LAYOUT_DIMS]) ** 2).sum(1) <= FAR_REACH ** 2
 
     def deferred(self, p_fit: np.ndarray, used: np.ndarray, peaks: Callable, stray: float,
                  log_capacity: float = math.inf) -> np.ndarray:
@@ -74,22 +84,23 @@ class OomDeferral:
         the memory correction (issue 30 round 34: a ZeRO-0 layout's OOM, its state 1.17x the model's in the world as
         two measured ZeRO-0 peaks said, hid for the whole budget a layout without recompute whose peaks ran 0.9x the
         model's -- the world's fastest). One the peaks do not explain (none measured, or all closer to the model)
-        speaks of what every layout shares, the GPU's usable memory, and holds every heavier layout."""
+        speaks of what every layout shares, the GPU's usable memory, and holds every heavier layout -- until a layout
+        runs with a measured peak at least the OOM'd one's predicted need: the GPU held that much (round 40)."""
         held = self.heavier & ~used
         if not held.any():
             return self.structural | held
         speaks = np.zeros(len(held), dtype=bool)
-        for _, _, _, log_mem, holds, kin in self.ooms:
-            speaks |= holds & (kin | (stray < log_capacity - log_mem))
+        for _, _, _, log_mem, holds, kin, _ in self.ooms:
+            unexplained = stray < log_capacity - log_mem and self.max_peak < log_mem
+            speaks |= holds & (kin | unexplained)
         held &= speaks
         if held.any() and (p_fit >= RECOMMEND_AT)[held].any():
             gp = peaks()
             learned = self.log_mem + gp.predict(self.Z, self.FM)[0]
             below = p_fit >= RECOMMEND_AT
             backed = self.max_peak >= np.maximum(self.log_mem, learned)   # a measured peak as large fit
-            for stage, z, fm, log_mem, _, _ in self.ooms:
+            for stage, z, fm, log_mem, _, _, twin in self.ooms:
                 bound = log_mem + gp.predict(z[None, :], fm[None, :])[0][0]
-                twin = self.log_mem <= log_mem + RESOLUTION          # as heavy as the OOM'd, within a run's spread
                 clear = learned < bound - RESOLUTION                 # lighter by more than a run's spread
                 below &= (self.stage != stage) | ((learned < bound + math.log1p(-SAME_MEMORY)) & (backed | ~twin & clear))
             held &= ~below
