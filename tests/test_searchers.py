@@ -158,14 +158,18 @@ def test_replay_after_restart_gives_the_same_next_proposals(name):
 def test_a_searcher_given_a_raw_list_offers_one_zero_stage_where_nothing_is_sharded(name):
     """make_searcher with the workload keeps one ZeRO stage of each layout whose data-parallel group is 1 (the
     framework's first: tuner.space.one_zero_stage_where_unsharded), as `tuner search` offers them, whoever built the
-    list (a benchmark's world spent two of ten trials on ZeRO 0 and 1 of one pp-128, dp-1 run)."""
+    list (a benchmark's world spent two of ten trials on ZeRO 0 and 1 of one pp-128, dp-1 Megatron-Core run). Under
+    DeepSpeed's engine the stages are other runs even over one rank: all stay."""
+    mcore = make_workload("175b", 16, framework="megatron-core")
     unsharded = [lay for lay in ALL if lay.dp == 1]
     assert {lay.zero_stage for lay in unsharded} == {0, 1}               # the raw list has both
-    s = make_searcher(name, ALL, workload=WORKLOAD, seed=1)
+    s = make_searcher(name, ALL, workload=mcore, seed=1)
     kept = [lay for lay in s.candidates if lay.dp == 1]
     assert len(kept) == len(unsharded) // 2 and {lay.zero_stage for lay in kept} == {1}
     assert len(s.candidates) == len(ALL) - len(kept)
     assert len(make_searcher(name, ALL, seed=1).candidates) == len(ALL)   # no workload: the list as given
+    assert WORKLOAD.framework == "megatron-deepspeed"
+    assert len(make_searcher(name, ALL, workload=WORKLOAD, seed=1).candidates) == len(ALL)
 
 
 def test_random_depends_on_seed():

@@ -301,8 +301,13 @@ def valid_layouts(space: SearchSpace, workload: Workload) -> list[Layout]:
 def one_zero_stage_where_unsharded(layouts: list[Layout], workload: Workload) -> list[Layout]:
     """ZeRO stages shard model states over the data-parallel group (dp*cp; an expert's over its expert-dp
     group): where both are 1 every stage is the same run, so only the framework's own first stage among
-    them is kept (tp2-pp8-dp1 is one layout, not one per stage)."""
-    order = {z: i for i, z in enumerate(framework_of(workload).zero_stages)}
+    them is kept (tp2-pp8-dp1 is one layout, not one per stage). Not under DeepSpeed's engine (Megatron-DeepSpeed):
+    it steps ZeRO 0 with its BF16_Optimizer and ZeRO 1-3 with its ZeRO optimizers, other buffers and copies even
+    over one rank (the model predicts them apart: memory.step_copy_bytes), so each stage stays a layout of its own."""
+    fw = framework_of(workload)
+    if fw.deepspeed_step:
+        return layouts
+    order = {z: i for i, z in enumerate(fw.zero_stages)}
     moe = workload.model.is_moe
     unsharded = [lay.dp * lay.context_parallel == 1 and (not moe or expert_data_parallel(lay) == 1) for lay in layouts]
     kept: dict[Layout, Layout] = {}      # the unsharded ones by their layout at any ZeRO stage (a sharded one stays)
