@@ -45,8 +45,9 @@ def register(name: str, factory: str | Callable[..., Searcher]) -> None:
 def make_searcher(name: str, candidates: list["Layout"], *, seed: int = 0, workload: "Workload | None" = None,
                   parallel: int = 1, **options) -> Searcher:
     """The searcher `name` over `candidates` (every valid layout of the space; with `workload`, one ZeRO stage of
-    each layout whose data-parallel and expert-dp groups are 1: tuner.space.one_zero_stage_where_unsharded, so a
-    study given a raw list spends no trial on a stage that shards nothing). `options` are
+    each layout whose data-parallel and expert-dp groups are 1 where the framework runs every stage alike there:
+    tuner.space.one_zero_stage_where_unsharded, so a study given a raw list spends no trial on a stage that shards
+    nothing). `options` are
     searcher-specific (guided: history, history_studies, stop_threshold, predictions: a dict layout -> the model's
     prediction where the caller has it, tuner.predicted); others ignore them."""
     factory = _REGISTRY.get(name)
