@@ -14,7 +14,7 @@ from tuner.oom_evidence import activation_account
 from tuner.perfmodel import RECOMMEND_AT, predict, rank
 from tuner.search.explore import FAMILY_DIMS, amplitude, family_key, model_errors, novelty
 from tuner.search.guided import GuidedSearcher
-from tuner.correction import FAR_REACH, LAYOUT_DIMS
+from tuner.correction import FAR_REACH, layout_d2
 from tuner.search.oom_deferral import RESOLUTION
 from tuner.space import load_space
 from tuner.specs import make_workload
@@ -272,8 +272,7 @@ def test_an_oom_the_measured_peaks_explain_holds_only_its_own_account():
 
 def _layout_distance(s: GuidedSearcher, a: Layout, b: Layout) -> float:
     """The distance of two candidates in the correction's layout coordinates (tuner.correction.LAYOUT_DIMS)."""
-    za, zb = s.Z[s.index[a], :LAYOUT_DIMS], s.Z[s.index[b], :LAYOUT_DIMS]
-    return float(np.sqrt(((za - zb) ** 2).sum()))
+    return float(np.sqrt(layout_d2(s.Z[[s.index[a]]], [s.Z[s.index[b]]])[0]))
 
 
 def test_an_oom_below_a_measured_peak_holds_only_its_account_and_its_near_twins():

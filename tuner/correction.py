@@ -168,9 +168,13 @@ def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
 def _farness(Z: np.ndarray, measured: list) -> np.ndarray:
     """1 - exp(-d^2 / 2 FAR_REACH^2) of each row of Z, d its distance in layout coordinates to the nearest of
     `measured` (feature rows): 0 at a measured layout, towards 1 far from every one (far_sd, memory_far_sd)."""
+    return 1.0 - np.exp(-0.5 * layout_d2(Z, measured) / FAR_REACH ** 2)
+
+
+def layout_d2(Z: np.ndarray, measured: list) -> np.ndarray:
+    """Each row of Z's squared distance to the nearest of `measured` in layout coordinates (FAR_REACH's units)."""
     M = np.array(measured, float).reshape(len(measured), Z_DIM)[:, :LAYOUT_DIMS]
-    d2 = ((Z[:, None, :LAYOUT_DIMS] - M[None, :, :]) ** 2).sum(-1).min(1)
-    return 1.0 - np.exp(-0.5 * d2 / FAR_REACH ** 2)
+    return ((np.asarray(Z, float)[:, None, :LAYOUT_DIMS] - M[None, :, :]) ** 2).sum(-1).min(1)
 
 
 @dataclass

@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from tuner.correction import FAR_REACH, LAYOUT_DIMS
+from tuner.correction import FAR_REACH, layout_d2
 from tuner.frameworks import ALLOCATOR_SD
 from tuner.oom_evidence import Z95
 from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT
@@ -70,7 +70,7 @@ class OomDeferral:
     def _near(self, z: np.ndarray) -> np.ndarray:
         """The candidates within FAR_REACH of layout `z` in layout coordinates (tuner.correction: the reach of a
         measurement's support), where the learned memory cannot set a layout apart from it by evidence."""
-        return ((self.Z[:, :LAYOUT_DIMS] - z[:LAYOUT_DIMS]) ** 2).sum(1) <= FAR_REACH ** 2
+        return layout_d2(self.Z, [z]) <= FAR_REACH ** 2
 
     def deferred(self, p_fit: np.ndarray, used: np.ndarray, peaks: Callable, stray: float,
                  log_capacity: float = math.inf) -> np.ndarray:
