@@ -22,12 +22,14 @@ recommended the trial its belief puts fastest rather than the fastest measured, 
 the bound of any choice among its measurements), each searcher's OOMs among its trials, with `--transfer` the truly
 fastest layout `best --nodes 2N` answers from (fit_reliability.rule_bound: the bound of any ranking of its rows),
 `best --nodes 2N`'s picks that run out of memory at 2N against the p_fit it stated (and how many rest on a measured
-twin), the stop rule's stops and false stops, and the wall time.
+twin), the stop rule's stops and false stops, and the wall time; and whether guided's uncertainty is true: the
+measured speed of each of its trials against its belief when it chose the layout (z-scores, first picks apart).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing
 import os
 import secrets
@@ -138,6 +140,7 @@ def evaluate(task: tuple) -> dict:
             ran = [t.layout for t in measured_ok(trials, budget)]
             out["belief"] = fraction(world, searcher.believed_fastest(ran), opt)
             out["ran_best"] = max((fraction(world, lay, opt) for lay in ran), default=0.0)   # the noise's bound
+            out["beliefs"] = belief_z(measured_ok(trials, budget), searcher)
         out.setdefault("ooms", {})[s] = sum(t.status == Status.OOM for t in trials[:budget])
     if stop_budget:
         trials, s, _ = run_study(world, "guided", seed, stop_budget, dict(STUDY_DEFAULTS))
@@ -157,6 +160,29 @@ def evaluate(task: tuple) -> dict:
         out["transfer_p_fit"], out["transfer_twin"] = answer["p_fit"], answer.get("p_fit_supported_by") is not None
         out.update(riskier(answer, lambda lay: fraction(world2, lay, opt2)))     # what one trial would decide
     return out
+
+
+def belief_z(trials: list, searcher) -> list[tuple[bool, float]]:
+    """(a first pick, z) of each trial that ran: its measured log MFU against the searcher's belief when it chose the
+    layout (GuidedSearcher.beliefs_at_ask: mean and predictive sd), z = (measured - mean) / sd."""
+    out = []
+    for t in trials:
+        if t.layout in searcher.beliefs_at_ask and t.mfu:
+            mean, sd, first = searcher.beliefs_at_ask[t.layout]
+            out.append((first, (math.log(t.mfu) - mean) / sd))
+    return out
+
+
+def print_beliefs(zs: list[tuple[bool, float]]) -> None:
+    """Whether guided's uncertainty is what it says (issue 30 item 2): the z of every trial, first picks apart."""
+    print("\nguided's belief when it chose each trial (GuidedSearcher.beliefs_at_ask) against the speed measured, z = "
+          "(log measured - mean) / sd; calibrated: mean z 0, mean z^2 1, 68 % within 1 sd, 90 % within 1.645 sd")
+    for name, first in (("first picks", True), ("later trials", False)):
+        z = [v for f, v in zs if f == first]
+        if z:
+            print(f"  {name:13} n {len(z):4d}  mean z {statistics.mean(z):+.2f}  mean z^2 "
+                  f"{statistics.mean(v * v for v in z):.2f}  within 1 sd {sum(abs(v) <= 1 for v in z) / len(z):.0%}  "
+                  f"within 1.645 sd {sum(abs(v) <= 1.645 for v in z) / len(z):.0%}")
 
 
 def cell(values: list[float]) -> str:
@@ -202,6 +228,8 @@ def report(results: list[dict], searchers: list[str], budget: int) -> None:
               f"{sum(d > 1e-9 for d in moved)}, worse in {sum(d < -1e-9 for d in moved)} of {len(moved)} studies; mean "
               f"{statistics.mean(r['scores']['guided'] for r in results):.4f} -> "
               f"{statistics.mean(r['belief'] for r in results):.4f}")
+    if belief:
+        print_beliefs([z for r in results for z in r.get("beliefs", ())])
     ooms = {s: sum(r["ooms"][s] for r in results) for s in searchers}
     print(f"\nOOMs among the first {budget} trials that ran, all worlds and seeds: "
           + ", ".join(f"{s} {n} of {budget * len(results)}" for s, n in ooms.items()))

@@ -115,6 +115,8 @@ class GuidedSearcher(BaseSearcher):
         self.family_off = inactive_mask(self.candidates, self.family_dims)   # where they mean nothing
         self.own_off: list[np.ndarray] = []     # the same of each own time observation
         self.pending: dict[int, None] = {}      # asked, not told (insertion-ordered)
+        #: each asked layout's belief when it was chosen: (log MFU mean, predictive sd with the fit's noise, a first pick)
+        self.beliefs_at_ask: dict[Layout, tuple[float, float, bool]] = {}
         self.best_log: float | None = None
         self.best_layout: Layout | None = None
         self.best_index: int | None = None
@@ -371,6 +373,7 @@ class GuidedSearcher(BaseSearcher):
             mu, sd = gp.predict(rows, self.F)
             mean = self.log_pred + mu
             i = self._initial_pick(mean + log_fit, chosen)
+            first = i is not None
             if i is None:
                 free = self._free()
                 if free.size == 0:
@@ -387,6 +390,7 @@ class GuidedSearcher(BaseSearcher):
             j = self._take(i)
             if j is None:
                 break
+            self.beliefs_at_ask[self.candidates[j]] = (float(mean[j]), float(math.hypot(sd[j], gp.noise)), first)
             chosen.append(j)
         for i in chosen:
             self.pending[i] = None
