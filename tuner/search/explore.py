@@ -59,10 +59,7 @@ KEY_DIMS = 4
 #: the parameters every micro-batch, stage 2 reduce-scatters the gradients, stage 1 only shards the optimizer), so a
 #: world that makes one stage slow says nothing about the next one, as an ordinal coordinate would have it.
 CATEGORICAL = ("zero_stage",)
-#: First picks: the model's top pick and the best of other layout families (first_pick), one per key dimension (issue 30
-#: round 41: four, was three; chosen on design draws, judged on fresh ones -- the fourth family's measurement carries
-#: to `best --nodes 2N` most of all, docs/issue30.md).
-N_INITIAL = KEY_DIMS
+N_INITIAL = 3              # first picks: the model's top pick + the best of other layout families
 #: Dimensions that mean nothing in some layouts (a conditional search space, Swersky et al. 2014, "Raiders of the
 #: Lost Architecture", arXiv:1409.4011): an interleaving or a stage split without a pipeline, sequence parallelism
 #: without tensor parallelism -- dimension: (the layout field, the value at which it is inactive). The family term
