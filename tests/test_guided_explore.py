@@ -345,7 +345,7 @@ def test_measured_peaks_may_raise_a_deferred_layouts_p_fit_and_an_oom_never_does
 def test_each_asked_layout_keeps_the_belief_it_was_chosen_on():
     """GuidedSearcher.beliefs_at_ask (benchmarks/ext_search.py scores the search's uncertainty with it): the first pick,
     with nothing measured, is believed at the model's own prediction; once that favourite ran at half its prediction,
-    every layout asked after it is believed below its own prediction, none surer than the fit's noise; first picks are
+    the next layout asked is believed well below its own prediction; none surer than the fit's noise; first picks are
     flagged as such and the trials expected improvement chose are not."""
     s = GuidedSearcher(CANDS, workload=W, seed=3)
     first = s.ask(1)[0]
@@ -359,5 +359,5 @@ def test_each_asked_layout_keeps_the_belief_it_was_chosen_on():
         s.tell(lay, measured(lay))
     assert set(s.beliefs_at_ask) == set(asked)
     assert [s.beliefs_at_ask[lay][2] for lay in asked] == [True] * s.n_initial + [False] * (6 - s.n_initial)
-    assert all(s.beliefs_at_ask[lay][0] < s.log_pred[s.index[lay]] for lay in asked[1:])
+    assert s.beliefs_at_ask[asked[1]][0] < s.log_pred[s.index[asked[1]]] - 0.1
     assert all(0.025 <= s.beliefs_at_ask[lay][1] < 1.0 for lay in asked)
