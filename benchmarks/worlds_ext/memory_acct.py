@@ -19,7 +19,8 @@ model states as each framework keeps them, and the caching allocator's rounding 
   chunks (schedules.py, get_pp_rank_microbatches' warm-up count).
 - Model states, bytes per parameter on this GPU: Megatron-Core keeps bf16 weights and an fp32 main-grad
   buffer, its distributed optimizer shards fp32 master weights and Adam moments over dp; DeepSpeed's bf16
-  optimizer keeps a drawn gradient accumulation width; torchtitan's FSDP2 shards fp32 parameters,
+  optimizer keeps a drawn gradient accumulation width and shards its fp32 master weights and moments over dp even at
+  ZeRO stage 0 (BF16_Optimizer); torchtitan's FSDP2 shards fp32 parameters,
   gradients and moments, gathering one layer's bf16 parameters plus a prefetched one -- under pipeline
   parallelism the whole stage's, with its unsharded fp32 gradients accumulated over the micro-batches
   (torchtitan's default reshard policy, PyTorch's pipeline stage).
@@ -119,9 +120,10 @@ def state_bytes_per_param(ph, layout: Layout, w: Workload) -> tuple[float, float
     if fw == "megatron-core":    # distributed optimizer (1); Megatron-FSDP optim_grads (2), optim_grads_params (3)
         return {0: (2 + 4 + 12, 0.0), 1: (2 + 4, 12.0), 2: (2.0, 4 + 12.0), 3: (0.0, 2 + 4 + 12.0)}[z]
     grad = ph["ds_grad_bytes"]                       # DeepSpeed: bf16 grads plus its accumulation buffer
-    if z == 0:
-        return 2 + grad + 12, 0.0
-    if z == 1:
+    # bf16 at stage 0 runs DeepSpeed's BF16_Optimizer, which partitions its fp32 master weights (and so the optimizer's
+    # moments) over the data-parallel group and keeps its fp32 gradient buffer whole (deepspeed/runtime/bf16_optimizer.py
+    # lines 174-192 at v0.19.8), as stage 1 keeps them here; FP16_Optimizer would keep everything whole
+    if z in (0, 1):
         return 2 + grad, 12.0
     if z == 2:
         return 2.0, grad + 12
