@@ -173,6 +173,18 @@ def belief_z(trials: list, searcher) -> list[tuple[bool, float]]:
     return out
 
 
+def print_belief(results: list[dict]) -> None:
+    """What guided's belief says: the recommendation by it against the fastest measurement, and whether its
+    uncertainty is what it says (issue 30 item 2: the z of every trial against the belief it was chosen on)."""
+    moved = [r["belief"] - r["scores"]["guided"] for r in results]
+    print(f"\nguided, belief: the trial that ran whose speed the searcher's belief puts highest "
+          f"(GuidedSearcher.believed_fastest), not the fastest measured: better in "
+          f"{sum(d > 1e-9 for d in moved)}, worse in {sum(d < -1e-9 for d in moved)} of {len(moved)} studies; mean "
+          f"{statistics.mean(r['scores']['guided'] for r in results):.4f} -> "
+          f"{statistics.mean(r['belief'] for r in results):.4f}")
+    print_beliefs([z for r in results for z in r.get("beliefs", ())])
+
+
 def print_beliefs(zs: list[tuple[bool, float]]) -> None:
     """Whether guided's uncertainty is what it says (issue 30 item 2): the z of every trial, first picks apart."""
     print("\nguided's belief when it chose each trial (GuidedSearcher.beliefs_at_ask) against the speed measured, z = "
@@ -221,15 +233,8 @@ def report(results: list[dict], searchers: list[str], budget: int) -> None:
         groups = [[r for r in results if (r["family"], r["workload"]) == key] for key in keys]
         print("\n" + verdict([(f"{rs[0]['family']} {rs[0]['workload']}", [r["scores"]["guided"] for r in rs],
                                 [r["transfer"] for r in rs] if "transfer" in rs[0] else None) for rs in groups], budget))
-    if belief:     # the recommendation by the searcher's belief, against the fastest measurement (guided)
-        moved = [r["belief"] - r["scores"]["guided"] for r in results]
-        print(f"\nguided, belief: the trial that ran whose speed the searcher's belief puts highest "
-              f"(GuidedSearcher.believed_fastest), not the fastest measured: better in "
-              f"{sum(d > 1e-9 for d in moved)}, worse in {sum(d < -1e-9 for d in moved)} of {len(moved)} studies; mean "
-              f"{statistics.mean(r['scores']['guided'] for r in results):.4f} -> "
-              f"{statistics.mean(r['belief'] for r in results):.4f}")
-    if belief:
-        print_beliefs([z for r in results for z in r.get("beliefs", ())])
+    if belief:     # the recommendation by the searcher's belief, and its uncertainty (guided)
+        print_belief(results)
     ooms = {s: sum(r["ooms"][s] for r in results) for s in searchers}
     print(f"\nOOMs among the first {budget} trials that ran, all worlds and seeds: "
           + ", ".join(f"{s} {n} of {budget * len(results)}" for s, n in ooms.items()))
