@@ -189,7 +189,7 @@ class GuidedSearcher(BaseSearcher):
             self.deferred |= self.oom.after_oom(memory_gb, stage, ft.z, ft.fm, ft.log_mem, self.used,
                                                 self.accounts.get(activation_account(layout), -1))
         if result.status == Status.OK and result.peak_memory_gb and self.workload is not None:
-            self.oom.note_measured(result.peak_memory_gb)
+            self.oom.note_measured(result.peak_memory_gb, self.accounts.get(activation_account(layout), -1))
             self.mem_scale = max(self.mem_scale, math.exp(ft.measured_log_ratio(result.peak_memory_gb, reserved)))
         if result.status == Status.OK and result.mfu:
             self.n_ok += 1
@@ -363,7 +363,7 @@ class GuidedSearcher(BaseSearcher):
         p_fit = self.p_fit()
         self.used[self.reserve.release(p_fit)] = False   # held twins whose layout is likelier out of memory now
         stray = max((abs(y) for y in self._memory_obs().my), default=0.0)   # the farthest a measured peak strayed
-        self.deferred = self.oom.deferred(p_fit, self.used, self._peaks_gp, stray,
+        self.deferred = self.oom.deferred(self.used, self._peaks_gp, stray,
                                          math.log(self.capacity) if self.capacity else math.inf)
         log_fit = np.log(np.maximum(p_fit, 1e-12))
         chosen: list[int] = []

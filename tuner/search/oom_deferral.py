@@ -6,14 +6,17 @@ the model cannot tell such a layout from the one that ran out; once measured pea
 with a measured peak at least the OOM'd one's predicted need (the GPU held that much: the OOM is that layout's own
 error, not the usable memory's; issue 30 round 40), only those of its activation account
 (tuner.oom_evidence.activation_account) and its memory twins (`deferred`: issue 30 round 34) --
-until the memory learned from measured peaks puts it below every OOM'd layout of that stage and is sure it fits
-(p_fit >= RECOMMEND_AT): a model that overstates some layouts' memory cannot hide them for good (issue 30). Below
-means by more than a GPU run's spread (RESOLUTION: the caching allocator's share and run-to-run noise, one-sided
-95 %, as tuner/oom_evidence reads a refutation), unless a measured ok peak at least as large as the layout's predicted
-and learned peak shows that much fits; a layout predicted within that spread of an OOM'd one's and near it in layout
-coordinates (within the correction's FAR_REACH) is its twin, which the learned peak can set apart only by features,
-not evidence: it waits for such a measured peak (issue 24 round 9: at 84.9 GB a selective-recompute twin of an OOM'd
-layout, the same predicted 57.82 GB, was let go on a learned peak 0.5 % lower and ran out too). One as heavy but
+until the memory learned from measured peaks puts it below every OOM'd layout that holds it; then expected
+improvement weighs it by its p_fit like any other layout (issue 30 round 42: held until p_fit >= RECOMMEND_AT as
+well, a Frontier 1T world's fastest, believed 8 % faster than the best measured at p_fit 0.85, waited the whole
+budget). Below means by more than a GPU run's spread (RESOLUTION: the caching allocator's share and run-to-run noise,
+one-sided 95 %, as tuner/oom_evidence reads a refutation), unless a measured ok peak at least as large as the layout's
+predicted and learned peak shows that much fits; a layout predicted within that spread of an OOM'd one's and near it
+in layout coordinates (within the correction's FAR_REACH) is its twin, which the learned peak sets apart by features
+alone until a peak of the twin's own activation account is measured: till then it waits for such a measured peak
+(issue 24 round 9: at 84.9 GB a selective-recompute twin of an OOM'd layout, the same predicted 57.82 GB, was let go
+on a learned peak 0.5 % lower and ran out too; round 42: a measured pair without and with selective recompute 12 %
+apart sets the twin apart by evidence). One as heavy but
 unlike it (a pp-64 layout beside a pp-1 ZeRO-3 one) is the learned memory's to tell apart, and its p_fit's. Pure (numpy).
 """
 
@@ -27,7 +30,7 @@ import numpy as np
 from tuner.correction import FAR_REACH, layout_d2
 from tuner.frameworks import ALLOCATOR_SD
 from tuner.oom_evidence import Z95
-from tuner.perfmodel import MEMORY_NOISE_SD, RECOMMEND_AT
+from tuner.perfmodel import MEMORY_NOISE_SD
 
 SAME_MEMORY = 1e-9         # relative: predicted peaks this close are equal (an OOM defers both)
 RESOLUTION = Z95 * math.hypot(ALLOCATOR_SD, MEMORY_NOISE_SD)   # log: a GPU run's one-sided 95 % spread
@@ -43,6 +46,7 @@ class OomDeferral:
         self.account = np.zeros(len(memory_gb), dtype=int) if account is None else np.asarray(account, dtype=int)
         n = len(memory_gb)
         self.max_peak = -math.inf                    # log GB: the largest measured ok peak
+        self.measured = set()                        # the activation accounts a measured ok peak speaks for
         self.heavier = np.zeros(n, dtype=bool)       # predicted to need as much as an OOM'd layout
         self.structural = np.zeros(n, dtype=bool)    # deferred by base.py's rule
         self.ooms: list[tuple] = []                  # (worst stage, z, fm, log predicted memory) of each OOM
@@ -51,9 +55,10 @@ class OomDeferral:
         """Remember what base.py's rule (needs_more_memory) has deferred so far."""
         self.structural |= deferred & ~self.heavier
 
-    def note_measured(self, peak_gb: float) -> None:
-        """A measured ok peak (GB): that much memory fit."""
+    def note_measured(self, peak_gb: float, account: int = -1) -> None:
+        """A measured ok peak (GB) of a layout of activation account `account`: that much memory fit."""
         self.max_peak = max(self.max_peak, math.log(peak_gb))
+        self.measured.add(account)
 
     def after_oom(self, memory_gb: float, stage: int, z, fm, log_mem: float, used: np.ndarray,
                   account: int = 0) -> np.ndarray:
@@ -72,12 +77,12 @@ class OomDeferral:
         measurement's support), where the learned memory cannot set a layout apart from it by evidence."""
         return layout_d2(self.Z, [z]) <= FAR_REACH ** 2
 
-    def deferred(self, p_fit: np.ndarray, used: np.ndarray, peaks: Callable, stray: float,
+    def deferred(self, used: np.ndarray, peaks: Callable, stray: float,
                  log_capacity: float = math.inf) -> np.ndarray:
-        """What stays deferred: base.py's deferrals, and the layouts predicted heavier than an OOM unless the memory
-        learned from measured peaks (`peaks()`: that correction, no OOM bound in it) both puts them below every OOM'd
-        layout of their stage and is sure they fit (p_fit >= RECOMMEND_AT): the model's order of memory is only its
-        own, and measured peaks that reorder it outweigh it. An OOM the measured peaks explain -- some peak strays
+        """What stays deferred: base.py's deferrals, and the layouts predicted heavier than an OOM that holds them
+        until the memory learned from measured peaks (`peaks()`: that correction, no OOM bound in it) puts them below
+        that OOM'd layout (the module's rule): the model's order of memory is only its own, and measured peaks that
+        reorder it outweigh it; p_fit then weighs them. An OOM the measured peaks explain -- some peak strays
         from the model's account (`stray`, the largest |log(measured / predicted)|) by at least as much as the OOM'd
         layout's prediction lay under the capacity (`log_capacity`), so one account's error can explain it -- holds
         only its own activation account and its memory twins: the rest is left to p_fit, which the OOM lowers through
@@ -85,23 +90,38 @@ class OomDeferral:
         two measured ZeRO-0 peaks said, hid for the whole budget a layout without recompute whose peaks ran 0.9x the
         model's -- the world's fastest). One the peaks do not explain (none measured, or all closer to the model)
         speaks of what every layout shares, the GPU's usable memory, and holds every heavier layout -- until a layout
-        runs with a measured peak at least the OOM'd one's predicted need: the GPU held that much (round 40)."""
+        runs with a measured peak at least the OOM'd one's predicted need: the GPU held that much (round 40). An OOM
+        that does not hold a layout adds nothing to what keeps it (round 42)."""
         held = self.heavier & ~used
         if not held.any():
             return self.structural | held
+        gp = peaks()
+        learned = self.log_mem + gp.predict(self.Z, self.FM)[0]
+        backed = self.max_peak >= np.maximum(self.log_mem, learned)    # a measured peak as large fit
+        own = np.isin(self.account, list(self.measured))                # a peak of its own account measured
+        holding = np.zeros(len(held), dtype=bool)
+        for _, z, fm, log_mem, holds, kin, twin in self.ooms:
+            unexplained = stray < log_capacity - log_mem and self.max_peak < log_mem
+            bound = log_mem + gp.predict(z[None, :], fm[None, :])[0][0]
+            clear = learned < bound - RESOLUTION                       # lighter by more than a run's spread
+            let_go = (learned < bound + math.log1p(-SAME_MEMORY)) & (backed | clear & (~twin | own))
+            holding |= holds & (kin | unexplained) & ~let_go
+        return self.structural | (held & holding)
         speaks = np.zeros(len(held), dtype=bool)
         for _, _, _, log_mem, holds, kin, _ in self.ooms:
             unexplained = stray < log_capacity - log_mem and self.max_peak < log_mem
             speaks |= holds & (kin | unexplained)
         held &= speaks
-        if held.any() and (p_fit >= RECOMMEND_AT)[held].any():
+        if held.any():
             gp = peaks()
             learned = self.log_mem + gp.predict(self.Z, self.FM)[0]
-            below = p_fit >= RECOMMEND_AT
+            below = np.ones(len(held), dtype=bool)
             backed = self.max_peak >= np.maximum(self.log_mem, learned)   # a measured peak as large fit
+            own = np.isin(self.account, list(self.measured))               # its own account's peak measured
             for stage, z, fm, log_mem, _, _, twin in self.ooms:
                 bound = log_mem + gp.predict(z[None, :], fm[None, :])[0][0]
                 clear = learned < bound - RESOLUTION                 # lighter by more than a run's spread
-                below &= (self.stage != stage) | ((learned < bound + math.log1p(-SAME_MEMORY)) & (backed | ~twin & clear))
+                below &= (self.stage != stage) | ((learned < bound + math.log1p(-SAME_MEMORY))
+                                                  & (backed | clear & (~twin | own)))
             held &= ~below
         return self.structural | held
