@@ -310,9 +310,10 @@ def test_ext_search_cases_put_every_family_on_the_named_workloads():
                      ("pipeline-host", ("22b", 2, "frontier", "megatron-core"))]
     with pytest.raises(argparse.ArgumentTypeError, match="model:nodes:cluster:framework"):
         ext_search.cases_arg("1t:128:frontier")
-    # the hidden check on Megatron-Core's space, by name: the four Frontier workloads
-    assert ext_search.cases_arg("frontier-mcore") == [(m, n, "frontier", "megatron-core")
-                                                      for m, n in (("22b", 2), ("22b", 8), ("175b", 16), ("1t", 128))]
+    # the hidden checks on each framework's space, by name: the four Frontier workloads
+    for name, framework in (("frontier-mcore", "megatron-core"), ("frontier-deepspeed", "megatron-deepspeed")):
+        assert ext_search.cases_arg(name) == [(m, n, "frontier", framework)
+                                              for m, n in (("22b", 2), ("22b", 8), ("175b", 16), ("1t", 128))]
 
 
 def test_the_independent_worlds_are_asked_no_offloaded_layout():
