@@ -107,21 +107,3 @@ class OomDeferral:
             let_go = (learned < bound + math.log1p(-SAME_MEMORY)) & (backed | clear & (~twin | own))
             holding |= holds & (kin | unexplained) & ~let_go
         return self.structural | (held & holding)
-        speaks = np.zeros(len(held), dtype=bool)
-        for _, _, _, log_mem, holds, kin, _ in self.ooms:
-            unexplained = stray < log_capacity - log_mem and self.max_peak < log_mem
-            speaks |= holds & (kin | unexplained)
-        held &= speaks
-        if held.any():
-            gp = peaks()
-            learned = self.log_mem + gp.predict(self.Z, self.FM)[0]
-            below = np.ones(len(held), dtype=bool)
-            backed = self.max_peak >= np.maximum(self.log_mem, learned)   # a measured peak as large fit
-            own = np.isin(self.account, list(self.measured))               # its own account's peak measured
-            for stage, z, fm, log_mem, _, _, twin in self.ooms:
-                bound = log_mem + gp.predict(z[None, :], fm[None, :])[0][0]
-                clear = learned < bound - RESOLUTION                 # lighter by more than a run's spread
-                below &= (self.stage != stage) | ((learned < bound + math.log1p(-SAME_MEMORY))
-                                                  & (backed | clear & (~twin | own)))
-            held &= ~below
-        return self.structural | held
