@@ -71,7 +71,7 @@ def _norm_pdf(z):
 
 class GuidedSearcher(BaseSearcher):
     name = "guided"
-    _peaks: tuple = (None, None)            # (its key, the memory correction of the measured peaks alone: _peaks_gp)
+    _peaks: tuple = (None, None, None)      # (key, the peaks-alone memory correction, its (mean, sd)): _peaks_gp
 
     def __init__(self, candidates: list[Layout], *, seed: int = 0, workload=None, history=None,
                  history_studies: dict | None = None, stop_threshold: float | None = None,
@@ -294,21 +294,24 @@ class GuidedSearcher(BaseSearcher):
         # measured peaks alone say -- the model alone where none was measured (issue 30 round 33: a 15-sd surprise
         # under a measured account); measured peaks below the model's still raise it (round 34: capped at the model's
         # prior, a layout the peaks put well inside the GPU could never be let go)
-        return np.minimum(fit, self._fit_by(self._peaks_gp()) if obs.my else self.prior_fit)
+        return np.minimum(fit, self._fit_from(*self._peaks_gp()[1]) if obs.my else self.prior_fit)
 
-    def _peaks_gp(self):
-        """The memory correction learned from the measured peaks alone (no OOM bound): what p_fit caps an OOM's
-        widening at and what the OOM deferral reads (oom_deferral), fitted once per set of peaks."""
+    def _peaks_gp(self) -> tuple:
+        """The memory correction of the measured peaks alone (no OOM bound) and its (mean, sd) at every candidate: what
+        p_fit caps an OOM's widening at and the OOM deferral reads (oom_deferral), once per set of peaks."""
         key = (id(self.history), len(self.history.my), len(self.own.my))
         if self._peaks[0] != key:
             obs = self._memory_obs()
-            peaks = Observations(mZ=obs.mZ, mF=obs.mF, my=obs.my, mnoise=obs.mnoise)
-            self._peaks = (key, peaks.memory_gp(self.memory_sd))
-        return self._peaks[1]
+            gp = Observations(mZ=obs.mZ, mF=obs.mF, my=obs.my, mnoise=obs.mnoise).memory_gp(self.memory_sd)
+            self._peaks = (key, gp, gp.predict(self.Z, self.FM))
+        return self._peaks[1], self._peaks[2]
 
     def _fit_by(self, gp) -> np.ndarray:
         """Every candidate's p_fit under the memory correction `gp`, the caching allocator's share on top."""
-        mu, sd = gp.predict(self.Z, self.FM)
+        return self._fit_from(*gp.predict(self.Z, self.FM))
+
+    def _fit_from(self, mu: np.ndarray, sd: np.ndarray) -> np.ndarray:
+        """Every candidate's p_fit at a memory correction's (mean, sd) there, the caching allocator's share on top."""
         return ndtr((math.log(self.capacity) - self.log_mem - mu - ALLOCATOR_BIAS) / np.hypot(sd, P_FIT_SD))
 
     def _memory_obs(self) -> Observations:

@@ -49,7 +49,8 @@ class OomDeferral:
         self.measured = set()                        # the activation accounts a measured ok peak speaks for
         self.heavier = np.zeros(n, dtype=bool)       # predicted to need as much as an OOM'd layout
         self.structural = np.zeros(n, dtype=bool)    # deferred by base.py's rule
-        self.ooms: list[tuple] = []                  # (worst stage, z, fm, log predicted memory) of each OOM
+        self.ooms: list[tuple] = []                  # each OOM's (worst stage, z, fm, log predicted memory, and whom
+        #                                              it holds, its account's and its twins: after_oom)
 
     def note_base(self, deferred: np.ndarray) -> None:
         """Remember what base.py's rule (needs_more_memory) has deferred so far."""
@@ -80,7 +81,8 @@ class OomDeferral:
     def deferred(self, used: np.ndarray, peaks: Callable, stray: float,
                  log_capacity: float = math.inf) -> np.ndarray:
         """What stays deferred: base.py's deferrals, and the layouts predicted heavier than an OOM that holds them
-        until the memory learned from measured peaks (`peaks()`: that correction, no OOM bound in it) puts them below
+        until the memory learned from measured peaks (`peaks()`: that correction, no OOM bound in it, and its (mean, sd)
+        at every candidate) puts them below
         that OOM'd layout (the module's rule): the model's order of memory is only its own, and measured peaks that
         reorder it outweigh it; p_fit then weighs them. An OOM the measured peaks explain -- some peak strays
         from the model's account (`stray`, the largest |log(measured / predicted)|) by at least as much as the OOM'd
@@ -95,8 +97,8 @@ class OomDeferral:
         held = self.heavier & ~used
         if not held.any():
             return self.structural | held
-        gp = peaks()
-        learned = self.log_mem + gp.predict(self.Z, self.FM)[0]
+        gp, (mean, _) = peaks()
+        learned = self.log_mem + mean
         backed = self.max_peak >= np.maximum(self.log_mem, learned)    # a measured peak as large fit
         own = np.isin(self.account, list(self.measured))                # a peak of its own account measured
         holding = np.zeros(len(held), dtype=bool)
