@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from tuner.frameworks import ALLOCATOR_SD
-from tuner.gp import GRID, GP, fit_gp
+from tuner.gp import GRID, GP, RatioGP, fit_gp
 from tuner.layout import RECOMPUTE, Layout
 from tuner.perfmodel import MEMORY_KEYS, MEMORY_NOISE_SD, comm, memory_gp_scales, memory_shares, predict
 from tuner.perfmodel.fit import run_need_gb
@@ -279,13 +279,14 @@ class Observations:
         gp = self._memory_gp(sd, self.mZ, self.mF, self.my, self.mnoise)
         if not self.oy:
             return gp
-        mu, _ = gp.predict(np.array(self.oZ).reshape(len(self.oy), Z_DIM), np.array(self.oF).reshape(len(self.oy), FM_DIM))
+        oZ, oF = np.array(self.oZ).reshape(len(self.oy), Z_DIM), np.array(self.oF).reshape(len(self.oy), FM_DIM)
+        mu, _ = gp.predict(oZ, oF)
         take = np.flatnonzero(mu < np.array(self.oy))
-        if not len(take):
-            return gp
-        pick = lambda xs, extra: list(xs) + [extra[i] for i in take]   # noqa: E731
-        return self._memory_gp(sd, pick(self.mZ, self.oZ), pick(self.mF, self.oF), pick(self.my, self.oy),
-                               pick(self.mnoise, self.onoise))
+        if len(take):
+            pick = lambda xs, extra: list(xs) + [extra[i] for i in take]   # noqa: E731
+            gp = self._memory_gp(sd, pick(self.mZ, self.oZ), pick(self.mF, self.oF), pick(self.my, self.oy),
+                                 pick(self.mnoise, self.onoise))
+        return gp.truncated(oZ, oF, self.oy, np.setdiff1d(np.arange(len(self.oy)), take))
 
     @staticmethod
     def _memory_gp(sd: float, Z, F, y, noise) -> "RatioGP":
@@ -302,20 +303,6 @@ class Observations:
                    w_scale=np.where(_WORKING, b / a, 1.0)).fit(Z, F, lin, lin_noise) for a, b, (c, w, g) in scales]
         gp = max(fits, key=lambda gp: gp.log_marginal() + 1e-9 * (gp is fits[0]))
         return RatioGP(gp.calibrate() if len(y) >= MEMORY_WIDEN_MIN else gp)
-
-
-@dataclass
-class RatioGP:
-    """The memory correction: a GP on measured / predicted peak - 1, which is linear in the memory shares
-    when each component of the model's account is off by its own factor (sum_k m_k share_k - 1), however
-    large the factors; `predict` answers in log(measured / predicted) as the callers compare with capacity."""
-
-    gp: GP
-
-    def predict(self, Z, F) -> tuple[np.ndarray, np.ndarray]:
-        mu, sd = self.gp.predict(Z, F)
-        ratio = np.maximum(1.0 + mu, 0.05)
-        return np.log(ratio), sd / ratio
 
 
 @dataclass

@@ -1,11 +1,12 @@
 """The Gaussian process the memory and speed correction fits on the model's residuals (tuner.correction): a
 kernel of a constant, a linear term in the model's features and a squared-exponential term in the layout's
-coordinates; its shape chosen by marginal likelihood over a small grid. Pure numpy."""
+coordinates; its shape chosen by marginal likelihood over a small grid. RatioGP: the memory correction's form of it
+(a ratio of peaks), and what an OOM it already expected tells it (truncation_site). Pure numpy."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -102,6 +103,20 @@ class GP:
         kinv_diag = (Linv * Linv).sum(0)
         return float(np.mean(alpha ** 2 / kinv_diag))
 
+    def with_points(self, Z, F, y, noise) -> "GP":
+        """A copy of this fitted GP -- its shape and sd calibration kept, not chosen again -- conditioned on more
+        points as well, each with the whole noise sd `noise` in the units `predict` states its sd in (at least the
+        GP's own noise)."""
+        out = replace(self)
+        extra = np.sqrt(np.maximum((np.asarray(noise, float) / self.sd_scale) ** 2 - self.noise ** 2, 0.0))
+        if self._data is None:
+            return out.fit(Z, F, y, extra)
+        Zd, Fd, yd, L, _ = self._data
+        had = np.diag(L @ L.T) - np.diag(self.kernel(Zd, Fd, Zd, Fd)) - 1e-9 - self.noise ** 2
+        return out.fit(np.vstack([Zd, np.asarray(Z, float)]), np.vstack([Fd, np.asarray(F, float)]),
+                       np.concatenate([yd, np.asarray(y, float)]),
+                       np.concatenate([np.sqrt(np.maximum(had, 0.0)), extra]))
+
     def calibrate(self, max_scale: float = 3.0) -> "GP":
         """Widen the predictive sd when the leave-one-out errors are larger than it says (never
         narrow it): a residual model that does not explain the data must not be trusted."""
@@ -128,3 +143,44 @@ def fit_gp(Z, F, y, extra_noise=None, *, s_c=0.3, noise=0.025, min_points=6, z_s
             if lm > best_lm + 1e-9:
                 best, best_lm = gp, lm
     return best.calibrate()
+
+
+def truncation_site(mean: float, sd: float, bound: float) -> float:
+    """The noise sd of a Gaussian observation at `mean` that narrows a belief N(mean, sd^2) to the variance it has
+    once it is known to lie above `bound` (the truncated normal's; Johnson, Kotz & Balakrishnan 1994, "Continuous
+    Univariate Distributions", vol. 1, 13.10) without moving its mean: a censored observation's second moment, not
+    its first (inf where the bound says nothing: far below the belief)."""
+    a = (bound - mean) / sd
+    lam = math.exp(-0.5 * a * a) / math.sqrt(2 * math.pi) / max(0.5 * math.erfc(a / math.sqrt(2)), 1e-300)
+    r = 1.0 + a * lam - lam * lam                 # the truncated variance over the belief's
+    return math.inf if r >= 1.0 - 1e-6 else sd * math.sqrt(max(r, 1e-6) / (1.0 - r))
+
+
+@dataclass
+class RatioGP:
+    """The memory correction: a GP on measured / predicted peak - 1, which is linear in the memory shares
+    when each component of the model's account is off by its own factor (sum_k m_k share_k - 1), however
+    large the factors; `predict` answers in log(measured / predicted) as the callers compare with capacity."""
+
+    gp: GP
+
+    def predict(self, Z, F) -> tuple[np.ndarray, np.ndarray]:
+        mu, sd = self.gp.predict(Z, F)
+        ratio = np.maximum(1.0 + mu, 0.05)
+        return np.log(ratio), sd / ratio
+
+    def truncated(self, Z, F, bounds, rows) -> "RatioGP":
+        """This correction told that the OOM'd layouts `rows` (of Z, F; lower `bounds` in log) needed more than
+        their bounds, where it already believes they did: each belief is narrowed to its truncated normal's
+        variance, its mean kept (truncation_site), one OOM after the other on the belief those before it left
+        (two alike narrow it less than two apart) -- one OOM of an account that no peak measured then lowers
+        the p_fit of its kin the belief puts above the capacity, which entering it at its bound cannot (issue 30
+        round 43); the mean shift is left out (round 35: under a wide prior it moved a whole family)."""
+        out = self
+        for i in rows:
+            (mu,), (sd,) = out.predict(Z[i:i + 1], F[i:i + 1])
+            noise = truncation_site(mu, sd, bounds[i])
+            if math.isfinite(noise) and mu >= bounds[i]:
+                ratio = math.exp(mu)
+                out = RatioGP(out.gp.with_points(Z[i:i + 1], F[i:i + 1], [ratio - 1.0], [noise * ratio]))
+        return out
