@@ -28,11 +28,12 @@ class GP:
     scale: float = 1.0
     scaled_col: int | None = None
     _data: tuple | None = field(default=None, repr=False)
+    _noise2: np.ndarray | None = field(default=None, repr=False)     # each fitted point's noise variance
 
     def shape(self) -> dict:
         """The hyperparameters (GP's fields but the sd calibration and the data): what a GP built on this one's
         choice (tuner.search.explore's family GP) takes over."""
-        return {f.name: getattr(self, f.name) for f in fields(GP) if f.name not in ("sd_scale", "_data")}
+        return {f.name: getattr(self, f.name) for f in fields(GP) if f.name != "sd_scale" and not f.name.startswith("_")}
 
     def mean(self, F) -> np.ndarray:
         F = np.asarray(F, float)
@@ -57,6 +58,7 @@ class GP:
             self._data = None
             return self
         nv = self.noise ** 2 + (np.zeros(len(y)) if extra_noise is None else np.asarray(extra_noise) ** 2)
+        self._noise2 = nv
         K = self.kernel(Z, F, Z, F) + np.diag(nv + 1e-9)
         L = np.linalg.cholesky(K)
         alpha = np.linalg.solve(L.T, np.linalg.solve(L, y - self.mean(F)))
@@ -111,11 +113,10 @@ class GP:
         extra = np.sqrt(np.maximum((np.asarray(noise, float) / self.sd_scale) ** 2 - self.noise ** 2, 0.0))
         if self._data is None:
             return out.fit(Z, F, y, extra)
-        Zd, Fd, yd, L, _ = self._data
-        had = np.diag(L @ L.T) - np.diag(self.kernel(Zd, Fd, Zd, Fd)) - 1e-9 - self.noise ** 2
+        Zd, Fd, yd, _, _ = self._data
+        had = np.sqrt(np.maximum(self._noise2 - self.noise ** 2, 0.0))
         return out.fit(np.vstack([Zd, np.asarray(Z, float)]), np.vstack([Fd, np.asarray(F, float)]),
-                       np.concatenate([yd, np.asarray(y, float)]),
-                       np.concatenate([np.sqrt(np.maximum(had, 0.0)), extra]))
+                       np.concatenate([yd, np.asarray(y, float)]), np.concatenate([had, extra]))
 
     def calibrate(self, max_scale: float = 3.0) -> "GP":
         """Widen the predictive sd when the leave-one-out errors are larger than it says (never
