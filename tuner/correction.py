@@ -45,6 +45,7 @@ import numpy as np
 from tuner.frameworks import ALLOCATOR_SD
 from tuner.gp import GRID, GP, RatioGP, fit_gp
 from tuner.layout import RECOMPUTE, Layout
+from tuner.offload import offload_share
 from tuner.perfmodel import MEMORY_KEYS, MEMORY_NOISE_SD, comm, memory_gp_scales, memory_shares, predict
 from tuner.perfmodel.fit import run_need_gb
 from tuner.specs import Workload, stored_framework
@@ -68,7 +69,7 @@ MEMORY_WIDENING = (1.0, 2.0, 4.0, 8.0, 16.0)
 #: observations before the working memory is widened apart from the rest (a split is not learned from one point;
 #: a single measurement far off the prior widens the whole prior, so one run moves the correction and leaves it wide)
 MEMORY_WIDEN_MIN = 3
-Z_DIM, F_DIM, FM_DIM = 16, len(STAGE_KEYS) + 3, len(MEMORY_KEYS) + 2
+Z_DIM, F_DIM, FM_DIM = 17, len(STAGE_KEYS) + 3, len(MEMORY_KEYS) + 2
 #: The time correction reads the ZeRO stage (z's coordinate ZERO_COORD, stage / 3) as a category, not a scale (issue 30
 #: round 19): stage 3 gathers the parameters every micro-batch, stage 2 reduce-scatters the gradients, stage 1 shards
 #: the optimizer state only, so the model's error at one stage (a slow parameter prefetch) says nothing through g about
@@ -95,10 +96,10 @@ def time_fit() -> dict:
     return {"z_scale": TIME_Z_SCALE, "scaled_col": OVERHEAD_COL, "scales": OVERHEAD_SCALES}
 
 
-#: z's first coordinates: the layout's own (tp, pp, dp, micro-batch, ZeRO, recompute, sp, cp, vp, ep, etp). The expert
-#: degrees (issue 30 round 11) let an error measured on one expert split carry to that split at another node count and
-#: not to a sibling that splits its experts otherwise (constant 0 for a dense model: its correction is unchanged).
-LAYOUT_DIMS = 11
+#: z's first coordinates: the layout's own (tp, pp, dp, micro-batch, ZeRO, recompute, sp, cp, vp, ep, etp, layers
+#: offloaded: tuner.offload.offload_share). The expert degrees (issue 30 round 11) let an error measured on one expert
+#: split carry to that split at another node count and not to a sibling that splits its experts otherwise.
+LAYOUT_DIMS = 12
 #: How far (in those coordinates) a measured layout's support reaches: the guided searcher's ELL_U, the reach of a
 #: trial's error on its neighbours' uncertainty (tuner/search/explore.py). An unmeasured layout this far or further
 #: from every measured one is as uncertain as the spread of the model's errors among the measured (far_sd).
@@ -144,7 +145,7 @@ def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
             math.log2(layout.micro_batch) / 4, layout.zero_stage / 3, RECOMPUTE.index(layout.recompute) / (len(RECOMPUTE) - 1),
             0.3 * layout.sequence_parallel, math.log2(layout.context_parallel) / 4,
             math.log2(layout.virtual_pipeline) / 8, math.log2(layout.expert_parallel) / 4,
-            math.log2(layout.expert_tensor_parallel) / 4]
+            math.log2(layout.expert_tensor_parallel) / 4, offload_share(layout, workload)]
     if workload is None:
         return Features(np.array(base + [0.0] * 5), np.zeros(F_DIM), np.zeros(FM_DIM), math.log(0.3), 0.0, True)
     pred = pred or predict(layout, workload)
