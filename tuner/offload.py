@@ -34,10 +34,11 @@ def offload_refusal(framework: str, layout, workload) -> str | None:
 
 
 def offload_share(layout, workload) -> float:
-    """z's offloading coordinate: the share of the model's layers whose activations go to the host (Megatron-Core's
-    CPU offloading, pp 1), from none to all as far apart as no recompute and full recompute (issue 30 round 42: a
-    world ran 24 of 48 offloaded layers 7 % faster than 36, which the model prices alike, and the correction could not
-    tell them apart: tuner.correction.features). Without a workload, whether it offloads at all."""
+    """z's offloading coordinate (tuner.correction.features): the share of the model's layers whose activations
+    Megatron-Core offloads to the host, from none (0) to all (1), as far apart as no recompute and full recompute. The
+    model hides the copies under compute and prices 24 and 36 offloaded layers alike; without this coordinate two such
+    measured twins 8 % apart were one point to the correction (issue 30 round 43). Without a workload, whether it
+    offloads at all."""
     if not layout.offload_layers:
         return 0.0
     return min(1.0, layout.offload_layers / workload.model.num_layers) if workload is not None else 1.0
