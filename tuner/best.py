@@ -4,7 +4,8 @@ predictions otherwise. The application layer `tuner best`, `tuner launch` and no
 `best_for_unmeasured` (pure) answers "best layout for N nodes" where N was never measured (and `plan` /
 `launch` without trials use the same memory rule): the performance model corrected by every stored
 measurement of the same model, cluster and framework at other node counts (tuner/correction.py), ranked by
-corrected MFU (samples/s for the workload's global batch). A simulated trial is the model's own prediction:
+corrected MFU (samples/s for the workload's global batch), the hiding under compute no measured trial verified counted
+as shown (tuner/transfer_hiding.py). A simulated trial is the model's own prediction:
 it never corrects the model, so simulator studies leave this answer exactly as an empty store gives it.
 At a node count that has stored trials, measured ones answer; simulated ones only where nothing was
 measured (and `tuner best` says so).
@@ -39,6 +40,7 @@ from tuner.specs import STORED_SETTINGS, Workload, stored_setting
 from tuner.correction import (Z_DIM, Observations, features, left_out, memory_features, record_workload, simulated,
                               warm_start_records)
 from tuner.oom_evidence import oom_bounds, oom_fit_cap, said_capacities, usable_workload
+from tuner.transfer_hiding import by_verified_hiding, measured_hiding
 from tuner.trial import Status
 
 Z90 = 1.645           # two-sided 90 % interval / one-sided 95 % bound of a normal
@@ -225,11 +227,12 @@ def answer(row: dict, workload: Workload, evidence: dict) -> dict:
 
 
 def unmeasured_rows(workload: Workload, space, records, studies: dict | None = None) -> tuple[list[dict], Workload,
-                                                                                            tuple | None, object]:
+                                                                                            tuple | None, object, tuple | None]:
     """Every layout of `space` that `best_for_unmeasured` weighs for `workload` (a node count never measured) as
     `corrected` states it (corrected speed, its sd, memory, p_fit), by the stored trials of the same model and
     cluster at other node counts (`studies`: name -> StudyRecord, for their global batch); with the workload on what
-    the OOMs' messages said the GPUs hold, those messages' figures (or None) and the warm start the rows rest on.
+    the OOMs' messages said the GPUs hold, those messages' figures (or None), the warm start the rows rest on and the
+    most of a step the measured trials hid under compute (transfer_hiding.measured_hiding: None where none ran).
     With no memory data at all, only the layouts likely to fit by memory alone (likely_to_fit; all if none)."""
     from tuner.space import valid_layouts
 
@@ -248,7 +251,7 @@ def unmeasured_rows(workload: Workload, space, records, studies: dict | None = N
     rescues = offload_rescues(rows, workload, space) if preds is None else []
     if rescues:                                         # measured memory, the space's offloading rule with it
         rows += corrected(rescues, workload, ws.observations, bounds=bounds, support=support, twin_gb=twin_gb)
-    return rows, workload, usable, ws
+    return rows, workload, usable, ws, measured_hiding(records, workload, studies)
 
 
 def offload_rescues(rows: list[dict], workload: Workload, space) -> list[Layout]:
@@ -266,14 +269,17 @@ def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies:
     """The k fastest predicted layouts of `space` for `workload` (a node count never measured), the model
     corrected by the stored trials of the same model and cluster at other node counts (`studies`:
     name -> StudyRecord, for their global batch; unmeasured_rows). Layouts that keep the memory headroom come
-    first. Raises UsageError when no layout of the space is valid or likely to fit."""
+    first, each group by corrected speed less the hiding no measurement verified (transfer_hiding). Raises UsageError
+    when no layout of the space is valid or likely to fit."""
     return fastest_unmeasured(unmeasured_rows(workload, space, records, studies), space, k, studies)
 
 
 def fastest_unmeasured(weighed: tuple, space, k: int = 5, studies: dict | None = None) -> list[dict]:
     """best_for_unmeasured's answer from `weighed`, what unmeasured_rows returned for its workload: the k fastest of
-    the rows likely to fit (p_fit >= 0.5), those that keep the memory headroom first; UsageError when none is."""
-    rows, workload, usable, ws = weighed
+    the rows likely to fit (p_fit >= 0.5), those that keep the memory headroom first, each group by corrected speed as if
+    the share of its step it hides beyond the most any measured trial hid showed (transfer_hiding.by_verified_hiding;
+    issue 30 round 44); UsageError when none is."""
+    rows, workload, usable, ws, hiding = weighed
     likely = [r for r in rows if r["p_fit"] >= 0.5]
     if not likely:
         least = min(rows, key=lambda r: r["memory_gb"])
@@ -284,10 +290,10 @@ def fastest_unmeasured(weighed: tuple, space, k: int = 5, studies: dict | None =
                          f"{more_nodes_hint(workload, space)}")
     # at equal speed the fewer layers offloaded (the copies the model hides under compute are the part it rests on,
     # and they hold the host's memory), then the smaller peak
-    likely.sort(key=lambda r: (not r["headroom_ok"], -r["mfu"], r["layout"].offload_layers, r["memory_gb"]))
+    ranked = by_verified_hiding(likely, workload, hiding, max(int(k), 1))
     evidence = _evidence(ws, workload, studies, usable)
-    out = [answer(r, workload, evidence) for r in likely[:max(int(k), 1)]]
-    riskier = faster_if_it_fits(likely, workload)
+    out = [answer(r, workload, evidence) for r in ranked]
+    riskier = faster_if_it_fits(ranked[:1] + likely, workload)
     if riskier:
         out[0]["faster_if_it_fits"] = riskier
     return out

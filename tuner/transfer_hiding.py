@@ -1,0 +1,100 @@
+"""The overlap an answer at an unmeasured node count rests on (issue 30 round 44). Pure.
+
+The model hides a collective under compute wholly until it outlasts that compute: Megatron-FSDP's and FSDP2's per-layer
+gathers under the neighbouring layer (tuner.perfmodel.fsdp_time), the distributed optimizer's gradient reduce under the
+last backward. A measured trial tests that assumption only as far as its own step hid: a study whose trials hid at
+most a third of their step under compute says nothing of a layout the model lets hide two thirds -- the ZeRO-3 layout
+at twice the nodes with half the micro-batch, whose gathers the model still hides where the world exposes them. So
+`best` at a node count nobody measured (tuner.best.fastest_unmeasured) ranks each layout as if the share of its step
+that it hides beyond the most any measured trial hid showed in full (by_verified_hiding): the step that much longer.
+Only the order moves; the stated speed, interval and p_fit stay. No constant is chosen: the reference is the study's
+own largest measured share. Where nothing was measured, or the framework hides nothing (Megatron-DeepSpeed), the
+order is the corrected speed's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from tuner.correction import left_out, record_workload
+from tuner.layout import Layout, micro_batches_per_pipeline, stage_candidates, why_invalid
+from tuner.perfmodel import _NO_COMPUTE, _gradient_sync, framework_as_run, memory, predict
+from tuner.perfmodel.stages import overlaps_of
+from tuner.specs import Workload
+from tuner.trial import Status
+
+
+def hidden_sync_share(layout: Layout, workload: Workload, pred=None, memo: dict | None = None) -> float:
+    """The share of `layout`'s predicted step (`pred`, predict's) that the model hides of its gradient sync under
+    compute: the data-parallel / ZeRO / FSDP collectives' seconds with no compute to hide under (the model's own
+    gradient sync of the stage holding the most parameters, as predict takes them) less the seconds its breakdown shows
+    (dp_*), over the step. 0 where the framework overlaps nothing (Megatron-DeepSpeed). `memo`: predict's, kept for
+    one workload's layouts."""
+    pred = pred or predict(layout, workload, memo=memo)
+    model = workload.model
+    params = max((memory.stage_params(model, layout, s), memory.stage_expert_params(model, layout, s))
+                 for s in stage_candidates(layout, model))
+    bare = _gradient_sync(layout, workload, framework_as_run(workload, None), dict(_NO_COMPUTE),
+                          micro_batches_per_pipeline(layout, workload.global_batch), *params, overlaps_of(workload, None))
+    shown = sum(v for k, v in pred.time_breakdown.items() if k.startswith("dp_"))
+    return max(0.0, bare["grad_reduce"] + bare["param_gather"] - shown) / max(pred.step_time_s, 1e-12)
+
+
+def measured_hiding(records, workload: Workload, studies: dict | None = None) -> tuple[float, Workload] | None:
+    """The largest share of its step any measured ok trial of `workload`'s model, cluster and framework hid under
+    compute (hidden_sync_share, in the workload it ran: record_workload), among those at the measured node count
+    nearest `workload`'s (the smaller at a tie), and that node count's workload; None where nothing was measured."""
+    ok = [r for r in records or () if r.status == Status.OK and r.mfu and not left_out(r, workload, studies)]
+    ran = [(r.layout, record_workload(r, workload, studies)) for r in ok]
+    ran = [(lay, w) for lay, w in ran if lay.gpus == w.gpus]
+    if not ran:
+        return None
+    nodes = min({w.nodes for _, w in ran}, key=lambda n: (abs(math.log(n / workload.nodes)), n))
+    there = [(lay, w) for lay, w in ran if w.nodes == nodes]
+    return max(hidden_sync_share(lay, w) for lay, w in there), there[0][1]
+
+
+def unverified_hiding(layout: Layout, workload: Workload, measured: tuple[float, Workload],
+                      memo: dict | None = None) -> float:
+    """How much more of its step `layout` hides of its gradient sync at the measured node count (the same layout with
+    its dp scaled to that node count's GPUs: a measured trial's twin is that trial) than any measured trial there hid
+    (measured_hiding): a share no measurement has shown the model's overlap to hold. 0 where the layout has no such
+    counterpart there. `memo`: predict's, kept for the measured node count's layouts."""
+    most, w = measured
+    dp = layout.dp * w.gpus / workload.gpus
+    if dp < 1 or dp != int(dp):
+        return 0.0
+    there = replace(layout, dp=int(dp))
+    if why_invalid(there, w):
+        return 0.0
+    return max(0.0, hidden_sync_share(there, w, memo=memo) - most)
+
+
+def by_verified_hiding(rows: list[dict], workload: Workload, measured: tuple[float, Workload] | None,
+                       k: int) -> list[dict]:
+    """The first k of `rows` (tuner.best.corrected's, likely to fit), those keeping the memory headroom first, each group
+    by corrected speed over 1 + its unverified hiding (the step that share longer), then fewer layers offloaded and the
+    smaller peak (tuner.best.fastest_unmeasured's ties). `measured`: measured_hiding's answer (None: the corrected
+    order). Rows are visited fastest first, only until none left can rank among the k."""
+    def ties(r: dict) -> tuple:
+        return r["layout"].offload_layers, r["memory_gb"]
+
+    out: list[dict] = []
+    memo: dict = {}
+    for keep in (True, False):
+        need = k - len(out)
+        if need <= 0:
+            break
+        group = sorted((r for r in rows if r["headroom_ok"] == keep), key=lambda r: (-r["mfu"], *ties(r)))
+        if measured is None:
+            out += group[:need]
+            continue
+        scored: list[tuple] = []
+        for r in group:
+            if len(scored) >= need and -math.log(r["mfu"]) > sorted(scored, key=lambda s: s[:3])[need - 1][0]:
+                break
+            excess = unverified_hiding(r["layout"], workload, measured, memo)
+            scored.append((-(math.log(r["mfu"]) - math.log1p(excess)), *ties(r), r))
+        out += [s[-1] for s in sorted(scored, key=lambda s: s[:3])[:need]]
+    return out
