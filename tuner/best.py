@@ -226,8 +226,8 @@ def answer(row: dict, workload: Workload, evidence: dict) -> dict:
             "p_fit_basis": framework_of(workload).memory_note(workload), "evidence": evidence}
 
 
-def unmeasured_rows(workload: Workload, space, records, studies: dict | None = None) -> tuple[list[dict], Workload,
-                                                                                            tuple | None, object, tuple | None]:
+def unmeasured_rows(workload: Workload, space, records, studies: dict | None = None) -> tuple[
+        list[dict], Workload, tuple | None, object, tuple | None]:
     """Every layout of `space` that `best_for_unmeasured` weighs for `workload` (a node count never measured) as
     `corrected` states it (corrected speed, its sd, memory, p_fit), by the stored trials of the same model and
     cluster at other node counts (`studies`: name -> StudyRecord, for their global batch); with the workload on what
@@ -276,8 +276,8 @@ def best_for_unmeasured(workload: Workload, space, records, k: int = 5, studies:
 
 def fastest_unmeasured(weighed: tuple, space, k: int = 5, studies: dict | None = None) -> list[dict]:
     """best_for_unmeasured's answer from `weighed`, what unmeasured_rows returned for its workload: the k fastest of
-    the rows likely to fit (p_fit >= 0.5), those that keep the memory headroom first, each group by corrected speed as if
-    the share of its step it hides beyond the most any measured trial hid showed (transfer_hiding.by_verified_hiding;
+    the rows likely to fit (p_fit >= 0.5), those that keep the memory headroom first, each group by corrected speed as
+    if the share of its step it hides beyond the most any measured trial hid showed (transfer_hiding.by_verified_hiding;
     issue 30 round 44); UsageError when none is."""
     rows, workload, usable, ws, hiding = weighed
     likely = [r for r in rows if r["p_fit"] >= 0.5]

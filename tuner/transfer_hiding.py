@@ -35,8 +35,9 @@ def hidden_sync_share(layout: Layout, workload: Workload, pred=None, memo: dict 
     model = workload.model
     params = max((memory.stage_params(model, layout, s), memory.stage_expert_params(model, layout, s))
                  for s in stage_candidates(layout, model))
-    bare = _gradient_sync(layout, workload, framework_as_run(workload, None), dict(_NO_COMPUTE),
-                          micro_batches_per_pipeline(layout, workload.global_batch), *params, overlaps_of(workload, None))
+    m = micro_batches_per_pipeline(layout, workload.global_batch)
+    bare = _gradient_sync(layout, workload, framework_as_run(workload, None), dict(_NO_COMPUTE), m, *params,
+                          overlaps_of(workload, None))
     shown = sum(v for k, v in pred.time_breakdown.items() if k.startswith("dp_"))
     return max(0.0, bare["grad_reduce"] + bare["param_gather"] - shown) / max(pred.step_time_s, 1e-12)
 
@@ -73,10 +74,10 @@ def unverified_hiding(layout: Layout, workload: Workload, measured: tuple[float,
 
 def by_verified_hiding(rows: list[dict], workload: Workload, measured: tuple[float, Workload] | None,
                        k: int) -> list[dict]:
-    """The first k of `rows` (tuner.best.corrected's, likely to fit), those keeping the memory headroom first, each group
-    by corrected speed over 1 + its unverified hiding (the step that share longer), then fewer layers offloaded and the
-    smaller peak (tuner.best.fastest_unmeasured's ties). `measured`: measured_hiding's answer (None: the corrected
-    order). Rows are visited fastest first, only until none left can rank among the k."""
+    """The first k of `rows` (tuner.best.corrected's, likely to fit), those keeping the memory headroom first, each
+    group by corrected speed over 1 + its unverified hiding (the step that share longer), then fewer layers offloaded
+    and the smaller peak (tuner.best.fastest_unmeasured's ties). `measured`: measured_hiding's answer (None: the
+    corrected order). Rows are visited fastest first, only until none left can rank among the k."""
     def ties(r: dict) -> tuple:
         return r["layout"].offload_layers, r["memory_gb"]
 
