@@ -14,11 +14,12 @@ order is the corrected speed's.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import replace
 
 from tuner.correction import left_out, record_workload
-from tuner.layout import Layout, micro_batches_per_pipeline, stage_candidates, why_invalid
+from tuner.layout import Layout, micro_batches_per_pipeline, why_invalid
 from tuner.perfmodel import _NO_COMPUTE, _gradient_sync, framework_as_run, memory, predict
 from tuner.perfmodel.stages import overlaps_of
 from tuner.specs import Workload
@@ -32,12 +33,9 @@ def hidden_sync_share(layout: Layout, workload: Workload, pred=None, memo: dict 
     (dp_*), over the step. 0 where the framework overlaps nothing (Megatron-DeepSpeed). `memo`: predict's, kept for
     one workload's layouts."""
     pred = pred or predict(layout, workload, memo=memo)
-    model = workload.model
-    params = max((memory.stage_params(model, layout, s), memory.stage_expert_params(model, layout, s))
-                 for s in stage_candidates(layout, model))
     m = micro_batches_per_pipeline(layout, workload.global_batch)
-    bare = _gradient_sync(layout, workload, framework_as_run(workload, None), dict(_NO_COMPUTE), m, *params,
-                          overlaps_of(workload, None))
+    bare = _gradient_sync(layout, workload, framework_as_run(workload, None), dict(_NO_COMPUTE), m,
+                          *memory.largest_stage_params(workload.model, layout), overlaps_of(workload, None))
     shown = sum(v for k, v in pred.time_breakdown.items() if k.startswith("dp_"))
     return max(0.0, bare["grad_reduce"] + bare["param_gather"] - shown) / max(pred.step_time_s, 1e-12)
 
@@ -92,10 +90,15 @@ def by_verified_hiding(rows: list[dict], workload: Workload, measured: tuple[flo
             out += group[:need]
             continue
         scored: list[tuple] = []
-        for r in group:
-            if len(scored) >= need and -math.log(r["mfu"]) > sorted(scored, key=lambda s: s[:3])[need - 1][0]:
+        for r in group:     # a row's score is at least -log(mfu): none after this one can rank among the first `need`
+            if len(scored) >= need and -math.log(r["mfu"]) > heapq.nsmallest(need, scored, key=_key)[-1][0]:
                 break
             excess = unverified_hiding(r["layout"], workload, measured, memo)
             scored.append((-(math.log(r["mfu"]) - math.log1p(excess)), *ties(r), r))
-        out += [s[-1] for s in sorted(scored, key=lambda s: s[:3])[:need]]
+        out += [s[-1] for s in heapq.nsmallest(need, scored, key=_key)]
     return out
+
+
+def _key(scored: tuple) -> tuple:
+    """by_verified_hiding's order of a scored row: (score, layers offloaded, peak), the row itself never compared."""
+    return scored[:3]

@@ -35,8 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tuner.layout import (RECOMPUTE, Layout, expert_data_parallel, micro_batches_per_pipeline, stage_candidates,
-                          stage_layers)
+from tuner.layout import RECOMPUTE, Layout, expert_data_parallel, micro_batches_per_pipeline, stage_layers
 from tuner.pipeline_split import bubble_share
 from tuner.frameworks import megatron_fsdp, of as framework_of
 from tuner.perfmodel import buckets, comm, compute, memory, moe, moe_exchange, quantized, step_floor
@@ -336,8 +335,7 @@ def predict(layout: Layout, workload: Workload, exchange: moe_exchange.TokenExch
 
     # ---- time
     _, t_stage, stages = slowest_stage(layout, workload, sh, exchange, memo)
-    params_gpu, experts_gpu = max((memory.stage_params(model, layout, s), memory.stage_expert_params(model, layout, s))
-                                  for s in stage_candidates(layout, model))
+    params_gpu, experts_gpu = memory.largest_stage_params(model, layout)
     edp, hide = expert_data_parallel(layout), overlaps_of(workload, exchange)
     slow, dp = last_to_finish(layout, workload, fw, stages, m, params_gpu, experts_gpu, hide)
     slow = offload_beside_nic(layout, workload, (fw, hide, exchange, memo), slow, m, sh, (params_gpu, experts_gpu))

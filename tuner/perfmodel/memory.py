@@ -39,8 +39,8 @@ from tuner.perfmodel.memory_loss import LAUNCHED_LOSS_CHUNKS, loss_phase, megatr
 from tuner.perfmodel.moe import moe_activation_bytes, op_sac_moe_backward_bytes
 from tuner.perfmodel.offload import resident_layers
 from tuner.perfmodel.params import (  # noqa: F401 -- re-exported: the parameters one GPU holds
-    embedding_params, layer_params, max_layer_params, mtp_params, stage_expert_params, stage_params,
-    tied_embedding_params)
+    embedding_params, largest_stage_params, layer_params, max_layer_params, mtp_params, stage_expert_params,
+    stage_params, tied_embedding_params)
 from tuner.perfmodel.quantized import (  # noqa: F401 -- re-exported: the weights as TransformerEngine quantizes them
     QUANTIZED_WEIGHT_BYTES, outside_layer_params, quantized_weight_bytes, quantized_weights)
 from tuner.perfmodel.recompute import freed_bytes     # Megatron-Core's --recompute-modules (issue 25)

@@ -5,7 +5,7 @@ re-exports every name here)."""
 
 from __future__ import annotations
 
-from tuner.layout import Layout, stage_layers, stage_moe_layers
+from tuner.layout import Layout, stage_candidates, stage_layers, stage_moe_layers
 from tuner.perfmodel.moe import moe_layer_params
 from tuner.specs import ModelSpec
 
@@ -67,6 +67,14 @@ def stage_expert_params(model: ModelSpec, layout: Layout, stage: int) -> float:
     if model.is_moe and stage == layout.pp - 1:
         moe += model.mtp_num_layers        # the multi-token prediction modules' MoE layers
     return moe * moe_layer_params(model, layout.tp, layout.expert_parallel, layout.expert_tensor_parallel)[1] if moe else 0.0
+
+
+
+def largest_stage_params(model: ModelSpec, layout: Layout) -> tuple[float, float]:
+    """(stage_params, stage_expert_params) of the stage holding the most parameters (of those that may, the pipeline
+    split's candidates): what the step's gradient sync and optimizer move per GPU."""
+    return max((stage_params(model, layout, s), stage_expert_params(model, layout, s))
+               for s in stage_candidates(layout, model))
 
 
 def max_layer_params(model: ModelSpec, layout: Layout) -> float:
