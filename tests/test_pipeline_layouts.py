@@ -17,7 +17,7 @@ import tuner.perfmodel as perfmodel
 from tuner.cli import cli
 from tuner.errors import UsageError
 from tuner.layout import Layout, stage_candidates, stage_layers, why_invalid
-from tuner.perfmodel import memory, predict, stages
+from tuner.perfmodel import memory, params, predict, stages
 from tuner.pipeline_split import PIPELINE_SPLITS, chunk_sizes, why_invalid_split
 from tuner.render import mcore, torchtitan
 from tuner.render.launch import launch_files
@@ -196,7 +196,7 @@ def test_every_rank_considered_changes_nothing(lay, monkeypatch):
     assert why_invalid(lay, w) is None
     fast = predict(lay, w)
     every = lambda layout, model: tuple(range(layout.pp))       # noqa: E731
-    monkeypatch.setattr(perfmodel, "stage_candidates", every)
+    monkeypatch.setattr(params, "stage_candidates", every)       # the stage holding the most parameters
     monkeypatch.setattr(stages, "stage_candidates", every)
     monkeypatch.setattr(memory, "stage_candidates", every)
     slow = predict(lay, w)
