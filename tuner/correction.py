@@ -14,9 +14,7 @@ the layout *and* of the model's own account of it:
 - f_k: the share of the predicted step spent in component k (GEMMs, attention, element-wise, TP
   all-reduces, pipeline p2p, per-micro-batch overhead, the dense parameters' DP/ZeRO collectives over the
   data-parallel group, the expert parameters' over the expert-data-parallel group, the rest), the pipeline
-  bubble spread over the stage components that make it, and CPU activation offloading's copies over the step, hidden
-  or not (offload_copy_seconds: a slower host link or a weaker overlap than the model's costs in proportion to the
-  copies, where a share of the zero seconds it shows could learn nothing). A cluster constant that is off by a factor
+  bubble spread over the stage components that make it. A cluster constant that is off by a factor
   shows up as a residual linear in these shares, whatever the node count: that is what transfers;
 - g: a squared-exponential GP over z = (log2 tp, log2 pp, log2 dp, log2 micro-batch, ZeRO stage,
   checkpointing, sp, log2 cp, log2 vp, log2 ep, log2 etp (the expert degrees on tp's scale), TP group leaves
@@ -48,8 +46,7 @@ from tuner.frameworks import ALLOCATOR_SD
 from tuner.gp import GRID, GP, RatioGP, fit_gp
 from tuner.layout import RECOMPUTE, Layout
 from tuner.offload import offload_share
-from tuner.perfmodel import (MEMORY_KEYS, MEMORY_NOISE_SD, comm, memory_gp_scales, memory_shares, offload_copy_seconds,
-                             predict)
+from tuner.perfmodel import MEMORY_KEYS, MEMORY_NOISE_SD, comm, memory_gp_scales, memory_shares, predict
 from tuner.perfmodel.fit import run_need_gb
 from tuner.specs import Workload, stored_framework
 from tuner.trial import SIMULATED, Status
@@ -72,7 +69,7 @@ MEMORY_WIDENING = (1.0, 2.0, 4.0, 8.0, 16.0)
 #: observations before the working memory is widened apart from the rest (a split is not learned from one point;
 #: a single measurement far off the prior widens the whole prior, so one run moves the correction and leaves it wide)
 MEMORY_WIDEN_MIN = 3
-Z_DIM, F_DIM, FM_DIM = 17, len(STAGE_KEYS) + 4, len(MEMORY_KEYS) + 2
+Z_DIM, F_DIM, FM_DIM = 17, len(STAGE_KEYS) + 3, len(MEMORY_KEYS) + 2
 #: The time correction reads the ZeRO stage (z's coordinate ZERO_COORD, stage / 3) as a category, not a scale (issue 30
 #: round 19): stage 3 gathers the parameters every micro-batch, stage 2 reduce-scatters the gradients, stage 1 shards
 #: the optimizer state only, so the model's error at one stage (a slow parameter prefetch) says nothing through g about
@@ -164,8 +161,7 @@ def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
     cross = float(comm.crosses_nodes(workload.cluster, layout.tp, 1))
     z = np.array(base + [cross, bubble / step, shares[3] + shares[4], dp, math.log2(workload.nodes) / 8])
     fm = memory_features(pred.memory_breakdown, layout.recompute)
-    copies = offload_copy_seconds(layout, workload) / step
-    return Features(z, np.array(shares + [dense_dp, expert_dp, other, copies]), fm, math.log(max(pred.mfu, FLOOR)),
+    return Features(z, np.array(shares + [dense_dp, expert_dp, other]), fm, math.log(max(pred.mfu, FLOOR)),
                     math.log(max(pred.memory_gb, 1e-6)), bool(pred.fits), workload.cluster.memory_reserved_gb)
 
 

@@ -47,14 +47,14 @@ from tuner.perfmodel.fit import (MEMORY_KEYS, MEMORY_NOISE_SD, MEMORY_PRIOR_SPLI
                                  with_measured_bias)
 from tuner.perfmodel.flops import megatron_flops, model_flops
 from tuner.perfmodel.prediction import Prediction
-from tuner.perfmodel.stages import (HIDDEN, SM_SHARE, free_compute, layer_parts, offload_copy_seconds, offload_seconds,
-                                   overlaps_of, slowest_stage, stage_times, stage_total)
+from tuner.perfmodel.stages import (HIDDEN, SM_SHARE, free_compute, layer_parts, offload_seconds, overlaps_of,
+                                   slowest_stage, stage_times, stage_total)
 from tuner.specs import Workload
 
 __all__ = ["SM_SHARE", "predict", "rank", "expected_speed", "risk", "keeps_headroom", "fit_probability", "memory_prior_sd",
            "account_sd", "gpu_fit_probability", "breakdown_fit",
            "memory_gp_scales", "memory_shares", "Prediction", "stage_times", "shape_of", "PRUNE_BELOW", "RECOMMEND_AT",
-           "MEMORY_KEYS", "MEMORY_NOISE_SD", "MEMORY_PRIOR_SPLIT", "with_measured_bias", "offload_copy_seconds"]
+           "MEMORY_KEYS", "MEMORY_NOISE_SD", "MEMORY_PRIOR_SPLIT", "with_measured_bias"]
 
 
 def fsdp_time(layout: Layout, workload: Workload, compute_mb: float, m: int, grad_bytes: float = 4.0,

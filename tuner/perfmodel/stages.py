@@ -260,19 +260,6 @@ def offload_seconds(layout: Layout, workload: Workload, sh: compute.Shape, parts
     return sum(waits(*shares))
 
 
-def offload_copy_seconds(layout: Layout, workload: Workload) -> float:
-    """Seconds per iteration that Megatron-Core's CPU activation offloading copies to the host and back, shown or
-    hidden: every offloaded layer's activations (memory.offload_host_gb) out at the node's host_d2h and in at its
-    host_h2d, each micro-batch. What offload_seconds shows is the part of it the compute does not hide; this is the
-    volume a slower link or a weaker overlap scales (tuner.correction's time share of it, issue 30 round 45)."""
-    if not layout.offload_layers:
-        return 0.0
-    cluster = workload.cluster
-    gb = memory.offload_host_gb(layout, workload, shape_of(layout, workload))
-    m = micro_batches_per_pipeline(layout, workload.global_batch)
-    return m * gb * (1.0 / cluster.host_d2h + 1.0 / cluster.host_h2d)
-
-
 def _add_mtp(last: dict, workload: Workload, sh: compute.Shape, layer: dict, per: dict) -> None:
     """The last stage's multi-token prediction (ModelSpec.mtp_num_layers; Megatron-Core's MultiTokenPredictionLayer,
     transformer/multi_token_prediction.py at d98e8a64ddf3, built on the last stage, which then holds an embedding
