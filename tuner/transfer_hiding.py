@@ -85,18 +85,44 @@ def by_verified_hiding(rows: list[dict], workload: Workload, measured: tuple[flo
         need = k - len(out)
         if need <= 0:
             break
-        group = sorted((r for r in rows if r["headroom_ok"] == keep), key=lambda r: (-r["mfu"], *ties(r)))
+        group = sorted((r for r in rows if r["headroom_ok"] == keep), key=lambda r: (-_speed(r), *ties(r)))
         if measured is None:
             out += group[:need]
             continue
         scored: list[tuple] = []
         for r in group:     # a row's score is at least -log(mfu): none after this one can rank among the first `need`
-            if len(scored) >= need and -math.log(r["mfu"]) > heapq.nsmallest(need, scored, key=_key)[-1][0]:
+            if len(scored) >= need and -math.log(_speed(r)) > heapq.nsmallest(need, scored, key=_key)[-1][0]:
                 break
             excess = unverified_hiding(r["layout"], workload, measured, memo)
-            scored.append((-(math.log(r["mfu"]) - math.log1p(excess)), *ties(r), r))
+            scored.append((-(math.log(_speed(r)) - math.log1p(excess)), *ties(r), r))
         out += [s[-1] for s in heapq.nsmallest(need, scored, key=_key)]
     return out
+
+
+def zero2_first(rows: list[dict]) -> list[dict]:
+    """`rows` (tuner.best.corrected's) without each ZeRO-3 layout whose ZeRO-2 sibling -- the same layout at stage 2 --
+    is among them and keeps the memory headroom, that sibling ranked (its "rank_mfu") at the faster of its own corrected
+    speed and theirs; its stated speed stays. Stage 3 runs stage 2's step, collectives and all, and gathers the
+    parameters for every micro-batch besides (DeepSpeed ZeRO-3, FSDP's full shard against SHARD_GRAD_OP, Megatron-FSDP's
+    optim_grads_params against optim_grads): at the same split, micro-batch and recompute it is never the faster, and
+    the memory it saves is what the sibling does not need. The correction can still put it ahead -- it carries a
+    ZeRO-3 trial's residual to the ZeRO-3 layouts alone (tuner.correction.ZERO_COORD) -- where the gathers that the
+    model hides show at the new node count (issue 30 round 45)."""
+    siblings = {r["layout"]: r for r in rows if r["headroom_ok"] and r["layout"].zero_stage == 2}
+    lifted: dict[Layout, float] = {}
+    out = []
+    for r in rows:
+        sib = siblings.get(replace(r["layout"], zero_stage=2)) if r["layout"].zero_stage == 3 else None
+        if sib is None:
+            out.append(r)
+        else:
+            lifted[sib["layout"]] = max(lifted.get(sib["layout"], sib["mfu"]), r["mfu"])
+    return [dict(r, rank_mfu=lifted[r["layout"]]) if r["layout"] in lifted else r for r in out]
+
+
+def _speed(row: dict) -> float:
+    """The corrected speed a row ranks by: its own, or the faster sibling's it stands for (zero2_first)."""
+    return row.get("rank_mfu", row["mfu"])
 
 
 def _key(scored: tuple) -> tuple:
