@@ -9,7 +9,8 @@ at twice the nodes with half the micro-batch, whose gathers the model still hide
 that it hides beyond the most any measured trial hid showed in full (by_verified_hiding): the step that much longer.
 Only the order moves; the stated speed, interval and p_fit stay. No constant is chosen: the reference is the study's
 own largest measured share. Where nothing was measured, or the framework hides nothing (Megatron-DeepSpeed), the
-order is the corrected speed's.
+order is the corrected speed's. And a ZeRO-3 layout gives way to its ZeRO-2 sibling where that keeps the memory headroom
+(zero2_first): the gathers are all stage 3 adds to stage 2's step.
 """
 
 from __future__ import annotations
