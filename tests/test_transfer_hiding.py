@@ -1,7 +1,8 @@
 """`best` at a node count nobody measured ranks a layout as if the share of its step it hides under compute beyond the
 most any measured trial hid showed in full (issue 30 round 44, tuner.transfer_hiding): the model hides a ZeRO-3 layout's
 gathers wholly until they outlast its compute, and a study's trials test that only as far as their own steps hid. A
-ZeRO-3 layout whose ZeRO-2 sibling keeps the headroom gives way to it (round 45): stage 3 is stage 2 and the gathers."""
+ZeRO-3 layout whose ZeRO-2 sibling keeps the headroom gives way to it (round 45): stage 3 is stage 2 and the gathers; an
+offloaded layout to its sibling offloading fewer layers, whose copies only add."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from tuner.layout import Layout
 from tuner.perfmodel import predict
 from tuner.space import load_space
 from tuner.specs import make_workload
-from tuner.transfer_hiding import by_verified_hiding, hidden_sync_share, measured_hiding, unverified_hiding, zero2_first
+from tuner.transfer_hiding import (by_verified_hiding, hidden_sync_share, less_work_first, measured_hiding,
+                                    unverified_hiding)
 from tuner.trial import Status
 
 W4, W8 = (make_workload("llama3-8b", n, "h100", framework="megatron-core") for n in (4, 8))
@@ -82,7 +84,7 @@ def test_the_headroom_rule_still_comes_first_and_only_k_rows_come_back():
 
 
 def test_the_model_never_prices_a_zero3_layout_ahead_of_its_zero2_sibling():
-    """What zero2_first rests on, over every such pair of three spaces (stage 3 gathers besides what stage 2 does)."""
+    """What less_work_first rests on, over every such pair of three spaces (stage 3 gathers besides what stage 2 does)."""
     pairs = 0
     for w, space in ((W8, "default"), (make_workload("22b", 8, "frontier", framework="megatron-deepspeed"),
                                        "frontier-2023"), (make_workload("mixtral-8x7b", 8, "h100"), "default")):
@@ -96,11 +98,11 @@ def test_the_model_never_prices_a_zero3_layout_ahead_of_its_zero2_sibling():
 
 
 def test_a_zero3_layout_the_correction_puts_ahead_gives_way_to_its_zero2_sibling():
-    ranked = by_verified_hiding(zero2_first([row(Z3, 0.50), row(OTHER, 0.47), row(Z2, 0.45)]), W8, None, k=3)
+    ranked = by_verified_hiding(less_work_first([row(Z3, 0.50), row(OTHER, 0.47), row(Z2, 0.45)]), W8, None, k=3)
     assert [r["layout"] for r in ranked] == [Z2, OTHER]                # in the ZeRO-3 layout's place
     assert ranked[0]["mfu"] == 0.45                                    # its own stated speed
     short = [row(Z3, 0.50), row(OTHER, 0.47), row(Z2, 0.45, headroom=False)]     # the sibling short of the headroom
-    assert [r["layout"] for r in by_verified_hiding(zero2_first(short), W8, None, k=3)] == [Z3, OTHER, Z2]
+    assert [r["layout"] for r in by_verified_hiding(less_work_first(short), W8, None, k=3)] == [Z3, OTHER, Z2]
 
 
 def test_the_zero2_sibling_answers_through_best():
@@ -111,3 +113,17 @@ def test_the_zero2_sibling_answers_through_best():
     out = fastest_unmeasured(weighed, load_space("default"), k=3)
     assert [a["key"] for a in out] == [Z2.key(), OTHER.key()]
     assert out[0]["mfu"] == 0.45 and "rank_mfu" not in out[0]
+
+
+def test_the_model_never_prices_more_offloaded_layers_ahead_and_the_fewer_stand_for_them():
+    for n in (1, 2, 4):
+        base = Layout(tp=n, pp=1, dp=64 // n, micro_batch=2, zero_stage=2, recompute="none", sequence_parallel=n > 1)
+        mfus = [predict(dataclasses.replace(base, offload_layers=k), W8).mfu for k in (0, 8, 16, 24)]
+        assert mfus == sorted(mfus, reverse=True)
+    off = [dataclasses.replace(Z3, offload_layers=k) for k in (24, 16)] + [dataclasses.replace(Z2, offload_layers=16)]
+    rows = [row(off[0], 0.50), row(off[1], 0.48), row(off[2], 0.44), row(OTHER, 0.47),
+            row(dataclasses.replace(Z2, offload_layers=8), 0.52, headroom=False)]
+    ranked = by_verified_hiding(less_work_first(rows), W8, None, k=5)
+    # ZeRO-3 offloading 24 layers, then 16, then ZeRO-2 offloading 16: the lightest that keeps the headroom stands for all
+    assert [r["layout"] for r in ranked] == [off[2], OTHER, dataclasses.replace(Z2, offload_layers=8)]
+    assert ranked[0]["mfu"] == 0.44 and ranked[0]["rank_mfu"] == 0.50

@@ -40,7 +40,7 @@ from tuner.specs import STORED_SETTINGS, Workload, stored_setting
 from tuner.correction import (Z_DIM, Observations, features, left_out, memory_features, record_workload, simulated,
                               warm_start_records)
 from tuner.oom_evidence import oom_bounds, oom_fit_cap, said_capacities, usable_workload
-from tuner.transfer_hiding import by_verified_hiding, measured_hiding, zero2_first
+from tuner.transfer_hiding import by_verified_hiding, measured_hiding, less_work_first
 from tuner.trial import Status
 
 Z90 = 1.645           # two-sided 90 % interval / one-sided 95 % bound of a normal
@@ -279,7 +279,8 @@ def fastest_unmeasured(weighed: tuple, space, k: int = 5, studies: dict | None =
     the rows likely to fit (p_fit >= 0.5), those that keep the memory headroom first, each group by corrected speed as
     if the share of its step it hides beyond the most any measured trial hid showed (transfer_hiding.by_verified_hiding;
     issue 30 round 44), a ZeRO-3 layout whose ZeRO-2 sibling keeps the headroom in that sibling's place
-    (transfer_hiding.zero2_first; round 45); UsageError when none is."""
+    (transfer_hiding.less_work_first, and so an offloaded layout to its sibling offloading fewer layers; round 45);
+    UsageError when none is."""
     rows, workload, usable, ws, hiding = weighed
     likely = [r for r in rows if r["p_fit"] >= 0.5]
     if not likely:
@@ -291,7 +292,7 @@ def fastest_unmeasured(weighed: tuple, space, k: int = 5, studies: dict | None =
                          f"{more_nodes_hint(workload, space)}")
     # at equal speed the fewer layers offloaded (the copies the model hides under compute are the part it rests on,
     # and they hold the host's memory), then the smaller peak
-    ranked = by_verified_hiding(zero2_first(likely), workload, hiding, max(int(k), 1))
+    ranked = by_verified_hiding(less_work_first(likely), workload, hiding, max(int(k), 1))
     evidence = _evidence(ws, workload, studies, usable)
     out = [answer(r, workload, evidence) for r in ranked]
     riskier = faster_if_it_fits(ranked[:1] + likely, workload)

@@ -10,7 +10,8 @@ that it hides beyond the most any measured trial hid showed in full (by_verified
 Only the order moves; the stated speed, interval and p_fit stay. No constant is chosen: the reference is the study's
 own largest measured share. Where nothing was measured, or the framework hides nothing (Megatron-DeepSpeed), the
 order is the corrected speed's. And a ZeRO-3 layout gives way to its ZeRO-2 sibling where that keeps the memory headroom
-(zero2_first): the gathers are all stage 3 adds to stage 2's step.
+(less_work_first): the gathers are all stage 3 adds to stage 2's step; so does an offloaded layout to its sibling
+offloading fewer layers.
 """
 
 from __future__ import annotations
@@ -100,29 +101,43 @@ def by_verified_hiding(rows: list[dict], workload: Workload, measured: tuple[flo
     return out
 
 
-def zero2_first(rows: list[dict]) -> list[dict]:
-    """`rows` (tuner.best.corrected's) without each ZeRO-3 layout whose ZeRO-2 sibling -- the same layout at stage 2 --
-    is among them and keeps the memory headroom, that sibling ranked (its "rank_mfu") at the faster of its own corrected
-    speed and theirs; its stated speed stays. Stage 3 runs stage 2's step, collectives and all, and gathers the
-    parameters for every micro-batch besides (DeepSpeed ZeRO-3, FSDP's full shard against SHARD_GRAD_OP, Megatron-FSDP's
-    optim_grads_params against optim_grads): at the same split, micro-batch and recompute it is never the faster, and
-    the memory it saves is what the sibling does not need. The correction can still put it ahead -- it carries a
-    ZeRO-3 trial's residual to the ZeRO-3 layouts alone (tuner.correction.ZERO_COORD) -- where the gathers that the
-    model hides show at the new node count (issue 30 round 45)."""
-    siblings = {r["layout"]: r for r in rows if r["headroom_ok"] and r["layout"].zero_stage == 2}
+def less_work_first(rows: list[dict]) -> list[dict]:
+    """`rows` (tuner.best.corrected's) without each layout that has a sibling among them doing strictly less of the same
+    work and keeping the memory headroom, each such sibling ranked (its "rank_mfu") at the fastest corrected speed of
+    itself and the layouts it stands for; the stated speeds stay. The siblings (the same layout otherwise): stage 2 for
+    stage 3, which runs stage 2's step, collectives and all, and gathers the parameters for every micro-batch besides
+    (DeepSpeed ZeRO-3, FSDP's full shard against SHARD_GRAD_OP, Megatron-FSDP's optim_grads_params against
+    optim_grads); fewer layers' activations offloaded to the host, whose copies only add to the step. Neither is ever
+    the slower, and the memory the heavier layout saves is what the sibling does not need. The correction can still put
+    the heavier one ahead -- it carries a ZeRO-3 trial's residual to the ZeRO-3 layouts alone (tuner.correction's
+    ZERO_COORD), an offloaded trial's along the offloading coordinate -- where what the model hides shows at the new
+    node count (issue 30 round 45). Heavier layouts go first, so a chain (ZeRO-3 offloading 36 layers, then 24, then
+    ZeRO-2) carries the fastest speed down to the lightest sibling that keeps the headroom."""
+    keep = {r["layout"]: r for r in rows if r["headroom_ok"]}
+    by_base: dict[Layout, list[Layout]] = {}
+    for lay in keep:
+        by_base.setdefault(replace(lay, offload_layers=0), []).append(lay)
+
+    def lighter(lay: Layout) -> list[Layout]:
+        out = [o for o in by_base.get(replace(lay, offload_layers=0), ()) if o.offload_layers < lay.offload_layers]
+        stage2 = replace(lay, zero_stage=2)
+        return out + ([stage2] if lay.zero_stage == 3 and stage2 in keep else [])
+
     lifted: dict[Layout, float] = {}
-    out = []
-    for r in rows:
-        sib = siblings.get(replace(r["layout"], zero_stage=2)) if r["layout"].zero_stage == 3 else None
-        if sib is None:
-            out.append(r)
-        else:
-            lifted[sib["layout"]] = max(lifted.get(sib["layout"], sib["mfu"]), r["mfu"])
-    return [dict(r, rank_mfu=lifted[r["layout"]]) if r["layout"] in lifted else r for r in out]
+    dropped = set()
+    for r in sorted(rows, key=lambda r: (-(r["layout"].zero_stage == 3), -r["layout"].offload_layers)):
+        siblings = lighter(r["layout"])
+        if siblings:
+            dropped.add(r["layout"])
+            speed = lifted.get(r["layout"], r["mfu"])
+            for o in siblings:
+                lifted[o] = max(lifted.get(o, keep[o]["mfu"]), speed)
+    return [dict(r, rank_mfu=lifted[r["layout"]]) if r["layout"] in lifted else r for r in rows
+            if r["layout"] not in dropped]
 
 
 def _speed(row: dict) -> float:
-    """The corrected speed a row ranks by: its own, or the faster sibling's it stands for (zero2_first)."""
+    """The corrected speed a row ranks by: its own, or the faster sibling's it stands for (less_work_first)."""
     return row.get("rank_mfu", row["mfu"])
 
 
