@@ -84,7 +84,7 @@ def test_the_headroom_rule_still_comes_first_and_only_k_rows_come_back():
 
 
 def test_the_model_never_prices_a_zero3_layout_ahead_of_its_zero2_sibling():
-    """What less_work_first rests on, over every such pair of three spaces (stage 3 gathers besides what stage 2 does)."""
+    """What less_work_first rests on, over such pairs of three spaces (stage 3 gathers besides what stage 2 does)."""
     pairs = 0
     for w, space in ((W8, "default"), (make_workload("22b", 8, "frontier", framework="megatron-deepspeed"),
                                        "frontier-2023"), (make_workload("mixtral-8x7b", 8, "h100"), "default")):
@@ -124,6 +124,6 @@ def test_the_model_never_prices_more_offloaded_layers_ahead_and_the_fewer_stand_
     rows = [row(off[0], 0.50), row(off[1], 0.48), row(off[2], 0.44), row(OTHER, 0.47),
             row(dataclasses.replace(Z2, offload_layers=8), 0.52, headroom=False)]
     ranked = by_verified_hiding(less_work_first(rows), W8, None, k=5)
-    # ZeRO-3 offloading 24 layers, then 16, then ZeRO-2 offloading 16: the lightest that keeps the headroom stands for all
+    # ZeRO-3 offloading 24 layers, then 16, then ZeRO-2 offloading 16: the lightest keeping the headroom stands for all
     assert [r["layout"] for r in ranked] == [off[2], OTHER, dataclasses.replace(Z2, offload_layers=8)]
     assert ranked[0]["mfu"] == 0.44 and ranked[0]["rank_mfu"] == 0.50

@@ -40,7 +40,7 @@ from tuner.specs import STORED_SETTINGS, Workload, stored_setting
 from tuner.correction import (Z_DIM, Observations, features, left_out, memory_features, record_workload, simulated,
                               warm_start_records)
 from tuner.oom_evidence import oom_bounds, oom_fit_cap, said_capacities, usable_workload
-from tuner.transfer_hiding import by_verified_hiding, measured_hiding, less_work_first
+from tuner.transfer_hiding import by_verified_hiding, less_work_first, measured_hiding
 from tuner.trial import Status
 
 Z90 = 1.645           # two-sided 90 % interval / one-sided 95 % bound of a normal
