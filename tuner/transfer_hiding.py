@@ -91,13 +91,14 @@ def by_verified_hiding(rows: list[dict], workload: Workload, measured: tuple[flo
         if measured is None:
             out += group[:need]
             continue
-        scored: list[tuple] = []
-        for r in group:     # a row's score is at least -log(mfu): none after this one can rank among the first `need`
-            if len(scored) >= need and -math.log(_speed(r)) > heapq.nsmallest(need, scored, key=_key)[-1][0]:
+        worst: list[tuple] = []     # the `need` best so far, negated: worst[0] the worst of them (later ones lose ties)
+        for i, r in enumerate(group):  # a score is at least -log(mfu): none after this one can rank among the first
+            if len(worst) >= need and -math.log(_speed(r)) > -worst[0][0]:
                 break
-            excess = unverified_hiding(r["layout"], workload, measured, memo)
-            scored.append((-(math.log(_speed(r)) - math.log1p(excess)), *ties(r), r))
-        out += [s[-1] for s in heapq.nsmallest(need, scored, key=_key)]
+            score = -(math.log(_speed(r)) - math.log1p(unverified_hiding(r["layout"], workload, measured, memo)))
+            entry = (-score, *(-x for x in ties(r)), -i)
+            (heapq.heappush if len(worst) < need else heapq.heappushpop)(worst, entry)
+        out += [group[-e[-1]] for e in sorted(worst, reverse=True)]
     return out
 
 
@@ -139,8 +140,3 @@ def less_work_first(rows: list[dict]) -> list[dict]:
 def _speed(row: dict) -> float:
     """The corrected speed a row ranks by: its own, or the faster sibling's it stands for (less_work_first)."""
     return row.get("rank_mfu", row["mfu"])
-
-
-def _key(scored: tuple) -> tuple:
-    """by_verified_hiding's order of a scored row: (score, layers offloaded, peak), the row itself never compared."""
-    return scored[:3]

@@ -69,7 +69,6 @@ def stage_expert_params(model: ModelSpec, layout: Layout, stage: int) -> float:
     return moe * moe_layer_params(model, layout.tp, layout.expert_parallel, layout.expert_tensor_parallel)[1] if moe else 0.0
 
 
-
 def largest_stage_params(model: ModelSpec, layout: Layout) -> tuple[float, float]:
     """(stage_params, stage_expert_params) of the stage holding the most parameters (of those that may, the pipeline
     split's candidates): what the step's gradient sync and optimizer move per GPU."""
