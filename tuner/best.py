@@ -180,7 +180,8 @@ def likely_to_fit(layouts: list[Layout], workload: Workload, gp) -> list:
     memo: dict = {}
     fitted = [memory_fit(lay, workload, memo) for lay in layouts]
     logs = [math.log(max(f[3]["total"], 1e-6)) for f in fitted]          # as features() reads the Prediction
-    fms = [memory_features({k: v for k, v in f[3].items() if k not in ("total", "params_billion")}, lay.recompute)
+    fms = [memory_features({k: v for k, v in f[3].items() if k not in ("total", "params_billion")}, lay.recompute,
+                           lay.zero_stage)
            for lay, f in zip(layouts, fitted)]
     mmu, msd = gp.predict(np.zeros((len(layouts), Z_DIM)), np.array(fms))
     cap = workload.cluster.memory_gb

@@ -56,8 +56,11 @@ STOPPED_NOISE = 0.03          # log-noise of a stopped trial's upper bound (a fe
 HISTORY_NOISE = 0.04          # extra log-noise of a stored trial from another study (drift between runs)
 OOM_MARGIN = 0.03             # an OOM says the memory ratio is at least capacity/predicted; assume a bit more
 #: Widenings of the memory correction's prior tried by marginal likelihood, of the whole prior and (as much
-#: or more) of the working memory's components (activations under each recompute mode, logits, buffers: the
-#: part of the account that is a model of what kernels keep, where the model state is exact arithmetic):
+#: or more) of the working memory's components and the gradients (activations under each recompute mode, logits,
+#: buffers, the gradients under each ZeRO stage: the part of the account that is a model of what kernels and an
+#: optimizer's buffers keep -- a gradient accumulation buffer is a setting of the framework's config, fp32 or bf16
+#: or none, so the gradients may be off by a factor of 2 or 3 -- where the weights and Adam's states are exact
+#: arithmetic; issue 30 round 46):
 #: measurements the framework's memory error cannot explain (a term the model lacks) widen it, so the
 #: correction follows them and its uncertainty grows away from them; data the prior explains keep it (the
 #: first, the account's own prior, wins ties). The widenings start from the scale of a GPU run's need, not of the
@@ -69,7 +72,7 @@ MEMORY_WIDENING = (1.0, 2.0, 4.0, 8.0, 16.0)
 #: observations before the working memory is widened apart from the rest (a split is not learned from one point;
 #: a single measurement far off the prior widens the whole prior, so one run moves the correction and leaves it wide)
 MEMORY_WIDEN_MIN = 3
-Z_DIM, F_DIM, FM_DIM = 17, len(STAGE_KEYS) + 3, len(MEMORY_KEYS) + 2
+Z_DIM, F_DIM, FM_DIM = 17, len(STAGE_KEYS) + 3, len(MEMORY_KEYS) + 5
 #: The time correction reads the ZeRO stage (z's coordinate ZERO_COORD, stage / 3) as a category, not a scale (issue 30
 #: round 19): stage 3 gathers the parameters every micro-batch, stage 2 reduce-scatters the gradients, stage 1 shards
 #: the optimizer state only, so the model's error at one stage (a slow parameter prefetch) says nothing through g about
@@ -105,18 +108,28 @@ LAYOUT_DIMS = 12
 #: from every measured one is as uncertain as the spread of the model's errors among the measured (far_sd).
 FAR_REACH = 0.35
 _ACT = MEMORY_KEYS.index("activations")
-_WORKING = np.array([k in ("activations", "logits", "zero3_buffers") for k in MEMORY_KEYS] + [True, True])
+_GRAD = MEMORY_KEYS.index("gradients")
+_WIDENED = np.array([k in ("gradients", "activations", "logits", "zero3_buffers") for k in MEMORY_KEYS]
+                    + [True] * 5)          # the two recompute modes' and the three ZeRO stages' columns after them
 
 
-def memory_features(breakdown: dict, recompute: str) -> np.ndarray:
+def memory_features(breakdown: dict, recompute: str, zero_stage: int) -> np.ndarray:
     """The memory correction's linear features: each component's share of the predicted peak, the
     activations' share under its recompute mode's own name (none, full, any selective set): each mode's
-    account of what a layer keeps is its own formula, so each may be off by its own factor."""
+    account of what a layer keeps is its own formula, so each may be off by its own factor. The gradients' share
+    likewise under its ZeRO stage's name (0 in the gradients' own slot, 1-3 after the modes; issue 30 round 46):
+    each stage's gradients are another optimizer's buffers (DeepSpeed's BF16_Optimizer keeps an accumulation buffer
+    beside the bf16 gradients, its ZeRO-1 optimizer none; Megatron-Core's DDP buffer, or FSDP's shards), so a
+    buffer the account lacks at one stage is that stage's factor, carried to the data-parallel sizes nobody
+    measured as the stage keeps its gradients (whole at ZeRO 0 and 1, where the sharded states shrink with dp)."""
     shares = memory_shares(breakdown)
     act, shares[_ACT] = shares[_ACT], 0.0
     mode = [0.0, 0.0, 0.0]
     mode[0 if recompute == "none" else 2 if recompute == "full" else 1] = act
-    return np.array(shares[:_ACT] + [mode[0]] + shares[_ACT + 1:] + mode[1:])
+    stage = [0.0, 0.0, 0.0]
+    if zero_stage:
+        stage[zero_stage - 1], shares[_GRAD] = shares[_GRAD], 0.0
+    return np.array(shares[:_ACT] + [mode[0]] + shares[_ACT + 1:] + mode[1:] + stage)
 FLOOR = 1e-3                  # never trust a predicted zero: predictions are floored here (MFU)
 
 
@@ -160,7 +173,7 @@ def features(layout: Layout, workload: Workload | None, pred=None) -> Features:
     other = max(0.0, 1.0 - sum(shares) - dp)
     cross = float(comm.crosses_nodes(workload.cluster, layout.tp, 1))
     z = np.array(base + [cross, bubble / step, shares[3] + shares[4], dp, math.log2(workload.nodes) / 8])
-    fm = memory_features(pred.memory_breakdown, layout.recompute)
+    fm = memory_features(pred.memory_breakdown, layout.recompute, layout.zero_stage)
     return Features(z, np.array(shares + [dense_dp, expert_dp, other]), fm, math.log(max(pred.mfu, FLOOR)),
                     math.log(max(pred.memory_gb, 1e-6)), bool(pred.fits), workload.cluster.memory_reserved_gb)
 
@@ -301,7 +314,7 @@ class Observations:
             (a, b, memory_gp_scales(math.hypot(sd, ALLOCATOR_SD))) for a in MEMORY_WIDENING for b in MEMORY_WIDENING
             if b >= a and (len(y) >= MEMORY_WIDEN_MIN or b == a)]
         fits = [GP(s_c=a * c, s_w=a * w, s_g=a * g, ell=0.5, noise=MEMORY_NOISE_SD,
-                   w_scale=np.where(_WORKING, b / a, 1.0)).fit(Z, F, lin, lin_noise) for a, b, (c, w, g) in scales]
+                   w_scale=np.where(_WIDENED, b / a, 1.0)).fit(Z, F, lin, lin_noise) for a, b, (c, w, g) in scales]
         gp = max(fits, key=lambda gp: gp.log_marginal() + 1e-9 * (gp is fits[0]))
         return RatioGP(gp.calibrate() if len(y) >= MEMORY_WIDEN_MIN else gp)
 
