@@ -57,10 +57,8 @@ HISTORY_NOISE = 0.04          # extra log-noise of a stored trial from another s
 OOM_MARGIN = 0.03             # an OOM says the memory ratio is at least capacity/predicted; assume a bit more
 #: Widenings of the memory correction's prior tried by marginal likelihood, of the whole prior and (as much
 #: or more) of the working memory's components and the gradients (activations under each recompute mode, logits,
-#: buffers, the gradients under each ZeRO stage: the part of the account that is a model of what kernels and an
-#: optimizer's buffers keep -- a gradient accumulation buffer is a setting of the framework's config, fp32 or bf16
-#: or none, so the gradients may be off by a factor of 2 or 3 -- where the weights and Adam's states are exact
-#: arithmetic; issue 30 round 46):
+#: buffers, the gradients under each ZeRO stage: what kernels and an optimizer's buffers keep -- a gradient buffer's
+#: dtype is a config setting, so they may be off 2-3 times -- where the weights and Adam's states are exact; round 46):
 #: measurements the framework's memory error cannot explain (a term the model lacks) widen it, so the
 #: correction follows them and its uncertainty grows away from them; data the prior explains keep it (the
 #: first, the account's own prior, wins ties). The widenings start from the scale of a GPU run's need, not of the
