@@ -241,8 +241,9 @@ def unmeasured_rows(workload: Workload, space, records, studies: dict | None = N
     # the OOMs' messages: where they say the GPUs hold less than the cluster states, the workload on what they hold
     workload, usable = usable_workload(workload, said_capacities(records, workload, studies))
     ws = warm_start_records(records, workload, studies)
-    gp = ws.observations.memory_gp(framework_of(workload).memory_sd)
-    bounds = oom_bounds(records, workload, gp, studies)
+    o, sd = ws.observations, framework_of(workload).memory_sd
+    gp = o.memory_gp(sd)
+    bounds = oom_bounds(records, workload, gp, studies, o.peaks_gp(sd) if o.my else None)
     preds = None
     if not bounds and not ws.observations.my and not ws.observations.oy:   # no memory data: p_fit from memory alone
         preds = likely_to_fit(layouts, workload, gp) or None               # (none: all, for the refusal's words)

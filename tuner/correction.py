@@ -107,8 +107,7 @@ LAYOUT_DIMS = 12
 FAR_REACH = 0.35
 _ACT = MEMORY_KEYS.index("activations")
 _GRAD = MEMORY_KEYS.index("gradients")
-_WIDENED = np.array([k in ("gradients", "activations", "logits", "zero3_buffers") for k in MEMORY_KEYS]
-                    + [True] * 5)          # the two recompute modes' and the three ZeRO stages' columns after them
+_WIDENED = np.array([k in ("gradients", "activations", "logits", "zero3_buffers") for k in MEMORY_KEYS] + [True] * 5)
 
 
 def memory_features(breakdown: dict, recompute: str, zero_stage: int) -> np.ndarray:
@@ -116,10 +115,8 @@ def memory_features(breakdown: dict, recompute: str, zero_stage: int) -> np.ndar
     activations' share under its recompute mode's own name (none, full, any selective set): each mode's
     account of what a layer keeps is its own formula, so each may be off by its own factor. The gradients' share
     likewise under its ZeRO stage's name (0 in the gradients' own slot, 1-3 after the modes; issue 30 round 46):
-    each stage's gradients are another optimizer's buffers (DeepSpeed's BF16_Optimizer keeps an accumulation buffer
-    beside the bf16 gradients, its ZeRO-1 optimizer none; Megatron-Core's DDP buffer, or FSDP's shards), so a
-    buffer the account lacks at one stage is that stage's factor, carried to the data-parallel sizes nobody
-    measured as the stage keeps its gradients (whole at ZeRO 0 and 1, where the sharded states shrink with dp)."""
+    each stage's are another optimizer's buffers (DeepSpeed's BF16_Optimizer keeps an accumulation buffer, its ZeRO-1
+    optimizer none), so a buffer the account lacks at one stage carries to an unmeasured dp as that stage keeps it."""
     shares = memory_shares(breakdown)
     act, shares[_ACT] = shares[_ACT], 0.0
     mode = [0.0, 0.0, 0.0]
@@ -299,6 +296,10 @@ class Observations:
             gp = self._memory_gp(sd, pick(self.mZ, self.oZ), pick(self.mF, self.oF), pick(self.my, self.oy),
                                  pick(self.mnoise, self.onoise))
         return gp.truncated(oZ, oF, self.oy, np.setdiff1d(np.arange(len(self.oy)), take))
+
+    def peaks_gp(self, sd: float = 0.06) -> "RatioGP":
+        """memory_gp of the measured peaks alone, no OOM bound (what an OOM is checked against: oom_evidence)."""
+        return Observations(mZ=self.mZ, mF=self.mF, my=self.my, mnoise=self.mnoise).memory_gp(sd)
 
     @staticmethod
     def _memory_gp(sd: float, Z, F, y, noise) -> "RatioGP":

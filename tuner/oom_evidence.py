@@ -103,7 +103,7 @@ def activation_account(layout: Layout) -> tuple:
             layout.expert_parallel, layout.expert_tensor_parallel)
 
 
-def oom_bounds(records, workload: Workload, gp, studies: dict | None = None) -> list[OomBound]:
+def oom_bounds(records, workload: Workload, gp, studies: dict | None = None, peaks=None) -> list[OomBound]:
     """The measured OOMs of `workload`'s model, cluster and framework at any node count (the evidence
     `warm_start_records` uses), each with what the memory correction `gp` believes of its peak on a GPU -- the
     caching allocator's share on top (ALLOCATOR_BIAS, ALLOCATOR_SD), as every p_fit states it. An OOM'd layout was
@@ -112,7 +112,9 @@ def oom_bounds(records, workload: Workload, gp, studies: dict | None = None) -> 
     the correction rests on a measurement of what the OOM'd layout's activations are, and its own belief stands
     (issue 30 round 30: on a 22B study the floor held the dp-4 twin of an OOM'd first pick at p_fit 0.7 beside a
     measured run of its account; where round 29 dropped the floor everywhere, a 2N pick ran out of memory under an
-    OOM whose account no run had measured, which keeps the floor)."""
+    OOM whose account no run had measured, which keeps the floor). With `peaks` (Observations.peaks_gp), an OOM those
+    measured peaks already put out of memory (expected_oom) bounds nothing: it tells nothing they did not, and the
+    memory correction (which holds it as a lower bound) speaks for its kin (issue 30 round 47)."""
     from tuner.frameworks import of
 
     cap, out, floor = workload.cluster.memory_gb, [], of(workload).memory_sd
@@ -125,6 +127,8 @@ def oom_bounds(records, workload: Workload, gp, studies: dict | None = None) -> 
             continue
         p = predict(rec.layout, w)
         ft = features(rec.layout, w, p)
+        if peaks is not None and expected_oom(peaks, ft, math.log(cap / p.memory_gb)):
+            continue
         mu, sd = gp.predict(ft.z[None, :], ft.fm[None, :])
         act = p.memory_breakdown.get("activations", 0.0)
         shares = [s for lay, _, s in factors if activation_account(lay) == activation_account(rec.layout)]
@@ -134,6 +138,13 @@ def oom_bounds(records, workload: Workload, gp, studies: dict | None = None) -> 
                             _refuted_by(rec.layout, p.memory_gb - act, act, factors, cap),
                             (min(shares), max(shares)) if shares else (1.0,)))
     return out
+
+
+def expected_oom(peaks, ft, bound: float) -> bool:
+    """Whether the memory correction of the measured peaks alone (`peaks`) put an OOM'd layout (its features `ft`,
+    log(capacity / predicted) `bound`) out of memory more likely than not: then the OOM tells nothing they did not."""
+    mu, sd = peaks.predict(ft.z[None, :], ft.fm[None, :])
+    return _ndtr((bound - float(mu[0]) - ALLOCATOR_BIAS) / math.hypot(float(sd[0]), ALLOCATOR_SD)) < 0.5
 
 
 def measured_factors(records, workload: Workload, studies: dict | None = None) -> list[tuple[Layout, float, float]]:

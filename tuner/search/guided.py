@@ -302,7 +302,7 @@ class GuidedSearcher(BaseSearcher):
         key = (id(self.history), len(self.history.my), len(self.own.my))
         if self._peaks[0] != key:
             obs = self._memory_obs()
-            gp = Observations(mZ=obs.mZ, mF=obs.mF, my=obs.my, mnoise=obs.mnoise).memory_gp(self.memory_sd)
+            gp = obs.peaks_gp(self.memory_sd)
             self._peaks = (key, gp, gp.predict(self.Z, self.FM))
         return self._peaks[1], self._peaks[2]
 
