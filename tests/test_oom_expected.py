@@ -10,7 +10,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 from tuner.best import unmeasured_rows
-from tuner.correction import Observations, features, warm_start_records
+from tuner.correction import features, warm_start_records
 from tuner.frameworks import of
 from tuner.layout import Layout
 from tuner.oom_evidence import expected_oom, oom_bounds
@@ -40,7 +40,7 @@ def study(ratio: float) -> list:
 
 def peaks_gp(recs):
     o = warm_start_records(recs, W4).observations
-    return Observations(mZ=o.mZ, mF=o.mF, my=o.my, mnoise=o.mnoise).memory_gp(of(W4).memory_sd), o
+    return o.peaks_gp(of(W4).memory_sd), o
 
 
 def test_an_oom_the_peaks_expected_bounds_nothing_and_a_surprise_still_does():
