@@ -59,19 +59,20 @@ def require_fit(preds, workload: Workload, space=None) -> None:
 
 
 def corrected(layouts: list[Layout], workload: Workload, obs: Observations, preds=None, bounds=(),
-              support=None, twin_gb=None) -> list[dict]:
+              support=None, twin_gb=None, memory=None) -> list[dict]:
     """For each layout: raw and corrected MFU and memory, the residual's uncertainty, the probability
     that it fits in memory (at most what the measured OOMs, `bounds`, leave it: oom_evidence.oom_fit_cap;
     at least what a measured twin at fewer GPUs, `support` (twin_support), says) and whether it keeps the
     memory headroom. `twin_gb` (a stored trial -> the model's GB for it in its own workload; twin_predictions):
-    a twin at another dp then supports its layout with the model's difference between them (twin_delta)."""
+    a twin at another dp then supports its layout with the model's difference between them (twin_delta). `memory`: the
+    memory correction of `obs` where the caller holds it (obs.memory_gp), not fitted again."""
     memo: dict = {}                 # sub-results the layouts of one workload share (tuner.perfmodel.predict)
     preds = preds or [predict(lay, workload, memo=memo) for lay in layouts]
     fts = [features(lay, workload, p) for lay, p in zip(layouts, preds)]
     Z, F, FM = (np.array([getattr(f, a) for f in fts]) for a in ("z", "f", "fm"))
     mu, sd = obs.time_gp().predict(Z, F)
     sd = np.hypot(sd, obs.far_sd(Z))            # wider away from every measured layout (issue 30)
-    mmu, msd = obs.memory_gp(framework_of(workload).memory_sd).predict(Z, FM)
+    mmu, msd = (memory or obs.memory_gp(framework_of(workload).memory_sd)).predict(Z, FM)
     msd = np.hypot(msd, obs.memory_far_sd(Z))   # and so is its memory (correction.memory_far_sd)
     cap = workload.cluster.memory_gb
     out = []
@@ -242,17 +243,18 @@ def unmeasured_rows(workload: Workload, space, records, studies: dict | None = N
     workload, usable = usable_workload(workload, said_capacities(records, workload, studies))
     ws = warm_start_records(records, workload, studies)
     o, sd = ws.observations, framework_of(workload).memory_sd
-    gp = o.memory_gp(sd)
-    bounds = oom_bounds(records, workload, gp, studies, o.peaks_gp(sd) if o.my else None)
+    peaks = o.peaks_gp(sd) if o.my else None
+    gp = o.memory_gp(sd, peaks)
+    bounds = oom_bounds(records, workload, gp, studies, peaks)
     preds = None
     if not bounds and not ws.observations.my and not ws.observations.oy:   # no memory data: p_fit from memory alone
         preds = likely_to_fit(layouts, workload, gp) or None               # (none: all, for the refusal's words)
         layouts = [p.layout for p in preds] if preds else layouts
     support, twin_gb = twin_support(records, workload, studies), twin_predictions(workload, studies)
-    rows = corrected(layouts, workload, ws.observations, preds, bounds=bounds, support=support, twin_gb=twin_gb)
+    rows = corrected(layouts, workload, o, preds, bounds=bounds, support=support, twin_gb=twin_gb, memory=gp)
     rescues = offload_rescues(rows, workload, space) if preds is None else []
     if rescues:                                         # measured memory, the space's offloading rule with it
-        rows += corrected(rescues, workload, ws.observations, bounds=bounds, support=support, twin_gb=twin_gb)
+        rows += corrected(rescues, workload, o, bounds=bounds, support=support, twin_gb=twin_gb, memory=gp)
     return rows, workload, usable, ws, measured_hiding(records, workload, studies)
 
 

@@ -279,13 +279,13 @@ class Observations:
             return np.zeros(len(Z))
         return float(np.std(self.my)) * _farness(Z, self.mZ + self.oZ)
 
-    def memory_gp(self, sd: float = 0.06) -> GP:
+    def memory_gp(self, sd: float = 0.06, peaks=None) -> GP:
         """The memory correction; `sd`, the framework's scale of the memory model's error (tuner.frameworks),
         sets its prior (tuner.perfmodel.memory_gp_scales): with no data it is the one `predict` states p_fit
         with (tuner.perfmodel.memory_prior_sd). Its prior is widened by marginal likelihood (MEMORY_WIDENING, from
         a GPU run's scale) when the measurements say the memory model is further off than that. An OOM is a lower bound: it
-        enters (at the bound) only where the measured peaks alone would put the layout below it."""
-        gp = self._memory_gp(sd, self.mZ, self.mF, self.my, self.mnoise)
+        enters (at the bound) only where the measured peaks alone would put the layout below it (`peaks`: peaks_gp)."""
+        gp = peaks if peaks is not None else self._memory_gp(sd, self.mZ, self.mF, self.my, self.mnoise)
         if not self.oy:
             return gp
         oZ, oF = np.array(self.oZ).reshape(len(self.oy), Z_DIM), np.array(self.oF).reshape(len(self.oy), FM_DIM)

@@ -287,14 +287,14 @@ class GuidedSearcher(BaseSearcher):
         obs = self._memory_obs()
         if not (obs.my or obs.oy):      # no peak nor OOM: the prior p_fit predict states (fit.prior_fit_probability)
             return self.prior_fit
-        fit = self._fit_by(obs.memory_gp(self.memory_sd))
-        if not obs.oy:
-            return fit
-        # an OOM is a lower bound: its widening of the correction never makes a layout likelier to fit than the
-        # measured peaks alone say -- the model alone where none was measured (issue 30 round 33: a 15-sd surprise
-        # under a measured account); measured peaks below the model's still raise it (round 34: capped at the model's
-        # prior, a layout the peaks put well inside the GPU could never be let go)
-        return np.minimum(fit, self._fit_from(*self._peaks_gp()[1]) if obs.my else self.prior_fit)
+        if not obs.my:                  # OOMs alone: capped at the model's prior
+            return np.minimum(self._fit_by(obs.memory_gp(self.memory_sd)), self.prior_fit)
+        peaks, at_peaks = self._peaks_gp()
+        if not obs.oy:                  # no OOM: the correction is the peaks' own
+            return self._fit_from(*at_peaks)
+        # an OOM is a lower bound: its widening never makes a layout likelier to fit than the measured peaks alone say,
+        # or the model's prior where none was measured (issue 30 rounds 33-34: a 15-sd surprise under a measured one)
+        return np.minimum(self._fit_by(obs.memory_gp(self.memory_sd, peaks)), self._fit_from(*at_peaks))
 
     def _peaks_gp(self) -> tuple:
         """The memory correction of the measured peaks alone (no OOM bound) and its (mean, sd) at every candidate: what
