@@ -13,7 +13,7 @@ import pytest
 
 from tuner.errors import UsageError
 from tuner.layout import Layout
-from tuner.perfmodel import PRUNE_BELOW, predict
+from tuner.perfmodel import predict
 from tuner.search import SEARCHERS
 from tuner.search.guided import STUDY_DEFAULTS, GuidedSearcher
 from tuner.space import load_space
@@ -141,9 +141,10 @@ def test_learns_from_an_oom_at_a_layout_predicted_to_fit():
     assert bigger and smaller
     assert all(after[i] < 0.5 < before[i] for i in bigger if before[i] > 0.5)
     # lower where it was plausible; one OOM widens the correction (issue 24 / 30: a 7-sd surprise), so a layout
-    # predicted at 2-10x the GPU may rise from 1e-7 to 1e-4 -- still hopeless (below PRUNE_BELOW); one at another
-    # ZeRO stage may keep its prior p_fit, the OOM's gradients being another optimizer's (issue 30 round 46)
-    assert all(after[i] < before[i] or after[i] < PRUNE_BELOW for i in bigger)
+    # predicted at 2-10x the GPU may rise from 1e-7 to 1e-4 -- still hopeless; one at another ZeRO stage may keep its
+    # p_fit, the OOM's gradients being another optimizer's (issue 30 round 46), but never gains
+    other_stage = {i for i in bigger if s.candidates[i].zero_stage != oom.zero_stage}
+    assert all(after[i] < before[i] or after[i] < 0.01 or (i in other_stage and after[i] == before[i]) for i in bigger)
     assert all(after[i] <= before[i] for i in bigger if before[i] > 0.01)
     assert sum(after[i] > 0.5 for i in smaller) >= 0.8 * len(smaller)   # far-off small layouts still fit
     # a measured peak above the prediction raises the expected memory of similar layouts
