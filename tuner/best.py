@@ -39,7 +39,7 @@ from tuner.space_offload import RESCUE_BELOW, unoffered_twins
 from tuner.specs import STORED_SETTINGS, Workload, stored_setting
 from tuner.correction import (Z_DIM, Observations, features, left_out, memory_features, record_workload, simulated,
                               warm_start_records)
-from tuner.oom_evidence import oom_bounds, oom_fit_cap, said_capacities, usable_workload
+from tuner.oom_evidence import oom_bounds, oom_fit_cap, outside_gb, said_capacities, said_outside, usable_workload
 from tuner.transfer_hiding import by_verified_hiding, less_work_first, measured_hiding
 from tuner.trial import Status
 
@@ -243,6 +243,7 @@ def unmeasured_rows(workload: Workload, space, records, studies: dict | None = N
     workload, usable = usable_workload(workload, said_capacities(records, workload, studies))
     ws = warm_start_records(records, workload, studies)
     o, sd = ws.observations, framework_of(workload).memory_sd
+    o.outside_gb = outside_gb(said_outside(records, workload, studies))    # what the OOMs said is outside the allocator
     peaks = o.peaks_gp(sd) if o.my else None
     gp = o.memory_gp(sd, peaks)
     bounds = oom_bounds(records, workload, gp, studies, peaks)

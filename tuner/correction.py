@@ -1,38 +1,36 @@
-"""The correction model of the predictions: the performance model's error learned from measurements,
-and carried across node counts.
+"""The correction model of the predictions: the performance model's error learned from measurements, and carried
+across node counts.
 
-Pure (numpy only, no I/O). The model's prediction is the prior mean of log(measured MFU) -- training
-speed, so that every correction, warm start and transfer ranks layouts as samples/s does; what is
-learned is the residual r = log(measured / predicted) as a Gaussian process over features of
-the layout *and* of the model's own account of it:
+Pure (numpy only, no I/O). The model's prediction is the prior mean of log(measured MFU) -- training speed, so that
+every correction, warm start and transfer ranks layouts as samples/s does; what is learned is the residual
+r = log(measured / predicted) as a Gaussian process over features of the layout *and* of the model's own account of it:
 
     r(x) = c + sum_k w_k f_k(x) + g(z(x)) + noise
 
 - c: a global scale (every constant of the cluster file a bit off the same way), and the prior mean
   -log(1 + (k - 1) f_overhead): the fixed cost per micro-batch and chunk taking k times the file's guess, k of
   OVERHEAD_SCALES chosen by marginal likelihood (1 unless the measurements say otherwise);
-- f_k: the share of the predicted step spent in component k (GEMMs, attention, element-wise, TP
-  all-reduces, pipeline p2p, per-micro-batch overhead, the dense parameters' DP/ZeRO collectives over the
-  data-parallel group, the expert parameters' over the expert-data-parallel group, the rest), the pipeline
-  bubble spread over the stage components that make it. A cluster constant that is off by a factor
-  shows up as a residual linear in these shares, whatever the node count: that is what transfers;
-- g: a squared-exponential GP over z = (log2 tp, log2 pp, log2 dp, log2 micro-batch, ZeRO stage,
-  checkpointing, sp, log2 cp, log2 vp, log2 ep, log2 etp (the expert degrees on tp's scale), TP group leaves
-  the node, predicted bubble, TP and DP communication shares, log2 nodes) for errors the shares do not
-  explain (physics the model lacks); the ZeRO stage a category there (TIME_Z_SCALE: an error at one stage does
-  not carry to the next).
-Memory is learned the same way on log(measured peak / predicted peak) with the memory breakdown's
-shares as f, the measured peak (allocated bytes) with the cluster's fixed reserve added as the prediction has it
+- f_k: the share of the predicted step spent in component k (GEMMs, attention, element-wise, TP all-reduces, pipeline
+  p2p, per-micro-batch overhead, the dense parameters' DP/ZeRO collectives over the data-parallel group, the expert
+  parameters' over the expert-data-parallel group, the rest), the pipeline bubble spread over the stage components
+  that make it. A cluster constant off by a factor is a residual linear in these shares at any node count: that is
+  what transfers;
+- g: a squared-exponential GP over z = (log2 tp, log2 pp, log2 dp, log2 micro-batch, ZeRO stage, checkpointing, sp,
+  log2 cp, log2 vp, log2 ep, log2 etp (the expert degrees on tp's scale), TP group leaves the node, predicted bubble,
+  TP and DP communication shares, log2 nodes) for errors the shares do not explain (physics the model lacks); the
+  ZeRO stage a category there (TIME_Z_SCALE: an error at one stage does not carry to the next).
+Memory is learned the same way on log(measured peak / predicted peak) with the memory breakdown's shares as f, the
+measured peak (allocated bytes) with the cluster's fixed reserve added as the prediction has it
 (Features.measured_log_ratio); an OOM is a censored observation (the ratio is at least capacity / predicted).
-The time GP's predictive sd is calibrated by its leave-one-out z-scores (widened, never narrowed).
-A trial stopped early (multi-fidelity) is censored: its partial throughput is an upper bound on the
-layout's speed, so it enters the GP only where the posterior mean still sits above that bound.
+The time GP's predictive sd is calibrated by its leave-one-out z-scores (widened, never narrowed). A trial stopped
+early (multi-fidelity) is censored: its partial throughput is an upper bound on the layout's speed, so it enters the
+GP only where the posterior mean still sits above that bound.
 
-`warm_start_records` turns stored trials of the same model and cluster (any node count) into
-observations; tuner/best.py uses them to answer "best layout for N nodes" where N was never measured.
-Measurements only: a simulated trial (`simulated`: the simulator's numbers are the model's own prediction)
-is never evidence, and a measurement corrects predictions for its own framework only (no benchmark shows
-that a correction learned on one training stack helps another); the evidence counts what was left out.
+`warm_start_records` turns stored trials of the same model and cluster (any node count) into observations;
+tuner/best.py uses them to answer "best layout for N nodes" where N was never measured. Measurements only: a
+simulated trial (`simulated`: the simulator's numbers are the model's own prediction) is never evidence, and a
+measurement corrects predictions for its own framework only (no benchmark shows that a correction learned on one
+training stack helps another); the evidence counts what was left out.
 """
 
 from __future__ import annotations
@@ -55,55 +53,45 @@ STAGE_KEYS = ("gemm", "attention", "elementwise", "tp_comm", "cp_comm", "p2p", "
 STOPPED_NOISE = 0.03          # log-noise of a stopped trial's upper bound (a few steps after warm-up)
 HISTORY_NOISE = 0.04          # extra log-noise of a stored trial from another study (drift between runs)
 OOM_MARGIN = 0.03             # an OOM says the memory ratio is at least capacity/predicted; assume a bit more
-#: Widenings of the memory correction's prior tried by marginal likelihood, of the whole prior and (as much
-#: or more) of the working memory's components and the gradients (activations under each recompute mode, logits,
-#: buffers, the gradients under each ZeRO stage: what kernels and an optimizer's buffers keep -- a gradient buffer's
-#: dtype is a config setting, so they may be off 2-3 times -- where the weights and Adam's states are exact; round 46):
-#: measurements the framework's memory error cannot explain (a term the model lacks) widen it, so the
-#: correction follows them and its uncertainty grows away from them; data the prior explains keep it (the
-#: first, the account's own prior, wins ties). The widenings start from the scale of a GPU run's need, not of the
-#: account's alone (issue 24 / 30): a measured peak is a GPU's (reserved blocks, buffers outside PyTorch), and
-#: where the account is measured exact on allocated bytes (Megatron-Core's memory_sd 0.00027) 16 times its
-#: scale is 0.4 %, which held a 30 % measured bias at 1 %; the GPU's is the account's and the caching allocator's
-#: share together (ALLOCATOR_SD, published CUDA OOM messages: tuner.frameworks), as `predict` states p_fit.
+#: Widenings of the memory correction's prior tried by marginal likelihood, of the whole prior and (as much or more) of
+#: the working memory and the gradients (activations under each recompute mode, logits, buffers, the gradients under
+#: each ZeRO stage: what kernels and an optimizer's buffers keep, where weights and Adam's states are exact; round 46):
+#: measurements the framework's memory error cannot explain widen it, so the correction follows them and its
+#: uncertainty grows away from them; data the prior explains keep it (the account's own prior wins ties). They start
+#: from a GPU run's scale, the account's and the caching allocator's share together (ALLOCATOR_SD), not the account's
+#: alone (issue 24 / 30): where it is exact on allocated bytes (Megatron-Core's memory_sd 0.00027) 16 times its scale
+#: is 0.4 %, which held a 30 % measured bias at 1 %.
 MEMORY_WIDENING = (1.0, 2.0, 4.0, 8.0, 16.0)
 #: observations before the working memory is widened apart from the rest (a split is not learned from one point;
 #: a single measurement far off the prior widens the whole prior, so one run moves the correction and leaves it wide)
 MEMORY_WIDEN_MIN = 3
 Z_DIM, F_DIM, FM_DIM = 17, len(STAGE_KEYS) + 3, len(MEMORY_KEYS) + 5
-#: The time correction reads the ZeRO stage (z's coordinate ZERO_COORD, stage / 3) as a category, not a scale (issue 30
-#: round 19): stage 3 gathers the parameters every micro-batch, stage 2 reduce-scatters the gradients, stage 1 shards
-#: the optimizer state only, so the model's error at one stage (a slow parameter prefetch) says nothing through g about
-#: the next. Neighbouring stages lie 3 times the grid's longest length-scale apart (tuner.gp.GRID), so g carries about
-#: 1 % of an error across them; the constant and the time shares still carry what the stages share. The memory
-#: correction keeps the stage as a scale (what one stage's OOM says of its neighbours is calibrated there: p_fit).
+#: The time correction reads the ZeRO stage (z's coordinate ZERO_COORD, stage / 3) as a category (issue 30 round 19):
+#: stage 3 gathers the parameters every micro-batch, stage 2 reduce-scatters the gradients, stage 1 shards the optimizer
+#: state only, so an error at one stage says nothing through g about the next (stages lie 3 times the grid's longest
+#: length-scale apart: about 1 % carries); the constant and the shares carry what they share. Memory keeps it a scale.
 ZERO_COORD = 4
 TIME_Z_SCALE = np.ones(Z_DIM)
 TIME_Z_SCALE[ZERO_COORD] = 3 * max(ell for *_, ell in GRID) * 3     # stages lie 1/3 apart in z
 #: The fixed cost per micro-batch and chunk (the cluster file's microbatch_overhead_ms) as the time correction's prior
-#: mean may read it: that many times the file's figure, chosen with the GP's shape by marginal likelihood (1 wins
-#: ties). The other shares rest on measured rates (GEMM tables, bandwidths), off by tens of percent, which the linear
-#: term's prior holds; this one is a guess (the GPU presets' 1-2 ms, an ESTIMATE where `tuner calibrate` did not
-#: measure it) that a framework's host loop can exceed many times over -- DeepSpeed's pipeline engine interprets its
-#: schedule in Python -- beyond what a linear term in its small share can learn (issue 30 round 39; the scales chosen
-#: before any draw).
+#: mean may read it: that many times the file's figure, chosen with the GP's shape by marginal likelihood (1 wins ties).
+#: The other shares rest on measured rates, off by tens of percent, which the linear term's prior holds; this one is a
+#: guess that a framework's host loop can exceed many times over -- DeepSpeed's pipeline engine interprets its schedule
+#: in Python -- beyond what a linear term in its small share can learn (issue 30 round 39; chosen before any draw).
 OVERHEAD_COL = STAGE_KEYS.index("microbatch_overhead")
 OVERHEAD_SCALES = (1.0, 3.0, 10.0, 30.0)
 
 
 def time_fit() -> dict:
-    """How the time correction's GP is fitted (tuner.gp.fit_gp): the ZeRO stage a category, the overhead's scale
-    chosen."""
+    """How the time correction's GP is fitted (tuner.gp.fit_gp): the ZeRO stage a category, the overhead scaled."""
     return {"z_scale": TIME_Z_SCALE, "scaled_col": OVERHEAD_COL, "scales": OVERHEAD_SCALES}
 
 
 #: z's first coordinates: the layout's own (tp, pp, dp, micro-batch, ZeRO, recompute, sp, cp, vp, ep, etp, layers
-#: offloaded: tuner.offload.offload_share). The expert degrees (issue 30 round 11) let an error measured on one expert
-#: split carry to that split at another node count and not to a sibling that splits its experts otherwise.
+#: offloaded: tuner.offload.offload_share; the expert degrees keep an expert split's error to it: issue 30 round 11).
 LAYOUT_DIMS = 12
-#: How far (in those coordinates) a measured layout's support reaches: the guided searcher's ELL_U, the reach of a
-#: trial's error on its neighbours' uncertainty (tuner/search/explore.py). An unmeasured layout this far or further
-#: from every measured one is as uncertain as the spread of the model's errors among the measured (far_sd).
+#: How far (in those coordinates) a measured layout's support reaches (the guided searcher's ELL_U): a layout this far
+#: or further from every measured one is as uncertain as the spread of the model's errors among the measured (far_sd).
 FAR_REACH = 0.35
 _ACT = MEMORY_KEYS.index("activations")
 _GRAD = MEMORY_KEYS.index("gradients")
@@ -206,6 +194,8 @@ class Observations:
     oF: list = field(default_factory=list)
     oy: list = field(default_factory=list)
     onoise: list = field(default_factory=list)
+    mR: list = field(default_factory=list)        # each peak's (reserved GB, log_mem) where its runner read it, or None
+    outside_gb: float | None = None               # memory outside the allocator its OOMs said (memory_y)
 
     def add_time(self, ft: Features, measured: float, noise: float = 0.0) -> None:
         self.Z.append(ft.z), self.F.append(ft.f), self.noise.append(noise)
@@ -227,13 +217,14 @@ class Observations:
             return
         if status == Status.OK and peak_memory_gb:
             self.add_memory(ft, ft.measured_log_ratio(peak_memory_gb, reserved_gb), noise)
+            self.mR.append((reserved_gb, ft.log_mem) if reserved_gb else None)
         elif status == Status.OOM:
             self.oZ.append(ft.z), self.oF.append(ft.fm), self.onoise.append(noise)
             self.oy.append(max(math.log(capacity_gb) - ft.log_mem, 0.0) + OOM_MARGIN)
 
     def extend(self, other: "Observations") -> None:
         for k in ("Z", "F", "y", "noise", "mZ", "mF", "my", "mnoise", "cZ", "cF", "cy", "cnoise", "oZ", "oF", "oy",
-                  "onoise"):
+                  "onoise", "mR"):
             getattr(self, k).extend(getattr(other, k))
 
     def time_data(self) -> tuple[np.ndarray, np.ndarray, list, list]:
@@ -285,7 +276,8 @@ class Observations:
         with (tuner.perfmodel.memory_prior_sd). Its prior is widened by marginal likelihood (MEMORY_WIDENING, from
         a GPU run's scale) when the measurements say the memory model is further off than that. An OOM is a lower bound: it
         enters (at the bound) only where the measured peaks alone would put the layout below it (`peaks`: peaks_gp)."""
-        gp = peaks if peaks is not None else self._memory_gp(sd, self.mZ, self.mF, self.my, self.mnoise)
+        my = self.memory_y()
+        gp = peaks if peaks is not None else self._memory_gp(sd, self.mZ, self.mF, my, self.mnoise)
         if not self.oy:
             return gp
         oZ, oF = np.array(self.oZ).reshape(len(self.oy), Z_DIM), np.array(self.oF).reshape(len(self.oy), FM_DIM)
@@ -293,13 +285,21 @@ class Observations:
         take = np.flatnonzero(mu < np.array(self.oy))
         if len(take):
             pick = lambda xs, extra: list(xs) + [extra[i] for i in take]   # noqa: E731
-            gp = self._memory_gp(sd, pick(self.mZ, self.oZ), pick(self.mF, self.oF), pick(self.my, self.oy),
+            gp = self._memory_gp(sd, pick(self.mZ, self.oZ), pick(self.mF, self.oF), pick(my, self.oy),
                                  pick(self.mnoise, self.onoise))
         return gp.truncated(oZ, oF, self.oy, np.setdiff1d(np.arange(len(self.oy)), take))
 
     def peaks_gp(self, sd: float = 0.06) -> "RatioGP":
         """memory_gp of the measured peaks alone, no OOM bound (what an OOM is checked against: oom_evidence)."""
-        return Observations(mZ=self.mZ, mF=self.mF, my=self.my, mnoise=self.mnoise).memory_gp(sd)
+        return Observations(mZ=self.mZ, mF=self.mF, my=self.memory_y(), mnoise=self.mnoise).memory_gp(sd)
+
+    def memory_y(self) -> list:
+        """The peaks' log ratios, a run that read its reserved peak counted at it plus the memory outside the allocator
+        its cluster's OOMs said (`outside_gb`: oom_evidence.outside_gb) where they said it, not the reserve (round 49)."""
+        o = self.outside_gb
+        if o is None or len(self.mR) != len(self.my):
+            return self.my
+        return [y if r is None else math.log(r[0] + o) - r[1] for y, r in zip(self.my, self.mR)]
 
     @staticmethod
     def _memory_gp(sd: float, Z, F, y, noise) -> "RatioGP":

@@ -13,6 +13,7 @@ Pure (no I/O): stored trials in, bounds and probabilities out.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, replace
 
 from tuner.correction import features, left_out, record_workload, simulated
@@ -21,7 +22,7 @@ from tuner.layout import Layout
 from tuner.perfmodel import MEMORY_NOISE_SD, predict
 from tuner.perfmodel.fit import measured_need_gb, trial_need_gb
 from tuner.specs import Workload
-from tuner.trial import Status, oom_capacity_gb
+from tuner.trial import Status, oom_capacity_gb, oom_outside_gb
 
 
 @dataclass(frozen=True)
@@ -46,10 +47,26 @@ def said_capacities(records, workload: Workload, studies: dict | None = None) ->
     and of what else holds its memory) said a process had on a GPU, GB: PyTorch's messages, in use plus free
     (tuner.trial.oom_capacity_gb); simulated trials and OOMs without such a message say nothing."""
     reserve = workload.cluster.memory_reserved_gb
-    said = [oom_capacity_gb(getattr(rec, "message", "") or "", reserve) for rec in records or ()
+    return [gb for gb in (oom_capacity_gb(m, reserve) for m in _oom_messages(records, workload, studies)) if gb]
+
+
+def said_outside(records, workload: Workload, studies: dict | None = None) -> list[float]:
+    """What the same OOMs' messages said their process held outside PyTorch's caching allocator, GB (CUDA context,
+    communicator buffers: tuner.trial.oom_outside_gb); a message that does not name the process says nothing."""
+    return [gb for gb in map(oom_outside_gb, _oom_messages(records, workload, studies)) if gb is not None]
+
+
+def outside_gb(said: list[float]) -> float | None:
+    """The memory outside the allocator a run that read its reserved peak is counted with (the median of what the OOMs
+    `said`: said_outside), in place of the cluster's reserve (Observations.outside_gb); None where none said."""
+    return statistics.median(said) if said else None
+
+
+def _oom_messages(records, workload: Workload, studies: dict | None) -> list[str]:
+    """The messages of the measured OOMs of `workload`'s cluster (at any node count, in any framework)."""
+    return [getattr(rec, "message", "") or "" for rec in records or ()
             if rec.status == Status.OOM and getattr(rec, "cluster", workload.cluster.name) == workload.cluster.name
             and not simulated(rec, studies)]
-    return [gb for gb in said if gb]
 
 
 def usable_capacity(said: list[float], capacity_gb: float, agree_gb: float = math.inf) -> tuple[float, int] | None:

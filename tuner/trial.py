@@ -219,18 +219,37 @@ def oom_capacity_gb(text: str, reserve_gb: float) -> float | None:
     (the cluster's memory outside PyTorch: context, communicator buffers) stand for it, at most the GPU's total.
     Under a per-process memory fraction ("X allowed"), at most that plus the memory outside PyTorch. None when
     `text` has no such message."""
-    line = oom_sentence(text)
-    if line is None:
+    m, this = _oom_match(text)
+    if m is None:
         return None
-    m = _NEW.search(line) or _OLD.search(line)
-    reserved = _gb(m, "reserved") if "reserved" in m.re.groupindex else _gb(m, "allocated") + _gb(m, "unallocated")
-    this = _THIS.search(m.group("procs")) if "procs" in m.re.groupindex else None
+    reserved = _reserved_gb(m)
     if this:
         had, outside = _gb(this, "in_use") + _gb(m, "free"), max(_gb(this, "in_use") - reserved, 0.0)
     else:
         had, outside = min(reserved + reserve_gb + _gb(m, "free"), _gb(m, "total")), reserve_gb
     allowed = _gb(m, "allowed")
     return had if allowed is None else min(had, allowed + outside)
+
+
+def oom_outside_gb(text: str) -> float | None:
+    """The memory (GB) the process held outside PyTorch's caching allocator when it ran out (CUDA context, communicator
+    buffers, workspaces), as PyTorch's message in `text` says: what it had in use less what the allocator reserved;
+    None where the message does not give this process's use (no NVML, ROCm, a container's PID namespace; before 2.1)."""
+    m, this = _oom_match(text)
+    return max(_gb(this, "in_use") - _reserved_gb(m), 0.0) if this else None
+
+
+def _oom_match(text: str) -> tuple:
+    """(PyTorch's last out-of-memory sentence in `text` matched, its "this process has" part) or (None, None)."""
+    line = oom_sentence(text)
+    if line is None:
+        return None, None
+    m = _NEW.search(line) or _OLD.search(line)
+    return m, _THIS.search(m.group("procs")) if "procs" in m.re.groupindex else None
+
+
+def _reserved_gb(m) -> float:
+    return _gb(m, "reserved") if "reserved" in m.re.groupindex else _gb(m, "allocated") + _gb(m, "unallocated")
 
 
 TRIALS = "trials"   # results/<TRIALS>/<study>/<number>/

@@ -1,37 +1,32 @@
 """Guided search: the performance model's ranking, corrected by every measurement, by expected improvement.
 
-The belief about a layout's log MFU (training speed) is log(predicted) + r, r the model's residual learned
-as a Gaussian process (tuner/correction.py: a global scale, a linear term in the predicted time shares,
-and a smooth term over layout features; prior mean 0), plus a family term over every searched dimension
-whose uncertainty grows where the model has been wrong nearby (tuner/search/explore.py): a term the model
-lacks cannot hide a whole family (a pipeline depth, a recompute mode, a micro-batch size, a ZeRO stage,
-an expert-parallel degree), and a trial far above its prediction moves its neighbours. Memory is learned
-the same way from measured peaks and OOMs (an OOM at a layout predicted to fit raises the expected memory
-of its neighbours).
+The belief about a layout's log MFU (training speed) is log(predicted) + r, r the model's residual learned as a
+Gaussian process (tuner/correction.py: a global scale, a linear term in the predicted time shares, and a smooth term
+over layout features; prior mean 0), plus a family term over every searched dimension whose uncertainty grows where
+the model has been wrong nearby (tuner/search/explore.py): a term the model lacks cannot hide a whole family (a
+pipeline depth, a recompute mode, a micro-batch size, a ZeRO stage, an expert-parallel degree), and a trial far above
+its prediction moves its neighbours. Memory is learned the same way from measured peaks and OOMs (an OOM at a layout
+predicted to fit raises the expected memory of its neighbours; its message says what the process held outside the
+allocator, with which a measured reserved peak is counted: issue 30 round 49).
 
-- First trials (no history): the model's top pick, then `n_initial - 1` layouts within DIVERSE_WITHIN of
-  its predicted speed, each the best predicted of those that take values no earlier pick has in the most
-  family dimensions (explore.first_pick), so that a wrong model shows itself early; each keeps the cluster's
-  memory headroom (tuner/best.py) where any layout does, since nothing has been measured yet.
-- Then: expected improvement over the best measured, in log space, times the probability of fitting.
-  A batch (ask(n > 1), or asks without tells in between) uses the kriging believer: each chosen or
-  running layout counts as measured at its posterior mean.
-- An OOM defers every layout not yet run that the model predicts to need at least as much memory on the
-  same worst pipeline stage, until the memory learned from measured peaks says otherwise
-  (tuner/search/oom_deferral.py).
+- First trials (no history): the model's top pick, then `n_initial - 1` layouts within DIVERSE_WITHIN of its predicted
+  speed, each the best predicted of those that take values no earlier pick has in the most family dimensions
+  (explore.first_pick), so that a wrong model shows itself early; each keeps the cluster's memory headroom
+  (tuner/best.py) where any layout does, since nothing has been measured yet.
+- Then: expected improvement over the best measured, in log space, times the probability of fitting; a batch (asks
+  without tells in between) uses the kriging believer: each chosen or running layout counts as measured at its mean.
+- An OOM defers every layout not yet run that the model predicts to need at least as much memory on the same worst
+  pipeline stage, until the memory learned from measured peaks says otherwise (tuner/search/oom_deferral.py).
 - `reserve`: offloaded twins the space does not offer, held until the memory learned puts their layout below one half
   p_fit (tuner/search/reserve.py), then candidates like any other.
-- `history` (stored trials of the same model and cluster at any node count, see
-  correction.warm_start_records; `history_studies` maps study name -> StudyRecord for their global
-  batch) corrects the model before the first trial; `evidence` says what it used. Only measurements of
-  the workload's framework count: a simulated trial of another study is the model's own prediction (a
-  study's own trials, simulated or not, are told to it and learned from as the world it searches).
-- Early stop (`stop_threshold`, off by default so that `ask` honours the contract of exhausting the
-  candidates): ask returns [] (running trials may still change its mind) once the stop rule
-  (tuner/search/stop_rule.py) is sure enough that no layout beats the recommended one (the fastest
-  measured) by more than `stop_threshold`; `confidence` and `stop_reason` say how sure it is after every
-  ask, whether or not stopping is on. The GP's sd is widened when its leave-one-out errors say it does
-  not explain the data (tuner.gp.GP.calibrate).
+- `history` (stored trials of the model and cluster at any node count: correction.warm_start_records;
+  `history_studies`: study name -> StudyRecord) corrects the model before the first trial (`evidence`: what it used);
+  only measurements of the workload's framework count (a study's own trials, simulated or not, are its world's).
+- Early stop (`stop_threshold`, off by default so that `ask` honours the contract of exhausting the candidates): ask
+  returns [] (running trials may still change its mind) once the stop rule (tuner/search/stop_rule.py) is sure enough
+  that no layout beats the recommended one (the fastest measured) by more than `stop_threshold`; `confidence` and
+  `stop_reason` say how sure it is after every ask, whether or not stopping is on. The GP's sd is widened when its
+  leave-one-out errors say it does not explain the data (tuner.gp.GP.calibrate).
 Deterministic: ties break by a seeded permutation.
 """
 
@@ -52,14 +47,14 @@ from tuner.search.base import DIMS, BaseSearcher
 from tuner.search.confidence import beat_probability, margin_of
 from tuner.search.explore import (N_INITIAL, believe, family_key, family_scale, first_pick, fit_beliefs,
                                   inactive_mask)
-from tuner.oom_evidence import activation_account, said_capacities, usable_workload
+from tuner.oom_evidence import activation_account, outside_gb, said_capacities, said_outside, usable_workload
 from tuner.search.oom_deferral import OomDeferral
 from tuner.search.reserve import Reserve
 from tuner.search.stop_rule import StopRule
 from tuner.gp import GP
 from tuner.correction import (F_DIM, FM_DIM, OOM_MARGIN, Z_DIM, Features, Observations, features,
                               warm_start_records)
-from tuner.trial import Status, TrialResult, oom_capacity_gb
+from tuner.trial import Status, TrialResult, oom_capacity_gb, oom_outside_gb
 
 XI = 0.0                   # EI margin (log space)
 P_FIT_SD = ALLOCATOR_SD       # the caching allocator's share beyond the learned uncertainty (as predict states p_fit)
@@ -97,6 +92,7 @@ class GuidedSearcher(BaseSearcher):
                                self.mem_stage, self.log_mem, self.Z, self.FM, account)
         self._tiebreak = np.random.default_rng([self.seed, 11]).permutation(n) * 1e-12
         self.said = said_capacities(history, workload, history_studies) if workload is not None else []
+        self.said_out = said_outside(history, workload, history_studies) if workload is not None else []
         hw, usable = usable_workload(workload, self.said) if workload is not None else (workload, None)
         if usable:                              # the history's OOM messages: the GPUs hold less than stated
             self.capacity, self.prior_fit = usable[0], self._prior_fit(hw)
@@ -105,7 +101,7 @@ class GuidedSearcher(BaseSearcher):
         ws = warm_start_records(history, hw, history_studies) if (history and workload is not None) else None
         self.history = ws.observations if ws else Observations()
         self.evidence = ws.evidence if ws else None
-        self.own = Observations()
+        self.own = Observations(outside_gb=outside_gb(self.said_out))
         self.own_X: list[list[float]] = []      # the searcher's coordinates of each own time observation
         shown = self.X[~self.reserve.held]      # a held twin's offloading is no family of the space's
         self.varying = [k for k in range(self.X.shape[1]) if np.ptp(shown[:, k]) > 0] if len(shown) else []
@@ -204,6 +200,9 @@ class GuidedSearcher(BaseSearcher):
         compares with the median of what the OOMs said (oom_evidence.usable_capacity), where it is below the
         cluster's capacity, and so does every OOM's bound. Whether the capacity moved (the first picks' headroom
         is then recomputed)."""
+        if oom_outside_gb(message or "") is not None:
+            self.said_out.append(oom_outside_gb(message))
+            self.own.outside_gb = outside_gb(self.said_out)
         gb = oom_capacity_gb(message or "", self.workload.cluster.memory_reserved_gb)
         if not gb:
             return False
@@ -299,7 +298,7 @@ class GuidedSearcher(BaseSearcher):
     def _peaks_gp(self) -> tuple:
         """The memory correction of the measured peaks alone (no OOM bound) and its (mean, sd) at every candidate: what
         p_fit caps an OOM's widening at and the OOM deferral reads (oom_deferral), once per set of peaks."""
-        key = (id(self.history), len(self.history.my), len(self.own.my))
+        key = (id(self.history), len(self.history.my), len(self.own.my), self.own.outside_gb)
         if self._peaks[0] != key:
             obs = self._memory_obs()
             gp = obs.peaks_gp(self.memory_sd)
@@ -315,7 +314,7 @@ class GuidedSearcher(BaseSearcher):
         return ndtr((math.log(self.capacity) - self.log_mem - mu - ALLOCATOR_BIAS) / np.hypot(sd, P_FIT_SD))
 
     def _memory_obs(self) -> Observations:
-        mem = Observations()
+        mem = Observations(outside_gb=self.own.outside_gb)
         mem.extend(self.history)
         mem.extend(self.own)
         return mem
