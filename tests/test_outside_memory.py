@@ -1,10 +1,10 @@
-"""A run that read its caching allocator's reserved peak is counted by the memory correction at that peak plus the memory
-its process held outside the allocator as the cluster's OOM messages said it -- PyTorch's "this process has X in use"
-less what the allocator reserved (tuner.trial.oom_outside_gb), their median (oom_evidence.outside_gb) -- and not at
-the cluster file's reserve, which stands for that memory and the allocator's median share beside allocated bytes
-(issue 30 round 49): where the GPUs hold less outside the allocator than the file says, a layout near the capacity is
-likelier to fit, in the guided searcher and in `best` at a node count nobody measured; where no message said it, the
-reserve stands."""
+"""A run that read its caching allocator's reserved peak is counted by the memory correction at that peak plus the
+memory its process held outside the allocator as the cluster's OOM messages said it -- PyTorch's "this process has X
+in use" less what the allocator reserved (tuner.trial.oom_outside_gb), their median (oom_evidence.outside_gb) -- and
+not at the cluster file's reserve, which stands for that memory and the allocator's median share beside allocated
+bytes (issue 30 round 49): where the GPUs hold less outside the allocator than the file says, a layout near the
+capacity is likelier to fit, in the guided searcher and in `best` at a node count nobody measured; where no message
+said it, the reserve stands."""
 
 from __future__ import annotations
 

@@ -295,7 +295,7 @@ class Observations:
 
     def memory_y(self) -> list:
         """The peaks' log ratios, a run that read its reserved peak counted at it plus the memory outside the allocator
-        its cluster's OOMs said (`outside_gb`: oom_evidence.outside_gb) where they said it, not the reserve (round 49)."""
+        its cluster's OOMs said (`outside_gb`: oom_evidence.outside_gb), where they said it, not the reserve."""
         o = self.outside_gb
         if o is None or len(self.mR) != len(self.my):
             return self.my

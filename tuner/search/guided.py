@@ -13,8 +13,8 @@ allocator, with which a measured reserved peak is counted: issue 30 round 49).
   speed, each the best predicted of those that take values no earlier pick has in the most family dimensions
   (explore.first_pick), so that a wrong model shows itself early; each keeps the cluster's memory headroom
   (tuner/best.py) where any layout does, since nothing has been measured yet.
-- Then: expected improvement over the best measured, in log space, times the probability of fitting; a batch (asks
-  without tells in between) uses the kriging believer: each chosen or running layout counts as measured at its mean.
+- Then: expected improvement over the best measured, in log space, times the probability of fitting; a batch
+  (ask(n > 1), or asks without tells between) uses the kriging believer: each chosen or running layout is its mean.
 - An OOM defers every layout not yet run that the model predicts to need at least as much memory on the same worst
   pipeline stage, until the memory learned from measured peaks says otherwise (tuner/search/oom_deferral.py).
 - `reserve`: offloaded twins the space does not offer, held until the memory learned puts their layout below one half
@@ -196,10 +196,10 @@ class GuidedSearcher(BaseSearcher):
                 self.best_log = math.log(max(result.mfu, 1e-6))
 
     def _note_capacity(self, message: str) -> bool:
-        """An OOM's PyTorch message says what memory the process had (tuner.trial.oom_capacity_gb): every p_fit
-        compares with the median of what the OOMs said (oom_evidence.usable_capacity), where it is below the
-        cluster's capacity, and so does every OOM's bound. Whether the capacity moved (the first picks' headroom
-        is then recomputed)."""
+        """An OOM's PyTorch message says what the process held outside the allocator (tuner.trial.oom_outside_gb: a
+        reserved peak is counted with their median, Observations.memory_y) and what memory it had (oom_capacity_gb):
+        every p_fit compares with the median of what the OOMs said (oom_evidence.usable_capacity), where it is below
+        the cluster's capacity, and so does every OOM's bound. Whether the capacity moved (headroom recomputed)."""
         if oom_outside_gb(message or "") is not None:
             self.said_out.append(oom_outside_gb(message))
             self.own.outside_gb = outside_gb(self.said_out)
