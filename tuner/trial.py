@@ -222,11 +222,10 @@ def oom_capacity_gb(text: str, reserve_gb: float) -> float | None:
     m, this = _oom_match(text)
     if m is None:
         return None
-    reserved = _reserved_gb(m)
     if this:
-        had, outside = _gb(this, "in_use") + _gb(m, "free"), max(_gb(this, "in_use") - reserved, 0.0)
+        had, outside = _gb(this, "in_use") + _gb(m, "free"), _outside_gb(m, this)
     else:
-        had, outside = min(reserved + reserve_gb + _gb(m, "free"), _gb(m, "total")), reserve_gb
+        had, outside = min(_reserved_gb(m) + reserve_gb + _gb(m, "free"), _gb(m, "total")), reserve_gb
     allowed = _gb(m, "allowed")
     return had if allowed is None else min(had, allowed + outside)
 
@@ -236,7 +235,7 @@ def oom_outside_gb(text: str) -> float | None:
     buffers, workspaces), as PyTorch's message in `text` says: what it had in use less what the allocator reserved;
     None where the message does not give this process's use (no NVML, ROCm, a container's PID namespace; before 2.1)."""
     m, this = _oom_match(text)
-    return max(_gb(this, "in_use") - _reserved_gb(m), 0.0) if this else None
+    return _outside_gb(m, this) if this else None
 
 
 def _oom_match(text: str) -> tuple:
@@ -250,6 +249,11 @@ def _oom_match(text: str) -> tuple:
 
 def _reserved_gb(m) -> float:
     return _gb(m, "reserved") if "reserved" in m.re.groupindex else _gb(m, "allocated") + _gb(m, "unallocated")
+
+
+def _outside_gb(m, this) -> float:
+    """What the message's process had in use (`this`) less what its allocator reserved (`m`), GB."""
+    return max(_gb(this, "in_use") - _reserved_gb(m), 0.0)
 
 
 TRIALS = "trials"   # results/<TRIALS>/<study>/<number>/

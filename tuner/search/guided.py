@@ -200,8 +200,9 @@ class GuidedSearcher(BaseSearcher):
         reserved peak is counted with their median, Observations.memory_y) and what memory it had (oom_capacity_gb):
         every p_fit compares with the median of what the OOMs said (oom_evidence.usable_capacity), where it is below
         the cluster's capacity, and so does every OOM's bound. Whether the capacity moved (headroom recomputed)."""
-        if oom_outside_gb(message or "") is not None:
-            self.said_out.append(oom_outside_gb(message))
+        out = oom_outside_gb(message or "")
+        if out is not None:
+            self.said_out.append(out)
             self.own.outside_gb = outside_gb(self.said_out)
         gb = oom_capacity_gb(message or "", self.workload.cluster.memory_reserved_gb)
         if not gb:
