@@ -201,8 +201,9 @@ class Observations:
         self.Z.append(ft.z), self.F.append(ft.f), self.noise.append(noise)
         self.y.append(math.log(max(measured, FLOOR)) - ft.log_pred)
 
-    def add_memory(self, ft: Features, log_ratio: float, noise: float = 0.0) -> None:
+    def add_memory(self, ft: Features, log_ratio: float, noise: float = 0.0, reserved_gb: float | None = None) -> None:
         self.mZ.append(ft.z), self.mF.append(ft.fm), self.my.append(log_ratio), self.mnoise.append(noise)
+        self.mR.append((reserved_gb, ft.log_mem) if reserved_gb else None)
 
     def add_result(self, ft: Features, status: Status, mfu, peak_memory_gb, capacity_gb,
                    noise: float = 0.0, reserved_gb: float | None = None) -> None:
@@ -216,8 +217,7 @@ class Observations:
         if not capacity_gb:
             return
         if status == Status.OK and peak_memory_gb:
-            self.add_memory(ft, ft.measured_log_ratio(peak_memory_gb, reserved_gb), noise)
-            self.mR.append((reserved_gb, ft.log_mem) if reserved_gb else None)
+            self.add_memory(ft, ft.measured_log_ratio(peak_memory_gb, reserved_gb), noise, reserved_gb)
         elif status == Status.OOM:
             self.oZ.append(ft.z), self.oF.append(ft.fm), self.onoise.append(noise)
             self.oy.append(max(math.log(capacity_gb) - ft.log_mem, 0.0) + OOM_MARGIN)
@@ -297,9 +297,9 @@ class Observations:
         """The peaks' log ratios, a run that read its reserved peak counted at it plus the memory outside the allocator
         its cluster's OOMs said (`outside_gb`: oom_evidence.outside_gb), where they said it, not the reserve."""
         o = self.outside_gb
-        if o is None or len(self.mR) != len(self.my):
+        if o is None:
             return self.my
-        return [y if r is None else math.log(r[0] + o) - r[1] for y, r in zip(self.my, self.mR)]
+        return [y if r is None else math.log(r[0] + o) - r[1] for y, r in zip(self.my, self.mR, strict=True)]
 
     @staticmethod
     def _memory_gp(sd: float, Z, F, y, noise) -> "RatioGP":
